@@ -1,0 +1,113 @@
+"""Micro-benchmark of row encoding: the pure and compiled rowjson twins side by side (python -m benchmarks.micro).
+
+Each round times both twins on the same rows, in alternating order, and the table shows the median
+time per call over the rounds with its min-max range. Rows are shaped like a driver's: tuples of
+int/str/float/None ("typical"), or with datetime, Decimal and bytes columns too ("mixed").
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from qag import _speedups
+
+SIZES = (1, 10, 100, 1000)
+FORMATS = {
+    "json": lambda m, c, r: m.encode_json(c, r),
+    "ndjson": lambda m, c, r: m.encode_ndjson(c, r),
+    "csv": lambda m, c, r: m.encode_delimited(c, r, ","),
+}
+
+
+def typical(n: int) -> tuple[list[str], list[tuple]]:
+    """A film-catalogue page: ids, titles (a few non-ASCII), ratings, prices with NULLs, counts."""
+    columns = ["film_id", "title", "rating", "price", "description", "rentals"]
+    rows = [(i, f"Film {i}", 1 + (i % 50) / 10, None if i % 4 == 0 else 0.99 + (i % 5),
+             "Déjà vu, in the rain" if i % 7 == 0 else "A thoughtful drama of a boy and a dog",
+             i * 37 % 1000)
+            for i in range(n)]
+    return columns, rows
+
+
+def mixed(n: int) -> tuple[list[str], list[tuple]]:
+    """The typical columns plus a datetime, a Decimal and a bytes column."""
+    columns, rows = typical(n)
+    start = datetime(2024, 1, 1, 8, 30)
+    extra = [(start + timedelta(minutes=7 * i), Decimal(i) / 8, b"blob %d" % i) for i in range(n)]
+    return columns + ["updated_at", "amount", "tag"], [row + more for row, more in zip(rows, extra)]
+
+
+SHAPES = {"typical": typical, "mixed": mixed}
+
+
+def time_call(call, number: int) -> float:
+    """Microseconds per call over `number` calls."""
+    start = time.perf_counter()
+    for _ in range(number):
+        call()
+    return (time.perf_counter() - start) / number * 1e6
+
+
+def measure(twins: dict, columns: list[str], rows: list[tuple], encode, rounds: int) -> dict[str, list[float]]:
+    """Per-call times for each twin over interleaved rounds (order alternates every round)."""
+    calls = {kind: (lambda m=module: encode(m, columns, rows)) for kind, module in twins.items()}
+    outputs = {kind: call() for kind, call in calls.items()}
+    if len(set(outputs.values())) != 1:
+        raise SystemExit("the twins disagree on these rows: this benchmark only compares equal work")
+    # About 20 ms of the slowest twin per round keeps timer noise small without long runs.
+    slowest = max(time_call(call, 3) for call in calls.values())
+    number = max(1, int(20_000 / max(slowest, 0.01)))
+    order = list(calls)
+    for call in calls.values():
+        time_call(call, number)  # warm-up round, not counted
+    times: dict[str, list[float]] = {kind: [] for kind in calls}
+    for r in range(rounds):
+        for kind in (order if r % 2 == 0 else order[::-1]):
+            times[kind].append(time_call(calls[kind], number))
+    return times
+
+
+def summary(values: list[float]) -> str:
+    return f"{statistics.median(values):9.2f} [{min(values):.2f}-{max(values):.2f}]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.micro", description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds per case (default 15)")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="typical", help="row shape (default typical)")
+    parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated: json,ndjson,csv")
+    args = parser.parse_args(argv)
+
+    twins = {"pure": _speedups.twin("rowjson", "pure")}
+    try:
+        twins["compiled"] = _speedups.twin("rowjson", "compiled")
+    except ImportError as exc:
+        print(f"compiled twin not importable ({exc}): timing the pure twin only", file=sys.stderr)
+
+    print(f"python -m benchmarks.micro --rounds {args.rounds} --shape {args.shape} --formats {args.formats}")
+    print(f"Python {platform.python_version()} on {platform.machine()}; "
+          f"microseconds per call, median [min-max] of {args.rounds} interleaved rounds")
+    header = f"{'format':7} {'rows':>5}  " + "  ".join(f"{kind + ' us':>26}" for kind in twins)
+    if "compiled" in twins:
+        header += "  speedup"
+    print(header)
+    for fmt in args.formats.split(","):
+        encode = FORMATS[fmt]
+        for n in SIZES:
+            columns, rows = SHAPES[args.shape](n)
+            times = measure(twins, columns, rows, encode, args.rounds)
+            line = f"{fmt:7} {n:>5}  " + "  ".join(f"{summary(times[kind]):>26}" for kind in twins)
+            if "compiled" in times:
+                line += f"  {statistics.median(times['pure']) / statistics.median(times['compiled']):6.1f}x"
+            print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,728 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+"""Result rows to JSON, NDJSON, CSV and TSV bytes: the compiled twin of rowjson.py (rules in its docstring).
+
+The bytes are built in one growable C buffer: strings are escaped or UTF-8 encoded straight from the
+str's code units, ints and floats are formatted without intermediate objects, and exact datetime,
+date and time values are formatted from their C fields. Every other type goes through the same
+conversions as the pure twin, written out again here because both must give the same bytes and
+errors without importing each other.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.datetime cimport (
+    import_datetime, datetime_year, datetime_month, datetime_day, datetime_hour, datetime_minute,
+    datetime_second, datetime_microsecond, date_year, date_month, date_day,
+    time_hour, time_minute, time_second, time_microsecond, time_tzinfo,
+)
+from cpython.float cimport PyFloat_AS_DOUBLE
+from cpython.list cimport PyList_GET_ITEM
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
+from libc.math cimport isfinite
+from libc.stdint cimport uint8_t, uint16_t, uint32_t
+from libc.string cimport memcpy, strlen
+
+import json
+import math
+from datetime import date, datetime, time
+from decimal import Decimal
+
+cdef extern from "Python.h":
+    unsigned int PyUnicode_KIND(object o)
+    void* PyUnicode_DATA(object o)
+    Py_ssize_t PyUnicode_GET_LENGTH(object o)
+    bint PyUnicode_Check(object o)
+    char* PyOS_double_to_string(double val, char format_code, int precision, int flags, int* ptype) except NULL
+    int Py_DTSF_ADD_DOT_0
+    long long PyLong_AsLongLongAndOverflow(object o, int* overflow) except? -1
+
+cdef extern from *:
+    """
+    /* Strings made by the legacy wchar API are not "ready" before 3.12; reading their code units
+       needs the canonical representation. From 3.12 every str is ready. */
+    static int qag_str_ready(PyObject *s) {
+    #if PY_VERSION_HEX < 0x030C0000
+        return PyUnicode_READY(s);
+    #else
+        (void)s;
+        return 0;
+    #endif
+    }
+    """
+    int qag_str_ready(object s) except -1
+
+import_datetime()
+
+__all__ = ["unique_columns", "encode_json", "encode_ndjson", "encode_delimited"]
+
+cdef object _Decimal = Decimal
+cdef object _datetime = datetime
+cdef tuple _date_time = (date, time)
+cdef tuple _BINARY = (bytes, bytearray, memoryview)
+cdef tuple _CONTAINERS = (dict, list)
+cdef const char* _HEX = b"0123456789abcdef"
+
+# 1 for the code units json.dumps(ensure_ascii=True) writes as they are: printable ASCII but " and \.
+cdef uint8_t _JSON_PLAIN[256]
+for _i in range(256):
+    _JSON_PLAIN[_i] = 1 if (0x20 <= _i <= 0x7E and _i != 0x22 and _i != 0x5C) else 0
+del _i
+
+# The letter after the backslash for the characters json.dumps escapes short, else 0.
+cdef char _SHORT_ESCAPE[128]
+for _c, _letter in zip(b'"\\\n\r\t\b\f', b'"\\nrtbf'):
+    _SHORT_ESCAPE[_c] = _letter
+del _c, _letter
+
+
+cdef struct Buf:
+    char* data
+    Py_ssize_t size
+    Py_ssize_t cap
+
+
+cdef int _grow(Buf* b, Py_ssize_t extra) except -1:
+    cdef Py_ssize_t cap = b.cap * 2
+    if cap < b.size + extra:
+        cap = b.size + extra
+    cdef char* p = <char*>PyMem_Realloc(b.data, cap)
+    if p == NULL:
+        raise MemoryError()
+    b.data = p
+    b.cap = cap
+    return 0
+
+
+cdef inline int _reserve(Buf* b, Py_ssize_t extra) except -1:
+    if b.size + extra > b.cap:
+        return _grow(b, extra)
+    return 0
+
+
+cdef inline int _put(Buf* b, const char* s, Py_ssize_t n) except -1:
+    _reserve(b, n)
+    memcpy(b.data + b.size, s, n)
+    b.size += n
+    return 0
+
+
+cdef inline int _put_bytes(Buf* b, bytes s) except -1:
+    return _put(b, PyBytes_AS_STRING(s), PyBytes_GET_SIZE(s))
+
+
+cdef int _open(Buf* b, Py_ssize_t cap) except -1:
+    b.data = <char*>PyMem_Malloc(cap)
+    if b.data == NULL:
+        raise MemoryError()
+    b.size = 0
+    b.cap = cap
+    return 0
+
+
+cdef inline bytes _close(Buf* b):
+    return PyBytes_FromStringAndSize(b.data, b.size)
+
+
+cdef int _put_llong(Buf* b, long long v) except -1:
+    cdef char tmp[24]
+    cdef int i = 24
+    cdef unsigned long long u = (<unsigned long long>(-(v + 1))) + 1 if v < 0 else <unsigned long long>v
+    while True:
+        i -= 1
+        tmp[i] = <char>(48 + u % 10)
+        u //= 10
+        if u == 0:
+            break
+    if v < 0:
+        i -= 1
+        tmp[i] = b'-'
+    return _put(b, tmp + i, 24 - i)
+
+
+cdef int _put_ascii_str(Buf* b, str s) except -1:
+    # Only for text known to be ASCII (digits of a big int); one byte per code unit.
+    return _put(b, <const char*>PyUnicode_DATA(s), PyUnicode_GET_LENGTH(s))
+
+
+cdef int _put_int(Buf* b, object v) except -1:
+    cdef int overflow = 0
+    cdef long long x = PyLong_AsLongLongAndOverflow(v, &overflow)
+    if overflow:
+        # int.__repr__ as the json encoder and csv writer call it, with the same digit limit error.
+        return _put_ascii_str(b, int.__repr__(v))
+    return _put_llong(b, x)
+
+
+cdef double _P10[23]
+for _i in range(23):
+    _P10[_i] = 10.0 ** _i
+del _i
+
+
+cdef int _put_short_double(Buf* b, double d) except -1:
+    # repr() of floats with at most 15 significant digits in repr's fixed-notation range, without
+    # its general algorithm: returns 1 when written, 0 to leave it to _put_double. For k = 0, 1, ...
+    # m = round(d * 10**k) is the only k-decimal candidate (exact while m < 1e15), and m / 10**k
+    # (a correctly rounded division of exact values, which is what parsing "m e-k" gives) equals d
+    # exactly when the candidate reads back as d. The first k that does is the shortest repr:
+    # decimals of up to 15 digits map to distinct floats, so there is no tie to break.
+    cdef double a = -d if d < 0 else d
+    cdef double x
+    cdef long long m, ip
+    cdef int k, i
+    cdef char tmp[40]
+    cdef char* o
+    if not (1e-4 <= a < 1e15):
+        return 0
+    for k in range(23):
+        x = a * _P10[k]
+        if x >= 1e15:
+            return 0
+        m = <long long>(x + 0.5)
+        if <double>m / _P10[k] != a:
+            continue
+        o = tmp + 40
+        if k == 0:
+            o -= 2
+            o[0] = b'.'
+            o[1] = b'0'
+        else:
+            for i in range(k):
+                o -= 1
+                o[0] = <char>(48 + m % 10)
+                m //= 10
+            o -= 1
+            o[0] = b'.'
+        ip = m
+        while True:
+            o -= 1
+            o[0] = <char>(48 + ip % 10)
+            ip //= 10
+            if ip == 0:
+                break
+        if d < 0:
+            o -= 1
+            o[0] = b'-'
+        _put(b, o, tmp + 40 - o)
+        return 1
+    return 0
+
+
+cdef int _put_double(Buf* b, double d) except -1:
+    if _put_short_double(b, d):
+        return 0
+    # float.__repr__'s own formatting call: shortest round-trip digits, ".0" added to integers.
+    cdef char* s = PyOS_double_to_string(d, b'r', 0, Py_DTSF_ADD_DOT_0, NULL)
+    try:
+        _put(b, s, strlen(s))
+    finally:
+        PyMem_Free(s)
+    return 0
+
+
+cdef inline char* _u4(char* o, uint32_t c) noexcept:
+    o[0] = b'\\'
+    o[1] = b'u'
+    o[2] = _HEX[(c >> 12) & 15]
+    o[3] = _HEX[(c >> 8) & 15]
+    o[4] = _HEX[(c >> 4) & 15]
+    o[5] = _HEX[c & 15]
+    return o + 6
+
+
+cdef inline char* _escape(char* o, uint32_t c) noexcept:
+    if c < 128 and _SHORT_ESCAPE[c]:
+        o[0] = b'\\'
+        o[1] = _SHORT_ESCAPE[c]
+        return o + 2
+    if c < 0x10000:
+        return _u4(o, c)
+    c -= 0x10000
+    return _u4(_u4(o, 0xD800 | (c >> 10)), 0xDC00 | (c & 0x3FF))
+
+
+cdef int _put_json_str(Buf* b, object s) except -1:
+    qag_str_ready(s)
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(s), i
+    cdef unsigned int kind = PyUnicode_KIND(s)
+    cdef void* data = PyUnicode_DATA(s)
+    cdef const uint8_t* d1
+    cdef const uint16_t* d2
+    cdef const uint32_t* d4
+    cdef uint32_t c
+    # Worst case per code unit: 6 bytes (\uXXXX), 12 for an astral code point (a surrogate pair).
+    _reserve(b, 2 + n * (12 if kind == 4 else 6))
+    cdef char* o = b.data + b.size
+    o[0] = b'"'
+    o += 1
+    if kind == 1:
+        d1 = <const uint8_t*>data
+        for i in range(n):
+            c = d1[i]
+            if _JSON_PLAIN[c]:
+                o[0] = <char>c
+                o += 1
+            else:
+                o = _escape(o, c)
+    else:
+        d2 = <const uint16_t*>data
+        d4 = <const uint32_t*>data
+        for i in range(n):
+            c = d2[i] if kind == 2 else d4[i]
+            if c < 256 and _JSON_PLAIN[c]:
+                o[0] = <char>c
+                o += 1
+            else:
+                o = _escape(o, c)
+    o[0] = b'"'
+    o += 1
+    b.size = o - b.data
+    return 0
+
+
+cdef inline char* _d2(char* o, int v) noexcept:
+    o[0] = <char>(48 + v // 10)
+    o[1] = <char>(48 + v % 10)
+    return o + 2
+
+
+cdef inline char* _ymd(char* o, int y, int m, int d) noexcept:
+    o[0] = <char>(48 + y // 1000)
+    o[1] = <char>(48 + (y // 100) % 10)
+    o = _d2(o + 2, y % 100)
+    o[0] = b'-'
+    o = _d2(o + 1, m)
+    o[0] = b'-'
+    return _d2(o + 1, d)
+
+
+cdef inline char* _hms(char* o, int h, int mi, int s) noexcept:
+    o = _d2(o, h)
+    o[0] = b':'
+    o = _d2(o + 1, mi)
+    o[0] = b':'
+    return _d2(o + 1, s)
+
+
+cdef inline char* _fraction(char* o, int us) noexcept:
+    cdef int i
+    o[0] = b'.'
+    for i in range(6, 0, -1):
+        o[i] = <char>(48 + us % 10)
+        us //= 10
+    return o + 7
+
+
+cdef int _put_exact_datetime(Buf* b, object v, bint fraction) except -1:
+    # "YYYY-MM-DD HH:MM:SS", plus ".ffffff" when asked and non-zero (str() of a naive datetime).
+    _reserve(b, 26)
+    cdef char* o = _ymd(b.data + b.size, datetime_year(v), datetime_month(v), datetime_day(v))
+    o[0] = b' '
+    o = _hms(o + 1, datetime_hour(v), datetime_minute(v), datetime_second(v))
+    if fraction and datetime_microsecond(v):
+        o = _fraction(o, datetime_microsecond(v))
+    b.size = o - b.data
+    return 0
+
+
+cdef int _put_exact_date(Buf* b, object v) except -1:
+    _reserve(b, 10)
+    b.size = _ymd(b.data + b.size, date_year(v), date_month(v), date_day(v)) - b.data
+    return 0
+
+
+cdef int _put_naive_time(Buf* b, object v) except -1:
+    # time.isoformat() and str() of a time without tzinfo.
+    _reserve(b, 15)
+    cdef char* o = _hms(b.data + b.size, time_hour(v), time_minute(v), time_second(v))
+    if time_microsecond(v):
+        o = _fraction(o, time_microsecond(v))
+    b.size = o - b.data
+    return 0
+
+
+def _datetime_text(value):
+    return "%04d-%02d-%02d %02d:%02d:%02d" % (value.year, value.month, value.day,
+                                             value.hour, value.minute, value.second)
+
+
+def _decimal_float(value):
+    # float() refuses a signalling NaN; it means NaN like the quiet one.
+    return math.nan if value.is_nan() else float(value)
+
+
+def _nested_default(value):
+    if isinstance(value, _datetime):
+        return _datetime_text(value)
+    if isinstance(value, _date_time):
+        return value.isoformat()
+    if isinstance(value, _Decimal):
+        return _decimal_float(value)
+    if isinstance(value, _BINARY):
+        return bytes(value).decode("utf-8", "replace")
+    return str(value)
+
+
+cdef object _json_other(object value):
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        value = float(value)
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, _Decimal):
+        value = _decimal_float(value)
+        return value if math.isfinite(value) else None
+    if isinstance(value, _BINARY):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, _datetime):
+        return _datetime_text(value)
+    if isinstance(value, _date_time):
+        return value.isoformat()
+    if isinstance(value, _CONTAINERS):
+        return json.dumps(value, default=_nested_default)
+    return str(value)
+
+
+cdef object _csv_other(object value):
+    if isinstance(value, int):
+        return repr(int(value))
+    if isinstance(value, float):
+        return repr(float(value))
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, _Decimal):
+        return repr(_decimal_float(value))
+    if isinstance(value, _BINARY):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, _datetime):
+        return str(value.replace(tzinfo=None) if value.tzinfo is not None else value)
+    if isinstance(value, _date_time):
+        return str(value)
+    if isinstance(value, _CONTAINERS):
+        return json.dumps(value, default=_nested_default)
+    return str(value)
+
+
+cdef int _put_json_value(Buf* b, object v) except -1:
+    cdef type t = type(v)
+    cdef double d
+    if t is str:
+        return _put_json_str(b, v)
+    if t is int:
+        return _put_int(b, v)
+    if t is float:
+        d = PyFloat_AS_DOUBLE(v)
+        if isfinite(d):
+            return _put_double(b, d)
+        return _put(b, b"null", 4)
+    if v is None:
+        return _put(b, b"null", 4)
+    if t is bool:
+        return _put(b, b"true", 4) if v else _put(b, b"false", 5)
+    if t is _datetime or t is date or (t is time and time_tzinfo(v) is None):
+        _put(b, b'"', 1)
+        if t is _datetime:
+            _put_exact_datetime(b, v, False)
+        elif t is date:
+            _put_exact_date(b, v)
+        else:
+            _put_naive_time(b, v)
+        return _put(b, b'"', 1)
+    if t is _Decimal:
+        d = _decimal_float(v)
+        if isfinite(d):
+            return _put_double(b, d)
+        return _put(b, b"null", 4)
+    if t is bytes:
+        return _put_json_str(b, (<bytes>v).decode("utf-8", "replace"))
+    v = _json_other(v)
+    if v is None:
+        return _put(b, b"null", 4)
+    if PyUnicode_Check(v):
+        return _put_json_str(b, v)
+    if type(v) is int:
+        return _put_int(b, v)
+    return _put_double(b, PyFloat_AS_DOUBLE(v))
+
+
+def unique_columns(names):
+    """Result column names with later duplicates renamed `<name>_2`, `<name>_3`, ... (see rowjson.py)."""
+    cdef list out = [name if type(name) is str else str(name) for name in names]
+    if len(set(out)) == len(out):
+        return out
+    cdef set taken = set(out)
+    cdef set seen = set()
+    cdef dict last = {}
+    cdef Py_ssize_t i, k
+    for i in range(len(out)):
+        name = out[i]
+        if name not in seen:
+            seen.add(name)
+            continue
+        k = last.get(name, 1)
+        while True:
+            k += 1
+            candidate = f"{name}_{k}"
+            if candidate not in taken:
+                break
+        last[name] = k
+        taken.add(candidate)
+        out[i] = candidate
+    return out
+
+
+cdef list _json_keys(list columns, const char* first, Py_ssize_t first_len, const char* sep,
+                     Py_ssize_t sep_len, const char* colon, Py_ssize_t colon_len):
+    # Each key with what goes before it (first: nothing or "{", others: the separator) and its colon.
+    cdef list keys = []
+    cdef Buf b
+    cdef Py_ssize_t i
+    _open(&b, 64)
+    try:
+        for i in range(len(columns)):
+            b.size = 0
+            if i == 0:
+                _put(&b, first, first_len)
+            else:
+                _put(&b, sep, sep_len)
+            _put_json_str(&b, columns[i])
+            _put(&b, colon, colon_len)
+            keys.append(_close(&b))
+    finally:
+        PyMem_Free(b.data)
+    return keys
+
+
+cdef int _put_object(Buf* b, tuple row, list keys, Py_ssize_t ncols, bint spaced) except -1:
+    cdef Py_ssize_t i, n = PyTuple_GET_SIZE(row)
+    if n > ncols:
+        n = ncols
+    if n == 0:
+        return _put(b, b"{}", 2)
+    if not spaced:
+        _put(b, b"{", 1)
+    for i in range(n):
+        _put_bytes(b, <bytes>PyList_GET_ITEM(keys, i))
+        _put_json_value(b, <object>PyTuple_GET_ITEM(row, i))
+    return _put(b, b"}", 1)
+
+
+cdef list _row_list(rows):
+    # Rows become tuples, in the pure twin's order of conversion (so with its errors). Tuples also
+    # keep the values that the encoders borrow alive, whatever a value's __str__ might do to a list.
+    cdef list rowlist = rows if type(rows) is list else list(rows)
+    for row in rowlist:
+        if type(row) is not tuple:
+            return [row if type(row) is tuple else tuple(row) for row in rowlist]
+    return rowlist
+
+
+cdef bytes _encode_objects(columns, rows, bint spaced):
+    cdef list cols = unique_columns(columns)
+    cdef list rowlist = _row_list(rows)
+    cdef Py_ssize_t nrows = len(rowlist), ncols = len(cols), estimate
+    cdef bint first = True
+    cdef list keys
+    if spaced:
+        # The opening brace rides on the first key; an empty object is written on its own.
+        keys = _json_keys(cols, b'{', 1, b", ", 2, b": ", 2)
+    else:
+        keys = _json_keys(cols, b"", 0, b",", 1, b":", 1)
+    cdef Buf b
+    _open(&b, 256)
+    try:
+        if not spaced:
+            _put(&b, b"[", 1)
+        for row in rowlist:
+            if not first and not spaced:
+                _put(&b, b",", 1)
+            _put_object(&b, <tuple?>row, keys, ncols, spaced)
+            if spaced:
+                _put(&b, b"\n", 1)
+            if first and nrows > 1:
+                first = False
+                # Results are usually uniform: size the buffer once from the first row, within reason.
+                estimate = (b.size + 2) * (nrows - 1) + (b.size >> 3)
+                if estimate < (1 << 24):
+                    _reserve(&b, estimate)
+            first = False
+        if not spaced:
+            _put(&b, b"]\n", 2)
+        return _close(&b)
+    finally:
+        PyMem_Free(b.data)
+
+
+def encode_json(columns, rows):
+    """A compact JSON array of row objects, keys in column order, ASCII only, ending with one newline."""
+    return _encode_objects(columns, rows, False)
+
+
+def encode_ndjson(columns, rows):
+    """One JSON object per row with ", "/": " separators, each line ending with a newline; b"" for no rows."""
+    return _encode_objects(columns, rows, True)
+
+
+cdef int _quote_from(Buf* b, Py_ssize_t start) except -1:
+    # Wraps the field written since `start` in quotes, doubling the quotes inside it.
+    cdef Py_ssize_t i, quotes = 0, end = b.size
+    for i in range(start, end):
+        if b.data[i] == b'"':
+            quotes += 1
+    _reserve(b, quotes + 2)
+    cdef Py_ssize_t d = end + quotes + 1
+    cdef char c
+    b.data[d] = b'"'
+    d -= 1
+    i = end - 1
+    while i >= start:
+        c = b.data[i]
+        b.data[d] = c
+        d -= 1
+        if c == b'"':
+            b.data[d] = b'"'
+            d -= 1
+        i -= 1
+    b.data[d] = b'"'
+    b.size = end + quotes + 2
+    return 0
+
+
+cdef int _quote_if_needed(Buf* b, Py_ssize_t start, char delimiter) except -1:
+    cdef Py_ssize_t i
+    cdef char c
+    for i in range(start, b.size):
+        c = b.data[i]
+        if c == delimiter or c == b'"' or c == b'\r' or c == b'\n':
+            return _quote_from(b, start)
+    return 0
+
+
+cdef int _put_csv_str(Buf* b, object s, uint32_t delimiter) except -1:
+    qag_str_ready(s)
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(s), i
+    cdef Py_ssize_t start = b.size
+    cdef unsigned int kind = PyUnicode_KIND(s)
+    cdef void* data = PyUnicode_DATA(s)
+    cdef const uint8_t* d1
+    cdef const uint16_t* d2
+    cdef const uint32_t* d4
+    cdef uint32_t c
+    cdef bint special = False
+    _reserve(b, n * (kind + 1 if kind < 4 else 4))
+    cdef char* o = b.data + b.size
+    if kind == 1:
+        d1 = <const uint8_t*>data
+        for i in range(n):
+            c = d1[i]
+            if c < 0x80:
+                if c == delimiter or c == 0x22 or c == 0x0D or c == 0x0A:
+                    special = True
+                o[0] = <char>c
+                o += 1
+            else:
+                o[0] = <char>(0xC0 | (c >> 6))
+                o[1] = <char>(0x80 | (c & 0x3F))
+                o += 2
+    else:
+        d2 = <const uint16_t*>data
+        d4 = <const uint32_t*>data
+        for i in range(n):
+            c = d2[i] if kind == 2 else d4[i]
+            if c < 0x80:
+                if c == delimiter or c == 0x22 or c == 0x0D or c == 0x0A:
+                    special = True
+                o[0] = <char>c
+                o += 1
+            elif c < 0x800:
+                o[0] = <char>(0xC0 | (c >> 6))
+                o[1] = <char>(0x80 | (c & 0x3F))
+                o += 2
+            elif 0xD800 <= c <= 0xDFFF:
+                # UTF-8 cannot hold a lone surrogate; str.encode("utf-8", "replace") writes "?".
+                o[0] = b'?'
+                o += 1
+            elif c < 0x10000:
+                o[0] = <char>(0xE0 | (c >> 12))
+                o[1] = <char>(0x80 | ((c >> 6) & 0x3F))
+                o[2] = <char>(0x80 | (c & 0x3F))
+                o += 3
+            else:
+                o[0] = <char>(0xF0 | (c >> 18))
+                o[1] = <char>(0x80 | ((c >> 12) & 0x3F))
+                o[2] = <char>(0x80 | ((c >> 6) & 0x3F))
+                o[3] = <char>(0x80 | (c & 0x3F))
+                o += 4
+    b.size = o - b.data
+    if special:
+        _quote_from(b, start)
+    return 0
+
+
+cdef int _put_csv_value(Buf* b, object v, char delimiter) except -1:
+    cdef type t = type(v)
+    cdef Py_ssize_t start = b.size
+    if t is str:
+        return _put_csv_str(b, v, <uint8_t>delimiter)
+    if v is None:
+        return 0
+    if t is int:
+        _put_int(b, v)
+    elif t is float:
+        _put_double(b, PyFloat_AS_DOUBLE(v))
+    elif t is bool:
+        if v:
+            _put(b, b"True", 4)
+        else:
+            _put(b, b"False", 5)
+    elif t is _datetime:
+        _put_exact_datetime(b, v, True)
+    elif t is date:
+        _put_exact_date(b, v)
+    elif t is time and time_tzinfo(v) is None:
+        _put_naive_time(b, v)
+    elif t is _Decimal:
+        _put_double(b, _decimal_float(v))
+    elif t is bytes:
+        return _put_csv_str(b, (<bytes>v).decode("utf-8", "replace"), <uint8_t>delimiter)
+    else:
+        return _put_csv_str(b, _csv_other(v), <uint8_t>delimiter)
+    # Numbers and dates hold no quote, CR or LF, but an unusual delimiter may be among their characters.
+    return _quote_if_needed(b, start, delimiter)
+
+
+cdef int _put_csv_line(Buf* b, tuple row, char delimiter) except -1:
+    cdef Py_ssize_t i, n = PyTuple_GET_SIZE(row)
+    cdef Py_ssize_t start = b.size
+    for i in range(n):
+        if i:
+            _put(b, &delimiter, 1)
+        _put_csv_value(b, <object>PyTuple_GET_ITEM(row, i), delimiter)
+    if n == 1 and b.size == start:
+        # As Python's csv writer: a lone empty field is quoted so the line is not blank.
+        _put(b, b'""', 2)
+    return _put(b, b"\r\n", 2)
+
+
+def _check_delimiter(delimiter):
+    if type(delimiter) is not str or len(delimiter) != 1 or delimiter > "\x7f" or delimiter in '"\r\n':
+        raise ValueError(f"delimiter must be one ASCII character other than '\"', CR and LF, not {delimiter!r}")
+
+
+def encode_delimited(columns, rows, delimiter):
+    """Header line then one line per row, minimal quoting, CRLF line ends, NULL as an empty field, UTF-8."""
+    _check_delimiter(delimiter)
+    cdef char delim = <char>ord(delimiter)
+    cdef list cols = unique_columns(columns)
+    cdef list rowlist = _row_list(rows)
+    cdef Buf b
+    _open(&b, 256)
+    try:
+        _put_csv_line(&b, tuple(cols), delim)
+        for row in rowlist:
+            _put_csv_line(&b, <tuple?>row, delim)
+        return _close(&b)
+    finally:
+        PyMem_Free(b.data)

@@ -1,0 +1,1 @@
+"""HTTP handlers: data plane (run), management API (manage), operations (ops)."""

@@ -1,0 +1,71 @@
+"""What every management handler shares: strict bodies, ETags and If-Match, names, the audit trail."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+from ..auth import now_text
+from ..errors import QagError
+from ..http.response import Response, json_response
+
+QUERY_NAME = re.compile(r"[\w .\-]{1,100}")
+CONNECTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,99}")
+COLLECTION_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+
+
+def valid_query_name(name) -> bool:
+    return isinstance(name, str) and QUERY_NAME.fullmatch(name) is not None and not name.startswith(".")
+
+
+def body_object(request, *, required: bool = True) -> dict:
+    """A management body: a JSON object, whatever the content type says; absent → {} unless required."""
+    data = request.body()
+    if not data.strip():
+        if required:
+            raise QagError("invalid_body", "Request body must be a JSON object")
+        return {}
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError):
+        raise QagError("invalid_body", "Request body must be a JSON object") from None
+    if not isinstance(value, dict):
+        raise QagError("invalid_body", "Request body must be a JSON object")
+    return value
+
+
+def refuse_unknown(body: dict, allowed, message: str = "Unknown field(s): {}") -> None:
+    unknown = sorted(k for k in body if k not in allowed)
+    if unknown:
+        raise QagError("unknown_field", message.format(", ".join(unknown)))
+
+
+def etag_of(state) -> str:
+    """A hash of the stored state: any change through any route, by any process, changes it."""
+    canonical = json.dumps(state, sort_keys=True, separators=(",", ":"), default=str)
+    return '"' + hashlib.md5(canonical.encode("utf-8"), usedforsecurity=False).hexdigest() + '"'
+
+
+def check_if_match(request, state, what: str) -> None:
+    wanted = request.header("If-Match")
+    if wanted is None:
+        return
+    tags = [t.strip() for t in wanted.split(",")]
+    if "*" in tags or etag_of(state) in tags:
+        return
+    raise QagError("precondition_failed", f"This {what} changed since you loaded it - reload it and try again")
+
+
+def with_etag(value: dict, state, status: int = 200, extra_headers=None) -> Response:
+    headers = [("ETag", etag_of(state))] + list(extra_headers or [])
+    return json_response(value, status, headers)
+
+
+def audit(store, caller, action: str, target: str, changes: dict) -> None:
+    """One audit entry per successful change; callers pass changes with secrets already removed."""
+    store.audit(now_text(), caller.label if caller.name is not None else "-", caller.via, action, target, changes)
+
+
+def no_content() -> Response:
+    return Response(204)

@@ -1,0 +1,223 @@
+"""Management of connections: /api/v1/connections (contract 5.2)."""
+
+from __future__ import annotations
+
+from ..auth import now_text
+from ..backends import sqlite as sqlite_backend
+from ..errors import QagError
+from ..http.response import json_response
+from ._common import CONNECTION_NAME, audit, body_object, check_if_match, no_content, with_etag
+
+SUPPORTED_DB = ("mysql", "postgres", "sqlite")
+DIRECT_FIELDS = ("host", "port", "database", "user", "password")
+SERVER_OWNED = ("name", "created_at", "updated_at", "usage", "example")
+MASKED_PASSWORD = "********"
+
+
+def _is_reference(value) -> bool:
+    return isinstance(value, str) and value.startswith("${") and value.endswith("}")
+
+
+def _shown_password(value):
+    if value is None or value == "":
+        return None
+    return value if _is_reference(value) else MASKED_PASSWORD
+
+
+def _fields_from_body(body: dict) -> dict:
+    """Top-level fields plus `options` flattened into one dict of stored fields."""
+    options = body.get("options", {})
+    if options is None:
+        options = {}
+    if not isinstance(options, dict):
+        raise QagError("invalid_body", "options must be a JSON object")
+    fields = {k: v for k, v in body.items() if k not in SERVER_OWNED + ("db", "active", "options")}
+    for key, value in options.items():
+        if key in fields or key in DIRECT_FIELDS + ("db", "active", "name"):
+            raise QagError("invalid_body", f"Set {key} directly, not inside options")
+        fields[key] = value
+    for key in ("host", "database", "user"):
+        if key in fields and fields[key] is not None and not isinstance(fields[key], str):
+            raise QagError("invalid_body", f"{key} must be text")
+    port = fields.get("port")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, (int, str))):
+        raise QagError("invalid_body", "port must be a number or text")
+    if "password" in fields and fields["password"] is not None and not isinstance(fields["password"], str):
+        raise QagError("invalid_body", "password must be text")
+    return fields
+
+
+def _check_db(db) -> str:
+    if db is None:
+        raise QagError("invalid_body", f"db is required - one of: {', '.join(SUPPORTED_DB)}")
+    if db not in SUPPORTED_DB:
+        raise QagError("invalid_body", f"db must be one of: {', '.join(SUPPORTED_DB)} (not {db!r})")
+    return db
+
+
+def _check_active(active) -> bool:
+    if not isinstance(active, bool):
+        raise QagError("invalid_body", "active must be true or false")
+    return active
+
+
+class ConnectionHandlers:
+    """Create, read, change and delete connections; test them; read a SQLite connection's schema."""
+
+    def __init__(self, gateway):
+        self.gateway = gateway
+        self.store = gateway.store
+
+    def register(self, router) -> None:
+        add = router.add
+        add("GET", "/api/v1/connections", self.list, "v1.list_connections", admin=True)
+        add("POST", "/api/v1/connections", self.create, "v1.create_connection", admin=True)
+        add("GET", "/api/v1/connections/deleted", self.deleted, "v1.list_deleted_connections", admin=True)
+        add("POST", "/api/v1/connections/test", self.test, "v1.test_connection", admin=True)
+        add("POST", "/api/v1/connections/databases", self.databases, "v1.list_databases", admin=True)
+        add("GET", "/api/v1/connections/<name>", self.get, "v1.get_connection", admin=True)
+        add("PATCH", "/api/v1/connections/<name>", self.patch, "v1.update_connection", admin=True)
+        add("DELETE", "/api/v1/connections/<name>", self.delete, "v1.delete_connection", admin=True)
+        add("GET", "/api/v1/connections/<name>/schema", self.schema, "v1.connection_schema", admin=True)
+
+    # --- views -----------------------------------------------------------------------------
+    def _item(self, row: dict) -> dict:
+        f = row["fields"]
+        usage = self.gateway.run.usage.connection(row["name"])
+        return {"name": row["name"], "db": row["db"], "active": row["active"], "host": f.get("host") or None,
+                "port": f.get("port") if f.get("port") not in ("", None) else None,
+                "database": f.get("database") or None, "user": f.get("user") or None, "example": row["example"],
+                "created_at": row["created_at"], "updated_at": row["updated_at"], "usage": usage}
+
+    def _detail(self, row: dict) -> dict:
+        item = self._item(row)
+        item["password"] = _shown_password(row["fields"].get("password"))
+        item["options"] = {k: v for k, v in row["fields"].items() if k not in DIRECT_FIELDS}
+        return item
+
+    def _existing(self, name: str) -> dict:
+        row = self.store.get_connection(name)
+        if row is None:
+            raise QagError("connection_not_found", f"Connection '{name}' not found")
+        return row
+
+    def _check_target(self, db: str, fields: dict) -> None:
+        if db == "sqlite" and fields.get("database"):
+            import os
+            path = os.path.realpath(os.path.join(self.gateway.settings.home, str(fields["database"])))
+            if path in self.gateway.store_files:
+                raise QagError("store_not_allowed", "A connection may not point at the server's own store")
+
+    # --- routes ----------------------------------------------------------------------------
+    def list(self, request, caller):
+        return json_response({"items": [self._item(r) for r in self.store.list_connections()]})
+
+    def get(self, request, caller, name):
+        row = self._existing(name)
+        return with_etag(self._detail(row), row)
+
+    def create(self, request, caller):
+        body = body_object(request)
+        name = body.get("name")
+        if not isinstance(name, str) or not CONNECTION_NAME.fullmatch(name):
+            raise QagError("invalid_name", "A connection name is 1-100 letters, digits, spaces, '.', '_' or '-', "
+                                           "starting with a letter or digit")
+        db = _check_db(body.get("db"))
+        active = _check_active(body.get("active", True))
+        fields = {k: v for k, v in _fields_from_body(body).items() if v is not None}
+        self._check_target(db, fields)
+        now = now_text()
+        row = {"name": name, "db": db, "active": active, "fields": fields, "example": False,
+               "created_at": now, "updated_at": now}
+        with self.store.transaction():
+            if self.store.get_connection(name) is not None:
+                raise QagError("connection_exists", f"A connection named '{name}' already exists")
+            self.store.put_connection(row, create=True)
+            audit(self.store, caller, "create_connection", name, _audited(db, active, fields))
+        return with_etag(self._detail(row), row, 201)
+
+    def patch(self, request, caller, name):
+        body = body_object(request)
+        with self.store.transaction():
+            row = self._existing(name)
+            check_if_match(request, row, "connection")
+            db = _check_db(body["db"]) if "db" in body else row["db"]
+            active = _check_active(body["active"]) if "active" in body else row["active"]
+            changes = _fields_from_body(body)
+            options = body.get("options") or {}
+            fields = dict(row["fields"])
+            for key, value in changes.items():
+                if key == "password" and value == MASKED_PASSWORD:
+                    continue
+                if value is None:
+                    fields.pop(key, None)
+                else:
+                    fields[key] = value
+            self._check_target(db, fields)
+            new = dict(row, db=db, active=active, fields=fields, updated_at=now_text())
+            self.store.put_connection(new, create=False)
+            audited = _audited(db, active, {k: v for k, v in changes.items() if k in body or k in options})
+            if "password" in audited and changes.get("password") == MASKED_PASSWORD:
+                del audited["password"]
+            audit(self.store, caller, "update_connection", name, audited)
+        return with_etag(self._detail(new), new)
+
+    def delete(self, request, caller, name):
+        row = self._existing(name)
+        body = body_object(request, required=False)
+        reason = body.get("reason")
+        if not isinstance(reason, str) or not reason.strip():
+            raise QagError("reason_required", "Deleting a connection needs a reason: {\"reason\": \"...\"}")
+        with self.store.transaction():
+            check_if_match(request, row, "connection")
+            self.store.delete_connection(name)
+            f = row["fields"]
+            audit(self.store, caller, "delete_connection", name,
+                  {"db": row["db"], "host": f.get("host"), "port": f.get("port"), "database": f.get("database"),
+                   "deleted_reason": reason.strip()})
+        return no_content()
+
+    def deleted(self, request, caller):
+        items = []
+        for entry in self.store.audit_entries("delete_connection"):
+            c = entry["changes"]
+            items.append({"name": entry["target"], "db": c.get("db"), "host": c.get("host"), "port": c.get("port"),
+                          "database": c.get("database"), "deleted_at": entry["at"], "deleted_by": entry["actor"],
+                          "reason": c.get("deleted_reason")})
+        return json_response({"items": items})
+
+    def _unsaved_or_saved(self, request) -> tuple[str, dict]:
+        body = body_object(request)
+        if set(body) == {"name"}:
+            row = self._existing(body["name"]) if isinstance(body["name"], str) else None
+            if row is None:
+                raise QagError("invalid_body", "name must be text")
+            return row["db"], row["fields"]
+        return _check_db(body.get("db")), _fields_from_body(body)
+
+    def test(self, request, caller):
+        db, fields = self._unsaved_or_saved(request)
+        self._check_target(db, fields)
+        path = self.gateway.run.sqlite_path(db, fields)
+        return json_response({"elapsed_ms": round(sqlite_backend.test_connection(path), 3)})
+
+    def databases(self, request, caller):
+        db, _ = self._unsaved_or_saved(request)
+        if db == "sqlite":
+            raise QagError("unsupported_operation", "Listing databases isn't supported for 'sqlite' connections")
+        raise self.gateway.run.unsupported(db)
+
+    def schema(self, request, caller, name):
+        row = self._existing(name)
+        if "database" in request.args and row["db"] == "sqlite":
+            raise QagError("invalid_request", "Switching databases isn't supported for 'sqlite' connections")
+        path = self.gateway.run.sqlite_path(row["db"], row["fields"])
+        return json_response(sqlite_backend.read_schema(path))
+
+
+def _audited(db: str, active: bool, fields: dict) -> dict:
+    """Connection fields for the audit log: a password is only ever 'changed'."""
+    out = {"db": db, "active": active}
+    for key, value in fields.items():
+        out[key] = "changed" if key == "password" else value
+    return out

@@ -1,0 +1,625 @@
+"""The /openapi.json document (OpenAPI 3.1): the generic routes, built once, plus one path per listed saved query."""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+from urllib.parse import quote
+
+from qag.sql.params import normalise
+
+__all__ = ["build_openapi", "OPENAPI_VERSION", "FORMATS"]
+
+OPENAPI_VERSION = "3.1.0"
+FORMATS = ["json", "ndjson", "csv", "tsv"]
+# Names the /q route reads itself (contract 3.1): a placeholder with one of these names can't come from the
+# query string, so it is documented only in the POST body.
+_RESERVED = frozenset({"format", "page", "page_size", "connection_name", "version", "timeout", "stream"})
+_NON_WORD = re.compile(r"\W")
+
+
+# --- Schema shorthands ---
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _obj(properties: dict, required: tuple | list = (), extra: bool | dict | None = None, **more: Any) -> dict:
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = list(required)
+    if extra is not None:
+        schema["additionalProperties"] = extra
+    schema.update(more)
+    return schema
+
+
+def _arr(items: dict) -> dict:
+    return {"type": "array", "items": items}
+
+
+def _null(schema: dict) -> dict:
+    """The schema or JSON null (3.1 has no `nullable`: a type list, or anyOf for a reference)."""
+    if isinstance(schema.get("type"), str):
+        return {**schema, "type": [schema["type"], "null"]}
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+_STR = {"type": "string"}
+_INT = {"type": "integer"}
+_NUM = {"type": "number"}
+_BOOL = {"type": "boolean"}
+_TIME = {"type": "string", "description": "Server-local time, YYYY-MM-DD HH:MM:SS (see /health for the zone)",
+         "pattern": r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$"}
+_NAMES_OR_ALL = {"oneOf": [{"const": "*"}, _arr(_STR)]}
+
+
+# --- Components ---
+
+def _schemas() -> dict:
+    rule_properties = {
+        "type": {"enum": ["integer", "number", "string", "boolean", None]}, "required": _BOOL, "default": {},
+        "enum": _arr({}), "min": _NUM, "max": _NUM, "min_length": _INT, "max_length": _INT, "pattern": _STR,
+        "description": _STR,
+    }
+    rule_input = dict(rule_properties, type=_null({"type": "string", "description": "int, float, str or bool "
+                                                   "(or integer, number, string, boolean); case-insensitive"}),
+                      example={})
+    mask_rule = _obj({"column": {"type": "string", "description": "table.column or schema.table.column; * wildcard"},
+                      "action": {"enum": ["drop", "null", "mask", "hash", "keep"]}}, ["column", "action"], False)
+    grants = {
+        "connections": _NAMES_OR_ALL,
+        "queries": {"oneOf": [{"const": "*"}, _arr({"oneOf": [_STR, _obj(
+            {"name": _STR, "allow_writes": _BOOL}, ["name"], False)]})]},
+        "collections": _arr(_STR), "allow_writes": _BOOL, "allowed_write_ops": _null(_arr(_STR)),
+        "allowed_tables": _null(_arr(_STR)), "rate_limit": _null({"type": "string", "examples": ["100/minute"]}),
+        "allowed_ips": _null(_arr(_STR)), "mask": _null(_arr(_ref("MaskRule"))),
+        "max_concurrent": _null({"type": "integer", "minimum": 1, "maximum": 1000}),
+        "query_timeout": _null({"type": "number", "minimum": 0.1, "maximum": 86400}),
+        "max_rows": _null({"type": "integer", "minimum": 1, "maximum": 10_000_000}),
+        "quota": _null(_ref("Quota")),
+    }
+    usage = _obj({"queries": _INT, "errors": _INT, "rows": _INT})
+    connection = {
+        "name": _STR, "db": _STR, "active": _BOOL, "host": _null(_STR), "port": _null({"type": ["integer", "string"]}),
+        "database": _null(_STR), "user": _null(_STR), "example": _BOOL, "created_at": _TIME, "updated_at": _TIME,
+        "usage": _obj({"queries": _INT, "errors": _INT, "rows": _INT, "avg_duration_ms": _null(_NUM)}),
+    }
+    version = {
+        "version": _INT, "status": {"enum": ["published", "draft", "previous"]}, "uuid": _null(_STR),
+        "author": _null(_STR), "description": _STR, "tags": _arr(_STR), "query_type": {"enum": ["sql", "mongo"]},
+        "sql": _null(_STR), "mongo": _null({"type": "object"}), "connection_name": _null(_STR),
+        "parameters": _obj({}, extra=_ref("ParameterRule")), "placeholders": _arr(_STR),
+        "cache_ttl": _null(_INT), "columns": _obj({}, extra=_STR), "agent_writes": {}, "max_affected_rows": {},
+        "mask": _arr(_ref("MaskRule")), "mcp": _BOOL, "created_at": _TIME, "last_modified_at": _TIME,
+        "run_count": {"type": "integer", "description": "In a query detail only"},
+    }
+    summary = {
+        "name": _STR, "description": _STR, "query_type": _STR, "connection_name": _null(_STR),
+        "collection": _null(_STR), "tags": _arr(_STR), "published_version": _null(_INT), "latest_version": _INT,
+        "has_draft": _BOOL, "version_count": _INT, "example": _BOOL, "endpoint": _STR, "updated_at": _TIME,
+        "created_at": _TIME, "last_used_at": _null(_TIME), "cache_ttl": _null(_INT),
+    }
+    key_fields = {
+        "name": _STR, **grants, "active": _BOOL, "expires_at": _null({"type": "string", "format": "date"}),
+        "expired": _BOOL, "created_at": _TIME, "created_from_role": _null(_STR), "last_used_at": _null(_TIME),
+        "previous_expires_at": _null(_TIME), "previous_last_used_at": _null(_TIME), "example": _BOOL,
+        "usage": usage, "effective_limits": {"type": "object"}, "usage_this_period": _null({"type": "object"}),
+        "secret": {"type": "string", "description": "Only in the answer to a create or a rotate: shown once"},
+    }
+    return {
+        "Error": _obj({"error": _STR, "code": _STR, "errors": _obj({}, extra=_STR), "detail": _STR,
+                       "retry_after": _NUM, "request_id": _STR}, ["error", "code", "request_id"]),
+        "Empty": _obj({"message": {"const": "No results returned"}}, ["message"]),
+        "Rows": _arr({"type": "object"}),
+        "ParameterRule": _obj(rule_properties, ["type", "required"]),
+        "ParameterRuleInput": {"oneOf": [{"type": "string", "description": "A type name such as int"},
+                                         _obj(rule_input, extra=False)]},
+        "MaskRule": mask_rule,
+        "Quota": _obj({"calls": {"type": "integer", "minimum": 1}, "rows": {"type": "integer", "minimum": 1},
+                       "per": {"enum": ["day", "month"]}}, ["per"], False),
+        "Connection": _obj(connection),
+        "ConnectionDetail": {"allOf": [_ref("Connection"), _obj({"password": _null(_STR),
+                                                                  "options": {"type": "object"}})]},
+        "ConnectionInput": _obj({"name": _STR, "db": {"type": "string", "examples": ["mysql", "postgres", "sqlite"]},
+                                 "host": _STR, "port": {"type": ["integer", "string"]}, "database": _STR,
+                                 "user": _STR, "password": _STR, "active": _BOOL, "options": {"type": "object"}},
+                                extra=True),
+        "QueryVersion": _obj(version),
+        "QuerySummary": _obj(summary),
+        "Query": {"allOf": [_ref("QuerySummary"), _obj({"versions": _arr(_ref("QueryVersion"))})]},
+        "QueryVersionInput": _obj({
+            "name": {"type": "string", "description": "Create only"},
+            "collection": _null({"type": "string", "description": "Create only"}),
+            "description": _STR, "author": _STR, "tags": {"oneOf": [_arr(_STR), _STR]},
+            "query_type": {"enum": ["sql"]}, "sql": _STR, "connection_name": _null(_STR),
+            "parameters": _obj({}, extra=_ref("ParameterRuleInput")), "cache_ttl": _null({"type": "integer",
+                                                                                         "minimum": 0}),
+            "columns": _obj({}, extra=_STR), "mask": _arr(_ref("MaskRule")), "mcp": _BOOL,
+            "publish": {"type": "boolean", "default": False},
+        }, ["description", "sql"], False),
+        "Validation": _obj({"valid": _BOOL, "errors": _arr(_obj({"message": _STR, "field": _STR,
+                                                                  "parameters": _obj({}, extra=_STR)})),
+                            "placeholders": _arr(_STR), "tables": _arr(_STR)}),
+        "Flow": _obj({"tables": _arr(_STR), "joins": _arr(_obj({"left": _STR, "right": _STR, "type": _STR,
+                                                               "on": _STR})),
+                      "formatted": _null(_STR), "error": _null(_STR)}),
+        "HistoryEntry": _obj({"query": _null(_STR), "version": _null(_INT), "kind": {"enum": ["saved", "adhoc"]},
+                              "executed_at": _TIME, "connection_name": _STR, "request_id": _null(_STR),
+                              "key_name": _STR, "transport": _STR, "status": {"enum": ["success", "error"]},
+                              "rows": _INT, "duration_ms": _INT, "serialization_ms": _NUM, "error": _STR,
+                              "code": _STR}),
+        "HistoryPage": _obj({"items": _arr(_ref("HistoryEntry")), "next_cursor": _null(_STR)}),
+        "ApiKey": _obj(key_fields),
+        "ApiKeyInput": _obj({"name": _STR, "role": {"type": "string", "description": "Create only: copy its "
+                                                    "grants once"},
+                             "active": _BOOL, "expires_at": _null({"type": "string", "format": "date"}), **grants},
+                            extra=False),
+        "Role": _obj({"name": _STR, **grants, "created_at": _TIME, "example": _BOOL, "keys_created": _INT,
+                      "require_claim_binding": _BOOL}),
+        "RoleInput": _obj({"name": _STR, **grants}, extra=False),
+        "Me": _obj({"name": _null(_STR), "role": _null(_STR), "via": _STR, "capabilities": _arr(_STR),
+                    "data_access": {}, "workspace": {}, "server_wide": {}, "workspaces": {"type": "object"}}),
+        "Health": _obj({"status": {"const": "ok"}, "version": _STR, "time_zone": _null(_STR),
+                        "utc_offset": {"type": "string", "examples": ["+05:30"]}}, ["status", "version"]),
+        "CacheEntry": _obj({"key": _STR, "meta": {"type": "object"}, "content_type": _STR, "size_bytes": _INT,
+                            "ttl_remaining_s": _NUM}),
+        "QuotaUsage": _obj({"caller": _STR, "per": {"enum": ["day", "month"]}, "period": _STR, "calls": _INT,
+                            "rows": _INT, "updated_at": _TIME}),
+    }
+
+
+def _components() -> dict:
+    errors = {"Error": {"description": "Error", "content": {"application/json": {"schema": _ref("Error")}}}}
+    path_names = {
+        "Name": "Saved-query name (URL-encoded)", "ConnectionName": "Connection name", "KeyName": "API key name",
+        "RoleName": "Role name",
+    }
+    parameters = {key: {"name": "name", "in": "path", "required": True, "schema": _STR, "description": text}
+                  for key, text in path_names.items()}
+    parameters.update({
+        "Version": {"name": "n", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 1}},
+        "CacheKey": {"name": "key", "in": "path", "required": True, "schema": _STR},
+        "IfMatch": {"name": "If-Match", "in": "header", "required": False, "schema": _STR,
+                    "description": "An ETag from an earlier read (or *): the change is refused with 412 when the "
+                                   "resource changed since"},
+    })
+    parameters.update(_RUN_PARAMETERS)
+    return {
+        "securitySchemes": {"ApiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"}},
+        "schemas": _schemas(),
+        "responses": errors,
+        "parameters": parameters,
+    }
+
+
+# Query-string arguments of a run (contract 3.1, 3.6-3.8, 10.5); shared by /q and /execute_sql.
+_RUN_PARAMETERS = {
+    "Format": {"name": "format", "in": "query", "description": "Output format (case-insensitive); wins over the "
+               "body's", "schema": {"type": "string", "enum": FORMATS, "default": "json"}},
+    "Page": {"name": "page", "in": "query", "schema": {"type": "integer", "minimum": 1, "default": 1}},
+    "PageSize": {"name": "page_size", "in": "query", "description": "At most the server's maximum page size",
+                 "schema": {"type": "integer", "minimum": 1, "default": 10}},
+    "Timeout": {"name": "timeout", "in": "query", "description": "Seconds the statement may run; can only lower "
+                "the server's limit", "schema": {"type": "number", "exclusiveMinimum": 0}},
+    "Stream": {"name": "stream", "in": "query", "description": "true: the whole result as one streamed body "
+               "(csv, tsv, ndjson; no paging); 1, true, yes or on, case-insensitive",
+               "schema": {"type": "string", "examples": ["true"]}},
+}
+_RUN_REFS = [{"$ref": f"#/components/parameters/{key}"} for key in _RUN_PARAMETERS]
+
+
+# --- Responses ---
+
+def _errors(*statuses: str) -> dict:
+    return {status: {"$ref": "#/components/responses/Error"} for status in statuses}
+
+
+def _json(description: str, schema: dict, headers: dict | None = None) -> dict:
+    response: dict[str, Any] = {"description": description, "content": {"application/json": {"schema": schema}}}
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+_ETAG = {"ETag": {"schema": _STR, "description": "Send it back in If-Match to change only what you read"}}
+_NO_STORE = {"Cache-Control": {"schema": {"const": "no-store"}}}
+_NO_CONTENT = {"description": "Done; no body"}
+_PAGE_HEADERS = {
+    "X-Page": {"schema": _INT}, "X-Page-Size": {"schema": _INT, "description": "Effective page size"},
+    "X-Row-Count": {"schema": _INT}, "X-Has-More": {"schema": {"type": "string", "enum": ["true", "false"]}},
+}
+_ROWS_RESPONSE = {
+    "description": "One page of rows (X-Has-More says whether another follows), or {\"message\": \"No results "
+                   "returned\"} as JSON whatever the format when the page is empty",
+    "headers": _PAGE_HEADERS,
+    "content": {
+        "application/json": {"schema": {"oneOf": [_ref("Rows"), _ref("Empty")]}},
+        "application/x-ndjson": {"schema": _STR},
+        "text/csv": {"schema": _STR},
+        "text/tab-separated-values": {"schema": _STR},
+    },
+}
+_RUN_STATUSES = ("400", "401", "403", "404", "429", "500", "502", "504")
+_RUN_ERRORS = _errors(*_RUN_STATUSES)
+_MANAGE_ERRORS = ("400", "401", "403")
+
+
+def _op(op_id: str, summary: str, tag: str, responses: dict, *, params: list | None = None,
+        body: dict | None = None, body_required: bool = True, errors: tuple = _MANAGE_ERRORS,
+        description: str | None = None) -> dict:
+    operation: dict[str, Any] = {"operationId": op_id, "summary": summary, "tags": [tag]}
+    if description:
+        operation["description"] = description
+    if params:
+        operation["parameters"] = params
+    if body is not None:
+        operation["requestBody"] = {"required": body_required, "content": {"application/json": {"schema": body}}}
+    operation["responses"] = {**responses, **_errors(*errors)}
+    return operation
+
+
+def _p(key: str) -> dict:
+    return {"$ref": f"#/components/parameters/{key}"}
+
+
+def _items(schema: dict) -> dict:
+    """A `{"items": [...]}` list answer."""
+    return _obj({"items": _arr(schema)}, ["items"])
+
+
+def _query_filter(name: str, description: str, schema: dict | None = None) -> dict:
+    return {"name": name, "in": "query", "required": False, "schema": schema or _STR, "description": description}
+
+
+# --- Generic paths ---
+
+def _generic_paths() -> dict:
+    run_body = _obj({
+        "params": {"type": "object", "description": "Parameter values (JSON types kept)"},
+        "placeholders": {"type": "object", "description": "Alias of params, merged after it"},
+        "connection_name": _STR, "version": {"type": "integer", "minimum": 1},
+        "format": {"type": "string", "enum": FORMATS}, "timeout": {"type": "number", "exclusiveMinimum": 0},
+    })
+    history_filters = [
+        _query_filter("version", "Only runs of this version", _INT),
+        _query_filter("status", "success or error", {"enum": ["success", "error"]}),
+        _query_filter("key", "Exact caller key name"),
+        _query_filter("since", "Inclusive; YYYY-MM-DD or YYYY-MM-DD HH:MM:SS"),
+        _query_filter("until", "Exclusive; YYYY-MM-DD or YYYY-MM-DD HH:MM:SS"),
+        _query_filter("limit", "Page size", {"type": "integer", "minimum": 1, "maximum": 1000}),
+        _query_filter("cursor", "next_cursor of the previous page"),
+    ]
+    conn, query, key, role = _p("ConnectionName"), _p("Name"), _p("KeyName"), _p("RoleName")
+    if_match = _p("IfMatch")
+    detail_conn = _json("The connection", _ref("ConnectionDetail"), _ETAG)
+    detail_query = _json("The saved query", _ref("Query"), _ETAG)
+    detail_key = _json("The API key", _ref("ApiKey"), _ETAG)
+    detail_role = _json("The role", _ref("Role"), _ETAG)
+    C, Q, K, R = "Connections", "Saved queries (management)", "API keys", "Roles"
+
+    return {
+        "/q/{name}": {
+            "parameters": [_p("Name")],
+            "get": _op("runSavedQuery", "Run a saved query; other query-string arguments are its parameters (text)",
+                       "Saved queries", {"200": _ROWS_RESPONSE}, errors=_RUN_STATUSES,
+                       params=[*_RUN_REFS, _query_filter("version", "Version number (default: the published one)",
+                                                         {"type": "integer", "minimum": 1}),
+                               _query_filter("connection_name", "Run on this connection instead of the saved one")]),
+            "post": _op("runSavedQueryPost", "Run a saved query with parameters in a JSON body", "Saved queries",
+                        {"200": _ROWS_RESPONSE}, params=[*_RUN_REFS], body=run_body, body_required=False,
+                        errors=_RUN_STATUSES),
+        },
+        "/execute_sql": {"post": _op(
+            "executeSql", "Run one ad-hoc SQL statement", "Ad-hoc SQL", {"200": _ROWS_RESPONSE},
+            errors=_RUN_STATUSES,
+            params=_RUN_REFS,
+            body=_obj({"sql": _STR, "connection_name": _STR,
+                       "params": {"type": "object", "description": "Values for :name parameters"},
+                       "format": {"type": "string", "enum": FORMATS},
+                       "timeout": {"type": "number", "exclusiveMinimum": 0},
+                       "database": {"type": "string", "description": "Admin only: another database on the same "
+                                                                     "server"},
+                       "mask": _arr(_ref("MaskRule"))}, ["sql", "connection_name"]))},
+        "/health": {"get": _op("health", "Liveness and the server's time zone", "Operations",
+                               {"200": _json("Up", _ref("Health"))}, errors=())},
+        "/metrics": {"get": _op("metrics", "Prometheus metrics", "Operations",
+                                {"200": {"description": "Prometheus text format",
+                                         "content": {"text/plain": {"schema": _STR}}}}, errors=())},
+        "/openapi.json": {"get": _op("openapi", "This document", "Operations",
+                                     {"200": _json("OpenAPI document", {"type": "object"})}, errors=())},
+        "/events": {"get": _op(
+            "events", "Live run events (Server-Sent Events)", "Operations",
+            {"200": {"description": "text/event-stream of `data: <event JSON>` frames",
+                     "content": {"text/event-stream": {"schema": _STR}}}}, errors=("400", "401", "503"),
+            params=[_query_filter(n, f"Only events with this {n}") for n in ("type", "kind", "query", "connection",
+                                                                                "status")])},
+        # --- connections ---
+        "/api/v1/connections": {
+            "get": _op("listConnections", "List connections", C, {"200": _json("Connections",
+                                                                               _items(_ref("Connection")))}),
+            "post": _op("createConnection", "Create a connection", C, {"201": detail_conn},
+                        body=_ref("ConnectionInput"), errors=(*_MANAGE_ERRORS, "409")),
+        },
+        "/api/v1/connections/deleted": {"get": _op(
+            "listDeletedConnections", "Deleted connections, newest first", C,
+            {"200": _json("Deleted connections", _items(_obj({
+                "name": _STR, "db": _STR, "host": _null(_STR), "port": _null({"type": ["integer", "string"]}),
+                "database": _null(_STR), "deleted_at": _TIME, "deleted_by": _STR, "reason": _STR})))})},
+        "/api/v1/connections/test": {"post": _op(
+            "testConnection", "Try a connection (saved or not) with SELECT 1", C,
+            {"200": _json("Reachable", _obj({"elapsed_ms": _NUM}))}, body=_ref("ConnectionInput"),
+            errors=(*_MANAGE_ERRORS, "500", "502"))},
+        "/api/v1/connections/databases": {"post": _op(
+            "listDatabases", "List the databases a connection's server has", C,
+            {"200": _json("Databases", _obj({"databases": _arr(_STR)}))}, body=_ref("ConnectionInput"),
+            errors=(*_MANAGE_ERRORS, "500", "502"))},
+        "/api/v1/connections/{name}": {
+            "parameters": [conn],
+            "get": _op("getConnection", "A connection", C, {"200": detail_conn}, errors=(*_MANAGE_ERRORS, "404")),
+            "patch": _op("updateConnection", "Change a connection (fields not given are kept; null removes one)",
+                         C, {"200": detail_conn}, params=[if_match], body=_ref("ConnectionInput"),
+                         errors=(*_MANAGE_ERRORS, "404", "412")),
+            "delete": _op("deleteConnection", "Delete a connection (a reason is required)", C, {"204": _NO_CONTENT},
+                          params=[if_match], body=_obj({"reason": _STR}, ["reason"]),
+                          errors=(*_MANAGE_ERRORS, "404", "412")),
+        },
+        "/api/v1/connections/{name}/schema": {"get": _op(
+            "getConnectionSchema", "Tables and columns of a connection's database", C,
+            {"200": _json("Schema", _obj({"tables": _arr({"type": "object"}), "truncated": _BOOL}))},
+            params=[conn, _query_filter("database", "Another database on the same server")],
+            errors=(*_MANAGE_ERRORS, "404", "502"))},
+        # --- saved queries ---
+        "/api/v1/queries": {
+            "get": _op("listQueries", "List saved queries", Q, {"200": _json("Saved queries",
+                                                                             _items(_ref("QuerySummary")))},
+                       params=[_query_filter("collection", "Exact collection"),
+                               _query_filter("connection", "Exact connection name"),
+                               _query_filter("search", "Substring of name, description or a tag"),
+                               _query_filter("status", "published, unpublished or draft",
+                                             {"enum": ["published", "unpublished", "draft"]})]),
+            "post": _op("createQuery", "Create a saved query (version 1; a draft unless publish is true)", Q,
+                        {"201": detail_query}, body=_ref("QueryVersionInput"), errors=(*_MANAGE_ERRORS, "409")),
+        },
+        "/api/v1/queries/validate": {"post": _op(
+            "validateQuery", "Check a definition without saving it", Q,
+            {"200": _json("Every problem found", _ref("Validation"))}, body=_ref("QueryVersionInput"))},
+        "/api/v1/queries/{name}": {
+            "parameters": [query],
+            "get": _op("getQuery", "A saved query with all its versions", Q, {"200": detail_query},
+                       errors=(*_MANAGE_ERRORS, "404")),
+            "patch": _op("moveQuery", "Move a saved query to another collection", Q, {"200": detail_query},
+                         params=[if_match], body=_obj({"collection": _null(_STR)}, ["collection"], False),
+                         errors=(*_MANAGE_ERRORS, "404", "412")),
+            "delete": _op("deleteQuery", "Delete a saved query, its versions and their history", Q,
+                          {"204": _NO_CONTENT}, params=[if_match], errors=(*_MANAGE_ERRORS, "404", "412")),
+        },
+        "/api/v1/queries/{name}/versions": {"post": _op(
+            "addQueryVersion", "Add a version (a draft unless publish is true)", Q, {"201": detail_query},
+            params=[query, if_match], body=_ref("QueryVersionInput"), errors=(*_MANAGE_ERRORS, "404", "412"))},
+        "/api/v1/queries/{name}/versions/{n}": {
+            "parameters": [query, _p("Version")],
+            "get": _op("getQueryVersion", "One version", Q, {"200": _json("The version", _ref("QueryVersion"))},
+                       errors=(*_MANAGE_ERRORS, "404")),
+            "patch": _op("updateQueryVersion", "Change a version's cache_ttl or mcp flag in place", Q,
+                         {"200": detail_query}, params=[if_match],
+                         body=_obj({"cache_ttl": _null({"type": "integer", "minimum": 0}), "mcp": _BOOL},
+                                   extra=False), errors=(*_MANAGE_ERRORS, "404", "412")),
+            "delete": _op("deleteQueryVersion", "Delete a version (the query too when it was the last)", Q,
+                          {"200": detail_query, "204": _NO_CONTENT}, params=[if_match],
+                          errors=(*_MANAGE_ERRORS, "404", "412")),
+        },
+        "/api/v1/queries/{name}/versions/{n}/flow": {"get": _op(
+            "getQueryFlow", "Tables and joins of a version's SQL (best effort)", Q,
+            {"200": _json("Flow", _ref("Flow"))}, params=[query, _p("Version")], errors=(*_MANAGE_ERRORS, "404"))},
+        "/api/v1/queries/{name}/publish": {"post": _op(
+            "publishQuery", "Serve this version (newer or older)", Q, {"200": detail_query},
+            params=[query, if_match], body=_obj({"version": {"type": "integer", "minimum": 1}}, ["version"]),
+            errors=(*_MANAGE_ERRORS, "404", "412"))},
+        "/api/v1/queries/{name}/unpublish": {"post": _op(
+            "unpublishQuery", "Serve no version (versions are kept)", Q, {"200": detail_query},
+            params=[query, if_match], errors=(*_MANAGE_ERRORS, "404", "412"))},
+        "/api/v1/queries/{name}/history": {"get": _op(
+            "getQueryHistory", "Runs of one saved query, newest first", Q,
+            {"200": _json("Runs", _ref("HistoryPage"))}, params=[query, *history_filters],
+            errors=(*_MANAGE_ERRORS, "404"))},
+        # --- API keys ---
+        "/api/v1/api-keys": {
+            "get": _op("listApiKeys", "List API keys", K, {"200": _json("API keys", _items(_ref("ApiKey")))}),
+            "post": _op("createApiKey", "Create an API key; the answer shows its secret once", K,
+                        {"201": _json("The key and its secret", _ref("ApiKey"), {**_ETAG, **_NO_STORE})},
+                        body=_ref("ApiKeyInput"), errors=(*_MANAGE_ERRORS, "404", "409")),
+        },
+        "/api/v1/api-keys/{name}": {
+            "parameters": [key],
+            "get": _op("getApiKey", "An API key", K, {"200": detail_key}, errors=(*_MANAGE_ERRORS, "404")),
+            "patch": _op("updateApiKey", "Change an API key", K, {"200": detail_key}, params=[if_match],
+                         body=_ref("ApiKeyInput"), errors=(*_MANAGE_ERRORS, "404", "412")),
+            "delete": _op("deleteApiKey", "Delete an API key (it stops working at once)", K, {"204": _NO_CONTENT},
+                          params=[if_match], errors=(*_MANAGE_ERRORS, "404", "412")),
+        },
+        "/api/v1/api-keys/{name}/rotate": {"post": _op(
+            "rotateApiKey", "New secret; the old one works for grace_minutes more", K,
+            {"200": _json("The key and its new secret", _ref("ApiKey"), _NO_STORE)}, params=[key],
+            body=_obj({"grace_minutes": {"type": "integer", "minimum": 0, "maximum": 10080, "default": 60}},
+                      extra=False), body_required=False, errors=(*_MANAGE_ERRORS, "404", "409"))},
+        "/api/v1/api-keys/{name}/previous": {"delete": _op(
+            "endPreviousSecret", "Stop the old secret of a rotation now", K, {"200": detail_key}, params=[key],
+            errors=(*_MANAGE_ERRORS, "404"))},
+        # --- roles ---
+        "/api/v1/roles": {
+            "get": _op("listRoles", "List roles", R, {"200": _json("Roles", _items(_ref("Role")))}),
+            "post": _op("createRole", "Create a role (a template for keys)", R, {"201": detail_role},
+                        body=_ref("RoleInput"), errors=(*_MANAGE_ERRORS, "409")),
+        },
+        "/api/v1/roles/{name}": {
+            "parameters": [role],
+            "get": _op("getRole", "A role", R, {"200": detail_role}, errors=(*_MANAGE_ERRORS, "404")),
+            "patch": _op("updateRole", "Change a role's grants (keys made from it keep theirs)", R,
+                         {"200": detail_role}, params=[if_match], body=_ref("RoleInput"),
+                         errors=(*_MANAGE_ERRORS, "404", "412")),
+            "delete": _op("deleteRole", "Delete a role", R, {"204": _NO_CONTENT}, params=[if_match],
+                          errors=(*_MANAGE_ERRORS, "404", "412")),
+        },
+        # --- cache, history, identity ---
+        "/api/v1/cache/entries": {
+            "get": _op("listCacheEntries", "Live response-cache entries, soonest to expire first", "Cache",
+                       {"200": _json("Entries", _items(_ref("CacheEntry")))}),
+            "delete": _op("clearCache", "Evict every entry", "Cache", {"204": _NO_CONTENT}),
+        },
+        "/api/v1/cache/entries/{key}": {
+            "parameters": [_p("CacheKey")],
+            "get": _op("getCacheEntry", "A cached body, with its own content type", "Cache",
+                       {"200": {"description": "The cached body"}}, errors=(*_MANAGE_ERRORS, "404")),
+            "delete": _op("evictCacheEntry", "Evict one entry (no-op when unknown)", "Cache", {"204": _NO_CONTENT}),
+        },
+        "/api/v1/history": {"get": _op(
+            "getHistory", "All runs, newest first", "History", {"200": _json("Runs", _ref("HistoryPage"))},
+            params=[_query_filter("kind", "saved or adhoc", {"enum": ["saved", "adhoc"]}),
+                    _query_filter("query", "Saved-query name"), *history_filters])},
+        "/api/v1/usage/quotas": {"get": _op(
+            "getQuotaUsage", "Quota counts for the current day and month", "History",
+            {"200": _json("Counts", _items(_ref("QuotaUsage")))})},
+        "/api/v1/me": {"get": _op("me", "Who the caller is", "Identity", {"200": _json("The caller", _ref("Me"))},
+                                  errors=("401", "403"))},
+    }
+
+
+@functools.lru_cache(maxsize=4)
+def _static(version: str) -> dict:
+    """Everything that does not depend on the saved queries; built once per version string."""
+    return {
+        "openapi": OPENAPI_VERSION,
+        "info": {"title": "qag", "version": version,
+                 "description": "Saved SQL queries as HTTP APIs (compatible with QueryAPIGate 0.43)."},
+        "security": [{}, {"ApiKey": []}],
+        "paths": _generic_paths(),
+        "components": _components(),
+    }
+
+
+@functools.lru_cache(maxsize=1)
+def _generic_operation_ids() -> frozenset:
+    return frozenset(op["operationId"] for item in _generic_paths().values() for key, op in item.items()
+                     if key != "parameters")
+
+
+# --- Saved-query paths ---
+
+def _rule_schema(rule: dict, in_query: bool) -> dict:
+    """A stored rule (normalised) as JSON Schema."""
+    type_name = rule["type"]
+    if type_name is not None:
+        schema: dict[str, Any] = {"type": type_name}
+    elif in_query:
+        schema = {"type": "string"}  # the query string only carries text
+    else:
+        schema = {"type": ["string", "number", "boolean"]}
+    if "enum" in rule:
+        schema["enum"] = rule["enum"]
+    for ours, theirs in (("min", "minimum"), ("max", "maximum"), ("min_length", "minLength"),
+                         ("max_length", "maxLength")):
+        if ours in rule:
+            schema[theirs] = rule[ours]
+    if "pattern" in rule:
+        # qag matches the whole value (Python fullmatch); a JSON-schema pattern matches anywhere unless anchored.
+        schema["pattern"] = f"^(?:{rule['pattern']})$"
+    for key in ("description", "default", "example"):
+        if key in rule:
+            schema[key] = rule[key]
+    return schema
+
+
+def _operation_ids(name: str, taken: set) -> tuple[str, str]:
+    base = "run_" + _NON_WORD.sub("_", name)
+    # Both ids must be free: query "a_post" and query "a" would otherwise both claim "run_a_post".
+    while base in taken or base + "_post" in taken:
+        base += "_"
+    taken.add(base)
+    taken.add(base + "_post")
+    return base, base + "_post"
+
+
+def _saved_query_path(query: dict, taken: set) -> tuple[str, dict]:
+    name = query["name"]
+    declared = query.get("parameters") or {}
+    if not isinstance(declared, dict):
+        declared = {}
+    default_connection = query.get("connection_name") or None
+    summary = query.get("description") or f"Run the saved query {name}"
+    get_id, post_id = _operation_ids(name, taken)
+
+    query_params: list[dict] = []
+    properties: dict[str, dict] = {}
+    required: list[str] = []
+    seen: set[str] = set()
+    for placeholder in query.get("placeholders") or ():
+        if placeholder in seen:
+            continue
+        seen.add(placeholder)
+        if placeholder in declared:
+            rule = normalise(declared[placeholder])
+            must = rule["required"] and "default" not in rule
+            properties[placeholder] = _rule_schema(rule, in_query=False)
+            query_schema = _rule_schema(rule, in_query=True)
+        else:
+            rule, must = {}, True  # an undeclared placeholder: required text
+            properties[placeholder] = {"type": "string"}
+            query_schema = {"type": "string"}
+        if must:
+            required.append(placeholder)
+        if placeholder in _RESERVED:
+            continue
+        entry: dict[str, Any] = {"name": placeholder, "in": "query", "required": must, "schema": query_schema}
+        if "description" in rule:
+            entry["description"] = rule["description"]
+        if "example" in rule:
+            entry["example"] = rule["example"]
+        query_params.append(entry)
+
+    connection_schema: dict[str, Any] = {"type": "string"}
+    if default_connection:
+        connection_schema["default"] = default_connection
+    connection = {"name": "connection_name", "in": "query", "required": not default_connection,
+                  "schema": connection_schema}
+    version = {"name": "version", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 1},
+               "description": "Version number (default: the published one)"}
+    description = f"Runs the saved query '{name}'."
+    params_schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        params_schema["required"] = required
+    body = {"type": "object", "properties": {
+        "params": params_schema, "connection_name": connection_schema, "version": {"type": "integer", "minimum": 1},
+        "format": {"type": "string", "enum": FORMATS}, "timeout": {"type": "number", "exclusiveMinimum": 0}}}
+    if required or not default_connection:
+        body["required"] = (["params"] if required else []) + ([] if default_connection else ["connection_name"])
+    tags = ["Saved queries"]
+    item = {
+        "get": {"operationId": get_id, "summary": summary, "description": description, "tags": tags,
+                "parameters": [*query_params, connection, version, *_RUN_REFS],
+                "responses": {"200": _ROWS_RESPONSE, **_RUN_ERRORS}},
+        "post": {"operationId": post_id, "summary": summary, "description": description + " Parameters in a JSON "
+                 "body.", "tags": tags, "parameters": list(_RUN_REFS),
+                 "requestBody": {"required": bool(body.get("required")),
+                                 "content": {"application/json": {"schema": body}}},
+                 "responses": {"200": _ROWS_RESPONSE, **_RUN_ERRORS}},
+    }
+    return "/q/" + quote(name, safe=""), item
+
+
+def build_openapi(version: str, queries: list[dict]) -> dict:
+    """The OpenAPI 3.1 document: generic routes plus one path per query in `queries` (already filtered by the
+    caller to what it may see). Each query: name, description, connection_name, parameters (stored form) and
+    placeholders (names the SQL uses, in order). Nested parts are shared with a cache: serialise, don't mutate."""
+    static = _static(version)
+    document = dict(static)
+    if not queries:
+        return document
+    paths = dict(static["paths"])
+    taken = set(_generic_operation_ids())
+    for query in queries:
+        path, item = _saved_query_path(query, taken)
+        paths[path] = item
+    document["paths"] = paths
+    return document

@@ -1,0 +1,335 @@
+"""The data plane: GET/POST /q/<name> and POST /execute_sql, in the contract's order of checks (3.10)."""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from .. import encode
+from ..backends import sqlite as sqlite_backend
+from ..backends.base import Call
+from ..errors import QagError
+from ..http.response import Response
+from ..policy import grants as policy
+from ..policy.guard import check as guard_check
+from ..sql.params import compile_rules
+from ..sql.prepare import check_text_values, prepare, render
+from ._common import valid_query_name
+from ._usage import Usage
+
+RESERVED = frozenset({"format", "page", "page_size", "connection_name", "version", "timeout", "stream"})
+_STREAM_WORDS = ("1", "true", "yes", "on")
+_STREAM_BATCH = 1000
+_RESOLVER_CACHE = 2048
+
+
+@dataclass(slots=True)
+class Plan:
+    """Everything decided before the database is touched."""
+
+    connection: dict
+    prepared: object
+    values: dict
+    read_only: bool
+    timeout: float | None
+    fmt: str
+    page: int
+    size: int
+    stream: bool
+    label: str          # Content-Disposition name for streams
+    show_detail: bool
+
+
+def _positive_int(text: str, what: str) -> int:
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise QagError("invalid_request", f"{what} must be an integer") from None
+    return value
+
+
+def _timeout_value(value) -> float | None:
+    """A requested time limit: a positive finite number of seconds (text or JSON number)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        value = None
+    elif isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            value = None
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise QagError("invalid_timeout", "timeout must be a positive number of seconds")
+    return float(value)
+
+
+class RunHandlers:
+    """Runs saved queries and ad-hoc SQL; compiled per saved-query version, so a warm call parses nothing."""
+
+    def __init__(self, gateway):
+        self.gateway = gateway
+        self.store = gateway.store
+        self.settings = gateway.settings
+        self.usage = Usage()
+        self._resolvers: OrderedDict[str, object] = OrderedDict()
+
+    def register(self, router) -> None:
+        router.add("GET POST", "/q/<name>", self.run_named, "api.run_named_query")
+        router.add("GET POST", "/q/saved_sql/<name>", self.run_named, "api.run_named_query")
+        router.add("POST", "/execute_sql", self.execute_sql, "api.execute_sql_endpoint")
+
+    # --- helpers shared with the management routes -----------------------------------------
+    def unsupported(self, db: str) -> QagError:
+        return QagError("unsupported_database", f"Connections of type '{db}' are not supported by this version "
+                                                f"of qag yet (supported: sqlite)")
+
+    def sqlite_path(self, db: str, fields: dict) -> str:
+        if db != "sqlite":
+            raise self.unsupported(db)
+        return sqlite_backend.resolve_path(fields.get("database"), self.settings.home, self.gateway.store_files)
+
+    def _resolver(self, version: dict):
+        """Parameter rules compiled once per saved-query version (versions are immutable but for cache_ttl/mcp)."""
+        key = version["uuid"]
+        resolver = self._resolvers.get(key)
+        if resolver is None:
+            resolver = compile_rules(version.get("parameters"), version.get("placeholders", []))
+            self._resolvers[key] = resolver
+            if len(self._resolvers) > _RESOLVER_CACHE:
+                self._resolvers.popitem(last=False)
+        return resolver
+
+    def listable_queries(self, caller) -> list[dict]:
+        """Published saved queries the caller may run, for /openapi.json (one rule with /q: policy.listable)."""
+        out = []
+        for q in self.store.list_queries():
+            version = next((v for v in q["versions"] if v["version"] == q["published"]), None)
+            if version is None:
+                continue
+            if not caller.admin and not policy.listable(caller.grants, q["name"], q["collection"],
+                                                        version.get("connection_name")):
+                continue
+            out.append({"name": q["name"], "description": version.get("description"),
+                        "connection_name": version.get("connection_name"),
+                        "parameters": version.get("parameters") or {}, "placeholders": version.get("placeholders", [])})
+        return out
+
+    # --- GET/POST /q/<name> ------------------------------------------------------------------
+    def run_named(self, request, caller, name):
+        args = request.args
+        # 1. name validity, then existence (before authorization: contract 3.2).
+        if name.endswith(".json"):
+            name = name[:-5]
+        if not valid_query_name(name):
+            raise QagError("forbidden", "Only .json files inside the saved_sql folder can be accessed")
+        head = self.store.get_query_head(name)
+        if head is None:
+            raise QagError("query_not_found", f"Saved query '{name}' not found")
+        body = request.json_object(lenient_content_type=True) if request.method == "POST" else None
+        body = body or {}
+        # 2. version.
+        asked = args["version"] if "version" in args else body.get("version")
+        if asked is None:
+            number = head["published"]
+            if number is None:
+                raise QagError("not_published", "This query has no published version")
+        else:
+            if isinstance(asked, bool) or not isinstance(asked, (int, str)):
+                raise QagError("invalid_request", "version must be an integer")
+            number = _positive_int(asked, "version")
+            published = head["published"]
+            is_draft = published is None or number > published
+            if is_draft and not caller.admin:
+                raise QagError("version_not_found", f"Version {number} not found")
+        version = self.store.get_version(name, number)
+        if version is None:
+            raise QagError("version_not_found", f"Version {number} not found")
+        # 3. connection choice and reachability.
+        saved = version.get("connection_name")
+        chosen = args.get("connection_name") or body.get("connection_name") or saved
+        if not chosen:
+            raise QagError("connection_required", "Connection name is missing")
+        if not isinstance(chosen, str):
+            raise QagError("invalid_body", "connection_name must be text")
+        if not caller.admin:
+            policy.check_run_query(caller.grants, query_name=name, collection=head["collection"],
+                                   saved_connection=saved, chosen_connection=chosen)
+        # 4. params/placeholders objects, format, timeout.
+        values = {k: v for k, v in args.items() if k not in RESERVED}
+        for field in ("params", "placeholders"):
+            given = body.get(field)
+            if given is None:
+                continue
+            if not isinstance(given, dict):
+                raise QagError("invalid_body", f"{field} must be a JSON object")
+            values.update(given)
+        fmt, timeout = self._format_and_timeout(args, body, caller)
+        # 5. declared parameter rules, 6. text placeholders.
+        values = self._resolver(version).resolve(values)
+        row = self.store.get_connection(chosen)
+        prepared = prepare(version["sql"], row["db"] if row else "sqlite")
+        check_text_values(prepared, values)
+        # 7-8. streaming and paging; 10. the connection itself.
+        stream, page, size = self._paging(args, caller, fmt)
+        connection = self._connection(chosen, row)
+        writes = self._writes_allowed(caller, name) and not stream
+        plan = Plan(connection, prepared, values, not writes, timeout, fmt, page, size, stream,
+                    request_name(request), show_detail=caller.admin and not self._has_mask(caller))
+        self._refuse_ungoverned(caller, version)
+        return self._execute(plan, caller, writes, name)
+
+    # --- POST /execute_sql -------------------------------------------------------------------
+    def execute_sql(self, request, caller):
+        body = request.json_object(lenient_content_type=False, invalid_message="Request body must be a JSON object")
+        if body is None:
+            raise QagError("invalid_body", "Request body must be a JSON object")
+        sql = body.get("sql")
+        if not isinstance(sql, str) or not sql.strip():
+            raise QagError("sql_required", "SQL query is missing")
+        chosen = body.get("connection_name")
+        if not chosen:
+            raise QagError("connection_required", "Connection name is missing")
+        if not isinstance(chosen, str):
+            raise QagError("invalid_body", "connection_name must be text")
+        if not caller.admin:
+            policy.check_connection(caller.grants, chosen)
+            if body.get("database") is not None:
+                raise QagError("admin_only", "Only the admin key may run a query against a different database "
+                                             "on this connection")
+        params = body.get("params")
+        if params is None:
+            params = {}
+        if not isinstance(params, dict):
+            raise QagError("invalid_body", "params must be a JSON object")
+        fmt, timeout = self._format_and_timeout(request.args, body, caller)
+        if body.get("mask"):
+            raise QagError("mask_unresolvable", "Ad-hoc masking is not available on this server yet, so a masked "
+                                                "result can't be produced")
+        stream, page, size = self._paging(request.args, caller, fmt)
+        connection = self._connection(chosen, self.store.get_connection(chosen))
+        if body.get("database") is not None and connection["db"] == "sqlite":
+            raise QagError("unsupported_operation", "Switching databases isn't supported for 'sqlite' connections")
+        writes = self._writes_allowed(caller, None) and not stream
+        prepared = prepare(sql, connection["db"], text_placeholders=False)
+        plan = Plan(connection, prepared, params, not writes, timeout, fmt, page, size, stream, chosen,
+                    show_detail=not self._has_mask(caller))
+        self._refuse_ungoverned(caller, None)
+        return self._execute(plan, caller, writes, None)
+
+    # --- shared steps --------------------------------------------------------------------------
+    def _format_and_timeout(self, args: dict, body: dict, caller) -> tuple[str, float | None]:
+        fmt = encode.check_format(args["format"] if "format" in args else body.get("format", "json"))
+        requested = _timeout_value(args["timeout"] if "timeout" in args else body.get("timeout"))
+        limits = [t for t in (self.settings.query_timeout or None, requested,
+                              None if caller.admin else caller.grants.query_timeout) if t]
+        return fmt, (min(limits) if limits else None)
+
+    def _paging(self, args: dict, caller, fmt: str) -> tuple[bool, int, int]:
+        stream = args.get("stream", "").strip().lower() in _STREAM_WORDS
+        if stream:
+            if fmt not in encode.STREAM_FORMATS:
+                raise QagError("invalid_stream", "stream=true only supports these formats: "
+                                                 + ", ".join(sorted(encode.STREAM_FORMATS)))
+            if args.get("page") or args.get("page_size"):
+                raise QagError("invalid_stream", "stream=true exports the whole result and does not accept "
+                                                 "page/page_size")
+            return True, 1, 0
+        page = _positive_int(args["page"], "page") if "page" in args else 1
+        size = _positive_int(args["page_size"], "page_size") if "page_size" in args else 10
+        if page < 1 or size < 1:
+            raise QagError("invalid_paging", "page and page_size must be positive")
+        if size > self.settings.max_page_size:
+            raise QagError("invalid_paging", f"page_size must not exceed {self.settings.max_page_size}")
+        if not caller.admin and caller.grants.max_rows:
+            size = min(size, int(caller.grants.max_rows))
+        return False, page, size
+
+    def _writes_allowed(self, caller, query_name: str | None) -> bool:
+        if not self.settings.allow_writes:
+            return False
+        return caller.admin or policy.may_write(caller.grants, query_name=query_name)
+
+    @staticmethod
+    def _has_mask(caller) -> bool:
+        return not caller.admin and bool(caller.grants.mask)
+
+    @staticmethod
+    def _refuse_ungoverned(caller, version: dict | None) -> None:
+        """Fail closed on governance this version doesn't enforce yet, rather than show data it should hide."""
+        if (version and version.get("mask")) or (not caller.admin and caller.grants.mask):
+            raise QagError("mask_unresolvable", "This result has column-masking rules, and masking is not "
+                                                "available on this server yet")
+        if not caller.admin and caller.grants.allowed_tables is not None:
+            raise QagError("table_check_failed", "This API key may only query its allowed tables, and table "
+                                                 "checks are not available on this server yet")
+
+    @staticmethod
+    def _connection(name: str, row: dict | None) -> dict:
+        if row is None:
+            raise QagError("connection_not_found", f"Connection '{name}' not found")
+        if not row["active"]:
+            raise QagError("connection_inactive", f"The connection '{name}' is currently not active. To use it, "
+                                                  f"it must be set to active.")
+        return row
+
+    def _execute(self, plan: Plan, caller, writes: bool, query_name: str | None) -> Response:
+        connection = plan.connection
+        path = self.sqlite_path(connection["db"], connection["fields"])
+        allowed_ops = None if caller.admin else policy.allowed_write_ops(caller.grants)
+        guard_check(plan.prepared, writes_allowed=writes, allowed_write_ops=allowed_ops)
+        if plan.stream:
+            return self._stream(plan, path, caller)
+        offset = (plan.page - 1) * plan.size
+        rendered = render(plan.prepared, plan.values, "qmark", plan.size + 1, offset)
+        # Windowed: LIMIT/OFFSET are in the SQL (clamped to the author's own limit); otherwise skip and slice.
+        skip = 0 if rendered.windowed else offset
+        call = Call(rendered.sql, rendered.args, plan.read_only, plan.timeout, plan.size + 1, skip)
+        try:
+            result = sqlite_backend.run(path, call)
+        except QagError as error:
+            self.usage.record(connection["name"], caller.name if not caller.admin else None, False, 0, 0.0)
+            if not plan.show_detail:
+                error.extras.pop("detail", None)
+            raise
+        rows = result.rows[:plan.size]
+        has_more = len(result.rows) > plan.size
+        self.usage.record(connection["name"], caller.name if not caller.admin else None, True, len(rows),
+                          result.duration_ms)
+        headers = [("X-Page", str(plan.page)), ("X-Page-Size", str(plan.size)), ("X-Row-Count", str(len(rows))),
+                   ("X-Has-More", "true" if has_more else "false")]
+        if not rows:
+            return Response(200, encode.EMPTY_BODY, headers, "application/json")
+        return Response(200, encode.encode(plan.fmt, result.columns, rows), headers, encode.CONTENT_TYPES[plan.fmt])
+
+    def _stream(self, plan: Plan, path: str, caller) -> Response:
+        cap = self.settings.stream_max_rows
+        if not caller.admin and caller.grants.max_rows:
+            cap = min(cap, int(caller.grants.max_rows)) if cap else int(caller.grants.max_rows)
+        rendered = render(plan.prepared, plan.values, "qmark", None, 0)
+        try:
+            columns, batches = sqlite_backend.stream(path, rendered.sql, rendered.args, plan.timeout,
+                                                     _STREAM_BATCH, cap)
+        except QagError as error:
+            if not plan.show_detail:
+                error.extras.pop("detail", None)
+            raise
+        headers = [("Content-Disposition", f'attachment; filename="{plan.label}.{plan.fmt}"')]
+        fmt = plan.fmt
+
+        def body():
+            first = True
+            for rows in batches:
+                yield encode.encode_chunk(fmt, columns, rows, first)
+                first = False
+            if first and fmt != "ndjson":
+                yield encode.encode_chunk(fmt, columns, [], True)
+
+        return Response(200, body(), headers, encode.CONTENT_TYPES[fmt])
+
+
+def request_name(request) -> str:
+    """The saved-query name as written in the URL (for a stream's file name)."""
+    name = request.segments[-1] if request.segments else "result"
+    return name.replace('"', "").replace("\\", "")

@@ -1,0 +1,91 @@
+"""The WSGI callable: builds a Gateway from settings and runs every request through the contract's pipeline."""
+
+from __future__ import annotations
+
+import logging
+
+from . import _speedups
+from .api.manage import ManageHandlers
+from .api.ops import OpsHandlers
+from .api.run import RunHandlers
+from .auth import Authenticator, Caller, is_loopback
+from .errors import QagError
+from .http.request import Request
+from .http.response import HeaderPolicy, Response, error_response
+from .http.router import Router
+from .settings import Settings, load
+from .store.base import Store
+from .store.sqlite import SqliteStore, store_paths
+
+log = logging.getLogger("qag")
+
+
+class Gateway:
+    """One gateway per worker process: settings, store, authenticator, routes."""
+
+    def __init__(self, settings: Settings, store: Store | None = None):
+        _speedups.load(settings.speedups)
+        self.settings = settings
+        self.store = store if store is not None else SqliteStore(settings.home)
+        self.store_files = store_paths(settings.home)
+        self.auth = Authenticator(self.store, settings.api_key)
+        self.headers = HeaderPolicy(settings.cors_origins, settings.hsts_max_age)
+        self.max_body = settings.max_body_bytes
+        self.trust_proxy = settings.trust_proxy
+        self.router = Router()
+        self.run = RunHandlers(self)
+        self.manage = ManageHandlers(self)
+        self.ops = OpsHandlers(self)
+        for handlers in (self.run, self.manage, self.ops):
+            handlers.register(self.router)
+
+    def __call__(self, environ: dict, start_response):
+        request = Request(environ, self.max_body, self.trust_proxy)
+        origin = environ.get("HTTP_ORIGIN")
+        try:
+            response = self.handle(request, origin)
+        except QagError as error:
+            response = error_response(error, request.request_id)
+        except Exception:
+            log.exception("unexpected error on %s %s (request %s)", request.method, request.path, request.request_id)
+            response = error_response(QagError("internal_error"), request.request_id)
+        headers = self.headers.finish(response, request.request_id, origin, request.https)
+        body = response.body
+        if isinstance(body, bytes):
+            headers.append(("Content-Length", str(len(body))))
+            body = [body]
+        start_response(response.status_line, headers)
+        return [b""] if request.method == "HEAD" else body
+
+    def handle(self, request: Request, origin: str | None) -> Response:
+        """Contract 0.1: preflight, authentication, route, open-access guard, admin check, handler."""
+        if (request.method == "OPTIONS" and self.headers.cors_enabled()
+                and request.header("Access-Control-Request-Method")):
+            return self.headers.preflight(origin)
+        request.parse_target()
+        try:
+            route, params = self.router.match(request.segments, request.method)
+        except QagError:
+            # An unknown route is not public: without a credential the caller learns nothing about it.
+            if self.auth.authenticate(request.header("X-API-Key"), request.peer) is None:
+                raise QagError("unauthorized", "Unauthorized") from None
+            raise
+        caller = self.auth.authenticate(request.header("X-API-Key"), request.peer)
+        if route.public:
+            return route.handler(request, caller, **params)
+        if caller is None:
+            raise QagError("unauthorized", "Unauthorized")
+        if caller.via == "open" and not is_loopback(request.environ.get("REMOTE_ADDR")):
+            raise QagError("open_access_remote", "This server has no API key configured, so it only answers "
+                           "callers on this machine - set QAG_API_KEY to serve others")
+        if route.admin and not caller.admin:
+            raise QagError("admin_only")
+        return route.handler(request, caller, **params)
+
+
+def create_app(settings: Settings | None = None, store: Store | None = None) -> Gateway:
+    """The WSGI application (gunicorn: `qag.app:create_app()`); settings from the environment by default."""
+    return Gateway(settings if settings is not None else load(), store)
+
+
+__all__ = ["Gateway", "create_app", "Caller"]

@@ -1,0 +1,1 @@
+"""Database backends: run one statement on a data connection and return its rows."""

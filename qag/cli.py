@@ -1,0 +1,227 @@
+"""The `qag` command: serve, demo, init, version, and connections/queries/keys administration."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import sys
+
+from . import __version__
+from .errors import QagError
+from .settings import SettingsError, load
+
+CLI_USAGE_ERROR = 2
+CLI_OPERATION_ERROR = 1
+
+
+def _err(message: str) -> None:
+    print(f"qag: {message}", file=sys.stderr)
+
+
+# --- in-process administration: the same handlers, validation and audit as the HTTP API ----------------
+class _Admin:
+    """Runs management requests in-process as the administrator `cli` (no server, no key needed)."""
+
+    def __init__(self, settings):
+        from .app import Gateway
+        from .auth import Caller
+        self.gateway = Gateway(settings)
+        self.caller = Caller("cli", True, "cli")
+
+    def call(self, method: str, path: str, body: dict | None = None, query: str = ""):
+        import io
+        from .http.request import Request
+        data = json.dumps(body).encode() if body is not None else b""
+        environ = {"REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": query, "REMOTE_ADDR": "127.0.0.1",
+                   "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(data)),
+                   "wsgi.input": io.BytesIO(data)}
+        request = Request(environ, self.gateway.max_body)
+        request.parse_target()
+        route, params = self.gateway.router.match(request.segments, method)
+        response = route.handler(request, self.caller, **params)
+        return json.loads(response.body) if response.body else None
+
+
+def _print(value) -> None:
+    print(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+# --- commands --------------------------------------------------------------------------------------------
+def cmd_version(args, settings) -> int:
+    from . import _speedups
+    _speedups.load(settings.speedups)
+    loaded = ", ".join(f"{name}={twin}" for name, twin in sorted(_speedups.loaded().items()))
+    print(f"qag {__version__} (speedups: {loaded})")
+    return 0
+
+
+def cmd_init(args, settings) -> int:
+    from .store.sqlite import SqliteStore
+    store = SqliteStore(settings.home)
+    if store.get_meta("mask_key") is None:
+        store.set_meta("mask_key", secrets.token_hex(32))
+    print(f"qag home ready: {store.path}", file=sys.stderr)
+    return 0
+
+
+def cmd_serve(args, settings) -> int:
+    from .server import serve
+    return serve(settings)
+
+
+def cmd_demo(args, settings) -> int:
+    from . import demo
+    from .server import serve
+    home = os.path.abspath(args.home or os.environ.get("QAG_DEMO_HOME") or "demo-home")
+    demo_settings = settings.with_overrides(home=home, api_key=None)
+    print("qag demo: preparing the demo home (first run generates ~90,000 rows)...", file=sys.stderr)
+    keys = demo.prepare_home(home, args.reset, _Admin(demo_settings).call)
+    os.environ["QAG_HOME"] = home
+    os.environ["QAG_API_KEY"] = keys["admin_key"]
+    for alias in ("QUERYAPIGATE_HOME", "QUERYAPIGATE_API_KEY", "QAG_API_KEY_FILE", "QUERYAPIGATE_API_KEY_FILE"):
+        os.environ.pop(alias, None)
+    final = load()
+    host, _, port = final.bind.rpartition(":")
+    print(demo.banner(f"http://{host}:{port}", keys, home), file=sys.stderr, flush=True)
+    return serve(final)
+
+
+def _grant_list(text: str | None):
+    if text is None:
+        return None
+    return "*" if text.strip() == "*" else [p.strip() for p in text.split(",") if p.strip()]
+
+
+def cmd_admin(args, settings) -> int:
+    admin = _Admin(settings)
+    resource, action = args.command, args.action
+    base = {"connections": "/api/v1/connections", "queries": "/api/v1/queries", "keys": "/api/v1/api-keys"}[resource]
+    if action == "list":
+        for item in admin.call("GET", base)["items"]:
+            print(item["name"])
+        return 0
+    target = f"{base}/{args.name}"
+    if action == "show":
+        _print(admin.call("GET", target))
+        return 0
+    if action == "remove":
+        admin.call("DELETE", target, {"reason": args.reason} if resource == "connections" else None)
+        print(f"removed {resource[:-1]} '{args.name}'", file=sys.stderr)
+        return 0
+    if resource == "connections":
+        body = {"name": args.name, "db": args.db}
+        for field in ("host", "port", "database", "user", "password"):
+            if getattr(args, field) is not None:
+                body[field] = getattr(args, field)
+        body["options"] = dict(o.split("=", 1) for o in args.option or [])
+    elif resource == "queries":
+        body = {"name": args.name, "description": args.description, "sql": args.sql, "publish": args.publish}
+        if args.connection:
+            body["connection_name"] = args.connection
+        if args.parameters:
+            body["parameters"] = json.loads(args.parameters)
+    else:
+        body = {"name": args.name}
+        if args.role:
+            body["role"] = args.role
+        for field in ("connections", "queries"):
+            value = _grant_list(getattr(args, field))
+            if value is not None:
+                body[field] = value
+        if args.expires:
+            body["expires_at"] = args.expires
+    created = admin.call("POST", base, body)
+    if resource == "keys":
+        print(f"API key '{args.name}' created. Its secret is shown once; store it now:", file=sys.stderr)
+        print(created["secret"])
+    else:
+        print(f"created {resource[:-1]} '{args.name}'", file=sys.stderr)
+    return 0
+
+
+# --- parser ----------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="qag", description="Saved SQL queries served as governed HTTP APIs.")
+    parser.add_argument("--version", action="version", version=f"qag {__version__}")
+    sub = parser.add_subparsers(dest="command")
+
+    serve = sub.add_parser("serve", help="run the gateway under gunicorn (the default command)")
+    serve.add_argument("--bind", help="host:port to listen on (QAG_BIND)")
+    serve.add_argument("--workers", type=int, help="worker processes (QAG_WORKERS)")
+    serve.add_argument("--threads", type=int, help="threads per worker (QAG_THREADS)")
+    serve.add_argument("--home", help="folder of the store (QAG_HOME)")
+
+    demo = sub.add_parser("demo", help="serve the embedded demo: example shop data, saved queries and keys")
+    demo.add_argument("--reset", action="store_true", help="delete the demo home and start over")
+    demo.add_argument("--home", help="demo home folder (default ./demo-home)")
+    demo.add_argument("--bind", help="host:port to listen on (default 127.0.0.1:5000)")
+
+    init = sub.add_parser("init", help="create a home with an empty store and a masking key")
+    init.add_argument("--home", help="folder of the store (QAG_HOME)")
+
+    sub.add_parser("version", help="print the version and which speedups are loaded")
+
+    for resource in ("connections", "queries", "keys"):
+        res = sub.add_parser(resource, help=f"administer {resource} in the store directly")
+        res.add_argument("--home", help="folder of the store (QAG_HOME)")
+        actions = res.add_subparsers(dest="action", required=True)
+        actions.add_parser("list", help=f"list {resource}")
+        for action in ("show", "remove"):
+            p = actions.add_parser(action, help=f"{action} one")
+            p.add_argument("name")
+            if action == "remove" and resource == "connections":
+                p.add_argument("--reason", required=True, help="why it is deleted (kept in the audit log)")
+        add = actions.add_parser("add", help="create one")
+        add.add_argument("name")
+        if resource == "connections":
+            add.add_argument("--db", required=True, choices=("sqlite", "mysql", "postgres"))
+            for field in ("host", "port", "database", "user", "password"):
+                add.add_argument(f"--{field}")
+            add.add_argument("--option", action="append", metavar="KEY=VALUE", help="driver option (repeatable)")
+        elif resource == "queries":
+            add.add_argument("--sql", required=True)
+            add.add_argument("--description", required=True)
+            add.add_argument("--connection", help="default connection name")
+            add.add_argument("--parameters", help="parameter rules as a JSON object")
+            add.add_argument("--publish", action="store_true", help="publish version 1 at once")
+        else:
+            add.add_argument("--connections", help="'*' or a comma list (default '*')")
+            add.add_argument("--queries", help="'*' or a comma list of saved queries")
+            add.add_argument("--role", help="copy the grants of this role")
+            add.add_argument("--expires", help="last valid day, YYYY-MM-DD")
+    return parser
+
+
+_FLAG_ENV = {"bind": "QAG_BIND", "workers": "QAG_WORKERS", "threads": "QAG_THREADS", "home": "QAG_HOME"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    command = args.command or "serve"
+    if args.command is None:
+        args = build_parser().parse_args(["serve"])
+    # Flags become the environment, so gunicorn's workers see exactly what the master validated.
+    for attr, env in _FLAG_ENV.items():
+        value = getattr(args, attr, None)
+        if value is not None and not (command == "demo" and attr == "home"):
+            os.environ[env] = str(value)
+    try:
+        settings = load()
+        handler = {"serve": cmd_serve, "demo": cmd_demo, "init": cmd_init, "version": cmd_version}.get(
+            command, cmd_admin)
+        return handler(args, settings)
+    except SettingsError as exc:
+        _err(str(exc))
+        return CLI_USAGE_ERROR
+    except QagError as exc:
+        _err(f"{exc.message} ({exc.code})")
+        return CLI_OPERATION_ERROR
+    except (ImportError, RuntimeError, OSError, ValueError) as exc:
+        _err(str(exc))
+        return CLI_OPERATION_ERROR
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,116 @@
+"""The error-code table (code → HTTP status, default message), QagError, and the error envelope."""
+
+from __future__ import annotations
+
+# code: (status, default message, when it is used). docs/errors.md is generated from this table.
+ERRORS: dict[str, tuple[int, str, str]] = {
+    "invalid_request": (400, "Invalid request", "generic 400 (page or version not an integer, ...)"),
+    "invalid_body": (400, "Request body must be a JSON object", "body not a JSON object, malformed JSON, bad field values"),
+    "unknown_field": (400, "Unknown field(s)", "a management body has fields the resource does not accept"),
+    "invalid_name": (400, "Invalid name", "bad connection, query, key or role name"),
+    "sql_required": (400, "SQL query is missing", "missing or blank `sql`"),
+    "connection_required": (400, "Connection name is missing", "no `connection_name` anywhere"),
+    "multiple_statements": (400, "Only a single SQL statement can be executed at a time", "more than one statement"),
+    "param_required": (400, "Missing parameters", "only missing parameters"),
+    "param_invalid": (400, "Invalid parameters", "a parameter violates a rule, bad value type, bad LIMIT/OFFSET parameter"),
+    "invalid_paging": (400, "page and page_size must be positive", "`page`/`page_size` < 1 or `page_size` > max"),
+    "invalid_format": (400, "Unsupported format", "unknown `format`"),
+    "invalid_timeout": (400, "timeout must be a positive number of seconds", "`timeout` not a positive finite number"),
+    "invalid_stream": (400, "Invalid stream request", "`stream=true` with a non-streamable format, or with paging"),
+    "invalid_filter": (400, "Invalid filter", "bad list filter"),
+    "reason_required": (400, "A reason is required to delete a connection", "deleting a connection without `reason`"),
+    "unsupported_database": (400, "Unsupported database", "connection `db` not supported at run time"),
+    "unsupported_operation": (400, "Unsupported operation", "for example listing databases on SQLite"),
+    "connection_misconfigured": (400, "The connection is misconfigured", "missing file path (400); unresolvable `${VAR}` (500)"),
+    "unauthorized": (401, "Unauthorized", "no or invalid credential"),
+    "open_access_remote": (403, "This server has no API key configured and only answers local callers", "open server, remote caller"),
+    "admin_only": (403, "This API key is not authorized to manage the server configuration", "non-administrator on `/api/v1`"),
+    "connection_forbidden": (403, "This API key is not permitted to use this connection", "key not granted the connection"),
+    "connection_inactive": (403, "The connection is currently not active", "connection `active: false`"),
+    "read_only": (403, "Only read-only statements are allowed", "statement writes and writes are not allowed"),
+    "write_op_not_allowed": (403, "This API key may not perform this write operation", "write keyword outside `allowed_write_ops`"),
+    "table_not_allowed": (403, "This API key may not query this table", "statement touches a table outside `allowed_tables`"),
+    "table_check_failed": (403, "The tables of this statement cannot be checked", "table-restricted key, statement whose tables can't be determined"),
+    "mask_unresolvable": (403, "The result columns cannot be traced for masking", "caller has mask rules and the result can't be traced"),
+    "store_not_allowed": (403, "A connection may not point at the server's own store", "a connection pointing at the store file"),
+    "forbidden": (403, "Only .json files inside the saved_sql folder can be accessed", "`/q/<name>` with an invalid saved-query name"),
+    "query_not_found": (404, "Saved query not found", "saved query does not exist"),
+    "version_not_found": (404, "Version not found", "version does not exist (or is a draft, for non-admins)"),
+    "not_published": (404, "This query has no published version", "query has no published version and no `version` asked"),
+    "connection_not_found": (404, "Connection not found", "connection does not exist"),
+    "database_file_not_found": (404, "SQLite database file not found", "SQLite file missing"),
+    "key_not_found": (404, "API key not found", "API key does not exist"),
+    "role_not_found": (404, "Role not found", "role does not exist"),
+    "previous_secret_not_found": (404, "This API key has no old secret still working", "no previous secret to end"),
+    "not_found": (404, "The requested URL was not found on the server. If you entered the URL manually please check your spelling and try again.", "unknown route"),
+    "method_not_allowed": (405, "The method is not allowed for the requested URL.", "wrong method for the route"),
+    "query_exists": (409, "A saved query with this name already exists", "name taken"),
+    "connection_exists": (409, "A connection with this name already exists", "name taken"),
+    "key_exists": (409, "An API key with this name already exists", "name taken"),
+    "role_exists": (409, "A role with this name already exists", "name taken"),
+    "key_rotation_pending": (409, "The previous secret of this API key is still valid", "rotate while the previous secret is still valid"),
+    "conflict": (409, "Conflict", "generic 409"),
+    "precondition_failed": (412, "The resource changed since you loaded it - reload it and try again", "`If-Match` mismatch"),
+    "payload_too_large": (413, "Request body too large", "body over `QAG_MAX_BODY_BYTES`"),
+    "unsupported_media_type": (415, "Unsupported media type", "generic 415"),
+    "rate_limited": (429, "Rate limit exceeded", "server-wide or per-key rate limit"),
+    "query_failed": (500, "An error occurred while executing the SQL query", "the database rejected the query"),
+    "driver_missing": (500, "The driver for this database is not installed", "driver package not installed"),
+    "internal_error": (500, "An error occurred", "unexpected"),
+    "format_unavailable": (500, "This format is not available on this server", "an optional package for the format is missing"),
+    "connection_failed": (502, "Could not connect to the database", "database unreachable"),
+    "upstream_failed": (502, "Upstream failed", "generic 502"),
+    "unavailable": (503, "Service unavailable", "generic 503"),
+    "query_timeout": (504, "The query exceeded the time limit and was cancelled", "statement time limit exceeded"),
+}
+
+# Default code by status when a raiser gives none (contract 0.3).
+DEFAULT_CODE_BY_STATUS = {
+    400: "invalid_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+    405: "method_not_allowed", 409: "conflict", 412: "precondition_failed", 413: "payload_too_large",
+    415: "unsupported_media_type", 429: "rate_limited", 500: "internal_error", 502: "upstream_failed",
+    503: "unavailable", 504: "query_timeout",
+}
+
+
+class QagError(Exception):
+    """A refusal with a stable code; rendered as the contract's error envelope."""
+
+    def __init__(self, code: str, message: str | None = None, *, status: int | None = None,
+                 headers: list[tuple[str, str]] | None = None, **extras):
+        default_status, default_message, _ = ERRORS[code]
+        self.code = code
+        self.status = status or default_status
+        self.message = message if message is not None else default_message
+        self.extras = extras
+        self.headers = headers or []
+        super().__init__(self.message)
+
+    def envelope(self, request_id: str) -> dict:
+        """The JSON body: error, code, extras, request_id — in that order."""
+        body = {"error": self.message, "code": self.code}
+        body.update(self.extras)
+        body["request_id"] = request_id
+        return body
+
+
+def generate_markdown() -> str:
+    """docs/errors.md, generated from ERRORS; a test keeps the file in step."""
+    lines = [
+        "# Error codes",
+        "",
+        "Generated from `qag/errors.py` by `python -m qag.errors > docs/errors.md`; do not edit by hand.",
+        "",
+        "Every error is a JSON object `{\"error\": <message>, \"code\": <code>, ...extras, \"request_id\": <id>}`.",
+        "The `code` is the stable contract; messages are human text.",
+        "",
+        "| code | status | default message | when |",
+        "|---|---|---|---|",
+    ]
+    for code, (status, message, when) in ERRORS.items():
+        lines.append(f"| `{code}` | {status} | {message} | {when} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(generate_markdown(), end="")

@@ -1,0 +1,156 @@
+"""Parse a WSGI environ into a Request: strict path and query decoding, bounded body, JSON objects."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from urllib.parse import unquote_to_bytes
+
+from ..errors import QagError
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+_JSON_TYPES = ("application/json",)
+
+
+def _decode_component(raw: str, plus_is_space: bool) -> str:
+    """Percent-decode one URL component strictly: bad escapes and non-UTF-8 are refused, not guessed."""
+    if plus_is_space:
+        raw = raw.replace("+", " ")
+    if "%" in raw:
+        # unquote_to_bytes leaves malformed escapes as text; refuse them instead so "%zz" can't mean two things.
+        if re.search(r"%(?![0-9A-Fa-f]{2})", raw):
+            raise QagError("invalid_request", "The URL has a malformed percent escape")
+        data = unquote_to_bytes(raw.encode("latin-1", "replace"))
+    else:
+        data = raw.encode("latin-1", "replace")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise QagError("invalid_request", "The URL is not valid UTF-8") from None
+
+
+def parse_query(query: str) -> dict[str, str]:
+    """Query-string arguments; the first value of a repeated name wins."""
+    args: dict[str, str] = {}
+    if not query:
+        return args
+    for part in query.split("&"):
+        if not part:
+            continue
+        name, _, value = part.partition("=")
+        name = _decode_component(name, True)
+        if name not in args:
+            args[name] = _decode_component(value, True)
+    return args
+
+
+class Request:
+    """One HTTP request as the handlers see it; the body is read lazily and at most once."""
+
+    __slots__ = ("environ", "method", "path", "segments", "args", "request_id", "peer", "max_body",
+                 "_body", "_json", "https")
+
+    def __init__(self, environ: dict, max_body: int, trust_proxy: int = 0):
+        self.environ = environ
+        self.method = environ.get("REQUEST_METHOD", "GET").upper()
+        supplied = environ.get("HTTP_X_REQUEST_ID")
+        self.request_id = supplied if supplied and _REQUEST_ID.fullmatch(supplied) else os.urandom(6).hex()
+        self.max_body = max_body
+        self._body: bytes | None = None
+        self._json = None
+        self.peer, self.https = _client(environ, trust_proxy)
+        self.path = ""
+        self.segments: list[str] = []
+        self.args: dict[str, str] = {}
+
+    def parse_target(self) -> None:
+        """Decode the path and query; raises QagError (400) for a malformed target."""
+        raw = self.environ.get("RAW_URI") or self.environ.get("REQUEST_URI")
+        if raw:
+            if raw.startswith(("http://", "https://")):
+                raw = "/" + raw.split("://", 1)[1].partition("/")[2]
+            path, _, query = raw.partition("?")
+            path = _decode_component(path, False)
+        else:
+            path = self.environ.get("PATH_INFO", "/").encode("latin-1").decode("utf-8", "strict")
+            query = self.environ.get("QUERY_STRING", "")
+        self.path = path
+        self.segments = path.strip("/").split("/") if path.strip("/") else []
+        self.args = parse_query(query)
+
+    def header(self, name: str) -> str | None:
+        return self.environ.get("HTTP_" + name.upper().replace("-", "_"))
+
+    @property
+    def content_type(self) -> str:
+        return self.environ.get("CONTENT_TYPE", "").split(";", 1)[0].strip().lower()
+
+    def body(self) -> bytes:
+        """The request body, refused with 413 before reading when it is larger than allowed."""
+        if self._body is not None:
+            return self._body
+        length = self.environ.get("CONTENT_LENGTH")
+        stream = self.environ.get("wsgi.input")
+        try:
+            if length:
+                try:
+                    size = int(length)
+                except ValueError:
+                    raise QagError("invalid_request", "Content-Length is not a number") from None
+                if size > self.max_body:
+                    raise QagError("payload_too_large", f"Request body too large (limit {self.max_body} bytes)")
+                data = stream.read(size) if stream is not None and size > 0 else b""
+            elif stream is not None and self.environ.get("HTTP_TRANSFER_ENCODING", "").lower().find("chunked") >= 0:
+                data = stream.read(self.max_body + 1)
+                if len(data) > self.max_body:
+                    raise QagError("payload_too_large", f"Request body too large (limit {self.max_body} bytes)")
+            else:
+                data = b""
+        except QagError:
+            raise
+        except Exception:
+            # The server's body reader failed (malformed chunk sizes, a client that went away).
+            raise QagError("invalid_request", "The request body could not be read (malformed or incomplete)") from None
+        self._body = data
+        return data
+
+    def json_object(self, *, lenient_content_type: bool, invalid_message: str = "Request body is not valid JSON",
+                    not_object_message: str = "Request body must be a JSON object") -> dict | None:
+        """The body as a JSON object; None when there is none.
+
+        lenient_content_type: a body without a JSON content type is ignored (treated as absent), as /q
+        does; otherwise any body must be a JSON object.
+        """
+        if self._json is not None:
+            return self._json
+        data = self.body()
+        is_json = self.content_type in _JSON_TYPES or self.content_type.endswith("+json")
+        if lenient_content_type and not is_json:
+            return None
+        if not data.strip():
+            if lenient_content_type:
+                return None
+            raise QagError("invalid_body", not_object_message)
+        try:
+            value = json.loads(data)
+        except (ValueError, RecursionError):
+            raise QagError("invalid_body", invalid_message if is_json or lenient_content_type else not_object_message) from None
+        if not isinstance(value, dict):
+            raise QagError("invalid_body", not_object_message)
+        self._json = value
+        return value
+
+
+def _client(environ: dict, trust_proxy: int) -> tuple[str | None, bool]:
+    """(client address, arrived over HTTPS): the socket peer unless proxies are trusted."""
+    peer = environ.get("REMOTE_ADDR") or None
+    https = environ.get("wsgi.url_scheme") == "https"
+    if trust_proxy:
+        forwarded = [p.strip() for p in environ.get("HTTP_X_FORWARDED_FOR", "").split(",") if p.strip()]
+        if len(forwarded) >= trust_proxy:
+            peer = forwarded[-trust_proxy]
+        proto = [p.strip().lower() for p in environ.get("HTTP_X_FORWARDED_PROTO", "").split(",") if p.strip()]
+        if len(proto) >= trust_proxy:
+            https = proto[-trust_proxy] == "https"
+    return peer, https

@@ -1,0 +1,106 @@
+"""Build responses: JSON bodies, error envelopes, and the headers every response carries."""
+
+from __future__ import annotations
+
+import json
+from http import HTTPStatus
+from typing import Iterable
+
+from ..errors import QagError
+
+_STATUS_LINES = {s.value: f"{s.value} {s.phrase}" for s in HTTPStatus}
+_API_CSP = ("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'")
+_CORS_EXPOSE = ("X-Page, X-Page-Size, X-Has-More, X-Row-Count, X-RateLimit-Limit, X-RateLimit-Remaining, "
+                "X-RateLimit-Key-Limit, X-RateLimit-Key-Remaining, Retry-After, X-Request-Id, X-Cache, ETag, "
+                "Deprecation, Link")
+
+
+def json_bytes(value) -> bytes:
+    """Compact JSON, keys in insertion order, non-ASCII escaped, one trailing newline (contract 0.2)."""
+    return json.dumps(value, separators=(",", ":")).encode("ascii") + b"\n"
+
+
+class Response:
+    """Status, headers and a body (bytes, or an iterable of bytes for a stream)."""
+
+    __slots__ = ("status", "headers", "body")
+
+    def __init__(self, status: int = 200, body: bytes | Iterable[bytes] = b"",
+                 headers: list[tuple[str, str]] | None = None, content_type: str | None = None):
+        self.status = status
+        self.body = body
+        self.headers = headers if headers is not None else []
+        if content_type:
+            self.headers.append(("Content-Type", content_type))
+
+    def has_header(self, name: str) -> bool:
+        lower = name.lower()
+        return any(h.lower() == lower for h, _ in self.headers)
+
+    @property
+    def status_line(self) -> str:
+        return _STATUS_LINES.get(self.status) or f"{self.status} Unknown"
+
+
+def json_response(value, status: int = 200, headers: list[tuple[str, str]] | None = None) -> Response:
+    return Response(status, json_bytes(value), headers, "application/json")
+
+
+def error_response(error: QagError, request_id: str) -> Response:
+    response = json_response(error.envelope(request_id), error.status, list(error.headers))
+    if "retry_after" in error.extras and not response.has_header("Retry-After"):
+        response.headers.append(("Retry-After", str(error.extras["retry_after"])))
+    return response
+
+
+class HeaderPolicy:
+    """The headers added to every response: request id, security headers, CORS (contract 0.4–0.6)."""
+
+    def __init__(self, cors_origins: tuple[str, ...], hsts_max_age: int | None):
+        self.cors_any = "*" in cors_origins
+        self.cors_origins = frozenset(cors_origins)
+        self.hsts = f"max-age={hsts_max_age}" if hsts_max_age else None
+
+    def cors_enabled(self) -> bool:
+        return bool(self.cors_origins)
+
+    def allowed_origin(self, origin: str | None) -> str | None:
+        if not origin or not self.cors_origins:
+            return None
+        if self.cors_any:
+            return "*"
+        return origin if origin.rstrip("/").lower() in self.cors_origins else None
+
+    def preflight(self, origin: str | None) -> Response:
+        response = Response(204)
+        allowed = self.allowed_origin(origin)
+        if allowed:
+            response.headers += [
+                ("Access-Control-Allow-Methods", "GET, POST, PATCH, DELETE, OPTIONS"),
+                ("Access-Control-Allow-Headers", "Content-Type, X-API-Key, Authorization, X-Request-Id"),
+                ("Access-Control-Max-Age", "600"),
+            ]
+        return response
+
+    def finish(self, response: Response, request_id: str, origin: str | None, https: bool) -> list[tuple[str, str]]:
+        headers = response.headers
+        headers.append(("X-Request-Id", request_id))
+        headers.append(("X-Content-Type-Options", "nosniff"))
+        names = {h.lower() for h, _ in headers}
+        content_type = next((v for h, v in headers if h.lower() == "content-type"), "")
+        if not content_type.startswith("text/html"):
+            if "content-security-policy" not in names:
+                headers.append(_API_CSP)
+            if "referrer-policy" not in names:
+                headers.append(("Referrer-Policy", "no-referrer"))
+        if "cache-control" not in names:
+            headers.append(("Cache-Control", "no-store"))
+        if self.hsts and https:
+            headers.append(("Strict-Transport-Security", self.hsts))
+        allowed = self.allowed_origin(origin)
+        if allowed:
+            headers.append(("Access-Control-Allow-Origin", allowed))
+            if allowed != "*":
+                headers.append(("Vary", "Origin"))
+            headers.append(("Access-Control-Expose-Headers", _CORS_EXPOSE))
+        return headers

@@ -1,0 +1,71 @@
+"""Match a decoded path and method to a route: templates of literal and <name>/<int:name> segments."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import QagError
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One route: its methods, handler, endpoint name (for logs and metrics) and whether it is public."""
+
+    template: tuple[str, ...]
+    methods: frozenset[str]
+    handler: Callable[..., Any]
+    endpoint: str
+    public: bool = False
+    admin: bool = False
+
+
+class Router:
+    """Routes indexed by segment count; a literal segment wins over a variable one."""
+
+    def __init__(self) -> None:
+        self._by_length: dict[int, list[Route]] = {}
+
+    def add(self, methods: str, path: str, handler: Callable[..., Any], endpoint: str, *,
+            public: bool = False, admin: bool = False) -> None:
+        template = tuple(s for s in path.strip("/").split("/") if s)
+        route = Route(template, frozenset(methods.split()), handler, endpoint, public, admin)
+        routes = self._by_length.setdefault(len(template), [])
+        routes.append(route)
+        # Literal segments first, so /api/v1/connections/test is not taken as a connection named "test".
+        routes.sort(key=lambda r: tuple(seg.startswith("<") for seg in r.template))
+
+    def match(self, segments: list[str], method: str) -> tuple[Route, dict[str, Any]]:
+        """The route and its path variables; QagError 404 or 405 when nothing fits."""
+        path_matched = False
+        for route in self._by_length.get(len(segments), ()):
+            params = _bind(route.template, segments)
+            if params is None:
+                continue
+            if method in route.methods or (method == "HEAD" and "GET" in route.methods):
+                return route, params
+            path_matched = True
+        if path_matched:
+            raise QagError("method_not_allowed")
+        raise QagError("not_found")
+
+    def lookup_public(self, segments: list[str]) -> Route | None:
+        """The route a path would reach, whatever the method (for the public-endpoint check)."""
+        for route in self._by_length.get(len(segments), ()):
+            if _bind(route.template, segments) is not None:
+                return route
+        return None
+
+
+def _bind(template: tuple[str, ...], segments: list[str]) -> dict[str, Any] | None:
+    params: dict[str, Any] = {}
+    for pattern, segment in zip(template, segments):
+        if pattern.startswith("<int:"):
+            if not segment.isdigit() or not segment.isascii():
+                return None
+            params[pattern[5:-1]] = int(segment)
+        elif pattern.startswith("<"):
+            params[pattern[1:-1]] = segment
+        elif pattern != segment:
+            return None
+    return params

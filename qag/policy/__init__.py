@@ -1,0 +1,1 @@
+"""Policy: who may run what (grants) and what a statement may do (guard)."""

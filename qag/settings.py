@@ -1,0 +1,239 @@
+"""Every setting declared once: environment names, type, default, doc; validated at startup."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+FLAG_ON = ("1", "true", "yes", "on")
+FLAG_OFF = ("0", "false", "no", "off")
+
+
+class SettingsError(ValueError):
+    """An invalid setting; its message is the one line printed at startup."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment setting: canonical name, contract alias, parser, default and doc."""
+
+    name: str
+    parse: Callable[[str, "Setting"], Any]
+    default: Any
+    doc: str
+    accepted: str
+    alias: str | None = None
+    secret: bool = False  # NAME_FILE form accepted, value never printed
+
+    @property
+    def attr(self) -> str:
+        return self.name[len("QAG_"):].lower()
+
+
+def _flag(text: str, s: Setting) -> bool:
+    word = text.strip().lower()
+    if word in FLAG_ON:
+        return True
+    if word in FLAG_OFF:
+        return False
+    raise SettingsError(f"{s.name} must be one of {s.accepted}, not {text!r}")
+
+
+def _int_range(lo: int, hi: int | None):
+    def parse(text: str, s: Setting) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise SettingsError(f"{s.name} must be {s.accepted}, not {text!r}") from None
+        if value < lo or (hi is not None and value > hi):
+            raise SettingsError(f"{s.name} must be {s.accepted}, not {text!r}")
+        return value
+    return parse
+
+
+def _optional_int(lo: int, hi: int | None):
+    inner = _int_range(lo, hi)
+
+    def parse(text: str, s: Setting) -> int | None:
+        return None if text.strip() == "" else inner(text, s)
+    return parse
+
+
+def _seconds(allow_zero: bool):
+    def parse(text: str, s: Setting) -> float:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            raise SettingsError(f"{s.name} must be {s.accepted}, not {text!r}") from None
+        if value != value or value in (float("inf"), float("-inf")) or value < 0 or (value == 0 and not allow_zero):
+            raise SettingsError(f"{s.name} must be {s.accepted}, not {text!r}")
+        return value
+    return parse
+
+
+def _text(text: str, s: Setting) -> str:
+    return text
+
+
+def _nonempty_secret(text: str, s: Setting) -> str:
+    if text == "":
+        raise SettingsError(f"{s.name} is set but empty")
+    return text
+
+
+def _choice(*choices: str):
+    def parse(text: str, s: Setting) -> str:
+        word = text.strip().lower()
+        if word not in choices:
+            raise SettingsError(f"{s.name} must be one of {s.accepted}, not {text!r}")
+        return word
+    return parse
+
+
+def _bind(text: str, s: Setting) -> str:
+    value = text.strip()
+    if value.startswith("unix:"):
+        return value
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536 or not host:
+        raise SettingsError(f"{s.name} must be {s.accepted}, not {text!r}")
+    return value
+
+
+def _origins(text: str, s: Setting) -> tuple[str, ...]:
+    items = [o.strip().rstrip("/").lower() for o in text.split(",")]
+    return tuple(o for o in items if o)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("QAG_HOME", _text, None, "Folder of the store (qag.db) and base of relative SQLite connection paths; default: the current directory.",
+            "a folder path", alias="QUERYAPIGATE_HOME"),
+    Setting("QAG_API_KEY", _nonempty_secret, None, "The admin key: grants everything. Unset with no scoped keys stored = open mode (loopback callers only).",
+            "any non-empty text", alias="QUERYAPIGATE_API_KEY", secret=True),
+    Setting("QAG_ALLOW_WRITES", _flag, False, "Server-wide ceiling for writes: statements that write run only when this is on and the caller may write.",
+            "1/true/yes/on or 0/false/no/off", alias="QUERYAPIGATE_ALLOW_WRITES"),
+    Setting("QAG_QUERY_TIMEOUT", _seconds(True), 30.0, "Statement time limit in seconds; 0 = none. A request or key may only lower it.",
+            "a number of seconds >= 0", alias="QUERYAPIGATE_QUERY_TIMEOUT"),
+    Setting("QAG_MAX_PAGE_SIZE", _int_range(1, 1_000_000), 1000, "Largest page_size a caller may ask for.",
+            "a whole number from 1 to 1000000", alias="QUERYAPIGATE_MAX_PAGE_SIZE"),
+    Setting("QAG_STREAM_MAX_ROWS", _optional_int(1, None), None, "Row cap for stream=true exports (silently truncates); unset = unbounded.",
+            "a positive whole number", alias="QUERYAPIGATE_STREAM_MAX_ROWS"),
+    Setting("QAG_BIND", _bind, "127.0.0.1:5000", "Address `qag serve` listens on (host:port, port 0 = any free port, or unix:/path).",
+            "host:port or unix:/path"),
+    Setting("QAG_WORKERS", _int_range(1, 256), 2, "gunicorn worker processes for `qag serve`.",
+            "a whole number from 1 to 256"),
+    Setting("QAG_THREADS", _int_range(1, 256), 8, "Request threads per worker process.",
+            "a whole number from 1 to 256", alias="QUERYAPIGATE_THREADS"),
+    Setting("QAG_TIMEOUT", _int_range(1, 86400), 120, "Seconds a worker may stay silent before the gunicorn master restarts it.",
+            "a whole number of seconds from 1 to 86400"),
+    Setting("QAG_GRACEFUL_TIMEOUT", _int_range(1, 86400), 30, "Seconds in-flight requests get to finish on shutdown or reload.",
+            "a whole number of seconds from 1 to 86400"),
+    Setting("QAG_MAX_BODY_BYTES", _int_range(1, 1 << 30), 1_048_576, "Largest request body; a larger one is refused with 413 before it is read.",
+            "a whole number of bytes from 1 to 1073741824"),
+    Setting("QAG_SPEEDUPS", _choice("auto", "require", "off"), "auto", "Which twin of the hot-path modules runs: compiled when present (auto), compiled or refuse to start (require), pure Python (off).",
+            "auto, require or off"),
+    Setting("QAG_ACCESS_LOG", _flag, True, "gunicorn's access log on stdout (path without the query string).",
+            "1/true/yes/on or 0/false/no/off", alias="QUERYAPIGATE_ACCESS_LOG"),
+    Setting("QAG_CORS_ORIGINS", _origins, (), "Comma list of browser origins allowed by CORS, or *; unset = CORS off.",
+            "a comma-separated list of origins, or *", alias="QUERYAPIGATE_CORS_ORIGINS"),
+    Setting("QAG_HSTS_MAX_AGE", _optional_int(1, 63_072_000), None, "Strict-Transport-Security max-age, sent only on HTTPS requests; unset = off.",
+            "a whole number of seconds from 1 to 63072000", alias="QUERYAPIGATE_HSTS_MAX_AGE"),
+    Setting("QAG_TRUST_PROXY", _int_range(0, 16), 0, "Reverse-proxy hops whose X-Forwarded-For/-Proto are trusted; 0 = judge the socket peer.",
+            "a whole number from 0 to 16", alias="QUERYAPIGATE_TRUST_PROXY"),
+    Setting("QAG_LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info", "Level of qag's own log lines on stderr.",
+            "debug, info, warning or error"),
+)
+
+_BY_ATTR = {s.attr: s for s in SETTINGS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The validated settings of one process; attribute names are the setting names without QAG_."""
+
+    values: dict = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def with_overrides(self, **changes: Any) -> "Settings":
+        return Settings({**self.values, **changes})
+
+
+def _raw(s: Setting, env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """(value, the variable it came from) honouring the alias and the NAME_FILE form."""
+    found: list[tuple[str, str]] = []
+    for name in (s.name, s.alias):
+        if not name:
+            continue
+        if name in env:
+            found.append((name, env[name]))
+        if s.secret and f"{name}_FILE" in env:
+            path = env[f"{name}_FILE"]
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    content = fh.read()
+            except OSError as exc:
+                raise SettingsError(f"{name}_FILE: cannot read {path!r} ({exc.strerror})") from None
+            for ending in ("\r\n", "\n"):
+                if content.endswith(ending):
+                    content = content[: -len(ending)]
+                    break
+            if content == "":
+                raise SettingsError(f"{name}_FILE: {path!r} is empty")
+            found.append((f"{name}_FILE", content))
+    if len(found) > 1:
+        names = ", ".join(n for n, _ in found)
+        raise SettingsError(f"{s.name} is set more than once ({names}); set only one")
+    return (found[0][1], found[0][0]) if found else (None, None)
+
+
+def load(env: Mapping[str, str] | None = None) -> Settings:
+    """Read and validate every setting; raises SettingsError with one line on the first bad one."""
+    env = os.environ if env is None else env
+    for name in env:
+        if name.startswith("SQL2API_"):
+            raise SettingsError(f"leftover setting {name} -> QUERYAPIGATE_{name[len('SQL2API_'):]} (or QAG_{name[len('SQL2API_'):]}); rename it")
+    values: dict[str, Any] = {}
+    for s in SETTINGS:
+        raw, source = _raw(s, env)
+        if raw is None:
+            values[s.attr] = s.default
+            continue
+        named = s if source in (s.name, None) else Setting(source, s.parse, s.default, s.doc, s.accepted)
+        values[s.attr] = s.parse(raw, named)
+    if values["home"] is None:
+        values["home"] = os.getcwd()
+    values["home"] = os.path.abspath(values["home"])
+    return Settings(values)
+
+
+def generate_markdown() -> str:
+    """docs/configuration.md, generated from SETTINGS; a test keeps the file in step."""
+    lines = [
+        "# Configuration",
+        "",
+        "Generated from `qag/settings.py` by `python -m qag.settings > docs/configuration.md`; do not edit by hand.",
+        "",
+        "qag is configured with environment variables only. Each `QAG_*` name also answers to the",
+        "`QUERYAPIGATE_*` name of QueryAPIGate 0.43 where one exists (setting both is refused). Settings marked",
+        "*secret* also accept `NAME_FILE`, the path of a file holding the value (one trailing newline removed).",
+        "An invalid value stops startup with one line naming the setting and what it accepts.",
+        "",
+        "| setting | alias | default | accepted | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for s in SETTINGS:
+        default = "unset" if s.default in (None, ()) else repr(s.default) if isinstance(s.default, str) else str(s.default).lower() if isinstance(s.default, bool) else str(s.default)
+        alias = f"`{s.alias}`" if s.alias else ""
+        secret = " *secret*" if s.secret else ""
+        lines.append(f"| `{s.name}`{secret} | {alias} | {default} | {s.accepted} | {s.doc} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(generate_markdown(), end="")

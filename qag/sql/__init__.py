@@ -1,0 +1,1 @@
+"""SQL analysis: the tokenizer, statement preparation and parameter rules."""

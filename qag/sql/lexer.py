@@ -1,0 +1,243 @@
+"""SQL tokenizer that reads a statement the way SQLite, MySQL/MariaDB or PostgreSQL does."""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+# Token kinds. Plain strings so tokens print readably in test failures.
+WS = "ws"
+COMMENT = "comment"
+XCOMMENT = "xcomment"      # MySQL /*! ... */ or MariaDB /*M! ... */: code the server executes
+STRING = "string"          # value: the opening delimiter ("'", '"', "E'", "$tag$")
+QIDENT = "qident"          # quoted identifier
+WORD = "word"              # value: lower-cased text
+NUMBER = "number"
+PARAM = "param"            # bound :name; value: the name
+TEXT = "text"              # legacy {name}; value: the name
+SEMI = "semi"
+PUNCT = "punct"            # value: the text ("::" is one token, everything else one character)
+BAD = "bad"                # unterminated literal, identifier or comment; value says which; runs to the end
+
+DIALECTS = ("sqlite", "mysql", "postgres")
+
+# Skippable tokens: they never change what a statement does (executable comments do, so they are not here).
+TRIVIA = frozenset((WS, COMMENT))
+
+
+class Token(NamedTuple):
+    kind: str
+    start: int
+    end: int
+    value: str
+
+
+_WS_CHARS = " \t\n\r\f\v"
+# Engines treat every non-ASCII character as an identifier character, so the tokenizer does too.
+_WORD_RE = re.compile(r"[A-Za-z0-9_$\u0080-\U0010ffff]*")
+_NUMBER_RE = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[A-Za-z0-9_$\u0080-\U0010ffff]*")
+_NAME_RE = re.compile(r"[A-Za-z_]\w*")
+_TEXT_RE = re.compile(r"\{([A-Za-z_]\w*)\}")
+_DOLLAR_TAG_RE = re.compile(r"\$(?:[A-Za-z_\u0080-\U0010ffff][A-Za-z0-9_\u0080-\U0010ffff]*)?\$")
+_WS_RUN_RE = re.compile(r"[ \t\n\r\f\v]+")
+
+
+def _quoted(sql: str, pos: int, quote: str, backslash: bool) -> int:
+    """End of the quoted run opening at pos (doubled quotes, and backslash escapes if asked); -1 if unterminated."""
+    i = pos + 1
+    n = len(sql)
+    if not backslash:
+        while True:
+            j = sql.find(quote, i)
+            if j < 0:
+                return -1
+            if j + 1 < n and sql[j + 1] == quote:
+                i = j + 2
+                continue
+            return j + 1
+    while i < n:
+        c = sql[i]
+        if c == "\\":
+            i += 2
+        elif c == quote:
+            if i + 1 < n and sql[i + 1] == quote:
+                i += 2
+            else:
+                return i + 1
+        else:
+            i += 1
+    return -1
+
+
+def _block_comment_end(sql: str, pos: int, nested: bool) -> int:
+    """End of the /* comment opening at pos; -1 if unterminated. PostgreSQL nests them, the others don't."""
+    if not nested:
+        j = sql.find("*/", pos + 2)
+        return -1 if j < 0 else j + 2
+    depth = 0
+    i = pos
+    n = len(sql)
+    while i < n - 1:
+        pair = sql[i:i + 2]
+        if pair == "/*":
+            depth += 1
+            i += 2
+        elif pair == "*/":
+            depth -= 1
+            i += 2
+            if depth == 0:
+                return i
+        else:
+            i += 1
+    return -1
+
+
+def tokenize(sql: str, dialect: str, *, backslash_single: bool | None = None,
+             backslash_double: bool | None = None, text_placeholders: bool = True) -> list[Token]:
+    """Split sql into tokens covering every character, in order.
+
+    backslash_single / backslash_double override whether backslashes escape inside '...' and "..." strings
+    (None: the dialect's default - MySQL yes, PostgreSQL and SQLite no). The guard uses the overrides to also
+    read a statement as a server with NO_BACKSLASH_ESCAPES, ANSI_QUOTES or standard_conforming_strings=off would.
+    """
+    if dialect not in DIALECTS:
+        raise ValueError(f"unsupported dialect {dialect!r}")
+    mysql = dialect == "mysql"
+    pg = dialect == "postgres"
+    sqlite = dialect == "sqlite"
+    bs_single = mysql if backslash_single is None else backslash_single
+    bs_double = mysql if backslash_double is None else backslash_double
+
+    tokens: list[Token] = []
+    append = tokens.append
+    n = len(sql)
+    i = 0
+    if sql.startswith("\ufeff"):
+        append(Token(WS, 0, 1, "\ufeff"))
+        i = 1
+
+    def bad(start: int, what: str) -> None:
+        append(Token(BAD, start, n, what))
+
+    while i < n:
+        c = sql[i]
+        if c in _WS_CHARS:
+            m = _WS_RUN_RE.match(sql, i)
+            append(Token(WS, i, m.end(), ""))
+            i = m.end()
+        elif c == "'":
+            end = _quoted(sql, i, "'", bs_single)
+            if end < 0:
+                bad(i, "string literal")
+                break
+            append(Token(STRING, i, end, "'"))
+            i = end
+        elif c == '"':
+            if mysql:
+                end = _quoted(sql, i, '"', bs_double)
+                kind = STRING
+            else:
+                end = _quoted(sql, i, '"', False)
+                kind = QIDENT
+            if end < 0:
+                bad(i, "string literal" if kind == STRING else "quoted identifier")
+                break
+            append(Token(kind, i, end, '"'))
+            i = end
+        elif c == "`" and (mysql or sqlite):
+            end = _quoted(sql, i, "`", False)
+            if end < 0:
+                bad(i, "quoted identifier")
+                break
+            append(Token(QIDENT, i, end, "`"))
+            i = end
+        elif c == "[" and sqlite:
+            j = sql.find("]", i + 1)
+            if j < 0:
+                bad(i, "quoted identifier")
+                break
+            append(Token(QIDENT, i, j + 1, "["))
+            i = j + 1
+        elif c == "-" and sql.startswith("--", i) and (
+                not mysql or i + 2 >= n or ord(sql[i + 2]) <= 32 or sql[i + 2] == "\x7f"):
+            # MySQL only starts a comment at "--" followed by whitespace/control or the end: "5--1" is 5 - -1.
+            j = sql.find("\n", i)
+            end = n if j < 0 else j
+            append(Token(COMMENT, i, end, "--"))
+            i = end
+        elif c == "#" and mysql:
+            j = sql.find("\n", i)
+            end = n if j < 0 else j
+            append(Token(COMMENT, i, end, "#"))
+            i = end
+        elif c == "/" and sql.startswith("/*", i):
+            end = _block_comment_end(sql, i, pg)
+            if end < 0:
+                bad(i, "comment")
+                break
+            executable = sql.startswith("/*!", i) or sql.startswith("/*M!", i)
+            append(Token(XCOMMENT if executable else COMMENT, i, end, "/*"))
+            i = end
+        elif c == "$" and pg:
+            m = _DOLLAR_TAG_RE.match(sql, i)
+            if m is None:
+                append(Token(PUNCT, i, i + 1, "$"))   # $1 positional parameters and the like
+                i += 1
+                continue
+            tag = m.group()
+            j = sql.find(tag, m.end())
+            if j < 0:
+                bad(i, "dollar-quoted string")
+                break
+            append(Token(STRING, i, j + len(tag), tag))
+            i = j + len(tag)
+        elif c == ":":
+            if sql.startswith("::", i):
+                append(Token(PUNCT, i, i + 2, "::"))
+                i += 2
+                continue
+            m = _NAME_RE.match(sql, i + 1)
+            # Not after another colon: "a:::b" is not a parameter either.
+            if m is not None and not (i > 0 and sql[i - 1] == ":"):
+                append(Token(PARAM, i, m.end(), m.group()))
+                i = m.end()
+            else:
+                append(Token(PUNCT, i, i + 1, ":"))
+                i += 1
+        elif c == "{" and text_placeholders:
+            m = _TEXT_RE.match(sql, i)
+            if m is not None:
+                append(Token(TEXT, i, m.end(), m.group(1)))
+                i = m.end()
+            else:
+                append(Token(PUNCT, i, i + 1, "{"))
+                i += 1
+        elif c == ";":
+            append(Token(SEMI, i, i + 1, ";"))
+            i += 1
+        elif "0" <= c <= "9" or (c == "." and i + 1 < n and "0" <= sql[i + 1] <= "9"):
+            m = _NUMBER_RE.match(sql, i)
+            append(Token(NUMBER, i, m.end(), m.group()))
+            i = m.end()
+        elif c.isalpha() or c == "_" or c >= "\u0080":
+            end = _WORD_RE.match(sql, i + 1).end()
+            if pg and end == i + 1 and c in "eE" and end < n and sql[end] == "'":
+                # E'...': PostgreSQL's escape string, the one literal where backslashes always escape.
+                close = _quoted(sql, end, "'", True)
+                if close < 0:
+                    bad(i, "string literal")
+                    break
+                append(Token(STRING, i, close, c + "'"))
+                i = close
+                continue
+            append(Token(WORD, i, end, sql[i:end].lower()))
+            i = end
+        else:
+            append(Token(PUNCT, i, i + 1, c))
+            i += 1
+    return tokens
+
+
+def significant(tokens: list[Token]) -> list[Token]:
+    """The tokens that are not whitespace or plain comments."""
+    return [t for t in tokens if t.kind not in TRIVIA]

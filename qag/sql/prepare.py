@@ -1,0 +1,440 @@
+"""Per-statement preparation (cached per dialect and SQL) and the cheap per-call binding and rendering."""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from qag.errors import QagError
+from qag.sql import lexer, window, writes
+from qag.sql.lexer import BAD, PARAM, PUNCT, SEMI, STRING, TEXT, WORD, WS, XCOMMENT, Token
+from qag.sql.window import OwnWindow
+
+CACHE_SIZE = 4096
+
+DIALECT_ALIASES = {"sqlite": "sqlite", "mysql": "mysql", "mariadb": "mysql", "postgres": "postgres",
+                   "postgresql": "postgres"}
+
+# Stands in the write operations of a statement the tokenizer couldn't finish, so nothing treats it as a read.
+UNREADABLE_OP = "an unreadable statement"
+
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+
+# Slot kinds in a render template.
+_BOUND = 0          # :name - the value is bound as given
+_TEXT = 1           # {name} outside literals - bound like a literal the old text substitution would have made
+_TEXT_IN_STR = 2    # {name} inside a string literal - bound as text, the literal split around it
+
+_TEXT_VALUE_RE = re.compile(r"[\w\s.,:@%+/\-]*")
+_INT_TEXT_RE = re.compile(r"[+-]?[0-9]+")
+_DECIMAL_TEXT_RE = re.compile(r"[+-]?(?:[0-9]+\.[0-9]*|\.[0-9]+)")
+_MARKERS = {"qmark": "?", "format": "%s"}
+
+
+class Rendered(NamedTuple):
+    """One call's statement, ready for cursor.execute.
+
+    sql: the statement; args: the values for its placeholders, in order. When args is empty the statement has
+    no placeholders and no doubled '%': execute it without parameters (format-style drivers format only when
+    given some). windowed: the page window is in the SQL - every row the statement returns belongs to the page
+    (plus the one extra row the caller asked for to learn X-Has-More); otherwise the caller skips `offset` rows
+    and keeps `fetch`. limit: the LIMIT put in the SQL when windowed (None otherwise); it is below `fetch` when
+    the statement's own LIMIT ends within this page, so len(rows) > page_size stays the test for X-Has-More.
+    """
+
+    sql: str
+    args: tuple
+    windowed: bool
+    limit: int | None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Prepared:
+    """Everything about one statement that doesn't depend on the call. Build it with prepare()."""
+
+    dialect: str
+    sql: str                          # leading BOM, trailing whitespace and ';' removed
+    multiple: bool                    # a ';' remains outside literals, identifiers and comments
+    first_keyword: str                # lower-case; '' when the statement doesn't start with a word
+    write_ops: frozenset[str]         # empty for a read
+    bound_names: tuple[str, ...]      # :name, in order of first use
+    text_names: tuple[str, ...]       # {name}, in order of first use
+    in_sql_window: bool               # a page is taken with LIMIT/OFFSET in the SQL (else: fetch and slice)
+    window: OwnWindow | None          # the statement's own trailing window (only when in_sql_window)
+    unreadable: str | None            # why the statement can't be classified (unterminated literal, ...)
+    _full: tuple = field(repr=False)  # render template: str pieces and (name, kind) slots
+    _cut: tuple | None = field(repr=False)   # the same without the own window
+    _plans: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def placeholders(self) -> tuple[str, ...]:
+        """Names shown by the API: bound names first, then text placeholders."""
+        return self.bound_names + tuple(n for n in self.text_names if n not in self.bound_names)
+
+    @property
+    def executable_comment(self) -> bool:
+        return writes.EXECUTABLE_COMMENT in self.write_ops
+
+    def _plan(self, style: str, cut: bool) -> tuple:
+        key = (style, cut)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = _make_plan(self, style, cut)
+            self._plans[key] = plan     # a race only computes the same plan twice
+        return plan
+
+
+def _make_plan(p: Prepared, style: str, cut: bool) -> tuple:
+    try:
+        marker = _MARKERS[style]
+    except KeyError:
+        raise ValueError(f"unknown parameter style {style!r}") from None
+    items = p._cut if cut else p._full
+    slots = tuple(item for item in items if type(item) is tuple)
+    # Format-style drivers run "sql % args" only when given args, so '%' is doubled exactly then.
+    double = style == "format" and bool(slots)
+    text = "".join(marker if type(item) is tuple else (item.replace("%", "%%") if double else item)
+                   for item in items)
+    bound_required = _unique(name for name, kind in slots if kind == _BOUND)
+    text_required = _unique(name for name, kind in slots if kind != _BOUND)
+    w = p.window
+    if cut and w is not None:
+        # The own window's operands are resolved here, not bound, so their values are needed all the same.
+        for op in (w.limit, w.offset):
+            if op is not None and op[0] == "param" and op[1] not in bound_required:
+                bound_required += (op[1],)
+            elif op is not None and op[0] == "text" and op[1] not in text_required:
+                text_required += (op[1],)
+    return text, slots, bound_required, text_required
+
+
+def _unique(names) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(names))
+
+
+def prepare(sql: str, dialect: str, *, text_placeholders: bool = True) -> Prepared:
+    """The prepared form of sql for dialect ('sqlite', 'mysql' (MariaDB too), 'postgres'); LRU-cached.
+
+    text_placeholders=False reads {name} as plain SQL (ad-hoc /execute_sql, where they aren't expanded).
+    Raises ValueError for an unknown dialect; never for bad SQL (that is recorded in the result).
+    """
+    try:
+        canonical = DIALECT_ALIASES[dialect]
+    except KeyError:
+        raise ValueError(f"unsupported SQL dialect {dialect!r}") from None
+    return _prepare(sql, canonical, text_placeholders)
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def _prepare(sql: str, dialect: str, text_placeholders: bool) -> Prepared:
+    tokens = lexer.tokenize(sql, dialect, text_placeholders=text_placeholders)
+    tokens, text, multiple = _strip(tokens, sql)
+    sig = lexer.significant(tokens)
+    bad = next((t for t in tokens if t.kind == BAD), None)
+    k = writes.first_word_index(sig)
+    first = sig[k].value if k >= 0 else ""
+
+    unreadable = None
+    if bad is not None:
+        unreadable = f"unterminated {bad.value}"
+    elif not sig:
+        unreadable = "no statement"
+    elif k < 0:
+        unreadable = "it does not start with a keyword"
+
+    if unreadable is not None:
+        ops = {UNREADABLE_OP}
+        if any(t.kind == XCOMMENT for t in tokens):
+            ops.add(writes.EXECUTABLE_COMMENT)
+    else:
+        ops = _write_ops(text, tokens, sig, dialect)
+        # A server may read backslashes differently (NO_BACKSLASH_ESCAPES, ANSI_QUOTES, PostgreSQL's
+        # standard_conforming_strings=off): what any of those readings sees as a write or a second statement
+        # counts. A reading that leaves a literal open is one the server would refuse, so it adds nothing.
+        for alt in _alternative_readings(tokens, text, dialect):
+            alt_tokens = lexer.tokenize(text, dialect, text_placeholders=text_placeholders, **alt)
+            if any(t.kind == BAD for t in alt_tokens):
+                continue
+            alt_tokens, _, alt_multiple = _strip(alt_tokens, text)
+            multiple = multiple or alt_multiple
+            alt_sig = lexer.significant(alt_tokens)
+            if writes.first_word_index(alt_sig) >= 0:
+                ops |= _write_ops(text, alt_tokens, alt_sig, dialect)
+
+    in_sql_window = False
+    own: OwnWindow | None = None
+    if unreadable is None and not multiple and k == 0 and first in ("select", "with"):
+        in_sql_window, own = _window(sig, tokens, dialect)
+
+    full, bound_names, text_names = _template(text, tokens, dialect, text_placeholders, None)
+    cut = None
+    if own is not None:
+        cut, _, _ = _template(text, tokens, dialect, text_placeholders, own)
+    return Prepared(dialect, text, multiple, first, frozenset(ops), bound_names, text_names, in_sql_window,
+                    own, unreadable, full, cut)
+
+
+def _strip(tokens: list[Token], sql: str) -> tuple[list[Token], str, bool]:
+    """Drop a leading BOM and trailing whitespace/';' (contract 4.3 rule 1); report a ';' that remains."""
+    end = len(tokens)
+    while end and tokens[end - 1].kind in (WS, SEMI):
+        end -= 1
+    start = 1 if tokens and tokens[0].kind == WS and tokens[0].value == "\ufeff" else 0
+    kept = tokens[start:end]
+    if not kept:
+        return [], "", False
+    base = kept[0].start
+    text = sql[base:kept[-1].end]
+    if base:
+        kept = [Token(t.kind, t.start - base, t.end - base, t.value) for t in kept]
+    return kept, text, any(t.kind == SEMI for t in kept)
+
+
+def _alternative_readings(tokens: list[Token], text: str, dialect: str) -> list[dict]:
+    if "\\" not in text:
+        return []
+    if dialect == "mysql":
+        if any(t.kind in (STRING, lexer.QIDENT) and "\\" in text[t.start:t.end] for t in tokens):
+            return [{"backslash_single": False, "backslash_double": False},
+                    {"backslash_single": True, "backslash_double": False}]
+    elif dialect == "postgres":
+        if any(t.kind == STRING and t.value == "'" and "\\" in text[t.start:t.end] for t in tokens):
+            return [{"backslash_single": True}]
+    return []
+
+
+def _write_ops(text: str, tokens: list[Token], sig: list[Token], dialect: str) -> set[str]:
+    ops = writes.statement_ops(text, tokens, sig, 0, dialect)
+    if any(t.kind == XCOMMENT for t in tokens):
+        ops.add(writes.EXECUTABLE_COMMENT)
+    return ops
+
+
+def _depths(sig: list[Token]) -> list[int]:
+    depths = []
+    depth = 0
+    for t in sig:
+        if t.kind == PUNCT and t.value == ")":
+            depth -= 1
+        depths.append(depth)
+        if t.kind == PUNCT and t.value == "(":
+            depth += 1
+    return depths
+
+
+def _windowable(sig: list[Token], tokens: list[Token], dialect: str) -> tuple[bool, list[int]]:
+    """Whether a LIMIT can be appended: a SELECT without executable comments or trailing clauses that
+    must come after the window (FOR UPDATE/SHARE, LOCK IN SHARE MODE, INTO)."""
+    if any(t.kind == XCOMMENT for t in tokens):
+        return False, []
+    if writes.main_keyword(sig, 0) != "select":
+        return False, []
+    depths = _depths(sig)
+    for t, d in zip(sig, depths):
+        if d == 0 and t.kind == WORD and t.value in ("for", "lock", "into", "procedure"):
+            return False, depths
+    return True, depths
+
+
+def _window(sig: list[Token], tokens: list[Token], dialect: str) -> tuple[bool, OwnWindow | None]:
+    ok, depths = _windowable(sig, tokens, dialect)
+    if not ok:
+        return False, None
+    return window.find_window(sig, depths, dialect)
+
+
+def _template(text: str, tokens: list[Token], dialect: str, text_placeholders: bool,
+              cut: OwnWindow | None) -> tuple[tuple, tuple[str, ...], tuple[str, ...]]:
+    """Render template (str pieces and (name, kind) slots) plus bound and text names in order of first use."""
+    if cut is not None:
+        before = [t for t in tokens if t.end <= cut.start]
+        while before and before[-1].kind == WS:
+            before.pop()
+        tokens = before + [t for t in tokens if t.start >= cut.end]
+    items: list = []
+    buf: list[str] = []
+    bound: dict[str, None] = {}
+    texts: dict[str, None] = {}
+    prev: Token | None = None
+
+    def slot(name: str, kind: int) -> None:
+        if buf:
+            items.append("".join(buf))
+            buf.clear()
+        items.append((name, kind))
+
+    for t in tokens:
+        if t.kind == PARAM:
+            bound.setdefault(t.value)
+            slot(t.value, _BOUND)
+        elif t.kind == TEXT:
+            texts.setdefault(t.value)
+            slot(t.value, _TEXT)
+        elif (t.kind == STRING and text_placeholders and t.value in ("'", '"') and "{" in text[t.start:t.end]
+              and not (prev is not None and prev.end == t.start and prev.kind == WORD)):
+            parts = _split_literal(text[t.start:t.end], dialect)
+            if parts is None:
+                buf.append(text[t.start:t.end])
+            else:
+                for part in parts:
+                    if type(part) is tuple:
+                        texts.setdefault(part[0])
+                        slot(*part)
+                    else:
+                        buf.append(part)
+        else:
+            buf.append(text[t.start:t.end])
+        prev = t
+    if buf:
+        items.append("".join(buf))
+    return tuple(items), tuple(bound), tuple(texts)
+
+
+def _split_literal(literal: str, dialect: str) -> list | None:
+    """A string literal holding {name} as an expression that binds each name as text; None if there's none.
+
+    '{x}' becomes the bare slot; 'a{x}b' becomes ('a' || ? || 'b') - CONCAT('a', %s, 'b') on MySQL, where
+    || is OR. A {name} right after an escaping backslash is left as text.
+    """
+    quote = literal[0]
+    body = literal[1:-1]
+    backslash = dialect == "mysql"
+    pieces: list = []
+    pos = 0
+    for m in lexer._TEXT_RE.finditer(body):
+        before = body[pos:m.start()]
+        if backslash and (len(before) - len(before.rstrip("\\"))) % 2:
+            continue
+        if before:
+            pieces.append(quote + before + quote)
+        pieces.append((m.group(1), _TEXT_IN_STR))
+        pos = m.end()
+    if not pieces:
+        return None
+    if pos < len(body):
+        pieces.append(quote + body[pos:] + quote)
+    if len(pieces) == 1:
+        return pieces
+    out: list = ["CONCAT(" if dialect == "mysql" else "("]
+    sep = ", " if dialect == "mysql" else " || "
+    for i, piece in enumerate(pieces):
+        if i:
+            out.append(sep)
+        out.append(piece)
+    out.append(")")
+    return out
+
+
+# ---------------------------------------------------------------- per call
+
+
+def _bad_bound(name: str, value) -> QagError | None:
+    t = type(value)
+    if t is str or t is bool or value is None:
+        return None
+    if t is int:
+        if _INT64_MIN <= value <= _INT64_MAX:
+            return None
+        return QagError("param_invalid", f"Parameter '{name}' is outside the signed 64-bit integer range")
+    if t is float and math.isfinite(value):
+        return None
+    return QagError("param_invalid", f"Parameter '{name}' must be a string, finite number, boolean or null")
+
+
+def _text_value_ok(value) -> bool:
+    t = type(value)
+    if t is bool:
+        return True
+    if t is int:
+        return _INT64_MIN <= value <= _INT64_MAX
+    if t is float:
+        return math.isfinite(value)
+    if t is str:
+        return _TEXT_VALUE_RE.fullmatch(value) is not None and "--" not in value
+    return False
+
+
+def _text_error(name: str) -> QagError:
+    return QagError("param_invalid", f"Placeholder '{name}' must be a number, true/false, or text made only of "
+                                     "letters, digits, spaces and . , : @ % + / - (and no '--')")
+
+
+def check_text_values(prepared: Prepared, values: dict) -> None:
+    """Contract 3.5.1 for {name}: every one has a value, and each value is one the old text substitution took."""
+    names = prepared.text_names
+    if not names:
+        return
+    missing = [n for n in names if n not in values]
+    if missing:
+        raise QagError("param_required", "No value provided for placeholder(s): " + ", ".join(missing))
+    for n in names:
+        if not _text_value_ok(values[n]):
+            raise _text_error(n)
+
+
+def _text_arg(name: str, value, kind: int):
+    if not _text_value_ok(value):
+        raise _text_error(name)
+    if kind == _TEXT_IN_STR:
+        if type(value) is bool:
+            return "TRUE" if value else "FALSE"
+        return value if type(value) is str else str(value)
+    if type(value) is str:
+        # The old substitution made '5' the number 5: bind it as one so results and comparisons match.
+        if _INT_TEXT_RE.fullmatch(value):
+            n = int(value)
+            if _INT64_MIN <= n <= _INT64_MAX:
+                return n
+        elif _DECIMAL_TEXT_RE.fullmatch(value):
+            return float(value)
+    return value
+
+
+def render(prepared: Prepared, values: dict, style: str, fetch: int | None = None, offset: int = 0) -> Rendered:
+    """The statement and arguments for one call.
+
+    style: 'qmark' (?, sqlite3) or 'format' (%s, mysqlclient/psycopg2). fetch: rows wanted for the page
+    (page size + 1), None for the whole result; offset: the page offset. The page window goes into the SQL
+    only for statements with in_sql_window (see Rendered). Raises QagError param_required / param_invalid for
+    missing or unusable values (including LIMIT/OFFSET operands), invalid_request for an unreadable statement.
+    """
+    p = prepared
+    if p.unreadable is not None:
+        raise QagError("invalid_request", f"The SQL statement can't be read: {p.unreadable}")
+    w = p.window
+    windowed = fetch is not None and p.in_sql_window
+    cut = w is not None and (windowed or w.has_params)
+    plan = p._plans.get((style, cut)) or p._plan(style, cut)
+    text, slots, bound_required, text_required = plan
+
+    for names, what in ((bound_required, "parameter(s)"), (text_required, "placeholder(s)")):
+        if names:
+            missing = [n for n in names if n not in values]
+            if missing:
+                raise QagError("param_required", f"No value provided for {what}: " + ", ".join(missing))
+
+    if slots:
+        args = []
+        for name, kind in slots:
+            value = values[name]
+            if kind == _BOUND:
+                err = _bad_bound(name, value)
+                if err is not None:
+                    raise err
+            else:
+                value = _text_arg(name, value, kind)
+            args.append(value)
+        args = tuple(args)
+    else:
+        args = ()
+
+    if windowed:
+        suffix, rows = window.page_suffix(w, values, fetch, offset)
+        return Rendered(text + suffix, args, True, rows)
+    if cut:
+        text += window.own_suffix(w, values, p.dialect)
+    return Rendered(text, args, False, None)

@@ -1,0 +1,1 @@
+"""The metadata store: connections, saved queries and versions, API keys, roles, audit log."""

@@ -1,0 +1,124 @@
+"""The store interface the handlers use; a SQLite store implements it now, a PostgreSQL one later."""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from typing import Any, Iterator
+
+
+class StoreError(RuntimeError):
+    """The store cannot be opened or used (newer schema, unreadable file, ...)."""
+
+
+class Store(abc.ABC):
+    """Rows in, rows out: dicts with JSON fields already decoded. No HTTP, no policy."""
+
+    # --- lifecycle -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    @abc.abstractmethod
+    def transaction(self) -> contextlib.AbstractContextManager[None]:
+        """A read-modify-write transaction (serialised against other writers, other processes too)."""
+
+    @abc.abstractmethod
+    def get_meta(self, key: str) -> str | None: ...
+
+    @abc.abstractmethod
+    def set_meta(self, key: str, value: str) -> None: ...
+
+    # --- connections -----------------------------------------------------------------------
+    @abc.abstractmethod
+    def list_connections(self) -> list[dict]: ...
+
+    @abc.abstractmethod
+    def get_connection(self, name: str) -> dict | None: ...
+
+    @abc.abstractmethod
+    def put_connection(self, row: dict, *, create: bool) -> None: ...
+
+    @abc.abstractmethod
+    def delete_connection(self, name: str) -> bool: ...
+
+    # --- saved queries ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def list_queries(self) -> list[dict]:
+        """Every query with its versions (ascending)."""
+
+    @abc.abstractmethod
+    def get_query(self, name: str) -> dict | None:
+        """{name, collection, published, example, created_at, versions: [...]} or None."""
+
+    @abc.abstractmethod
+    def get_query_head(self, name: str) -> dict | None:
+        """{name, collection, published, latest} without the versions: the hot path's read."""
+
+    @abc.abstractmethod
+    def get_version(self, name: str, version: int) -> dict | None: ...
+
+    @abc.abstractmethod
+    def create_query(self, name: str, collection: str | None, version: dict, publish: bool) -> None: ...
+
+    @abc.abstractmethod
+    def add_version(self, name: str, version: dict, publish: bool) -> int: ...
+
+    @abc.abstractmethod
+    def update_version(self, name: str, number: int, changes: dict) -> None: ...
+
+    @abc.abstractmethod
+    def delete_version(self, name: str, number: int) -> None: ...
+
+    @abc.abstractmethod
+    def set_published(self, name: str, version: int | None) -> None: ...
+
+    @abc.abstractmethod
+    def set_collection(self, name: str, collection: str | None) -> None: ...
+
+    @abc.abstractmethod
+    def delete_query(self, name: str) -> bool: ...
+
+    @abc.abstractmethod
+    def collections(self) -> set[str]: ...
+
+    # --- API keys and roles ----------------------------------------------------------------
+    @abc.abstractmethod
+    def count_keys(self) -> int: ...
+
+    @abc.abstractmethod
+    def list_keys(self) -> list[dict]: ...
+
+    @abc.abstractmethod
+    def get_key(self, name: str) -> dict | None: ...
+
+    @abc.abstractmethod
+    def key_by_hash(self, secret_hash: str) -> tuple[dict, bool] | None:
+        """(key row, True when the hash is the rotated-out previous secret) or None."""
+
+    @abc.abstractmethod
+    def put_key(self, row: dict, *, create: bool) -> None: ...
+
+    @abc.abstractmethod
+    def delete_key(self, name: str) -> bool: ...
+
+    @abc.abstractmethod
+    def touch_key(self, name: str, previous: bool, at: str) -> None: ...
+
+    @abc.abstractmethod
+    def list_roles(self) -> list[dict]: ...
+
+    @abc.abstractmethod
+    def get_role(self, name: str) -> dict | None: ...
+
+    @abc.abstractmethod
+    def put_role(self, row: dict, *, create: bool) -> None: ...
+
+    @abc.abstractmethod
+    def delete_role(self, name: str) -> bool: ...
+
+    # --- audit -----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def audit(self, at: str, actor: str, via: str, action: str, target: str, changes: dict[str, Any]) -> None: ...
+
+    @abc.abstractmethod
+    def audit_entries(self, action: str | None = None) -> Iterator[dict]: ...

@@ -1,0 +1,286 @@
+"""The default store: one SQLite file (WAL) in QAG_HOME, a connection per thread, migrated at open."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import threading
+from typing import Any, Iterator
+
+from .base import Store, StoreError
+from .schema import MIGRATIONS, SCHEMA_VERSION
+
+STORE_FILE = "qag.db"
+_SIDE_FILES = ("", "-wal", "-shm", "-journal")
+
+_KEY_COLUMNS = ("name", "secret_hash", "previous_hash", "previous_expires_at", "grants", "active", "expires_at",
+                "created_at", "created_from_role", "last_used_at", "previous_last_used_at", "example")
+_ROLE_COLUMNS = ("name", "grants", "require_claim_binding", "keys_created", "example", "created_at")
+_CONNECTION_COLUMNS = ("name", "db", "active", "fields", "example", "created_at", "updated_at")
+_JSON_COLUMNS = frozenset({"grants", "fields", "body", "changes"})
+_BOOL_COLUMNS = frozenset({"active", "example", "require_claim_binding"})
+
+
+def store_paths(home: str) -> tuple[str, ...]:
+    """The store file and its SQLite side files: a data connection may never point at them."""
+    base = os.path.realpath(os.path.join(home, STORE_FILE))
+    return tuple(base + suffix for suffix in _SIDE_FILES)
+
+
+def _row(cursor: sqlite3.Cursor, values: tuple) -> dict:
+    out = {}
+    for (name, *_), value in zip(cursor.description, values):
+        if name in _JSON_COLUMNS and value is not None:
+            value = json.loads(value)
+        elif name in _BOOL_COLUMNS:
+            value = bool(value)
+        out[name] = value
+    return out
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+class SqliteStore(Store):
+    """Store on a SQLite file; safe across threads (one connection each) and processes (WAL + IMMEDIATE)."""
+
+    def __init__(self, home: str):
+        os.makedirs(home, exist_ok=True)
+        self.path = os.path.join(home, STORE_FILE)
+        self._local = threading.local()
+        self._migrate()
+
+    # --- plumbing --------------------------------------------------------------------------
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None or getattr(self._local, "pid", None) != os.getpid():
+            # A connection opened before fork is never used after it: each process opens its own.
+            try:
+                conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None, check_same_thread=True)
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot open the store {self.path}: {exc}") from None
+            conn.row_factory = _row
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            self._local.conn = conn
+            self._local.pid = os.getpid()
+            self._local.depth = 0
+        return conn
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        conn = self._conn()
+        if self._local.depth:
+            self._local.depth += 1
+            try:
+                yield
+            finally:
+                self._local.depth -= 1
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        self._local.depth = 1
+        try:
+            yield
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        else:
+            conn.execute("COMMIT")
+        finally:
+            self._local.depth = 0
+
+    def _all(self, sql: str, args: tuple = ()) -> list[dict]:
+        return self._conn().execute(sql, args).fetchall()
+
+    def _one(self, sql: str, args: tuple = ()) -> dict | None:
+        return self._conn().execute(sql, args).fetchone()
+
+    def _run(self, sql: str, args: tuple = ()) -> int:
+        return self._conn().execute(sql, args).rowcount
+
+    def _migrate(self) -> None:
+        conn = self._conn()
+        with self.transaction():
+            found = conn.execute("PRAGMA user_version").fetchone()["user_version"]
+            if found > SCHEMA_VERSION:
+                raise StoreError(f"the store {self.path} has schema version {found}, newer than this qag knows "
+                                 f"({SCHEMA_VERSION}); upgrade qag or use another QAG_HOME")
+            for step in MIGRATIONS[found:]:
+                for statement in step:
+                    conn.execute(statement)
+            if found != SCHEMA_VERSION:
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    # --- meta ------------------------------------------------------------------------------
+    def get_meta(self, key: str) -> str | None:
+        row = self._one("SELECT value FROM meta WHERE key = ?", (key,))
+        return row["value"] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._run("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                  (key, value))
+
+    # --- connections -----------------------------------------------------------------------
+    def list_connections(self) -> list[dict]:
+        return self._all("SELECT * FROM connections ORDER BY name")
+
+    def get_connection(self, name: str) -> dict | None:
+        return self._one("SELECT * FROM connections WHERE name = ?", (name,))
+
+    def put_connection(self, row: dict, *, create: bool) -> None:
+        self._put("connections", _CONNECTION_COLUMNS, row, create)
+
+    def delete_connection(self, name: str) -> bool:
+        return self._run("DELETE FROM connections WHERE name = ?", (name,)) > 0
+
+    def _put(self, table: str, columns: tuple[str, ...], row: dict, create: bool) -> None:
+        values = tuple(_dump(row[c]) if c in _JSON_COLUMNS else row[c] for c in columns)
+        if create:
+            marks = ", ".join("?" * len(columns))
+            self._run(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", values)
+        else:
+            sets = ", ".join(f"{c} = ?" for c in columns[1:])
+            self._run(f"UPDATE {table} SET {sets} WHERE name = ?", values[1:] + values[:1])
+
+    # --- saved queries ---------------------------------------------------------------------
+    def _versions(self, name: str | None = None) -> dict[str, list[dict]]:
+        where, args = ("WHERE query_name = ?", (name,)) if name is not None else ("", ())
+        out: dict[str, list[dict]] = {}
+        for row in self._all(f"SELECT * FROM query_versions {where} ORDER BY query_name, version", args):
+            out.setdefault(row.pop("query_name"), []).append(_flatten_version(row))
+        return out
+
+    def list_queries(self) -> list[dict]:
+        versions = self._versions()
+        queries = self._all("SELECT * FROM queries ORDER BY name")
+        for q in queries:
+            q["versions"] = versions.get(q["name"], [])
+        return queries
+
+    def get_query(self, name: str) -> dict | None:
+        q = self._one("SELECT * FROM queries WHERE name = ?", (name,))
+        if q is not None:
+            q["versions"] = self._versions(name).get(name, [])
+        return q
+
+    def get_query_head(self, name: str) -> dict | None:
+        return self._one("SELECT q.name, q.collection, q.published, (SELECT max(version) FROM query_versions v "
+                         "WHERE v.query_name = q.name) AS latest FROM queries q WHERE q.name = ?", (name,))
+
+    def get_version(self, name: str, version: int) -> dict | None:
+        row = self._one("SELECT * FROM query_versions WHERE query_name = ? AND version = ?", (name, version))
+        if row is None:
+            return None
+        row.pop("query_name")
+        return _flatten_version(row)
+
+    def create_query(self, name: str, collection: str | None, version: dict, publish: bool) -> None:
+        with self.transaction():
+            self._run("INSERT INTO queries (name, collection, published, example, created_at) VALUES (?, ?, ?, ?, ?)",
+                      (name, collection, 1 if publish else None, int(version.get("example", False)),
+                       version["created_at"]))
+            self._insert_version(name, 1, version)
+
+    def add_version(self, name: str, version: dict, publish: bool) -> int:
+        with self.transaction():
+            number = self._one("SELECT coalesce(max(version), 0) + 1 AS n FROM query_versions WHERE query_name = ?",
+                               (name,))["n"]
+            self._insert_version(name, number, version)
+            if publish:
+                self.set_published(name, number)
+            return number
+
+    def _insert_version(self, name: str, number: int, version: dict) -> None:
+        body = {k: v for k, v in version.items() if k not in ("uuid", "created_at", "last_modified_at", "version")}
+        self._run("INSERT INTO query_versions (query_name, version, uuid, body, created_at, last_modified_at) "
+                  "VALUES (?, ?, ?, ?, ?, ?)",
+                  (name, number, version["uuid"], _dump(body), version["created_at"], version["last_modified_at"]))
+
+    def update_version(self, name: str, number: int, changes: dict) -> None:
+        with self.transaction():
+            row = self._one("SELECT body FROM query_versions WHERE query_name = ? AND version = ?", (name, number))
+            body = row["body"]
+            modified = changes.pop("last_modified_at")
+            body.update(changes)
+            self._run("UPDATE query_versions SET body = ?, last_modified_at = ? WHERE query_name = ? AND version = ?",
+                      (_dump(body), modified, name, number))
+
+    def delete_version(self, name: str, number: int) -> None:
+        self._run("DELETE FROM query_versions WHERE query_name = ? AND version = ?", (name, number))
+
+    def set_published(self, name: str, version: int | None) -> None:
+        self._run("UPDATE queries SET published = ? WHERE name = ?", (version, name))
+
+    def set_collection(self, name: str, collection: str | None) -> None:
+        self._run("UPDATE queries SET collection = ? WHERE name = ?", (collection, name))
+
+    def delete_query(self, name: str) -> bool:
+        return self._run("DELETE FROM queries WHERE name = ?", (name,)) > 0
+
+    def collections(self) -> set[str]:
+        return {r["collection"] for r in self._all("SELECT DISTINCT collection FROM queries WHERE collection IS NOT NULL")}
+
+    # --- API keys and roles ----------------------------------------------------------------
+    def count_keys(self) -> int:
+        return self._one("SELECT count(*) AS n FROM api_keys")["n"]
+
+    def list_keys(self) -> list[dict]:
+        return self._all("SELECT * FROM api_keys ORDER BY name")
+
+    def get_key(self, name: str) -> dict | None:
+        return self._one("SELECT * FROM api_keys WHERE name = ?", (name,))
+
+    def key_by_hash(self, secret_hash: str) -> tuple[dict, bool] | None:
+        row = self._one("SELECT * FROM api_keys WHERE secret_hash = ?", (secret_hash,))
+        if row is not None:
+            return row, False
+        row = self._one("SELECT * FROM api_keys WHERE previous_hash = ?", (secret_hash,))
+        return (row, True) if row is not None else None
+
+    def put_key(self, row: dict, *, create: bool) -> None:
+        self._put("api_keys", _KEY_COLUMNS, row, create)
+
+    def delete_key(self, name: str) -> bool:
+        return self._run("DELETE FROM api_keys WHERE name = ?", (name,)) > 0
+
+    def touch_key(self, name: str, previous: bool, at: str) -> None:
+        column = "previous_last_used_at" if previous else "last_used_at"
+        self._run(f"UPDATE api_keys SET {column} = ? WHERE name = ?", (at, name))
+
+    def list_roles(self) -> list[dict]:
+        return self._all("SELECT * FROM roles ORDER BY name")
+
+    def get_role(self, name: str) -> dict | None:
+        return self._one("SELECT * FROM roles WHERE name = ?", (name,))
+
+    def put_role(self, row: dict, *, create: bool) -> None:
+        self._put("roles", _ROLE_COLUMNS, row, create)
+
+    def delete_role(self, name: str) -> bool:
+        return self._run("DELETE FROM roles WHERE name = ?", (name,)) > 0
+
+    # --- audit -----------------------------------------------------------------------------
+    def audit(self, at: str, actor: str, via: str, action: str, target: str, changes: dict[str, Any]) -> None:
+        self._run("INSERT INTO audit_log (at, actor, via, action, target, changes) VALUES (?, ?, ?, ?, ?, ?)",
+                  (at, actor, via, action, target, _dump(changes)))
+
+    def audit_entries(self, action: str | None = None) -> Iterator[dict]:
+        if action is None:
+            return iter(self._all("SELECT * FROM audit_log ORDER BY id DESC"))
+        return iter(self._all("SELECT * FROM audit_log WHERE action = ? ORDER BY id DESC", (action,)))
+
+
+def _flatten_version(row: dict) -> dict:
+    body = row.pop("body")
+    return {"version": row["version"], "uuid": row["uuid"], **body,
+            "created_at": row["created_at"], "last_modified_at": row["last_modified_at"]}

@@ -1,0 +1,1 @@
+"""qag test suite."""

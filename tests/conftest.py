@@ -1,0 +1,68 @@
+"""Shared fixtures: real qag servers (gunicorn, two workers) on ephemeral ports with seeded SQLite data."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import pytest
+
+from tests.server import Server
+
+SEED = """
+CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT, action TEXT);
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 25)
+INSERT INTO t (id, name, action) SELECT i, 'row ' || i, CASE WHEN i % 2 THEN 'delete' ELSE 'keep' END FROM n;
+CREATE TABLE secret (id INTEGER PRIMARY KEY, email TEXT);
+INSERT INTO secret VALUES (1, 'jane@example.com');
+CREATE TABLE types (i INTEGER, f REAL, s TEXT, b BLOB, n TEXT);
+INSERT INTO types VALUES (42, 2.5, 'héllo "q", ok', x'616263', NULL);
+CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT);
+"""
+
+_counter = itertools.count(1)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "e2e: talks HTTP to a real gunicorn-served qag")
+
+
+@pytest.fixture
+def uniq():
+    """Unique names, so tests sharing a session server never collide."""
+    return lambda prefix="x": f"{prefix}{os.getpid()}_{next(_counter)}"
+
+
+def _seeded(server: Server) -> Server:
+    server.sqlite_db("lite.db", SEED)
+    server.connection("lite", "lite.db")
+    return server
+
+
+@pytest.fixture(scope="session")
+def server():
+    s = _seeded(Server())
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def writes_server():
+    s = _seeded(Server(env={"QAG_ALLOW_WRITES": "1"}))
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def make_server():
+    """Start servers with particular settings; each is stopped at the end of the test."""
+    started: list[Server] = []
+
+    def start(seed: bool = True, **kw) -> Server:
+        s = Server(**kw)
+        started.append(s)
+        return _seeded(s) if seed else s
+
+    yield start
+    for s in started:
+        s.stop()

@@ -1,0 +1,279 @@
+"""Contract section 5 (management API) against a real server, one test per numbered behaviour."""
+
+from __future__ import annotations
+
+import sqlite3
+import os
+
+import pytest
+
+from tests.server import q
+
+pytestmark = pytest.mark.e2e
+
+
+def _audit(server, action, target):
+    conn = sqlite3.connect(os.path.join(server.home, "qag.db"))
+    try:
+        return [row[0] for row in conn.execute("SELECT changes FROM audit_log WHERE action = ? AND target = ?",
+                                               (action, target))]
+    finally:
+        conn.close()
+
+
+def test_b5_1_create_without_publish_is_a_draft(server, uniq):
+    name = uniq("b51")
+    r = server.query(name, "SELECT 1", "lite", publish=False)
+    body = r.json
+    assert body["published_version"] is None and body["latest_version"] == 1 and body["has_draft"] is True
+    assert body["versions"][0]["status"] == "draft" and body["endpoint"] == f"/q/{name}"
+    assert r.headers["etag"].startswith('"') and len(r.headers["etag"]) == 34
+
+
+def test_b5_2_statuses_follow_publishing(server, uniq):
+    name = uniq("b52")
+    server.query(name, "SELECT 1", "lite")
+    r = server.post(f"/api/v1/queries/{name}/versions", {"description": "two", "sql": "SELECT 2"})
+    assert [v["status"] for v in r.json["versions"]] == ["published", "draft"]
+    r = server.post(f"/api/v1/queries/{name}/publish", {"version": 2})
+    assert [v["status"] for v in r.json["versions"]] == ["previous", "published"]
+    r = server.post(f"/api/v1/queries/{name}/publish", {"version": 1})
+    assert [v["status"] for v in r.json["versions"]] == ["published", "draft"]
+    assert server.post(f"/api/v1/queries/{name}/publish", {"version": "1"}).json["code"] == "invalid_body"
+    assert server.post(f"/api/v1/queries/{name}/publish", {"version": 9}).json["code"] == "version_not_found"
+
+
+def test_b5_3_etag_if_match(server, uniq):
+    name = uniq("b53")
+    etag = server.query(name, "SELECT 1", "lite").headers["etag"]
+    body = {"description": "two", "sql": "SELECT 2"}
+    assert server.post(f"/api/v1/queries/{name}/versions", body, headers={"If-Match": etag}).status == 201
+    r = server.post(f"/api/v1/queries/{name}/versions", body, headers={"If-Match": etag})
+    assert r.status == 412 and r.json["code"] == "precondition_failed"
+    # A change behind the API (another process writing the store) also changes the ETag.
+    etag = server.get(f"/api/v1/queries/{name}").headers["etag"]
+    conn = sqlite3.connect(os.path.join(server.home, "qag.db"))
+    conn.execute("UPDATE queries SET collection = 'moved' WHERE name = ?", (name,))
+    conn.commit()
+    conn.close()
+    assert server.post(f"/api/v1/queries/{name}/unpublish", headers={"If-Match": etag}).status == 412
+    assert server.post(f"/api/v1/queries/{name}/unpublish", headers={"If-Match": "*"}).status == 200
+
+
+def test_b5_4_version_input_validation(server, uniq):
+    r = server.post("/api/v1/queries", {"name": uniq("x"), "description": "d", "sql": "SELECT 1", "filename": "x"})
+    assert r.status == 400 and r.json["code"] == "unknown_field"
+    r = server.post("/api/v1/queries", {"name": uniq("x"), "description": "d"})
+    assert r.json == {"error": "SQL query is missing", "code": "invalid_body", "request_id": r.json["request_id"]}
+    r = server.post("/api/v1/queries", {"name": uniq("x"), "sql": "SELECT 1"})
+    assert r.json["error"] == "Description is missing"
+    r = server.post("/api/v1/queries", {"description": "d", "sql": "SELECT 1"})
+    assert r.json["code"] == "invalid_name"
+    r = server.post("/api/v1/queries", {"name": "a/b", "description": "d", "sql": "SELECT 1"})
+    assert r.json["code"] == "invalid_name"
+
+
+def test_b5_5_declared_parameter_must_be_used(server, uniq):
+    r = server.post("/api/v1/queries", {"name": uniq("x"), "description": "d", "sql": "SELECT :id",
+                                        "parameters": {"idd": "int"}})
+    assert r.status == 400 and "idd" in r.json["error"] and "idd" in r.json["errors"]
+    r = server.post("/api/v1/queries", {"name": uniq("x"), "description": "d", "sql": "SELECT {id}",
+                                        "parameters": {"id": "int"}})
+    assert r.status == 201
+
+
+def test_b5_6_patch_version_cache_ttl(server, uniq):
+    name = uniq("b56")
+    server.query(name, "SELECT 1", "lite")
+    r = server.request("PATCH", f"/api/v1/queries/{name}/versions/1", body={"cache_ttl": 60})
+    assert r.status == 200 and r.json["version_count"] == 1 and r.json["versions"][0]["cache_ttl"] == 60
+    for bad in ({"cache_ttl": -1}, {"cache_ttl": "60"}, {"cache_ttl": True}):
+        assert server.request("PATCH", f"/api/v1/queries/{name}/versions/1", body=bad).json["code"] == "invalid_body"
+    r = server.request("PATCH", f"/api/v1/queries/{name}/versions/1", body={"ttl": 60})
+    assert r.status == 400 and r.json["code"] == "unknown_field"
+    assert server.request("PATCH", f"/api/v1/queries/{name}/versions/99", body={"cache_ttl": 1}).status == 404
+
+
+def test_b5_7_delete_versions(server, uniq):
+    name = uniq("b57")
+    server.query(name, "SELECT 1", "lite")
+    server.post(f"/api/v1/queries/{name}/versions", {"description": "two", "sql": "SELECT 2", "publish": True})
+    r = server.request("DELETE", f"/api/v1/queries/{name}/versions/2")
+    assert r.status == 200 and r.json["version_count"] == 1 and r.json["published_version"] == 1
+    assert server.request("DELETE", f"/api/v1/queries/{name}/versions/2").status == 404
+    assert server.request("DELETE", f"/api/v1/queries/{name}/versions/1").status == 204
+    assert server.get(f"/api/v1/queries/{name}").status == 404
+
+
+def test_b5_8_fresh_store_lists_nothing(make_server):
+    s = make_server(seed=False)
+    assert s.get("/api/v1/queries").json == {"items": []}
+
+
+def test_b5_9_connection_password_never_returned(server, uniq):
+    name = uniq("pw")
+    r = server.post("/api/v1/connections", {"name": name, "db": "sqlite", "database": "lite.db",
+                                            "password": "hunter2-secret", "options": {"sslmode": "require"}})
+    assert r.status == 201 and r.json["password"] == "********" and "hunter2" not in r.body.decode()
+    assert r.json["options"] == {"sslmode": "require"}
+    assert "hunter2" not in server.get(f"/api/v1/connections/{name}").body.decode()
+    r = server.request("PATCH", f"/api/v1/connections/{name}", body={"password": "********", "host": "h"})
+    assert r.status == 200
+    r = server.request("PATCH", f"/api/v1/connections/{name}", body={"password": "new-secret-value"})
+    assert r.status == 200
+    audits = _audit(server, "update_connection", name) + _audit(server, "create_connection", name)
+    assert audits and all("hunter2" not in a and "new-secret-value" not in a for a in audits)
+    assert any('"password":"changed"' in a for a in audits)
+    conn = sqlite3.connect(os.path.join(server.home, "qag.db"))
+    stored = conn.execute("SELECT fields FROM connections WHERE name = ?", (name,)).fetchone()[0]
+    conn.close()
+    assert "new-secret-value" in stored
+
+
+def test_b5_10_delete_connection_needs_reason(server, uniq):
+    name = uniq("del")
+    server.connection(name, "lite.db")
+    for raw in (None, b"{}", b'{"reason": ""}', b'{"reason": "   "}'):
+        r = server.request("DELETE", f"/api/v1/connections/{name}", raw=raw,
+                           headers={"Content-Type": "application/json"})
+        assert r.status == 400 and r.json["code"] == "reason_required"
+    assert server.get(f"/api/v1/connections/{name}").status == 200
+    assert server.request("DELETE", f"/api/v1/connections/{uniq('none')}").status == 404
+    assert server.request("DELETE", f"/api/v1/connections/{name}", body={"reason": "gone"}).status == 204
+    deleted = server.get("/api/v1/connections/deleted").json["items"]
+    assert any(d["name"] == name and d["reason"] == "gone" and d["deleted_by"] == "admin" for d in deleted)
+
+
+def test_b5_12_key_secret_shown_once(server, uniq):
+    name = uniq("k")
+    r = server.post("/api/v1/api-keys", {"name": name})
+    assert r.status == 201 and r.json["secret"].startswith("sk_") and len(r.json["secret"]) == 46
+    assert r.headers["cache-control"] == "no-store"
+    secret = r.json["secret"]
+    assert secret not in server.get("/api/v1/api-keys").body.decode()
+    assert secret not in server.get(f"/api/v1/api-keys/{name}").body.decode()
+    assert all(secret not in a for a in _audit(server, "create_key", name))
+
+
+def test_b5_13_default_connections_grant(server, uniq):
+    all_key = server.key(uniq("all"))
+    none_key = server.key(uniq("none"), connections=[])
+    assert server.post("/execute_sql", {"sql": "SELECT 1 AS v", "connection_name": "lite"}, key=all_key).status == 200
+    r = server.post("/execute_sql", {"sql": "SELECT 1 AS v", "connection_name": "lite"}, key=none_key)
+    assert r.status == 403 and r.json["code"] == "connection_forbidden"
+
+
+def test_b5_14_patch_null_clears_rate_limit_only(server, uniq):
+    name = uniq("k")
+    server.key(name, rate_limit="5/minute", allowed_ips=["10.0.0.0/8"], connections=["lite"])
+    r = server.request("PATCH", f"/api/v1/api-keys/{name}", body={"rate_limit": None, "connections": None})
+    assert r.json["rate_limit"] is None and r.json["allowed_ips"] == ["10.0.0.0/8"]
+    assert r.json["connections"] == ["lite"]
+
+
+def test_b5_15_rotation(server, uniq):
+    name, query = uniq("rot"), uniq("q")
+    server.query(query, "SELECT 1 AS v", "lite")
+    old = server.key(name, queries=[query])
+    r = server.post(f"/api/v1/api-keys/{name}/rotate")
+    new = r.json["secret"]
+    assert r.status == 200 and r.headers["cache-control"] == "no-store" and r.json["previous_expires_at"]
+    assert server.get(q(query), key=old).status == 200 and server.get(q(query), key=new).status == 200
+    again = server.post(f"/api/v1/api-keys/{name}/rotate")
+    assert again.status == 409 and again.json["code"] == "key_rotation_pending"
+    assert again.json["previous_expires_at"] == r.json["previous_expires_at"]
+    assert server.request("DELETE", f"/api/v1/api-keys/{name}/previous").status == 200
+    assert server.get(q(query), key=old).status == 401
+    assert server.request("DELETE", f"/api/v1/api-keys/{name}/previous").json["code"] == "previous_secret_not_found"
+    for bad in (-1, 10081, "an hour", True, 1.5):
+        assert server.post(f"/api/v1/api-keys/{name}/rotate", {"grace_minutes": bad}).status == 400
+    zero = server.post(f"/api/v1/api-keys/{name}/rotate", {"grace_minutes": 0})
+    assert zero.status == 200 and zero.json["previous_expires_at"] is None
+    assert server.get(q(query), key=new).status == 401
+    assert server.post(f"/api/v1/api-keys/{name}/rotate").status == 200
+
+
+def test_b5_17_keys_from_roles(server, uniq):
+    role, key = uniq("role"), uniq("k")
+    assert server.post("/api/v1/roles", {"name": role, "connections": ["lite"], "max_rows": 5}).status == 201
+    r = server.post("/api/v1/api-keys", {"name": key, "role": role})
+    assert r.status == 201 and r.json["connections"] == ["lite"] and r.json["created_from_role"] == role
+    assert server.request("PATCH", f"/api/v1/roles/{role}", body={"max_rows": 9}).json["keys_created"] == 1
+    assert server.get(f"/api/v1/api-keys/{key}").json["max_rows"] == 5
+    assert server.request("DELETE", f"/api/v1/roles/{role}").status == 204
+    assert server.get(f"/api/v1/api-keys/{key}").json["connections"] == ["lite"]
+    r = server.post("/api/v1/api-keys", {"name": uniq("k"), "role": role})
+    assert r.status == 404 and r.json["code"] == "role_not_found"
+    r = server.post("/api/v1/roles", {"name": uniq("r"), "expires_at": "2030-01-01"})
+    assert r.json["code"] == "unknown_field"
+
+
+def test_key_delete_stops_it_at_once(server, uniq):
+    name, query = uniq("k"), uniq("q")
+    server.query(query, "SELECT 1 AS v", "lite")
+    secret = server.key(name, queries=[query])
+    assert server.get(q(query), key=secret).status == 200
+    assert server.request("DELETE", f"/api/v1/api-keys/{name}").status == 204
+    assert server.get(q(query), key=secret).status == 401
+
+
+def test_connection_object_and_errors(server, uniq):
+    name = uniq("c")
+    r = server.post("/api/v1/connections", {"name": name, "db": "sqlite", "database": "lite.db", "created_at": "x"})
+    assert r.status == 201 and r.json["created_at"] != "x" and r.json["active"] is True
+    assert server.post("/api/v1/connections", {"name": name, "db": "sqlite", "database": "x"}).status == 409
+    assert server.post("/api/v1/connections", {"name": "-bad", "db": "sqlite"}).json["code"] == "invalid_name"
+    assert "db is required" in server.post("/api/v1/connections", {"name": uniq("c")}).json["error"]
+    assert server.post("/api/v1/connections", {"name": uniq("c"), "db": "oracle"}).json["code"] == "invalid_body"
+    r = server.post("/api/v1/connections", {"name": uniq("c"), "db": "sqlite", "options": {"host": "x"}})
+    assert r.json["error"] == "Set host directly, not inside options"
+    r = server.post("/api/v1/connections", {"name": uniq("c"), "db": "sqlite", "database": "qag.db"})
+    assert r.status == 403 and r.json["code"] == "store_not_allowed"
+    assert server.request("PATCH", f"/api/v1/connections/{name}", body={"active": None}).status == 400
+    assert server.post("/api/v1/connections/test", {"name": name}).json["elapsed_ms"] >= 0
+    r = server.post("/api/v1/connections/test", {"db": "sqlite", "database": "missing.db"})
+    assert r.status == 404 and r.json["code"] == "database_file_not_found"
+    r = server.post("/api/v1/connections/databases", {"name": name})
+    assert r.status == 400 and r.json["code"] == "unsupported_operation"
+    schema = server.get(f"/api/v1/connections/{name}/schema").json
+    t = next(t for t in schema["tables"] if t["name"] == "t")
+    assert [c["name"] for c in t["columns"]] == ["id", "name", "action"] and t["columns"][0]["primary_key"]
+
+
+def test_inactive_connection(server, uniq):
+    name, query = uniq("c"), uniq("q")
+    server.connection(name, "lite.db")
+    server.query(query, "SELECT 1 AS v", name)
+    server.request("PATCH", f"/api/v1/connections/{name}", body={"active": False})
+    r = server.get(q(query))
+    assert r.status == 403 and r.json["code"] == "connection_inactive"
+
+
+def test_query_list_filters_and_move(server, uniq):
+    name = uniq("listme")
+    server.query(name, "SELECT 1", "lite", tags="alpha, beta", collection="coll-" + name.lower().replace("_", "-"))
+    items = server.get("/api/v1/queries", params={"search": "BETA"}).json["items"]
+    assert name in [i["name"] for i in items]
+    assert server.get("/api/v1/queries?status=bogus").json["code"] == "invalid_filter"
+    r = server.request("PATCH", f"/api/v1/queries/{name}", body={"collection": None})
+    assert r.status == 200 and r.json["collection"] is None
+    r = server.request("PATCH", f"/api/v1/queries/{name}", body={"sql": "SELECT 2"})
+    assert r.status == 400 and r.json["code"] == "unknown_field"
+
+
+def test_validate_and_flow(server, uniq):
+    r = server.post("/api/v1/queries/validate", {"sql": "SELECT * FROM t WHERE id = :id; DELETE FROM t",
+                                                 "description": "d"})
+    assert r.status == 200 and r.json["valid"] is False and r.json["placeholders"] == ["id"]
+    r = server.post("/api/v1/queries/validate", {"sql": "SELECT a.id FROM t a JOIN secret s ON s.id = a.id",
+                                                 "description": "d"})
+    assert r.json["valid"] is True and r.json["tables"] == ["secret", "t"]
+    name = uniq("flow")
+    server.query(name, "SELECT a.id FROM t a JOIN secret s ON s.id = a.id", "lite")
+    flow = server.get(f"/api/v1/queries/{name}/versions/1/flow").json
+    assert sorted(flow["tables"]) == ["secret", "t"] and flow["joins"]
+
+
+def test_me(server):
+    me = server.get("/api/v1/me").json
+    assert (me["name"], me["role"], me["via"]) == ("admin", "owner", "break-glass")

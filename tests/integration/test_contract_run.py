@@ -1,0 +1,330 @@
+"""Contract section 3 (running saved queries) against a real server, one test per numbered behaviour."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.server import q
+
+pytestmark = pytest.mark.e2e
+
+
+def test_b3_1_draft_only_query_is_not_published_even_for_admin(server, uniq):
+    name = uniq("draft")
+    server.query(name, "SELECT id FROM t WHERE id = 1", "lite", publish=False)
+    r = server.get(q(name))
+    assert r.status == 404 and r.json["code"] == "not_published"
+    r = server.get(q(name) + "?version=1")
+    assert r.status == 200 and r.json == [{"id": 1}]
+
+
+def test_b3_2_versions_published_previous_and_draft(server, uniq):
+    name, key_name = uniq("ver"), uniq("k")
+    server.query(name, "SELECT 1 AS v", "lite")
+    assert server.post(f"/api/v1/queries/{name}/versions", {"description": "v2", "sql": "SELECT 2 AS v",
+                                                             "connection_name": "lite", "publish": True}).status == 201
+    assert server.post(f"/api/v1/queries/{name}/versions", {"description": "v3", "sql": "SELECT 3 AS v",
+                                                             "connection_name": "lite"}).status == 201
+    key = server.key(key_name, queries=[name])
+    assert server.get(q(name), key=key).json == [{"v": 2}]
+    assert server.get(q(name) + "?version=1", key=key).json == [{"v": 1}]
+    draft = server.get(q(name) + "?version=3", key=key)
+    missing = server.get(q(name) + "?version=9", key=key)
+    assert draft.status == 404 and draft.json["code"] == "version_not_found"
+    assert draft.json["error"] == "Version 3 not found"
+    # A draft is indistinguishable from a version that never existed, apart from the request id.
+    assert {k: v for k, v in draft.json.items() if k != "request_id"} == \
+        {k: v for k, v in missing.json.items() if k != "request_id"} | {"error": "Version 3 not found"}
+    assert server.get(q(name) + "?version=3").json == [{"v": 3}]
+
+
+def test_b3_3_unpublish(server, uniq):
+    name = uniq("unpub")
+    server.query(name, "SELECT 1 AS v", "lite")
+    assert server.post(f"/api/v1/queries/{name}/unpublish").status == 200
+    assert server.get(q(name)).json["code"] == "not_published"
+    assert server.get(q(name) + "?version=1").json == [{"v": 1}]
+
+
+def test_b3_4_query_string_wins_over_body(server, uniq):
+    name = uniq("wins")
+    server.query(name, "SELECT id FROM t ORDER BY id", "lite")
+    r = server.post(q(name) + "?format=csv&version=1&timeout=5", {"format": "json", "version": 7, "timeout": -1,
+                                                                  "connection_name": "nope"})
+    # connection_name from the body would be 404: the saved one is used only when neither gives one.
+    assert r.status == 404 and r.json["code"] == "connection_not_found"
+    r = server.post(q(name) + "?format=csv&version=1&timeout=5&connection_name=lite",
+                    {"format": "json", "version": 7, "timeout": -1, "connection_name": "nope"})
+    assert r.status == 200 and r.headers["content-type"].startswith("text/csv")
+
+
+def test_b3_5_params_then_placeholders_override_query_string(server, uniq):
+    name = uniq("prec")
+    server.query(name, "SELECT :a AS a, :b AS b, :c AS c", "lite")
+    r = server.post(q(name) + "?a=qs&b=qs&c=qs", {"params": {"b": "params", "c": "params"},
+                                                    "placeholders": {"c": "placeholders"}})
+    assert r.json == [{"a": "qs", "b": "params", "c": "placeholders"}]
+
+
+def test_b3_6_injection_text_is_data(writes_server, uniq):
+    name = uniq("inj")
+    writes_server.query(name, "SELECT :v AS v", "lite")
+    evil = "x'); DROP TABLE t; --"
+    assert writes_server.get(q(name), params={"v": evil}).json == [{"v": evil}]
+    assert writes_server.get(q(uniq("none"))).status == 404
+    count = writes_server.post("/execute_sql", {"sql": "SELECT count(*) AS n FROM t", "connection_name": "lite"})
+    assert count.json == [{"n": 25}]
+
+
+@pytest.mark.parametrize("value", ["1 OR 1=1; --", "x' OR '1'='1", "3 -- "])
+def test_b3_7_text_placeholder_refuses_sql(server, uniq, value):
+    name = uniq("txt")
+    server.query(name, "SELECT id FROM t WHERE id = {id}", "lite")
+    r = server.get(q(name), params={"id": value})
+    assert r.status == 400 and r.json["code"] == "param_invalid"
+    r = server.post(q(name), {"params": {"id": [1]}})
+    assert r.status == 400
+
+
+def test_b3_7_text_placeholder_valid_value_runs_as_a_bound_value(server, uniq):
+    name = uniq("txtok")
+    server.query(name, "SELECT id FROM t WHERE id = {id}", "lite")
+    assert server.get(q(name) + "?id=4").json == [{"id": 4}]
+    r = server.get(q(name))
+    assert r.status == 400 and r.json["code"] == "param_required"
+
+
+def test_b3_8_declared_int_rule(server, uniq):
+    name = uniq("rule")
+    server.query(name, "SELECT :min_id AS v", "lite",
+                 parameters={"min_id": {"type": "int", "min": 1, "max": 25, "default": 1}})
+    assert server.get(q(name)).json == [{"v": 1}]
+    r = server.get(q(name) + "?min_id=0")
+    assert r.status == 400 and r.json["errors"] == {"min_id": "must be at least 1"}
+    assert server.get(q(name) + "?min_id=abc").json["errors"] == {"min_id": "must be an integer"}
+    assert server.get(q(name) + "?min_id=26").status == 400
+    r = server.get(q(name) + "?min_id=")
+    assert r.json["errors"] == {"min_id": "must be an integer"}
+
+
+def test_b3_9_all_failures_in_one_response(server, uniq):
+    name = uniq("many")
+    server.query(name, "SELECT :a AS a, :b AS b, :c AS c", "lite",
+                 parameters={"a": "int", "b": {"type": "int", "max": 3}, "c": {"type": "str", "required": True}})
+    r = server.get(q(name) + "?a=x&b=9")
+    assert r.status == 400 and r.json["code"] == "param_invalid"
+    assert r.json["errors"] == {"a": "must be an integer", "b": "must be at most 3", "c": "is required"}
+    assert r.json["error"] == "Invalid parameters: a must be an integer; b must be at most 3; c is required"
+
+
+def test_b3_10_only_missing_is_param_required(server, uniq):
+    name = uniq("req")
+    server.query(name, "SELECT :c AS c", "lite", parameters={"c": {"type": "str", "required": True}})
+    r = server.get(q(name))
+    assert r.status == 400 and r.json["code"] == "param_required"
+
+
+def test_b3_11_post_body_value_coerced(server, uniq):
+    name = uniq("post")
+    server.query(name, "SELECT :min_id AS v", "lite", parameters={"min_id": "int"})
+    r = server.post(q(name), {"params": {"min_id": "x"}})
+    assert r.status == 400 and r.json["errors"] == {"min_id": "must be an integer"}
+    assert server.post(q(name), {"params": {"min_id": 7}}).json == [{"v": 7}]
+
+
+@pytest.mark.parametrize("rule,value", [("int", True), ("bool", 1), ("str", 5)])
+def test_b3_12_json_type_confusion_refused(server, uniq, rule, value):
+    name = uniq("conf")
+    server.query(name, "SELECT :p AS p", "lite", parameters={"p": rule})
+    r = server.post(q(name), {"params": {"p": value}})
+    assert r.status == 400 and r.json["code"] == "param_invalid"
+
+
+def test_b3_13_int_out_of_64_bits(server, uniq):
+    name = uniq("big")
+    server.query(name, "SELECT :p AS p", "lite", parameters={"p": "int"})
+    r = server.get(q(name) + "?p=9223372036854775808")
+    assert r.json["errors"] == {"p": "must be a 64-bit integer"}
+
+
+def test_b3_14_paging_headers(server, uniq):
+    name = uniq("page")
+    server.query(name, "SELECT id FROM t ORDER BY id", "lite")
+    r = server.get(q(name) + "?page=3&page_size=10")
+    assert [row["id"] for row in r.json] == [21, 22, 23, 24, 25]
+    assert (r.headers["x-page"], r.headers["x-page-size"], r.headers["x-row-count"], r.headers["x-has-more"]) == \
+        ("3", "10", "5", "false")
+    r = server.get(q(name) + "?page_size=25")
+    assert len(r.json) == 25 and r.headers["x-has-more"] == "false"
+    r = server.get(q(name) + "?page_size=24")
+    assert r.headers["x-has-more"] == "true"
+
+
+def test_b3_15_statement_own_window_is_respected(server, uniq):
+    a, b = uniq("lim"), uniq("limoff")
+    server.query(a, "SELECT id FROM t ORDER BY id LIMIT 2;", "lite")
+    server.query(b, "SELECT id FROM t ORDER BY id LIMIT 3 OFFSET 1", "lite")
+    assert server.get(q(a) + "?page_size=4").json == [{"id": 1}, {"id": 2}]
+    r = server.get(q(b) + "?page_size=4")
+    assert r.json == [{"id": 2}, {"id": 3}, {"id": 4}] and r.headers["x-has-more"] == "false"
+    r = server.get(q(b) + "?page_size=2")
+    assert r.json == [{"id": 2}, {"id": 3}] and r.headers["x-has-more"] == "true"
+    assert server.get(q(b) + "?page=2&page_size=2").json == [{"id": 4}]
+
+
+def test_b3_16_empty_result_is_json_even_for_csv(server, uniq):
+    name = uniq("empty")
+    server.query(name, "SELECT id FROM t WHERE id < 0", "lite")
+    r = server.get(q(name) + "?format=csv")
+    assert r.status == 200 and r.body == b'{"message":"No results returned"}\n'
+    assert r.headers["content-type"] == "application/json"
+    assert r.headers["x-row-count"] == "0" and r.headers["x-has-more"] == "false"
+
+
+def test_b3_17_format_is_case_insensitive(server, uniq):
+    name = uniq("fmt")
+    server.query(name, "SELECT 1 AS id, 'a,b' AS v, 1.0 AS d UNION ALL SELECT 2, NULL, 2.5", "lite")
+    r = server.get(q(name) + "?format=CSV")
+    assert r.body == b'id,v,d\r\n1,"a,b",1.0\r\n2,,2.5\r\n'
+    r = server.get(q(name) + "?format=ndjson")
+    assert r.body == b'{"id": 1, "v": "a,b", "d": 1.0}\n{"id": 2, "v": null, "d": 2.5}\n'
+    assert r.headers["content-type"] == "application/x-ndjson"
+    r = server.get(q(name) + "?format=tsv")
+    assert r.body == b"id\tv\td\r\n1\ta,b\t1.0\r\n2\t\t2.5\r\n"
+    r = server.get(q(name) + "?format=pdf")
+    assert r.status == 400 and r.json["code"] == "invalid_format"
+
+
+def test_b3_18_json_suffix_alias(server, uniq):
+    name = uniq("alias")
+    server.query(name, "SELECT 1 AS v", "lite")
+    assert server.get(q(name) + ".json").json == [{"v": 1}]
+    assert server.get(f"/q/saved_sql/{name}.json").json == [{"v": 1}]
+
+
+def test_b3_19_malformed_json_body(server, uniq):
+    name = uniq("badjson")
+    server.query(name, "SELECT 1 AS v", "lite")
+    r = server.request("POST", q(name), raw=b"{nope", headers={"Content-Type": "application/json"})
+    assert r.status == 400 and r.json == {"error": "Request body is not valid JSON", "code": "invalid_body",
+                                          "request_id": r.headers["x-request-id"]}
+    r = server.request("POST", q(name), raw=b"", headers={"Content-Type": "application/json"})
+    assert r.status == 200 and r.json == [{"v": 1}]
+    r = server.request("POST", q(name), raw=b"[1]", headers={"Content-Type": "application/json"})
+    assert r.status == 400 and r.json["error"] == "Request body must be a JSON object"
+    # A form-encoded POST runs with no parameters.
+    r = server.request("POST", q(name), raw=b"a=1", headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert r.status == 200
+
+
+def test_b3_20_stream_whole_result(server, uniq):
+    name = uniq("stream")
+    server.query(name, "SELECT id FROM t ORDER BY id", "lite")
+    r = server.get(q(name) + "?stream=true&format=csv")
+    lines = r.body.split(b"\r\n")
+    assert r.status == 200 and lines[0] == b"id" and len(lines) == 27 and lines[-1] == b""
+    assert r.headers["content-disposition"] == f'attachment; filename="{name}.csv"'
+    assert "x-page" not in r.headers
+    r = server.get(q(name) + "?stream=true")
+    assert r.status == 400 and r.json["code"] == "invalid_stream" and "csv" in r.json["error"]
+    r = server.get(q(name) + "?stream=true&format=csv&page=2")
+    assert r.status == 400 and r.json["code"] == "invalid_stream"
+
+
+def test_b3_20_stream_empty_result_is_header_only(server, uniq):
+    name = uniq("streamempty")
+    server.query(name, "SELECT id, name FROM t WHERE id < 0", "lite")
+    assert server.get(q(name) + "?stream=1&format=csv").body == b"id,name\r\n"
+    assert server.get(q(name) + "?stream=1&format=ndjson").body == b""
+
+
+def test_b3_21_write_query_returns_200_and_commits(writes_server, uniq):
+    name = uniq("write")
+    writes_server.query(name, "INSERT INTO notes (body) VALUES (:body)", "lite")
+    r = writes_server.post(q(name), {"params": {"body": name}})
+    assert r.status == 200 and r.json == {"message": "No results returned"}
+    check = writes_server.post("/execute_sql", {"sql": "SELECT body FROM notes WHERE body = :b",
+                                                "connection_name": "lite", "params": {"b": name}})
+    assert check.json == [{"body": name}]
+
+
+def test_b3_21_write_query_refused_without_server_flag(server, uniq):
+    name = uniq("write")
+    server.query(name, "INSERT INTO notes (body) VALUES ('x')", "lite")
+    r = server.post(q(name))
+    assert r.status == 403 and r.json["code"] == "read_only"
+
+
+def test_b3_22_timeout_is_not_a_parameter(server, uniq):
+    name = uniq("tmo")
+    server.query(name, "SELECT :id AS id", "lite")
+    assert server.get(q(name) + "?id=4&timeout=5").json == [{"id": "4"}]
+
+
+def test_undeclared_query_string_parameter_binds_as_text(server, uniq):
+    name = uniq("echo")
+    server.query(name, "SELECT :x AS x", "lite")
+    assert server.get(q(name) + "?x=5").json == [{"x": "5"}]
+    assert server.post(q(name), {"params": {"x": None}}).json == [{"x": None}]
+
+
+def test_name_resolution_errors(server, uniq):
+    r = server.get("/q/..%2Fx")
+    assert r.status == 404
+    r = server.get("/q/.hidden")
+    assert r.status == 403 and r.json["code"] == "forbidden"
+    r = server.get(q(uniq("missing")))
+    assert r.status == 404 and r.json["code"] == "query_not_found"
+
+
+def test_connection_required_and_forbidden(server, uniq):
+    name, other = uniq("noconn"), uniq("granted")
+    server.query(name, "SELECT 1 AS v", None)
+    r = server.get(q(name))
+    assert r.status == 400 and r.json["code"] == "connection_required"
+    assert server.get(q(name) + "?connection_name=lite").json == [{"v": 1}]
+    key = server.key(uniq("k"), connections=[], queries=[name, other])
+    r = server.get(q(name) + "?connection_name=lite", key=key)
+    assert r.status == 403 and r.json["code"] == "connection_forbidden" and "'lite'" in r.json["error"]
+
+
+def test_paging_validation(server, uniq):
+    name = uniq("pv")
+    server.query(name, "SELECT id FROM t", "lite")
+    for query, code in [("page=abc", "invalid_request"), ("page=0", "invalid_paging"),
+                        ("page_size=-1", "invalid_paging"), ("page_size=100000", "invalid_paging"),
+                        ("version=x", "invalid_request"), ("timeout=nan", "invalid_timeout"),
+                        ("timeout=0", "invalid_timeout"), ("timeout=inf", "invalid_timeout")]:
+        r = server.get(q(name) + "?" + query)
+        assert r.status == 400 and r.json["code"] == code, (query, r)
+
+
+def test_value_conversions_in_json(server, uniq):
+    name = uniq("types")
+    server.query(name, "SELECT i, f, s, b, n FROM types", "lite")
+    r = server.get(q(name))
+    assert r.body == b'[{"i":42,"f":2.5,"s":"h\\u00e9llo \\"q\\", ok","b":"abc","n":null}]\n'
+
+
+def test_duplicate_column_names_made_unique(server, uniq):
+    name = uniq("dup")
+    server.query(name, "SELECT a.id, b.id FROM t a JOIN t b ON b.id = a.id + 1 WHERE a.id = 1", "lite")
+    assert server.get(q(name)).json == [{"id": 1, "id_2": 2}]
+
+
+def test_query_timeout_504_then_next_call_works(server, uniq):
+    slow = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT max(x) FROM c")
+    r = server.post("/execute_sql?timeout=0.5", {"sql": slow, "connection_name": "lite"})
+    assert r.status == 504 and r.json["code"] == "query_timeout" and "time limit" in r.json["error"]
+    assert r.json["timeout"] == 0.5
+    assert server.post("/execute_sql", {"sql": "SELECT 1 AS v", "connection_name": "lite"}).json == [{"v": 1}]
+
+
+def test_scoped_key_gets_no_driver_detail_on_q(server, uniq):
+    name = uniq("bad")
+    server.query(name, "SELECT nope FROM t", "lite")
+    key = server.key(uniq("k"), queries=[name], connections=[])
+    r = server.get(q(name), key=key)
+    assert r.status == 500 and r.json["code"] == "query_failed" and "detail" not in r.json
+    r = server.get(q(name))
+    assert "no such column" in r.json["detail"]

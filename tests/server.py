@@ -1,0 +1,159 @@
+"""A real `qag serve` (gunicorn, several workers) on an ephemeral port, and a small HTTP client for it."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from urllib.parse import quote, urlencode
+
+ADMIN_KEY = "test-admin-key-0123456789"
+_LISTENING = re.compile(r"Listening at: http://([\d.]+):(\d+)")
+
+
+class Reply:
+    """One HTTP response: status, headers (lower-case names), raw body, and the body as JSON."""
+
+    def __init__(self, status: int, headers: list[tuple[str, str]], body: bytes):
+        self.status = status
+        self.header_list = headers
+        self.headers = {k.lower(): v for k, v in headers}
+        self.body = body
+
+    @property
+    def json(self):
+        return json.loads(self.body)
+
+    def __repr__(self) -> str:
+        return f"<Reply {self.status} {self.body[:200]!r}>"
+
+
+class Server:
+    """A gunicorn master with its workers, started from the installed `qag` code with its own home."""
+
+    def __init__(self, env: dict[str, str] | None = None, workers: int = 2, threads: int = 4,
+                 admin_key: str | None = ADMIN_KEY, host: str = "127.0.0.1"):
+        self.home = tempfile.mkdtemp(prefix="qag-test-")
+        self.admin_key = admin_key
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith(("QAG_", "QUERYAPIGATE_"))}
+        full_env.update({"QAG_HOME": self.home, "QAG_BIND": f"{host}:0", "QAG_WORKERS": str(workers),
+                         "QAG_THREADS": str(threads), "QAG_ACCESS_LOG": "off"})
+        if "QAG_SPEEDUPS" in os.environ:
+            full_env["QAG_SPEEDUPS"] = os.environ["QAG_SPEEDUPS"]
+        if admin_key is not None:
+            full_env["QAG_API_KEY"] = admin_key
+        full_env.update(env or {})
+        self.log: list[str] = []
+        self.proc = subprocess.Popen([sys.executable, "-m", "qag", "serve"], env=full_env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, cwd=self.home)
+        self.host, self.port = self._wait_listening(deadline=time.monotonic() + 30)
+        self._wait_healthy(deadline=time.monotonic() + 30)
+
+    def _wait_listening(self, deadline: float) -> tuple[str, int]:
+        found: list[tuple[str, int]] = []
+        ready = threading.Event()
+
+        def pump():
+            for line in self.proc.stdout:
+                self.log.append(line)
+                m = _LISTENING.search(line)
+                if m and not found:
+                    found.append((m.group(1), int(m.group(2))))
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        ready.wait(max(0.0, deadline - time.monotonic()))
+        if not found:
+            self.stop()
+            raise RuntimeError("qag serve did not start:\n" + "".join(self.log))
+        return found[0]
+
+    def _wait_healthy(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            try:
+                if self.get("/health").status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("qag serve never answered /health:\n" + "".join(self.log))
+
+    def stop(self) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    # --- HTTP ----------------------------------------------------------------------------------------------
+    def request(self, method: str, path: str, *, body=None, raw: bytes | None = None, key: str | None = "admin",
+                headers: dict[str, str] | None = None, params: dict | None = None, host: str | None = None) -> Reply:
+        all_headers = dict(headers or {})
+        if key == "admin":
+            key = self.admin_key
+        if key is not None:
+            all_headers["X-API-Key"] = key
+        data = raw
+        if body is not None:
+            data = json.dumps(body).encode()
+            all_headers.setdefault("Content-Type", "application/json")
+        if params:
+            path += ("&" if "?" in path else "?") + urlencode(params)
+        conn = http.client.HTTPConnection(host or self.host, self.port, timeout=30)
+        try:
+            conn.request(method, path, body=data, headers=all_headers)
+            response = conn.getresponse()
+            return Reply(response.status, response.getheaders(), response.read())
+        finally:
+            conn.close()
+
+    def get(self, path: str, **kw) -> Reply:
+        return self.request("GET", path, **kw)
+
+    def post(self, path: str, body=None, **kw) -> Reply:
+        return self.request("POST", path, body=body, **kw)
+
+    # --- fixtures of data ----------------------------------------------------------------------------------
+    def sqlite_db(self, name: str, script: str) -> str:
+        """Create a SQLite file in the home (relative path returned) from a SQL script."""
+        path = os.path.join(self.home, name)
+        conn = sqlite3.connect(path)
+        conn.executescript(script)
+        conn.commit()
+        conn.close()
+        return name
+
+    def connection(self, name: str, database: str, **extra) -> Reply:
+        reply = self.post("/api/v1/connections", {"name": name, "db": "sqlite", "database": database, **extra})
+        assert reply.status == 201, reply
+        return reply
+
+    def query(self, name: str, sql: str, connection: str | None, publish: bool = True, **extra) -> Reply:
+        body = {"name": name, "description": f"test query {name}", "sql": sql, "publish": publish, **extra}
+        if connection is not None:
+            body["connection_name"] = connection
+        reply = self.post("/api/v1/queries", body)
+        assert reply.status == 201, reply
+        return reply
+
+    def key(self, name: str, **grants) -> str:
+        reply = self.post("/api/v1/api-keys", {"name": name, **grants})
+        assert reply.status == 201, reply
+        return reply.json["secret"]
+
+
+def q(name: str) -> str:
+    return "/q/" + quote(name)

@@ -1,0 +1,55 @@
+"""Fixtures that run each speedups test against the pure and the compiled twin."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from types import ModuleType
+
+import pytest
+
+from qag import _speedups
+
+# Under QAG_SPEEDUPS=require a missing compiled twin is a failure, not a skip: CI builds it.
+REQUIRE = os.environ.get("QAG_SPEEDUPS", "").strip().lower() == "require"
+
+
+def compiled_or_skip(name: str) -> ModuleType:
+    """The compiled twin of `name`; skips the test when it is not built (fails under QAG_SPEEDUPS=require)."""
+    try:
+        return _speedups.twin(name, "compiled")
+    except ImportError as exc:
+        reason = (f"compiled twin qag._speedups._{name} is not built ({exc}); "
+                  "build it with `pip install -e .` or `python -m build_backend inplace`")
+        if REQUIRE:
+            pytest.fail(f"QAG_SPEEDUPS=require: {reason}")
+        pytest.skip(reason)
+
+
+class Twins:
+    """The speedups modules of one kind: `twins.rowjson` is that kind's rowjson."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def __getattr__(self, name: str) -> ModuleType:
+        if name not in _speedups.MODULES:
+            raise AttributeError(name)
+        return _speedups.twin(name, "pure") if self.kind == "pure" else compiled_or_skip(name)
+
+    def __repr__(self) -> str:
+        return f"<{self.kind} twins>"
+
+
+@pytest.fixture(params=["pure", "compiled"])
+def speedups(request) -> Twins:
+    """Each test using it runs once with the pure twins and once with the compiled ones."""
+    return Twins(request.param)
+
+
+@pytest.fixture(scope="session")
+def twin_pair() -> Callable[[str], tuple[ModuleType, ModuleType]]:
+    """pair(name) -> (pure, compiled) for differential tests; skips or fails like `speedups`."""
+    def pair(name: str) -> tuple[ModuleType, ModuleType]:
+        return _speedups.twin(name, "pure"), compiled_or_skip(name)
+    return pair

@@ -1,0 +1,119 @@
+"""The SQL guard: corpus verdicts per dialect (tests/cases/guard) and the refusals of contract 4.3."""
+
+from pathlib import Path
+
+import pytest
+
+from qag.errors import QagError
+from qag.policy.guard import check
+from qag.sql.prepare import prepare
+
+CASES = Path(__file__).resolve().parents[1] / "cases" / "guard"
+DIALECTS = ("sqlite", "mysql", "postgres")
+READ_ONLY_DELETE = ("Only read-only statements (SELECT, WITH, SHOW, DESCRIBE, EXPLAIN) are allowed - not one that "
+                    "writes (delete). Set QUERYAPIGATE_ALLOW_WRITES=1 to lift this restriction.")
+
+
+def load_cases():
+    cases = []
+    for dialect in DIALECTS:
+        for name in ("common", dialect):
+            path = CASES / f"{name}.tsv"
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if not line.strip() or line.startswith("#"):
+                    continue
+                verdict, sql = line.split("\t", 1)
+                cases.append(pytest.param(dialect, verdict, sql.replace("↵", "\n"), id=f"{dialect}-{name}:{n}"))
+    return cases
+
+
+def refusal(prepared, **kw):
+    with pytest.raises(QagError) as info:
+        check(prepared, **kw)
+    return info.value
+
+
+def test_corpus_is_substantial():
+    assert len(load_cases()) > 250
+
+
+@pytest.mark.parametrize("dialect,verdict,sql", load_cases())
+def test_corpus(dialect, verdict, sql):
+    p = prepare(sql, dialect)
+    if verdict == "ok":
+        assert not p.multiple and p.unreadable is None and p.write_ops == frozenset()
+        check(p, writes_allowed=False, allowed_write_ops=None)
+        check(p, writes_allowed=True, allowed_write_ops=frozenset())
+    elif verdict == "multiple":
+        assert p.multiple
+        for writes in (False, True):
+            err = refusal(p, writes_allowed=writes, allowed_write_ops=None)
+            assert (err.code, err.status) == ("multiple_statements", 400)
+            assert err.message == "Only a single SQL statement can be executed at a time"
+    elif verdict == "unreadable":
+        assert not p.multiple and p.unreadable and p.write_ops
+        err = refusal(p, writes_allowed=False, allowed_write_ops=None)
+        assert (err.code, err.status) == ("read_only", 403)
+        # Writes allowed, even without restrictions: still never run.
+        err = refusal(p, writes_allowed=True, allowed_write_ops=None)
+        assert (err.code, err.status) == ("invalid_request", 400)
+    else:
+        assert verdict.startswith("write:")
+        expected = frozenset(verdict[len("write:"):].split(","))
+        assert not p.multiple and p.unreadable is None
+        assert p.write_ops == expected
+        err = refusal(p, writes_allowed=False, allowed_write_ops=None)
+        assert (err.code, err.status) == ("read_only", 403)
+        check(p, writes_allowed=True, allowed_write_ops=None)
+        check(p, writes_allowed=True, allowed_write_ops=expected)
+        for op in expected:
+            err = refusal(p, writes_allowed=True, allowed_write_ops=expected - {op})
+            assert (err.code, err.status) == ("write_op_not_allowed", 403)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_b4_1_messages(dialect):
+    err = refusal(prepare("DELETE FROM t", dialect), writes_allowed=False, allowed_write_ops=None)
+    assert err.message == READ_ONLY_DELETE
+    err = refusal(prepare("SELECT 1 /*! DROP TABLE t */", dialect), writes_allowed=False, allowed_write_ops=None)
+    assert "not one that writes (an executable comment)." in err.message
+    err = refusal(prepare("DELETE FROM t /*! WHERE 1 */", dialect), writes_allowed=False, allowed_write_ops=None)
+    assert "(an executable comment)" in err.message
+    err = refusal(prepare("WITH a AS (INSERT INTO t VALUES (1) RETURNING id) UPDATE u SET x = 1", dialect),
+                  writes_allowed=False, allowed_write_ops=None)
+    assert "not one that writes (insert, update)." in err.message
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_b4_6_allowed_write_ops(dialect):
+    allowed = frozenset({"insert", "update"})
+    check(prepare("INSERT INTO t VALUES (1)", dialect), writes_allowed=True, allowed_write_ops=allowed)
+    check(prepare("SELECT * FROM t", dialect), writes_allowed=True, allowed_write_ops=frozenset())
+    err = refusal(prepare("DELETE FROM t", dialect), writes_allowed=True, allowed_write_ops=allowed)
+    assert err.code == "write_op_not_allowed"
+    assert err.message == "This API key may only perform these write operations: insert, update."
+    # Upper-case grants still match the lower-case operation.
+    check(prepare("insert into t values (1)", dialect), writes_allowed=True, allowed_write_ops=frozenset({"INSERT"}))
+    # A hidden write (a writable CTE) counts.
+    err = refusal(prepare("WITH d AS (DELETE FROM t RETURNING *) SELECT * FROM d", dialect),
+                  writes_allowed=True, allowed_write_ops=allowed)
+    assert err.code == "write_op_not_allowed"
+    err = refusal(prepare("DELETE FROM t", dialect), writes_allowed=True, allowed_write_ops=frozenset())
+    assert err.message == "This API key may not perform write operations."
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_check_order(dialect):
+    # Several statements win over read-only, read-only over allowed write ops.
+    err = refusal(prepare("DELETE FROM t; DELETE FROM u", dialect), writes_allowed=False, allowed_write_ops=None)
+    assert err.code == "multiple_statements"
+    err = refusal(prepare("DELETE FROM t", dialect), writes_allowed=False, allowed_write_ops=frozenset({"insert"}))
+    assert err.code == "read_only"
+    err = refusal(prepare("SELECT 'abc; DELETE FROM t", dialect), writes_allowed=False, allowed_write_ops=None)
+    assert err.code == "read_only" and "unterminated string literal" in err.message
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_b4_4_writes_allowed_runs_writes(dialect):
+    check(prepare("INSERT INTO t VALUES (1)", dialect), writes_allowed=True, allowed_write_ops=None)
+    check(prepare("EXPLAIN ANALYZE DELETE FROM t", dialect), writes_allowed=True, allowed_write_ops=None)

@@ -1,0 +1,168 @@
+"""The tokenizer reads SQL as each engine does: literals, identifiers, comments, placeholders."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qag.sql import lexer
+from qag.sql.lexer import (BAD, COMMENT, NUMBER, PARAM, PUNCT, QIDENT, SEMI, STRING, TEXT, WORD, WS, XCOMMENT,
+                           tokenize)
+
+DIALECTS = ("sqlite", "mysql", "postgres")
+
+
+def kinds(sql, dialect, **kw):
+    """(kind, text) of every token that isn't whitespace."""
+    return [(t.kind, sql[t.start:t.end]) for t in tokenize(sql, dialect, **kw) if t.kind != WS]
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_single_quoted_strings_with_doubled_quotes(dialect):
+    sql = "SELECT 'it''s; here', ''"
+    assert kinds(sql, dialect) == [(WORD, "SELECT"), (STRING, "'it''s; here'"), (PUNCT, ","), (STRING, "''")]
+
+
+def test_backslash_escapes_only_in_mysql():
+    sql = r"SELECT 'a\'b' x"
+    assert kinds(sql, "mysql") == [(WORD, "SELECT"), (STRING, r"'a\'b'"), (WORD, "x")]
+    # PostgreSQL (standard_conforming_strings) and SQLite end the literal at the quote after the backslash.
+    for dialect in ("postgres", "sqlite"):
+        assert kinds(sql, dialect) == [(WORD, "SELECT"), (STRING, r"'a\'"), (WORD, "b"), (BAD, "' x")]
+
+
+def test_backslash_reading_can_be_overridden():
+    sql = r"SELECT 'a\' ; x"
+    assert [k for k, _ in kinds(sql, "mysql", backslash_single=False)] == [WORD, STRING, SEMI, WORD]
+    assert [k for k, _ in kinds(sql, "postgres", backslash_single=True)] == [WORD, BAD]
+
+
+def test_double_quotes_are_strings_in_mysql_identifiers_elsewhere():
+    sql = 'SELECT "a\\"b" FROM t'
+    assert kinds(sql, "mysql")[1] == (STRING, '"a\\"b"')
+    assert kinds(sql, "mysql", backslash_double=False)[1] == (STRING, '"a\\"')
+    assert kinds('SELECT "a""b" FROM t', "postgres")[1] == (QIDENT, '"a""b"')
+    assert kinds('SELECT "a""b" FROM t', "sqlite")[1] == (QIDENT, '"a""b"')
+
+
+def test_backticks_and_brackets():
+    assert kinds("SELECT `a``b`", "mysql")[1] == (QIDENT, "`a``b`")
+    assert kinds("SELECT `a`", "sqlite")[1] == (QIDENT, "`a`")
+    assert kinds("SELECT [a;b]", "sqlite")[1] == (QIDENT, "[a;b]")
+    # PostgreSQL arrays: brackets are punctuation there.
+    assert kinds("SELECT a[1]", "postgres") == [(WORD, "SELECT"), (WORD, "a"), (PUNCT, "["), (NUMBER, "1"),
+                                               (PUNCT, "]")]
+
+
+def test_postgres_escape_and_dollar_strings():
+    assert kinds(r"SELECT E'it\'s'", "postgres")[1] == (STRING, r"E'it\'s'")
+    assert kinds(r"SELECT e'\\'", "postgres")[1] == (STRING, r"e'\\'")
+    assert kinds("SELECT $$a;'b$$", "postgres")[1] == (STRING, "$$a;'b$$")
+    assert kinds("SELECT $tag$ $$ ; $tag$", "postgres")[1] == (STRING, "$tag$ $$ ; $tag$")
+    assert kinds("SELECT $1", "postgres")[1:] == [(PUNCT, "$"), (NUMBER, "1")]
+    # A word containing $ is an identifier, not the start of a dollar quote.
+    assert kinds("SELECT a$b$ FROM t", "postgres")[1] == (WORD, "a$b$")
+    # E'' is PostgreSQL only; elsewhere E is a word.
+    assert kinds("SELECT E'x'", "sqlite")[1:] == [(WORD, "E"), (STRING, "'x'")]
+
+
+def test_unterminated_dollar_string():
+    assert kinds("SELECT $$abc", "postgres")[-1] == (BAD, "$$abc")
+    assert kinds("SELECT $a$ abc $b$", "postgres")[-1][0] == BAD
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_line_comments(dialect):
+    assert kinds("SELECT 1 -- x;\nFROM", dialect) == [(WORD, "SELECT"), (NUMBER, "1"), (COMMENT, "-- x;"),
+                                                       (WORD, "FROM")]
+    assert kinds("SELECT 1 --", dialect)[-1] == (COMMENT, "--")
+
+
+def test_mysql_double_dash_needs_whitespace():
+    assert kinds("SELECT 5--1", "mysql") == [(WORD, "SELECT"), (NUMBER, "5"), (PUNCT, "-"), (PUNCT, "-"),
+                                            (NUMBER, "1")]
+    assert kinds("SELECT 1 --x;", "mysql")[-1] == (SEMI, ";")
+    assert kinds("SELECT 1 --\tx;", "mysql")[-1] == (COMMENT, "--\tx;")
+    assert kinds("SELECT 1 --\x01x", "mysql")[-1][0] == COMMENT
+    for dialect in ("postgres", "sqlite"):
+        assert kinds("SELECT 1 --x;", dialect)[-1] == (COMMENT, "--x;")
+
+
+def test_hash_comments_mysql_only():
+    assert kinds("SELECT 1 # x;\n", "mysql")[-1] == (COMMENT, "# x;")
+    assert (PUNCT, "#") in kinds("SELECT 1 # x", "postgres")
+
+
+def test_block_comments_nest_only_in_postgres():
+    sql = "SELECT /* a /* b */ c */ 1"
+    assert kinds(sql, "postgres") == [(WORD, "SELECT"), (COMMENT, "/* a /* b */ c */"), (NUMBER, "1")]
+    assert kinds(sql, "mysql")[1:3] == [(COMMENT, "/* a /* b */"), (WORD, "c")]
+    assert kinds("SELECT /* a /* b */", "postgres")[-1][0] == BAD
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_executable_comments_are_marked(dialect):
+    assert kinds("SELECT 1 /*! DROP TABLE t */", dialect)[-1] == (XCOMMENT, "/*! DROP TABLE t */")
+    assert kinds("SELECT /*M!100101 1 */ 1", dialect)[1] == (XCOMMENT, "/*M!100101 1 */")
+    assert kinds("SELECT /*+ hint */ 1", dialect)[1] == (COMMENT, "/*+ hint */")
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_bound_placeholders(dialect):
+    toks = [t for t in tokenize("SELECT :a, :_b1, x::c, ':d', /* :e */ :f_g", dialect) if t.kind == PARAM]
+    assert [t.value for t in toks] == ["a", "_b1", "f_g"]
+    assert [t.value for t in tokenize("SELECT :1, :=, a:::b", dialect) if t.kind == PARAM] == []
+    assert [t.value for t in tokenize("SELECT :née", dialect) if t.kind == PARAM] == ["née"]
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_text_placeholders(dialect):
+    assert kinds("SELECT {a}, { b }, {1}", dialect) == [
+        (WORD, "SELECT"), (TEXT, "{a}"), (PUNCT, ","), (PUNCT, "{"), (WORD, "b"), (PUNCT, "}"), (PUNCT, ","),
+        (PUNCT, "{"), (NUMBER, "1"), (PUNCT, "}")]
+    assert [k for k, _ in kinds("SELECT {a}", dialect, text_placeholders=False)] == [WORD, PUNCT, WORD, PUNCT]
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_words_numbers_and_semicolons(dialect):
+    assert kinds("select 1.5e3, .5, 1abc; Über", dialect) == [
+        (WORD, "select"), (NUMBER, "1.5e3"), (PUNCT, ","), (NUMBER, ".5"), (PUNCT, ","), (NUMBER, "1abc"),
+        (SEMI, ";"), (WORD, "Über")]
+    assert tokenize("SELECT", dialect)[0].value == "select"
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_leading_bom_is_whitespace(dialect):
+    toks = tokenize("\ufeffSELECT 1", dialect)
+    assert toks[0] == lexer.Token(WS, 0, 1, "\ufeff")
+    assert toks[1].value == "select"
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("sql,what", [
+    ("SELECT 'abc", "string literal"),
+    ("SELECT 1 /* abc", "comment"),
+    ('SELECT "abc', None),
+])
+def test_unterminated_runs_to_the_end(dialect, sql, what):
+    toks = tokenize(sql, dialect)
+    assert toks[-1].kind == BAD and toks[-1].end == len(sql)
+    if what:
+        assert toks[-1].value == what
+
+
+def test_unknown_dialect():
+    with pytest.raises(ValueError):
+        tokenize("SELECT 1", "oracle")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("ab :;'\"`[]$-#/*!{}\\\n(),.0é\ufeffEM")), max_size=40),
+       st.sampled_from(DIALECTS))
+def test_tokens_cover_the_input(sql, dialect):
+    toks = tokenize(sql, dialect)
+    pos = 0
+    for t in toks:
+        assert t.start == pos and t.end > t.start
+        pos = t.end
+    assert pos == len(sql)
+    assert all(t.kind != BAD for t in toks[:-1])
