@@ -328,3 +328,88 @@ def test_scoped_key_gets_no_driver_detail_on_q(server, uniq):
     assert r.status == 500 and r.json["code"] == "query_failed" and "detail" not in r.json
     r = server.get(q(name))
     assert "no such column" in r.json["detail"]
+
+
+def test_b6_1_query_grant_without_connection_grant(server, uniq):
+    granted, other = uniq("monthly"), uniq("internal")
+    server.query(granted, "SELECT 1 AS v", "lite")
+    server.query(other, "SELECT 2 AS v", "lite")
+    key = server.key(uniq("k"), connections=[], queries=[granted])
+    assert server.get(q(granted), key=key).status == 200
+    r = server.get(q(other), key=key)
+    assert r.status == 403 and r.json["code"] == "connection_forbidden"
+    assert server.post("/execute_sql", {"sql": "SELECT 1", "connection_name": "lite"}, key=key).status == 403
+
+
+def test_b6_2_collection_grant_covers_only_the_saved_connection(server, uniq):
+    name, conn2 = uniq("coll"), uniq("c")
+    collection = "c-" + name.lower().replace("_", "-")
+    server.connection(conn2, "lite.db")
+    server.query(name, "SELECT 1 AS v", "lite", collection=collection)
+    key = server.key(uniq("k"), connections=[], collections=[collection])
+    assert server.get(q(name), key=key).status == 200
+    assert server.get(q(name) + "?connection_name=lite", key=key).status == 200
+    r = server.get(q(name) + f"?connection_name={conn2}", key=key)
+    assert r.status == 403 and conn2 in r.json["error"]
+
+
+def test_b6_3_queries_star_never_adhoc_never_writes(writes_server, uniq):
+    read, write = uniq("r"), uniq("w")
+    writes_server.query(read, "SELECT 1 AS v", "lite")
+    writes_server.query(write, "INSERT INTO notes (body) VALUES ('star')", "lite")
+    key = writes_server.key(uniq("k"), connections=[], queries="*")
+    assert writes_server.get(q(read), key=key).status == 200
+    assert writes_server.post(q(write), key=key).json["code"] == "read_only"
+    assert writes_server.post("/execute_sql", {"sql": "SELECT 1", "connection_name": "lite"}, key=key).status == 403
+
+
+def test_b6_4_write_curated_query_grant(writes_server, server, uniq):
+    name = uniq("submit")
+    writes_server.query(name, "INSERT INTO notes (body) VALUES (:b)", "lite")
+    curated = writes_server.key(uniq("k"), connections=[], allow_writes=False,
+                                queries=[{"name": name, "allow_writes": True}])
+    plain = writes_server.key(uniq("k"), connections=[], queries=[name])
+    assert writes_server.post(q(name), {"params": {"b": "ok"}}, key=curated).status == 200
+    assert writes_server.post(q(name), {"params": {"b": "no"}}, key=plain).json["code"] == "read_only"
+    # The same grant on a server whose writes are off is refused.
+    server.query(name, "INSERT INTO notes (body) VALUES (:b)", "lite")
+    key = server.key(uniq("k"), connections=[], queries=[{"name": name, "allow_writes": True}])
+    assert server.post(q(name), {"params": {"b": "x"}}, key=key).json["code"] == "read_only"
+
+
+def test_key_limits_narrow_the_call(server, uniq):
+    name = uniq("lim")
+    server.query(name, "SELECT id FROM t ORDER BY id", "lite")
+    key = server.key(uniq("k"), queries=[name], max_rows=7)
+    r = server.get(q(name) + "?page_size=20", key=key)
+    assert len(r.json) == 7 and r.headers["x-page-size"] == "7"
+    assert server.get(q(name) + "?page=2&page_size=20", key=key).json[0] == {"id": 8}
+
+
+def test_governance_not_yet_enforced_fails_closed(server, uniq):
+    name = uniq("gov")
+    server.query(name, "SELECT id FROM t", "lite")
+    tables = server.key(uniq("k"), queries=[name], allowed_tables=["t"])
+    r = server.get(q(name), key=tables)
+    assert r.status == 403 and r.json["code"] == "table_check_failed"
+    masked = server.key(uniq("k"), queries=[name], mask=[{"column": "t.name", "action": "hash"}])
+    r = server.get(q(name), key=masked)
+    assert r.status == 403 and r.json["code"] == "mask_unresolvable"
+
+
+def test_graceful_shutdown_finishes_in_flight_calls(make_server):
+    import threading
+    s = make_server()
+    slow = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT max(x) FROM c"
+    result = {}
+
+    def call():
+        result["reply"] = s.post("/execute_sql?timeout=1.5", {"sql": slow, "connection_name": "lite"})
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    import time
+    time.sleep(0.5)
+    assert s.stop() == 0
+    caller.join(10)
+    assert result["reply"].status == 504
