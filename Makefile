@@ -32,9 +32,10 @@ $(STAMP): $(SOURCES)
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@
 
+# This platform's wheel, compiled or failed: never a silently pure one.
 wheel: system-deps $(STAMP)
 	rm -rf dist
-	QAG_BUILD_SPEEDUPS=require $(BIN)/python -m build --wheel
+	$(BIN)/python -m pip wheel -q --no-deps -w dist -C speedups=require .
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info qag/_speedups/*.so qag/_speedups/*.c

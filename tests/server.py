@@ -157,3 +157,36 @@ class Server:
 
 def q(name: str) -> str:
     return "/q/" + quote(name)
+
+
+def check_demo(command: list[str], home: str) -> None:
+    """Run `<command> demo`, read the banner, and prove its three curl lines return rows; then stop it."""
+    import urllib.request
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("QAG_", "QUERYAPIGATE_"))}
+    env.update({"QAG_WORKERS": "2", "QAG_ACCESS_LOG": "off"})
+    proc = subprocess.Popen([*command, "demo", "--home", home, "--bind", "127.0.0.1:0"], env=env,
+                            stderr=subprocess.PIPE, text=True, cwd=os.path.dirname(home))
+    lines: list[str] = []
+    try:
+        port = None
+        deadline = time.monotonic() + 120
+        while port is None and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            m = _LISTENING.search(line)
+            port = m.group(2) if m else None
+        text = "".join(lines)
+        assert port, text
+        curls = re.findall(r"curl -s -H 'X-API-Key: ([^']+)' '([^']+)'", text)
+        assert len(curls) == 3, text
+        for key, url in curls:
+            # The banner prints the bind address as given; port 0 means "the one gunicorn picked".
+            url = url.replace("127.0.0.1:0", f"127.0.0.1:{port}")
+            with urllib.request.urlopen(urllib.request.Request(url, headers={"X-API-Key": key}), timeout=30) as r:
+                body = r.read()
+            assert r.status == 200 and len(body) > 20 and b"No results" not in body, (url, body)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)

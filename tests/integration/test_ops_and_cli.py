@@ -11,7 +11,7 @@ import tempfile
 import pytest
 
 from qag import __version__
-from tests.server import q
+from tests.server import check_demo, q
 
 pytestmark = pytest.mark.e2e
 
@@ -130,41 +130,4 @@ def test_cli_help_everywhere():
 
 def test_demo_serves_and_printed_curl_lines_work(tmp_path):
     """`qag demo` prepares its home, prints keys and curl lines, and those lines return rows."""
-    import re
-    import signal
-    import time
-    import urllib.request
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("QAG_", "QUERYAPIGATE_"))}
-    env.update({"QAG_WORKERS": "2", "QAG_ACCESS_LOG": "off"})
-    proc = subprocess.Popen([sys.executable, "-m", "qag", "demo", "--home", str(tmp_path / "demo"),
-                             "--bind", "127.0.0.1:0"], env=env, stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    try:
-        deadline = time.monotonic() + 120
-        port = None
-        while time.monotonic() < deadline and port is None:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            lines.append(line)
-            m = re.search(r"Listening at: http://127\.0\.0\.1:(\d+)", line)
-            port = m.group(1) if m else None
-        assert port, "".join(lines)
-        text = "".join(lines)
-        curls = re.findall(r"curl -s -H 'X-API-Key: ([^']+)' '([^']+)'", text)
-        assert len(curls) == 3, text
-        for key, url in curls:
-            url = url.replace("127.0.0.1:0", f"127.0.0.1:{port}")
-            for _ in range(100):
-                try:
-                    with urllib.request.urlopen(urllib.request.Request(url, headers={"X-API-Key": key})) as r:
-                        body = r.read()
-                        assert r.status == 200 and len(body) > 20 and b"No results" not in body
-                        break
-                except OSError:
-                    time.sleep(0.1)
-            else:
-                raise AssertionError(f"{url} never answered")
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+    check_demo([sys.executable, "-m", "qag"], str(tmp_path / "demo"))

@@ -1,0 +1,43 @@
+"""The release path: sdist → wheel built from it → clean virtual environment → a working `qag` with compiled code."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import venv
+
+import pytest
+
+from tests.server import check_demo
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run(*args, **kw):
+    result = subprocess.run(args, capture_output=True, text=True, timeout=600, **kw)
+    assert result.returncode == 0, f"{args}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+@pytest.mark.e2e
+def test_wheel_from_sdist_installs_and_runs_compiled(tmp_path):
+    dist = tmp_path / "dist"
+    # python -m build makes the sdist, then builds the wheel from that sdist (not from the tree).
+    run(sys.executable, "-m", "build", "--outdir", str(dist), "-C", "speedups=require", ROOT)
+    wheel = glob.glob(str(dist / "qag-*.whl"))
+    assert len(wheel) == 1 and "none-any" not in wheel[0], wheel
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    python = str(env_dir / "bin" / "python")
+    run(python, "-m", "pip", "install", "-q", wheel[0])
+    clean_env = {k: v for k, v in os.environ.items() if not k.startswith(("QAG_", "QUERYAPIGATE_", "PYTHON"))}
+    version = run(str(env_dir / "bin" / "qag"), "version", env={**clean_env, "QAG_SPEEDUPS": "require"},
+                  cwd=str(tmp_path))
+    assert "rowjson=compiled" in version.stdout
+    # The installed package, not the source tree, answered.
+    where = run(python, "-c", "import qag, qag._speedups._rowjson as r; print(qag.__file__, r.__file__)",
+                cwd=str(tmp_path), env=clean_env)
+    assert str(env_dir) in where.stdout and ".so" in where.stdout
+    check_demo([str(env_dir / "bin" / "qag")], str(tmp_path / "demo"))
