@@ -1,0 +1,66 @@
+"""CPU per call of the WSGI app in-process (no HTTP server): python -m benchmarks.wsgi_call.
+
+Builds the demo home once (in a temporary folder unless --home is given), then times saved-query calls
+through `Gateway.__call__` with the pure and the compiled twins in interleaved rounds, and prints the median
+process CPU per call with its min–max range. It measures qag's own work per call — parsing, auth, store
+reads, checks, the SQLite call, encoding — not gunicorn's HTTP handling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import tempfile
+import time
+
+from qag import _speedups, demo
+from qag.app import create_app
+from qag.cli import _Admin
+from qag.settings import load
+
+CALLS = {
+    "customer (1 row, scoped key)": ("/q/customer", lambda i: f"id={i % 5000 + 1}", "scoped_key"),
+    "orders_by_status (page of 100)": ("/q/orders_by_status", lambda i: f"status=paid&page_size=100&page={i % 20 + 1}",
+                                       "admin_key"),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--home", help="demo home to use (default: a fresh temporary one)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=2000, help="calls per round and twin")
+    args = parser.parse_args()
+    home = args.home or tempfile.mkdtemp(prefix="qag-bench-")
+    keys = demo.prepare_home(home, False, _Admin(load({"QAG_HOME": home})).call)
+    app = create_app(load({"QAG_HOME": home, "QAG_API_KEY": keys["admin_key"]}))
+    twins = ["pure"] + (["compiled"] if "rowjson" not in _speedups.fallbacks() else [])
+
+    def call(path: str, query: str, key: str) -> None:
+        environ = {"REQUEST_METHOD": "GET", "PATH_INFO": path, "QUERY_STRING": query, "REMOTE_ADDR": "127.0.0.1",
+                   "RAW_URI": f"{path}?{query}", "wsgi.input": io.BytesIO(b""), "HTTP_X_API_KEY": key}
+        status = []
+        b"".join(app(environ, lambda s, h: status.append(s)))
+        assert status[0].startswith("200"), status
+
+    print(f"qag in-process CPU per call, µs: median [min–max] of {args.rounds} interleaved rounds "
+          f"x {args.calls} calls (home {home})")
+    for label, (path, make_query, key_name) in CALLS.items():
+        results: dict[str, list[float]] = {t: [] for t in twins}
+        for r in range(args.rounds):
+            for twin in (twins if r % 2 == 0 else twins[::-1]):
+                _speedups.load("off" if twin == "pure" else "require")
+                start = time.process_time()
+                for i in range(args.calls):
+                    call(path, make_query(i), keys[key_name])
+                results[twin].append((time.process_time() - start) / args.calls * 1e6)
+        cells = [f"{t}: {statistics.median(v):.1f} [{min(v):.1f}–{max(v):.1f}]" for t, v in results.items()]
+        print(f"  {label:34} " + "   ".join(cells))
+    print(json.dumps({"python": os.sys.version.split()[0], "loaded": _speedups.loaded()}))
+
+
+if __name__ == "__main__":
+    main()
