@@ -9,6 +9,7 @@ from .api.manage import ManageHandlers
 from .api.ops import OpsHandlers
 from .api.run import RunHandlers
 from .auth import Authenticator, Caller, is_loopback
+from .backends.registry import Backends
 from .errors import QagError
 from .http.request import Request
 from .http.response import HeaderPolicy, Response, error_response
@@ -28,6 +29,7 @@ class Gateway:
         self.settings = settings
         self.store = store if store is not None else SqliteStore(settings.home)
         self.store_files = store_paths(settings.home)
+        self.backends = Backends(settings, self.store_files)
         self.auth = Authenticator(self.store, settings.api_key)
         self.headers = HeaderPolicy(settings.cors_origins, settings.hsts_max_age)
         self.max_body = settings.max_body_bytes

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
 from ..auth import now_text
-from ..backends import sqlite as sqlite_backend
+from ..backends.base import resolve_fields
 from ..errors import QagError
 from ..http.response import json_response
 from ._common import CONNECTION_NAME, audit, body_object, check_if_match, no_content, with_etag
@@ -103,7 +105,6 @@ class ConnectionHandlers:
 
     def _check_target(self, db: str, fields: dict) -> None:
         if db == "sqlite" and fields.get("database"):
-            import os
             path = os.path.realpath(os.path.join(self.gateway.settings.home, str(fields["database"])))
             if path in self.gateway.store_files:
                 raise QagError("store_not_allowed", "A connection may not point at the server's own store")
@@ -134,6 +135,7 @@ class ConnectionHandlers:
                 raise QagError("connection_exists", f"A connection named '{name}' already exists")
             self.store.put_connection(row, create=True)
             audit(self.store, caller, "create_connection", name, _audited(db, active, fields))
+        self.gateway.backends.close_idle()
         return with_etag(self._detail(row), row, 201)
 
     def patch(self, request, caller, name):
@@ -160,6 +162,7 @@ class ConnectionHandlers:
             if "password" in audited and changes.get("password") == MASKED_PASSWORD:
                 del audited["password"]
             audit(self.store, caller, "update_connection", name, audited)
+        self.gateway.backends.close_idle()
         return with_etag(self._detail(new), new)
 
     def delete(self, request, caller, name):
@@ -175,6 +178,7 @@ class ConnectionHandlers:
             audit(self.store, caller, "delete_connection", name,
                   {"db": row["db"], "host": f.get("host"), "port": f.get("port"), "database": f.get("database"),
                    "deleted_reason": reason.strip()})
+        self.gateway.backends.close_idle()
         return no_content()
 
     def deleted(self, request, caller):
@@ -198,21 +202,18 @@ class ConnectionHandlers:
     def test(self, request, caller):
         db, fields = self._unsaved_or_saved(request)
         self._check_target(db, fields)
-        path = self.gateway.run.sqlite_path(db, fields)
-        return json_response({"elapsed_ms": round(sqlite_backend.test_connection(path), 3)})
+        elapsed = self.gateway.backends.get(db).test(resolve_fields(fields, os.environ))
+        return json_response({"elapsed_ms": round(elapsed, 3)})
 
     def databases(self, request, caller):
-        db, _ = self._unsaved_or_saved(request)
-        if db == "sqlite":
-            raise QagError("unsupported_operation", "Listing databases isn't supported for 'sqlite' connections")
-        raise self.gateway.run.unsupported(db)
+        db, fields = self._unsaved_or_saved(request)
+        names = self.gateway.backends.get(db).databases(resolve_fields(fields, os.environ))
+        return json_response({"databases": names})
 
     def schema(self, request, caller, name):
         row = self._existing(name)
-        if "database" in request.args and row["db"] == "sqlite":
-            raise QagError("invalid_request", "Switching databases isn't supported for 'sqlite' connections")
-        path = self.gateway.run.sqlite_path(row["db"], row["fields"])
-        return json_response(sqlite_backend.read_schema(path))
+        backend = self.gateway.backends.get(row["db"])
+        return json_response(backend.schema(resolve_fields(row["fields"], os.environ), request.args.get("database")))
 
 
 def _audited(db: str, active: bool, fields: dict) -> dict:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
+import os
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from .. import encode
-from ..backends import sqlite as sqlite_backend
-from ..backends.base import Call
+from ..backends.base import Call, resolve_fields
 from ..errors import QagError
 from ..http.response import Response
 from ..policy import grants as policy
@@ -79,16 +79,6 @@ class RunHandlers:
         router.add("GET POST", "/q/<name>", self.run_named, "api.run_named_query")
         router.add("GET POST", "/q/saved_sql/<name>", self.run_named, "api.run_named_query")
         router.add("POST", "/execute_sql", self.execute_sql, "api.execute_sql_endpoint")
-
-    # --- helpers shared with the management routes -----------------------------------------
-    def unsupported(self, db: str) -> QagError:
-        return QagError("unsupported_database", f"Connections of type '{db}' are not supported by this version "
-                                                f"of qag yet (supported: sqlite)")
-
-    def sqlite_path(self, db: str, fields: dict) -> str:
-        if db != "sqlite":
-            raise self.unsupported(db)
-        return sqlite_backend.resolve_path(fields.get("database"), self.settings.home, self.gateway.store_files)
 
     def _resolver(self, version: dict):
         """Parameter rules compiled once per saved-query version (versions are immutable but for cache_ttl/mcp)."""
@@ -276,18 +266,19 @@ class RunHandlers:
 
     def _execute(self, plan: Plan, caller, writes: bool, query_name: str | None) -> Response:
         connection = plan.connection
-        path = self.sqlite_path(connection["db"], connection["fields"])
+        backend = self.gateway.backends.get(connection["db"])
+        fields = resolve_fields(connection["fields"], os.environ)
         allowed_ops = None if caller.admin else policy.allowed_write_ops(caller.grants)
         guard_check(plan.prepared, writes_allowed=writes, allowed_write_ops=allowed_ops)
         if plan.stream:
-            return self._stream(plan, path, caller)
+            return self._stream(plan, backend, fields, caller)
         offset = (plan.page - 1) * plan.size
-        rendered = render(plan.prepared, plan.values, "qmark", plan.size + 1, offset)
+        rendered = render(plan.prepared, plan.values, backend.style, plan.size + 1, offset)
         # Windowed: LIMIT/OFFSET are in the SQL (clamped to the author's own limit); otherwise skip and slice.
         skip = 0 if rendered.windowed else offset
         call = Call(rendered.sql, rendered.args, plan.read_only, plan.timeout, plan.size + 1, skip)
         try:
-            result = sqlite_backend.run(path, call)
+            result = backend.run(fields, call)
         except QagError as error:
             self.usage.record(connection["name"], caller.name if not caller.admin else None, False, 0, 0.0)
             if not plan.show_detail:
@@ -303,14 +294,14 @@ class RunHandlers:
             return Response(200, encode.EMPTY_BODY, headers, "application/json")
         return Response(200, encode.encode(plan.fmt, result.columns, rows), headers, encode.CONTENT_TYPES[plan.fmt])
 
-    def _stream(self, plan: Plan, path: str, caller) -> Response:
+    def _stream(self, plan: Plan, backend, fields: dict, caller) -> Response:
         cap = self.settings.stream_max_rows
         if not caller.admin and caller.grants.max_rows:
             cap = min(cap, int(caller.grants.max_rows)) if cap else int(caller.grants.max_rows)
-        rendered = render(plan.prepared, plan.values, "qmark", None, 0)
+        rendered = render(plan.prepared, plan.values, backend.style, None, 0)
+        call = Call(rendered.sql, rendered.args, True, plan.timeout, 0)
         try:
-            columns, batches = sqlite_backend.stream(path, rendered.sql, rendered.args, plan.timeout,
-                                                     _STREAM_BATCH, cap)
+            columns, batches = backend.stream(fields, call, _STREAM_BATCH, cap)
         except QagError as error:
             if not plan.show_detail:
                 error.extras.pop("detail", None)

@@ -40,3 +40,57 @@ def query_failed(detail: str) -> QagError:
 
 def connection_failed(detail: str) -> QagError:
     return QagError("connection_failed", "Could not connect to the database", detail=detail)
+
+
+class Backend:
+    """One database type. Instances live per worker (created after fork) and are shared by its threads.
+
+    `fields` is a connection's stored fields (host, port, database, user, password and driver options) with
+    `${VAR}` references already resolved. Every method maps driver failures to QagError (see the helpers above)
+    and never lets a password reach an error message.
+    """
+
+    dialect = ""     # "sqlite" | "mysql" | "postgres": the SQL dialect of qag.sql
+    style = ""       # "qmark" | "format": the driver's placeholder style for qag.sql.prepare.render
+
+    def run(self, fields: dict, call: Call) -> Result:
+        """Run one statement and fetch `call.fetch` rows after skipping `call.skip`."""
+        raise NotImplementedError
+
+    def stream(self, fields: dict, call: Call, batch: int, cap: int | None):
+        """(columns, iterator of row batches) for a whole-result export; the first batch is read eagerly."""
+        raise NotImplementedError
+
+    def test(self, fields: dict) -> float:
+        """Open a connection and run SELECT 1 read-only; elapsed milliseconds."""
+        raise NotImplementedError
+
+    def databases(self, fields: dict) -> list[str]:
+        raise QagError("unsupported_operation", f"Listing databases isn't supported for '{self.dialect}' connections")
+
+    def schema(self, fields: dict, database: str | None = None) -> dict:
+        """{"tables": [...], "truncated": bool} as contract 5.2's schema route."""
+        raise NotImplementedError
+
+    def close_idle(self) -> None:
+        """Close pooled idle connections (a connection was changed through the API)."""
+
+
+_REFUSED_PREFIXES = ("QAG_", "QUERYAPIGATE_", "OTEL_", "AWS_", "GOOGLE_", "AZURE_")
+
+
+def resolve_fields(fields: dict, environ: dict) -> dict:
+    """Expand a `${VAR}` password (or other text field) from the environment; the server's own settings and
+    cloud credentials are never readable this way."""
+    out = dict(fields)
+    for key, value in fields.items():
+        if isinstance(value, str) and value.startswith("${") and value.endswith("}"):
+            name = value[2:-1]
+            if not name or name.startswith(_REFUSED_PREFIXES):
+                raise QagError("connection_misconfigured", f"The connection may not read the server's own "
+                                                           f"environment variable '{name}'", status=500)
+            if name not in environ:
+                raise QagError("connection_misconfigured",
+                               f"Environment variable '{name}' referenced by the connection is not set", status=500)
+            out[key] = environ[name]
+    return out

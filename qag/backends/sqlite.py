@@ -8,7 +8,7 @@ import time
 from urllib.parse import quote
 
 from ..errors import QagError
-from .base import Call, Result, connection_failed, query_failed, timeout_error
+from .base import Backend, Call, Result, connection_failed, query_failed, timeout_error
 
 _PROGRESS_STEPS = 10_000
 # Refused whatever the SQL guard decided: attaching other files escapes the connection's one database,
@@ -95,11 +95,6 @@ def run(path: str, call: Call) -> Result:
     return Result(columns, rows, (time.perf_counter() - started) * 1000.0)
 
 
-def test_connection(path: str) -> float:
-    """`SELECT 1` read-only; elapsed milliseconds."""
-    started = time.perf_counter()
-    run(path, Call("SELECT 1", (), True, 10.0, 1))
-    return (time.perf_counter() - started) * 1000.0
 
 
 def read_schema(path: str, max_tables: int = 1000) -> dict:
@@ -129,7 +124,7 @@ def read_schema(path: str, max_tables: int = 1000) -> dict:
     return {"tables": tables, "truncated": len(objects) > max_tables}
 
 
-def stream(path: str, sql: str, args: tuple, timeout: float | None, batch: int, cap: int | None):
+def stream(path: str, call: Call, batch: int, cap: int | None):
     """(columns, batches): the first batch is read now, so errors before the first row are normal errors.
 
     The file stays open while the caller iterates; the time limit covers the whole export.
@@ -138,6 +133,7 @@ def stream(path: str, sql: str, args: tuple, timeout: float | None, batch: int, 
         conn = _open(path, True)
     except sqlite3.Error as exc:
         raise connection_failed(str(exc)) from None
+    timeout = call.timeout
     deadline = time.monotonic() + timeout if timeout else None
     if deadline is not None:
         conn.set_progress_handler(lambda: time.monotonic() > deadline, _PROGRESS_STEPS)
@@ -146,7 +142,7 @@ def stream(path: str, sql: str, args: tuple, timeout: float | None, batch: int, 
         return cursor.fetchmany(batch if left is None else min(batch, left))
 
     try:
-        cursor = conn.execute(sql, args)
+        cursor = conn.execute(call.sql, call.args)
         columns = [d[0] for d in cursor.description] if cursor.description else []
         first = fetch(cursor, cap) if columns else []
     except (sqlite3.Error, OverflowError, ValueError) as exc:
@@ -172,3 +168,33 @@ def stream(path: str, sql: str, args: tuple, timeout: float | None, batch: int, 
             conn.close()
 
     return columns, batches()
+
+
+class SqliteBackend(Backend):
+    """SQLite connections: never pooled, the file opened per call; paths relative to QAG_HOME."""
+
+    dialect = "sqlite"
+    style = "qmark"
+
+    def __init__(self, home: str, store_files: tuple[str, ...]):
+        self.home = home
+        self.store_files = store_files
+
+    def path(self, fields: dict) -> str:
+        return resolve_path(fields.get("database"), self.home, self.store_files)
+
+    def run(self, fields: dict, call: Call) -> Result:
+        return run(self.path(fields), call)
+
+    def stream(self, fields: dict, call: Call, batch: int, cap: int | None):
+        return stream(self.path(fields), call, batch, cap)
+
+    def test(self, fields: dict) -> float:
+        started = time.perf_counter()
+        run(self.path(fields), Call("SELECT 1", (), True, 10.0, 1))
+        return (time.perf_counter() - started) * 1000.0
+
+    def schema(self, fields: dict, database: str | None = None) -> dict:
+        if database is not None:
+            raise QagError("invalid_request", "Switching databases isn't supported for 'sqlite' connections")
+        return read_schema(self.path(fields))

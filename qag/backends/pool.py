@@ -1,0 +1,137 @@
+"""Pooled data connections per worker: idle ones most recently used first, bounded, with an optional open cap."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Hashable
+
+from ..errors import QagError
+
+
+class _Slot:
+    __slots__ = ("conn", "since")
+
+    def __init__(self, conn: Any, since: float):
+        self.conn = conn
+        self.since = since
+
+
+class Pool:
+    """Connections by key (resolved settings + access mode). One lock, held only for list operations.
+
+    idle_limit: idle connections kept per key (0 = no pooling: every call opens and closes).
+    idle_timeout: seconds an idle connection may wait before it is closed instead of reused.
+    max_open: optional cap on connections (idle + in use) per key in this worker; callers beyond it wait up to
+    `wait` seconds, then get 503 with Retry-After rather than hang.
+    """
+
+    def __init__(self, *, idle_limit: int, idle_timeout: float, max_open: int | None = None, wait: float = 5.0,
+                 close: Callable[[Any], None] = lambda conn: conn.close()):
+        self.idle_limit = idle_limit
+        self.idle_timeout = idle_timeout
+        self.max_open = max_open
+        self.wait = wait
+        self._close = close
+        self._idle: dict[Hashable, list[_Slot]] = {}
+        self._open: dict[Hashable, int] = {}
+        self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)
+        self.waits = 0          # callers that had to wait for the cap (a metric later)
+
+    def acquire(self, key: Hashable, open_conn: Callable[[], Any],
+                prefer: Callable[[Any], bool] | None = None) -> tuple[Any, bool]:
+        """(connection, reused) — an idle one when there is one (preferring `prefer(conn)`), else a new one."""
+        stale: list[Any] = []
+        try:
+            with self._lock:
+                slot = self._take_idle(key, prefer, stale)
+                if slot is not None:
+                    return slot.conn, True
+                if self.max_open is not None and self._open.get(key, 0) >= self.max_open:
+                    self.waits += 1
+                    deadline = time.monotonic() + self.wait
+                    while True:
+                        slot = self._take_idle(key, prefer, stale)
+                        if slot is not None:
+                            return slot.conn, True
+                        if self._open.get(key, 0) < self.max_open:
+                            break
+                        left = deadline - time.monotonic()
+                        if left <= 0 or not self._freed.wait(left):
+                            if self._open.get(key, 0) >= self.max_open and self._take_idle(key, prefer, stale) is None:
+                                raise QagError("unavailable", "Every connection this worker may open to this "
+                                                              "database is busy - try again shortly", retry_after=1)
+                self._open[key] = self._open.get(key, 0) + 1
+        finally:
+            for conn in stale:
+                self._safe_close(conn)
+        try:
+            return open_conn(), False
+        except BaseException:
+            self._forget(key)
+            raise
+
+    def _take_idle(self, key: Hashable, prefer, stale: list) -> _Slot | None:
+        idle = self._idle.get(key)
+        if not idle:
+            return None
+        cutoff = time.monotonic() - self.idle_timeout
+        while idle and idle[0].since < cutoff:
+            # Oldest first: anything idle past the timeout is closed, not reused.
+            stale.append(idle.pop(0).conn)
+            self._open[key] -= 1
+        if not idle:
+            return None
+        if prefer is not None:
+            for i in range(len(idle) - 1, -1, -1):
+                if prefer(idle[i].conn):
+                    return idle.pop(i)
+        return idle.pop()
+
+    def release(self, key: Hashable, conn: Any, reusable: bool = True) -> None:
+        """Give a connection back; one that raised or can't be reset is closed instead (reusable=False)."""
+        surplus = None
+        with self._lock:
+            if reusable and self.idle_limit > 0:
+                idle = self._idle.setdefault(key, [])
+                idle.append(_Slot(conn, time.monotonic()))
+                if len(idle) > self.idle_limit:
+                    surplus = idle.pop(0).conn
+                    self._open[key] -= 1
+                    self._freed.notify()
+                else:
+                    self._freed.notify()
+                    return
+            else:
+                surplus = conn
+                self._open[key] -= 1
+                self._freed.notify()
+        self._safe_close(surplus)
+
+    def _forget(self, key: Hashable) -> None:
+        with self._lock:
+            self._open[key] -= 1
+            self._freed.notify()
+
+    def close_idle(self) -> None:
+        """Close every idle connection (a connection's settings changed: new calls must use the new ones)."""
+        with self._lock:
+            closing = [slot.conn for idle in self._idle.values() for slot in idle]
+            for key, idle in self._idle.items():
+                self._open[key] -= len(idle)
+            self._idle.clear()
+            self._freed.notify_all()
+        for conn in closing:
+            self._safe_close(conn)
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            idle = sum(len(v) for v in self._idle.values())
+            return {"idle": idle, "active": sum(self._open.values()) - idle, "waits": self.waits}
+
+    def _safe_close(self, conn: Any) -> None:
+        try:
+            self._close(conn)
+        except Exception:  # a connection that is already broken is as closed as it gets
+            pass
