@@ -2,23 +2,27 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.qag-installed
+CORE := $(VENV)/.qag-core
+FULL := $(VENV)/.qag-full
 SOURCES := pyproject.toml setup.py $(wildcard build_backend/*.py) $(wildcard qag/_speedups/*.pyx qag/_speedups/*.py)
 
-.PHONY: demo test system-deps install wheel clean
+.PHONY: demo test system-deps wheel clean
 
-demo: system-deps $(STAMP)
+# The demo needs nothing but Python: the speedups compile when a compiler is there, else a banner says so.
+demo: $(CORE)
 	$(BIN)/qag demo
 
-test: system-deps $(STAMP)
+test: system-deps $(FULL)
 	QAG_SPEEDUPS=require $(BIN)/python -m pytest -q -p no:cacheprovider tests
 
-install: system-deps $(STAMP)
-
-# System packages: a C compiler for the speedups and venv support for Python. Installed only when missing.
+# System packages for the whole suite: a C compiler for the speedups, pkg-config and the MySQL client
+# library that mysqlclient builds against, venv support. Installed only when missing.
 system-deps:
 	@missing=""; \
 	command -v cc >/dev/null 2>&1 || missing="$$missing gcc libc6-dev"; \
+	command -v pkg-config >/dev/null 2>&1 || missing="$$missing pkg-config"; \
+	pkg-config --exists mysqlclient 2>/dev/null || pkg-config --exists libmariadb 2>/dev/null \
+	  || missing="$$missing default-libmysqlclient-dev"; \
 	$(PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing system packages:$$missing"; \
@@ -26,14 +30,20 @@ system-deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	fi
 
-$(STAMP): $(SOURCES)
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+
+$(CORE): $(BIN)/python $(SOURCES)
+	$(BIN)/python -m pip install -q -e .
 	touch $@
 
+$(FULL): $(BIN)/python $(SOURCES)
+	$(BIN)/python -m pip install -q -e '.[test,mysql,postgres,redis]'
+	touch $@ $(CORE)
+
 # This platform's wheel, compiled or failed: never a silently pure one.
-wheel: system-deps $(STAMP)
+wheel: system-deps $(FULL)
 	rm -rf dist
 	$(BIN)/python -m pip wheel -q --no-deps -w dist -C speedups=require .
 

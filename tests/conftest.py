@@ -66,3 +66,21 @@ def make_server():
     yield start
     for s in started:
         s.stop()
+
+
+@pytest.fixture(scope="session")
+def mysql_db():
+    """Fields of a fresh MySQL/MariaDB database and its owning user (dropped at the end of the session)."""
+    from tests.services import make_mysql_database
+    fields, cleanup = make_mysql_database()
+    yield fields
+    cleanup()
+
+
+@pytest.fixture(scope="session")
+def pg_db():
+    """Fields of a fresh PostgreSQL database and its owning role (dropped at the end of the session)."""
+    from tests.services import make_pg_database
+    fields, cleanup = make_pg_database()
+    yield fields
+    cleanup()

@@ -1,0 +1,95 @@
+"""Real MariaDB/MySQL and PostgreSQL for tests: a fresh database and user each, dropped afterwards.
+
+A server that can't be reached skips the tests that need it, naming the setting; with
+QAG_TEST_REQUIRE_SERVICES=1 (CI) it fails them instead.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+import pytest
+
+MYSQL = {"host": os.environ.get("QAG_TEST_MYSQL_HOST", "127.0.0.1"),
+         "port": int(os.environ.get("QAG_TEST_MYSQL_PORT", "3306")),
+         "user": os.environ.get("QAG_TEST_MYSQL_USER", "root"),
+         "password": os.environ.get("QAG_TEST_MYSQL_PASSWORD", "")}
+POSTGRES = {"host": os.environ.get("QAG_TEST_PG_HOST", "127.0.0.1"),
+            "port": int(os.environ.get("QAG_TEST_PG_PORT", "5432")),
+            "user": os.environ.get("QAG_TEST_PG_USER", "postgres"),
+            "password": os.environ.get("QAG_TEST_PG_PASSWORD", "")}
+
+
+def unreachable(what: str, setting: str, exc: Exception):
+    message = f"{what} is not reachable ({exc}); set {setting} or start it"
+    if os.environ.get("QAG_TEST_REQUIRE_SERVICES") == "1":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def mysql_admin():
+    """A root connection to the MySQL/MariaDB server, autocommit."""
+    try:
+        import MySQLdb
+        conn = MySQLdb.connect(host=MYSQL["host"], port=MYSQL["port"], user=MYSQL["user"], passwd=MYSQL["password"],
+                               connect_timeout=5)
+    except Exception as exc:  # ImportError or any driver error: the service isn't usable here
+        unreachable("MySQL/MariaDB", "QAG_TEST_MYSQL_HOST/PORT/USER/PASSWORD", exc)
+    conn.autocommit(True)
+    return conn
+
+
+def pg_admin(database: str = "postgres"):
+    """A superuser connection to the PostgreSQL server, autocommit."""
+    try:
+        import psycopg2
+        conn = psycopg2.connect(host=POSTGRES["host"], port=POSTGRES["port"], user=POSTGRES["user"],
+                                password=POSTGRES["password"] or None, dbname=database, connect_timeout=5)
+    except Exception as exc:
+        unreachable("PostgreSQL", "QAG_TEST_PG_HOST/PORT/USER/PASSWORD", exc)
+    conn.autocommit = True
+    return conn
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}_{os.getpid()}_{secrets.token_hex(3)}"
+
+
+def make_mysql_database():
+    """(fields for a qag connection, cleanup): a database and a user that owns it, with a password."""
+    admin = mysql_admin()
+    database, user, password = _name("qag_t"), _name("qag_u"), secrets.token_urlsafe(12)
+    cur = admin.cursor()
+    cur.execute(f"CREATE DATABASE `{database}`")
+    cur.execute(f"CREATE USER '{user}'@'%%' IDENTIFIED BY %s", (password,))
+    cur.execute(f"GRANT ALL ON `{database}`.* TO '{user}'@'%'")
+    fields = {"host": MYSQL["host"], "port": MYSQL["port"], "user": user, "password": password, "database": database}
+
+    def cleanup():
+        c = admin.cursor()
+        c.execute(f"DROP DATABASE IF EXISTS `{database}`")
+        c.execute(f"DROP USER IF EXISTS '{user}'@'%'")
+        admin.close()
+
+    return fields, cleanup
+
+
+def make_pg_database():
+    """(fields for a qag connection, cleanup): a database owned by a new login role with a password."""
+    admin = pg_admin()
+    database, user, password = _name("qag_t"), _name("qag_u"), secrets.token_urlsafe(12)
+    cur = admin.cursor()
+    cur.execute(f'CREATE ROLE "{user}" LOGIN PASSWORD %s', (password,))
+    cur.execute(f'CREATE DATABASE "{database}" OWNER "{user}"')
+    fields = {"host": POSTGRES["host"], "port": POSTGRES["port"], "user": user, "password": password,
+              "database": database}
+
+    def cleanup():
+        c = admin.cursor()
+        c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (database,))
+        c.execute(f'DROP DATABASE IF EXISTS "{database}"')
+        c.execute(f'DROP ROLE IF EXISTS "{user}"')
+        admin.close()
+
+    return fields, cleanup
