@@ -125,6 +125,14 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number from 1 to 256"),
     Setting("QAG_THREADS", _int_range(1, 256), 8, "Request threads per worker process.",
             "a whole number from 1 to 256", alias="QUERYAPIGATE_THREADS"),
+    Setting("QAG_POOL_SIZE", _optional_int(0, 1024), None, "Idle pooled connections kept per database and access mode in each worker; 0 = no pooling; unset = QAG_THREADS.",
+            "a whole number from 0 to 1024", alias="QUERYAPIGATE_POOL_SIZE"),
+    Setting("QAG_POOL_IDLE_TIMEOUT", _seconds(False), 300.0, "Seconds an idle pooled connection is kept before it is closed instead of reused.",
+            "a number of seconds > 0", alias="QUERYAPIGATE_POOL_IDLE_TIMEOUT"),
+    Setting("QAG_POOL_MAX", _optional_int(1, 1024), None, "Cap on open connections per database and access mode in each worker; callers beyond it wait QAG_POOL_WAIT, then get 503. Unset = no cap.",
+            "a whole number from 1 to 1024"),
+    Setting("QAG_POOL_WAIT", _seconds(False), 5.0, "Seconds a caller waits for a connection under QAG_POOL_MAX before it gets 503 with Retry-After.",
+            "a number of seconds > 0"),
     Setting("QAG_TIMEOUT", _int_range(1, 86400), 120, "Seconds a worker may stay silent before the gunicorn master restarts it.",
             "a whole number of seconds from 1 to 86400"),
     Setting("QAG_GRACEFUL_TIMEOUT", _int_range(1, 86400), 30, "Seconds in-flight requests get to finish on shutdown or reload.",
@@ -206,6 +214,8 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
             continue
         named = s if source in (s.name, None) else Setting(source, s.parse, s.default, s.doc, s.accepted)
         values[s.attr] = s.parse(raw, named)
+    if values["pool_size"] is None:
+        values["pool_size"] = values["threads"]
     if values["home"] is None:
         values["home"] = os.getcwd()
     values["home"] = os.path.abspath(values["home"])
