@@ -27,7 +27,7 @@ class Gateway:
     def __init__(self, settings: Settings, store: Store | None = None):
         _speedups.load(settings.speedups)
         self.settings = settings
-        self.store = store if store is not None else SqliteStore(settings.home)
+        self.store = store if store is not None else SqliteStore(settings.home, settings.audit_log_limit)
         self.store_files = store_paths(settings.home)
         self.backends = Backends(settings, self.store_files)
         self.auth = Authenticator(self.store, settings.api_key)

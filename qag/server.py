@@ -36,6 +36,8 @@ def check_startup(settings: Settings) -> None:
     _speedups.load(settings.speedups)
     store = SqliteStore(settings.home)
     store.close()
+    twins = ", ".join(f"{name}={kind}" for name, kind in sorted(_speedups.loaded().items()))
+    print(f"qag: store {store.path}; speedups ({settings.speedups}): {twins}", file=sys.stderr, flush=True)
 
 
 def serve(settings: Settings) -> int:

@@ -149,6 +149,8 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number of seconds from 1 to 63072000", alias="QUERYAPIGATE_HSTS_MAX_AGE"),
     Setting("QAG_TRUST_PROXY", _int_range(0, 16), 0, "Reverse-proxy hops whose X-Forwarded-For/-Proto are trusted; 0 = judge the socket peer.",
             "a whole number from 0 to 16", alias="QUERYAPIGATE_TRUST_PROXY"),
+    Setting("QAG_AUDIT_LOG_LIMIT", _int_range(1, 10_000_000), 500, "Audit-log entries kept (newest first); also bounds GET /api/v1/connections/deleted.",
+            "a whole number from 1 to 10000000", alias="QUERYAPIGATE_AUDIT_LOG_LIMIT"),
     Setting("QAG_LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info", "Level of qag's own log lines on stderr.",
             "debug, info, warning or error"),
 )

@@ -47,8 +47,9 @@ def _dump(value: Any) -> str:
 class SqliteStore(Store):
     """Store on a SQLite file; safe across threads (one connection each) and processes (WAL + IMMEDIATE)."""
 
-    def __init__(self, home: str):
+    def __init__(self, home: str, audit_limit: int = 500):
         os.makedirs(home, exist_ok=True)
+        self.audit_limit = audit_limit
         self.path = os.path.join(home, STORE_FILE)
         self._local = threading.local()
         self._migrate()
@@ -271,8 +272,12 @@ class SqliteStore(Store):
 
     # --- audit -----------------------------------------------------------------------------
     def audit(self, at: str, actor: str, via: str, action: str, target: str, changes: dict[str, Any]) -> None:
-        self._run("INSERT INTO audit_log (at, actor, via, action, target, changes) VALUES (?, ?, ?, ?, ?, ?)",
-                  (at, actor, via, action, target, _dump(changes)))
+        with self.transaction():
+            entry = self._conn().execute(
+                "INSERT INTO audit_log (at, actor, via, action, target, changes) VALUES (?, ?, ?, ?, ?, ?)",
+                (at, actor, via, action, target, _dump(changes))).lastrowid
+            # Keep the newest entries only: ids never repeat (AUTOINCREMENT), so a cut by id is a cut by age.
+            self._run("DELETE FROM audit_log WHERE id <= ?", (entry - self.audit_limit,))
 
     def audit_entries(self, action: str | None = None) -> Iterator[dict]:
         if action is None:
