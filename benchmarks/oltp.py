@@ -1,7 +1,7 @@
 """The PostgreSQL case: pgbench's tables and three saved queries — a primary-key lookup, a 100-row page, a write.
 
     python -m benchmarks.oltp --scale 10          # `pgbench -i -s 10` into database qag_bench (skipped when loaded)
-    python -m benchmarks.oltp --scale 10 --force  # reinitialise
+    python -m benchmarks.oltp --scale 10 --reload # reinitialise
 
 Each query is run with a plain key (grants only) and with a governed key (a table allow-list and a masking
 rule on `pgbench_accounts.filler`), so the cost of governance shows on its own. The write is a single-row
@@ -101,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(parser)
-    parser.add_argument("--force", action="store_true")
+    parser.add_argument("--reload", dest="force", action="store_true", help="reinitialise even when loaded")
     print(json.dumps(load(parser.parse_args(argv))))
     return 0
 

@@ -1,8 +1,8 @@
 """The six-database MySQL case: deterministic TPC-C-shaped data, its loader, and six per-customer saved queries.
 
     python -m benchmarks.tpcc_mysql --warehouses 2            # generate and load (skipped when already loaded)
-    python -m benchmarks.tpcc_mysql --warehouses 2 --force    # drop and reload
-    python -m benchmarks.tpcc_mysql --method insert           # multi-row INSERTs instead of LOAD DATA LOCAL
+    python -m benchmarks.tpcc_mysql --warehouses 2 --reload   # drop and reload
+    python -m benchmarks.tpcc_mysql --load-method insert      # multi-row INSERTs instead of LOAD DATA LOCAL
 
 TPC-C's tables at W warehouses (10 districts each, 3,000 customers per district, 100,000 items, a stock row per
 item and warehouse, 3,000 orders per district with 5-15 lines each, the newest 900 of them still new), split
@@ -322,14 +322,15 @@ def queries(warehouses: int, prefix: str = "") -> tuple[Query, ...]:
               f"JOIN {p}orders.order_line ol ON ol.ol_w_id = o.o_w_id AND ol.ol_d_id = o.o_d_id AND ol.ol_o_id = o.o_id\n"
               f"WHERE c.c_w_id = :w AND c.c_d_id = :d AND c.c_id = :c\nORDER BY ol.ol_number",
               key, cust_check, {"page_size": 100}),
-        Query("order_history", "The customer's last 5 orders with their lines and item names",
+        Query("order_history", "The lines of the customer's latest orders with item names (up to 50 lines)",
               f"SELECT o.o_w_id AS c_w_id, o.o_d_id AS c_d_id, o.o_c_id AS c_id, o.o_id, o.o_entry_d, ol.ol_number,\n"
               f"       ol.ol_i_id, i.i_name, ol.ol_quantity, ol.ol_amount\n"
-              f"FROM (SELECT o_w_id, o_d_id, o_c_id, o_id, o_entry_d FROM {p}orders.orders\n"
-              f"      WHERE o_w_id = :w AND o_d_id = :d AND o_c_id = :c ORDER BY o_id DESC LIMIT 5) o\n"
+              f"FROM {p}orders.orders o\n"
               f"JOIN {p}orders.order_line ol ON ol.ol_w_id = o.o_w_id AND ol.ol_d_id = o.o_d_id AND ol.ol_o_id = o.o_id\n"
-              f"JOIN {p}catalog.item i ON i.i_id = ol.ol_i_id\nORDER BY o.o_id DESC, ol.ol_number",
-              key, cust_check, {"page_size": 100}),
+              f"JOIN {p}catalog.item i ON i.i_id = ol.ol_i_id\n"
+              f"WHERE o.o_w_id = :w AND o.o_d_id = :d AND o.o_c_id = :c\n"
+              f"ORDER BY o.o_id DESC, ol.ol_number LIMIT 50",
+              key, cust_check, {"page_size": 50}),
         Query("payments", "The customer's last 20 payments",
               f"SELECT h_c_w_id AS c_w_id, h_c_d_id AS c_d_id, h_c_id AS c_id, h_date, h_amount, h_w_id, h_d_id, h_data\n"
               f"FROM {p}billing.history WHERE h_c_w_id = :w AND h_c_d_id = :d AND h_c_id = :c\n"
@@ -381,14 +382,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--user", default=os.environ.get("QAG_BENCH_MYSQL_USER", "root"), help="an account that may "
                    "create databases and users (only for loading)")
     g.add_argument("--password", default=os.environ.get("QAG_BENCH_MYSQL_PASSWORD", ""))
+    g.add_argument("--load-method", dest="method", choices=("infile", "insert"), default="infile",
+                   help="LOAD DATA LOCAL INFILE (default) or multi-row INSERTs")
+    g.add_argument("--reload", dest="force", action="store_true",
+                   help="drop and reload the case's data even when already loaded")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(parser)
-    parser.add_argument("--method", choices=("infile", "insert"), default="infile",
-                        help="LOAD DATA LOCAL INFILE (default) or multi-row INSERTs")
-    parser.add_argument("--force", action="store_true", help="drop and reload even when already loaded")
     args = parser.parse_args(argv)
     result = load(args)
     import json

@@ -23,6 +23,14 @@ PERM_OFFSET = 12_345
 _PARAM = re.compile(r":([A-Za-z_]\w*)")
 
 
+_HOLE = re.compile(r"\{(\w+)\}")
+
+
+def fill(template: str, values: dict) -> str:
+    """Replace `{name}` holes whose name is a key-space value (as the Lua script and the C client do)."""
+    return _HOLE.sub(lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), template)
+
+
 @dataclass(frozen=True)
 class KeySpace:
     """Users as mixed-radix numbers: `dims` = ((name, size), ...), most significant first, values from 1."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 
 from . import _speedups
 from .api.manage import ManageHandlers
@@ -30,6 +31,7 @@ class Gateway:
         self.store = store if store is not None else SqliteStore(settings.home, settings.audit_log_limit)
         self.store_files = store_paths(settings.home)
         self.backends = Backends(settings, self.store_files)
+        self.secret = self._server_secret()
         self.auth = Authenticator(self.store, settings.api_key)
         self.headers = HeaderPolicy(settings.cors_origins, settings.hsts_max_age)
         self.max_body = settings.max_body_bytes
@@ -40,6 +42,17 @@ class Gateway:
         self.ops = OpsHandlers(self)
         for handlers in (self.run, self.manage, self.ops):
             handlers.register(self.router)
+
+    def _server_secret(self) -> bytes:
+        """A random key kept in the store, for digests of secrets (ETags); shared by every worker and instance."""
+        value = self.store.get_meta("server_secret")
+        if value is None:
+            with self.store.transaction():
+                value = self.store.get_meta("server_secret")
+                if value is None:
+                    value = secrets.token_hex(32)
+                    self.store.set_meta("server_secret", value)
+        return value.encode("ascii")
 
     def __call__(self, environ: dict, start_response):
         request = Request(environ, self.max_body, self.trust_proxy)
@@ -72,17 +85,34 @@ class Gateway:
             if self.auth.authenticate(request.header("X-API-Key"), request.peer) is None:
                 raise QagError("unauthorized", "Unauthorized") from None
             raise
+        if route.public and not route.wants_caller:
+            return route.handler(request, None, **params)
         caller = self.auth.authenticate(request.header("X-API-Key"), request.peer)
         if route.public:
             return route.handler(request, caller, **params)
         if caller is None:
             raise QagError("unauthorized", "Unauthorized")
-        if caller.via == "open" and not is_loopback(request.environ.get("REMOTE_ADDR")):
-            raise QagError("open_access_remote", "This server has no API key configured, so it only answers "
-                           "callers on this machine - set QAG_API_KEY to serve others")
+        if caller.via == "open":
+            self._guard_open_mode(request, origin)
         if route.admin and not caller.admin:
             raise QagError("admin_only")
         return route.handler(request, caller, **params)
+
+
+    def _guard_open_mode(self, request: Request, origin: str | None) -> None:
+        """Open mode serves this machine only: a loopback peer, a loopback Host (no DNS rebinding), and no
+        cross-origin browser request (a page the local user visits must not drive the server)."""
+        if not is_loopback(request.environ.get("REMOTE_ADDR")):
+            raise QagError("open_access_remote", "This server has no API key configured, so it only answers "
+                           "callers on this machine - set QAG_API_KEY to serve others")
+        host = (request.environ.get("HTTP_HOST") or "").lower()
+        name = host[1:].split("]", 1)[0] if host.startswith("[") else host.rsplit(":", 1)[0]
+        if host and name != "localhost" and not is_loopback(name):
+            raise QagError("open_access_remote", "This server has no API key configured and answers requests "
+                           "addressed to localhost only")
+        if origin is not None and self.headers.allowed_origin(origin) is None:
+            raise QagError("open_access_remote", "This server has no API key configured and refuses "
+                           "cross-origin browser requests")
 
 
 def create_app(settings: Settings | None = None, store: Store | None = None) -> Gateway:

@@ -6,11 +6,14 @@ import datetime as _dt
 import hashlib
 import hmac
 import ipaddress
+import logging
 import threading
 import time
 
-from .policy.grants import Grants, expired, ip_allowed
+from .policy.grants import Grants, expired, grants_from_json, ip_allowed
 from .store.base import Store
+
+log = logging.getLogger("qag")
 
 _TOUCH_INTERVAL = 60.0  # seconds between last_used_at writes per key and secret
 
@@ -84,13 +87,14 @@ class Authenticator:
         if found is None:
             return None
         row, previous = found
-        if not self._valid(row, previous, peer):
+        grants = grants_from_json(row["grants_json"])  # compiled once per distinct stored grants
+        if not self._valid(row, previous, grants, peer):
             return None
         self._touch(row["name"], previous)
-        return Caller(row["name"], False, "key", Grants.from_stored(row["grants"]), row)
+        return Caller(row["name"], False, "key", grants, row)
 
     @staticmethod
-    def _valid(row: dict, previous: bool, peer: str | None) -> bool:
+    def _valid(row: dict, previous: bool, grants: Grants, peer: str | None) -> bool:
         """Rows, never decisions, are stored: active, expiry, grace and IP are judged on every call."""
         if not row["active"]:
             return False
@@ -100,7 +104,7 @@ class Authenticator:
             until = row["previous_expires_at"]
             if not until or now_text() >= until:
                 return False
-        return ip_allowed(row["grants"].get("allowed_ips"), peer)
+        return ip_allowed(grants.ips, peer)
 
     def _touch(self, name: str, previous: bool) -> None:
         """Record last_used_at at most once a minute per key and secret, so use doesn't mean a write per call."""
@@ -110,4 +114,7 @@ class Authenticator:
             if now - self._touched.get(slot, -_TOUCH_INTERVAL) < _TOUCH_INTERVAL:
                 return
             self._touched[slot] = now
-        self.store.touch_key(name, previous, now_text())
+        try:
+            self.store.touch_key(name, previous, now_text())
+        except Exception as exc:  # best effort: a busy store must not fail the call it only records
+            log.warning("could not record last_used_at of key %s: %s", name, exc)

@@ -7,11 +7,20 @@ import json
 import os
 import secrets
 import sys
+from urllib.parse import quote
 
 from . import __version__
 from .errors import QagError
 from .settings import SettingsError, load
 
+# `qag init` seeds these inactive templates, to be edited and activated (passwords by reference, never stored).
+INIT_TEMPLATES = (
+    {"name": "example-sqlite", "db": "sqlite", "database": "example.db"},
+    {"name": "example-postgres", "db": "postgres", "host": "localhost", "port": 5432, "database": "postgres",
+     "user": "postgres", "password": "${POSTGRES_PASSWORD}"},
+    {"name": "example-mysql", "db": "mysql", "host": "localhost", "port": 3306, "database": "mysql",
+     "user": "root", "password": "${MYSQL_PASSWORD}"},
+)
 CLI_USAGE_ERROR = 2
 CLI_OPERATION_ERROR = 1
 
@@ -34,7 +43,8 @@ class _Admin:
         import io
         from .http.request import Request
         data = json.dumps(body).encode() if body is not None else b""
-        environ = {"REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": query, "REMOTE_ADDR": "127.0.0.1",
+        environ = {"REQUEST_METHOD": method, "RAW_URI": quote(path) + (f"?{query}" if query else ""),
+                   "REMOTE_ADDR": "127.0.0.1",
                    "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(data)),
                    "wsgi.input": io.BytesIO(data)}
         request = Request(environ, self.gateway.max_body)
@@ -62,7 +72,14 @@ def cmd_init(args, settings) -> int:
     store = SqliteStore(settings.home)
     if store.get_meta("mask_key") is None:
         store.set_meta("mask_key", secrets.token_hex(32))
-    print(f"qag home ready: {store.path}", file=sys.stderr)
+    if store.list_connections():
+        print(f"qag: {store.path} already has connections - left untouched", file=sys.stderr)
+        return 0
+    admin = _Admin(settings)
+    for template in INIT_TEMPLATES:
+        admin.call("POST", "/api/v1/connections", dict(template, active=False))
+    print(f"qag home ready: {store.path} (inactive template connections: "
+          f"{', '.join(t['name'] for t in INIT_TEMPLATES)})", file=sys.stderr)
     return 0
 
 
@@ -149,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the gateway under gunicorn (the default command)")
     serve.add_argument("--bind", help="host:port to listen on (QAG_BIND)")
+    serve.add_argument("--host", help="host to listen on (with --port; QAG_BIND wins when both are given)")
+    serve.add_argument("--port", type=int, help="port to listen on")
     serve.add_argument("--workers", type=int, help="worker processes (QAG_WORKERS)")
     serve.add_argument("--threads", type=int, help="threads per worker (QAG_THREADS)")
     serve.add_argument("--home", help="folder of the store (QAG_HOME)")
@@ -167,13 +186,16 @@ def build_parser() -> argparse.ArgumentParser:
         res = sub.add_parser(resource, help=f"administer {resource} in the store directly")
         res.add_argument("--home", help="folder of the store (QAG_HOME)")
         actions = res.add_subparsers(dest="action", required=True)
-        actions.add_parser("list", help=f"list {resource}")
+        # --home is accepted after the action too (`qag keys list --home DIR`).
+        home_too = argparse.ArgumentParser(add_help=False)
+        home_too.add_argument("--home", default=argparse.SUPPRESS, help="folder of the store (QAG_HOME)")
+        actions.add_parser("list", help=f"list {resource}", parents=[home_too])
         for action in ("show", "remove"):
-            p = actions.add_parser(action, help=f"{action} one")
+            p = actions.add_parser(action, help=f"{action} one", parents=[home_too])
             p.add_argument("name")
             if action == "remove" and resource == "connections":
                 p.add_argument("--reason", required=True, help="why it is deleted (kept in the audit log)")
-        add = actions.add_parser("add", help="create one")
+        add = actions.add_parser("add", help="create one", parents=[home_too])
         add.add_argument("name")
         if resource == "connections":
             add.add_argument("--db", required=True, choices=("sqlite", "mysql", "postgres"))
@@ -203,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         args = build_parser().parse_args(["serve"])
     # Flags become the environment, so gunicorn's workers see exactly what the master validated.
+    host, port = getattr(args, "host", None), getattr(args, "port", None)
+    if (host or port) and not getattr(args, "bind", None):
+        args.bind = f"{host or '127.0.0.1'}:{port if port is not None else 5000}"
     for attr, env in _FLAG_ENV.items():
         value = getattr(args, attr, None)
         if value is not None and not (command == "demo" and attr == "home"):

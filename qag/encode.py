@@ -18,7 +18,7 @@ STREAM_FORMATS = ("csv", "ndjson", "tsv")
 
 def check_format(value) -> str:
     """The lower-cased format name, or 400 invalid_format listing what this server supports."""
-    name = value.lower() if isinstance(value, str) else value
+    name = value.lower() if isinstance(value, str) else None
     if name not in CONTENT_TYPES:
         raise QagError("invalid_format", f"Unsupported format '{value}'. Supported formats: {', '.join(FORMATS)}")
     return name

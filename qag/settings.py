@@ -216,6 +216,10 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
             continue
         named = s if source in (s.name, None) else Setting(source, s.parse, s.default, s.doc, s.accepted)
         values[s.attr] = s.parse(raw, named)
+    if not any(n in env for n in ("QAG_BIND",)) and ("QUERYAPIGATE_HOST" in env or "QUERYAPIGATE_PORT" in env):
+        # QueryAPIGate's serve defaults: QUERYAPIGATE_HOST / QUERYAPIGATE_PORT make up the bind address.
+        bind = f"{env.get('QUERYAPIGATE_HOST', '127.0.0.1').strip()}:{env.get('QUERYAPIGATE_PORT', '5000').strip()}"
+        values["bind"] = _bind(bind, Setting("QUERYAPIGATE_HOST/QUERYAPIGATE_PORT", _bind, None, "", "host and port"))
     if values["pool_size"] is None:
         values["pool_size"] = values["threads"]
     if values["home"] is None:

@@ -107,7 +107,7 @@ function request()
   local id = "b" .. tid .. "-" .. seq
   local r = reqs[math.random(#reqs)]
   local vals = draw()
-  local path = (r.path:gsub("{(%w+)}", vals))
+  local path = (r.path:gsub("{([%w_]+)}", vals))
   local start = now_us()
   if MODE == "open" and slot_head <= slot_tail then
     local intended = slots[slot_head]
@@ -116,7 +116,7 @@ function request()
     if intended < start then start = intended end
   end
   local check = nil
-  if r.check ~= "" then check = (r.check:gsub("{(%w+)}", vals)) end
+  if r.check ~= "" then check = (r.check:gsub("{([%w_]+)}", vals)) end
   pending[id] = { check, start }
   hdrs["X-Request-Id"] = id
   return wrk.format("GET", path, hdrs)

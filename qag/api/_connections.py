@@ -8,7 +8,7 @@ from ..auth import now_text
 from ..backends.base import resolve_fields
 from ..errors import QagError
 from ..http.response import json_response
-from ._common import CONNECTION_NAME, audit, body_object, check_if_match, no_content, with_etag
+from ._common import CONNECTION_NAME, audit, body_object, check_if_match, keyed_digest, no_content, with_etag
 
 SUPPORTED_DB = ("mysql", "postgres", "sqlite")
 DIRECT_FIELDS = ("host", "port", "database", "user", "password")
@@ -41,6 +41,8 @@ def _fields_from_body(body: dict) -> dict:
     for key in ("host", "database", "user"):
         if key in fields and fields[key] is not None and not isinstance(fields[key], str):
             raise QagError("invalid_body", f"{key} must be text")
+        if isinstance(fields.get(key), str) and "\x00" in fields[key]:
+            raise QagError("invalid_body", f"{key} must not contain a NUL character")
     port = fields.get("port")
     if port is not None and (isinstance(port, bool) or not isinstance(port, (int, str))):
         raise QagError("invalid_body", "port must be a number or text")
@@ -61,6 +63,14 @@ def _check_active(active) -> bool:
     if not isinstance(active, bool):
         raise QagError("invalid_body", "active must be true or false")
     return active
+
+
+_SECRET_WORDS = ("password", "passwd", "secret", "token")
+
+
+def _is_secret_option(name: str) -> bool:
+    """Driver options that hold credentials (sslpassword, ...): shown and audited as "********"."""
+    return any(word in name.lower() for word in _SECRET_WORDS)
 
 
 class ConnectionHandlers:
@@ -94,8 +104,15 @@ class ConnectionHandlers:
     def _detail(self, row: dict) -> dict:
         item = self._item(row)
         item["password"] = _shown_password(row["fields"].get("password"))
-        item["options"] = {k: v for k, v in row["fields"].items() if k not in DIRECT_FIELDS}
+        item["options"] = {k: MASKED_PASSWORD if _is_secret_option(k) and v is not None else v
+                           for k, v in row["fields"].items() if k not in DIRECT_FIELDS}
         return item
+
+    def _etag_state(self, row: dict) -> dict:
+        """The row with credentials replaced by a keyed digest: an ETag must not let anyone test password guesses."""
+        fields = {k: keyed_digest(self.gateway.secret, v) if k == "password" or _is_secret_option(k) else v
+                  for k, v in row["fields"].items()}
+        return dict(row, fields=fields)
 
     def _existing(self, name: str) -> dict:
         row = self.store.get_connection(name)
@@ -115,7 +132,7 @@ class ConnectionHandlers:
 
     def get(self, request, caller, name):
         row = self._existing(name)
-        return with_etag(self._detail(row), row)
+        return with_etag(self._detail(row), self._etag_state(row))
 
     def create(self, request, caller):
         body = body_object(request)
@@ -136,13 +153,13 @@ class ConnectionHandlers:
             self.store.put_connection(row, create=True)
             audit(self.store, caller, "create_connection", name, _audited(db, active, fields))
         self.gateway.backends.close_idle()
-        return with_etag(self._detail(row), row, 201)
+        return with_etag(self._detail(row), self._etag_state(row), 201)
 
     def patch(self, request, caller, name):
         body = body_object(request)
         with self.store.transaction():
             row = self._existing(name)
-            check_if_match(request, row, "connection")
+            check_if_match(request, self._etag_state(row), "connection")
             db = _check_db(body["db"]) if "db" in body else row["db"]
             active = _check_active(body["active"]) if "active" in body else row["active"]
             changes = _fields_from_body(body)
@@ -163,16 +180,17 @@ class ConnectionHandlers:
                 del audited["password"]
             audit(self.store, caller, "update_connection", name, audited)
         self.gateway.backends.close_idle()
-        return with_etag(self._detail(new), new)
+        return with_etag(self._detail(new), self._etag_state(new))
 
     def delete(self, request, caller, name):
-        row = self._existing(name)
+        self._existing(name)  # 404 comes first, even without a reason
         body = body_object(request, required=False)
         reason = body.get("reason")
         if not isinstance(reason, str) or not reason.strip():
             raise QagError("reason_required", "Deleting a connection needs a reason: {\"reason\": \"...\"}")
         with self.store.transaction():
-            check_if_match(request, row, "connection")
+            row = self._existing(name)
+            check_if_match(request, self._etag_state(row), "connection")
             self.store.delete_connection(name)
             f = row["fields"]
             audit(self.store, caller, "delete_connection", name,
@@ -220,5 +238,5 @@ def _audited(db: str, active: bool, fields: dict) -> dict:
     """Connection fields for the audit log: a password is only ever 'changed'."""
     out = {"db": db, "active": active}
     for key, value in fields.items():
-        out[key] = "changed" if key == "password" else value
+        out[key] = "changed" if key == "password" or _is_secret_option(key) else value
     return out

@@ -57,7 +57,7 @@ class OpsHandlers:
 
     def register(self, router) -> None:
         router.add("GET", "/health", self.health, "api.health", public=True)
-        router.add("GET", "/openapi.json", self.openapi, "api.openapi_spec", public=True)
+        router.add("GET", "/openapi.json", self.openapi, "api.openapi_spec", public=True, wants_caller=True)
         router.add("GET", "/docs", self.docs, "api.docs", public=True)
         router.add("GET", "/", self.root, "api.index", public=True)
         router.add("GET", "/favicon.ico", self.favicon, "api.favicon", public=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from urllib.parse import quote
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -13,6 +14,7 @@ from ..errors import QagError
 from ..http.response import Response
 from ..policy import grants as policy
 from ..policy.guard import check as guard_check
+from ..policy.keyfields import normalise_mask
 from ..sql.params import compile_rules
 from ..sql.prepare import check_text_values, prepare, render
 from ._common import valid_query_name
@@ -22,6 +24,7 @@ RESERVED = frozenset({"format", "page", "page_size", "connection_name", "version
 _STREAM_WORDS = ("1", "true", "yes", "on")
 _STREAM_BATCH = 1000
 _RESOLVER_CACHE = 2048
+_MAX_OFFSET = 2 ** 63 - 1  # what every engine's OFFSET takes
 
 
 @dataclass(slots=True)
@@ -60,9 +63,13 @@ def _timeout_value(value) -> float | None:
             value = float(value)
         except ValueError:
             value = None
-    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    try:
+        seconds = float(value) if isinstance(value, (int, float)) else math.nan
+    except OverflowError:  # a JSON integer too large for a float
+        seconds = math.inf
+    if not math.isfinite(seconds) or seconds <= 0:
         raise QagError("invalid_timeout", "timeout must be a positive number of seconds")
-    return float(value)
+    return seconds
 
 
 class RunHandlers:
@@ -114,26 +121,32 @@ class RunHandlers:
             name = name[:-5]
         if not valid_query_name(name):
             raise QagError("forbidden", "Only .json files inside the saved_sql folder can be accessed")
-        head = self.store.get_query_head(name)
+        # Body and version are read now but refused only after the existence check (contract 3.10).
+        deferred: QagError | None = None
+        body: dict = {}
+        number = None
+        try:
+            body = (request.json_object(lenient_content_type=True) if request.method == "POST" else None) or {}
+            asked = args["version"] if "version" in args else body.get("version")
+            if asked is not None:
+                if isinstance(asked, bool) or not isinstance(asked, (int, str)):
+                    raise QagError("invalid_request", "version must be an integer")
+                number = _positive_int(asked, "version")
+        except QagError as error:
+            deferred = error
+        # One read for the query and the version it runs, so a concurrent publish or delete can't split them.
+        in_range = number is None or -_MAX_OFFSET <= number <= _MAX_OFFSET
+        head, version = self.store.get_query_for_run(name, number if in_range else 0)
         if head is None:
             raise QagError("query_not_found", f"Saved query '{name}' not found")
-        body = request.json_object(lenient_content_type=True) if request.method == "POST" else None
-        body = body or {}
-        # 2. version.
-        asked = args["version"] if "version" in args else body.get("version")
-        if asked is None:
-            number = head["published"]
-            if number is None:
+        if deferred is not None:
+            raise deferred
+        # 2. version: the published one, or a draft for administrators only.
+        if number is None:
+            if head["published"] is None:
                 raise QagError("not_published", "This query has no published version")
-        else:
-            if isinstance(asked, bool) or not isinstance(asked, (int, str)):
-                raise QagError("invalid_request", "version must be an integer")
-            number = _positive_int(asked, "version")
-            published = head["published"]
-            is_draft = published is None or number > published
-            if is_draft and not caller.admin:
-                raise QagError("version_not_found", f"Version {number} not found")
-        version = self.store.get_version(name, number)
+        elif (head["published"] is None or number > head["published"]) and not caller.admin:
+            raise QagError("version_not_found", f"Version {number} not found")
         if version is None:
             raise QagError("version_not_found", f"Version {number} not found")
         # 3. connection choice and reachability.
@@ -167,8 +180,7 @@ class RunHandlers:
         writes = self._writes_allowed(caller, name) and not stream
         plan = Plan(connection, prepared, values, not writes, timeout, fmt, page, size, stream,
                     request_name(request), show_detail=caller.admin and not self._has_mask(caller))
-        self._refuse_ungoverned(caller, version)
-        return self._execute(plan, caller, writes, name)
+        return self._execute(plan, caller, writes, version)
 
     # --- POST /execute_sql -------------------------------------------------------------------
     def execute_sql(self, request, caller):
@@ -194,7 +206,7 @@ class RunHandlers:
         if not isinstance(params, dict):
             raise QagError("invalid_body", "params must be a JSON object")
         fmt, timeout = self._format_and_timeout(request.args, body, caller)
-        if body.get("mask"):
+        if body.get("mask") is not None and normalise_mask(body["mask"]):
             raise QagError("mask_unresolvable", "Ad-hoc masking is not available on this server yet, so a masked "
                                                 "result can't be produced")
         stream, page, size = self._paging(request.args, caller, fmt)
@@ -205,7 +217,6 @@ class RunHandlers:
         prepared = prepare(sql, connection["db"], text_placeholders=False)
         plan = Plan(connection, prepared, params, not writes, timeout, fmt, page, size, stream, chosen,
                     show_detail=not self._has_mask(caller))
-        self._refuse_ungoverned(caller, None)
         return self._execute(plan, caller, writes, None)
 
     # --- shared steps --------------------------------------------------------------------------
@@ -234,6 +245,8 @@ class RunHandlers:
             raise QagError("invalid_paging", f"page_size must not exceed {self.settings.max_page_size}")
         if not caller.admin and caller.grants.max_rows:
             size = min(size, int(caller.grants.max_rows))
+        if (page - 1) * size > _MAX_OFFSET:
+            raise QagError("invalid_paging", "page is too large")
         return False, page, size
 
     def _writes_allowed(self, caller, query_name: str | None) -> bool:
@@ -264,12 +277,13 @@ class RunHandlers:
                                                   f"it must be set to active.")
         return row
 
-    def _execute(self, plan: Plan, caller, writes: bool, query_name: str | None) -> Response:
+    def _execute(self, plan: Plan, caller, writes: bool, version: dict | None) -> Response:
         connection = plan.connection
         backend = self.gateway.backends.get(connection["db"])
         fields = resolve_fields(connection["fields"], os.environ)
         allowed_ops = None if caller.admin else policy.allowed_write_ops(caller.grants)
         guard_check(plan.prepared, writes_allowed=writes, allowed_write_ops=allowed_ops)
+        self._refuse_ungoverned(caller, version)
         if plan.stream:
             return self._stream(plan, backend, fields, caller)
         offset = (plan.page - 1) * plan.size
@@ -306,7 +320,7 @@ class RunHandlers:
             if not plan.show_detail:
                 error.extras.pop("detail", None)
             raise
-        headers = [("Content-Disposition", f'attachment; filename="{plan.label}.{plan.fmt}"')]
+        headers = [("Content-Disposition", content_disposition(f"{plan.label}.{plan.fmt}"))]
         fmt = plan.fmt
 
         def body():
@@ -318,6 +332,14 @@ class RunHandlers:
                 yield encode.encode_chunk(fmt, columns, [], True)
 
         return Response(200, body(), headers, encode.CONTENT_TYPES[fmt])
+
+
+def content_disposition(filename: str) -> str:
+    """RFC 6266: an ASCII fallback name plus the exact UTF-8 name, so any saved-query name is a valid header."""
+    fallback = "".join(c if c.isascii() and c.isprintable() and c not in '"\\' else "_" for c in filename)
+    if fallback == filename:
+        return f'attachment; filename="{filename}"'
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(filename, safe='')}"
 
 
 def request_name(request) -> str:

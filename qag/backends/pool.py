@@ -40,12 +40,19 @@ class Pool:
         self.waits = 0          # callers that had to wait for the cap (a metric later)
 
     def acquire(self, key: Hashable, open_conn: Callable[[], Any],
-                prefer: Callable[[Any], bool] | None = None) -> tuple[Any, bool]:
-        """(connection, reused) — an idle one when there is one (preferring `prefer(conn)`), else a new one."""
+                prefer: Callable[[Any], bool] | None = None, grow_below: int = 0) -> tuple[Any, bool]:
+        """(connection, reused) — an idle one when there is one (preferring `prefer(conn)`), else a new one.
+
+        grow_below: when no idle connection is preferred and fewer than this many are open for the key, open a
+        new one instead of reusing one that isn't (MySQL: an idle connection whose renewal reply is still on
+        its way would make the caller wait for it). Keep it at most idle_limit, or the extra ones are closed
+        again on release.
+        """
         stale: list[Any] = []
         try:
             with self._lock:
-                slot = self._take_idle(key, prefer, stale)
+                fallback = prefer is None or self._open.get(key, 0) >= grow_below
+                slot = self._take_idle(key, prefer, stale, fallback)
                 if slot is not None:
                     return slot.conn, True
                 if self.max_open is not None and self._open.get(key, 0) >= self.max_open:
@@ -72,7 +79,7 @@ class Pool:
             self._forget(key)
             raise
 
-    def _take_idle(self, key: Hashable, prefer, stale: list) -> _Slot | None:
+    def _take_idle(self, key: Hashable, prefer, stale: list, fallback: bool = True) -> _Slot | None:
         idle = self._idle.get(key)
         if not idle:
             return None
@@ -87,7 +94,7 @@ class Pool:
             for i in range(len(idle) - 1, -1, -1):
                 if prefer(idle[i].conn):
                     return idle.pop(i)
-        return idle.pop()
+        return idle.pop() if fallback else None
 
     def release(self, key: Hashable, conn: Any, reusable: bool = True) -> None:
         """Give a connection back; one that raised or can't be reset is closed instead (reusable=False)."""

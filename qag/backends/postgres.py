@@ -84,9 +84,18 @@ def prefix(read_only: bool, timeout: float | None) -> str:
     return text
 
 
+_PREFIXES: dict = {}
+
+
 def message(sql: str, read_only: bool, timeout: float | None) -> str:
     """The one message of a paged call: the prefix, then the rendered statement (with its LIMIT window)."""
-    return prefix(read_only, timeout) + sql
+    key = (read_only, timeout)
+    text = _PREFIXES.get(key)
+    if text is None:
+        if len(_PREFIXES) > 256:        # time limits are a handful of values; bound it all the same
+            _PREFIXES.clear()
+        text = _PREFIXES[key] = prefix(read_only, timeout)
+    return text + sql
 
 
 def stream_message(sql: str, timeout: float | None, first: int) -> str:
@@ -167,15 +176,17 @@ def mapped(exc: BaseException, fields: dict, timeout: float | None, conn=None) -
 # ---------------------------------------------------------------- the backend
 
 
+class _Connection(psycopg2.extensions.connection):
+    """psycopg2's connection, able to carry the cursor and the poll object qag keeps with it."""
+
+
 def _has_input(conn) -> bool:
     """Whether an idle connection has something to read (EOF or a message): then it can't be trusted."""
     if conn.closed:
         return True
     try:
-        poller = select.poll()
-        poller.register(conn.fileno(), select.POLLIN | select.POLLPRI)
-        return bool(poller.poll(0))
-    except (OSError, ValueError, psycopg2.Error):
+        return bool(conn.qag_poll.poll(0))
+    except (OSError, ValueError, AttributeError):
         return True
 
 
@@ -199,12 +210,16 @@ class PostgresBackend(Backend):
     def connect(fields: dict):
         """A new autocommit connection; any failure to open one is 502 connection_failed (password scrubbed)."""
         try:
-            conn = psycopg2.connect(**connect_args(fields))
+            conn = psycopg2.connect(connection_factory=_Connection, **connect_args(fields))
         except Exception as exc:  # OperationalError, or a driver refusal of the options (ProgrammingError)
             raise connection_failed(scrub(_driver_text(exc), fields)) from None
         try:
             conn.autocommit = True
-        except psycopg2.Error as exc:
+            # One cursor per connection, reused by every call; the poll object for the idle check.
+            conn.qag_cursor = conn.cursor()
+            conn.qag_poll = select.poll()
+            conn.qag_poll.register(conn.fileno(), select.POLLIN | select.POLLPRI)
+        except (psycopg2.Error, OSError) as exc:
             conn.close()
             raise connection_failed(scrub(_driver_text(exc), fields)) from None
         return conn
@@ -242,14 +257,14 @@ class PostgresBackend(Backend):
         args = call.args or None
         conn, reused = self._checkout(key, fields)
         try:
-            cur = conn.cursor()
+            cur = conn.qag_cursor
             try:
                 cur.execute(text, args)
             except _CONNECTION_ERRORS:
                 if not (reused and call.read_only and conn.closed):
                     raise
                 conn = self._replace(key, conn, fields)
-                cur = conn.cursor()
+                cur = conn.qag_cursor
                 cur.execute(text, args)
         except QagError:
             raise                            # _replace could not open a connection and gave the slot back
@@ -280,7 +295,7 @@ class PostgresBackend(Backend):
         except BaseException as exc:
             raise self._failed(key, conn, exc, fields, call.timeout) from None
         # A statement that left a transaction open (BEGIN as a write) doesn't leave it to the next call.
-        self.pool.release(key, conn, conn.info.transaction_status == _IDLE)
+        self.pool.release(key, conn, conn.get_transaction_status() == _IDLE)
         return Result(columns, rows, (time.perf_counter() - started) * 1000.0)
 
     def stream(self, fields: dict, call: Call, batch: int, cap: int | None):
@@ -301,7 +316,7 @@ class PostgresBackend(Backend):
         started = time.perf_counter()
         conn = self.connect(fields)
         try:
-            conn.cursor().execute(message("SELECT 1", True, self.settings.query_timeout or 10.0))
+            conn.qag_cursor.execute(message("SELECT 1", True, self.settings.query_timeout or 10.0))
         except psycopg2.Error as exc:
             raise mapped(exc, fields, self.settings.query_timeout or 10.0, conn) from None
         finally:
@@ -417,7 +432,7 @@ class _Batches:
         reusable = False
         try:
             self._cur.execute("ROLLBACK")
-            reusable = self._conn.info.transaction_status == _IDLE
+            reusable = self._conn.get_transaction_status() == _IDLE
         except psycopg2.Error:
             pass
         self._finish(reusable)

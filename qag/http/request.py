@@ -73,7 +73,10 @@ class Request:
             path, _, query = raw.partition("?")
             path = _decode_component(path, False)
         else:
-            path = self.environ.get("PATH_INFO", "/").encode("latin-1").decode("utf-8", "strict")
+            try:
+                path = self.environ.get("PATH_INFO", "/").encode("latin-1").decode("utf-8")
+            except UnicodeError:
+                raise QagError("invalid_request", "The URL is not valid UTF-8") from None
             query = self.environ.get("QUERY_STRING", "")
         self.path = path
         self.segments = path.strip("/").split("/") if path.strip("/") else []
@@ -119,27 +122,38 @@ class Request:
                     not_object_message: str = "Request body must be a JSON object") -> dict | None:
         """The body as a JSON object; None when there is none.
 
-        lenient_content_type: a body without a JSON content type is ignored (treated as absent), as /q
-        does; otherwise any body must be a JSON object.
+        lenient_content_type (/q): a body without a JSON content type is ignored, as if absent. Otherwise a
+        body must be declared JSON: a text/plain or form body is refused, so a browser page can't post one
+        cross-origin without a CORS preflight.
         """
         if self._json is not None:
             return self._json
         data = self.body()
         is_json = self.content_type in _JSON_TYPES or self.content_type.endswith("+json")
-        if lenient_content_type and not is_json:
-            return None
-        if not data.strip():
-            if lenient_content_type:
+        if not is_json:
+            if lenient_content_type or not data.strip():
                 return None
             raise QagError("invalid_body", not_object_message)
+        if not data.strip():
+            return None
         try:
             value = json.loads(data)
         except (ValueError, RecursionError):
-            raise QagError("invalid_body", invalid_message if is_json or lenient_content_type else not_object_message) from None
+            raise QagError("invalid_body", invalid_message) from None
         if not isinstance(value, dict):
             raise QagError("invalid_body", not_object_message)
+        if b"\\u" in data:
+            _refuse_lone_surrogates(value)
         self._json = value
         return value
+
+
+def _refuse_lone_surrogates(value) -> None:
+    """JSON may escape half a UTF-16 pair ("\\ud800"); no database or file can store it, so refuse it here."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise QagError("invalid_body", "Request body holds an unpaired UTF-16 surrogate escape") from None
 
 
 def _client(environ: dict, trust_proxy: int) -> tuple[str | None, bool]:

@@ -18,6 +18,7 @@ class Route:
     endpoint: str
     public: bool = False
     admin: bool = False
+    wants_caller: bool = False  # a public route that still looks at who calls (e.g. /openapi.json)
 
 
 class Router:
@@ -27,9 +28,9 @@ class Router:
         self._by_length: dict[int, list[Route]] = {}
 
     def add(self, methods: str, path: str, handler: Callable[..., Any], endpoint: str, *,
-            public: bool = False, admin: bool = False) -> None:
+            public: bool = False, admin: bool = False, wants_caller: bool = False) -> None:
         template = tuple(s for s in path.strip("/").split("/") if s)
-        route = Route(template, frozenset(methods.split()), handler, endpoint, public, admin)
+        route = Route(template, frozenset(methods.split()), handler, endpoint, public, admin, wants_caller)
         routes = self._by_length.setdefault(len(template), [])
         routes.append(route)
         # Literal segments first, so /api/v1/connections/test is not taken as a connection named "test".
@@ -61,7 +62,8 @@ def _bind(template: tuple[str, ...], segments: list[str]) -> dict[str, Any] | No
     params: dict[str, Any] = {}
     for pattern, segment in zip(template, segments):
         if pattern.startswith("<int:"):
-            if not segment.isdigit() or not segment.isascii():
+            # 18 digits always fit a 64-bit integer; longer is no version or id anyone has.
+            if not segment.isdigit() or not segment.isascii() or len(segment) > 18:
                 return None
             params[pattern[5:-1]] = int(segment)
         elif pattern.startswith("<"):

@@ -58,6 +58,10 @@ class Store(abc.ABC):
     def get_version(self, name: str, version: int) -> dict | None: ...
 
     @abc.abstractmethod
+    def get_query_for_run(self, name: str, version: int | None) -> tuple[dict | None, dict | None]:
+        """(head, version row) in one consistent read; version None = the published one."""
+
+    @abc.abstractmethod
     def create_query(self, name: str, collection: str | None, version: dict, publish: bool) -> None: ...
 
     @abc.abstractmethod

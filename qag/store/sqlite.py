@@ -48,9 +48,12 @@ class SqliteStore(Store):
     """Store on a SQLite file; safe across threads (one connection each) and processes (WAL + IMMEDIATE)."""
 
     def __init__(self, home: str, audit_limit: int = 500):
-        os.makedirs(home, exist_ok=True)
+        os.makedirs(home, mode=0o700, exist_ok=True)
         self.audit_limit = audit_limit
         self.path = os.path.join(home, STORE_FILE)
+        # Owner-only from the first byte: the store holds connection passwords. SQLite gives its -wal and
+        # -shm files the database file's mode.
+        os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
         self._local = threading.local()
         self._migrate()
 
@@ -92,11 +95,12 @@ class SqliteStore(Store):
         self._local.depth = 1
         try:
             yield
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        else:
             conn.execute("COMMIT")
+        except BaseException:
+            # Also when COMMIT itself failed: a transaction left open would hold the write lock for good.
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
         finally:
             self._local.depth = 0
 
@@ -185,6 +189,15 @@ class SqliteStore(Store):
         row.pop("query_name")
         return _flatten_version(row)
 
+    def get_query_for_run(self, name: str, version: int | None) -> tuple[dict | None, dict | None]:
+        row = self._one("SELECT q.name, q.collection, q.published, v.version, v.uuid, v.body, v.created_at, "
+                        "v.last_modified_at FROM queries q LEFT JOIN query_versions v ON v.query_name = q.name "
+                        "AND v.version = coalesce(?, q.published) WHERE q.name = ?", (version, name))
+        if row is None:
+            return None, None
+        head = {"name": row["name"], "collection": row["collection"], "published": row["published"]}
+        return head, (_flatten_version(row) if row["version"] is not None else None)
+
     def create_query(self, name: str, collection: str | None, version: dict, publish: bool) -> None:
         with self.transaction():
             self._run("INSERT INTO queries (name, collection, published, example, created_at) VALUES (?, ?, ?, ?, ?)",
@@ -242,11 +255,10 @@ class SqliteStore(Store):
         return self._one("SELECT * FROM api_keys WHERE name = ?", (name,))
 
     def key_by_hash(self, secret_hash: str) -> tuple[dict, bool] | None:
-        row = self._one("SELECT * FROM api_keys WHERE secret_hash = ?", (secret_hash,))
-        if row is not None:
-            return row, False
-        row = self._one("SELECT * FROM api_keys WHERE previous_hash = ?", (secret_hash,))
-        return (row, True) if row is not None else None
+        # grants_json: the stored text as well, so callers can cache what they compile from it.
+        row = self._one("SELECT *, grants AS grants_json, previous_hash = ? AS is_previous FROM api_keys "
+                        "WHERE secret_hash = ? OR previous_hash = ?", (secret_hash, secret_hash, secret_hash))
+        return (row, bool(row.pop("is_previous"))) if row is not None else None
 
     def put_key(self, row: dict, *, create: bool) -> None:
         self._put("api_keys", _KEY_COLUMNS, row, create)

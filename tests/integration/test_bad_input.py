@@ -23,9 +23,9 @@ def _good(server, name):
     assert r.status == 200 and r.json == [{"v": 3}]
 
 
-def raw_http(server, data: bytes) -> bytes:
-    """Send raw bytes on a fresh socket; returns what the server answered before closing (or timing out)."""
-    with socket.create_connection((server.host, server.port), timeout=10) as sock:
+def raw_http(server, data: bytes, wait: float = 5.0) -> bytes:
+    """Send raw bytes on a fresh socket; returns what the server sent until it closed (or `wait` passed)."""
+    with socket.create_connection((server.host, server.port), timeout=wait) as sock:
         sock.sendall(data)
         chunks = []
         try:
@@ -34,8 +34,6 @@ def raw_http(server, data: bytes) -> bytes:
                 if not chunk:
                     break
                 chunks.append(chunk)
-                if b"\r\n\r\n" in b"".join(chunks) and b"Connection: close" in b"".join(chunks):
-                    break
         except socket.timeout:
             pass
     return b"".join(chunks)
@@ -110,3 +108,66 @@ def test_chunked_body_is_read(server, echo):
     request += hex(len(body))[2:].encode() + b"\r\n" + body + b"\r\n0\r\n\r\n"
     answer = raw_http(server, request)
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b'[{"v":8}]\n')
+
+
+@pytest.mark.parametrize("raw,code", [
+    (b'{"format": ["json"]}', "invalid_format"), (b'{"format": {}}', "invalid_format"),
+    (b'{"timeout": ' + b"9" * 400 + b"}", "invalid_timeout"), (b'{"timeout": true}', "invalid_timeout"),
+    (b'{"connection_name": "\\ud800"}', "invalid_body"), (b'{"params": {"v": "\\udfff"}}', "invalid_body"),
+])
+def test_type_confusion_in_run_arguments(server, echo, raw, code):
+    r = server.request("POST", q(echo), raw=raw, headers={"Content-Type": "application/json"})
+    assert r.status == 400 and r.json["code"] == code, r
+    _good(server, echo)
+
+
+def test_huge_version_and_page_numbers(server, echo):
+    for path, status, code in [(q(echo) + "?version=-99999999999999999999", 404, "version_not_found"),
+                               (q(echo) + "?version=99999999999999999999", 404, "version_not_found"),
+                               (q(echo) + "?v=1&page=99999999999999999999", 400, "invalid_paging"),
+                               (f"/api/v1/queries/{echo}/versions/{'9' * 30}", 404, "not_found")]:
+        r = server.get(path)
+        assert r.status == status and r.json["code"] == code, (path, r)
+    _good(server, echo)
+
+
+def test_unwindowed_statement_with_a_far_page_stays_bounded(server):
+    # "lock" as an alias keeps the window out of the SQL: rows before the page are discarded in chunks.
+    sql = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x AS lock FROM c"
+    r = server.post("/execute_sql?page=2000000&page_size=1000&timeout=1", {"sql": sql, "connection_name": "lite"})
+    assert r.status == 504 and r.json["code"] == "query_timeout"
+
+
+def test_management_refuses_surrogates_nul_and_non_json(server, uniq):
+    r = server.request("POST", "/api/v1/queries", headers={"Content-Type": "application/json"},
+                       raw=b'{"name": "x", "description": "\\ud800", "sql": "SELECT 1"}')
+    assert r.status == 400 and r.json["code"] == "invalid_body"
+    r = server.post("/api/v1/connections", {"name": uniq("c"), "db": "sqlite", "database": "a\u0000b"})
+    assert r.status == 400 and r.json["code"] == "invalid_body"
+    r = server.request("POST", "/api/v1/api-keys", raw=b'{"name": "x"}', headers={"Content-Type": "text/plain"})
+    assert r.status == 400 and r.json["code"] == "invalid_body"
+    assert server.get("/api/v1/me").status == 200
+
+
+def test_stream_file_name_of_a_unicode_query(server):
+    server.query("日本 q", "SELECT 1 AS v", "lite")
+    r = server.get(q("日本 q") + "?stream=true&format=csv")
+    assert r.status == 200 and r.body == b"v\r\n1\r\n"
+    assert r.headers["content-disposition"] == \
+        "attachment; filename=\"__ q.csv\"; filename*=UTF-8''%E6%97%A5%E6%9C%AC%20q.csv"
+
+
+def test_open_mode_refuses_cross_origin_and_foreign_host(make_server):
+    s = make_server(admin_key=None, seed=False)
+    r = s.request("POST", "/api/v1/api-keys", body={"name": "x"}, key=None, headers={"Origin": "https://evil.example"})
+    assert r.status == 403 and r.json["code"] == "open_access_remote"
+    r = s.get("/api/v1/connections", key=None, headers={"Host": "attacker.example:5000"})
+    assert r.status == 403 and r.json["code"] == "open_access_remote"
+    assert s.get("/api/v1/connections", key=None, headers={"Host": "localhost:5000"}).status == 200
+    assert s.get("/api/v1/api-keys", key=None).json == {"items": []}
+
+
+def test_store_is_owner_only(server):
+    import os
+    import stat
+    assert stat.S_IMODE(os.stat(os.path.join(server.home, "qag.db")).st_mode) == 0o600

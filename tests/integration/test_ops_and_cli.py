@@ -131,3 +131,22 @@ def test_cli_help_everywhere():
 def test_demo_serves_and_printed_curl_lines_work(tmp_path):
     """`qag demo` prepares its home, prints keys and curl lines, and those lines return rows."""
     check_demo([sys.executable, "-m", "qag"], str(tmp_path / "demo"))
+
+
+def test_init_seeds_inactive_templates_once(tmp_path):
+    home = str(tmp_path)
+    assert qag_cli("init", home=home).returncode == 0
+    names = qag_cli("connections", "list", "--home", home).stdout.split()
+    assert names == ["example-mysql", "example-postgres", "example-sqlite"]
+    shown = json.loads(qag_cli("connections", "show", "example-postgres", "--home", home).stdout)
+    assert shown["active"] is False and shown["password"] == "${POSTGRES_PASSWORD}"
+    again = qag_cli("init", home=home)
+    assert again.returncode == 0 and "left untouched" in again.stderr
+
+
+def test_serve_host_and_port_flags_and_aliases():
+    from qag.settings import load
+    assert load({"QUERYAPIGATE_HOST": "0.0.0.0", "QUERYAPIGATE_PORT": "5002"}).bind == "0.0.0.0:5002"
+    assert load({"QUERYAPIGATE_PORT": "5002", "QAG_BIND": "127.0.0.1:7000"}).bind == "127.0.0.1:7000"
+    r = qag_cli("serve", "--host", "127.0.0.1", "--port", "notaport")
+    assert r.returncode == 2 and "--port" in r.stderr

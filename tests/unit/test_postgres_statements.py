@@ -76,10 +76,6 @@ def test_errors_never_show_the_password():
     assert "s3cret-pw" not in str(err.extras) and "********" in err.extras["detail"]
 
 
-class _Info:
-    transaction_status = psycopg2.extensions.TRANSACTION_STATUS_IDLE
-
-
 class FakeCursor:
     def __init__(self, conn):
         self.conn = conn
@@ -106,7 +102,6 @@ class FakeConn:
         self.autocommit_sets: list = []
         self.closed = 0
         self.fail = None
-        self.info = _Info()
         self._a, self._b = socket.socketpair()
         FakeConn.made.append(self)
 
@@ -123,6 +118,9 @@ class FakeConn:
 
     def cursor(self, *a, **k):
         return FakeCursor(self)
+
+    def get_transaction_status(self):
+        return psycopg2.extensions.TRANSACTION_STATUS_IDLE
 
     def rollback(self):
         self.log.append(("<rollback>", None))
@@ -192,7 +190,7 @@ def test_dead_reused_connection_is_retried_once_for_reads_only(backend):
             conn.closed = 2
             raise Gone("server closed the connection unexpectedly")
 
-        dead.cursor = lambda *a, **k: type("C", (), {"execute": staticmethod(die)})()
+        dead.qag_cursor = type("C", (), {"execute": staticmethod(die)})()
         if read_only:
             result = backend.run(FIELDS, Call("SELECT 1", (), True, None, 2))
             assert result.rows == [(1,)] and len(FakeConn.made) == 2 and len(dead.log) == 2

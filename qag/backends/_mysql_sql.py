@@ -1,0 +1,167 @@
+"""The SQL qag sends to MySQL 8 and MariaDB for one call: the time limit carried on the statement itself.
+
+Pure functions of the rendered statement (qag.sql.prepare.render, so already `...\\nLIMIT n OFFSET m` when
+paged), kept apart from the driver so the exact text is unit-tested:
+
+* MariaDB: `SET STATEMENT max_statement_time = <seconds> FOR <statement>` (any statement, reads and writes).
+* MySQL 8: the optimizer hint `/*+ MAX_EXECUTION_TIME(<ms>) */` right after the SELECT keyword of the top-level
+  query block - the leading SELECT (after any leading comments), or for `WITH ...` the first SELECT outside
+  parentheses after the common table expressions (the CTE bodies are subqueries, where MySQL ignores the
+  hint). A statement already carrying a hint comment there gets ours first inside it. A query expression
+  with no such SELECT (`(SELECT ...) UNION ...`, `TABLE t`, `VALUES ...`, or a WITH where the hint is not
+  known to work) needs `SET SESSION max_execution_time = <ms>` before it - one more round trip, on every
+  such call. Other statements (writes, SHOW, CALL) can't be limited on MySQL: its max_execution_time only
+  governs SELECT.
+* No time limit → the statement unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+from qag.sql import lexer
+
+_WS = " \t\n\r\f\v"
+_WORD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_$")
+# Statements MySQL's max_execution_time can govern when no hint can be placed: query expressions.
+_SESSION_LIMITED = frozenset(("(", "with", "table", "values"))
+
+
+class Timed(NamedTuple):
+    """The statement to send, and the session max_execution_time (ms) to set before it (MySQL only), or None."""
+
+    sql: str
+    session_ms: int | None
+
+
+def milliseconds(timeout: float) -> int:
+    """A time limit in whole milliseconds, at least 1 (MAX_EXECUTION_TIME(0) would mean no limit)."""
+    return max(1, int(round(timeout * 1000)))
+
+
+def seconds_text(timeout: float) -> str:
+    """A time limit in seconds as MariaDB's max_statement_time takes it: '2', '1.5', at least '0.000001'."""
+    if float(timeout).is_integer():
+        return str(int(timeout))
+    text = f"{timeout:.6f}".rstrip("0").rstrip(".")
+    return "0.000001" if text in ("0", "") else text
+
+
+def mariadb_statement(sql: str, timeout: float | None) -> str:
+    if not timeout:
+        return sql
+    return f"SET STATEMENT max_statement_time = {seconds_text(timeout)} FOR {sql}"
+
+
+def lead_end(sql: str) -> int:
+    """Index of the first character after leading whitespace and plain comments (-1: unterminated comment).
+
+    Executable comments (`/*! ... */`, `/*M! ... */`) are code, not comments: the scan stops at them.
+    """
+    i = 0
+    n = len(sql)
+    while i < n:
+        c = sql[i]
+        if c in _WS:
+            i += 1
+        elif c == "#" or (c == "-" and sql.startswith("--", i) and (i + 2 == n or sql[i + 2] in _WS)):
+            j = sql.find("\n", i)
+            i = n if j < 0 else j + 1
+        elif c == "/" and sql.startswith("/*", i):
+            if sql.startswith("/*!", i) or sql.startswith("/*M!", i):
+                return i
+            j = sql.find("*/", i + 2)
+            if j < 0:
+                return -1
+            i = j + 2
+        else:
+            return i
+    return i
+
+
+def _word_at(sql: str, i: int) -> str:
+    """The lower-case word starting at i ('' if none)."""
+    j = i
+    n = len(sql)
+    while j < n and (sql[j] in _WORD_CHARS or sql[j] > "\x7f"):
+        j += 1
+    return sql[i:j].lower()
+
+
+@functools.lru_cache(maxsize=1024)
+def _with_main(sql: str) -> tuple[str, int]:
+    """For a WITH statement: the keyword of its main statement after the CTEs ('' if it starts with a
+    parenthesis or can't be read) and, for SELECT, the index just after that keyword (else -1)."""
+    tokens = lexer.tokenize(sql, "mysql", text_placeholders=False)
+    depth = 0
+    for t in lexer.significant(tokens)[1:]:
+        if t.kind in (lexer.BAD, lexer.XCOMMENT):
+            return "", -1
+        if t.kind == lexer.PUNCT:
+            if t.value == "(":
+                depth += 1
+            elif t.value == ")":
+                depth -= 1
+        elif depth == 0 and t.kind == lexer.WORD and t.value in (
+                "select", "insert", "update", "delete", "replace", "table", "values"):
+            return t.value, (t.end if t.value == "select" else -1)
+    return "", -1
+
+
+def hint_position(sql: str, with_hint: bool = True) -> int:
+    """Where MAX_EXECUTION_TIME goes: just after the top-level SELECT keyword; -1 when there is none."""
+    i = lead_end(sql)
+    if i < 0:
+        return -1
+    word = _word_at(sql, i)
+    if word == "select":
+        return i + 6
+    if word == "with" and with_hint:
+        return _with_main(sql)[1]
+    return -1
+
+
+def with_hint(sql: str, ms: int, at: int) -> str:
+    """sql with MAX_EXECUTION_TIME(ms) as the first hint of the query block whose SELECT ends at `at`."""
+    j = at
+    n = len(sql)
+    while j < n and sql[j] in _WS:
+        j += 1
+    if sql.startswith("/*+", j):
+        # MySQL reads one hint comment per query block: join the statement's own.
+        return f"{sql[:j + 3]} MAX_EXECUTION_TIME({ms}){sql[j + 3:]}"
+    return f"{sql[:at]} /*+ MAX_EXECUTION_TIME({ms}) */{sql[at:]}"
+
+
+def mysql_statement(sql: str, timeout: float | None, with_hint_ok: bool = True) -> Timed:
+    """The MySQL 8 form of one call's statement (see the module docstring).
+
+    with_hint_ok: whether this server honours the hint on the top-level SELECT of a WITH statement (checked
+    once per server; False sends WITH statements through the session variable).
+    """
+    if not timeout:
+        return Timed(sql, None)
+    ms = milliseconds(timeout)
+    at = hint_position(sql, with_hint_ok)
+    if at >= 0:
+        return Timed(with_hint(sql, ms, at), None)
+    first = first_word(sql)
+    if first == "with" and _with_main(sql)[0] not in ("select", "table", "values", ""):
+        first = "a write"     # WITH ... UPDATE/DELETE: not a SELECT, so MySQL can't limit it
+    if first in _SESSION_LIMITED:
+        return Timed(sql, ms)
+    return Timed(sql, None)
+
+
+def first_word(sql: str) -> str:
+    """The statement's first keyword after leading comments, lower-case ('(' for a parenthesised start)."""
+    i = lead_end(sql)
+    if i < 0:
+        return ""
+    return "(" if sql.startswith("(", i) else _word_at(sql, i)
+
+
+# The MySQL 8 check that the hint works on a WITH statement's top-level SELECT: a server that ignores it
+# says so with a warning (ER_WARN_UNSUPPORTED_MAX_EXECUTION_TIME).
+WITH_HINT_PROBE = "WITH qag_probe AS (SELECT 1 AS x) SELECT /*+ MAX_EXECUTION_TIME(60000) */ x FROM qag_probe"

@@ -1,0 +1,551 @@
+"""MySQL 8 and MariaDB connections on mysqlclient: pooled per worker, one round trip to the server per call.
+
+What one call costs on the wire, and why it is safe:
+
+* Read-only calls run inside a read-only transaction that is already open on the pooled connection
+  (`SET SESSION TRANSACTION READ ONLY` and `START TRANSACTION READ ONLY` when the connection is opened). When
+  the call ends, `ROLLBACK AND CHAIN` is *sent* (`send_query`), which ends the transaction - releasing its
+  snapshot and metadata locks - and starts the next one with the same read-only access mode; its reply is read
+  (`read_query_result`) when the connection is next taken. The pool prefers an idle connection whose reply has
+  already arrived (a zero-timeout poll on its socket) and, while fewer than QAG_POOL_SIZE are open, opens
+  another rather than wait for one that hasn't; so a caller calling back to back waits for its own statement
+  only. A stored function that runs `SET SESSION TRANSACTION READ WRITE` cannot make a later call writable: the
+  chained transaction keeps the ended one's access mode.
+* The time limit rides on the statement (see _mysql_sql): MariaDB `SET STATEMENT max_statement_time = s FOR`,
+  MySQL the MAX_EXECUTION_TIME hint, so nothing a query sets for its session outlives it.
+* Read-write calls use autocommit connections: the statement commits in its own round trip.
+* A connection that raised is closed, never reused. An idle connection whose socket turns readable without a
+  pending reply has been closed by the server (restart, KILL, wait_timeout) and is discarded when taken: no
+  ping, no extra round trip.
+
+mysqlclient releases the interpreter lock while it waits on the network; nothing here adds a lock, a ping or a
+log line to the per-call path (the pool's own lock guards list operations only).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import select
+import threading
+import time
+from collections import OrderedDict
+
+import MySQLdb
+import MySQLdb.cursors
+
+from ..errors import QagError
+from . import _mysql_sql as statements
+from .base import Backend, Call, Result, connection_failed, query_failed, timeout_error
+from .pool import Pool
+
+CONNECT_TIMEOUT = 10
+MAX_TABLES = 1000
+SCHEMA_TTL = 60.0            # seconds a schema read is served from the cache
+SCHEMA_REFRESH_AFTER = 45.0  # ... and after this many a background thread reads it again
+SCHEMA_ENTRIES = 64
+
+_RENEW = b"ROLLBACK AND CHAIN"
+_TIMEOUT_CODES = frozenset((3024, 1969))   # MySQL ER_QUERY_TIMEOUT, MariaDB ER_STATEMENT_TIMEOUT
+# Can't reach / lost the server: CR_CONNECTION_ERROR, CR_CONN_HOST_ERROR, CR_UNKNOWN_HOST, CR_SERVER_GONE_ERROR,
+# CR_SERVER_LOST, CR_SSL_CONNECTION_ERROR, CR_SERVER_LOST_EXTENDED.
+_UNREACHABLE_CODES = frozenset((2002, 2003, 2005, 2006, 2013, 2026, 2055))
+_UNREACHABLE_TEXT = ("could not connect", "connection refused", "timeout expired", "unknown mysql server host",
+                     "lost connection to mysql server", "server closed the connection unexpectedly",
+                     "server has gone away")
+_SYSTEM_DATABASES = frozenset(("information_schema", "performance_schema", "mysql", "sys"))
+# Read-write statements after which the connection can go back to the pool (anything else - SET, CALL, BEGIN,
+# ... - may leave session state or an open transaction behind, so its connection is closed instead).
+_REUSABLE_AFTER_WRITE = frozenset(("select", "insert", "update", "delete", "replace", "with", "values", "table"))
+_MASK = "********"
+_TRUE_TEXT = ("1", "true", "yes", "on")
+
+
+# ------------------------------------------------------------------------------------------- connect arguments
+
+
+def _flag(value) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in _TRUE_TEXT
+    return bool(value)
+
+
+def _port(value) -> int:
+    if value is None or value == "":
+        return 3306
+    if isinstance(value, bool):
+        value = None
+    try:
+        port = int(str(value).strip()) if value is not None else 0
+    except ValueError:
+        port = 0
+    if not 0 < port < 65536:
+        raise QagError("connection_misconfigured", "The connection's port must be a whole number from 1 to 65535")
+    return port
+
+
+def connect_args(fields: dict, read_only: bool) -> dict:
+    """mysqlclient's connect() arguments for a connection's fields (contract 10.3's driver fields only).
+
+    TLS: ssl_ca/ssl_cert/ssl_key go in `ssl`; any of them requires TLS; ssl_verify_cert → VERIFY_CA,
+    ssl_verify_identity → VERIFY_IDENTITY; ssl_disabled turns TLS off. Never the multi-statements flag, never
+    LOCAL INFILE; utf8mb4; 10 s connect timeout.
+    """
+    args = {"host": str(fields.get("host") or "127.0.0.1"), "port": _port(fields.get("port")),
+            "user": str(fields.get("user") or ""), "password": str(fields.get("password") or ""),
+            "database": str(fields.get("database") or ""), "connect_timeout": CONNECT_TIMEOUT,
+            "charset": "utf8mb4", "multi_statements": False, "local_infile": 0,
+            # Read-only connections live in explicit transactions; read-write ones commit each statement.
+            "autocommit": None if read_only else True}
+    ssl = {name: str(fields[f"ssl_{name}"]) for name in ("ca", "cert", "key") if fields.get(f"ssl_{name}")}
+    mode = None
+    if _flag(fields.get("ssl_disabled")):
+        mode, ssl = "DISABLED", {}
+    elif _flag(fields.get("ssl_verify_identity")):
+        mode = "VERIFY_IDENTITY"
+    elif _flag(fields.get("ssl_verify_cert")):
+        mode = "VERIFY_CA"
+    elif ssl:
+        mode = "REQUIRED"
+    if ssl:
+        args["ssl"] = ssl
+    if mode:
+        args["ssl_mode"] = mode
+    if fields.get("auth_plugin"):
+        args["auth_plugin"] = str(fields["auth_plugin"])
+    return args
+
+
+def _ident(fields: dict):
+    """The pool's identity of a connection's settings: every resolved field, password included."""
+    try:
+        return frozenset(fields.items())
+    except TypeError:   # a list or object among the options
+        return json.dumps(fields, sort_keys=True, default=str)
+
+
+# ------------------------------------------------------------------------------------------- errors
+
+
+def _detail(exc: BaseException, password) -> str:
+    args = getattr(exc, "args", ())
+    if len(args) >= 2 and isinstance(args[0], int):
+        text = f"{args[0]} ({args[1]})" if args[0] else str(args[1])
+    else:
+        text = str(exc)
+    if password:
+        text = text.replace(str(password), _MASK)
+    return text
+
+
+def mapped(exc: BaseException, timeout: float | None, password) -> QagError:
+    """The contract's error for a driver failure: timeout 504, unreachable 502, anything else 500."""
+    args = getattr(exc, "args", ())
+    code = args[0] if args and isinstance(args[0], int) else None
+    if code in _TIMEOUT_CODES:
+        if timeout:
+            return timeout_error(timeout)
+        return QagError("query_timeout", "The query exceeded the database server's own time limit and was cancelled")
+    detail = _detail(exc, password)
+    lowered = detail.lower()
+    if (code in _UNREACHABLE_CODES or isinstance(exc, (MySQLdb.InterfaceError, OSError))
+            or any(text in lowered for text in _UNREACHABLE_TEXT)):
+        return connection_failed(detail)
+    return query_failed(detail)
+
+
+_DRIVER_ERRORS = (MySQLdb.Error, OSError, TypeError, ValueError)
+
+
+# ------------------------------------------------------------------------------------------- connections
+
+
+class _Cursor(MySQLdb.cursors.BaseCursor):
+    """A buffered cursor (the whole reply is read in the one round trip) that converts only the rows asked for."""
+
+    def _get_result(self):
+        return self._get_db().store_result()
+
+    def page(self, skip: int, count: int) -> list:
+        """`count` rows after `skip` (count 0: all); skipped rows are never converted to Python values."""
+        result = self._result
+        if result is None:
+            return []
+        if skip:
+            result.data_seek(skip)
+        return list(result.fetch_row(count, 0))
+
+    def finish(self) -> None:
+        """Free the result and read any further result sets (a CALL's), so the connection is ready again."""
+        self._discard()
+
+
+class _Link:
+    """One pooled server connection and what qag knows about its state."""
+
+    __slots__ = ("conn", "cursor", "poll", "pending", "mariadb", "with_hint", "session_ms")
+
+    def __init__(self, conn, mariadb: bool, with_hint: bool):
+        self.conn = conn
+        self.cursor = _Cursor(conn)
+        self.poll = select.poll()
+        self.poll.register(conn.fileno(), select.POLLIN)
+        self.pending = False        # a ROLLBACK AND CHAIN was sent and its reply not read yet
+        self.mariadb = mariadb
+        self.with_hint = with_hint  # MySQL: the hint works on a WITH statement's top-level SELECT
+        self.session_ms = 0         # MySQL: the session max_execution_time qag last set
+
+    def readable(self) -> bool:
+        return bool(self.poll.poll(0))
+
+
+def _preferred(link: _Link) -> bool:
+    # A pending reply that has arrived (or, with none pending, a quiet socket: one that turned readable was
+    # closed by the server).
+    return link.readable() == link.pending
+
+
+def _close(link: _Link) -> None:
+    link.conn.close()
+
+
+class MysqlBackend(Backend):
+    """MySQL/MariaDB: a pool per worker keyed by (settings, read-only), one statement per round trip."""
+
+    dialect = "mysql"
+    style = "format"
+
+    def __init__(self, settings):
+        self.settings = settings
+        self.pool = Pool(idle_limit=settings.pool_size, idle_timeout=settings.pool_idle_timeout,
+                         max_open=settings.pool_max, wait=settings.pool_wait, close=_close)
+        self._grow = settings.pool_size
+        self._with_hint: dict[str, bool] = {}   # server version → the WITH hint check's outcome
+        self._schemas = _SchemaCache()
+        self.renewal_waits = 0   # taken connections whose renewal reply had not arrived yet (a metric)
+
+    # --- connections ---------------------------------------------------------------------------------------
+    def _open(self, fields: dict, read_only: bool) -> _Link:
+        password = fields.get("password")
+        try:
+            conn = MySQLdb.connect(**connect_args(fields, read_only))
+        except _DRIVER_ERRORS as exc:
+            raise mapped(exc, None, password) from None
+        try:
+            version = conn.get_server_info()
+            mariadb = "mariadb" in version.lower()
+            cursor = conn.cursor()
+            if read_only:
+                cursor.execute("SET SESSION TRANSACTION READ ONLY")
+                cursor.execute("START TRANSACTION READ ONLY")
+            with_hint = mariadb or self._with_hint.get(version)
+            if with_hint is None:
+                cursor.execute(statements.WITH_HINT_PROBE)
+                cursor.fetchall()
+                with_hint = self._with_hint[version] = conn.warning_count() == 0
+            cursor.close()
+            return _Link(conn, mariadb, with_hint)
+        except _DRIVER_ERRORS as exc:
+            conn.close()
+            raise mapped(exc, None, password) from None
+
+    def _take(self, key, fields: dict, read_only: bool) -> _Link:
+        """A connection ready for a statement: pooled (its renewal reply read, alive) or new."""
+        opener = lambda: self._open(fields, read_only)  # noqa: E731
+        while True:
+            link, reused = self.pool.acquire(key, opener, _preferred, self._grow)
+            if not reused:
+                return link
+            try:
+                if link.pending:
+                    link.pending = False
+                    if not link.readable():
+                        self.renewal_waits += 1
+                    link.conn.read_query_result()
+                if not link.readable():
+                    return link
+            except _DRIVER_ERRORS:
+                pass
+            # Dead (closed by the server) or its renewal failed: close it and take another.
+            self.pool.release(key, link, False)
+
+    def _give_back(self, key, link: _Link, read_only: bool, sql: str) -> None:
+        if read_only:
+            if self.pool.idle_limit > 0:
+                try:
+                    link.conn.send_query(_RENEW)
+                except _DRIVER_ERRORS:
+                    self.pool.release(key, link, False)
+                    return
+                link.pending = True
+            self.pool.release(key, link, True)
+        else:
+            reusable = link.conn.get_autocommit() and statements.first_word(sql) in _REUSABLE_AFTER_WRITE
+            self.pool.release(key, link, reusable)
+
+    def _prepare(self, link: _Link, sql: str, timeout: float | None) -> str:
+        """The statement to send; on MySQL, first the session time limit when the statement can't carry it."""
+        if link.mariadb:
+            return statements.mariadb_statement(sql, timeout)
+        timed = statements.mysql_statement(sql, timeout, link.with_hint)
+        wanted = timed.session_ms
+        if wanted is None and not timeout and link.session_ms:
+            wanted = 0      # an earlier call's session limit must not cut this unlimited one short
+        if wanted is not None:
+            link.cursor.execute(f"SET SESSION max_execution_time = {wanted}")
+            link.session_ms = wanted
+        return timed.sql
+
+    # --- Backend -------------------------------------------------------------------------------------------
+    def run(self, fields: dict, call: Call) -> Result:
+        read_only = call.read_only
+        key = (_ident(fields), read_only)
+        link = self._take(key, fields, read_only)
+        cursor = link.cursor
+        started = time.perf_counter()
+        try:
+            cursor.execute(self._prepare(link, call.sql, call.timeout), call.args or None)
+            description = cursor.description
+            if description is None:
+                columns, rows = [], []
+            else:
+                columns = [d[0] for d in description]
+                rows = cursor.page(call.skip, call.fetch)
+            cursor.finish()
+        except BaseException as exc:
+            self.pool.release(key, link, False)
+            if isinstance(exc, _DRIVER_ERRORS):
+                raise mapped(exc, call.timeout, fields.get("password")) from None
+            raise
+        elapsed = (time.perf_counter() - started) * 1000.0
+        self._give_back(key, link, read_only, call.sql)
+        return Result(columns, rows, elapsed)
+
+    def stream(self, fields: dict, call: Call, batch: int, cap: int | None):
+        """(columns, batches) from an unbuffered cursor on a read-only connection; the first batch is read now.
+
+        The connection stays out of the pool until the last row: then it is renewed and given back; a stream
+        that stops early (row cap, client gone, error) closes it instead of reading the rest.
+        """
+        key = (_ident(fields), True)
+        link = self._take(key, fields, True)
+        cursor = MySQLdb.cursors.SSCursor(link.conn)
+        first_size = batch if cap is None else min(batch, cap)
+        try:
+            cursor.execute(self._prepare(link, call.sql, call.timeout), call.args or None)
+            columns = [d[0] for d in cursor.description] if cursor.description else []
+            first = list(cursor.fetchmany(first_size)) if columns and first_size > 0 else []
+        except BaseException as exc:
+            self.pool.release(key, link, False)
+            if isinstance(exc, _DRIVER_ERRORS):
+                raise mapped(exc, call.timeout, fields.get("password")) from None
+            raise
+        done = not columns or len(first) < first_size
+        return columns, _Batches(self, key, link, cursor, first, batch, cap, done, call.sql)
+
+    def test(self, fields: dict) -> float:
+        started = time.perf_counter()
+        link = self._open(fields, True)
+        try:
+            link.cursor.execute("SELECT 1")
+            link.cursor.finish()
+        except _DRIVER_ERRORS as exc:
+            raise mapped(exc, None, fields.get("password")) from None
+        finally:
+            _safe_close(link)
+        return (time.perf_counter() - started) * 1000.0
+
+    def databases(self, fields: dict) -> list[str]:
+        link = self._open(fields, True)
+        try:
+            link.cursor.execute("SHOW DATABASES")
+            names = [row[0] for row in link.cursor.page(0, 0)]
+            link.cursor.finish()
+        except _DRIVER_ERRORS as exc:
+            raise mapped(exc, None, fields.get("password")) from None
+        finally:
+            _safe_close(link)
+        return [n for n in names if n.lower() not in _SYSTEM_DATABASES]
+
+    def schema(self, fields: dict, database: str | None = None) -> dict:
+        name = database if database is not None else fields.get("database")
+        if not name:
+            raise QagError("invalid_request", "This connection names no database: choose one with ?database=")
+        name = str(name)
+        found = self._schemas.get((_ident(fields), name), lambda: self._read_schema(fields, name))
+        return copy.deepcopy(found)
+
+    def close_idle(self) -> None:
+        self.pool.close_idle()
+        self._schemas.clear()
+
+    # --- schema ----------------------------------------------------------------------------------------------
+    def _read_schema(self, fields: dict, database: str) -> dict:
+        """Tables and views of one database with their columns, primary and foreign keys (bound values only)."""
+        key = (_ident(fields), True)
+        link = self._take(key, fields, True)
+        cursor = link.cursor
+        try:
+            cursor.execute("SELECT TABLE_NAME, TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
+                           "ORDER BY TABLE_NAME LIMIT %s", (database, MAX_TABLES + 1))
+            objects = cursor.page(0, 0)
+            cursor.finish()
+            truncated = len(objects) > MAX_TABLES
+            objects = objects[:MAX_TABLES]
+            columns: dict[str, list] = {t[0]: [] for t in objects}
+            if objects:
+                cursor.execute("SELECT TABLE_NAME, COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, ORDINAL_POSITION, COLUMN_KEY "
+                               "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND TABLE_NAME <= %s "
+                               "ORDER BY TABLE_NAME, ORDINAL_POSITION", (database, objects[-1][0]))
+                column_rows = cursor.page(0, 0)
+                cursor.finish()
+                cursor.execute("SELECT TABLE_NAME, COLUMN_NAME, REFERENCED_TABLE_SCHEMA, REFERENCED_TABLE_NAME, "
+                               "REFERENCED_COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE "
+                               "WHERE TABLE_SCHEMA = %s AND REFERENCED_TABLE_NAME IS NOT NULL", (database,))
+                foreign = {(t, c): {"table": rt if rs == database else f"{rs}.{rt}", "column": rc}
+                           for t, c, rs, rt, rc in cursor.page(0, 0)}
+                cursor.finish()
+                for table, column, ctype, nullable, position, ckey in column_rows:
+                    if table in columns:
+                        columns[table].append({"name": column, "type": ctype, "nullable": nullable == "YES",
+                                               "position": int(position), "primary_key": ckey == "PRI",
+                                               "foreign_key": foreign.get((table, column))})
+        except BaseException as exc:
+            self.pool.release(key, link, False)
+            if isinstance(exc, _DRIVER_ERRORS):
+                raise mapped(exc, None, fields.get("password")) from None
+            raise
+        self._give_back(key, link, True, "")
+        tables = [{"name": name, "schema": database, "type": "view" if kind == "VIEW" else "table",
+                   "columns": columns[name]} for name, kind in objects]
+        return {"tables": tables, "truncated": truncated}
+
+
+def _safe_close(link: _Link) -> None:
+    try:
+        link.conn.close()
+    except _DRIVER_ERRORS:
+        pass
+
+
+class _Batches:
+    """The rows of a stream after the first batch; gives its connection back exactly once (also if dropped)."""
+
+    def __init__(self, backend: MysqlBackend, key, link: _Link, cursor, first: list, batch: int,
+                 cap: int | None, done: bool, sql: str):
+        self._backend = backend
+        self._key = key
+        self._link = link
+        self._cursor = cursor
+        self._first = first
+        self._batch = batch
+        self._left = None if cap is None else cap - len(first)
+        self._done = done          # the server has sent every row
+        self._sql = sql
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> list:
+        if self._link is None:
+            raise StopIteration
+        if self._first:
+            rows, self._first = self._first, []
+            return rows
+        if self._done or (self._left is not None and self._left <= 0):
+            self.close()
+            raise StopIteration
+        size = self._batch if self._left is None else min(self._batch, self._left)
+        try:
+            rows = list(self._cursor.fetchmany(size))
+        except _DRIVER_ERRORS:
+            # The status line has gone out: a failure mid-stream just ends the body.
+            self.close()
+            raise StopIteration from None
+        if len(rows) < size:
+            self._done = True
+        if self._left is not None:
+            self._left -= len(rows)
+        if not rows:
+            self.close()
+            raise StopIteration
+        return rows
+
+    def close(self) -> None:
+        link, self._link = self._link, None
+        if link is None:
+            return
+        if self._done:
+            try:
+                self._cursor.close()
+            except _DRIVER_ERRORS:
+                self._backend.pool.release(self._key, link, False)
+                return
+            self._backend._give_back(self._key, link, True, self._sql)
+        else:
+            # Rows are still coming: reading them all could take long, so the connection is closed instead.
+            self._backend.pool.release(self._key, link, False)
+
+    def __del__(self):
+        self.close()
+
+
+class _SchemaCache:
+    """Schema reads by (settings, database): bounded, served for SCHEMA_TTL seconds and refreshed in the
+    background after SCHEMA_REFRESH_AFTER, so a steady reader never waits for information_schema."""
+
+    def __init__(self, ttl: float = SCHEMA_TTL, refresh_after: float = SCHEMA_REFRESH_AFTER,
+                 entries: int = SCHEMA_ENTRIES):
+        self.ttl = ttl
+        self.refresh_after = refresh_after
+        self.entries = entries
+        self._lock = threading.Lock()
+        self._items: OrderedDict = OrderedDict()   # key → [value, read at, refreshing]
+        self._generation = 0
+
+    def get(self, key, load):
+        now = time.monotonic()
+        refresh = False
+        with self._lock:
+            item = self._items.get(key)
+            if item is not None and now - item[1] < self.ttl:
+                self._items.move_to_end(key)
+                if now - item[1] >= self.refresh_after and not item[2]:
+                    item[2] = refresh = True
+                value = item[0]
+            else:
+                value = None
+            generation = self._generation
+        if value is not None:
+            if refresh:
+                threading.Thread(target=self._refresh, args=(key, load, generation), daemon=True,
+                                 name="qag-mysql-schema").start()
+            return value
+        value = load()
+        self._put(key, value, generation)
+        return value
+
+    def _refresh(self, key, load, generation: int) -> None:
+        try:
+            value = load()
+        except Exception:  # the entry expires and the next reader sees the error itself
+            with self._lock:
+                item = self._items.get(key)
+                if item is not None:
+                    item[2] = False
+            return
+        self._put(key, value, generation)
+
+    def _put(self, key, value, generation: int) -> None:
+        with self._lock:
+            if generation != self._generation:
+                return      # cleared meanwhile: this read may be of the old settings
+            self._items[key] = [value, time.monotonic(), False]
+            self._items.move_to_end(key)
+            while len(self._items) > self.entries:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._generation += 1

@@ -1,0 +1,433 @@
+"""The exact SQL qag sends to MySQL 8 and MariaDB (contract 10.3, B10.4-B10.6 as adapted), and the driver fields.
+
+The statement builders are pure functions of the rendered statement; the sequence tests run MysqlBackend over a
+recording stand-in for mysqlclient's connection, because this machine's server is MariaDB and the MySQL 8
+forms (hint placement, WITH, the session-variable fallback) must be pinned all the same.
+"""
+
+from __future__ import annotations
+
+import socket
+from types import SimpleNamespace
+
+import MySQLdb
+import pytest
+
+from qag.backends import _mysql_sql as s
+from qag.backends import mysql as mysql_backend
+from qag.backends.base import Call
+from qag.backends.mysql import MysqlBackend, connect_args, mapped
+from qag.errors import QagError
+from qag.sql.prepare import prepare, render
+
+
+def rendered(sql: str, values: dict | None = None, fetch: int | None = 6, offset: int = 0) -> str:
+    return render(prepare(sql, "mysql"), values or {}, "format", fetch, offset).sql
+
+
+# ---------------------------------------------------------------------------------------------- MySQL 8 hint
+
+
+def test_paged_select_gets_the_hint_after_select_b10_paged_sql():
+    assert rendered("SELECT 1") == "SELECT 1\nLIMIT 6 OFFSET 0"
+    assert s.mysql_statement(rendered("SELECT 1"), 2) == ("SELECT /*+ MAX_EXECUTION_TIME(2000) */ 1\nLIMIT 6 OFFSET 0",
+                                                          None)
+
+
+@pytest.mark.parametrize("sql,expected", [
+    ("/* lead */ SELECT a FROM t", "/* lead */ SELECT /*+ MAX_EXECUTION_TIME(1500) */ a FROM t"),
+    ("-- note\n# other\n  select*from t", "-- note\n# other\n  select /*+ MAX_EXECUTION_TIME(1500) */*from t"),
+    ("/* a */\n/* b -- SELECT */\tSeLeCt\nx", "/* a */\n/* b -- SELECT */\tSeLeCt /*+ MAX_EXECUTION_TIME(1500) */\nx"),
+    # A leading /*+ ... */ before SELECT is a plain comment to MySQL.
+    ("/*+ not a hint */ SELECT 1", "/*+ not a hint */ SELECT /*+ MAX_EXECUTION_TIME(1500) */ 1"),
+    # One hint comment per query block: ours goes first inside the statement's own, which MySQL then obeys.
+    ("SELECT /*+ BKA(t) */ a FROM t", "SELECT /*+ MAX_EXECUTION_TIME(1500) BKA(t) */ a FROM t"),
+    ("SELECT\n  /*+ MAX_EXECUTION_TIME(99999) */ a FROM t",
+     "SELECT\n  /*+ MAX_EXECUTION_TIME(1500) MAX_EXECUTION_TIME(99999) */ a FROM t"),
+])
+def test_hint_goes_after_leading_comments_right_after_select(sql, expected):
+    assert s.mysql_statement(sql, 1.5) == (expected, None)
+
+
+def test_hint_with_bound_parameters_and_doubled_percent():
+    sql = rendered("/* 100% */ SELECT a FROM t WHERE b LIKE 'x%' AND c = :c", {"c": 1})
+    assert sql == "/* 100%% */ SELECT a FROM t WHERE b LIKE 'x%%' AND c = %s\nLIMIT 6 OFFSET 0"
+    assert s.mysql_statement(sql, 3).sql == ("/* 100%% */ SELECT /*+ MAX_EXECUTION_TIME(3000) */ a FROM t "
+                                             "WHERE b LIKE 'x%%' AND c = %s\nLIMIT 6 OFFSET 0")
+
+
+@pytest.mark.parametrize("timeout", [None, 0])
+def test_no_limit_no_hint(timeout):
+    sql = rendered("SELECT 1")
+    assert s.mysql_statement(sql, timeout) == (sql, None)
+    assert s.mariadb_statement(sql, timeout) == sql
+    with_sql = rendered("WITH x AS (SELECT 1 AS a) SELECT a FROM x")
+    assert s.mysql_statement(with_sql, timeout) == (with_sql, None)
+
+
+@pytest.mark.parametrize("timeout,ms", [(2, 2000), (1.5, 1500), (0.0004, 1), (0.0015, 2), (30.0, 30000)])
+def test_milliseconds_never_zero(timeout, ms):
+    assert s.milliseconds(timeout) == ms
+
+
+# ---------------------------------------------------------------------------------------------- WITH on MySQL 8
+
+
+def test_with_statement_hint_goes_on_the_top_level_select_not_the_cte():
+    sql = rendered("WITH x AS (SELECT 1 AS a) SELECT a FROM x")
+    assert s.mysql_statement(sql, 1.5) == (
+        "WITH x AS (SELECT 1 AS a) SELECT /*+ MAX_EXECUTION_TIME(1500) */ a FROM x\nLIMIT 6 OFFSET 0", None)
+
+
+def test_with_recursive_strings_and_parentheses_are_not_the_top_level():
+    sql = ("-- lead\nWITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 5), "
+           "m AS (SELECT ')select(' AS p) SELECT `select`, i FROM n, m")
+    assert s.mysql_statement(sql, 2).sql == (
+        "-- lead\nWITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 5), "
+        "m AS (SELECT ')select(' AS p) SELECT /*+ MAX_EXECUTION_TIME(2000) */ `select`, i FROM n, m")
+
+
+def test_with_statement_where_the_hint_is_not_known_to_work_sets_the_session_limit_b10_6():
+    sql = "WITH x AS (SELECT 1 AS a) SELECT a FROM x"
+    assert s.mysql_statement(sql, 1.5, with_hint_ok=False) == (sql, 1500)
+
+
+@pytest.mark.parametrize("sql", ["(SELECT 1) UNION (SELECT 2)", "TABLE t", "VALUES ROW(1)",
+                                 "WITH x AS (SELECT 1) (SELECT * FROM x) UNION (SELECT 2)"])
+def test_query_expressions_without_a_top_level_select_use_the_session_limit(sql):
+    assert s.mysql_statement(sql, 1.5) == (sql, 1500)
+
+
+@pytest.mark.parametrize("sql", ["INSERT INTO t VALUES (1)", "UPDATE t SET a = 1",
+                                 "WITH x AS (SELECT 1 AS a) UPDATE t, x SET t.a = x.a", "SHOW TABLES",
+                                 "CALL p()", "/*!50000 SELECT */ 1", "/* unterminated SELECT 1"])
+def test_statements_mysql_cannot_limit_are_sent_unchanged(sql):
+    # MySQL's max_execution_time governs SELECT only; a session variable would be a wasted round trip.
+    assert s.mysql_statement(sql, 1.5) == (sql, None)
+
+
+# ---------------------------------------------------------------------------------------------- MariaDB
+
+
+def test_mariadb_wraps_the_statement_b10_5():
+    sql = rendered("SELECT SLEEP(9)")
+    assert s.mariadb_statement(sql, 2) == "SET STATEMENT max_statement_time = 2 FOR SELECT SLEEP(9)\nLIMIT 6 OFFSET 0"
+
+
+@pytest.mark.parametrize("sql", ["/* c */ WITH x AS (SELECT 1) SELECT * FROM x", "INSERT INTO t VALUES (%s)",
+                                 "(SELECT 1) UNION (SELECT 2)"])
+def test_mariadb_wraps_any_statement(sql):
+    assert s.mariadb_statement(sql, 1.5) == f"SET STATEMENT max_statement_time = 1.5 FOR {sql}"
+
+
+@pytest.mark.parametrize("timeout,text", [(2, "2"), (2.0, "2"), (1.5, "1.5"), (0.25, "0.25"), (1 / 3, "0.333333"),
+                                          (1e-9, "0.000001"), (1e-5, "0.00001")])
+def test_mariadb_seconds_text(timeout, text):
+    assert s.seconds_text(timeout) == text
+
+
+# ---------------------------------------------------------------------------------------------- scanning
+
+
+@pytest.mark.parametrize("sql,end", [("SELECT 1", 0), ("  \n\tSELECT", 4), ("/* x */SELECT", 7), ("-- x\nSELECT", 5),
+                                     ("--x", 0), ("# x", 3), ("/*! SELECT */", 0), ("/*M! SELECT */", 0),
+                                     ("/* open", -1), ("-- only", 7)])
+def test_lead_end(sql, end):
+    assert s.lead_end(sql) == end
+
+
+@pytest.mark.parametrize("sql,word", [("select 1", "select"), ("/* c */ INSERT INTO t", "insert"), ("( SELECT 1)", "("),
+                                      ("SET @a = 1", "set"), ("", "")])
+def test_first_word(sql, word):
+    assert s.first_word(sql) == word
+
+
+# ---------------------------------------------------------------------------------------------- driver fields
+
+
+def test_connect_args_plain():
+    args = connect_args({"host": "db", "port": "3307", "user": "u", "password": "p", "database": "crm"}, True)
+    assert args == {"host": "db", "port": 3307, "user": "u", "password": "p", "database": "crm",
+                    "connect_timeout": 10, "charset": "utf8mb4", "multi_statements": False, "local_infile": 0,
+                    "autocommit": None}
+    assert connect_args({}, False)["autocommit"] is True
+    assert connect_args({"port": 3306}, True)["port"] == 3306
+
+
+@pytest.mark.parametrize("options,ssl,mode", [
+    ({"ssl_ca": "/ca.pem"}, {"ca": "/ca.pem"}, "REQUIRED"),
+    ({"ssl_ca": "/ca.pem", "ssl_cert": "/c.pem", "ssl_key": "/k.pem", "ssl_verify_cert": True},
+     {"ca": "/ca.pem", "cert": "/c.pem", "key": "/k.pem"}, "VERIFY_CA"),
+    ({"ssl_ca": "/ca.pem", "ssl_verify_identity": "true"}, {"ca": "/ca.pem"}, "VERIFY_IDENTITY"),
+    ({"ssl_verify_cert": "1"}, None, "VERIFY_CA"),
+    ({"ssl_ca": "/ca.pem", "ssl_disabled": True}, None, "DISABLED"),
+    ({"ssl_disabled": "false", "ssl_verify_cert": "no"}, None, None),
+])
+def test_connect_args_tls(options, ssl, mode):
+    args = connect_args(options, True)
+    assert args.get("ssl") == ssl
+    assert args.get("ssl_mode") == mode
+
+
+def test_connect_args_auth_plugin_and_nothing_else():
+    args = connect_args({"auth_plugin": "mysql_native_password", "schema": "x", "init_command": "SET x=1",
+                         "unix_socket": "/tmp/s", "client_flag": 65536}, True)
+    assert args["auth_plugin"] == "mysql_native_password"
+    assert not {"schema", "init_command", "unix_socket", "client_flag"} & set(args)
+
+
+@pytest.mark.parametrize("port", ["x", "0", 70000, True, "3306.5"])
+def test_bad_port(port):
+    with pytest.raises(QagError) as info:
+        connect_args({"port": port}, True)
+    assert info.value.code == "connection_misconfigured"
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+def test_errors_map_to_the_contract():
+    e = mapped(MySQLdb.OperationalError(1969, "Query execution was interrupted (max_statement_time exceeded)"), 2.0, "")
+    assert (e.code, e.extras["timeout"]) == ("query_timeout", 2)
+    e = mapped(MySQLdb.OperationalError(3024, "maximum statement execution time exceeded"), 1.5, "")
+    assert (e.code, e.extras["timeout"]) == ("query_timeout", 1.5)
+    e = mapped(MySQLdb.OperationalError(2003, "Can't connect to MySQL server on 'h' (111) pw=hunter2"), None, "hunter2")
+    assert e.code == "connection_failed" and "hunter2" not in e.extras["detail"] and "********" in e.extras["detail"]
+    for code in (2002, 2005, 2006, 2013):
+        assert mapped(MySQLdb.OperationalError(code, "x"), None, "").code == "connection_failed"
+    e = mapped(MySQLdb.ProgrammingError(1064, "You have an error in your SQL syntax"), 2.0, "")
+    assert e.code == "query_failed" and e.extras["detail"] == "1064 (You have an error in your SQL syntax)"
+    assert mapped(MySQLdb.OperationalError(1045, "Access denied"), None, "").code == "query_failed"
+
+
+# ---------------------------------------------------------------------------------------------- sequences
+
+
+class _FakeResult:
+    def __init__(self, rows):
+        self.rows = list(rows)
+        self.pos = 0
+
+    def describe(self):
+        return (("c", 253, 0, 0, 0, 0, 1),)
+
+    def field_flags(self):
+        return (0,)
+
+    def data_seek(self, n):
+        self.pos = n
+
+    def fetch_row(self, n=1, how=0):
+        end = None if n == 0 else self.pos + n
+        out = self.rows[self.pos:end]
+        self.pos += len(out)
+        return tuple(out)
+
+    def discard(self):
+        pass
+
+
+class _FakeConn:
+    """Records what mysqlclient would send. send_query's reply "arrives" at once on a real socket pair, so the
+    backend's readiness poll works as with a server."""
+
+    encoding = "utf8"
+
+    def __init__(self, log: list, version: str, probe_warnings: int, kwargs: dict):
+        self.log = log
+        self.version = version
+        self.probe_warnings = probe_warnings
+        self.kwargs = kwargs
+        self.ours, self.theirs = socket.socketpair()
+        self.warnings = 0
+        self.result = None
+
+    def get_server_info(self):
+        return self.version
+
+    def cursor(self):
+        return MySQLdb.cursors.Cursor(self)
+
+    def literal(self, value):
+        return repr(value).encode()
+
+    def query(self, q):
+        text = q.decode()
+        self.log.append(text)
+        self.warnings = self.probe_warnings if text == s.WITH_HINT_PROBE else 0
+        self.result = _FakeResult([(1,)]) if "SELECT" in text or "WITH" in text else None
+
+    def store_result(self):
+        result, self.result = self.result, None
+        return result
+
+    def next_result(self):
+        return -1
+
+    def warning_count(self):
+        return self.warnings
+
+    def affected_rows(self):
+        return 0
+
+    def insert_id(self):
+        return 0
+
+    def send_query(self, q):
+        self.log.append(f"send {q.decode()}")
+        self.theirs.send(b"x")
+
+    def read_query_result(self):
+        self.ours.recv(1)
+        self.log.append("read")
+
+    def fileno(self):
+        return self.ours.fileno()
+
+    def get_autocommit(self):
+        return bool(self.kwargs.get("autocommit"))
+
+    def close(self):
+        self.log.append("close")
+        self.ours.close()
+        self.theirs.close()
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """(make_backend, log, connects): MysqlBackend over recording connections."""
+    log: list[str] = []
+    connects: list[dict] = []
+    state = {"version": "8.0.36", "probe_warnings": 0}
+
+    def connect(**kwargs):
+        connects.append(kwargs)
+        log.append("connect")
+        return _FakeConn(log, state["version"], state["probe_warnings"], kwargs)
+
+    monkeypatch.setattr(mysql_backend.MySQLdb, "connect", connect)
+
+    def make(version="8.0.36", probe_warnings=0, pool_size=1):
+        state.update(version=version, probe_warnings=probe_warnings)
+        return MysqlBackend(SimpleNamespace(pool_size=pool_size, pool_idle_timeout=300.0, pool_max=None,
+                                            pool_wait=5.0))
+
+    return make, log, connects
+
+
+FIELDS = {"host": "db", "port": 3306, "user": "u", "password": "pw", "database": "crm"}
+
+
+def _read(sql: str, timeout, fetch: int = 6) -> Call:
+    return Call(rendered(sql), (), True, timeout, fetch)
+
+
+def test_b10_4_mysql_pooled_read_sequence(fake, monkeypatch):
+    make, log, connects = fake
+    cursors = []
+    original = mysql_backend._Cursor.__init__
+    monkeypatch.setattr(mysql_backend._Cursor, "__init__", lambda self, conn: (cursors.append(1), original(self, conn))[1])
+    backend = make()
+    for timeout in (2, 2, None):
+        assert backend.run(FIELDS, _read("SELECT 1", timeout)).rows == [(1,)]
+    select = "SELECT /*+ MAX_EXECUTION_TIME(2000) */ 1\nLIMIT 6 OFFSET 0"
+    assert log == ["connect", "SET SESSION TRANSACTION READ ONLY", "START TRANSACTION READ ONLY", s.WITH_HINT_PROBE,
+                   select, "send ROLLBACK AND CHAIN",
+                   "read", select, "send ROLLBACK AND CHAIN",
+                   "read", "SELECT 1\nLIMIT 6 OFFSET 0", "send ROLLBACK AND CHAIN"]
+    assert len(connects) == 1 and len(cursors) == 1
+    assert connects[0]["multi_statements"] is False and connects[0]["autocommit"] is None
+
+
+def test_b10_5_mariadb_read_sequence(fake):
+    make, log, connects = fake
+    backend = make(version="10.11.6-MariaDB-0+deb12u1")
+    backend.run(FIELDS, _read("SELECT SLEEP(9)", 2))
+    backend.run(FIELDS, _read("SELECT SLEEP(9)", None))
+    assert log == ["connect", "SET SESSION TRANSACTION READ ONLY", "START TRANSACTION READ ONLY",
+                   "SET STATEMENT max_statement_time = 2 FOR SELECT SLEEP(9)\nLIMIT 6 OFFSET 0",
+                   "send ROLLBACK AND CHAIN", "read", "SELECT SLEEP(9)\nLIMIT 6 OFFSET 0", "send ROLLBACK AND CHAIN"]
+
+
+def test_b10_6_with_statement_on_mysql(fake):
+    make, log, _ = fake
+    backend = make()
+    backend.run(FIELDS, _read("WITH x AS (SELECT 1 AS a) SELECT a FROM x", 1.5))
+    assert log[-2:] == ["WITH x AS (SELECT 1 AS a) SELECT /*+ MAX_EXECUTION_TIME(1500) */ a FROM x\nLIMIT 6 OFFSET 0",
+                        "send ROLLBACK AND CHAIN"]
+    assert not any(line.startswith("SET SESSION max_execution_time") for line in log)
+
+
+def test_b10_6_with_statement_where_the_server_ignores_the_hint(fake):
+    make, log, _ = fake
+    backend = make(probe_warnings=1)
+    with_sql = "WITH x AS (SELECT 1 AS a) SELECT a FROM x\nLIMIT 6 OFFSET 0"
+    for _ in range(2):
+        backend.run(FIELDS, _read("WITH x AS (SELECT 1 AS a) SELECT a FROM x", 1.5))
+    backend.run(FIELDS, _read("SELECT 2", None))
+    backend.run(FIELDS, _read("SELECT 3", None))
+    assert log[log.index(s.WITH_HINT_PROBE) + 1:] == [
+        "SET SESSION max_execution_time = 1500", with_sql, "send ROLLBACK AND CHAIN",
+        "read", "SET SESSION max_execution_time = 1500", with_sql, "send ROLLBACK AND CHAIN",
+        # An unlimited call first clears the limit the earlier ones left on the session, once.
+        "read", "SET SESSION max_execution_time = 0", "SELECT 2\nLIMIT 6 OFFSET 0", "send ROLLBACK AND CHAIN",
+        "read", "SELECT 3\nLIMIT 6 OFFSET 0", "send ROLLBACK AND CHAIN"]
+
+
+@pytest.mark.parametrize("version,sent", [
+    ("8.0.36", "INSERT INTO t VALUES (%s)"),
+    ("10.6.16-MariaDB", "SET STATEMENT max_statement_time = 2 FOR INSERT INTO t VALUES (%s)"),
+])
+def test_write_sequence_autocommit_no_renewal(fake, version, sent):
+    make, log, connects = fake
+    backend = make(version=version)
+    for _ in range(2):
+        backend.run(FIELDS, Call("INSERT INTO t VALUES (%s)", (5,), False, 2, 6))
+    statement = sent.replace("%s", "5")
+    probe = [] if "MariaDB" in version else [s.WITH_HINT_PROBE]
+    assert log == ["connect", *probe, statement, statement]
+    assert len(connects) == 1 and connects[0]["autocommit"] is True
+
+
+def test_write_that_may_leave_session_state_closes_its_connection(fake):
+    make, log, connects = fake
+    backend = make(version="10.6.16-MariaDB")
+    backend.run(FIELDS, Call("SET @x = 1", (), False, None, 6))
+    backend.run(FIELDS, Call("INSERT INTO t VALUES (1)", (), False, None, 6))
+    assert log == ["connect", "SET @x = 1", "close", "connect", "INSERT INTO t VALUES (1)"]
+
+
+def test_pool_key_has_every_field_and_the_access_mode(fake):
+    make, log, connects = fake
+    backend = make(version="10.6.16-MariaDB", pool_size=4)
+    backend.run(FIELDS, _read("SELECT 1", None))
+    backend.run(dict(FIELDS, password="other"), _read("SELECT 1", None))
+    backend.run(FIELDS, Call("SELECT 1", (), False, None, 6))
+    backend.run(dict(FIELDS, ssl_ca="/ca.pem"), _read("SELECT 1", None))
+    assert len(connects) == 4
+    backend.run(FIELDS, _read("SELECT 1", None))
+    assert len(connects) == 4
+
+
+def test_no_pool_no_renewal(fake):
+    make, log, connects = fake
+    backend = make(version="10.6.16-MariaDB", pool_size=0)
+    for _ in range(3):
+        backend.run(FIELDS, _read("SELECT 1", None))
+    assert len(connects) == 3 and "send ROLLBACK AND CHAIN" not in log and log.count("close") == 3
+
+
+def test_a_connection_that_raised_is_closed(fake, monkeypatch):
+    make, log, connects = fake
+    backend = make(version="10.6.16-MariaDB")
+    backend.run(FIELDS, _read("SELECT 1", None))
+
+    def fail(self, q):
+        self.log.append(q.decode())
+        raise MySQLdb.OperationalError(1969, "Query execution was interrupted (max_statement_time exceeded)")
+
+    monkeypatch.setattr(_FakeConn, "query", fail)
+    with pytest.raises(QagError) as info:
+        backend.run(FIELDS, _read("SELECT 2", 1))
+    assert info.value.code == "query_timeout" and log[-1] == "close"
+    assert backend.pool.stats() == {"idle": 0, "active": 0, "waits": 0}
