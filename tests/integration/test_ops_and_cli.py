@@ -118,7 +118,7 @@ def test_cli_admin_commands(tmp_path):
                   '{"nope": "int"}', home=home)
     assert bad.returncode == 1 and "nope" in bad.stderr
     assert qag_cli("connections", "remove", "data", "--reason", "done", home=home).returncode == 0
-    assert qag_cli("connections", "list", home=home).stdout.strip() == ""
+    assert "data" not in qag_cli("connections", "list", home=home).stdout.split()
     assert qag_cli("keys", "remove", "ghost", home=home).returncode == 1
 
 
