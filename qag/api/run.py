@@ -324,12 +324,17 @@ class RunHandlers:
         fmt = plan.fmt
 
         def body():
-            first = True
-            for rows in batches:
-                yield encode.encode_chunk(fmt, columns, rows, first)
-                first = False
-            if first and fmt != "ndjson":
-                yield encode.encode_chunk(fmt, columns, [], True)
+            # The server closes this generator when the client goes away: close the cursor's batches with it,
+            # so its connection is rolled back and released now, not whenever it is collected.
+            try:
+                first = True
+                for rows in batches:
+                    yield encode.encode_chunk(fmt, columns, rows, first)
+                    first = False
+                if first and fmt != "ndjson":
+                    yield encode.encode_chunk(fmt, columns, [], True)
+            finally:
+                batches.close()
 
         return Response(200, body(), headers, encode.CONTENT_TYPES[fmt])
 
