@@ -16,13 +16,16 @@ test: system-deps $(FULL)
 	QAG_SPEEDUPS=require $(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 # System packages for the whole suite: a C compiler for the speedups, pkg-config and the MySQL client
-# library that mysqlclient builds against, venv support. Installed only when missing.
+# library that mysqlclient builds against, libpq and wrk for the benchmark harness's smoke test, venv
+# support. Installed only when missing.
 system-deps:
 	@missing=""; \
 	command -v cc >/dev/null 2>&1 || missing="$$missing gcc libc6-dev"; \
 	command -v pkg-config >/dev/null 2>&1 || missing="$$missing pkg-config"; \
 	pkg-config --exists mysqlclient 2>/dev/null || pkg-config --exists libmariadb 2>/dev/null \
 	  || missing="$$missing default-libmysqlclient-dev"; \
+	pkg-config --exists libpq 2>/dev/null || missing="$$missing libpq-dev"; \
+	command -v wrk >/dev/null 2>&1 || missing="$$missing wrk"; \
 	$(PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing system packages:$$missing"; \

@@ -49,6 +49,11 @@ def _ratio(a: Stat, b: Stat) -> str:
     return f"{r:.2f}×" + ("" if not a.overlaps(b) else " (ranges overlap)")
 
 
+def _lat(blocks: list[dict], field: str, pct: str, digits: int) -> str:
+    """Median [min–max] in ms of one latency percentile (stored in µs)."""
+    return Stat((b.get(field) or {}).get(pct) for b in blocks).fmt(1e-3, digits)
+
+
 def render(records: list[dict], run: str | None = None) -> str:
     if run is None:
         runs = [r["run"] for r in records if r.get("type") == "run"]
@@ -66,7 +71,9 @@ def render(records: list[dict], run: str | None = None) -> str:
     groups: dict[tuple, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for b in blocks:
         groups[(b["case"], b["workload"], b["key"], b["distribution"], b["phase"], b.get("pct"))][b["target"]].append(b)
-    cases = sorted({(k[0], k[1], k[2], k[3]) for k in groups})
+    order = {"plain": 0, "governed": 1}
+    cases = sorted({(k[0], k[1], k[2], k[3]) for k in groups},
+                   key=lambda c: (c[0], c[1], order.get(c[2], 2), c[2], c[3]))
     for case, wl, key, dist in cases:
         closed = groups.get((case, wl, key, dist, "closed", None), {})
         if not closed:
@@ -79,8 +86,8 @@ def render(records: list[dict], run: str | None = None) -> str:
                 f"Ratios are the row ÷ {base}; a ratio counts only when the ranges don't "
                 "overlap.", "",
                 "| target | calls/s | ratio | p50 ms | p99 ms | gateway CPU µs/call | ratio | DB CPU µs/call | "
-                "load-gen µs/call | statements/call | non-2xx | bad rows |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                "load-gen µs/call | statements/call | non-2xx | bad/checked | load avg |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         base_rps = Stat(b["rps"] for b in closed[base])
         base_cpu = Stat(b["cpu_per_call"]["gateway_us"] for b in closed[base])
         for n in names:
@@ -91,22 +98,22 @@ def render(records: list[dict], run: str | None = None) -> str:
             stm_key = "questions" if "questions" in stm else ("statements" if "statements" in stm else
                                                              ("xacts" if "xacts" in stm else None))
             stmts = Stat(b.get("statements_per_call", {}).get(stm_key) for b in bs) if stm_key else Stat([])
+            ratio_cpu = _ratio(cpu, base_cpu) if n != base and cpu else ("1" if n == base else "–")
+            checked = f"{sum(b.get('bad', 0) for b in bs)}/{sum(b.get('checked', 0) for b in bs)}"
             out.append(
                 f"| {n} | {rps.fmt()} | {_ratio(rps, base_rps) if n != base else '1'} | "
-                f"{Stat(b['lat_us']['p50'] for b in bs).fmt(1e-3, 2)} | {Stat(b['lat_us']['p99'] for b in bs).fmt(1e-3, 2)} | "
-                f"{cpu.fmt(1, 0)} | {_ratio(cpu, base_cpu) if n != base and cpu else ('1' if n == base else '–')} | "
+                f"{_lat(bs, 'lat_us', 'p50', 2)} | {_lat(bs, 'lat_us', 'p99', 2)} | {cpu.fmt(1, 0)} | {ratio_cpu} | "
                 f"{Stat(b['cpu_per_call']['db_us'] for b in bs).fmt(1, 0)} | "
                 f"{Stat(b['cpu_per_call']['load_us'] for b in bs).fmt(1, 0)} | "
                 f"{stmts.fmt(1, 2) + (' ' + stm_key if stm_key else '')} | "
-                f"{sum(b.get('non2xx', 0) for b in bs)} | {sum(b.get('bad', 0) for b in bs)}/{sum(b.get('checked', 0) for b in bs)} |")
+                f"{sum(b.get('non2xx', 0) for b in bs)} | {checked} | {Stat(b.get('loadavg_1m') for b in bs).fmt(1, 1)} |")
         single = groups.get((case, wl, key, dist, "single", None), {})
         if single:
             out += ["", "Single caller (closed loop, 1 connection):", "",
                     "| target | calls/s | p50 ms | p99 ms |", "|---|---|---|---|"]
             for n, bs in single.items():
-                out.append(f"| {n} | {Stat(b['rps'] for b in bs).fmt()} | "
-                           f"{Stat(b['lat_us']['p50'] for b in bs).fmt(1e-3, 3)} | "
-                           f"{Stat(b['lat_us']['p99'] for b in bs).fmt(1e-3, 3)} |")
+                out.append(f"| {n} | {Stat(b['rps'] for b in bs).fmt()} | {_lat(bs, 'lat_us', 'p50', 3)} | "
+                           f"{_lat(bs, 'lat_us', 'p99', 3)} |")
         opens = sorted(k[5] for k in groups if k[:5] == (case, wl, key, dist, "open"))
         if opens:
             out += ["", "Open loop (offered rate = % of the capacity measured in the same block; latency from the "
@@ -115,10 +122,10 @@ def render(records: list[dict], run: str | None = None) -> str:
                     "|---|---|---|---|---|---|---|---|"]
             for pct in opens:
                 for n, bs in groups[(case, wl, key, dist, "open", pct)].items():
-                    co = [b.get("co_lat_us") or {} for b in bs]
-                    out.append(f"| {n} | {pct} | {Stat(b['rate'] for b in bs).fmt()} | {Stat(b['rps'] for b in bs).fmt()} | "
-                               f"{Stat(c.get('p50') for c in co).fmt(1e-3, 2)} | {Stat(c.get('p99') for c in co).fmt(1e-3, 2)} | "
-                               f"{Stat(c.get('p999') for c in co).fmt(1e-3, 2)} | {sum(b.get('non2xx', 0) for b in bs)} |")
+                    out.append(f"| {n} | {pct} | {Stat(b['rate'] for b in bs).fmt()} | "
+                               f"{Stat(b['rps'] for b in bs).fmt()} | {_lat(bs, 'co_lat_us', 'p50', 2)} | "
+                               f"{_lat(bs, 'co_lat_us', 'p99', 2)} | {_lat(bs, 'co_lat_us', 'p999', 2)} | "
+                               f"{sum(b.get('non2xx', 0) for b in bs)} |")
         health = groups.get((case, wl, key, dist, "health", None), {})
         if health:
             cells = []
@@ -132,7 +139,8 @@ def render(records: list[dict], run: str | None = None) -> str:
         out.append("")
     unsupported = [r for r in recs if r.get("type") == "unsupported"]
     if unsupported:
-        out += ["## Not run", "", "| case | workload | key | target | why (the probe's answer) |", "|---|---|---|---|---|"]
+        out += ["## Not run", "", "| case | workload | key | target | why (the probe's answer) |",
+                "|---|---|---|---|---|"]
         for r in unsupported:
             reason = r["reason"].replace("|", "\\|").replace("\n", " ")[:160]
             out.append(f"| {r['case']} | {r['workload']} | {r['key']} | {r['target']} | not yet supported: {reason} |")

@@ -225,7 +225,9 @@ class Harness:
             for ref in a.refs.split(","):
                 refs.venv_python(ref.strip())
                 specs.append(f"qag@{ref.strip()}" + (f":{opts}" if opts else ""))
-        self.emit({"type": "run", "argv": sys.argv[1:], "machine": measure.machine(), "targets": specs,
+        git = subprocess.run(["git", "-C", targets.REPO, "describe", "--always", "--dirty"], capture_output=True,
+                             text=True).stdout.strip()
+        self.emit({"type": "run", "argv": sys.argv[1:], "machine": measure.machine(), "targets": specs, "qag_git": git,
                    "settings": {k: v for k, v in vars(a).items() if "password" not in k}})
         for case_name in a.case or ["tpcc"]:
             case = make_case(case_name, a)

@@ -193,7 +193,11 @@ def start(spec: str, pin: str | None = None, allow_writes: bool = True) -> Targe
     env.update({k: v for k, v in opts.items()})
     if head.startswith("qag"):
         ref = head.partition("@")[2] or None
-        t = Target(label, "qag", {"workers": workers, "threads": threads, "ref": ref or "worktree", **opts},
+        sha = None
+        if ref:
+            from .refs import resolve
+            sha = resolve(ref)[:12]
+        t = Target(label, "qag", {"workers": workers, "threads": threads, "ref": ref or "worktree", "sha": sha, **opts},
                    home=home, admin_key="adm-" + secrets.token_hex(16), port=free_port())
         env.update({"QAG_HOME": home, "QAG_API_KEY": t.admin_key, "QAG_BIND": f"127.0.0.1:{t.port}",
                     "QAG_WORKERS": str(workers), "QAG_THREADS": str(threads), "QAG_ACCESS_LOG": "off",

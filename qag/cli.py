@@ -181,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--home", help="folder of the store (QAG_HOME)")
 
     sub.add_parser("version", help="print the version and which speedups are loaded")
+    sub.add_parser("size", help="workers and threads for a load (see qag size --help)", add_help=False)
 
     for resource in ("connections", "queries", "keys"):
         res = sub.add_parser(resource, help=f"administer {resource} in the store directly")
@@ -220,6 +221,11 @@ _FLAG_ENV = {"bind": "QAG_BIND", "workers": "QAG_WORKERS", "threads": "QAG_THREA
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["size"]:
+        # `qag size` has its own parser and needs no settings, store or server.
+        from .sizing import main as size_main
+        return size_main(argv[1:])
     args = build_parser().parse_args(argv)
     command = args.command or "serve"
     if args.command is None:

@@ -68,11 +68,28 @@ def test_smoke_sqlite_demo(tmp_path):
     _check_blocks(records, {"qag workers=2 threads=4", "bare"})
 
 
-def test_smoke_mysql_six_databases(tmp_path):
+@pytest.fixture
+def smoke_databases():
+    """Drop what the smoke run loads (its six prefixed databases, and the read-only user if it made it)."""
+    admin = mysql_admin()   # skips (or fails under QAG_TEST_REQUIRE_SERVICES=1) when MariaDB is unreachable
+    cur = admin.cursor()
+    cur.execute("SELECT count(*) FROM mysql.user WHERE user = 'qag_bench_ro'")
+    had_user = cur.fetchone()[0] > 0
+    yield
+    cur.execute("SHOW DATABASES LIKE 'qag\\_smoke\\_%'")
+    for (name,) in cur.fetchall():
+        cur.execute(f"DROP DATABASE `{name}`")
+    if not had_user:
+        cur.execute("SELECT host FROM mysql.user WHERE user = 'qag_bench_ro'")
+        for (host,) in cur.fetchall():
+            cur.execute(f"DROP USER 'qag_bench_ro'@'{host}'")
+    admin.close()
+
+
+def test_smoke_mysql_six_databases(tmp_path, smoke_databases):
     _need_wrk()
     if importlib.util.find_spec("qag.backends.mysql") is None:
         pytest.skip("qag does not serve MySQL connections yet (qag/backends/mysql.py is missing)")
-    mysql_admin().close()   # skips (or fails under QAG_TEST_REQUIRE_SERVICES=1) when MariaDB is unreachable
     records = _smoke(tmp_path, "--case", "tpcc", "--warehouses", "1", "--prefix", "qag_smoke_", "--target", "qag",
                      "--target", "direct", "--keys", "plain")
     _check_blocks(records, {"qag", "direct"})

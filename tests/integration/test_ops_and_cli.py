@@ -150,3 +150,9 @@ def test_serve_host_and_port_flags_and_aliases():
     assert load({"QUERYAPIGATE_PORT": "5002", "QAG_BIND": "127.0.0.1:7000"}).bind == "127.0.0.1:7000"
     r = qag_cli("serve", "--host", "127.0.0.1", "--port", "notaport")
     assert r.returncode == 2 and "--port" in r.stderr
+
+
+def test_qag_size_through_the_cli():
+    r = qag_cli("size", "--rate", "500", "--query-ms", "2", "--cpu-us", "800")
+    assert r.returncode == 0 and "QAG_WORKERS=" in r.stdout and "waiting-bound" in r.stdout
+    assert qag_cli("size", "--rate", "-1", "--query-ms", "2", "--cpu-us", "800").returncode != 0
