@@ -45,6 +45,11 @@ class Relay:
         self._closed = True
         self._listener.close()
         for s in list(self._sockets):
+            # shutdown() first: it wakes the pump threads blocked in recv(), so both ends really close.
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             try:
                 s.close()
             except OSError:

@@ -27,23 +27,18 @@ from __future__ import annotations
 import copy
 import json
 import select
-import threading
 import time
-from collections import OrderedDict
 
 import MySQLdb
 import MySQLdb.cursors
 
 from ..errors import QagError
+from . import _mysql_schema as schema_reader
 from . import _mysql_sql as statements
 from .base import Backend, Call, Result, connection_failed, query_failed, timeout_error
 from .pool import Pool
 
 CONNECT_TIMEOUT = 10
-MAX_TABLES = 1000
-SCHEMA_TTL = 60.0            # seconds a schema read is served from the cache
-SCHEMA_REFRESH_AFTER = 45.0  # ... and after this many a background thread reads it again
-SCHEMA_ENTRIES = 64
 
 _RENEW = b"ROLLBACK AND CHAIN"
 _TIMEOUT_CODES = frozenset((3024, 1969))   # MySQL ER_QUERY_TIMEOUT, MariaDB ER_STATEMENT_TIMEOUT
@@ -56,7 +51,7 @@ _UNREACHABLE_TEXT = ("could not connect", "connection refused", "timeout expired
 _SYSTEM_DATABASES = frozenset(("information_schema", "performance_schema", "mysql", "sys"))
 # Read-write statements after which the connection can go back to the pool (anything else - SET, CALL, BEGIN,
 # ... - may leave session state or an open transaction behind, so its connection is closed instead).
-_REUSABLE_AFTER_WRITE = frozenset(("select", "insert", "update", "delete", "replace", "with", "values", "table"))
+_REUSABLE_AFTER_WRITE = frozenset(("select", "insert", "update", "delete", "replace", "with", "values", "table", "do"))
 _MASK = "********"
 _TRUE_TEXT = ("1", "true", "yes", "on")
 
@@ -199,6 +194,17 @@ class _Link:
         return bool(self.poll.poll(0))
 
 
+def _hint_works_in_with(cursor) -> bool:
+    """MySQL: whether the server obeys MAX_EXECUTION_TIME on a WITH statement's top-level SELECT (it warns when
+    it ignores a hint); a server without WITH at all refuses the probe."""
+    try:
+        cursor.execute(statements.WITH_HINT_PROBE)
+        cursor.fetchall()
+    except MySQLdb.ProgrammingError:
+        return False
+    return cursor.connection.warning_count() == 0
+
+
 def _preferred(link: _Link) -> bool:
     # A pending reply that has arrived (or, with none pending, a quiet socket: one that turned readable was
     # closed by the server).
@@ -221,7 +227,7 @@ class MysqlBackend(Backend):
                          max_open=settings.pool_max, wait=settings.pool_wait, close=_close)
         self._grow = settings.pool_size
         self._with_hint: dict[str, bool] = {}   # server version → the WITH hint check's outcome
-        self._schemas = _SchemaCache()
+        self._schemas = schema_reader.SchemaCache()
         self.renewal_waits = 0   # taken connections whose renewal reply had not arrived yet (a metric)
 
     # --- connections ---------------------------------------------------------------------------------------
@@ -240,9 +246,7 @@ class MysqlBackend(Backend):
                 cursor.execute("START TRANSACTION READ ONLY")
             with_hint = mariadb or self._with_hint.get(version)
             if with_hint is None:
-                cursor.execute(statements.WITH_HINT_PROBE)
-                cursor.fetchall()
-                with_hint = self._with_hint[version] = conn.warning_count() == 0
+                with_hint = self._with_hint[version] = _hint_works_in_with(cursor)
             cursor.close()
             return _Link(conn, mariadb, with_hint)
         except _DRIVER_ERRORS as exc:
@@ -381,44 +385,17 @@ class MysqlBackend(Backend):
 
     # --- schema ----------------------------------------------------------------------------------------------
     def _read_schema(self, fields: dict, database: str) -> dict:
-        """Tables and views of one database with their columns, primary and foreign keys (bound values only)."""
         key = (_ident(fields), True)
         link = self._take(key, fields, True)
-        cursor = link.cursor
         try:
-            cursor.execute("SELECT TABLE_NAME, TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
-                           "ORDER BY TABLE_NAME LIMIT %s", (database, MAX_TABLES + 1))
-            objects = cursor.page(0, 0)
-            cursor.finish()
-            truncated = len(objects) > MAX_TABLES
-            objects = objects[:MAX_TABLES]
-            columns: dict[str, list] = {t[0]: [] for t in objects}
-            if objects:
-                cursor.execute("SELECT TABLE_NAME, COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, ORDINAL_POSITION, COLUMN_KEY "
-                               "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND TABLE_NAME <= %s "
-                               "ORDER BY TABLE_NAME, ORDINAL_POSITION", (database, objects[-1][0]))
-                column_rows = cursor.page(0, 0)
-                cursor.finish()
-                cursor.execute("SELECT TABLE_NAME, COLUMN_NAME, REFERENCED_TABLE_SCHEMA, REFERENCED_TABLE_NAME, "
-                               "REFERENCED_COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE "
-                               "WHERE TABLE_SCHEMA = %s AND REFERENCED_TABLE_NAME IS NOT NULL", (database,))
-                foreign = {(t, c): {"table": rt if rs == database else f"{rs}.{rt}", "column": rc}
-                           for t, c, rs, rt, rc in cursor.page(0, 0)}
-                cursor.finish()
-                for table, column, ctype, nullable, position, ckey in column_rows:
-                    if table in columns:
-                        columns[table].append({"name": column, "type": ctype, "nullable": nullable == "YES",
-                                               "position": int(position), "primary_key": ckey == "PRI",
-                                               "foreign_key": foreign.get((table, column))})
+            found = schema_reader.read(link.cursor, database)
         except BaseException as exc:
             self.pool.release(key, link, False)
             if isinstance(exc, _DRIVER_ERRORS):
                 raise mapped(exc, None, fields.get("password")) from None
             raise
         self._give_back(key, link, True, "")
-        tables = [{"name": name, "schema": database, "type": "view" if kind == "VIEW" else "table",
-                   "columns": columns[name]} for name, kind in objects]
-        return {"tables": tables, "truncated": truncated}
+        return found
 
 
 def _safe_close(link: _Link) -> None:
@@ -488,64 +465,3 @@ class _Batches:
 
     def __del__(self):
         self.close()
-
-
-class _SchemaCache:
-    """Schema reads by (settings, database): bounded, served for SCHEMA_TTL seconds and refreshed in the
-    background after SCHEMA_REFRESH_AFTER, so a steady reader never waits for information_schema."""
-
-    def __init__(self, ttl: float = SCHEMA_TTL, refresh_after: float = SCHEMA_REFRESH_AFTER,
-                 entries: int = SCHEMA_ENTRIES):
-        self.ttl = ttl
-        self.refresh_after = refresh_after
-        self.entries = entries
-        self._lock = threading.Lock()
-        self._items: OrderedDict = OrderedDict()   # key → [value, read at, refreshing]
-        self._generation = 0
-
-    def get(self, key, load):
-        now = time.monotonic()
-        refresh = False
-        with self._lock:
-            item = self._items.get(key)
-            if item is not None and now - item[1] < self.ttl:
-                self._items.move_to_end(key)
-                if now - item[1] >= self.refresh_after and not item[2]:
-                    item[2] = refresh = True
-                value = item[0]
-            else:
-                value = None
-            generation = self._generation
-        if value is not None:
-            if refresh:
-                threading.Thread(target=self._refresh, args=(key, load, generation), daemon=True,
-                                 name="qag-mysql-schema").start()
-            return value
-        value = load()
-        self._put(key, value, generation)
-        return value
-
-    def _refresh(self, key, load, generation: int) -> None:
-        try:
-            value = load()
-        except Exception:  # the entry expires and the next reader sees the error itself
-            with self._lock:
-                item = self._items.get(key)
-                if item is not None:
-                    item[2] = False
-            return
-        self._put(key, value, generation)
-
-    def _put(self, key, value, generation: int) -> None:
-        with self._lock:
-            if generation != self._generation:
-                return      # cleared meanwhile: this read may be of the old settings
-            self._items[key] = [value, time.monotonic(), False]
-            self._items.move_to_end(key)
-            while len(self._items) > self.entries:
-                self._items.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
-            self._generation += 1

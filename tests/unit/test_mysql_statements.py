@@ -326,7 +326,8 @@ def test_b10_4_mysql_pooled_read_sequence(fake, monkeypatch):
     make, log, connects = fake
     cursors = []
     original = mysql_backend._Cursor.__init__
-    monkeypatch.setattr(mysql_backend._Cursor, "__init__", lambda self, conn: (cursors.append(1), original(self, conn))[1])
+    monkeypatch.setattr(mysql_backend._Cursor, "__init__",
+                        lambda self, conn: (cursors.append(1), original(self, conn))[1])
     backend = make()
     for timeout in (2, 2, None):
         assert backend.run(FIELDS, _read("SELECT 1", timeout)).rows == [(1,)]
