@@ -44,7 +44,12 @@ class Relay:
     def close(self) -> None:
         self._closed = True
         self._listener.close()
-        for s in list(self._sockets):
+        self.cut()
+
+    def cut(self) -> None:
+        """Break every open connection, as a database restart or a network failure would; keep listening."""
+        sockets, self._sockets = list(self._sockets), []
+        for s in sockets:
             # shutdown() first: it wakes the pump threads blocked in recv(), so both ends really close.
             try:
                 s.shutdown(socket.SHUT_RDWR)

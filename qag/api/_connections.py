@@ -8,6 +8,7 @@ from ..auth import now_text
 from ..backends.base import resolve_fields
 from ..errors import QagError
 from ..http.response import json_response
+from ..policy.grants import check_connection
 from ._common import CONNECTION_NAME, audit, body_object, check_if_match, keyed_digest, no_content, with_etag
 
 SUPPORTED_DB = ("mysql", "postgres", "sqlite")
@@ -91,6 +92,9 @@ class ConnectionHandlers:
         add("PATCH", "/api/v1/connections/<name>", self.patch, "v1.update_connection", admin=True)
         add("DELETE", "/api/v1/connections/<name>", self.delete, "v1.delete_connection", admin=True)
         add("GET", "/api/v1/connections/<name>/schema", self.schema, "v1.connection_schema", admin=True)
+        add("POST", "/api/v1/connections/<name>/test", self.test_saved, "v1.test_saved_connection", admin=True)
+        # The data plane's schema route (contract 11): any caller granted the connection.
+        add("GET", "/connections/<name>/schema", self.runtime_schema, "api.connection_schema")
 
     # --- views -----------------------------------------------------------------------------
     def _item(self, row: dict) -> dict:
@@ -222,6 +226,25 @@ class ConnectionHandlers:
         self._check_target(db, fields)
         elapsed = self.gateway.backends.get(db).test(resolve_fields(fields, os.environ))
         return json_response({"elapsed_ms": round(elapsed, 3)})
+
+    def test_saved(self, request, caller, name):
+        row = self._existing(name)
+        elapsed = self.gateway.backends.get(row["db"]).test(resolve_fields(row["fields"], os.environ))
+        return json_response({"elapsed_ms": round(elapsed, 3)})
+
+    def runtime_schema(self, request, caller, name):
+        database = request.args.get("database")
+        if not caller.admin:
+            check_connection(caller.grants, name)
+            if database is not None:
+                raise QagError("admin_only", "Only the admin key may read another database on this connection")
+            if caller.grants.allowed_tables is not None:
+                # Listing only the allowed tables needs the governance issue's name resolution: fail closed.
+                raise QagError("table_check_failed", "This API key may only query its allowed tables, and table "
+                                                     "checks are not available on this server yet")
+        row = self._existing(name)
+        backend = self.gateway.backends.get(row["db"])
+        return json_response(backend.schema(resolve_fields(row["fields"], os.environ), database))
 
     def databases(self, request, caller):
         db, fields = self._unsaved_or_saved(request)

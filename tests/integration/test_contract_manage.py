@@ -277,3 +277,22 @@ def test_validate_and_flow(server, uniq):
 def test_me(server):
     me = server.get("/api/v1/me").json
     assert (me["name"], me["role"], me["via"]) == ("admin", "owner", "break-glass")
+
+
+def test_runtime_schema_route_needs_the_connection_grant(server, uniq):
+    granted = server.key(uniq("k"), connections=["lite"])
+    other = server.key(uniq("k"), connections=[])
+    tables = server.key(uniq("k"), connections=["lite"], allowed_tables=["t"])
+    r = server.get("/connections/lite/schema", key=granted)
+    assert r.status == 200 and "t" in [t["name"] for t in r.json["tables"]]
+    r = server.get("/connections/lite/schema", key=other)
+    assert r.status == 403 and r.json["code"] == "connection_forbidden"
+    assert server.get("/connections/lite/schema?database=x", key=granted).json["code"] == "admin_only"
+    assert server.get("/connections/lite/schema", key=tables).json["code"] == "table_check_failed"
+    assert server.get("/connections/lite/schema?database=x").status == 400
+    assert server.get("/connections/lite/schema", key=None).status == 401
+
+
+def test_saved_connection_test_route(server, uniq):
+    assert server.post("/api/v1/connections/lite/test").json["elapsed_ms"] >= 0
+    assert server.post(f"/api/v1/connections/{uniq('none')}/test").json["code"] == "connection_not_found"

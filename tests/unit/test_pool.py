@@ -1,0 +1,109 @@
+"""The data-connection pool: most recently used first, bounded idle, idle timeout, and the open cap's 503."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from qag.backends.pool import Pool
+from qag.errors import QagError
+
+
+class Conn:
+    opened = 0
+
+    def __init__(self):
+        Conn.opened += 1
+        self.id = Conn.opened
+        self.closed = False
+
+    def close(self):
+        self.closed = True
+
+
+def test_most_recently_used_first_and_idle_limit():
+    pool = Pool(idle_limit=2, idle_timeout=60)
+    a, _ = pool.acquire("k", Conn)
+    b, _ = pool.acquire("k", Conn)
+    c, _ = pool.acquire("k", Conn)
+    for conn in (a, b, c):
+        pool.release("k", conn)
+    assert a.closed and not b.closed and not c.closed   # the oldest idle one is closed beyond the limit
+    got, reused = pool.acquire("k", Conn)
+    assert got is c and reused
+    assert pool.stats() == {"idle": 1, "active": 1, "waits": 0}
+
+
+def test_keys_do_not_share_connections():
+    pool = Pool(idle_limit=4, idle_timeout=60)
+    a, _ = pool.acquire(("db", True), Conn)
+    pool.release(("db", True), a)
+    b, reused = pool.acquire(("db", False), Conn)
+    assert b is not a and not reused
+
+
+def test_connection_that_raised_is_closed_not_pooled():
+    pool = Pool(idle_limit=4, idle_timeout=60)
+    a, _ = pool.acquire("k", Conn)
+    pool.release("k", a, reusable=False)
+    assert a.closed and pool.stats()["idle"] == 0
+
+
+def test_idle_timeout_closes_instead_of_reusing():
+    pool = Pool(idle_limit=4, idle_timeout=0.05)
+    a, _ = pool.acquire("k", Conn)
+    pool.release("k", a)
+    time.sleep(0.1)
+    b, reused = pool.acquire("k", Conn)
+    assert a.closed and b is not a and not reused
+
+
+def test_pool_size_zero_never_keeps_a_connection():
+    pool = Pool(idle_limit=0, idle_timeout=60)
+    a, _ = pool.acquire("k", Conn)
+    pool.release("k", a)
+    assert a.closed
+
+
+def test_prefer_picks_a_ready_connection():
+    pool = Pool(idle_limit=4, idle_timeout=60)
+    a, _ = pool.acquire("k", Conn)
+    b, _ = pool.acquire("k", Conn)
+    pool.release("k", a)
+    pool.release("k", b)
+    got, _ = pool.acquire("k", Conn, prefer=lambda conn: conn is a)
+    assert got is a
+
+
+def test_open_cap_makes_callers_wait_then_503():
+    pool = Pool(idle_limit=4, idle_timeout=60, max_open=1, wait=0.2)
+    a, _ = pool.acquire("k", Conn)
+    with pytest.raises(QagError) as raised:
+        pool.acquire("k", Conn)
+    assert raised.value.status == 503 and raised.value.extras["retry_after"] == 1
+    # A caller that waits gets the connection released meanwhile.
+    threading.Timer(0.05, pool.release, args=("k", a)).start()
+    got, reused = pool.acquire("k", Conn)
+    assert got is a and reused and pool.stats()["waits"] == 2
+
+
+def test_open_cap_counts_a_failed_open_as_closed():
+    pool = Pool(idle_limit=4, idle_timeout=60, max_open=1, wait=0.1)
+
+    def broken():
+        raise OSError("unreachable")
+
+    with pytest.raises(OSError):
+        pool.acquire("k", broken)
+    conn, _ = pool.acquire("k", Conn)   # the failed open did not use up the cap
+    assert conn is not None
+
+
+def test_close_idle():
+    pool = Pool(idle_limit=4, idle_timeout=60)
+    a, _ = pool.acquire("k", Conn)
+    pool.release("k", a)
+    pool.close_idle()
+    assert a.closed and pool.stats()["idle"] == 0
