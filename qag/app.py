@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 
 from . import _speedups
 from .api.manage import ManageHandlers
@@ -15,6 +16,7 @@ from .errors import QagError
 from .http.request import Request
 from .http.response import HeaderPolicy, Response, error_response
 from .http.router import Router
+from .observe import Observer
 from .settings import Settings, load
 from .store.base import Store
 from .store.sqlite import SqliteStore, store_paths
@@ -36,12 +38,18 @@ class Gateway:
         self.headers = HeaderPolicy(settings.cors_origins, settings.hsts_max_age)
         self.max_body = settings.max_body_bytes
         self.trust_proxy = settings.trust_proxy
+        self.server_timing = settings.server_timing
         self.router = Router()
+        self.observe = Observer(self)
         self.run = RunHandlers(self)
         self.manage = ManageHandlers(self)
         self.ops = OpsHandlers(self)
-        for handlers in (self.run, self.manage, self.ops):
+        for handlers in (self.run, self.manage, self.ops, self.observe):
             handlers.register(self.router)
+
+    def close(self) -> None:
+        """Graceful end of this worker: write what is queued (history, events, log lines, metrics)."""
+        self.observe.close()
 
     def _server_secret(self) -> bytes:
         """A random key kept in the store, for digests of secrets (ETags); shared by every worker and instance."""
@@ -55,39 +63,66 @@ class Gateway:
         return value.encode("ascii")
 
     def __call__(self, environ: dict, start_response):
+        started = time.perf_counter()
         request = Request(environ, self.max_body, self.trust_proxy)
         origin = environ.get("HTTP_ORIGIN")
+        if self.server_timing:
+            environ["qag.timing"] = {}
         try:
             response = self.handle(request, origin)
         except QagError as error:
             response = error_response(error, request.request_id)
         except Exception:
-            log.exception("unexpected error on %s %s (request %s)", request.method, request.path, request.request_id)
+            log.exception("unexpected error on %s %s (request %s)", request.method, request.path, request.request_id,
+                          extra={"request_id": request.request_id, "key": environ.get("qag.key", "-")})
             response = error_response(QagError("internal_error"), request.request_id)
         headers = self.headers.finish(response, request.request_id, origin, request.https)
+        if self.server_timing and environ["qag.timing"]:
+            headers.append(("Server-Timing", server_timing(environ["qag.timing"])))
         body = response.body
         if isinstance(body, bytes):
             headers.append(("Content-Length", str(len(body))))
             body = [body]
         start_response(response.status_line, headers)
-        return [b""] if request.method == "HEAD" else body
+        elapsed = time.perf_counter() - started
+        self.observe.request(request.method, environ.get("qag.endpoint", "unmatched"), response.status,
+                             environ.get("qag.key", "-"), elapsed, request.request_id,
+                             request.path or environ.get("PATH_INFO", ""), time.time() - elapsed)
+        if request.method == "HEAD":
+            close = getattr(body, "close", None)
+            if close is not None:  # a stream nobody will read: release its connection now
+                close()
+            return [b""]
+        return body
 
     def handle(self, request: Request, origin: str | None) -> Response:
         """Contract 0.1: preflight, authentication, route, open-access guard, admin check, handler."""
+        environ = request.environ
         if (request.method == "OPTIONS" and self.headers.cors_enabled()
                 and request.header("Access-Control-Request-Method")):
+            environ["qag.endpoint"] = "preflight"
             return self.headers.preflight(origin)
         request.parse_target()
         try:
             route, params = self.router.match(request.segments, request.method)
         except QagError:
             # An unknown route is not public: without a credential the caller learns nothing about it.
-            if self.auth.authenticate(request.header("X-API-Key"), request.peer) is None:
+            caller = self.auth.authenticate(request.header("X-API-Key"), request.peer)
+            if caller is None:
                 raise QagError("unauthorized", "Unauthorized") from None
+            environ["qag.key"] = caller.label
             raise
+        environ["qag.endpoint"] = route.endpoint
         if route.public and not route.wants_caller:
             return route.handler(request, None, **params)
+        timing = environ.get("qag.timing")
+        if timing is not None:
+            mark = time.perf_counter()
         caller = self.auth.authenticate(request.header("X-API-Key"), request.peer)
+        if timing is not None:
+            timing["auth"] = time.perf_counter() - mark
+        if caller is not None:
+            environ["qag.key"] = caller.label
         if route.public:
             return route.handler(request, caller, **params)
         if caller is None:
@@ -113,6 +148,12 @@ class Gateway:
         if origin is not None and self.headers.allowed_origin(origin) is None:
             raise QagError("open_access_remote", "This server has no API key configured and refuses "
                            "cross-origin browser requests")
+
+
+def server_timing(timing: dict) -> str:
+    """The Server-Timing header: the stages this request went through, in milliseconds."""
+    return ", ".join(f"{name};dur={timing[name] * 1000:.3f}" for name in ("auth", "bind", "policy", "query", "encode")
+                     if name in timing)
 
 
 def create_app(settings: Settings | None = None, store: Store | None = None) -> Gateway:

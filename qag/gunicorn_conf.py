@@ -14,8 +14,42 @@ keepalive = 5
 # Each worker builds its own gateway after fork: store and data connections are never shared across it.
 preload_app = False
 accesslog = "-" if _settings.access_log else None
-# The path without the query string: parameter values can be personal data.
-access_log_format = '%(h)s - %(t)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(L)ss rid=%({x-request-id}o)s "%(a)s"'
+# The path without the query string unless QAG_ACCESS_LOG_QUERY: parameter values can be personal data.
+access_log_format = ('%(h)s - %(t)s "%(r)s" %(s)s %(b)s %(L)ss rid=%({x-request-id}o)s "%(a)s"'
+                     if _settings.access_log_query else
+                     '%(h)s - %(t)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(L)ss rid=%({x-request-id}o)s "%(a)s"')
 errorlog = "-"
 loglevel = _settings.log_level
 proc_name = "qag"
+
+
+# --- hooks: metrics summed across workers, and recording flushed when a worker ends -------------------------
+def on_starting(server):
+    """Master, before any fork: the folder every worker writes its metrics snapshots to."""
+    from qag.observe import metrics
+    metrics.start_instance()
+
+
+def post_worker_init(worker):
+    """Worker, its gateway built: qag's log lines go through the worker's log writer thread."""
+    observe = getattr(getattr(worker, "wsgi", None), "observe", None)
+    if observe is not None:
+        observe.logs.install()
+
+
+def worker_exit(server, worker):
+    """Worker, ending (SIGTERM, reload, recycling): write the queued history, events, log lines, metrics."""
+    close = getattr(getattr(worker, "wsgi", None), "close", None)
+    if close is not None:
+        close()
+
+
+def child_exit(server, worker):
+    """Master, a worker gone: fold its counters into the instance's retired totals."""
+    from qag.observe import metrics
+    metrics.retire_worker(worker.pid)
+
+
+def on_exit(server):
+    from qag.observe import metrics
+    metrics.stop_instance()

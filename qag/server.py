@@ -9,7 +9,8 @@ from gunicorn.app.base import BaseApplication
 from .settings import Settings
 
 _CONFIG_NAMES = ("bind", "workers", "threads", "worker_class", "timeout", "graceful_timeout", "keepalive",
-                 "preload_app", "accesslog", "access_log_format", "errorlog", "loglevel", "proc_name")
+                 "preload_app", "accesslog", "access_log_format", "errorlog", "loglevel", "proc_name",
+                 "on_starting", "post_worker_init", "worker_exit", "child_exit", "on_exit")
 
 
 class _Server(BaseApplication):

@@ -72,6 +72,17 @@ def _seconds(allow_zero: bool):
     return parse
 
 
+def _seconds_max(hi: float):
+    inner = _seconds(True)
+
+    def parse(text: str, s: Setting) -> float:
+        value = inner(text, s)
+        if value > hi:
+            raise SettingsError(f"{s.name} must be {s.accepted}, not {text!r}")
+        return value
+    return parse
+
+
 def _text(text: str, s: Setting) -> str:
     return text
 
@@ -99,6 +110,22 @@ def _bind(text: str, s: Setting) -> str:
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536 or not host:
         raise SettingsError(f"{s.name} must be {s.accepted}, not {text!r}")
     return value
+
+
+def _rate(text: str, s: Setting) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise SettingsError(f"{s.name} must be {s.accepted}, not {text!r}") from None
+    if not 0 < value <= 1:
+        raise SettingsError(f"{s.name} must be {s.accepted}, not {text!r}")
+    return value
+
+
+def _token(text: str, s: Setting) -> str:
+    if len(text) < 16:
+        raise SettingsError(f"{s.name} must be at least 16 characters long")
+    return text
 
 
 def _origins(text: str, s: Setting) -> tuple[str, ...]:
@@ -151,6 +178,36 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number from 0 to 16", alias="QUERYAPIGATE_TRUST_PROXY"),
     Setting("QAG_AUDIT_LOG_LIMIT", _int_range(1, 10_000_000), 500, "Audit-log entries kept (newest first); also bounds GET /api/v1/connections/deleted.",
             "a whole number from 1 to 10000000", alias="QUERYAPIGATE_AUDIT_LOG_LIMIT"),
+    Setting("QAG_ACCESS_LOG_QUERY", _flag, False, "Keep the query string in gunicorn's access log (parameter values can be personal data).",
+            "1/true/yes/on or 0/false/no/off", alias="QUERYAPIGATE_ACCESS_LOG_QUERY"),
+    Setting("QAG_LOG_REQUESTS", _flag, True, "A log line per request (not /health, /livez, /readyz, /metrics) and per executed query; off keeps warnings and errors only.",
+            "1/true/yes/on or 0/false/no/off", alias="QUERYAPIGATE_LOG_REQUESTS"),
+    Setting("QAG_JSON_LOGS", _flag, False, "qag's log lines as JSON objects (time, level, logger, request_id, key, message and structured extras).",
+            "1/true/yes/on or 0/false/no/off", alias="QUERYAPIGATE_JSON_LOGS"),
+    Setting("QAG_LOG_BUFFER", _int_range(100, 10_000_000), 10_000, "Log lines queued per worker for its writer thread; beyond it the oldest are dropped and counted (qag_log_lines_dropped_total).",
+            "a whole number from 100 to 10000000"),
+    Setting("QAG_SLOW_QUERY_THRESHOLD", _seconds(True), 1.0, "Seconds of database time after which a run is logged as a slow-query warning; 0 = off.",
+            "a number of seconds >= 0", alias="QUERYAPIGATE_SLOW_QUERY_THRESHOLD"),
+    Setting("QAG_SERVER_TIMING", _flag, False, "Add a Server-Timing header (auth, bind, policy, query, encode durations) to responses.",
+            "1/true/yes/on or 0/false/no/off"),
+    Setting("QAG_METRICS_TOKEN", _token, None, "Bearer token /metrics requires (the admin key also works); unset = /metrics is public.",
+            "text of at least 16 characters", alias="QUERYAPIGATE_METRICS_TOKEN", secret=True),
+    Setting("QAG_HISTORY_LIMIT", _int_range(1, 1_000_000), 50, "Runs kept in history per saved-query version (the newest), trimmed after each batch write.",
+            "a whole number from 1 to 1000000", alias="QUERYAPIGATE_HISTORY_LIMIT"),
+    Setting("QAG_HISTORY_ADHOC_LIMIT", _int_range(1, 10_000_000), 1000, "Ad-hoc (/execute_sql) runs kept in history, the newest.",
+            "a whole number from 1 to 10000000", alias="QUERYAPIGATE_HISTORY_ADHOC_LIMIT"),
+    Setting("QAG_HISTORY_RETENTION_DAYS", _optional_int(1, 36_500), None, "Keep every run in history for this many days instead of the count limits; unset = the count limits.",
+            "a whole number of days from 1 to 36500", alias="QUERYAPIGATE_HISTORY_RETENTION_DAYS"),
+    Setting("QAG_HISTORY_SAMPLE_RATE", _rate, 1.0, "Fraction of successful runs kept in history (failures always are); every run stays an event.",
+            "a number greater than 0 and at most 1", alias="QUERYAPIGATE_HISTORY_SAMPLE_RATE"),
+    Setting("QAG_HISTORY_ADHOC_SQL", _choice("text", "hash", "none"), "text", "What history and logs keep of ad-hoc SQL: the text (first 4000 characters), its SHA-256, or nothing.",
+            "text, hash or none", alias="QUERYAPIGATE_HISTORY_ADHOC_SQL"),
+    Setting("QAG_HISTORY_FLUSH_INTERVAL", _seconds_max(60.0), 1.0, "Seconds between a worker's batch writes of history and events (sooner when 500 are queued); 0 = write as soon as anything is queued. The call never waits for the write.",
+            "a number of seconds from 0 to 60", alias="QUERYAPIGATE_HISTORY_FLUSH_INTERVAL"),
+    Setting("QAG_HISTORY_BUFFER", _int_range(10, 10_000_000), 10_000, "Runs queued per worker for the history writer; beyond it the oldest unwritten ones are dropped and counted (queryapigate_history_runs_total{outcome=\"dropped\"}).",
+            "a whole number from 10 to 10000000"),
+    Setting("QAG_EVENTS_RETENTION_HOURS", _int_range(1, 87_600), 24, "Hours the event log keeps every run (swept in the background in small batches).",
+            "a whole number of hours from 1 to 87600", alias="QUERYAPIGATE_EVENTS_RETENTION_HOURS"),
     Setting("QAG_LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info", "Level of qag's own log lines on stderr.",
             "debug, info, warning or error"),
 )

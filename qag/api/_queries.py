@@ -101,8 +101,12 @@ class QueryHandlers:
             "created_at": v["created_at"], "last_modified_at": v["last_modified_at"],
         }
 
+    def _runs(self, name: str | None = None) -> dict:
+        """{query: (last_used_at, {version: run_count})} from run history (this worker's queue written first)."""
+        return self.gateway.observe.history.stats(name)
+
     @staticmethod
-    def summary(q: dict) -> dict:
+    def summary(q: dict, runs: dict | None = None) -> dict:
         versions = q["versions"]
         published = q["published"]
         shown = next((v for v in versions if v["version"] == published), versions[-1] if versions else {})
@@ -115,13 +119,15 @@ class QueryHandlers:
             "version_count": len(versions), "example": q["example"], "endpoint": "/q/" + quote(q["name"]),
             "updated_at": max((v["last_modified_at"] for v in versions), default=None),
             "created_at": min((v["created_at"] for v in versions), default=q["created_at"]),
-            # Run history lands with the event-log issue; until then nothing is known about runs.
-            "last_used_at": None, "cache_ttl": shown.get("cache_ttl"),
+            "last_used_at": (runs or {}).get(q["name"], (None, {}))[0], "cache_ttl": shown.get("cache_ttl"),
         }
 
     def detail(self, q: dict) -> dict:
-        out = self.summary(q)
-        out["versions"] = [dict(self.version_view(v, q["published"]), run_count=None) for v in q["versions"]]
+        runs = self._runs(q["name"])
+        counts = runs.get(q["name"], (None, {}))[1]
+        out = self.summary(q, runs)
+        out["versions"] = [dict(self.version_view(v, q["published"]), run_count=counts.get(v["version"], 0))
+                           for v in q["versions"]]
         return out
 
     def _existing(self, name: str) -> dict:
@@ -183,8 +189,9 @@ class QueryHandlers:
             raise QagError("invalid_filter", f"status must be one of: {', '.join(_STATUSES)}")
         search = (args.get("search") or "").lower()
         items = []
+        runs = self._runs()
         for q in self.store.list_queries():
-            s = self.summary(q)
+            s = self.summary(q, runs)
             if "collection" in args and s["collection"] != args["collection"]:
                 continue
             if "connection" in args and s["connection_name"] != args["connection"]:

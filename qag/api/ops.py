@@ -1,13 +1,19 @@
-"""Operations routes: /health, /openapi.json, /docs, / and /favicon.ico."""
+"""Operations routes: /health, /livez, /readyz, /metrics, /openapi.json, /docs, / and /favicon.ico."""
 
 from __future__ import annotations
 
 import datetime as _dt
+import hmac
 import os
+import threading
 
 from .. import __version__
+from ..errors import QagError
 from ..http.response import Response, json_response
 from .openapi import build_openapi
+
+_READY_TIMEOUT = 2.0  # seconds each readiness check may take
+_METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _DOCS_HTML = """<!doctype html>
 <html><head><meta charset="utf-8"><title>qag API</title>
@@ -54,9 +60,14 @@ class OpsHandlers:
 
     def __init__(self, gateway):
         self.gateway = gateway
+        token = gateway.settings.metrics_token
+        self.metrics_token = token.encode("utf-8") if token is not None else None
 
     def register(self, router) -> None:
         router.add("GET", "/health", self.health, "api.health", public=True)
+        router.add("GET", "/livez", self.livez, "api.livez", public=True)
+        router.add("GET", "/readyz", self.readyz, "api.readyz", public=True)
+        router.add("GET", "/metrics", self.metrics, "api.metrics_endpoint", public=True, wants_caller=True)
         router.add("GET", "/openapi.json", self.openapi, "api.openapi_spec", public=True, wants_caller=True)
         router.add("GET", "/docs", self.docs, "api.docs", public=True)
         router.add("GET", "/", self.root, "api.index", public=True)
@@ -65,6 +76,35 @@ class OpsHandlers:
     def health(self, request, caller):
         name, offset = local_zone()
         return json_response({"status": "ok", "version": __version__, "time_zone": name, "utc_offset": offset})
+
+    def livez(self, request, caller):
+        """The process answers; nothing else is touched."""
+        return json_response({"status": "ok"})
+
+    def readyz(self, request, caller):
+        """Ready when the store answers within a short time; 503 naming what failed otherwise."""
+        failed = {}
+        problem = _within(_READY_TIMEOUT, self.gateway.store.ping)
+        if problem is not None:
+            failed["store"] = problem
+        if failed:
+            raise QagError("unavailable", "Not ready: " + ", ".join(sorted(failed)), failed=failed)
+        return json_response({"status": "ok", "checks": {"store": "ok"}})
+
+    def metrics(self, request, caller):
+        """Prometheus text, summed over every worker of this instance (contract 9.2)."""
+        if self.metrics_token is not None and not self._may_scrape(request, caller):
+            raise QagError("unauthorized", "Unauthorized - /metrics needs its token (QUERYAPIGATE_METRICS_TOKEN)",
+                           headers=[("WWW-Authenticate", 'Bearer realm="metrics"')])
+        return Response(200, self.gateway.observe.scrape(), [], _METRICS_TYPE)
+
+    def _may_scrape(self, request, caller) -> bool:
+        if caller is not None and caller.admin and caller.via != "open":
+            return True
+        scheme, _, presented = (request.header("Authorization") or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not presented.strip().isascii():
+            return False
+        return hmac.compare_digest(presented.strip().encode("ascii"), self.metrics_token)
 
     def openapi(self, request, caller):
         # Anonymous callers and wrong keys see the generic routes only (contract 9.3).
@@ -82,3 +122,22 @@ class OpsHandlers:
     def favicon(self, request, caller):
         return Response(204)
 
+
+
+def _within(seconds: float, check) -> str | None:
+    """Run a check on a helper thread; its error text, 'timed out', or None when it passed in time."""
+    outcome: list = []
+
+    def run():
+        try:
+            check(seconds)
+            outcome.append(None)
+        except Exception as exc:  # what failed is the answer, not a 500
+            outcome.append(f"{type(exc).__name__}: {exc}")
+
+    thread = threading.Thread(target=run, name="qag-readyz", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if not outcome:
+        return f"no answer within {seconds:g} s"
+    return outcome[0]

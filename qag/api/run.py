@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from urllib.parse import quote
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -42,6 +43,15 @@ class Plan:
     stream: bool
     label: str          # Content-Disposition name for streams
     show_detail: bool
+    # What run history, metrics and logs record of the run (qag/observe):
+    request_id: str
+    key: str            # the caller as history and metrics name it: key name, 'admin', '-'
+    query: str | None   # saved-query name; None = ad-hoc
+    version: int | None
+    uuid: str | None
+    sql: str            # the statement as written (saved or ad-hoc)
+    database: str | None = None
+    timing: dict | None = None  # Server-Timing durations (seconds), when QAG_SERVER_TIMING is on
 
 
 def _positive_int(text: str, what: str) -> int:
@@ -80,6 +90,7 @@ class RunHandlers:
         self.store = gateway.store
         self.settings = gateway.settings
         self.usage = Usage()
+        self.observe = gateway.observe
         self._resolvers: OrderedDict[str, object] = OrderedDict()
 
     def register(self, router) -> None:
@@ -156,9 +167,14 @@ class RunHandlers:
             raise QagError("connection_required", "Connection name is missing")
         if not isinstance(chosen, str):
             raise QagError("invalid_body", "connection_name must be text")
+        timing = request.environ.get("qag.timing")
+        if timing is not None:
+            mark = time.perf_counter()
         if not caller.admin:
             policy.check_run_query(caller.grants, query_name=name, collection=head["collection"],
                                    saved_connection=saved, chosen_connection=chosen)
+        if timing is not None:
+            timing["policy"] = time.perf_counter() - mark
         # 4. params/placeholders objects, format, timeout.
         values = {k: v for k, v in args.items() if k not in RESERVED}
         for field in ("params", "placeholders"):
@@ -170,7 +186,11 @@ class RunHandlers:
             values.update(given)
         fmt, timeout = self._format_and_timeout(args, body, caller)
         # 5. declared parameter rules, 6. text placeholders.
+        if timing is not None:
+            mark = time.perf_counter()
         values = self._resolver(version).resolve(values)
+        if timing is not None:
+            timing["bind"] = time.perf_counter() - mark
         row = self.store.get_connection(chosen)
         prepared = prepare(version["sql"], row["db"] if row else "sqlite")
         check_text_values(prepared, values)
@@ -179,7 +199,8 @@ class RunHandlers:
         connection = self._connection(chosen, row)
         writes = self._writes_allowed(caller, name) and not stream
         plan = Plan(connection, prepared, values, not writes, timeout, fmt, page, size, stream,
-                    request_name(request), show_detail=caller.admin and not self._has_mask(caller))
+                    request_name(request), caller.admin and not self._has_mask(caller), request.request_id,
+                    caller.label, name, version["version"], version["uuid"], version["sql"], timing=timing)
         return self._execute(plan, caller, writes, version)
 
     # --- POST /execute_sql -------------------------------------------------------------------
@@ -216,7 +237,8 @@ class RunHandlers:
         writes = self._writes_allowed(caller, None) and not stream
         prepared = prepare(sql, connection["db"], text_placeholders=False)
         plan = Plan(connection, prepared, params, not writes, timeout, fmt, page, size, stream, chosen,
-                    show_detail=not self._has_mask(caller))
+                    not self._has_mask(caller), request.request_id, caller.label, None, None, None, sql,
+                    body.get("database"), request.environ.get("qag.timing"))
         return self._execute(plan, caller, writes, None)
 
     # --- shared steps --------------------------------------------------------------------------
@@ -278,16 +300,39 @@ class RunHandlers:
         return row
 
     def _execute(self, plan: Plan, caller, writes: bool, version: dict | None) -> Response:
+        """The database step: from here on every outcome is a run (history, event, metrics, log line)."""
+        observe = self.observe
+        observe.begin()
+        at = time.time()
+        try:
+            return self._run(plan, caller, writes, version, at)
+        except QagError as error:
+            observe.failed(plan, at, error)
+            raise
+        except BaseException:
+            observe.failed(plan, at, QagError("internal_error"))
+            raise
+
+    def _run(self, plan: Plan, caller, writes: bool, version: dict | None, at: float) -> Response:
         connection = plan.connection
+        timing = plan.timing
         backend = self.gateway.backends.get(connection["db"])
         fields = resolve_fields(connection["fields"], os.environ)
+        if timing is not None:
+            mark = time.perf_counter()
         allowed_ops = None if caller.admin else policy.allowed_write_ops(caller.grants)
         guard_check(plan.prepared, writes_allowed=writes, allowed_write_ops=allowed_ops)
         self._refuse_ungoverned(caller, version)
+        if timing is not None:
+            timing["policy"] = timing.get("policy", 0.0) + time.perf_counter() - mark
         if plan.stream:
-            return self._stream(plan, backend, fields, caller)
+            return self._stream(plan, backend, fields, caller, at)
         offset = (plan.page - 1) * plan.size
+        if timing is not None:
+            mark = time.perf_counter()
         rendered = render(plan.prepared, plan.values, backend.style, plan.size + 1, offset)
+        if timing is not None:
+            timing["bind"] = timing.get("bind", 0.0) + time.perf_counter() - mark
         # Windowed: LIMIT/OFFSET are in the SQL (clamped to the author's own limit); otherwise skip and slice.
         skip = 0 if rendered.windowed else offset
         call = Call(rendered.sql, rendered.args, plan.read_only, plan.timeout, plan.size + 1, skip)
@@ -304,11 +349,20 @@ class RunHandlers:
                           result.duration_ms)
         headers = [("X-Page", str(plan.page)), ("X-Page-Size", str(plan.size)), ("X-Row-Count", str(len(rows))),
                    ("X-Has-More", "true" if has_more else "false")]
+        started = time.perf_counter()
         if not rows:
-            return Response(200, encode.EMPTY_BODY, headers, "application/json")
-        return Response(200, encode.encode(plan.fmt, result.columns, rows), headers, encode.CONTENT_TYPES[plan.fmt])
+            response = Response(200, encode.EMPTY_BODY, headers, "application/json")
+        else:
+            response = Response(200, encode.encode(plan.fmt, result.columns, rows), headers,
+                                encode.CONTENT_TYPES[plan.fmt])
+        encoded = time.perf_counter() - started
+        if timing is not None:
+            timing["query"] = result.duration_ms / 1000.0
+            timing["encode"] = encoded
+        self.observe.done(plan, at, len(rows), result.duration_ms, encoded)
+        return response
 
-    def _stream(self, plan: Plan, backend, fields: dict, caller) -> Response:
+    def _stream(self, plan: Plan, backend, fields: dict, caller, at: float) -> Response:
         cap = self.settings.stream_max_rows
         if not caller.admin and caller.grants.max_rows:
             cap = min(cap, int(caller.grants.max_rows)) if cap else int(caller.grants.max_rows)
@@ -321,22 +375,62 @@ class RunHandlers:
                 error.extras.pop("detail", None)
             raise
         headers = [("Content-Disposition", content_disposition(f"{plan.label}.{plan.fmt}"))]
-        fmt = plan.fmt
+        return Response(200, _Export(plan, columns, batches, self.observe, at, cap), headers,
+                        encode.CONTENT_TYPES[plan.fmt])
 
-        def body():
-            # The server closes this generator when the client goes away: close the cursor's batches with it,
-            # so its connection is rolled back and released now, not whenever it is collected.
-            try:
-                first = True
-                for rows in batches:
-                    yield encode.encode_chunk(fmt, columns, rows, first)
-                    first = False
-                if first and fmt != "ndjson":
-                    yield encode.encode_chunk(fmt, columns, [], True)
-            finally:
-                batches.close()
 
-        return Response(200, body(), headers, encode.CONTENT_TYPES[fmt])
+_GONE = "The client went away before the export finished"
+
+
+class _Export:
+    """A stream's body. The server closes it when the client goes away (or when it never read it, HEAD): the
+    cursor's batches are closed with it, so its connection is released now, and the run is recorded exactly
+    once, however it ended."""
+
+    __slots__ = ("plan", "columns", "batches", "observe", "at", "cap", "sent", "recorded")
+
+    def __init__(self, plan: Plan, columns, batches, observe, at: float, cap: int | None):
+        self.plan, self.columns, self.batches, self.observe, self.at, self.cap = plan, columns, batches, observe, at, cap
+        self.sent = 0
+        self.recorded = False
+
+    def __iter__(self):
+        fmt, columns = self.plan.fmt, self.columns
+        first = True
+        try:
+            for rows in self.batches:
+                self.sent += len(rows)
+                yield encode.encode_chunk(fmt, columns, rows, first)
+                first = False
+            if first and fmt != "ndjson":
+                yield encode.encode_chunk(fmt, columns, [], True)
+        except QagError as error:
+            self._record(error)
+            raise
+        except GeneratorExit:
+            self._record(QagError("internal_error", _GONE))
+            raise
+        except BaseException:
+            self._record(QagError("internal_error"))
+            raise
+        finally:
+            self.batches.close()
+        self._record(None)
+
+    def _record(self, error: QagError | None) -> None:
+        if self.recorded:
+            return
+        self.recorded = True
+        if error is None:
+            self.observe.streamed(self.plan, self.at, self.sent, bool(self.cap) and self.sent >= self.cap)
+        else:
+            self.observe.failed(self.plan, self.at, error, self.sent)
+
+    def close(self) -> None:
+        try:
+            self.batches.close()
+        finally:
+            self._record(QagError("internal_error", _GONE))
 
 
 def content_disposition(filename: str) -> str:

@@ -26,6 +26,10 @@ class Store(abc.ABC):
     def get_meta(self, key: str) -> str | None: ...
 
     @abc.abstractmethod
+    def ping(self, timeout: float) -> None:
+        """Raise unless the store answers a read within `timeout` seconds (a fresh connection: /readyz)."""
+
+    @abc.abstractmethod
     def set_meta(self, key: str, value: str) -> None: ...
 
     # --- connections -----------------------------------------------------------------------
@@ -126,3 +130,35 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def audit_entries(self, action: str | None = None) -> Iterator[dict]: ...
+
+    # --- run history and the event log (one row per executed run; see schema.py) ----------
+    @abc.abstractmethod
+    def name_ids(self, names: set[str]) -> dict[str, int]:
+        """Interned ids of the given texts (query, connection, key names, error codes), created as needed."""
+
+    @abc.abstractmethod
+    def version_uuids(self, pairs: set[tuple[str, int]]) -> dict[tuple[str, int], str]:
+        """The uuid of each (query, version) that still exists."""
+
+    @abc.abstractmethod
+    def add_runs(self, rows: list[tuple], *, limit: int, adhoc_limit: int, by_count: bool, events_since: int) -> None:
+        """Insert run rows (RUN_COLUMNS order) in one statement per chunk, then trim history to the newest
+        `limit` per touched version and `adhoc_limit` ad-hoc (when by_count); all in one transaction."""
+
+    @abc.abstractmethod
+    def prune_runs(self, *, events_since: int, history_since: int | None, batch: int) -> int:
+        """One small sweep: events older than events_since that left history, and (retention by age) history
+        older than history_since. Returns rows changed; call again while it returns `batch`."""
+
+    @abc.abstractmethod
+    def history(self, where: dict, before: tuple[int, int] | None, limit: int) -> list[dict]:
+        """History rows newest first (at, id), with names resolved; where: kind, query, version, ok, key,
+        since, until (Unix seconds)."""
+
+    @abc.abstractmethod
+    def run_stats(self, query: str | None = None) -> dict:
+        """{query name: (last run at, {version: history entries})}, for one query or all."""
+
+    @abc.abstractmethod
+    def events(self, after: int, limit: int) -> list[dict]:
+        """Event rows with id > after, oldest first, names resolved."""

@@ -67,6 +67,41 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             changes TEXT NOT NULL          -- JSON; never holds a secret
         )""",
     ),
+    (
+        # Run history and the event log in one compact table: a row per executed run, written in batches by
+        # each worker's history writer (qag/observe). h = 1 while the run is in history (newest per version,
+        # ad-hoc cap, sampling); every row is an event until QAG_EVENTS_RETENTION_HOURS sweeps it. Repeated
+        # text (query, connection, key names, error codes) is interned in `names`.
+        """CREATE TABLE names (
+            id INTEGER PRIMARY KEY,
+            name TEXT NOT NULL UNIQUE
+        )""",
+        """CREATE TABLE runs (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,  -- the event id: never reused, even after sweeping
+            at INTEGER NOT NULL,           -- when the run started, Unix seconds (shown server-local)
+            h INTEGER NOT NULL,            -- 1 = in run history, 0 = event only
+            q INTEGER,                     -- names.id of the saved query; NULL = ad-hoc
+            v INTEGER,                     -- version number
+            c INTEGER NOT NULL,            -- names.id of connection_name
+            k INTEGER NOT NULL,            -- names.id of key_name
+            rid,                           -- request id: 6 bytes when 12 lower-case hex digits, else text
+            ok INTEGER NOT NULL,           -- 1 success, 0 error
+            tr INTEGER,                    -- transport: NULL rest, 1 mcp, 2 export
+            n INTEGER,                     -- rows
+            ms INTEGER,                    -- duration_ms
+            ser INTEGER,                   -- serialization_ms in tenths
+            code INTEGER,                  -- names.id of the error code
+            err TEXT,                      -- error message
+            sql TEXT,                      -- ad-hoc statement (or its SHA-256, see x)
+            x TEXT                         -- JSON of rare fields: params, truncation, database
+        )""",
+        "CREATE INDEX runs_at ON runs (at)",
+        "CREATE INDEX runs_hist ON runs (q, v, at) WHERE h = 1",
+        "CREATE INDEX runs_hist_at ON runs (at) WHERE h = 1",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
+
+# The columns a run row is written with (qag/observe/history.py builds them), in this order.
+RUN_COLUMNS = ("at", "h", "q", "v", "c", "k", "rid", "ok", "tr", "n", "ms", "ser", "code", "err", "sql", "x")

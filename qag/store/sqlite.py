@@ -8,9 +8,10 @@ import os
 import sqlite3
 import threading
 from typing import Any, Iterator
+from urllib.parse import quote
 
 from .base import Store, StoreError
-from .schema import MIGRATIONS, SCHEMA_VERSION
+from .schema import MIGRATIONS, RUN_COLUMNS, SCHEMA_VERSION
 
 STORE_FILE = "qag.db"
 _SIDE_FILES = ("", "-wal", "-shm", "-journal")
@@ -126,6 +127,13 @@ class SqliteStore(Store):
             if found != SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
+    def ping(self, timeout: float) -> None:
+        conn = sqlite3.connect(f"file:{quote(self.path)}?mode=ro", uri=True, timeout=timeout)
+        try:
+            conn.execute("SELECT count(*) FROM meta").fetchone()
+        finally:
+            conn.close()
+
     # --- meta ------------------------------------------------------------------------------
     def get_meta(self, key: str) -> str | None:
         row = self._one("SELECT value FROM meta WHERE key = ?", (key,))
@@ -231,6 +239,9 @@ class SqliteStore(Store):
 
     def delete_version(self, name: str, number: int) -> None:
         self._run("DELETE FROM query_versions WHERE query_name = ? AND version = ?", (name, number))
+        # Its history goes with it; its runs stay events until the event log sweeps them.
+        self._run("UPDATE runs SET h = 0 WHERE h = 1 AND q = (SELECT id FROM names WHERE name = ?) AND v = ?",
+                  (name, number))
 
     def set_published(self, name: str, version: int | None) -> None:
         self._run("UPDATE queries SET published = ? WHERE name = ?", (version, name))
@@ -239,7 +250,9 @@ class SqliteStore(Store):
         self._run("UPDATE queries SET collection = ? WHERE name = ?", (collection, name))
 
     def delete_query(self, name: str) -> bool:
-        return self._run("DELETE FROM queries WHERE name = ?", (name,)) > 0
+        with self.transaction():
+            self._run("UPDATE runs SET h = 0 WHERE h = 1 AND q = (SELECT id FROM names WHERE name = ?)", (name,))
+            return self._run("DELETE FROM queries WHERE name = ?", (name,)) > 0
 
     def collections(self) -> set[str]:
         return {r["collection"] for r in self._all("SELECT DISTINCT collection FROM queries WHERE collection IS NOT NULL")}
@@ -295,6 +308,118 @@ class SqliteStore(Store):
         if action is None:
             return iter(self._all("SELECT * FROM audit_log ORDER BY id DESC"))
         return iter(self._all("SELECT * FROM audit_log WHERE action = ? ORDER BY id DESC", (action,)))
+
+    # --- run history and the event log -------------------------------------------------------
+    def name_ids(self, names: set[str]) -> dict[str, int]:
+        if not names:
+            return {}
+        wanted = sorted(names)
+        marks = ", ".join("?" * len(wanted))
+        found = {r["name"]: r["id"] for r in self._all(f"SELECT id, name FROM names WHERE name IN ({marks})",
+                                                       tuple(wanted))}
+        missing = [n for n in wanted if n not in found]
+        if missing:
+            with self.transaction():
+                for name in missing:
+                    self._run("INSERT OR IGNORE INTO names (name) VALUES (?)", (name,))
+                marks = ", ".join("?" * len(missing))
+                found.update({r["name"]: r["id"] for r in self._all(
+                    f"SELECT id, name FROM names WHERE name IN ({marks})", tuple(missing))})
+        return found
+
+    def version_uuids(self, pairs: set[tuple[str, int]]) -> dict[tuple[str, int], str]:
+        out = {}
+        for name, number in pairs:
+            row = self._one("SELECT uuid FROM query_versions WHERE query_name = ? AND version = ?", (name, number))
+            if row is not None:
+                out[(name, number)] = row["uuid"]
+        return out
+
+    def add_runs(self, rows: list[tuple], *, limit: int, adhoc_limit: int, by_count: bool, events_since: int) -> None:
+        if not rows:
+            return
+        width = len(RUN_COLUMNS)
+        head = f"INSERT INTO runs ({', '.join(RUN_COLUMNS)}) VALUES "
+        one = "(" + ", ".join("?" * width) + ")"
+        conn = self._conn()
+        with self.transaction():
+            for start in range(0, len(rows), _RUN_CHUNK):
+                chunk = rows[start:start + _RUN_CHUNK]
+                conn.execute(head + ", ".join([one] * len(chunk)), [value for row in chunk for value in row])
+            if not by_count:
+                return
+            versions = {(row[2], row[3]) for row in rows if row[1] and row[2] is not None}
+            for q, v in sorted(versions):
+                self._trim("q = ? AND v = ?", (q, v), limit, events_since)
+            if any(row[1] and row[2] is None for row in rows):
+                self._trim("q IS NULL", (), adhoc_limit, events_since)
+
+    def _trim(self, where: str, args: tuple, keep: int, events_since: int) -> None:
+        """History beyond the newest `keep` of a version (or of ad-hoc runs) leaves history; a run that is
+        also past the event retention goes altogether."""
+        beyond = (f"SELECT id FROM runs WHERE h = 1 AND {where} ORDER BY at DESC, id DESC "
+                  f"LIMIT -1 OFFSET {int(keep)}")
+        self._run(f"DELETE FROM runs WHERE id IN ({beyond}) AND at < ?", args + (events_since,))
+        self._run(f"UPDATE runs SET h = 0 WHERE id IN ({beyond})", args)
+
+    def prune_runs(self, *, events_since: int, history_since: int | None, batch: int) -> int:
+        changed = 0
+        with self.transaction():
+            changed += self._run("DELETE FROM runs WHERE id IN (SELECT id FROM runs WHERE at < ? AND h = 0 "
+                                 f"LIMIT {int(batch)})", (events_since,))
+            if history_since is not None:
+                changed += self._run("UPDATE runs SET h = 0 WHERE id IN (SELECT id FROM runs WHERE h = 1 AND "
+                                     f"at < ? LIMIT {int(batch)})", (history_since,))
+        return changed
+
+    def history(self, where: dict, before: tuple[int, int] | None, limit: int) -> list[dict]:
+        clauses, args = ["r.h = 1"], []
+        if where.get("kind") == "saved":
+            clauses.append("r.q IS NOT NULL")
+        elif where.get("kind") == "adhoc":
+            clauses.append("r.q IS NULL")
+        for column, key in (("r.q", "query"), ("r.k", "key")):
+            if where.get(key) is not None:
+                clauses.append(f"{column} = (SELECT id FROM names WHERE name = ?)")
+                args.append(where[key])
+        if where.get("version") is not None:
+            clauses.append("r.v = ?")
+            args.append(where["version"])
+        if where.get("ok") is not None:
+            clauses.append("r.ok = ?")
+            args.append(1 if where["ok"] else 0)
+        if where.get("since") is not None:
+            clauses.append("r.at >= ?")
+            args.append(where["since"])
+        if where.get("until") is not None:
+            clauses.append("r.at < ?")
+            args.append(where["until"])
+        if before is not None:
+            clauses.append("(r.at, r.id) < (?, ?)")
+            args.extend(before)
+        return self._all(f"{_RUN_SELECT} WHERE {' AND '.join(clauses)} ORDER BY r.at DESC, r.id DESC LIMIT ?",
+                         tuple(args) + (int(limit),))
+
+    def run_stats(self, query: str | None = None) -> dict:
+        where, args = ("AND q = (SELECT id FROM names WHERE name = ?)", (query,)) if query is not None else ("", ())
+        out: dict = {}
+        for row in self._all(f"SELECT (SELECT name FROM names WHERE id = q) AS name, v, count(*) AS n, "
+                             f"max(at) AS last FROM runs WHERE h = 1 AND q IS NOT NULL {where} GROUP BY q, v",
+                             args):
+            last, counts = out.get(row["name"], (None, {}))
+            counts[row["v"]] = row["n"]
+            out[row["name"]] = (max(last, row["last"]) if last is not None else row["last"], counts)
+        return out
+
+    def events(self, after: int, limit: int) -> list[dict]:
+        return self._all(f"{_RUN_SELECT} WHERE r.id > ? ORDER BY r.id LIMIT ?", (int(after), int(limit)))
+
+
+_RUN_CHUNK = 500  # rows per INSERT statement (16 values each stays far below SQLite's variable limit)
+_RUN_SELECT = ("SELECT r.id, r.at, r.h, qn.name AS query, r.v, cn.name AS connection, kn.name AS key_name, r.rid, "
+               "r.ok, r.tr, r.n, r.ms, r.ser, en.name AS code, r.err, r.sql, r.x FROM runs r "
+               "LEFT JOIN names qn ON qn.id = r.q LEFT JOIN names cn ON cn.id = r.c LEFT JOIN names kn ON kn.id = r.k "
+               "LEFT JOIN names en ON en.id = r.code")
 
 
 def _flatten_version(row: dict) -> dict:

@@ -1,0 +1,197 @@
+"""A bounded in-memory buffer drained by one background thread that writes its records in batches.
+
+Request threads only `put()`: one deque append, no lock, no I/O. When the buffer is full the oldest unwritten
+record is dropped and counted (the drop path alone takes a small lock, so the count is exact). The writer wakes
+every `interval` seconds (sooner once `wake_at` records are queued), hands everything queued to `write(batch)`
+and retries a batch the store refused for being busy. `flush()` writes what is queued now and returns once it is
+written (read-your-writes); `close()` flushes and stops the thread (graceful shutdown).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+import weakref
+from typing import Callable
+
+log = logging.getLogger("qag")
+
+_RETRIES = 5            # attempts for a batch the store refused (busy, locked) before it counts as failed
+_DROP_LOG_EVERY = 60.0  # seconds between "buffer full" log lines
+
+_writers: "weakref.WeakSet[BatchWriter]" = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    # The writer thread does not come along into a child process (nor do its locks' states): start afresh there.
+    for writer in list(_writers):
+        writer._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+class BatchWriter:
+    """One per worker and kind of record; the thread starts on the first put (never in a process that only
+    administers), and again after a fork."""
+
+    def __init__(self, name: str, write: Callable[[list], None], *, capacity: int, interval: float,
+                 wake_at: int = 500, tick: Callable[[], None] | None = None, tick_every: float = 600.0,
+                 retry: tuple[type[BaseException], ...] = ()):
+        self.name = name
+        self.capacity = capacity
+        self.interval = interval
+        self.wake_at = max(1, wake_at) if interval > 0 else 1
+        self._write = write
+        self._tick = tick
+        self._tick_every = tick_every
+        self._retry = retry
+        self._queue: collections.deque = collections.deque()
+        self._wake = threading.Event()
+        self._flush_lock = threading.Lock()   # one batch write at a time: the thread's, or a reader's flush()
+        self._drop_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._running = False
+        self._closed = False
+        self._held: list = []                 # a batch the store refused, retried first
+        self._attempts = 0
+        self.dropped = 0
+        self.written = 0
+        self.failed = 0
+        self._dropped_logged = 0
+        self._last_drop_log = 0.0
+        _writers.add(self)
+
+    # --- request threads ----------------------------------------------------------------------------------
+    def put(self, record) -> None:
+        queue = self._queue
+        if len(queue) >= self.capacity:
+            self._drop_oldest()
+        queue.append(record)
+        if not self._running:
+            self._start()
+        elif len(queue) == self.wake_at:
+            self._wake.set()
+        if self._closed:  # shut down already: the writer is gone, so a late record is written now
+            self._drain(final=True)
+
+    def _drop_oldest(self) -> None:
+        try:
+            self._queue.popleft()
+        except IndexError:  # the writer took everything meanwhile
+            return
+        with self._drop_lock:
+            self.dropped += 1
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue) + len(self._held)
+
+    # --- the writer -------------------------------------------------------------------------------------
+    def _start(self) -> None:
+        with self._drop_lock:
+            if self._running or self._closed:
+                return
+            self._running = True
+            self._thread = threading.Thread(target=self._loop, name=f"qag-{self.name}-writer", daemon=True)
+            self._thread.start()
+
+    def _forked(self) -> None:
+        self._flush_lock = threading.Lock()
+        self._drop_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread = None
+        self._running = False
+
+    def _loop(self) -> None:
+        next_tick = time.monotonic() + min(self._tick_every, 5.0)  # a first sweep soon after start
+        while not self._closed:
+            self._wake.wait(self.interval if self.interval > 0 else 0.05)
+            self._wake.clear()
+            if self._closed:
+                break
+            self._drain(final=False)
+            self._log_drops()
+            if self._tick is not None and time.monotonic() >= next_tick:
+                next_tick = time.monotonic() + self._tick_every
+                try:
+                    self._tick()
+                except Exception as exc:  # a failed sweep is retried at the next tick
+                    log.warning("%s: background sweep failed: %s", self.name, exc)
+
+    def _drain(self, final: bool) -> None:
+        with self._flush_lock:
+            self._drain_locked(final, False)
+
+    def _drain_locked(self, final: bool, until_empty: bool) -> None:
+        while True:
+            batch = self._held
+            self._held = []
+            queue = self._queue
+            while queue:
+                try:
+                    batch.append(queue.popleft())
+                except IndexError:
+                    break
+            if not batch:
+                return
+            try:
+                self._write(batch)
+            except self._retry as exc:
+                self._attempts += 1
+                if self._attempts < _RETRIES and not final:
+                    self._held = batch
+                    log.warning("%s: store busy, %d records held for the next write (%s)",
+                                self.name, len(batch), exc)
+                    return
+                self._lost(batch, exc)
+            except Exception as exc:
+                self._lost(batch, exc)
+            else:
+                self._attempts = 0
+                self.written += len(batch)
+            if not final and not until_empty and len(queue) < self.wake_at:
+                return
+
+    def _lost(self, batch: list, exc: BaseException) -> None:
+        self._attempts = 0
+        self.failed += len(batch)
+        log.error("%s: %d records could not be written and are lost: %s", self.name, len(batch), exc)
+
+    def _log_drops(self) -> None:
+        now = time.monotonic()
+        if self.dropped != self._dropped_logged and now - self._last_drop_log >= _DROP_LOG_EVERY:
+            log.warning("%s: buffer full (%d), dropped %d oldest unwritten records since the last report",
+                        self.name, self.capacity, self.dropped - self._dropped_logged)
+            self._dropped_logged = self.dropped
+            self._last_drop_log = now
+
+    # --- readers and shutdown ---------------------------------------------------------------------------
+    def flush(self, block: bool = True) -> None:
+        """Write everything queued by this process now (a reader's read-your-writes). block=False: unless the
+        writer thread is writing right now (a caller inside a store transaction must not wait for it)."""
+        if not (self._queue or self._held):
+            return
+        if self._flush_lock.acquire(blocking=block):
+            try:
+                self._drain_locked(final=False, until_empty=True)
+            finally:
+                self._flush_lock.release()
+
+    def close(self) -> None:
+        """Final flush; later records are written at once by the closing thread (nothing is left behind)."""
+        self._closed = True
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread() and self._running:
+            thread.join(5.0)
+        self._drain(final=True)
+        self._log_drops_now()
+
+    def _log_drops_now(self) -> None:
+        if self.dropped != self._dropped_logged:
+            self._last_drop_log = 0.0
+            self._log_drops()

@@ -1,0 +1,281 @@
+"""Run history and the event log: run records to compact store rows (written in batches), and the read API.
+
+A run record is `(plan, at, ok, rows, duration_ms, serialization_ms, code, error)`, made by the data plane
+(api/run.py) and handed to a BatchWriter; everything else — interning names, sampling, the ad-hoc SQL policy,
+dropping history of a version deleted meanwhile — happens here, on the writer thread. Entries read back follow
+contract 8.1 (key order as listed there), prefixed with query, version and kind (8.3).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import hashlib
+import json
+import random
+import re
+import sqlite3
+import time
+
+from ..errors import QagError
+from ..http.response import json_response
+from .events import BatchWriter
+
+SQL_KEEP = 4000          # characters of ad-hoc SQL kept in history
+_TRANSPORTS = {None: "rest", 1: "mcp", 2: "export"}
+_HEX_ID = re.compile(r"[0-9a-f]{12}")
+_CURSOR = re.compile(r"(\d{1,12})\.(\d{1,19})")
+_PRUNE_BATCH = 500
+_PRUNE_EVERY = 600.0     # seconds between sweeps of a worker's writer (contract: every 10 minutes)
+
+
+class History:
+    """One per worker: the history writer and the reads (which first write what this worker has queued)."""
+
+    def __init__(self, store, settings):
+        self.store = store
+        self.limit = settings.history_limit
+        self.adhoc_limit = settings.history_adhoc_limit
+        self.retention_days = settings.history_retention_days
+        self.sample_rate = settings.history_sample_rate
+        self.adhoc_sql = settings.history_adhoc_sql
+        self.events_hours = settings.events_retention_hours
+        self.recorded = 0
+        self.sampled_out = 0
+        self._ids: dict[str, int] = {}
+        self.writer = BatchWriter("history", self._write, capacity=settings.history_buffer,
+                                  interval=settings.history_flush_interval, tick=self.prune, tick_every=_PRUNE_EVERY,
+                                  retry=(sqlite3.OperationalError,))
+
+    # --- writing (the writer thread) ----------------------------------------------------------------------
+    def _write(self, batch: list) -> None:
+        ids = self._ids
+        unknown: set[str] = set()
+        versions: set[tuple[str, int]] = set()
+        for record in batch:
+            plan, code = record[0], record[6]
+            for name in (plan.connection["name"], plan.key, plan.query, code):
+                if name is not None and name not in ids:
+                    unknown.add(name)
+            if plan.query is not None:
+                versions.add((plan.query, plan.version))
+        if unknown:
+            ids.update(self.store.name_ids(unknown))
+        current = self.store.version_uuids(versions) if versions else {}
+        rate = self.sample_rate
+        hex_id = _HEX_ID.fullmatch
+        rows = []
+        kept: dict[tuple, list[int]] = {}     # (q, v) -> indexes of rows entering history, oldest first
+        sampled = 0
+        for plan, at, ok, n, ms, ser, code, err in batch:
+            query = plan.query
+            if query is not None and current.get((query, plan.version)) != plan.uuid:
+                keep = 0                      # the version was deleted meanwhile: an event, no history
+            elif ok and rate < 1.0 and random.random() >= rate:
+                keep = 0
+                sampled += 1
+            else:
+                keep = 1
+            rid = plan.request_id
+            if rid is not None and hex_id(rid):
+                rid = bytes.fromhex(rid)
+            q = None
+            sql = extra = None
+            if query is None:
+                sql, extra = self._adhoc(plan)
+            else:
+                q = ids[query]
+            if keep:
+                kept.setdefault((q, plan.version), []).append(len(rows))
+            rows.append([int(at), keep, q, plan.version, ids[plan.connection["name"]], ids[plan.key], rid,
+                         1 if ok else 0, None, n, None if ms is None else int(ms),
+                         None if ser is None else int(ser * 10 + 0.5), None if code is None else ids[code], err,
+                         sql, extra])
+        by_count = self.retention_days is None
+        if by_count:
+            # Runs this batch already pushes out of history go in as events only: no index churn for them.
+            for (q, _v), indexes in kept.items():
+                keep_n = self.limit if q is not None else self.adhoc_limit
+                if len(indexes) > keep_n:
+                    indexes.sort(key=lambda i: rows[i][0])
+                    for i in indexes[:-keep_n]:
+                        rows[i][1] = 0
+        now = int(time.time())
+        self.store.add_runs(rows, limit=self.limit, adhoc_limit=self.adhoc_limit, by_count=by_count,
+                            events_since=now - self.events_hours * 3600)
+        self.recorded += sum(len(indexes) for indexes in kept.values())
+        self.sampled_out += sampled
+
+    def _adhoc(self, plan) -> tuple[str | None, str]:
+        extra: dict = {"p": sorted(plan.values) if isinstance(plan.values, dict) else []}
+        if plan.database is not None:
+            extra["d"] = plan.database
+        sql = None
+        if self.adhoc_sql == "text":
+            sql = plan.sql[:SQL_KEEP]
+            if len(plan.sql) > SQL_KEEP:
+                extra["t"] = 1
+        elif self.adhoc_sql == "hash":
+            sql = hashlib.sha256(plan.sql.encode("utf-8", "surrogatepass")).hexdigest()
+            extra["h"] = 1
+        return sql, json.dumps(extra, separators=(",", ":"), ensure_ascii=False)
+
+    def prune(self) -> int:
+        """Sweep events past their retention (and history past QAG_HISTORY_RETENTION_DAYS) in small batches."""
+        now = int(time.time())
+        since = now - self.retention_days * 86400 if self.retention_days is not None else None
+        total = 0
+        while True:
+            changed = self.store.prune_runs(events_since=now - self.events_hours * 3600, history_since=since,
+                                            batch=_PRUNE_BATCH)
+            total += changed
+            if changed < _PRUNE_BATCH:
+                return total
+            time.sleep(0.01)  # let request threads and other writers in between batches
+
+    # --- reading ------------------------------------------------------------------------------------------
+    def stats(self, query: str | None = None) -> dict:
+        """{query: (last_used_at text, {version: run_count})} from stored history, after this worker's queue."""
+        self.writer.flush(block=False)
+        return {name: (local_text(last), counts) for name, (last, counts) in self.store.run_stats(query).items()}
+
+    def read(self, args: dict, query: str | None, default_limit: int) -> dict:
+        where = _filters(args, query)
+        limit = _limit(args.get("limit"), default_limit)
+        before = _cursor(args["cursor"]) if "cursor" in args else None
+        self.writer.flush()
+        rows = self.store.history(where, before, limit + 1)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        cursor = _make_cursor(rows[-1]) if more and rows else None
+        return {"items": [entry(r) for r in rows], "next_cursor": cursor}
+
+
+def entry(row: dict) -> dict:
+    """A stored run as contract 8.1/8.3 shows it."""
+    saved = row["query"] is not None
+    out = {"query": row["query"], "version": row["v"], "kind": "saved" if saved else "adhoc",
+           "executed_at": local_text(row["at"]), "connection_name": row["connection"],
+           "request_id": row["rid"].hex() if isinstance(row["rid"], bytes) else row["rid"],
+           "key_name": row["key_name"], "transport": _TRANSPORTS.get(row["tr"], "rest")}
+    extra = json.loads(row["x"]) if row["x"] else {}
+    if "d" in extra:
+        out["database"] = extra["d"]
+    out["status"] = "success" if row["ok"] else "error"
+    if row["n"] is not None:
+        out["rows"] = row["n"]
+    if row["ms"] is not None:
+        out["duration_ms"] = row["ms"]
+    if row["ser"] is not None:
+        out["serialization_ms"] = row["ser"] / 10
+    if not row["ok"]:
+        out["error"] = row["err"]
+        out["code"] = row["code"]
+    if row["sql"] is not None:
+        if extra.get("h"):
+            out["sql_sha256"] = row["sql"]
+        else:
+            out["sql"] = row["sql"]
+            if extra.get("t"):
+                out["sql_truncated"] = True
+    if not saved:
+        out["params"] = extra.get("p", [])
+    return out
+
+
+def event(row: dict) -> dict:
+    """A stored run as the event log's payload (contract 8.4)."""
+    e = entry(row)
+    body = {k: v for k, v in e.items() if k not in ("query", "version", "kind")}
+    return {"type": "query.run", "source": e["transport"], "occurred_at": e["executed_at"], "kind": e["kind"],
+            "query": e["query"], "version": e["version"], "connection_name": e["connection_name"], "entry": body}
+
+
+def local_text(at: int | None) -> str | None:
+    return None if at is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
+def _when(text: str, name: str) -> int:
+    for fmt in ("%Y-%m-%d", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S"):
+        try:
+            moment = _dt.datetime.strptime(text, fmt)
+        except ValueError:
+            continue
+        try:
+            return int(time.mktime(moment.timetuple()))
+        except (OverflowError, ValueError):
+            break
+    raise QagError("invalid_filter", f"{name} must be YYYY-MM-DD or YYYY-MM-DD HH:MM:SS")
+
+
+def _filters(args: dict, query: str | None) -> dict:
+    where: dict = {}
+    status = args.get("status")
+    if status is not None:
+        if status not in ("success", "error"):
+            raise QagError("invalid_filter", "status must be success or error")
+        where["ok"] = status == "success"
+    if query is None:
+        kind = args.get("kind")
+        if kind is not None:
+            if kind not in ("saved", "adhoc"):
+                raise QagError("invalid_filter", "kind must be saved or adhoc")
+            where["kind"] = kind
+        if "query" in args:
+            where["query"] = args["query"]
+    else:
+        where["query"] = query
+    if "version" in args:
+        text = args["version"]
+        if not re.fullmatch(r"-?\d{1,18}", text.strip()):
+            raise QagError("invalid_request", "version must be an integer")
+        where["version"] = int(text)
+    if "key" in args:
+        where["key"] = args["key"]
+    for name in ("since", "until"):
+        if name in args:
+            where[name] = _when(args[name], name)
+    return where
+
+
+def _limit(text: str | None, default: int) -> int:
+    if text is None:
+        return default
+    if not re.fullmatch(r"\d{1,4}", text.strip()) or not 1 <= int(text) <= 1000:
+        raise QagError("invalid_filter", "limit must be a whole number from 1 to 1000")
+    return int(text)
+
+
+def _make_cursor(row: dict) -> str:
+    return base64.urlsafe_b64encode(f"{row['at']}.{row['id']}".encode("ascii")).decode("ascii").rstrip("=")
+
+
+def _cursor(text: str) -> tuple[int, int]:
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode("ascii")
+    except (ValueError, UnicodeDecodeError):
+        raw = ""
+    m = _CURSOR.fullmatch(raw)
+    if m is None:
+        raise QagError("invalid_filter", "cursor is not one this server gave out")
+    return int(m.group(1)), int(m.group(2))
+
+
+class HistoryHandlers:
+    """GET /api/v1/history and GET /api/v1/queries/<name>/history (contract 8.3), administrators only."""
+
+    def __init__(self, gateway, history: History):
+        self.store = gateway.store
+        self.history = history
+
+    def register(self, router) -> None:
+        router.add("GET", "/api/v1/history", self.list_all, "v1.list_history", admin=True)
+        router.add("GET", "/api/v1/queries/<name>/history", self.list_query, "v1.query_history", admin=True)
+
+    def list_all(self, request, caller):
+        return json_response(self.history.read(request.args, None, 100))
+
+    def list_query(self, request, caller, name):
+        if self.store.get_query_head(name) is None:
+            raise QagError("query_not_found", f"Saved query '{name}' not found")
+        return json_response(self.history.read(request.args, name, 50))

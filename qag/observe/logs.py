@@ -1,0 +1,135 @@
+"""qag's log lines: request threads hand tuples to a bounded queue; one writer thread per worker formats them
+(plain or JSON lines, with the request id) and writes them in batches. No request thread formats a line, takes
+the logging module's handler lock, or waits on a write.
+
+Plain: `<time> <LEVEL> qag [<request_id> key=<key>]: <message>` (line breaks escaped).
+JSON:  {"time", "level", "logger", "request_id", "key", "message", ...structured extras}.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import sys
+import time
+
+from .events import BatchWriter
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+_installed: "_Handler | None" = None
+
+
+class _Handler(logging.Handler):
+    """The `qag` logger's handler: the record goes to the queue as it is (formatted by the writer thread)."""
+
+    def __init__(self, writer: "LogWriter"):
+        super().__init__()
+        self.writer = writer
+
+    def handle(self, record: logging.LogRecord) -> bool:  # no handler lock: the queue is the hand-off
+        if record.levelno < self.level:
+            return False
+        self.writer.put(("rec", record))
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.handle(record)
+
+
+class LogWriter:
+    """One per worker. `enabled` once installed (served workers; in-process use keeps the logging defaults)."""
+
+    def __init__(self, settings, stream=None):
+        self.json = settings.json_logs
+        self.level = _LEVELS.get(settings.log_level, logging.INFO)
+        self.stream = stream
+        self.enabled = False
+        self.formatter = logging.Formatter()
+        self._second = -1       # the writer thread's cache of the formatted current second
+        self._stamp = ""
+        self.buffer = BatchWriter("log", self._write, capacity=settings.log_buffer, interval=0.1, wake_at=1000)
+
+    def install(self, stream=None) -> None:
+        """Route the `qag` logger through this writer (replacing an earlier writer's handler) and turn on
+        request lines."""
+        global _installed
+        logger = logging.getLogger("qag")
+        if _installed is not None:
+            logger.removeHandler(_installed)
+        handler = _Handler(self)
+        handler.setLevel(self.level)
+        logger.addHandler(handler)
+        logger.setLevel(self.level)
+        logger.propagate = False
+        _installed = handler
+        if stream is not None:
+            self.stream = stream
+        self.enabled = True
+
+    def put(self, item: tuple) -> None:
+        self.buffer.put(item)
+
+    def close(self) -> None:
+        self.buffer.close()
+
+    # --- the writer thread --------------------------------------------------------------------------------
+    def _write(self, batch: list) -> None:
+        lines = []
+        for item in batch:
+            try:
+                lines.append(self._line(item))
+            except Exception as exc:  # a record that can't be formatted must not take the others with it
+                lines.append(self._format(time.time(), "ERROR", "qag", None, None,
+                                          f"a log line could not be formatted: {exc!r}", None))
+        stream = self.stream or sys.stderr
+        stream.write("".join(lines))
+        stream.flush()
+
+    def _line(self, item: tuple) -> str:
+        kind = item[0]
+        if kind == "req":
+            _, at, rid, key, method, path, status, ms = item
+            message = f"{method} {path} -> {status} in {ms:.1f}ms"
+            extras = {"method": method, "path": path, "status": status,
+                      "duration_ms": round(ms, 1)} if self.json else None
+            return self._format(at, "INFO", "qag", rid, key, message, extras)
+        if kind == "exec":
+            _, at, plan, sql = item
+            timeout = plan.timeout if plan.timeout is not None else 0
+            limit = plan.size if not plan.stream else None
+            offset = (plan.page - 1) * plan.size if not plan.stream else 0
+            conn = plan.connection
+            message = (f"Executing on {conn['name']} ({conn['db']}), limit={limit} offset={offset} "
+                       f"timeout={float(timeout)}: {sql}")
+            extras = {"connection": conn["name"], "dialect": conn["db"], "limit": limit, "offset": offset,
+                      "timeout": timeout} if self.json else None
+            return self._format(at, "INFO", "qag", plan.request_id, plan.key, message, extras)
+        if kind == "slow":
+            _, at, plan, ms = item
+            conn = plan.connection
+            return self._format(at, "WARNING", "qag", plan.request_id, plan.key,
+                                f"Slow query on {conn['name']} ({conn['db']}): {ms:.0f} ms",
+                                {"connection": conn["name"], "dialect": conn["db"], "duration_ms": round(ms)})
+        record: logging.LogRecord = item[1]
+        message = record.getMessage()
+        if record.exc_info:
+            message += "\n" + self.formatter.formatException(record.exc_info)
+        return self._format(record.created, record.levelname, record.name, getattr(record, "request_id", None),
+                            getattr(record, "key", None), message, None)
+
+    def _format(self, at: float, level: str, logger: str, rid, key, message: str, extras: dict | None) -> str:
+        if self.json:
+            moment = _dt.datetime.fromtimestamp(at).astimezone()
+            out = {"time": moment.isoformat(timespec="milliseconds"), "level": level, "logger": logger,
+                   "request_id": rid, "key": key, "message": message}
+            if extras:
+                out.update(extras)
+            return json.dumps(out, separators=(",", ":"), ensure_ascii=False, default=str) + "\n"
+        second = int(at)
+        if second != self._second:
+            self._second = second
+            self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+        if "\n" in message or "\r" in message:
+            message = message.replace("\r", "\\r").replace("\n", "\\n")
+        return f"{self._stamp},{int(at * 1000) % 1000:03d} {level} {logger} [{rid or '-'} key={key or '-'}]: {message}\n"

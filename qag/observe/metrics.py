@@ -1,0 +1,388 @@
+"""Counters and histograms, recorded without locks and summed across every worker of the instance.
+
+Each request thread counts into its own shard (a few dict and list operations, no lock: only that thread writes
+its shard). A worker's snapshot thread sums its shards a few times a second and writes the totals to a file of
+its own in a folder the gunicorn master creates before forking (`start_instance()`, gunicorn_conf.on_starting);
+the file is replaced atomically (write, then rename), so a reader never sees half of one. Whichever worker
+answers GET /metrics sums its live shards, the other workers' files, and `retired.m`, where the master folds
+in the counters of each worker that exits (`retire_worker()`, gunicorn_conf.child_exit) so totals survive
+worker recycling. Gauges are summed over live workers only. Without the master's folder (in-process use) the
+figures are this process's own.
+
+Labels are bounded: method (known verbs, else OTHER), endpoint (route names), status, key and connection names
+(objects an administrator creates), dialect, format.
+"""
+
+from __future__ import annotations
+
+import bisect
+import marshal
+import os
+import shutil
+import tempfile
+import threading
+import weakref
+
+BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_NB = len(BOUNDS) + 1
+_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
+_SNAPSHOT_EVERY = 0.25
+_RETIRED = "retired.m"
+
+SHARED_DIR: str | None = None   # set in the gunicorn master before fork; workers inherit it
+
+_all: "weakref.WeakSet[Metrics]" = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    for m in list(_all):
+        m._started = False   # the snapshot thread did not come along: start one on the child's first request
+        m._start_lock = threading.Lock()
+        m._write_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+# --- the master's side (gunicorn_conf hooks) ----------------------------------------------------------------
+def start_instance() -> str:
+    """Create the folder the workers write their snapshots to (tmpfs when there is one)."""
+    global SHARED_DIR
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    SHARED_DIR = tempfile.mkdtemp(prefix="qag-metrics-", dir=base)
+    return SHARED_DIR
+
+
+def retire_worker(pid: int) -> None:
+    """Fold an exited worker's counters into retired.m (its gauges die with it)."""
+    if SHARED_DIR is None:
+        return
+    path = os.path.join(SHARED_DIR, f"w{pid}.m")
+    snapshot = _load(path)
+    if snapshot is None:
+        return
+    retired = _load(os.path.join(SHARED_DIR, _RETIRED)) or {"c": {}, "g": {}}
+    _merge(retired["c"], snapshot.get("c", {}))
+    _dump(os.path.join(SHARED_DIR, _RETIRED), retired)
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def stop_instance() -> None:
+    global SHARED_DIR
+    if SHARED_DIR is not None:
+        shutil.rmtree(SHARED_DIR, ignore_errors=True)
+        SHARED_DIR = None
+
+
+# --- files -----------------------------------------------------------------------------------------------
+def _load(path: str):
+    try:
+        with open(path, "rb") as fh:
+            return marshal.load(fh)
+    except (OSError, EOFError, ValueError, TypeError):
+        return None
+
+
+def _dump(path: str, value) -> None:
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "wb") as fh:
+        marshal.dump(value, fh)
+    os.replace(tmp, path)
+
+
+def _merge(into: dict, add: dict) -> None:
+    """Sum nested dicts of numbers and lists of numbers."""
+    for name, value in add.items():
+        if isinstance(value, dict):
+            _merge(into.setdefault(name, {}), value)
+        elif isinstance(value, list):
+            have = into.get(name)
+            if have is None:
+                into[name] = list(value)
+            else:
+                for i, v in enumerate(value):
+                    have[i] += v
+        else:
+            into[name] = into.get(name, 0) + value
+
+
+# --- a worker's side -----------------------------------------------------------------------------------------
+class _Shard:
+    __slots__ = ("req", "qry", "ser", "exp", "active")
+
+    def __init__(self):
+        self.req: dict = {}
+        self.qry: dict = {}
+        self.ser: dict = {}
+        self.exp: dict = {}
+        self.active = 0
+
+
+class _Local(threading.local):
+    def __init__(self, shards: list):
+        self.shard = _Shard()
+        shards.append(self.shard)  # list.append is atomic; the shard outlives its thread, and so do its counts
+
+
+class Metrics:
+    """One per worker. `request`, `run` and `stream` are the hot path: no lock, no I/O."""
+
+    def __init__(self, gauges=None):
+        self._shards: list[_Shard] = []
+        self._local = _Local(self._shards)
+        self._gauges = gauges          # callable -> ({counters}, {gauges}) of other parts (pools, buffers)
+        self._started = False
+        self._pid: int | None = None
+        self._written = b""
+        self._write_lock = threading.Lock()
+        self._start_lock = threading.Lock()
+        self._stop = threading.Event()
+        _all.add(self)
+
+    # --- hot path -------------------------------------------------------------------------------------------
+    def request(self, method: str, endpoint: str, status: int, key: str, seconds: float) -> None:
+        if not self._started:
+            self._start()
+        series = self._local.shard.req
+        k = (method if method in _METHODS else "OTHER", endpoint, status, key)
+        v = series.get(k)
+        if v is None:
+            v = series[k] = [0, 0.0] + [0] * _NB
+        v[0] += 1
+        v[1] += seconds
+        v[2 + bisect.bisect_left(BOUNDS, seconds)] += 1
+
+    def begin(self) -> None:
+        self._local.shard.active += 1
+
+    def run(self, connection: str, dialect: str, ok: bool, key: str, rows: int, seconds: float | None,
+            fmt: str | None = None, encode_seconds: float | None = None) -> None:
+        shard = self._local.shard
+        shard.active -= 1
+        k = (connection, dialect, "success" if ok else "error", key)
+        v = shard.qry.get(k)
+        if v is None:
+            v = shard.qry[k] = [0, 0, 0, 0.0] + [0] * _NB
+        v[0] += 1
+        v[1] += rows
+        if seconds is not None:
+            v[2] += 1
+            v[3] += seconds
+            v[4 + bisect.bisect_left(BOUNDS, seconds)] += 1
+        if encode_seconds is not None:
+            s = shard.ser.get(fmt)
+            if s is None:
+                s = shard.ser[fmt] = [0, 0.0] + [0] * _NB
+            s[0] += 1
+            s[1] += encode_seconds
+            s[2 + bisect.bisect_left(BOUNDS, encode_seconds)] += 1
+
+    def stream(self, connection: str, dialect: str, status: str, key: str) -> None:
+        series = self._local.shard.exp
+        k = (connection, dialect, status, key)
+        series[k] = series.get(k, 0) + 1
+
+    # --- snapshots ------------------------------------------------------------------------------------------
+    def _start(self) -> None:
+        with self._start_lock:
+            if self._started:
+                return
+            self._started = True
+            self._pid = os.getpid()
+            self._stop = threading.Event()
+            if SHARED_DIR is not None:
+                threading.Thread(target=self._loop, name="qag-metrics", daemon=True).start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(_SNAPSHOT_EVERY):
+            self.write_snapshot()
+
+    def write_snapshot(self) -> None:
+        if SHARED_DIR is None or self._pid != os.getpid():
+            return
+        with self._write_lock:  # the snapshot thread and close(): the later write has the later figures
+            data = marshal.dumps(self.snapshot())
+            if data == self._written:
+                return  # nothing changed: an idle worker writes nothing
+            path = os.path.join(SHARED_DIR, f"w{os.getpid()}.m")
+            tmp = f"{path}.tmp"
+            try:
+                with open(tmp, "wb") as fh:
+                    fh.write(data)
+                os.replace(tmp, path)
+                self._written = data
+            except OSError:  # the master removed the folder (shutting down)
+                pass
+
+    def snapshot(self) -> dict:
+        """This worker's totals: {"c": counters, "g": gauges}; lists copied first, so no thread's update tears."""
+        c: dict = {"req": {}, "qry": {}, "ser": {}, "exp": {}}
+        active = 0
+        for shard in list(self._shards):
+            for name in ("req", "qry", "ser", "exp"):
+                target = c[name]
+                for k, v in list(getattr(shard, name).items()):
+                    if isinstance(v, list):
+                        v = list(v)
+                        have = target.get(k)
+                        if have is None:
+                            target[k] = v
+                        else:
+                            for i, x in enumerate(v):
+                                have[i] += x
+                    else:
+                        target[k] = target.get(k, 0) + v
+            active += shard.active
+        g: dict = {"active": active, "workers": 1}
+        if self._gauges is not None:
+            more_c, more_g = self._gauges()
+            c.update(more_c)
+            g.update(more_g)
+        return {"c": c, "g": g}
+
+    def instance(self) -> dict:
+        """Totals of every worker of the instance: this one live, the others from their latest snapshots."""
+        mine = self.snapshot()
+        total = {"c": {}, "g": {}}
+        _merge(total["c"], mine["c"])
+        _merge(total["g"], mine["g"])
+        if SHARED_DIR is not None:
+            own = f"w{os.getpid()}.m"
+            try:
+                names = os.listdir(SHARED_DIR)
+            except OSError:
+                names = []
+            for name in names:
+                if not name.endswith(".m") or name == own:
+                    continue
+                snap = _load(os.path.join(SHARED_DIR, name))
+                if snap is None:
+                    continue
+                _merge(total["c"], snap.get("c", {}))
+                if name != _RETIRED:
+                    _merge(total["g"], snap.get("g", {}))
+        return total
+
+    def close(self) -> None:
+        """A last snapshot (graceful exit), so the master folds in every count."""
+        self._stop.set()
+        self.write_snapshot()
+
+
+# --- Prometheus text ------------------------------------------------------------------------------------------
+def _esc(value) -> str:
+    return str(value).replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
+
+
+def _labels(names: tuple, values: tuple) -> str:
+    return ",".join(f'{n}="{_esc(v)}"' for n, v in zip(names, values))
+
+
+def _num(value) -> str:
+    return repr(float(value)) if isinstance(value, float) else str(value)
+
+
+class _Text:
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def family(self, name: str, kind: str, help_text: str) -> None:
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} {kind}")
+
+    def sample(self, name: str, labels: str, value) -> None:
+        self.lines.append(f"{name}{{{labels}}} {_num(value)}" if labels else f"{name} {_num(value)}")
+
+    def counter(self, name: str, help_text: str, names: tuple, series: dict) -> None:
+        self.family(name, "counter", help_text)
+        for values in sorted(series, key=lambda t: tuple(str(x) for x in t)):
+            self.sample(name, _labels(names, values), series[values])
+
+    def gauge(self, name: str, help_text: str, value, names: tuple = (), series: dict | None = None) -> None:
+        self.family(name, "gauge", help_text)
+        if series is None:
+            self.sample(name, "", value)
+            return
+        for values in sorted(series, key=lambda t: tuple(str(x) for x in t)):
+            self.sample(name, _labels(names, values), series[values])
+
+    def histogram(self, name: str, help_text: str, names: tuple, series: dict) -> None:
+        """series: label values -> [count, sum, bucket counts...] (non-cumulative buckets)."""
+        self.family(name, "histogram", help_text)
+        for values in sorted(series, key=lambda t: tuple(str(x) for x in t)):
+            count, total, buckets = series[values]
+            base = _labels(names, values)
+            sep = "," if base else ""
+            running = 0
+            for bound, n in zip(BOUNDS + (None,), buckets):
+                running += n
+                le = "+Inf" if bound is None else repr(bound)
+                self.lines.append(f'{name}_bucket{{{base}{sep}le="{le}"}} {running}')
+            self.sample(f"{name}_sum", base, float(total))
+            self.sample(f"{name}_count", base, count)
+
+
+def _group(series: dict, pick, count_i: int, sum_i: int, first_bucket: int) -> dict:
+    out: dict = {}
+    for k, v in series.items():
+        key = pick(k)
+        have = out.get(key)
+        if have is None:
+            have = out[key] = [0, 0.0, [0] * _NB]
+        have[0] += v[count_i]
+        have[1] += v[sum_i]
+        for i in range(_NB):
+            have[2][i] += v[first_bucket + i]
+    return out
+
+
+def render(total: dict, speedups: dict[str, str]) -> bytes:
+    """Prometheus text format 0.0.4 of an instance's totals (see Metrics.instance)."""
+    c, g = total["c"], total["g"]
+    req, qry, ser, exp = c.get("req", {}), c.get("qry", {}), c.get("ser", {}), c.get("exp", {})
+    t = _Text()
+    t.counter("queryapigate_requests_total", "HTTP requests by method, endpoint, status and key.",
+              ("method", "endpoint", "status", "key"), {k: v[0] for k, v in req.items()})
+    t.histogram("queryapigate_request_duration_seconds", "Time to the response's first byte, by method and endpoint.",
+                ("method", "endpoint"), {k: tuple(v) for k, v in _group(req, lambda k: k[:2], 0, 1, 2).items()})
+    t.counter("queryapigate_queries_total", "Executed runs (saved and ad-hoc, paged and streamed).",
+              ("connection", "dialect", "status", "key"), {k: v[0] for k, v in qry.items()})
+    t.histogram("queryapigate_query_duration_seconds", "Database time of paged runs.", ("connection", "dialect"),
+                {k: tuple(v) for k, v in _group(qry, lambda k: k[:2], 2, 3, 4).items() if v[0]})
+    t.counter("queryapigate_stream_exports_total", "Streamed exports by outcome (success, error, truncated).",
+              ("connection", "dialect", "status", "key"), exp)
+    rows: dict = {}
+    for k, v in qry.items():
+        rows[(k[0], k[1], k[3])] = rows.get((k[0], k[1], k[3]), 0) + v[1]
+    t.counter("queryapigate_rows_returned_total", "Rows returned (page rows, or rows streamed).",
+              ("connection", "dialect", "key"), rows)
+    t.histogram("queryapigate_serialization_duration_seconds", "Time to encode a paged response body.",
+                ("format",), {(k,): (v[0], v[1], v[2:]) for k, v in ser.items()})
+    hist = c.get("history", {})
+    t.counter("queryapigate_history_runs_total", "Runs by what became of their history entry.", ("outcome",),
+              {(o,): hist.get(o, 0) for o in ("recorded", "sampled_out", "dropped", "failed")})
+    t.gauge("queryapigate_history_pending", "Runs queued for the history writers, not yet written.",
+            g.get("history_pending", 0))
+    t.gauge("queryapigate_active_queries", "Runs executing now (paged, or streaming).", g.get("active", 0))
+    pools = g.get("pools", {})
+    t.gauge("queryapigate_pool_idle_connections", "Idle pooled data connections.",
+            sum(v[0] for v in pools.values()))
+    t.gauge("queryapigate_pool_active_connections", "Pooled data connections in use.",
+            sum(v[1] for v in pools.values()))
+    t.gauge("qag_pool_idle_connections", "Idle pooled data connections by database type.", None, ("db",),
+            {(db,): v[0] for db, v in pools.items()})
+    t.gauge("qag_pool_active_connections", "Pooled data connections in use by database type.", None, ("db",),
+            {(db,): v[1] for db, v in pools.items()})
+    t.counter("qag_pool_waits_total", "Callers that waited for a connection under QAG_POOL_MAX.", ("db",),
+              {(db,): n for db, n in c.get("pool_waits", {}).items()})
+    t.gauge("qag_history_buffer_capacity", "Runs the workers may queue in all before the oldest are dropped.",
+            g.get("history_capacity", 0))
+    t.counter("qag_log_lines_dropped_total", "Log lines dropped because a worker's log queue was full.", (),
+              {(): c.get("log_dropped", 0)})
+    t.gauge("qag_workers", "Worker processes whose figures are in this scrape.", g.get("workers", 1))
+    t.gauge("qag_speedups_loaded", "Which twin of each hot-path module runs (1 = loaded).", None,
+            ("module", "twin"), {(m, twin): 1 for m, twin in speedups.items()})
+    return ("\n".join(t.lines) + "\n").encode("utf-8")

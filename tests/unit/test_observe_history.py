@@ -1,0 +1,388 @@
+"""Run history and the event log (contract 8.1-8.4, 8.7) through the gateway in-process: what is recorded, the
+read API's filters, paging and errors, retention, sampling, the ad-hoc SQL policy, and the bytes a run costs."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import sqlite3
+import time
+
+import pytest
+
+from qag.app import create_app
+from qag.settings import load
+
+ADMIN = "unit-admin-key-0123456789"
+
+
+class App:
+    """A gateway on a fresh home with one SQLite connection `lite` (table t, 25 rows); calls through WSGI."""
+
+    def __init__(self, home: str, **env: str):
+        data = os.path.join(home, "lite.db")
+        conn = sqlite3.connect(data)
+        conn.executescript("CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT);"
+                           "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 25) "
+                           "INSERT INTO t SELECT i, 'row ' || i FROM n;")
+        conn.commit()
+        conn.close()
+        self.gateway = create_app(load({"QAG_HOME": home, "QAG_API_KEY": ADMIN, **env}))
+        self.store_path = os.path.join(home, "qag.db")
+        assert self.call("POST", "/api/v1/connections", {"name": "lite", "db": "sqlite", "database": "lite.db"})[0] == 201
+
+    def call(self, method: str, path: str, body=None, query: str = "", key: str | None = ADMIN,
+             headers: dict | None = None):
+        data = json.dumps(body).encode() if body is not None else b""
+        environ = {"REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": query, "REMOTE_ADDR": "127.0.0.1",
+                   "RAW_URI": path + (f"?{query}" if query else ""), "wsgi.input": io.BytesIO(data),
+                   "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(data))}
+        if key is not None:
+            environ["HTTP_X_API_KEY"] = key
+        for name, value in (headers or {}).items():
+            environ["HTTP_" + name.upper().replace("-", "_")] = value
+        got = []
+        body_iter = self.gateway(environ, lambda status, hdrs: got.append((status, hdrs)))
+        raw = b"".join(body_iter)
+        if hasattr(body_iter, "close"):
+            body_iter.close()
+        status = int(got[0][0].split()[0])
+        hdrs = {k.lower(): v for k, v in got[0][1]}
+        return status, hdrs, (json.loads(raw) if raw and hdrs.get("content-type") == "application/json" else raw)
+
+    def query(self, name: str, sql: str = "SELECT id, name FROM t WHERE id <= :n", **extra):
+        status, _, body = self.call("POST", "/api/v1/queries", {"name": name, "description": "d", "sql": sql,
+                                                                 "connection_name": "lite", "publish": True, **extra})
+        assert status == 201, body
+
+    def run(self, name: str, query: str = "n=3", **kw):
+        return self.call("GET", f"/q/{name}", query=query, **kw)
+
+    def history(self, query: str = "", path: str = "/api/v1/history"):
+        return self.call("GET", path, query=query)
+
+    def db(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.store_path)
+
+
+@pytest.fixture
+def app(tmp_path):
+    a = App(str(tmp_path))
+    yield a
+    a.gateway.close()
+
+
+def test_saved_run_entry_has_the_contract_fields_in_order(app):
+    app.query("films")
+    status, headers, _ = app.run("films", headers={"X-Request-Id": "my-req.1"})
+    assert status == 200
+    status, _, body = app.history()
+    assert status == 200 and body["next_cursor"] is None
+    (item,) = body["items"]
+    assert list(item) == ["query", "version", "kind", "executed_at", "connection_name", "request_id", "key_name",
+                          "transport", "status", "rows", "duration_ms", "serialization_ms"]
+    assert (item["query"], item["version"], item["kind"], item["connection_name"], item["request_id"],
+            item["key_name"], item["transport"], item["status"], item["rows"]) == \
+        ("films", 1, "saved", "lite", "my-req.1", "admin", "rest", "success", 3)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", item["executed_at"])
+    assert isinstance(item["duration_ms"], int) and isinstance(item["serialization_ms"], float)
+
+
+def test_b3_23_generated_request_id_and_scoped_key_name(app):
+    app.query("films")
+    _, _, key = app.call("POST", "/api/v1/api-keys", {"name": "partner"})
+    status, headers, _ = app.run("films", key=key["secret"])
+    assert status == 200
+    item = app.history()[2]["items"][0]
+    assert item["request_id"] == headers["x-request-id"] and item["key_name"] == "partner"
+
+
+def test_b8_7_adhoc_entry_keeps_parameter_names_never_values(app):
+    status, _, _ = app.call("POST", "/execute_sql", {"sql": "SELECT :code AS c", "connection_name": "lite",
+                                                     "params": {"code": "s3"}})
+    assert status == 200
+    (item,) = app.history("kind=adhoc")[2]["items"]
+    assert (item["kind"], item["query"], item["version"], item["sql"], item["params"]) == \
+        ("adhoc", None, None, "SELECT :code AS c", ["code"])
+    assert "s3" not in json.dumps(item)
+    assert list(item)[-2:] == ["sql", "params"]
+
+
+@pytest.mark.parametrize("mode", ["hash", "none"])
+def test_b8_8_adhoc_sql_hash_or_none(tmp_path, mode):
+    a = App(str(tmp_path), QAG_HISTORY_ADHOC_SQL=mode)
+    try:
+        a.call("POST", "/execute_sql", {"sql": "SELECT 1 AS one", "connection_name": "lite"})
+        (item,) = a.history()[2]["items"]
+        assert "sql" not in item
+        if mode == "hash":
+            assert re.fullmatch(r"[0-9a-f]{64}", item["sql_sha256"])
+        else:
+            assert "sql_sha256" not in item
+    finally:
+        a.gateway.close()
+
+
+def test_b8_9_long_adhoc_statement_is_cut_at_4000(app):
+    sql = "SELECT 1 AS one" + " " * 4990
+    assert app.call("POST", "/execute_sql", {"sql": sql, "connection_name": "lite"})[0] == 200
+    (item,) = app.history()[2]["items"]
+    assert len(item["sql"]) == 4000 and item["sql_truncated"] is True
+
+
+def test_b8_10_failed_runs_keep_their_code_and_refusals_before_the_database_are_not_runs(app):
+    app.query("films")
+    _, _, key = app.call("POST", "/api/v1/api-keys", {"name": "tables", "allowed_tables": ["t"]})
+    assert app.call("POST", "/execute_sql", {"sql": "SELECT 1", "connection_name": "lite"},
+                    key=key["secret"])[0] == 403
+    assert app.call("POST", "/execute_sql", {"sql": "SELECT nope FROM t", "connection_name": "lite"})[0] == 500
+    assert app.call("POST", "/execute_sql", {"sql": "DELETE FROM t", "connection_name": "lite"})[0] == 403
+    # Refused before the database step: parameters, paging, format, unknown query, no key: not runs.
+    assert app.run("films", "n=3&page=0")[0] == 400
+    assert app.run("films", "n=3&format=xml")[0] == 400
+    assert app.run("nope")[0] == 404
+    assert app.run("films", key=None)[0] == 401
+    items = app.history()[2]["items"]
+    assert [(i["status"], i["code"]) for i in items] == [("error", "read_only"), ("error", "query_failed"),
+                                                         ("error", "table_check_failed")]
+    assert all(i["error"] and "rows" not in i for i in items)
+    assert app.history("status=error")[2]["items"] == items
+
+
+def test_b8_1_query_history_pages_with_a_cursor(app):
+    app.query("q1")
+    for _ in range(3):
+        app.run("q1")
+    status, _, page = app.history("limit=2", "/api/v1/queries/q1/history")
+    assert status == 200 and len(page["items"]) == 2 and all(i["query"] == "q1" for i in page["items"])
+    assert page["next_cursor"]
+    _, _, rest = app.history(f"limit=2&cursor={page['next_cursor']}", "/api/v1/queries/q1/history")
+    assert len(rest["items"]) == 1 and rest["next_cursor"] is None
+    assert app.history("", "/api/v1/queries/missing/history")[0] == 404
+
+
+def test_b8_2_every_run_exactly_once_newest_first(app):
+    app.query("a")
+    app.query("b")
+    ids = []
+    for i in range(5):
+        ids.append(app.run("a" if i % 2 else "b", headers={"X-Request-Id": f"r{i}"})[1]["x-request-id"])
+    seen, cursor = [], None
+    while True:
+        _, _, page = app.history("limit=2" + (f"&cursor={cursor}" if cursor else ""))
+        seen += [i["request_id"] for i in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == ids[::-1]
+
+
+def test_b8_3_filters(app):
+    app.query("q")
+    app.query("other")
+    _, _, key = app.call("POST", "/api/v1/api-keys", {"name": "partner"})
+    app.run("q", headers={"X-Request-Id": "old"})
+    app.run("q", key=key["secret"], headers={"X-Request-Id": "partner-ok"})
+    app.call("POST", "/api/v1/queries/q/versions", {"description": "v2", "sql": "SELECT nope FROM t",
+                                                    "connection_name": "lite", "publish": True})
+    app.run("q", headers={"X-Request-Id": "v2-error"})
+    app.run("other", headers={"X-Request-Id": "other"})
+    app.gateway.observe.history.writer.flush()
+    moments = {"old": "2026-02-01 00:01:00", "partner-ok": "2026-02-01 00:03:00", "v2-error": "2026-02-02 00:00:00",
+               "other": "2026-02-03 12:00:00"}
+    with app.db() as db:
+        for rid, text in moments.items():
+            at = int(time.mktime(time.strptime(text, "%Y-%m-%d %H:%M:%S")))
+            raw = bytes.fromhex(rid) if re.fullmatch(r"[0-9a-f]{12}", rid) else rid
+            db.execute("UPDATE runs SET at = ? WHERE rid = ?", (at, raw))
+
+    def ids(query):
+        status, _, body = app.history(query)
+        assert status == 200, body
+        return [i["request_id"] for i in body["items"]]
+
+    assert ids("") == ["other", "v2-error", "partner-ok", "old"]
+    assert ids("status=error") == ["v2-error"]
+    assert ids("key=partner&status=success") == ["partner-ok"]
+    assert ids("query=other") == ["other"]
+    assert ids("query=q&version=1") == ["partner-ok", "old"]
+    assert ids("since=2026-02-02") == ["other", "v2-error"]
+    assert ids("until=2026-02-01%2000:03:00") == ["old"]
+    assert ids("since=2026-02-01T00:01:00&until=2026-02-02") == ["partner-ok", "old"]
+    assert ids("kind=adhoc") == []
+    assert [i["executed_at"] for i in app.history("query=other")[2]["items"]] == ["2026-02-03 12:00:00"]
+
+
+@pytest.mark.parametrize("query,code", [("status=failed", "invalid_filter"), ("since=2026-13-01", "invalid_filter"),
+                                        ("until=yesterday", "invalid_filter"), ("limit=0", "invalid_filter"),
+                                        ("limit=1001", "invalid_filter"), ("limit=ten", "invalid_filter"),
+                                        ("cursor=not-a-cursor", "invalid_filter"), ("kind=other", "invalid_filter"),
+                                        ("version=one", "invalid_request")])
+def test_b8_4_bad_filters(app, query, code):
+    status, _, body = app.history(query)
+    assert (status, body["code"]) == (400, code)
+
+
+def test_history_is_for_administrators(app):
+    _, _, key = app.call("POST", "/api/v1/api-keys", {"name": "k"})
+    assert app.history()[0] == 200
+    assert app.call("GET", "/api/v1/history", key=key["secret"])[0] == 403
+    assert app.call("GET", "/api/v1/history", key=None)[0] == 401
+
+
+def test_b8_5_newest_50_kept_per_version_and_older_runs_stay_events(app):
+    app.query("busy")
+    for i in range(55):
+        app.run("busy", headers={"X-Request-Id": f"run-{i}"})
+    _, _, body = app.history("limit=1000", "/api/v1/queries/busy/history")
+    assert [i["request_id"] for i in body["items"]] == [f"run-{i}" for i in range(54, 4, -1)]
+    events = app.gateway.store.events(0, 1000)
+    assert len(events) == 55  # every run is an event for QAG_EVENTS_RETENTION_HOURS
+
+
+def test_adhoc_limit_and_events_swept_after_retention(tmp_path):
+    a = App(str(tmp_path), QAG_HISTORY_ADHOC_LIMIT="3")
+    try:
+        for i in range(5):
+            a.call("POST", "/execute_sql", {"sql": f"SELECT {i} AS i", "connection_name": "lite"})
+        assert [i["sql"] for i in a.history()[2]["items"]] == ["SELECT 4 AS i", "SELECT 3 AS i", "SELECT 2 AS i"]
+        with a.db() as db:
+            db.execute("UPDATE runs SET at = at - 25 * 3600")
+        a.gateway.observe.history.prune()
+        with a.db() as db:
+            assert db.execute("SELECT count(*) FROM runs").fetchone()[0] == 3  # history stays; events went
+        assert len(a.history()[2]["items"]) == 3
+    finally:
+        a.gateway.close()
+
+
+def test_b8_6_sampling_keeps_every_failure(tmp_path):
+    a = App(str(tmp_path), QAG_HISTORY_SAMPLE_RATE="0.01")
+    try:
+        a.query("s")
+        for _ in range(40):
+            a.run("s")
+            a.call("POST", "/execute_sql", {"sql": "SELECT nope", "connection_name": "lite"})
+        items = a.history("limit=1000")[2]["items"]
+        assert sum(i["status"] == "error" for i in items) == 40
+        assert sum(i["status"] == "success" for i in items) < 20
+        assert len(a.gateway.store.events(0, 1000)) == 80
+    finally:
+        a.gateway.close()
+
+
+def test_deleting_a_version_or_query_deletes_its_history(app):
+    app.query("gone")
+    app.run("gone")
+    app.call("POST", "/api/v1/queries/gone/versions", {"description": "v2", "sql": "SELECT 2 AS two",
+                                                       "connection_name": "lite", "publish": True})
+    app.run("gone", "")
+    assert len(app.history("query=gone")[2]["items"]) == 2
+    assert app.call("DELETE", "/api/v1/queries/gone/versions/1")[0] == 200
+    assert [i["version"] for i in app.history("query=gone")[2]["items"]] == [2]
+    assert app.call("DELETE", "/api/v1/queries/gone")[0] == 204
+    assert app.history("query=gone")[2]["items"] == []
+    app.query("gone")  # a new query of the same name starts with no history
+    assert app.history("", "/api/v1/queries/gone/history")[2]["items"] == []
+
+
+def test_run_of_a_version_deleted_before_the_write_is_an_event_only(app):
+    app.query("fleeting")
+    writer = app.gateway.observe.history.writer
+    writer.interval = 3600  # keep the run queued
+    app.run("fleeting")
+    with app.db() as db:
+        db.execute("DELETE FROM query_versions WHERE query_name = 'fleeting'")
+    writer.flush()
+    assert app.history()[2]["items"] == []
+    assert len(app.gateway.store.events(0, 10)) == 1
+
+
+def test_summaries_show_run_count_and_last_used_at(app):
+    app.query("counted")
+    _, _, detail = app.call("GET", "/api/v1/queries/counted")
+    assert detail["last_used_at"] is None and detail["versions"][0]["run_count"] == 0
+    for _ in range(3):
+        app.run("counted")
+    _, _, detail = app.call("GET", "/api/v1/queries/counted")
+    assert detail["versions"][0]["run_count"] == 3
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", detail["last_used_at"])
+    _, _, listing = app.call("GET", "/api/v1/queries")
+    assert listing["items"][0]["last_used_at"] == detail["last_used_at"]
+
+
+def test_stream_runs_are_recorded_with_rows_sent(app):
+    app.query("all", "SELECT id FROM t")
+    status, _, body = app.run("all", "stream=true&format=csv")
+    assert status == 200 and body.count(b"\r\n") == 26
+    (item,) = app.history()[2]["items"]
+    assert (item["status"], item["rows"]) == ("success", 25) and "duration_ms" not in item
+
+
+def test_event_payload(app):
+    app.query("ev")
+    app.run("ev")
+    app.gateway.observe.history.writer.flush()
+    from qag.observe.history import event
+    (row,) = app.gateway.store.events(0, 10)
+    e = event(row)
+    assert list(e) == ["type", "source", "occurred_at", "kind", "query", "version", "connection_name", "entry"]
+    assert (e["type"], e["source"], e["kind"], e["query"], e["version"]) == ("query.run", "rest", "saved", "ev", 1)
+    assert e["entry"]["status"] == "success" and "query" not in e["entry"]
+
+
+def test_bytes_per_run_on_disk_stay_small(app):
+    """The compact layout: a saved-query run costs well under 300 bytes in the store (table and indexes)."""
+    app.query("small")
+    with app.db() as db:
+        db.execute("VACUUM")
+    before = os.path.getsize(app.store_path)
+    calls = 2000
+    for i in range(calls):
+        app.run("small", f"n={i % 5}")
+    app.gateway.observe.history.writer.flush()
+    with app.db() as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        assert db.execute("SELECT count(*) FROM runs").fetchone()[0] == calls
+    per_call = (os.path.getsize(app.store_path) - before) / calls
+    assert per_call < 300, per_call
+
+
+def test_b3_23_open_mode_runs_are_recorded_as_dash(tmp_path):
+    home = str(tmp_path)
+    conn = sqlite3.connect(os.path.join(home, "lite.db"))
+    conn.execute("CREATE TABLE t (id INTEGER)")
+    conn.commit()
+    conn.close()
+    a = App.__new__(App)
+    a.gateway = create_app(load({"QAG_HOME": home}))
+    a.store_path = os.path.join(home, "qag.db")
+    try:
+        assert a.call("POST", "/api/v1/connections", {"name": "lite", "db": "sqlite", "database": "lite.db"},
+                      key=None)[0] == 201
+        assert a.call("POST", "/execute_sql", {"sql": "SELECT 1", "connection_name": "lite"}, key=None,
+                      headers={"X-Request-Id": "open-1"})[0] == 200
+        (item,) = a.call("GET", "/api/v1/history", key=None)[2]["items"]
+        assert (item["key_name"], item["request_id"]) == ("-", "open-1")
+    finally:
+        a.gateway.close()
+
+
+def test_a_store_of_the_previous_schema_is_upgraded_in_place(tmp_path):
+    from qag.store.schema import MIGRATIONS, SCHEMA_VERSION
+    from qag.store.sqlite import SqliteStore
+    path = tmp_path / "qag.db"
+    conn = sqlite3.connect(path)
+    for statement in MIGRATIONS[0]:
+        conn.execute(statement)
+    conn.execute("INSERT INTO meta VALUES ('kept', 'yes')")
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    store = SqliteStore(str(tmp_path))
+    assert store.get_meta("kept") == "yes" and store.history({}, None, 10) == []
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    conn.close()

@@ -1,0 +1,87 @@
+"""Log lines: plain and JSON formats with the request id, escaped line breaks, the `qag` logger routed through
+the writer thread, and request lines switched by QAG_LOG_REQUESTS."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+from qag.observe.logs import LogWriter
+from qag.settings import load
+from tests.unit.test_observe_history import App
+
+
+def _writer(**env) -> tuple[LogWriter, io.StringIO]:
+    out = io.StringIO()
+    w = LogWriter(load({"QAG_HOME": "/tmp", **env}))
+    w.install(out)
+    return w, out
+
+
+def test_plain_request_line_names_request_and_key():
+    w, out = _writer()
+    w.put(("req", 0.0, "abc123", "admin", "GET", "/q/films", 200, 2.14))
+    w.close()
+    line = out.getvalue()
+    assert line.endswith(" INFO qag [abc123 key=admin]: GET /q/films -> 200 in 2.1ms\n")
+
+
+def test_json_lines_carry_structured_fields():
+    w, out = _writer(QAG_JSON_LOGS="1")
+    w.put(("req", 1_700_000_000.5, "rid-1", "partner", "POST", "/execute_sql", 500, 7.5))
+    logging.getLogger("qag").warning("two\nlines", extra={"request_id": "rid-2", "key": "-"})
+    w.close()
+    first, second = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert (first["level"], first["logger"], first["request_id"], first["key"], first["method"], first["status"],
+            first["duration_ms"], first["message"]) == ("INFO", "qag", "rid-1", "partner", "POST", 500, 7.5,
+                                                        "POST /execute_sql -> 500 in 7.5ms")
+    assert first["time"].startswith("2023-11-1")
+    assert (second["level"], second["request_id"], second["message"]) == ("WARNING", "rid-2", "two\nlines")
+
+
+def test_plain_lines_escape_line_breaks_and_exceptions_are_one_line():
+    w, out = _writer()
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        logging.getLogger("qag").exception("failed\nbadly")
+    w.close()
+    text = out.getvalue()
+    assert text.count("\n") == 1 and "failed\\nbadly" in text and "RuntimeError: boom" in text
+
+
+def test_requests_and_runs_are_logged_with_their_request_id(tmp_path):
+    app = App(str(tmp_path))
+    out = io.StringIO()
+    app.gateway.observe.logs.install(out)
+    app.query("films")
+    app.run("films", headers={"X-Request-Id": "trace-me"})
+    app.call("GET", "/health", key=None)
+    app.gateway.close()
+    lines = [line for line in out.getvalue().splitlines() if "trace-me" in line]
+    assert any("GET /q/films -> 200 in " in line for line in lines)
+    assert any("Executing on lite (sqlite), limit=10 offset=0 timeout=30.0: SELECT id, name FROM t" in line
+               for line in lines)
+    assert "/health" not in out.getvalue()
+
+
+def test_log_requests_off_keeps_warnings(tmp_path):
+    app = App(str(tmp_path), QAG_LOG_REQUESTS="off", QAG_SLOW_QUERY_THRESHOLD="0.000001")
+    out = io.StringIO()
+    app.gateway.observe.logs.install(out)
+    app.query("films")
+    app.run("films", headers={"X-Request-Id": "quiet"})
+    app.gateway.close()
+    text = out.getvalue()
+    assert "Executing" not in text and "->" not in text
+    assert "WARNING qag [quiet key=admin]: Slow query on lite (sqlite)" in text
+
+
+def test_adhoc_sql_hash_mode_keeps_the_text_out_of_logs(tmp_path):
+    app = App(str(tmp_path), QAG_HISTORY_ADHOC_SQL="hash")
+    out = io.StringIO()
+    app.gateway.observe.logs.install(out)
+    app.call("POST", "/execute_sql", {"sql": "SELECT 'secret' AS s", "connection_name": "lite"})
+    app.gateway.close()
+    assert "secret" not in out.getvalue() and "(text not logged; sha256 " in out.getvalue()
