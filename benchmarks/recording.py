@@ -11,7 +11,6 @@ indexes, after a WAL checkpoint).
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import sqlite3
@@ -19,6 +18,7 @@ import statistics
 import tempfile
 import time
 
+from benchmarks.wsgi_call import wsgi_get
 from qag import _speedups, demo
 from qag.app import create_app
 from qag.cli import _Admin
@@ -108,11 +108,7 @@ def main() -> None:
         app.run.observe = observer
 
     def call(path: str, query: str, key: str) -> None:
-        environ = {"REQUEST_METHOD": "GET", "PATH_INFO": path, "QUERY_STRING": query, "REMOTE_ADDR": "127.0.0.1",
-                   "RAW_URI": f"{path}?{query}", "wsgi.input": io.BytesIO(b""), "HTTP_X_API_KEY": key}
-        status = []
-        b"".join(app(environ, lambda s, h: status.append(s)))
-        assert status[0].startswith("200"), status
+        wsgi_get(app, path, query, key)
 
     print(f"qag in-process cost of recording: median [min–max] of {args.rounds} interleaved rounds x {args.calls} "
           f"calls (home {home}; speedups {_speedups.loaded()})")

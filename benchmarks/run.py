@@ -20,7 +20,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 from . import dbdirect, load, measure, oltp, report, sqlite_demo, targets, tpcc_mysql
 from .workload import Case, direct_config, fill, lua_config

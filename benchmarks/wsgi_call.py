@@ -28,6 +28,15 @@ CALLS = {
 }
 
 
+def wsgi_get(app, path: str, query: str, key: str) -> None:
+    """One GET through the WSGI app in-process, as a server would call it; it must answer 200."""
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": path, "QUERY_STRING": query, "REMOTE_ADDR": "127.0.0.1",
+               "RAW_URI": f"{path}?{query}", "wsgi.input": io.BytesIO(b""), "HTTP_X_API_KEY": key}
+    status = []
+    b"".join(app(environ, lambda s, h: status.append(s)))
+    assert status[0].startswith("200"), status
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--home", help="demo home to use (default: a fresh temporary one)")
@@ -40,11 +49,7 @@ def main() -> None:
     twins = ["pure"] + (["compiled"] if "rowjson" not in _speedups.fallbacks() else [])
 
     def call(path: str, query: str, key: str) -> None:
-        environ = {"REQUEST_METHOD": "GET", "PATH_INFO": path, "QUERY_STRING": query, "REMOTE_ADDR": "127.0.0.1",
-                   "RAW_URI": f"{path}?{query}", "wsgi.input": io.BytesIO(b""), "HTTP_X_API_KEY": key}
-        status = []
-        b"".join(app(environ, lambda s, h: status.append(s)))
-        assert status[0].startswith("200"), status
+        wsgi_get(app, path, query, key)
 
     print(f"qag in-process CPU per call, µs: median [min–max] of {args.rounds} interleaved rounds "
           f"x {args.calls} calls (home {home})")

@@ -223,8 +223,7 @@ class MysqlBackend(Backend):
 
     def __init__(self, settings):
         self.settings = settings
-        self.pool = Pool(idle_limit=settings.pool_size, idle_timeout=settings.pool_idle_timeout,
-                         max_open=settings.pool_max, wait=settings.pool_wait, close=_close)
+        self.pool = Pool.from_settings(settings, close=_close)
         self._grow = settings.pool_size
         self._with_hint: dict[str, bool] = {}   # server version → the WITH hint check's outcome
         self._schemas = schema_reader.SchemaCache()

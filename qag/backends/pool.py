@@ -39,6 +39,12 @@ class Pool:
         self._freed = threading.Condition(self._lock)
         self.waits = 0          # callers that had to wait for the cap (a metric later)
 
+    @classmethod
+    def from_settings(cls, settings, close: Callable[[Any], None] = lambda conn: conn.close()) -> "Pool":
+        """The pool a backend keeps per worker, sized by QAG_POOL_SIZE/IDLE_TIMEOUT/MAX/WAIT."""
+        return cls(idle_limit=settings.pool_size, idle_timeout=settings.pool_idle_timeout,
+                   max_open=settings.pool_max, wait=settings.pool_wait, close=close)
+
     def acquire(self, key: Hashable, open_conn: Callable[[], Any],
                 prefer: Callable[[Any], bool] | None = None, grow_below: int = 0) -> tuple[Any, bool]:
         """(connection, reused) — an idle one when there is one (preferring `prefer(conn)`), else a new one.

@@ -198,8 +198,7 @@ class PostgresBackend(Backend):
 
     def __init__(self, settings):
         self.settings = settings
-        self.pool = Pool(idle_limit=settings.pool_size, idle_timeout=settings.pool_idle_timeout,
-                         max_open=settings.pool_max, wait=settings.pool_wait)
+        self.pool = Pool.from_settings(settings)
         self._schemas: OrderedDict = OrderedDict()      # key → (read at, schema)
         self._refreshing: set = set()
         self._schema_lock = threading.Lock()

@@ -525,7 +525,7 @@ def test_one_round_trip_per_call_through_a_delaying_relay(backend, db, capsys):
         print(f"\nPostgreSQL single caller, back to back, through tests/relay.py (median of 30, min-max), "
               f"delay 0 vs {delay * 1000:.0f} ms per server reply:")
         for name, by_delay in measured.items():
-            (t0, m0, _, _), (t1, m1, low, high) = by_delay[0.0], by_delay[delay]
+            (_, m0, _, _), (t1, m1, low, high) = by_delay[0.0], by_delay[delay]
             print(f"  {name:28s} turns/call {sorted(set(t1))}  {m0:6.2f} ms -> {m1:6.2f} ms "
                   f"({low:.2f}-{high:.2f})  waits/call {(m1 - m0) / (delay * 1000):.2f}")
     for name, by_delay in measured.items():
