@@ -17,11 +17,15 @@ from .http.request import Request
 from .http.response import HeaderPolicy, Response, error_response
 from .http.router import Router
 from .observe import Observer
+from .policy.limits import Buckets, Slots
 from .settings import Settings, load
 from .store.base import Store
 from .store.sqlite import SqliteStore, store_paths
 
 log = logging.getLogger("qag")
+
+# Never counted by the server-wide rate limit (contract 6.6), besides every OPTIONS and the Console pages.
+_RATE_EXEMPT = frozenset({"/health", "/livez", "/readyz", "/metrics"})
 
 
 class Gateway:
@@ -39,6 +43,11 @@ class Gateway:
         self.max_body = settings.max_body_bytes
         self.trust_proxy = settings.trust_proxy
         self.server_timing = settings.server_timing
+        # Rate limits and max_concurrent slots, counted in this worker process (qag/policy/limits.py).
+        self.rate_limit = settings.rate_limit
+        self.address_buckets = Buckets()
+        self.key_buckets = Buckets()
+        self.slots = Slots()
         self.router = Router()
         self.observe = Observer(self)
         self.run = RunHandlers(self)
@@ -76,6 +85,9 @@ class Gateway:
             log.exception("unexpected error on %s %s (request %s)", request.method, request.path, request.request_id,
                           extra={"request_id": request.request_id, "key": environ.get("qag.key", "-")})
             response = error_response(QagError("internal_error"), request.request_id)
+        limit_headers = environ.get("qag.limit_headers")
+        if limit_headers:
+            response.headers += limit_headers
         headers = self.headers.finish(response, request.request_id, origin, request.https)
         if self.server_timing and environ["qag.timing"]:
             headers.append(("Server-Timing", server_timing(environ["qag.timing"])))
@@ -102,6 +114,10 @@ class Gateway:
                 and request.header("Access-Control-Request-Method")):
             environ["qag.endpoint"] = "preflight"
             return self.headers.preflight(origin)
+        if (self.rate_limit is not None and request.method != "OPTIONS"
+                and environ.get("PATH_INFO") not in _RATE_EXEMPT
+                and not environ.get("PATH_INFO", "").startswith("/console")):
+            self._limit_address(request)
         request.parse_target()
         try:
             route, params = self.router.match(request.segments, request.method)
@@ -111,6 +127,7 @@ class Gateway:
             if caller is None:
                 raise QagError("unauthorized", "Unauthorized") from None
             environ["qag.key"] = caller.label
+            self._limit_key(caller, environ)
             raise
         environ["qag.endpoint"] = route.endpoint
         if route.public and not route.wants_caller:
@@ -123,6 +140,7 @@ class Gateway:
             timing["auth"] = time.perf_counter() - mark
         if caller is not None:
             environ["qag.key"] = caller.label
+            self._limit_key(caller, environ)  # before the route: a 403 still counts
         if route.public:
             return route.handler(request, caller, **params)
         if caller is None:
@@ -133,6 +151,25 @@ class Gateway:
             raise QagError("admin_only")
         return route.handler(request, caller, **params)
 
+    def _limit_address(self, request: Request) -> None:
+        """Contract 6.6: one token of the client address's bucket (before authentication: 401s count too)."""
+        count, period = self.rate_limit
+        left, retry_after = self.address_buckets.take(request.peer or "", count, period)
+        request.environ["qag.limit_headers"] = [("X-RateLimit-Limit", str(count)),
+                                                ("X-RateLimit-Remaining", str(left))]
+        if retry_after:
+            raise QagError("rate_limited", "Rate limit exceeded", retry_after=retry_after)
+
+    def _limit_key(self, caller: Caller, environ: dict) -> None:
+        """Contract 6.6: the key's own rate_limit grant, one bucket per key name; administrators have none."""
+        if caller.admin or caller.grants is None or caller.grants.rate_limit is None:
+            return
+        count, period = caller.grants.rate_limit
+        left, retry_after = self.key_buckets.take(caller.name, count, period)
+        headers = [("X-RateLimit-Key-Limit", str(count)), ("X-RateLimit-Key-Remaining", str(left))]
+        environ["qag.limit_headers"] = environ.get("qag.limit_headers", []) + headers
+        if retry_after:
+            raise QagError("rate_limited", "Rate limit exceeded for this API key", retry_after=retry_after)
 
     def _guard_open_mode(self, request: Request, origin: str | None) -> None:
         """Open mode serves this machine only: a loopback peer, a loopback Host (no DNS rebinding), and no

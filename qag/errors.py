@@ -54,6 +54,8 @@ ERRORS: dict[str, tuple[int, str, str]] = {
     "payload_too_large": (413, "Request body too large", "body over `QAG_MAX_BODY_BYTES`"),
     "unsupported_media_type": (415, "Unsupported media type", "generic 415"),
     "rate_limited": (429, "Rate limit exceeded", "server-wide or per-key rate limit"),
+    "quota_exceeded": (429, "This caller's quota is used up", "quota used up"),
+    "too_many_concurrent": (429, "Too many queries running at once for this API key", "key's `max_concurrent` reached"),
     "query_failed": (500, "An error occurred while executing the SQL query", "the database rejected the query"),
     "driver_missing": (500, "The driver for this database is not installed", "driver package not installed"),
     "internal_error": (500, "An error occurred", "unexpected"),

@@ -128,6 +128,17 @@ def _token(text: str, s: Setting) -> str:
     return text
 
 
+def _rate_limit(text: str, s: Setting) -> tuple[int, int] | None:
+    from .policy.grants import parse_rate_limit
+    if text.strip() == "":
+        return None
+    try:
+        return parse_rate_limit(text)
+    except ValueError:
+        raise SettingsError(f"{s.name} must look like '60/minute' (a positive count, then second, minute, hour or "
+                            f"day), not {text!r}") from None
+
+
 def _origins(text: str, s: Setting) -> tuple[str, ...]:
     items = [o.strip().rstrip("/").lower() for o in text.split(",")]
     return tuple(o for o in items if o)
@@ -176,6 +187,8 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number of seconds from 1 to 63072000", alias="QUERYAPIGATE_HSTS_MAX_AGE"),
     Setting("QAG_TRUST_PROXY", _int_range(0, 16), 0, "Reverse-proxy hops whose X-Forwarded-For/-Proto are trusted; 0 = judge the socket peer.",
             "a whole number from 0 to 16", alias="QUERYAPIGATE_TRUST_PROXY"),
+    Setting("QAG_RATE_LIMIT", _rate_limit, None, "Server-wide rate limit per client address (token bucket, before authentication; not /health, /livez, /readyz, /metrics, OPTIONS). Counted in each worker process: with QAG_WORKERS=n an address gets up to n times the limit. Unset = off.",
+            "N/second, N/minute, N/hour or N/day (N >= 1, plural accepted)", alias="QUERYAPIGATE_RATE_LIMIT"),
     Setting("QAG_AUDIT_LOG_LIMIT", _int_range(1, 10_000_000), 500, "Audit-log entries kept (newest first); also bounds GET /api/v1/connections/deleted.",
             "a whole number from 1 to 10000000", alias="QUERYAPIGATE_AUDIT_LOG_LIMIT"),
     Setting("QAG_ACCESS_LOG_QUERY", _flag, False, "Keep the query string in gunicorn's access log (parameter values can be personal data).",

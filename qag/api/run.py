@@ -16,6 +16,7 @@ from ..http.response import Response
 from ..policy import grants as policy
 from ..policy.guard import check as guard_check
 from ..policy.keyfields import normalise_mask
+from ..policy.limits import Slot
 from ..sql.params import compile_rules
 from ..sql.prepare import check_text_values, prepare, render
 from ._common import valid_query_name
@@ -300,18 +301,39 @@ class RunHandlers:
         return row
 
     def _execute(self, plan: Plan, caller, writes: bool, version: dict | None) -> Response:
-        """The database step: from here on every outcome is a run (history, event, metrics, log line)."""
+        """The database step: from here on every outcome is a run (history, event, metrics, log line).
+
+        A key with max_concurrent first takes a slot of this worker (contract 6.7), held until the page is
+        encoded or, for a stream, until its body is drained or closed; a refused call is not a run."""
+        slot = None
+        if not caller.admin and caller.grants.max_concurrent:
+            limit = int(caller.grants.max_concurrent)
+            if not self.gateway.slots.acquire(caller.name, limit):
+                raise QagError("too_many_concurrent", f"This API key may run at most {limit} "
+                               f"quer{'y' if limit == 1 else 'ies'} at once - try again shortly",
+                               retry_after=1, max_concurrent=limit)
+            slot = Slot(self.gateway.slots, caller.name)
         observe = self.observe
         observe.begin()
         at = time.time()
         try:
-            return self._run(plan, caller, writes, version, at)
+            response = self._run(plan, caller, writes, version, at)
         except QagError as error:
+            if slot is not None:
+                slot.release()
             observe.failed(plan, at, error)
             raise
         except BaseException:
+            if slot is not None:
+                slot.release()
             observe.failed(plan, at, QagError("internal_error"))
             raise
+        if slot is not None:
+            if isinstance(response.body, _Export):
+                response.body.slot = slot  # the stream holds it until its last row is sent (or it is closed)
+            else:
+                slot.release()
+        return response
 
     def _run(self, plan: Plan, caller, writes: bool, version: dict | None, at: float) -> Response:
         connection = plan.connection
@@ -387,12 +409,13 @@ class _Export:
     cursor's batches are closed with it, so its connection is released now, and the run is recorded exactly
     once, however it ended."""
 
-    __slots__ = ("plan", "columns", "batches", "observe", "at", "cap", "sent", "recorded")
+    __slots__ = ("plan", "columns", "batches", "observe", "at", "cap", "sent", "recorded", "slot")
 
     def __init__(self, plan: Plan, columns, batches, observe, at: float, cap: int | None):
         self.plan, self.columns, self.batches, self.observe, self.at, self.cap = plan, columns, batches, observe, at, cap
         self.sent = 0
         self.recorded = False
+        self.slot: Slot | None = None  # a max_concurrent slot, released when the run ends
 
     def __iter__(self):
         fmt, columns = self.plan.fmt, self.columns
@@ -421,6 +444,8 @@ class _Export:
         if self.recorded:
             return
         self.recorded = True
+        if self.slot is not None:
+            self.slot.release()
         if error is None:
             self.observe.streamed(self.plan, self.at, self.sent, bool(self.cap) and self.sent >= self.cap)
         else:

@@ -1,0 +1,175 @@
+"""Contract 6.6 rate limits and 6.7 max_concurrent against real servers (B6.20, B6.21, B6.23, B9.7).
+
+The limiter and the slots are counted in each worker process, so every server here runs QAG_WORKERS=1: with
+several workers a client's requests are spread over them and each worker has its own budget.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from tests.server import Server, q
+
+pytestmark = pytest.mark.e2e
+
+
+def _from(address: str) -> dict:
+    return {"X-Forwarded-For": address}
+
+
+@pytest.fixture(scope="module")
+def limited():
+    """3/minute per address; one trusted proxy hop, so each test can be its own client address."""
+    s = Server(env={"QAG_RATE_LIMIT": "3/minute", "QAG_TRUST_PROXY": "1"}, workers=1)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def keyed():
+    """No server-wide limit; per-key limits and max_concurrent (one worker: slots and buckets are per worker)."""
+    s = Server(workers=1)
+    s.sqlite_db("lite.db", "CREATE TABLE t (id INTEGER PRIMARY KEY); INSERT INTO t VALUES (1), (2), (3);")
+    s.connection("lite", "lite.db")
+    s.query("small", "SELECT id FROM t ORDER BY id", "lite")
+    s.query("big", "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 50000000) "
+                   "SELECT i, 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx' AS pad FROM n", "lite")
+    s.query("broken", "SELECT no_such_column FROM t", "lite")
+    yield s
+    s.stop()
+
+
+# --- server-wide, per client address -------------------------------------------------------------------------------
+
+def test_b6_20_three_per_minute(limited):
+    client = _from("10.0.0.1")
+    for _ in range(5):
+        for path in ("/health", "/livez", "/readyz", "/metrics"):
+            r = limited.get(path, headers=client)
+            assert r.status == 200 and "x-ratelimit-limit" not in r.headers, (path, r)
+    seen = []
+    for _ in range(3):
+        r = limited.get("/api/v1/connections", headers=client)
+        assert r.status == 200 and r.headers["x-ratelimit-limit"] == "3"
+        seen.append(r.headers["x-ratelimit-remaining"])
+    assert seen == ["2", "1", "0"]
+    r = limited.get("/api/v1/connections", headers=client)
+    assert r.status == 429 and r.json["code"] == "rate_limited" and r.json["error"] == "Rate limit exceeded"
+    assert 1 <= int(r.headers["retry-after"]) <= 20 and r.json["retry_after"] == int(r.headers["retry-after"])
+    assert list(r.json) == ["error", "code", "retry_after", "request_id"]
+    assert r.headers["x-ratelimit-limit"] == "3" and r.headers["x-ratelimit-remaining"] == "0"
+    assert limited.get("/health", headers=client).status == 200  # never throttled
+    assert limited.request("OPTIONS", "/api/v1/connections", headers=client, key=None).status == 401  # exempt
+    # Another address has its own budget.
+    r = limited.get("/api/v1/connections", headers=_from("10.0.0.9"))
+    assert r.status == 200 and r.headers["x-ratelimit-remaining"] == "2"
+
+
+def test_b6_21_limit_comes_before_authentication(limited):
+    client = _from("10.0.0.2")
+    statuses = [limited.get("/api/v1/connections", key=f"wrong-{i}", headers=client).status for i in range(5)]
+    assert statuses == [401, 401, 401, 429, 429]
+    r = limited.get("/api/v1/connections", headers=client)  # the right key
+    assert r.status == 429 and r.json["code"] == "rate_limited"
+
+
+def test_every_counted_route_carries_the_headers(limited):
+    client = _from("10.0.0.3")
+    for path, status in (("/openapi.json", 200), ("/no/such/route", 404), ("/q/nothing", 404)):
+        r = limited.get(path, headers=client)
+        assert r.status == status and "x-ratelimit-remaining" in r.headers, (path, r)
+    assert limited.get("/", headers=client).status == 429
+
+
+def test_b9_7_invalid_rate_limit_stops_startup():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("QAG_", "QUERYAPIGATE_"))}
+    env.update({"QAG_HOME": tempfile.mkdtemp(), "QUERYAPIGATE_RATE_LIMIT": "10/week"})
+    r = subprocess.run([sys.executable, "-m", "qag", "serve"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "QUERYAPIGATE_RATE_LIMIT must look like '60/minute'" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+# --- per key ------------------------------------------------------------------------------------------------------
+
+def test_per_key_limit_counts_403s_and_is_per_key(keyed, uniq):
+    name = uniq("rl")
+    key = keyed.key(name, rate_limit="2/minute", connections=["lite"])
+    twin = keyed.key(uniq("rl"), rate_limit="2/minute", connections=["lite"])
+    r = keyed.get(q("small"), key=key)
+    assert r.status == 200 and (r.headers["x-ratelimit-key-limit"], r.headers["x-ratelimit-key-remaining"]) == ("2", "1")
+    assert "x-ratelimit-limit" not in r.headers  # no server-wide limit configured
+    r = keyed.get("/api/v1/connections", key=key)  # refused by the route: still counted
+    assert r.status == 403 and r.headers["x-ratelimit-key-remaining"] == "0"
+    r = keyed.get(q("small"), key=key)
+    assert r.status == 429 and r.json["code"] == "rate_limited"
+    assert r.json["error"] == "Rate limit exceeded for this API key"
+    assert 1 <= int(r.headers["retry-after"]) <= 30 and r.json["retry_after"] == int(r.headers["retry-after"])
+    assert r.headers["x-ratelimit-key-remaining"] == "0"
+    # Two keys with the same limit have independent budgets; the admin key has none.
+    assert keyed.get(q("small"), key=twin).status == 200
+    r = keyed.get(q("small"))
+    assert r.status == 200 and "x-ratelimit-key-limit" not in r.headers
+
+
+def test_per_key_limit_follows_a_patch(keyed, uniq):
+    name = uniq("rl")
+    key = keyed.key(name, rate_limit="1/hour", connections=["lite"])
+    assert keyed.get(q("small"), key=key).status == 200
+    assert keyed.get(q("small"), key=key).status == 429
+    assert keyed.request("PATCH", f"/api/v1/api-keys/{name}", body={"rate_limit": None}).status == 200
+    r = keyed.get(q("small"), key=key)
+    assert r.status == 200 and "x-ratelimit-key-limit" not in r.headers
+
+
+# --- max_concurrent -----------------------------------------------------------------------------------------------
+
+def _open_stream(server, key):
+    """Start a big stream and read only its first bytes: the server blocks writing it, holding the slot."""
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+    conn.request("GET", q("big") + "?stream=true&format=csv", headers={"X-API-Key": key})
+    response = conn.getresponse()
+    assert response.status == 200
+    assert response.read(100)
+    return conn
+
+
+def _eventually_ok(server, key, path=None, deadline=10.0):
+    end = time.monotonic() + deadline
+    while True:
+        r = server.get(path or q("small"), key=key)
+        if r.status == 200 or time.monotonic() > end:
+            return r
+        time.sleep(0.05)
+
+
+def test_b6_23_open_stream_holds_the_slot(keyed, uniq):
+    key = keyed.key(uniq("mc"), max_concurrent=1, connections=["lite"])
+    other = keyed.key(uniq("mc"), max_concurrent=1, connections=["lite"])
+    conn = _open_stream(keyed, key)
+    try:
+        r = keyed.get(q("small"), key=key)
+        assert r.status == 429 and r.json["code"] == "too_many_concurrent"
+        assert r.headers["retry-after"] == "1" and r.json["retry_after"] == 1 and r.json["max_concurrent"] == 1
+        assert keyed.get(q("small"), key=other).status == 200  # slots are per key
+        assert keyed.get(q("small")).status == 200  # administrators have no limit
+    finally:
+        conn.close()  # the client goes away mid-stream: the server closes the body and frees the slot
+    assert _eventually_ok(keyed, key).status == 200
+
+
+def test_b6_23_slot_freed_after_a_stream_is_read_or_a_query_fails(keyed, uniq):
+    key = keyed.key(uniq("mc"), max_concurrent=1, connections=["lite"])
+    r = keyed.get(q("small") + "?stream=true&format=csv", key=key)
+    assert r.status == 200 and r.body == b"id\r\n1\r\n2\r\n3\r\n"
+    assert keyed.get(q("small"), key=key).status == 200
+    assert keyed.get(q("broken"), key=key).status == 500  # a failing query releases its slot
+    assert keyed.get(q("small"), key=key).status == 200
+    for _ in range(3):  # sequential calls never pile up
+        assert keyed.get(q("small"), key=key).status == 200
