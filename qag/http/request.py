@@ -15,6 +15,8 @@ _JSON_TYPES = ("application/json",)
 
 def _decode_component(raw: str, plus_is_space: bool) -> str:
     """Percent-decode one URL component strictly: bad escapes and non-UTF-8 are refused, not guessed."""
+    if raw.isascii() and "%" not in raw and not (plus_is_space and "+" in raw):
+        return raw  # the common case: nothing to decode
     if plus_is_space:
         raw = raw.replace("+", " ")
     if "%" in raw:

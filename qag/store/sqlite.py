@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sqlite3
@@ -39,6 +40,13 @@ def _row(cursor: sqlite3.Cursor, values: tuple) -> dict:
             value = bool(value)
         out[name] = value
     return out
+
+
+@functools.lru_cache(maxsize=2048)
+def _shared_body(text: str) -> dict:
+    """A version body decoded once per distinct text (versions are immutable but for cache_ttl/mcp, which change
+    the text): content-keyed, so no invalidation is needed; the dict is shared and must not be changed."""
+    return json.loads(text)
 
 
 def _dump(value: Any) -> str:
@@ -198,13 +206,20 @@ class SqliteStore(Store):
         return _flatten_version(row)
 
     def get_query_for_run(self, name: str, version: int | None) -> tuple[dict | None, dict | None]:
-        row = self._one("SELECT q.name, q.collection, q.published, v.version, v.uuid, v.body, v.created_at, "
+        """The hot path's read: the version body comes back shared (decoded once per distinct text) - callers
+        must treat it as read-only."""
+        row = self._one("SELECT q.name, q.collection, q.published, v.version, v.uuid, v.body AS body_json, "
+                        "v.created_at, "
                         "v.last_modified_at FROM queries q LEFT JOIN query_versions v ON v.query_name = q.name "
                         "AND v.version = coalesce(?, q.published) WHERE q.name = ?", (version, name))
         if row is None:
             return None, None
         head = {"name": row["name"], "collection": row["collection"], "published": row["published"]}
-        return head, (_flatten_version(row) if row["version"] is not None else None)
+        if row["version"] is None:
+            return head, None
+        body = _shared_body(row.pop("body_json"))
+        return head, {"version": row["version"], "uuid": row["uuid"], **body, "created_at": row["created_at"],
+                      "last_modified_at": row["last_modified_at"]}
 
     def create_query(self, name: str, collection: str | None, version: dict, publish: bool) -> None:
         with self.transaction():
@@ -269,8 +284,11 @@ class SqliteStore(Store):
 
     def key_by_hash(self, secret_hash: str) -> tuple[dict, bool] | None:
         # grants_json: the stored text as well, so callers can cache what they compile from it.
-        row = self._one("SELECT *, grants AS grants_json, previous_hash = ? AS is_previous FROM api_keys "
-                        "WHERE secret_hash = ? OR previous_hash = ?", (secret_hash, secret_hash, secret_hash))
+        # Only what authentication reads; grants stay JSON text (grants_json), compiled once per distinct text by
+        # the caller, so no call decodes them.
+        row = self._one("SELECT name, active, expires_at, previous_expires_at, grants AS grants_json, "
+                        "previous_hash = ? AS is_previous FROM api_keys WHERE secret_hash = ? OR previous_hash = ?",
+                        (secret_hash, secret_hash, secret_hash))
         return (row, bool(row.pop("is_previous"))) if row is not None else None
 
     def put_key(self, row: dict, *, create: bool) -> None:
