@@ -43,14 +43,14 @@ def _seeded(server: Server) -> Server:
 def server():
     s = _seeded(Server())
     yield s
-    s.stop()
+    s.close()
 
 
 @pytest.fixture(scope="session")
 def writes_server():
     s = _seeded(Server(env={"QAG_ALLOW_WRITES": "1"}))
     yield s
-    s.stop()
+    s.close()
 
 
 @pytest.fixture
@@ -65,7 +65,7 @@ def make_server():
 
     yield start
     for s in started:
-        s.stop()
+        s.close()
 
 
 @pytest.fixture(scope="session")

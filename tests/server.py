@@ -6,6 +6,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -87,6 +88,11 @@ class Server:
             time.sleep(0.05)
         self.stop()
         raise RuntimeError("qag serve never answered /health:\n" + "".join(self.log))
+
+    def close(self) -> None:
+        """Stop the server and remove its temporary home: tests leave nothing behind."""
+        self.stop()
+        shutil.rmtree(self.home, ignore_errors=True)
 
     def stop(self) -> int | None:
         if self.proc.poll() is None:

@@ -48,15 +48,14 @@ def test_b1_4_open_mode_local_yes_remote_no(make_server):
     assert s.get("/api/v1/me", key=None).json["via"] == "open"
 
 
-def test_b1_4_open_mode_remote_refused_in_process():
+def test_b1_4_open_mode_remote_refused_in_process(tmp_path):
     """The remote half of B1.4 needs a non-loopback peer: judged by the WSGI app on REMOTE_ADDR."""
     import io
-    import tempfile
-
+    
     from qag.app import create_app
     from qag.settings import load
 
-    app = create_app(load({"QAG_HOME": tempfile.mkdtemp()}))
+    app = create_app(load({"QAG_HOME": str(tmp_path)}))
 
     def call(path, peer, forwarded=None):
         environ = {"REQUEST_METHOD": "GET", "PATH_INFO": path, "QUERY_STRING": "", "REMOTE_ADDR": peer,

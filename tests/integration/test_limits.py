@@ -10,7 +10,6 @@ import http.client
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
@@ -29,7 +28,7 @@ def limited():
     """3/minute per address; one trusted proxy hop, so each test can be its own client address."""
     s = Server(env={"QAG_RATE_LIMIT": "3/minute", "QAG_TRUST_PROXY": "1"}, workers=1)
     yield s
-    s.stop()
+    s.close()
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +42,7 @@ def keyed():
                    "SELECT i, 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx' AS pad FROM n", "lite")
     s.query("broken", "SELECT no_such_column FROM t", "lite")
     yield s
-    s.stop()
+    s.close()
 
 
 # --- server-wide, per client address -------------------------------------------------------------------------------
@@ -88,9 +87,9 @@ def test_every_counted_route_carries_the_headers(limited):
     assert limited.get("/", headers=client).status == 429
 
 
-def test_b9_7_invalid_rate_limit_stops_startup():
+def test_b9_7_invalid_rate_limit_stops_startup(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("QAG_", "QUERYAPIGATE_"))}
-    env.update({"QAG_HOME": tempfile.mkdtemp(), "QUERYAPIGATE_RATE_LIMIT": "10/week"})
+    env.update({"QAG_HOME": str(tmp_path), "QUERYAPIGATE_RATE_LIMIT": "10/week"})
     r = subprocess.run([sys.executable, "-m", "qag", "serve"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "QUERYAPIGATE_RATE_LIMIT must look like '60/minute'" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1

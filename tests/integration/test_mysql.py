@@ -118,14 +118,14 @@ def _server(db, **kw) -> Server:
 def read_server(db):
     server = _server(db)
     yield server
-    server.stop()
+    server.close()
 
 
 @pytest.fixture(scope="module")
 def writes_server(db):
     server = _server(db, env={"QAG_ALLOW_WRITES": "1"})
     yield server
-    server.stop()
+    server.close()
 
 
 def sql(server: Server, statement: str, **body):
@@ -146,7 +146,7 @@ def test_b10_7_pooled_calls_share_one_connection_and_a_change_closes_it(db):
         after = sql(server, "SELECT CONNECTION_ID() AS id").json[0]["id"]
         assert after not in ids
     finally:
-        server.stop()
+        server.close()
 
 
 @pytest.mark.e2e
@@ -156,7 +156,7 @@ def test_b10_7_pool_size_zero_opens_a_connection_per_call(db):
         ids = [sql(server, "SELECT CONNECTION_ID() AS id").json[0]["id"] for _ in range(3)]
         assert len(set(ids)) == 3
     finally:
-        server.stop()
+        server.close()
 
 
 def test_one_connect_and_one_cursor_for_pooled_calls(db, monkeypatch):

@@ -11,7 +11,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -96,9 +95,9 @@ def test_b9_3_metrics_token(make_server, uniq):
         assert r.status == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
 
 
-def test_b9_3_short_metrics_token_stops_startup():
+def test_b9_3_short_metrics_token_stops_startup(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("QAG_", "QUERYAPIGATE_"))}
-    env.update({"QUERYAPIGATE_METRICS_TOKEN": "too-short", "QAG_HOME": tempfile.mkdtemp()})
+    env.update({"QUERYAPIGATE_METRICS_TOKEN": "too-short", "QAG_HOME": str(tmp_path)})
     r = subprocess.run([sys.executable, "-m", "qag", "serve"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "at least 16 characters" in r.stderr and "too-short" not in r.stderr
 

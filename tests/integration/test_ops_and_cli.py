@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
@@ -68,10 +67,10 @@ def test_cli_version_reports_speedups():
     assert r.returncode == 0 and r.stdout.startswith(f"qag {__version__}") and "rowjson=" in r.stdout
 
 
-def test_b9_5_invalid_settings_exit_2_with_one_line():
+def test_b9_5_invalid_settings_exit_2_with_one_line(tmp_path):
     for env, needle in [({"QAG_THREADS": "eight"}, "QAG_THREADS"), ({"QUERYAPIGATE_THREADS": "0"}, "QUERYAPIGATE_THREADS"),
                         ({"QAG_ACCESS_LOG": "maybe"}, "QAG_ACCESS_LOG"), ({"QAG_SPEEDUPS": "fast"}, "QAG_SPEEDUPS")]:
-        r = qag_cli("serve", env=env, home=tempfile.mkdtemp())
+        r = qag_cli("serve", env=env, home=str(tmp_path))
         assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
