@@ -114,7 +114,9 @@ class Gateway:
                 and request.header("Access-Control-Request-Method")):
             environ["qag.endpoint"] = "preflight"
             return self.headers.preflight(origin)
-        if (self.rate_limit is not None and request.method != "OPTIONS"
+        # Only a CORS preflight (answered above) is exempt among OPTIONS: a plain OPTIONS is authenticated, so it
+        # must spend tokens like any request that can test a key.
+        if (self.rate_limit is not None
                 and environ.get("PATH_INFO") not in _RATE_EXEMPT
                 and not environ.get("PATH_INFO", "").startswith("/console")):
             self._limit_address(request)

@@ -211,6 +211,11 @@ def _preferred(link: _Link) -> bool:
     return link.readable() == link.pending
 
 
+def _leaves_session_state(sql: str) -> bool:
+    """Whether a statement may set user variables (@x) or take named locks; judged on the text, erring closed."""
+    return "@" in sql or "lock" in sql.lower()
+
+
 def _close(link: _Link) -> None:
     link.conn.close()
 
@@ -273,6 +278,10 @@ class MysqlBackend(Backend):
             self.pool.release(key, link, False)
 
     def _give_back(self, key, link: _Link, read_only: bool, sql: str) -> None:
+        if _leaves_session_state(sql):
+            # A rollback keeps user variables and GET_LOCK locks: such a connection is closed, never pooled.
+            self.pool.release(key, link, False)
+            return
         if read_only:
             if self.pool.idle_limit > 0:
                 try:
@@ -344,7 +353,8 @@ class MysqlBackend(Backend):
                 raise mapped(exc, call.timeout, fields.get("password")) from None
             raise
         done = not columns or len(first) < first_size
-        return columns, _Batches(self, key, link, cursor, first, batch, cap, done, call.sql)
+        return columns, _Batches(self, key, link, cursor, first, batch, cap, done, call.sql, call.timeout,
+                                 fields.get("password"))
 
     def test(self, fields: dict) -> float:
         started = time.perf_counter()
@@ -408,7 +418,8 @@ class _Batches:
     """The rows of a stream after the first batch; gives its connection back exactly once (also if dropped)."""
 
     def __init__(self, backend: MysqlBackend, key, link: _Link, cursor, first: list, batch: int,
-                 cap: int | None, done: bool, sql: str):
+                 cap: int | None, done: bool, sql: str, timeout: float | None, password):
+        self._timeout, self._password = timeout, password  # to map a failure mid-stream (password scrubbed)
         self._backend = backend
         self._key = key
         self._link = link
@@ -434,10 +445,10 @@ class _Batches:
         size = self._batch if self._left is None else min(self._batch, self._left)
         try:
             rows = list(self._cursor.fetchmany(size))
-        except _DRIVER_ERRORS:
-            # The status line has gone out: a failure mid-stream just ends the body.
+        except _DRIVER_ERRORS as exc:
+            # Raised, not swallowed: the run is recorded as failed and the body ends incomplete.
             self.close()
-            raise StopIteration from None
+            raise mapped(exc, self._timeout, self._password) from None
         if len(rows) < size:
             self._done = True
         if self._left is not None:

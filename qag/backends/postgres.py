@@ -2,7 +2,8 @@
 
 Every paged call is one Query message (contract 10.4), which PostgreSQL runs as one implicit transaction:
 
-    RESET ALL; SET LOCAL DateStyle = ISO; [SET TRANSACTION READ ONLY; ][SET LOCAL statement_timeout = <ms>; ]<sql>
+    RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; SET LOCAL DateStyle = ISO; [SET TRANSACTION READ ONLY; ]
+    [SET LOCAL statement_timeout = <ms>; ]SELECT pg_advisory_unlock_all(); <sql>
 
 `RESET ALL` first, so nothing a previous call did to the session (search_path, TimeZone, DateStyle,
 default_transaction_read_only, statement_timeout set with set_config(..., false)) reaches this one; the access
@@ -55,7 +56,10 @@ SCHEMA_REFRESH = 45.0       # ... and one older than this is served while a back
 SCHEMA_CACHE_SIZE = 64      # schemas kept per backend (per connection settings and database)
 SCHEMA_MAX_TABLES = 1000
 
-_BASE = "RESET ALL; SET LOCAL DateStyle = ISO; "
+# RESET ALL leaves role and session authorization alone (and a SELECT set_config('role', ...) survives the
+# implicit transaction), and session advisory locks outlive it: reset and release them too, in the same message.
+_BASE = "RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; SET LOCAL DateStyle = ISO; "
+_UNLOCK = "SELECT pg_advisory_unlock_all(); "
 _READ_ONLY = "SET TRANSACTION READ ONLY; "
 _UNREACHABLE = ("could not connect", "connection refused", "timeout expired",
                 "server closed the connection unexpectedly", "connection already closed",
@@ -81,7 +85,7 @@ def prefix(read_only: bool, timeout: float | None) -> str:
     ms = timeout_ms(timeout)
     if ms is not None:
         text += f"SET LOCAL statement_timeout = {ms}; "
-    return text
+    return text + _UNLOCK
 
 
 _PREFIXES: dict = {}
@@ -308,7 +312,7 @@ class PostgresBackend(Backend):
             first = cur.fetchall() if cur.description else []
         except BaseException as exc:
             raise self._failed(key, conn, exc, fields, call.timeout) from None
-        return columns, _Batches(self.pool, key, conn, cur, first, first_n, batch, cap)
+        return columns, _Batches(self.pool, key, conn, cur, first, first_n, batch, cap, fields, call.timeout)
 
     def test(self, fields: dict) -> float:
         """A new connection (not pooled: it proves the settings work now) and SELECT 1 read-only."""
@@ -384,13 +388,16 @@ class PostgresBackend(Backend):
 class _Batches:
     """The row batches of a stream after the first; the connection goes back to the pool when they end.
 
-    A failure mid-stream just ends the body (the status line has already gone out) and closes the connection.
+    A failure mid-stream closes the connection and raises the mapped error: the status line has gone out, so
+    the body ends incomplete and the run is recorded as failed.
     Closed early (the client went away) → ROLLBACK and the connection is reused; dropped without ever being
     iterated or closed → the connection is closed when this object is collected.
     """
 
-    def __init__(self, pool: Pool, key, conn, cur, first: list, first_n: int, batch: int, cap: int | None):
+    def __init__(self, pool: Pool, key, conn, cur, first: list, first_n: int, batch: int, cap: int | None,
+                 fields: dict, timeout: float | None):
         self._pool, self._key, self._conn, self._cur = pool, key, conn, cur
+        self._fields, self._timeout = fields, timeout  # to map a failure mid-stream (password scrubbed)
         self._first = first
         self._batch = batch
         self._left = None if cap is None else cap - len(first)
@@ -413,9 +420,11 @@ class _Batches:
             try:
                 self._cur.execute(fetch_message(n))
                 rows = self._cur.fetchall()
-            except psycopg2.Error:
+            except psycopg2.Error as exc:
+                # Raised, not swallowed: the run is recorded as failed and the server ends the chunked body
+                # without its terminator, so the client can tell the export is incomplete.
                 self._finish(False)
-                raise StopIteration from None
+                raise mapped(exc, self._fields, self._timeout) from None
             if left is not None:
                 self._left = left - len(rows)
             self._more = len(rows) == n

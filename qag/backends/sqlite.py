@@ -161,7 +161,6 @@ def stream(path: str, call: Call, batch: int, cap: int | None):
         raise _mapped(exc, deadline, timeout) from None
 
     def batches():
-        # A failure mid-stream just ends the body: the status line has already gone out.
         left = None if cap is None else cap - len(first)
         try:
             if first:
@@ -173,8 +172,9 @@ def stream(path: str, call: Call, batch: int, cap: int | None):
                 if left is not None:
                     left -= len(rows)
                 yield rows
-        except sqlite3.Error:
-            return
+        except (sqlite3.Error, OverflowError, ValueError) as exc:
+            # Raised, not swallowed: the run is recorded as failed and the body ends incomplete.
+            raise _mapped(exc, deadline, timeout) from None
         finally:
             conn.close()
 

@@ -24,7 +24,7 @@ from .events import BatchWriter
 SQL_KEEP = 4000          # characters of ad-hoc SQL kept in history
 _TRANSPORTS = {None: "rest", 1: "mcp", 2: "export"}
 _HEX_ID = re.compile(r"[0-9a-f]{12}")
-_CURSOR = re.compile(r"(\d{1,12})\.(\d{1,19})")
+_CURSOR = re.compile(r"(\d{1,12})\.(\d{1,18})")  # 18 digits: always a 64-bit SQLite integer
 _PRUNE_BATCH = 500
 _PRUNE_EVERY = 600.0     # seconds between sweeps of a worker's writer (contract: every 10 minutes)
 

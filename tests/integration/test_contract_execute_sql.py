@@ -154,3 +154,20 @@ def test_read_only_at_driver_level(server):
         backend.run(path, Call("DELETE FROM t", (), True, 5.0, 10))
     assert raised.value.code == "read_only"
     assert backend.run(path, Call("SELECT count(*) FROM t", (), True, 5.0, 10)).rows == [(25,)]
+
+
+def test_stream_failing_after_its_first_rows_raises(server):
+    """A failure mid-stream is an error (recorded as a failed run; the body ends incomplete), never a silent end."""
+    import os
+    from qag.backends import sqlite as backend
+    from qag.backends.base import Call
+    from qag.errors import QagError
+    slow_after = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
+                  "SELECT x FROM c")
+    columns, batches = backend.stream(os.path.join(server.home, "lite.db"), Call(slow_after, (), True, 0.5, 0),
+                                      1000, None)
+    assert columns == ["x"]
+    with pytest.raises(QagError) as raised:
+        for _ in batches:
+            pass
+    assert raised.value.code == "query_timeout"

@@ -523,3 +523,15 @@ def _measure(relay: Relay, backend: MysqlBackend, fields: dict, db, report: dict
         direct.close()
     report["direct driver call"] = ms
     assert (turns, opened) == (1, 0)
+
+
+def test_user_variables_and_named_locks_never_reach_the_next_caller(db):
+    backend = MysqlBackend(settings(pool_size=1))
+    try:
+        first = backend.run(db.fields, read("SELECT CONNECTION_ID() AS id")).rows[0][0]
+        backend.run(db.fields, read("SELECT GET_LOCK('qag_test_lock', 0) AS l, @qag_a := 42 AS a"))
+        rows = backend.run(db.fields, read("SELECT CONNECTION_ID() AS id, @qag_a AS a")).rows
+        assert rows[0][1] is None and rows[0][0] != first      # that connection was closed, not pooled
+        assert admin_rows("SELECT IS_USED_LOCK('qag_test_lock')") == [(None,)]
+    finally:
+        backend.close_idle()

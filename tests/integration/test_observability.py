@@ -243,3 +243,11 @@ def test_access_log_query_setting():
                               env=full, capture_output=True, text=True, timeout=60).stdout
     assert "%(U)s" in fmt({}) and "%(r)s" not in fmt({})
     assert "%(r)s" in fmt({"QUERYAPIGATE_ACCESS_LOG_QUERY": "1"})
+
+
+def test_history_cursor_beyond_64_bits_is_a_filter_error(make_server):
+    import base64
+    s = make_server(seed=False)
+    cursor = base64.urlsafe_b64encode(b"1.9999999999999999999").decode().rstrip("=")
+    r = s.get(f"/api/v1/history?cursor={cursor}")
+    assert r.status == 400 and r.json["code"] == "invalid_filter", r

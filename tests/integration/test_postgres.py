@@ -531,3 +531,20 @@ def test_one_round_trip_per_call_through_a_delaying_relay(backend, db, capsys):
     for name, by_delay in measured.items():
         for d, (turns, *_rest) in by_delay.items():
             assert set(turns) == {1}, (name, d, turns)
+
+
+def test_role_and_advisory_locks_do_not_reach_the_next_caller(backend, db):
+    b = backend(QAG_POOL_SIZE="1")
+    me = read(b, db, "SELECT current_user AS u").rows[0][0]
+    first = pid(b, db)
+    # A caller's query switches the session's role and takes a session advisory lock.
+    read(b, db, "SELECT set_config('role', %s, false) AS r, pg_advisory_lock(987654) AS l" % f"'{me}'")
+    assert pid(b, db) == first                               # the same pooled connection serves the next call
+    assert read(b, db, "SELECT current_user AS u").rows[0][0] == me
+    admin = pg_admin()
+    try:
+        cur = admin.cursor()
+        cur.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 987654")
+        assert cur.fetchone()[0] == 0
+    finally:
+        admin.close()

@@ -14,22 +14,22 @@ from qag.backends.base import Call
 from qag.errors import QagError
 from qag.sql.prepare import prepare, render
 
-READ_PREFIX = "RESET ALL; SET LOCAL DateStyle = ISO; SET TRANSACTION READ ONLY; "
+READ_PREFIX = "RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; SET LOCAL DateStyle = ISO; SET TRANSACTION READ ONLY; "
 
 
 def test_contract_example_message():
     sql = render(prepare("SELECT pg_sleep(9)", "postgres"), {}, "format", 6, 0).sql
     assert sql == "SELECT pg_sleep(9)\nLIMIT 6 OFFSET 0"
-    assert pg.message(sql, True, 1.5) == ("RESET ALL; SET LOCAL DateStyle = ISO; SET TRANSACTION READ ONLY; "
-                                          "SET LOCAL statement_timeout = 1500; SELECT pg_sleep(9)\nLIMIT 6 OFFSET 0")
+    assert pg.message(sql, True, 1.5) == ("RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; SET LOCAL DateStyle = ISO; SET TRANSACTION READ ONLY; "
+                                          "SET LOCAL statement_timeout = 1500; SELECT pg_advisory_unlock_all(); SELECT pg_sleep(9)\nLIMIT 6 OFFSET 0")
 
 
 @pytest.mark.parametrize("read_only, timeout, expected", [
-    (True, None, "RESET ALL; SET LOCAL DateStyle = ISO; SET TRANSACTION READ ONLY; SELECT 1"),
-    (False, None, "RESET ALL; SET LOCAL DateStyle = ISO; SELECT 1"),
-    (False, 2, "RESET ALL; SET LOCAL DateStyle = ISO; SET LOCAL statement_timeout = 2000; SELECT 1"),
-    (True, 0.0004, READ_PREFIX + "SET LOCAL statement_timeout = 1; SELECT 1"),   # never 0 (= no limit)
-    (True, 0, READ_PREFIX + "SELECT 1"),                                        # no limit configured
+    (True, None, "RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; SET LOCAL DateStyle = ISO; SET TRANSACTION READ ONLY; SELECT pg_advisory_unlock_all(); SELECT 1"),
+    (False, None, "RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; SET LOCAL DateStyle = ISO; SELECT pg_advisory_unlock_all(); SELECT 1"),
+    (False, 2, "RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; SET LOCAL DateStyle = ISO; SET LOCAL statement_timeout = 2000; SELECT pg_advisory_unlock_all(); SELECT 1"),
+    (True, 0.0004, READ_PREFIX + "SET LOCAL statement_timeout = 1; SELECT pg_advisory_unlock_all(); SELECT 1"),   # never 0 (= no limit)
+    (True, 0, READ_PREFIX + "SELECT pg_advisory_unlock_all(); SELECT 1"),                                        # no limit configured
 ])
 def test_message_parts(read_only, timeout, expected):
     assert pg.message("SELECT 1", read_only, timeout) == expected
@@ -44,7 +44,7 @@ def test_prefix_has_no_percent_for_psycopg2_interpolation():
 
 def test_stream_message_declares_and_fetches_in_one_message():
     text = pg.stream_message("SELECT * FROM t -- trailing comment", 30, 1000)
-    assert text == ("BEGIN; " + READ_PREFIX + "SET LOCAL statement_timeout = 30000; DECLARE qag_stream NO SCROLL "
+    assert text == ("BEGIN; " + READ_PREFIX + "SET LOCAL statement_timeout = 30000; SELECT pg_advisory_unlock_all(); DECLARE qag_stream NO SCROLL "
                     "CURSOR FOR SELECT * FROM t -- trailing comment\n; FETCH FORWARD 1000 FROM qag_stream")
     assert pg.fetch_message(250) == "FETCH FORWARD 250 FROM qag_stream"
 
@@ -151,14 +151,14 @@ def test_b10_2_two_pooled_reads_one_connect_identical_messages(backend):
     assert len(FakeConn.made) == 1
     conn = FakeConn.made[0]
     assert conn.autocommit_sets == [True]
-    assert conn.log == [(READ_PREFIX + "SET LOCAL statement_timeout = 2000; " + sql, None)] * 2
+    assert conn.log == [(READ_PREFIX + "SET LOCAL statement_timeout = 2000; SELECT pg_advisory_unlock_all(); " + sql, None)] * 2
     assert all(not text.startswith("<") for text, _ in conn.log)          # no rollback, no commit
 
 
 def test_b10_3_write_message_without_read_only_and_without_commit(backend):
     backend.run(FIELDS, Call("INSERT INTO t VALUES (%s)", (5,), False, None, 11))
     conn = FakeConn.made[0]
-    assert conn.log == [("RESET ALL; SET LOCAL DateStyle = ISO; INSERT INTO t VALUES (%s)", (5,))]
+    assert conn.log == [("RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; SET LOCAL DateStyle = ISO; SELECT pg_advisory_unlock_all(); INSERT INTO t VALUES (%s)", (5,))]
     # reads and writes never share a connection
     backend.run(FIELDS, Call("SELECT 1", (), True, None, 11))
     assert len(FakeConn.made) == 2 and FakeConn.made[1].log[0][0].startswith(READ_PREFIX)
