@@ -35,7 +35,9 @@ class Pool:
         self._close = close
         self._idle: dict[Hashable, list[_Slot]] = {}
         self._open: dict[Hashable, int] = {}
-        self._lock = threading.Lock()
+        # Re-entrant: a stream object collected by the garbage collector gives its connection back from __del__,
+        # which can run on a thread that is inside the pool already.
+        self._lock = threading.RLock()
         self._freed = threading.Condition(self._lock)
         self.waits = 0          # callers that had to wait for the cap (a metric later)
 

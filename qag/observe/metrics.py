@@ -16,6 +16,7 @@ Labels are bounded: method (known verbs, else OTHER), endpoint (route names), st
 from __future__ import annotations
 
 import bisect
+import logging
 import marshal
 import os
 import shutil
@@ -198,7 +199,10 @@ class Metrics:
 
     def _loop(self) -> None:
         while not self._stop.wait(_SNAPSHOT_EVERY):
-            self.write_snapshot()
+            try:
+                self.write_snapshot()
+            except Exception:  # a full /dev/shm or a bad stat must not end the snapshots for good
+                logging.getLogger("qag").exception("could not write this worker's metrics snapshot")
 
     def write_snapshot(self) -> None:
         if SHARED_DIR is None or self._pid != os.getpid():
