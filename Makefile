@@ -4,6 +4,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 CORE := $(VENV)/.qag-core
 FULL := $(VENV)/.qag-full
+# The fast end-to-end contract tests, run a second time with the pure-Python twins (QAG_SPEEDUPS=off).
+E2E_PURE := $(wildcard tests/integration/test_contract_*.py) tests/integration/test_bad_input.py
+WHEEL_VENV := build/wheel-venv
+WHEEL_TESTS := build/wheel-tests
 SOURCES := pyproject.toml setup.py $(wildcard build_backend/*.py) $(wildcard qag/_speedups/*.pyx qag/_speedups/*.py)
 
 .PHONY: demo test system-deps wheel clean
@@ -14,6 +18,7 @@ demo: $(CORE)
 
 test: system-deps $(FULL)
 	QAG_SPEEDUPS=require $(BIN)/python -m pytest -q -p no:cacheprovider tests
+	QAG_SPEEDUPS=off $(BIN)/python -m pytest -q -p no:cacheprovider -m e2e $(E2E_PURE)
 
 # System packages for the whole suite: a C compiler for the speedups, pkg-config and the MySQL client
 # library that mysqlclient builds against, libpq and wrk for the benchmark harness's smoke test, venv
@@ -45,10 +50,21 @@ $(FULL): $(BIN)/python $(SOURCES)
 	$(BIN)/python -m pip install -q -e '.[test,mysql,postgres,redis]'
 	touch $@ $(CORE)
 
-# This platform's wheel, compiled or failed: never a silently pure one.
+# This platform's wheel, compiled or failed: never a silently pure one. It is then installed into a clean
+# virtual environment and the suite runs against it from a copy of tests/ whose root holds no qag/, so only
+# the installed package can be imported (QAG_TEST_INSTALLED=1 makes tests/conftest.py fail the run otherwise).
 wheel: system-deps $(FULL)
-	rm -rf dist
+	rm -rf dist $(WHEEL_VENV) $(WHEEL_TESTS)
 	$(BIN)/python -m pip wheel -q --no-deps -w dist -C speedups=require .
+	$(BIN)/python -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/python -m pip install -q --upgrade pip
+	$(WHEEL_VENV)/bin/python -m pip install -q "$$(ls dist/qag-*.whl)[test,mysql,postgres,redis]"
+	mkdir -p $(WHEEL_TESTS)
+	cp -r tests docs benchmarks $(WHEEL_TESTS)/
+	find $(WHEEL_TESTS) -name __pycache__ -prune -exec rm -rf {} +
+	printf '[pytest]\ntestpaths = tests\n' > $(WHEEL_TESTS)/pytest.ini
+	cd $(WHEEL_TESTS) && env -u PYTHONPATH QAG_TEST_INSTALLED=1 QAG_SPEEDUPS=require \
+	  $(abspath $(WHEEL_VENV))/bin/python -m pytest -q -p no:cacheprovider --rootdir . tests
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info qag/_speedups/*.so qag/_speedups/*.c

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -23,8 +25,20 @@ CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT);
 _counter = itertools.count(1)
 
 
+# `make wheel` sets QAG_TEST_INSTALLED=1 and runs a copy of tests/ with a wheel installed in a virtual
+# environment: the run is only worth anything if that installed package, not a source tree, is imported.
+INSTALLED = os.environ.get("QAG_TEST_INSTALLED") == "1"
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "e2e: talks HTTP to a real gunicorn-served qag")
+    if INSTALLED:
+        import qag
+        where = Path(qag.__file__).resolve()
+        prefix = Path(sys.prefix).resolve()
+        if sys.prefix == sys.base_prefix or prefix not in where.parents:
+            raise pytest.UsageError(f"QAG_TEST_INSTALLED=1 but qag was imported from {where}, not from the "
+                                    f"virtual environment {prefix}: the tests would not test the installed wheel")
 
 
 @pytest.fixture

@@ -413,3 +413,18 @@ def test_graceful_shutdown_finishes_in_flight_calls(make_server):
     assert s.stop() == 0
     caller.join(10)
     assert result["reply"].status == 504
+
+
+def test_server_runs_the_twins_qag_speedups_selects(server):
+    # `make test` runs these contract tests twice: with QAG_SPEEDUPS=require, then again with off (pure twins).
+    import os
+    import re
+
+    from qag import _speedups
+    mode = os.environ.get("QAG_SPEEDUPS", "auto").strip().lower()
+    line = next(line for line in server.log if "speedups (" in line)
+    twins = dict(re.findall(r"(\w+)=(\w+)", line.split("):", 1)[1]))
+    assert line.startswith("qag: store ") and f"speedups ({mode})" in line, line
+    assert set(twins) == set(_speedups.MODULES), line
+    if mode in ("off", "require"):
+        assert set(twins.values()) == {"pure" if mode == "off" else "compiled"}, line

@@ -571,3 +571,17 @@ def test_unknown_names(selector):
         selector.get("nope")
     with pytest.raises(ValueError, match="'pure' or 'compiled'"):
         selector.twin("rowjson", "fast")
+
+
+def test_missing_compiled_twin_fails_under_require_and_skips_otherwise(monkeypatch):
+    from tests.speedups import conftest
+
+    def missing(name, kind):
+        raise ImportError(f"no compiled {name}")
+    monkeypatch.setattr(conftest._speedups, "twin", missing)
+    monkeypatch.setattr(conftest, "REQUIRE", True)
+    with pytest.raises(pytest.fail.Exception, match="QAG_SPEEDUPS=require: compiled twin"):
+        Twins("compiled").rowjson
+    monkeypatch.setattr(conftest, "REQUIRE", False)
+    with pytest.raises(pytest.skip.Exception, match="is not built"):
+        Twins("compiled").rowjson
