@@ -18,6 +18,7 @@ from .http.response import HeaderPolicy, Response, error_response
 from .http.router import Router
 from .observe import Observer
 from .policy.limits import Buckets, Slots
+from .redisconn import from_settings as redis_from_settings
 from .settings import Settings, load
 from .store.base import Store
 from .store.sqlite import SqliteStore, store_paths
@@ -42,6 +43,7 @@ class Gateway:
         self.headers = HeaderPolicy(settings.cors_origins, settings.hsts_max_age)
         self.max_body = settings.max_body_bytes
         self.trust_proxy = settings.trust_proxy
+        self.redis = redis_from_settings(settings)  # None without QAG_REDIS_URL (qag/redisconn.py)
         self.server_timing = settings.server_timing
         # Rate limits and max_concurrent slots, counted in this worker process (qag/policy/limits.py).
         self.rate_limit = settings.rate_limit

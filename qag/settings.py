@@ -139,6 +139,20 @@ def _rate_limit(text: str, s: Setting) -> tuple[int, int] | None:
                             f"day), not {text!r}") from None
 
 
+def _redis_url(text: str, s: Setting) -> str | None:
+    url = text.strip()
+    if url == "":
+        return None
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        # Never echo the value: a Redis URL can hold a password.
+        raise SettingsError(f"{s.name} must be {s.accepted}")
+    try:
+        import redis  # noqa: F401  (refused now rather than on the first call)
+    except ImportError:
+        raise SettingsError(f"{s.name} is set but the redis package is missing: pip install 'qag[redis]'") from None
+    return url
+
+
 def _origins(text: str, s: Setting) -> tuple[str, ...]:
     items = [o.strip().rstrip("/").lower() for o in text.split(",")]
     return tuple(o for o in items if o)
@@ -221,6 +235,8 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number from 10 to 10000000"),
     Setting("QAG_EVENTS_RETENTION_HOURS", _int_range(1, 87_600), 24, "Hours the event log keeps every run (swept in the background in small batches).",
             "a whole number of hours from 1 to 87600", alias="QUERYAPIGATE_EVENTS_RETENTION_HOURS"),
+    Setting("QAG_REDIS_URL", _redis_url, None, "Redis shared by every worker and instance: rate limits, slots and quotas counted there, the response cache kept there, configuration changes published there. When it fails each worker counts and caches on its own and retries after 5 s. Unset = no Redis.",
+            "a redis://, rediss:// or unix:// URL", alias="QUERYAPIGATE_REDIS_URL", secret=True),
     Setting("QAG_LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info", "Level of qag's own log lines on stderr.",
             "debug, info, warning or error"),
 )

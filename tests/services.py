@@ -93,3 +93,17 @@ def make_pg_database():
         admin.close()
 
     return fields, cleanup
+
+
+REDIS_URL = os.environ.get("QAG_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def redis_url() -> str:
+    """The test Redis's URL, once it answers PING. Tests share it: they use key names of their own and never
+    flush it."""
+    try:
+        import redis
+        redis.Redis.from_url(REDIS_URL, socket_timeout=2, socket_connect_timeout=2).ping()
+    except Exception as exc:  # ImportError or any client error: the service isn't usable here
+        unreachable("Redis", "QAG_TEST_REDIS_URL", exc)
+    return REDIS_URL

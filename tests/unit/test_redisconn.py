@@ -1,0 +1,77 @@
+"""SharedRedis against the real Redis and against a port where nothing listens: fallback, back-off, recovery."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from qag.redisconn import SharedRedis, from_settings
+from qag.settings import SettingsError, load
+from tests.services import redis_url
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def _dead_url() -> str:
+    with socket.socket() as s:       # a port that was free a moment ago: connections are refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"redis://127.0.0.1:{port}/0"
+
+
+def test_call_runs_against_real_redis(uniq):
+    shared = SharedRedis(redis_url())
+    key = uniq("qag:test:")
+    try:
+        assert shared.call(lambda r: r.incr(key), lambda: -1) == 1
+        assert shared.call(lambda r: r.incr(key), lambda: -1) == 2
+    finally:
+        shared.client().delete(key)
+    assert shared.fallbacks == 0
+
+
+def test_failure_falls_back_backs_off_and_recovers():
+    clock = Clock()
+    shared = SharedRedis(_dead_url(), clock=clock, retry_after=5.0)
+    tried = []
+
+    def fn(r):
+        tried.append(1)
+        return r.ping()
+
+    assert shared.call(fn, lambda: "local") == "local"
+    assert len(tried) == 1 and shared.fallbacks == 1 and not shared.available
+    clock.now += 4.9          # still backing off: Redis is not even tried
+    assert shared.call(fn, lambda: "local") == "local"
+    assert len(tried) == 1 and shared.fallbacks == 2
+    clock.now += 0.2          # back-off over; point the client at a live Redis, as if it had come back
+    shared.url = redis_url()
+    shared._client = None
+    assert shared.call(fn, lambda: "local") is True
+    assert shared.available and shared.fallbacks == 2
+
+
+def test_failure_is_logged_without_the_url(caplog):
+    secret_url = _dead_url().replace("redis://", "redis://:hunter2-password@")
+    shared = SharedRedis(secret_url)
+    with caplog.at_level("WARNING", logger="qag.redis"):
+        shared.call(lambda r: r.ping(), lambda: None)
+        shared.call(lambda r: r.ping(), lambda: None)
+    assert len(caplog.records) == 1, "one warning per minute, not one per call"
+    assert "hunter2" not in caplog.text and "retrying" in caplog.text
+
+
+def test_setting_accepts_redis_schemes_and_refuses_others_without_echoing():
+    assert load({"QAG_REDIS_URL": "redis://localhost:6379/0"}).redis_url == "redis://localhost:6379/0"
+    assert load({"QUERYAPIGATE_REDIS_URL": "unix:///run/redis.sock"}).redis_url == "unix:///run/redis.sock"
+    assert from_settings(load({})) is None
+    with pytest.raises(SettingsError) as refused:
+        load({"QAG_REDIS_URL": "http://:secretpw@host"})
+    assert "secretpw" not in str(refused.value) and "QAG_REDIS_URL" in str(refused.value)
