@@ -10,8 +10,11 @@ import pytest
 
 from qag import _speedups
 
-# Under QAG_SPEEDUPS=require a missing compiled twin is a failure, not a skip: CI builds it.
-REQUIRE = os.environ.get("QAG_SPEEDUPS", "").strip().lower() == "require"
+
+
+def required() -> bool:
+    """Under QAG_SPEEDUPS=require (or pytest --speedups=require) a missing compiled twin fails, not skips."""
+    return os.environ.get("QAG_SPEEDUPS", "").strip().lower() == "require"
 
 
 def compiled_or_skip(name: str) -> ModuleType:
@@ -21,7 +24,7 @@ def compiled_or_skip(name: str) -> ModuleType:
     except ImportError as exc:
         reason = (f"compiled twin qag._speedups._{name} is not built ({exc}); "
                   "build it with `pip install -e .` or `python -m build_backend inplace`")
-        if REQUIRE:
+        if required():
             pytest.fail(f"QAG_SPEEDUPS=require: {reason}")
         pytest.skip(reason)
 

@@ -579,9 +579,9 @@ def test_missing_compiled_twin_fails_under_require_and_skips_otherwise(monkeypat
     def missing(name, kind):
         raise ImportError(f"no compiled {name}")
     monkeypatch.setattr(conftest._speedups, "twin", missing)
-    monkeypatch.setattr(conftest, "REQUIRE", True)
+    monkeypatch.setenv("QAG_SPEEDUPS", "require")
     with pytest.raises(pytest.fail.Exception, match="QAG_SPEEDUPS=require: compiled twin"):
         Twins("compiled").rowjson
-    monkeypatch.setattr(conftest, "REQUIRE", False)
+    monkeypatch.setenv("QAG_SPEEDUPS", "auto")
     with pytest.raises(pytest.skip.Exception, match="is not built"):
         Twins("compiled").rowjson
