@@ -97,6 +97,8 @@ def _trace(sql: str, schema: Schema) -> tuple[Output, ...]:
         if tree.find(exp.Returning) is not None:
             raise Unresolvable("the columns a write returns (RETURNING) can't be traced")
         return ()
+    if isinstance(tree, exp.Values):
+        return _values(tree)
     if not isinstance(tree, exp.Query):
         raise Unresolvable("it isn't a query whose columns can be traced")
     _check_raw(tree)
@@ -116,6 +118,18 @@ def _trace(sql: str, schema: Schema) -> tuple[Output, ...]:
         if o.unknown and not o.sources:
             raise Unresolvable(f"the column {o.name} is neither read from a table nor a constant")
     return outputs
+
+
+def _values(tree: exp.Values) -> tuple[Output, ...]:
+    """A bare VALUES statement: constants only (a column or function in it can't be traced here)."""
+    widths = {len(row.expressions) if isinstance(row, exp.Tuple) else 1 for row in tree.expressions}
+    if len(widths) != 1:
+        raise Unresolvable("a VALUES list can't be traced")
+    for node in tree.walk():
+        if node is not tree and not isinstance(node, _CONSTANT_NODES) or isinstance(node, (exp.Anonymous,
+                                                                                           exp.AggFunc)):
+            raise Unresolvable("a VALUES list holds something other than constants")
+    return tuple(Output(f"column{i + 1}", frozenset(), False) for i in range(widths.pop()))
 
 
 def _check_raw(tree: exp.Expression) -> None:

@@ -12,7 +12,6 @@ connection's schema and one for the plan; per row only the masked columns are to
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import secrets
 import threading
@@ -107,19 +106,28 @@ def text_of(value) -> str:
 
 
 class Hasher:
-    """`hash`: the first 16 hex digits of HMAC-SHA256 of the value's text; NULL stays NULL."""
+    """`hash`: the first 16 hex digits of HMAC-SHA256 of the value's text; NULL stays NULL.
 
-    __slots__ = ("_base",)
+    HMAC (RFC 2104) is computed from two SHA-256 states prepared once from the key: copying them per value costs
+    less than half of what hmac.HMAC.copy() does."""
+
+    __slots__ = ("_inner", "_outer")
 
     def __init__(self, key: bytes):
-        self._base = hmac.new(key, digestmod=hashlib.sha256)
+        if len(key) > 64:   # SHA-256's block size: longer keys are hashed first (RFC 2104)
+            key = hashlib.sha256(key).digest()
+        key = key.ljust(64, b"\0")
+        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
+        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
 
     def __call__(self, value):
         if value is None:
             return None
-        mac = self._base.copy()
-        mac.update(text_of(value).encode("utf-8", "surrogatepass"))
-        return mac.hexdigest()[:16]
+        inner = self._inner.copy()
+        inner.update(text_of(value).encode("utf-8", "surrogatepass"))
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()[:8].hex()
 
 
 def mask_value(value):

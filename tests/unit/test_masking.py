@@ -52,6 +52,7 @@ TRACED = [
     ("SELECT CASE WHEN email LIKE 'a%' THEN 1 ELSE 0 END AS flag FROM customers", [("flag", ["customers.email"])]),
     ("SELECT COALESCE(email, phone) AS c FROM customers", [("c", ["customers.email", "customers.phone"])]),
     ("INSERT INTO orders (id) VALUES (1)", []),
+    ("SELECT * FROM (VALUES (1, 'a')) AS v(x, y)", [("x", []), ("y", [])]),
 ]
 
 
@@ -59,6 +60,17 @@ TRACED = [
 @pytest.mark.parametrize("sql,expected", TRACED)
 def test_tracing(dialect, sql, expected):
     assert lineage(sql, dialect) == expected
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgres"])
+def test_bare_values_are_constants(dialect):
+    assert lineage("VALUES (1, 'a'), (2, 'b')", dialect) == [("column1", []), ("column2", [])]
+
+
+def test_bare_values_unreadable_on_mysql_is_refused():
+    # sqlglot's MySQL grammar has no bare VALUES statement: refused, never served untraced.
+    with pytest.raises(Unresolvable):
+        trace("VALUES (1, 'a')", schema("mysql"))
 
 
 def test_recursive_cte_columns_read_every_source():
@@ -72,7 +84,7 @@ REFUSED = [
     "SELECT a FROM customers AS c(a)", "SELECT * FROM customers JOIN orders USING (id)",
     "SELECT * FROM customers NATURAL JOIN orders", "SELECT * FROM (SELECT 1 AS one) s, customers",
     "SELECT FROM WHERE", "SELECT 1; SELECT 2", "UPDATE customers SET name = 'x' RETURNING email",
-    "SELECT name FROM customers UNION SELECT id, name FROM customers",
+    "SELECT name FROM customers UNION SELECT id, name FROM customers", "VALUES (version())",
 ]
 
 
@@ -203,6 +215,9 @@ def test_hash_value():
     expected = hmac.new(b"key", b"42", hashlib.sha256).hexdigest()[:16]
     assert h(42) == h("42") == h(b"42") == expected
     assert h(None) is None
+    for key in (b"", b"k" * 64, b"long" * 40, "clé".encode()):   # block-size edge cases of RFC 2104
+        assert masking.Hasher(key)("jane@example.com") == hmac.new(key, b"jane@example.com",
+                                                                   hashlib.sha256).hexdigest()[:16]
     assert h("a") == h("a") != h("b")
 
 
