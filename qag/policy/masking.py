@@ -22,6 +22,7 @@ from functools import lru_cache
 from itertools import count
 
 from ..errors import QagError
+from ..sql import lexer
 from ._trace import DIALECTS, Schema, Unresolvable, trace
 from .keyfields import MASK_ACTIONS
 
@@ -253,8 +254,7 @@ class Masking:
         except QagError as error:
             error.extras.pop("detail", None)  # a caller with rules never sees driver text (contract 0.3)
             raise
-        sql = _traceable_sql(prepared)
-        key = (sql, conn_key, schema.generation)
+        key = (prepared.sql, conn_key, schema.generation)
         with self._lock:
             entry = self._plans.get(key)
             if entry is not None:
@@ -264,7 +264,7 @@ class Masking:
                     return _answer(compiled)
         if entry is None:
             try:
-                traced = trace(sql, schema)
+                traced = trace(traceable_sql(prepared), schema)
             except Unresolvable as why:
                 traced = _Refusal(str(why))
             entry = [traced, {}]
@@ -341,9 +341,26 @@ def _answer(compiled):
     return compiled
 
 
-def _traceable_sql(prepared) -> str:
-    """The statement as it runs, each placeholder read as a constant (it binds a value, never a column)."""
-    return "".join(item if type(item) is str else "0" for item in prepared._full)
+def traceable_sql(prepared) -> str:
+    """The statement for sqlglot as qag's tokenizer reads it the engine's way: comments blanked (so sqlglot can't
+    read them otherwise), each placeholder a constant (it binds a value, never a column). Executable comments
+    (MySQL `/*! */`, MariaDB `/*M! */`) and unreadable text are refused: what runs would differ from what is traced."""
+    if prepared.unreadable is not None:
+        raise Unresolvable("the statement can't be read")
+    out = []
+    sql = prepared.sql
+    for token in lexer.tokenize(sql, prepared.dialect):
+        kind = token.kind
+        if kind == lexer.COMMENT:
+            out.append(" ")
+        elif kind in (lexer.PARAM, lexer.TEXT):
+            out.append("0")
+        elif kind in (lexer.XCOMMENT, lexer.BAD):
+            raise Unresolvable("an executable comment's columns can't be traced" if kind == lexer.XCOMMENT
+                               else "the statement can't be read")
+        else:
+            out.append(sql[token.start:token.end])
+    return "".join(out)
 
 
 def default_schema(dialect: str, fields: dict, database: str | None) -> str | None:

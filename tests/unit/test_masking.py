@@ -192,6 +192,21 @@ def test_planner_caches_schema_and_plans_and_refuses_before_running():
     assert backend.reads == 2
 
 
+@pytest.mark.parametrize("sql", ["SELECT /*! email AS */ id FROM customers", "SELECT /*M! email AS */ id FROM customers"])
+def test_executable_comments_are_refused(sql):
+    # MySQL runs the comment's text: the engine would return email under the name id.
+    with pytest.raises(Unresolvable):
+        masking.traceable_sql(prepare(sql, "mysql"))
+
+
+def test_comments_are_read_the_engine_way():
+    # MySQL: "--x" is not a comment (no space after --); "# ..." is one. Whatever sqlglot thinks.
+    text = masking.traceable_sql(prepare("SELECT id # , email\nFROM customers WHERE id = :id", "mysql"))
+    assert "email" not in text and ":id" not in text
+    assert lineage(masking.traceable_sql(prepare("SELECT id -- , email\nFROM customers", "postgres")),
+                   "postgres") == [("id", ["customers.id"])]
+
+
 def test_unsupported_dialect_refused():
     class Other(_Backend):
         dialect = "h2"
