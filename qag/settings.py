@@ -219,6 +219,8 @@ SETTINGS: tuple[Setting, ...] = (
             "1/true/yes/on or 0/false/no/off"),
     Setting("QAG_METRICS_TOKEN", _token, None, "Bearer token /metrics requires (the admin key also works); unset = /metrics is public.",
             "text of at least 16 characters", alias="QUERYAPIGATE_METRICS_TOKEN", secret=True),
+    Setting("QAG_MASK_KEY", _nonempty_secret, None, "HMAC key of the `hash` masking action; unset = a random key generated once and kept in the store (shared by every instance using it).",
+            "any non-empty text", alias="QUERYAPIGATE_MASK_KEY", secret=True),
     Setting("QAG_HISTORY_LIMIT", _int_range(1, 1_000_000), 50, "Runs kept in history per saved-query version (the newest), trimmed after each batch write.",
             "a whole number from 1 to 1000000", alias="QUERYAPIGATE_HISTORY_LIMIT"),
     Setting("QAG_HISTORY_ADHOC_LIMIT", _int_range(1, 10_000_000), 1000, "Ad-hoc (/execute_sql) runs kept in history, the newest.",

@@ -17,6 +17,7 @@ from ..policy import grants as policy
 from ..policy.guard import check as guard_check
 from ..policy.keyfields import normalise_mask
 from ..policy.limits import Slot
+from ..policy import masking
 from ..sql.params import compile_rules
 from ..sql.prepare import check_text_values, prepare, render
 from ._common import valid_query_name
@@ -53,6 +54,10 @@ class Plan:
     sql: str            # the statement as written (saved or ad-hoc)
     database: str | None = None
     timing: dict | None = None  # Server-Timing durations (seconds), when QAG_SERVER_TIMING is on
+    # Column masking (policy/masking): the effective rules, the traced plan, what history records.
+    rules: tuple = ()
+    mask: object = None
+    masked: list | None = None
 
 
 def _positive_int(text: str, what: str) -> int:
@@ -93,6 +98,7 @@ class RunHandlers:
         self.usage = Usage()
         self.observe = gateway.observe
         self._resolvers: OrderedDict[str, object] = OrderedDict()
+        self.masking = masking.Masking(self.store, self.settings)
 
     def register(self, router) -> None:
         router.add("GET POST", "/q/<name>", self.run_named, "api.run_named_query")
@@ -199,9 +205,12 @@ class RunHandlers:
         stream, page, size = self._paging(args, caller, fmt)
         connection = self._connection(chosen, row)
         writes = self._writes_allowed(caller, name) and not stream
+        # The version's mask applies to every caller, administrators included (contract 6.3).
+        rules = masking.effective(version.get("mask"), None if caller.admin else caller.grants.mask)
         plan = Plan(connection, prepared, values, not writes, timeout, fmt, page, size, stream,
-                    request_name(request), caller.admin and not self._has_mask(caller), request.request_id,
-                    caller.label, name, version["version"], version["uuid"], version["sql"], timing=timing)
+                    request_name(request), caller.admin and not rules, request.request_id,
+                    caller.label, name, version["version"], version["uuid"], version["sql"], timing=timing,
+                    rules=rules)
         return self._execute(plan, caller, writes, version)
 
     # --- POST /execute_sql -------------------------------------------------------------------
@@ -228,9 +237,8 @@ class RunHandlers:
         if not isinstance(params, dict):
             raise QagError("invalid_body", "params must be a JSON object")
         fmt, timeout = self._format_and_timeout(request.args, body, caller)
-        if body.get("mask") is not None and normalise_mask(body["mask"]):
-            raise QagError("mask_unresolvable", "Ad-hoc masking is not available on this server yet, so a masked "
-                                                "result can't be produced")
+        adhoc_mask = normalise_mask(body["mask"]) if body.get("mask") is not None else None
+        rules = masking.effective(None if caller.admin else caller.grants.mask, adhoc_mask)
         stream, page, size = self._paging(request.args, caller, fmt)
         connection = self._connection(chosen, self.store.get_connection(chosen))
         if body.get("database") is not None and connection["db"] == "sqlite":
@@ -238,8 +246,8 @@ class RunHandlers:
         writes = self._writes_allowed(caller, None) and not stream
         prepared = prepare(sql, connection["db"], text_placeholders=False)
         plan = Plan(connection, prepared, params, not writes, timeout, fmt, page, size, stream, chosen,
-                    not self._has_mask(caller), request.request_id, caller.label, None, None, None, sql,
-                    body.get("database"), request.environ.get("qag.timing"))
+                    not rules, request.request_id, caller.label, None, None, None, sql,
+                    body.get("database"), request.environ.get("qag.timing"), rules=rules)
         return self._execute(plan, caller, writes, None)
 
     # --- shared steps --------------------------------------------------------------------------
@@ -278,15 +286,8 @@ class RunHandlers:
         return caller.admin or policy.may_write(caller.grants, query_name=query_name)
 
     @staticmethod
-    def _has_mask(caller) -> bool:
-        return not caller.admin and bool(caller.grants.mask)
-
-    @staticmethod
     def _refuse_ungoverned(caller, version: dict | None) -> None:
         """Fail closed on governance this version doesn't enforce yet, rather than show data it should hide."""
-        if (version and version.get("mask")) or (not caller.admin and caller.grants.mask):
-            raise QagError("mask_unresolvable", "This result has column-masking rules, and masking is not "
-                                                "available on this server yet")
         if not caller.admin and caller.grants.allowed_tables is not None:
             raise QagError("table_check_failed", "This API key may only query its allowed tables, and table "
                                                  "checks are not available on this server yet")
@@ -345,6 +346,8 @@ class RunHandlers:
         allowed_ops = None if caller.admin else policy.allowed_write_ops(caller.grants)
         guard_check(plan.prepared, writes_allowed=writes, allowed_write_ops=allowed_ops)
         self._refuse_ungoverned(caller, version)
+        if plan.rules:  # masking: trace the result columns, or refuse before anything runs (contract 6.3)
+            plan.mask = self.masking.plan(plan.rules, plan.prepared, connection, backend, fields, plan.database)
         if timing is not None:
             timing["policy"] = timing.get("policy", 0.0) + time.perf_counter() - mark
         if plan.stream:
@@ -365,8 +368,10 @@ class RunHandlers:
             if not plan.show_detail:
                 error.extras.pop("detail", None)
             raise
-        rows = result.rows[:plan.size]
+        columns, rows = result.columns, result.rows[:plan.size]
         has_more = len(result.rows) > plan.size
+        if plan.mask is not None:
+            columns, rows = _apply_mask(plan, columns, rows)
         self.usage.record(connection["name"], caller.name if not caller.admin else None, True, len(rows),
                           result.duration_ms)
         headers = [("X-Page", str(plan.page)), ("X-Page-Size", str(plan.size)), ("X-Row-Count", str(len(rows))),
@@ -375,7 +380,7 @@ class RunHandlers:
         if not rows:
             response = Response(200, encode.EMPTY_BODY, headers, "application/json")
         else:
-            response = Response(200, encode.encode(plan.fmt, result.columns, rows), headers,
+            response = Response(200, encode.encode(plan.fmt, columns, rows), headers,
                                 encode.CONTENT_TYPES[plan.fmt])
         encoded = time.perf_counter() - started
         if timing is not None:
@@ -396,12 +401,27 @@ class RunHandlers:
             if not plan.show_detail:
                 error.extras.pop("detail", None)
             raise
+        if plan.mask is not None:
+            try:
+                columns, _ = _apply_mask(plan, columns, [])
+            except QagError:
+                batches.close()
+                raise
         headers = [("Content-Disposition", content_disposition(f"{plan.label}.{plan.fmt}"))]
         return Response(200, _Export(plan, columns, batches, self.observe, at, cap), headers,
                         encode.CONTENT_TYPES[plan.fmt])
 
 
 _GONE = "The client went away before the export finished"
+
+
+def _apply_mask(plan: Plan, columns: list, rows: list) -> tuple[list, list]:
+    """The masked page: 403 when the result's width isn't the traced one; history learns what changed."""
+    mask = plan.mask
+    mask.check(columns)
+    if mask.changed:
+        plan.masked = mask.report(columns)
+    return mask.columns(columns), mask.rows(rows)
 
 
 class _Export:
@@ -418,10 +438,12 @@ class _Export:
         self.slot: Slot | None = None  # a max_concurrent slot, released when the run ends
 
     def __iter__(self):
-        fmt, columns = self.plan.fmt, self.columns
+        fmt, columns, mask = self.plan.fmt, self.columns, self.plan.mask
         first = True
         try:
             for rows in self.batches:
+                if mask is not None:
+                    rows = mask.rows(rows)
                 self.sent += len(rows)
                 yield encode.encode_chunk(fmt, columns, rows, first)
                 first = False

@@ -85,6 +85,8 @@ class History:
                 sql, extra = self._adhoc(plan)
             else:
                 q = ids[query]
+            if ok and plan.masked:
+                extra = _with_masked(extra, plan.masked)
             if keep:
                 kept.setdefault((q, plan.version), []).append(len(rows))
             rows.append([int(at), keep, q, plan.version, ids[plan.connection["name"]], ids[plan.key], rid,
@@ -168,6 +170,8 @@ def entry(row: dict) -> dict:
         out["duration_ms"] = row["ms"]
     if row["ser"] is not None:
         out["serialization_ms"] = row["ser"] / 10
+    if "m" in extra:
+        out["masked"] = [{"column": c, "action": a, "source": s} for c, a, s in extra["m"]]
     if not row["ok"]:
         out["error"] = row["err"]
         out["code"] = row["code"]
@@ -181,6 +185,13 @@ def entry(row: dict) -> dict:
     if not saved:
         out["params"] = extra.get("p", [])
     return out
+
+
+def _with_masked(extra: str | None, masked: list) -> str:
+    """Rare-fields JSON plus `m`: what masking changed, as [column, action, source] triples (contract 8.1)."""
+    fields = json.loads(extra) if extra else {}
+    fields["m"] = [[m["column"], m["action"], m["source"]] for m in masked]
+    return json.dumps(fields, separators=(",", ":"), ensure_ascii=False)
 
 
 def event(row: dict) -> dict:

@@ -1,0 +1,389 @@
+"""Column masking (contract 6.3): the effective rules, a traced plan per statement, and the actions on values.
+
+Rules come from the caller's key or role, the saved-query version (every caller, admin included) and the ad-hoc
+`mask` of /execute_sql; they are unioned and, per result column, the strictest action among the rules matching any
+source column it is computed from wins (drop > null > mask > hash > keep). The lineage is qag/policy/_trace.py;
+what can't be traced is refused with 403 mask_unresolvable before the query runs.
+
+Cost: a caller and version without rules pay one truth test. With rules, a warm call does a dict lookup for the
+connection's schema and one for the plan; per row only the masked columns are touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from fnmatch import fnmatchcase
+from functools import lru_cache
+from itertools import count
+
+from ..errors import QagError
+from ..sql import lexer
+from ._trace import DIALECTS, Schema, Unresolvable, trace
+from .keyfields import MASK_ACTIONS
+
+RANK = {action: i for i, action in enumerate(MASK_ACTIONS)}   # lower is stricter
+CHANGING = frozenset(("drop", "null", "mask", "hash"))
+UNMASKED_KEYWORDS = frozenset(("show", "describe", "desc", "explain"))  # contract 6.3: not masked
+
+SCHEMA_TTL = 60.0        # a connection's schema is used this long ...
+SCHEMA_REFRESH = 45.0    # ... and read again in the background after this
+SCHEMA_ENTRIES = 64      # connections (and database overrides) whose schema is kept
+PLAN_ENTRIES = 256       # traced statements kept (per SQL, connection and schema generation)
+RULESETS_PER_PLAN = 8    # compiled rule sets kept per traced statement
+
+_CORRUPT = ("*.*", "drop")     # a stored rule that doesn't read as one hides everything rather than nothing
+_REFUSED = "This result can't be masked safely: "
+
+
+# --- rules ------------------------------------------------------------------------------------------------
+def _pairs(rules) -> list:
+    out = []
+    for rule in rules or ():
+        if isinstance(rule, dict):
+            column, action = rule.get("column"), rule.get("action")
+        elif isinstance(rule, (tuple, list)) and len(rule) == 2:
+            column, action = rule
+        else:
+            column = action = None
+        if isinstance(column, str) and action in RANK and 2 <= column.count(".") + 1 <= 3:
+            out.append((column.lower(), action))
+        else:
+            out.append(_CORRUPT)
+    return out
+
+
+def effective(*sources) -> tuple:
+    """The union of rule lists (stored dicts or (column, action) pairs) as a sorted tuple of pairs; () if none."""
+    if not any(sources):
+        return ()
+    return tuple(sorted({pair for rules in sources for pair in _pairs(rules)}))
+
+
+def fingerprint(rules) -> str:
+    """A stable digest of the effective rules ("" when there are none), for response-cache keys."""
+    pairs = effective(rules)
+    if not pairs:
+        return ""
+    text = json.dumps(pairs, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+@lru_cache(maxsize=1024)
+def _compiled(rules: tuple) -> tuple:
+    return tuple((tuple(column.split(".")), action) for column, action in rules)
+
+
+def _matches(parts: tuple, schema: str, table: str, column: str) -> bool:
+    if len(parts) == 3 and not fnmatchcase(schema, parts[0]):
+        return False
+    return fnmatchcase(table, parts[-2]) and fnmatchcase(column, parts[-1])
+
+
+def source_action(source, rules: tuple) -> str | None:
+    """The strictest action of the rules matching one source column (None: no rule). Raises Unresolvable for a
+    view column named like a rule's column part that no rule names as a view column."""
+    best = None
+    for parts, action in _compiled(rules):
+        if _matches(parts, source.schema, source.table, source.column):
+            if best is None or RANK[action] < RANK[best]:
+                best = action
+    if best is None and source.view and any(fnmatchcase(source.column, parts[-1]) for parts, _ in _compiled(rules)):
+        raise Unresolvable(f"the view column {source.table}.{source.column} is named like a masked column; "
+                           f"a rule must name the view column")
+    return best
+
+
+# --- actions on values --------------------------------------------------------------------------------------
+def text_of(value) -> str:
+    """The text a value is hashed as: str() of the driver value, bytes decoded as UTF-8."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", "replace")
+    return str(value)
+
+
+class Hasher:
+    """`hash`: the first 16 hex digits of HMAC-SHA256 of the value's text; NULL stays NULL.
+
+    HMAC (RFC 2104) is computed from two SHA-256 states prepared once from the key: copying them per value costs
+    less than half of what hmac.HMAC.copy() does."""
+
+    __slots__ = ("_inner", "_outer")
+
+    def __init__(self, key: bytes):
+        if len(key) > 64:   # SHA-256's block size: longer keys are hashed first (RFC 2104)
+            key = hashlib.sha256(key).digest()
+        key = key.ljust(64, b"\0")
+        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
+        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
+
+    def __call__(self, value):
+        if value is None:
+            return None
+        inner = self._inner.copy()
+        inner.update(text_of(value).encode("utf-8", "surrogatepass"))
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()[:8].hex()
+
+
+def mask_value(value):
+    """`mask`: e-mail → first character of the local part + ***@domain; other text → first character and at
+    least three stars; non-text or empty → NULL."""
+    if not isinstance(value, str) or not value:
+        return None
+    local, at, domain = value.partition("@")
+    if at:
+        return local[:1] + "***@" + domain
+    return value[0] + "*" * max(3, len(value) - 1)
+
+
+def null_value(_value):
+    return None
+
+
+# --- a plan for one traced statement and one rule set ----------------------------------------------------------
+class MaskPlan:
+    """What happens to each result column; apply() transforms a page or a stream batch."""
+
+    __slots__ = ("width", "actions", "sources", "changed", "_keep", "_funcs", "_all_kept")
+
+    def __init__(self, outputs, rules: tuple, hasher: Hasher):
+        actions, sources = [], []
+        for out in outputs:
+            best, where = None, None
+            for source in sorted(out.sources):
+                action = source_action(source, rules)
+                if action is not None and (best is None or RANK[action] < RANK[best]):
+                    best, where = action, source
+            actions.append(best)
+            sources.append(None if where is None else f"{where.table}.{where.column}")
+        self.width = len(outputs)
+        self.actions = tuple(actions)
+        self.sources = tuple(sources)
+        self.changed = any(a in CHANGING for a in actions)
+        funcs = {"hash": hasher, "mask": mask_value, "null": null_value}
+        self._keep = tuple(i for i, a in enumerate(actions) if a != "drop")
+        self._funcs = tuple((i, funcs[actions[i]]) for i in self._keep if actions[i] in funcs)
+        self._all_kept = len(self._keep) == self.width
+
+    def check(self, columns) -> None:
+        if len(columns) != self.width:
+            raise QagError("mask_unresolvable", _REFUSED + f"the query returned {len(columns)} columns where "
+                                                           f"{self.width} were traced")
+
+    def columns(self, columns: list) -> list:
+        return list(columns) if self._all_kept else [columns[i] for i in self._keep]
+
+    def rows(self, rows: list) -> list:
+        if not self.changed:
+            return rows
+        keep, funcs = self._keep, self._funcs
+        out = []
+        for row in rows:
+            values = list(row)
+            for i, func in funcs:
+                values[i] = func(values[i])
+            out.append(tuple(values) if self._all_kept else tuple([values[i] for i in keep]))
+        return out
+
+    def report(self, columns) -> list[dict]:
+        """Run history's `masked`: the columns masking changed (names as the driver gave them)."""
+        return [{"column": columns[i], "action": a, "source": self.sources[i]}
+                for i, a in enumerate(self.actions) if a in CHANGING]
+
+
+class _Refusal:
+    __slots__ = ("message",)
+
+    def __init__(self, message: str):
+        self.message = message
+
+
+# --- per worker: schema cache, plan cache, key ------------------------------------------------------------------
+class Masking:
+    """One per worker: the masking key, connection schemas (60 s, background refresh after 45 s, forgotten when
+    the connection row changes) and traced plans (LRU per SQL, connection and schema generation)."""
+
+    def __init__(self, store, settings):
+        self.store = store
+        self._configured = settings.mask_key
+        self._hasher: Hasher | None = None
+        self._lock = threading.Lock()
+        self._schemas: OrderedDict = OrderedDict()   # key → [Schema, raw, read at, refreshing]
+        self._plans: OrderedDict = OrderedDict()     # (sql, connection key, generation) → [outputs|_Refusal, {}]
+        self._generations = count(1)
+
+    # the key
+    def hasher(self) -> Hasher:
+        if self._hasher is None:
+            self._hasher = Hasher(self._key())
+        return self._hasher
+
+    def _key(self) -> bytes:
+        if self._configured:
+            return self._configured.encode("utf-8")
+        value = self.store.get_meta("mask_key")
+        if value is None:
+            with self.store.transaction():
+                value = self.store.get_meta("mask_key")
+                if value is None:
+                    value = secrets.token_hex(32)
+                    self.store.set_meta("mask_key", value)
+        return value.encode("utf-8")
+
+    # the plan
+    def plan(self, rules: tuple, prepared, connection: dict, backend, fields: dict,
+             database: str | None = None) -> MaskPlan | None:
+        """The mask plan of one call, or None when the statement isn't masked (SHOW/DESCRIBE/EXPLAIN).
+        Raises 403 mask_unresolvable before anything runs when the result can't be traced."""
+        if prepared.first_keyword in UNMASKED_KEYWORDS:
+            return None
+        dialect = getattr(backend, "dialect", None)
+        if dialect not in DIALECTS:
+            raise QagError("mask_unresolvable", _REFUSED + f"columns can't be traced on '{connection['db']}' "
+                                                           f"connections")
+        conn_key = (connection["name"], connection.get("db"), connection.get("updated_at"),
+                    json.dumps(fields, sort_keys=True, default=str), database)
+        try:
+            schema = self._schema(conn_key, backend, fields, database)
+        except QagError as error:
+            error.extras.pop("detail", None)  # a caller with rules never sees driver text (contract 0.3)
+            raise
+        key = (prepared.sql, conn_key, schema.generation)
+        with self._lock:
+            entry = self._plans.get(key)
+            if entry is not None:
+                self._plans.move_to_end(key)
+                compiled = entry[1].get(rules)
+                if compiled is not None:
+                    return _answer(compiled)
+        if entry is None:
+            try:
+                traced = trace(traceable_sql(prepared), schema)
+            except Unresolvable as why:
+                traced = _Refusal(str(why))
+            entry = [traced, {}]
+        traced = entry[0]
+        if isinstance(traced, _Refusal):
+            compiled = traced
+        else:
+            try:
+                compiled = MaskPlan(traced, rules, self.hasher())
+            except Unresolvable as why:
+                compiled = _Refusal(str(why))
+        with self._lock:
+            if len(entry[1]) >= RULESETS_PER_PLAN:
+                entry[1].clear()
+            entry[1][rules] = compiled
+            self._plans[key] = entry
+            self._plans.move_to_end(key)
+            while len(self._plans) > PLAN_ENTRIES:
+                self._plans.popitem(last=False)
+        return _answer(compiled)
+
+    # the schema
+    def _schema(self, key, backend, fields: dict, database: str | None) -> Schema:
+        now = time.monotonic()
+        refresh = False
+        with self._lock:
+            item = self._schemas.get(key)
+            if item is not None and now - item[2] < SCHEMA_TTL:
+                self._schemas.move_to_end(key)
+                if now - item[2] >= SCHEMA_REFRESH and not item[3]:
+                    item[3] = refresh = True
+                found = item[0]
+            else:
+                found = None
+        if found is not None:
+            if refresh:
+                threading.Thread(target=self._refresh, args=(key, backend, fields, database), daemon=True,
+                                 name="qag-mask-schema").start()
+            return found
+        raw = read_schema(backend, fields, database)
+        return self._remember(key, raw, backend.dialect, fields, database, now)
+
+    def _refresh(self, key, backend, fields: dict, database: str | None) -> None:
+        started = time.monotonic()
+        try:
+            raw = read_schema(backend, fields, database)
+        except Exception:  # noqa: BLE001 - the entry stays until it expires; the next reader sees the error
+            with self._lock:
+                item = self._schemas.get(key)
+                if item is not None:
+                    item[3] = False
+            return
+        self._remember(key, raw, backend.dialect, fields, database, started)
+
+    def _remember(self, key, raw: dict, dialect: str, fields: dict, database: str | None, read_at: float) -> Schema:
+        with self._lock:
+            item = self._schemas.get(key)
+            if item is not None and item[1] == raw:
+                item[2], item[3] = read_at, False   # unchanged: same generation, traced plans stay warm
+                return item[0]
+        schema = Schema(raw, dialect, default_schema(dialect, fields, database))
+        schema.generation = next(self._generations)
+        with self._lock:
+            self._schemas[key] = [schema, raw, read_at, False]
+            self._schemas.move_to_end(key)
+            while len(self._schemas) > SCHEMA_ENTRIES:
+                self._schemas.popitem(last=False)
+        return schema
+
+
+def _answer(compiled):
+    if isinstance(compiled, _Refusal):
+        raise QagError("mask_unresolvable", _REFUSED + compiled.message)
+    return compiled
+
+
+def traceable_sql(prepared) -> str:
+    """The statement for sqlglot as qag's tokenizer reads it the engine's way: comments blanked (so sqlglot can't
+    read them otherwise), each placeholder a constant (it binds a value, never a column). Executable comments
+    (MySQL `/*! */`, MariaDB `/*M! */`) and unreadable text are refused: what runs would differ from what is traced."""
+    if prepared.unreadable is not None:
+        raise Unresolvable("the statement can't be read")
+    out = []
+    sql = prepared.sql
+    for token in lexer.tokenize(sql, prepared.dialect):
+        kind = token.kind
+        if kind == lexer.COMMENT:
+            out.append(" ")
+        elif kind in (lexer.PARAM, lexer.TEXT):
+            out.append("0")
+        elif kind in (lexer.XCOMMENT, lexer.BAD):
+            raise Unresolvable("an executable comment's columns can't be traced" if kind == lexer.XCOMMENT
+                               else "the statement can't be read")
+        else:
+            out.append(sql[token.start:token.end])
+    return "".join(out)
+
+
+def default_schema(dialect: str, fields: dict, database: str | None) -> str | None:
+    """Where an unqualified table name resolves: SQLite main, MySQL the database, PostgreSQL the connection's
+    `schema` option or public."""
+    if dialect == "sqlite":
+        return "main"
+    if dialect == "mysql":
+        name = database if database is not None else fields.get("database")
+        return str(name) if name else None
+    return str(fields.get("schema") or "public")
+
+
+def read_schema(backend, fields: dict, database: str | None) -> dict:
+    """A fresh read of the connection's tables and columns (this module caches; the backends' own caches for the
+    schema routes would add their age to ours)."""
+    dialect = backend.dialect
+    if dialect == "mysql":
+        name = database if database is not None else fields.get("database")
+        if not name:
+            return {"tables": [], "truncated": False}
+        return backend._read_schema(fields, str(name))
+    if dialect == "postgres":
+        from ..backends.postgres import read_schema as read_pg  # noqa: PLC0415 - driver modules load on use
+        return read_pg(backend, dict(fields, database=database) if database is not None else fields)
+    return backend.schema(fields, database)

@@ -1,0 +1,332 @@
+"""Column masking over HTTP against real SQLite, MariaDB and PostgreSQL (contract 6.3, B6.12-B6.14, B6.16, 8.1)."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import hmac
+import io
+import json
+import os
+import re
+import sqlite3
+import time
+
+import psycopg2
+import pytest
+
+from tests.server import Server, q
+from tests.services import mysql_admin
+
+HEX16 = re.compile(r"^[0-9a-f]{16}$")
+PEOPLE = [(1, "jane@example.com", "+44 7700 900123", "s3cret", "Jane"), (2, "bo@x.org", "555-0100", "hidden", "Bo")]
+RULES = [{"column": "customers.email", "action": "hash"}, {"column": "*.phone", "action": "mask"},
+         {"column": "customers.secret", "action": "drop"}]
+B612_SQL = "SELECT id, email AS contact, phone, secret, name FROM customers ORDER BY id"
+
+SQLITE_SEED = """
+CREATE TABLE customers (id INTEGER PRIMARY KEY, email TEXT, phone TEXT, secret TEXT, name TEXT);
+INSERT INTO customers VALUES (1, 'jane@example.com', '+44 7700 900123', 's3cret', 'Jane'),
+                             (2, 'bo@x.org', '555-0100', 'hidden', 'Bo');
+CREATE TABLE orders (id INTEGER PRIMARY KEY, customer_id INTEGER, total INTEGER);
+INSERT INTO orders VALUES (10, 1, 5), (11, 2, 7);
+CREATE VIEW customer_emails AS SELECT id, email FROM customers;
+"""
+
+
+def _seed_mysql(fields):
+    admin = mysql_admin()
+    cur = admin.cursor()
+    cur.execute(f"USE `{fields['database']}`")
+    cur.execute("CREATE TABLE customers (id INT PRIMARY KEY, email VARCHAR(100), phone VARCHAR(40), "
+                "secret VARCHAR(40), name VARCHAR(40))")
+    cur.executemany("INSERT INTO customers VALUES (%s, %s, %s, %s, %s)", PEOPLE)
+    cur.execute("CREATE TABLE orders (id INT PRIMARY KEY, customer_id INT, total INT)")
+    cur.execute("INSERT INTO orders VALUES (10, 1, 5), (11, 2, 7)")
+    cur.execute("CREATE VIEW customer_emails AS SELECT id, email FROM customers")
+    admin.commit()
+    admin.close()
+
+
+def _seed_pg(fields):
+    conn = psycopg2.connect(host=fields["host"], port=fields["port"], user=fields["user"],
+                            password=fields["password"], dbname=fields["database"], connect_timeout=5)
+    conn.autocommit = True
+    cur = conn.cursor()
+    cur.execute("CREATE TABLE customers (id int PRIMARY KEY, email text, phone text, secret text, name text)")
+    cur.executemany("INSERT INTO customers VALUES (%s, %s, %s, %s, %s)", PEOPLE)
+    cur.execute("CREATE TABLE orders (id int PRIMARY KEY, customer_id int, total int)")
+    cur.execute("INSERT INTO orders VALUES (10, 1, 5), (11, 2, 7)")
+    cur.execute("CREATE VIEW customer_emails AS SELECT id, email FROM customers")
+    conn.close()
+
+
+@pytest.fixture(scope="module")
+def srv(mysql_db, pg_db):
+    """One server with the same customers data on a SQLite, a MariaDB and a PostgreSQL connection."""
+    _seed_mysql(mysql_db)
+    _seed_pg(pg_db)
+    s = Server()
+    s.sqlite_db("mask.db", SQLITE_SEED)
+    s.connection("sqlite", "mask.db")
+    for name, fields in (("mysql", mysql_db), ("postgres", pg_db)):
+        reply = s.post("/api/v1/connections", {"name": name, "db": name, **fields})
+        assert reply.status == 201, reply
+    s.masked = s.key("masked", connections="*", mask=RULES)
+    s.plain = s.key("plain", connections="*")
+    yield s
+    s.close()
+
+
+DIALECTS = ["sqlite", "mysql", "postgres"]
+
+
+def adhoc(s, conn, sql, key="masked", **extra):
+    k = s.masked if key == "masked" else s.plain if key == "plain" else key
+    return s.post("/execute_sql", {"sql": sql, "connection_name": conn, **extra}, key=k)
+
+
+# --- B6.12 -------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("conn", DIALECTS)
+def test_b6_12_rules_from_the_key(srv, uniq, conn):
+    name = uniq("b612")
+    srv.query(name, B612_SQL, conn)
+    masked = srv.get(q(name), key=srv.masked)
+    assert masked.status == 200, masked
+    rows = masked.json
+    assert [list(r) for r in rows] == [["id", "contact", "phone", "name"]] * 2
+    assert all(HEX16.match(r["contact"]) for r in rows)
+    assert rows[0]["contact"] != rows[1]["contact"]
+    assert rows[0]["phone"] == "+**************" and rows[1]["phone"] == "5*******"
+    assert [r["name"] for r in rows] == ["Jane", "Bo"]
+    for key in ("admin", srv.plain):
+        raw = srv.get(q(name), key=key)
+        assert raw.status == 200
+        assert raw.json[0] == {"id": 1, "contact": "jane@example.com", "phone": "+44 7700 900123",
+                               "secret": "s3cret", "name": "Jane"}
+    # Equal inputs give equal outputs, across dialects and routes.
+    again = adhoc(srv, conn, "SELECT email FROM customers WHERE id = 1")
+    assert again.json == [{"email": rows[0]["contact"]}]
+
+
+def test_hash_is_the_same_on_every_dialect(srv):
+    values = {conn: adhoc(srv, conn, "SELECT email FROM customers WHERE id = 1").json[0]["email"] for conn in DIALECTS}
+    assert len(set(values.values())) == 1 and HEX16.match(values["sqlite"])
+
+
+# --- B6.13 -------------------------------------------------------------------------------------------------------
+ESCAPES = {
+    "alias": "SELECT email AS e FROM customers WHERE id = 1",
+    "lower": "SELECT lower(email) AS e FROM customers WHERE id = 1",
+    "cte": "WITH x AS (SELECT id, email AS addr FROM customers) SELECT addr AS e FROM x WHERE id = 1",
+    "union": "SELECT name AS e FROM customers WHERE 1 = 0 UNION ALL SELECT email FROM customers WHERE id = 1",
+    "subquery": "SELECT s.e FROM (SELECT email AS e, id FROM customers) s WHERE s.id = 1",
+    "scalar": "SELECT (SELECT email FROM customers WHERE id = 1) AS e",
+    "join": "SELECT c.email AS e FROM orders o JOIN customers c ON c.id = o.customer_id WHERE o.id = 10",
+    "concat": "SELECT COALESCE(email, name) AS e FROM customers WHERE id = 1",
+}
+
+
+@pytest.mark.parametrize("conn", DIALECTS)
+@pytest.mark.parametrize("how", sorted(ESCAPES))
+def test_b6_13_renaming_cannot_escape(srv, conn, how):
+    r = adhoc(srv, conn, ESCAPES[how])
+    assert r.status == 200, r
+    value = r.json[0]["e"]
+    assert HEX16.match(value), (how, value)
+    raw = adhoc(srv, conn, ESCAPES[how], key="plain").json[0]["e"]
+    assert raw in ("jane@example.com",) and value != raw
+
+
+@pytest.mark.parametrize("conn", DIALECTS)
+def test_star_is_expanded_from_the_schema(srv, conn):
+    r = adhoc(srv, conn, "SELECT * FROM customers ORDER BY id")
+    assert r.status == 200, r
+    assert list(r.json[0]) == ["id", "email", "phone", "name"]
+    assert HEX16.match(r.json[0]["email"]) and r.json[0]["phone"] == "+**************"
+    r = adhoc(srv, conn, "SELECT c.*, o.total FROM customers c JOIN orders o ON o.customer_id = c.id ORDER BY c.id")
+    assert r.status == 200, r
+    assert list(r.json[0]) == ["id", "email", "phone", "name", "total"]
+
+
+# --- B6.14 and the other fail-closed cases ----------------------------------------------------------------------
+@pytest.mark.parametrize("conn,sql", [("mysql", "SELECT version() AS v"), ("postgres", "SELECT version() AS v"),
+                                      ("sqlite", "SELECT sqlite_version() AS v")])
+def test_b6_14_untraceable_column(srv, conn, sql):
+    r = adhoc(srv, conn, sql)
+    assert r.status == 403 and r.json["code"] == "mask_unresolvable", r
+    assert adhoc(srv, conn, sql, key="plain").status == 200
+
+
+REFUSED = {
+    "whole_row": ("postgres", "SELECT c FROM customers c"),
+    "whole_row_fn": ("postgres", "SELECT row_to_json(c) AS j FROM customers c"),
+    "table_function": ("postgres", "SELECT * FROM generate_series(1, 3) g"),
+    "unknown_star": ("sqlite", "SELECT * FROM sqlite_master"),
+    "alias_columns": ("postgres", "SELECT a, b FROM customers AS c(a, b)"),
+    "using": ("sqlite", "SELECT * FROM customers JOIN orders USING (id)"),
+    "natural": ("mysql", "SELECT * FROM customers NATURAL JOIN orders"),
+    "star_subquery_join": ("sqlite", "SELECT * FROM (SELECT 1 AS one) s, customers"),
+    "star_values_join": ("postgres", "SELECT * FROM (VALUES (1)) v(x), customers"),
+    "star_lateral": ("postgres", "SELECT * FROM customers c, LATERAL (SELECT c.email AS e) l"),
+    "view_named_like_rule": ("sqlite", "SELECT email FROM customer_emails"),
+    "view_mysql": ("mysql", "SELECT id, email FROM customer_emails"),
+    "unparseable": ("sqlite", "SELECT FROM WHERE"),
+    "current_user": ("postgres", "SELECT current_user AS u"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_fail_closed(srv, case):
+    conn, sql = REFUSED[case]
+    r = adhoc(srv, conn, sql)
+    assert r.status == 403 and r.json["code"] == "mask_unresolvable", r
+    assert "detail" not in r.json
+
+
+def test_view_column_named_by_a_rule_is_served(srv):
+    rule = [{"column": "customer_emails.email", "action": "hash"}]
+    r = adhoc(srv, "sqlite", "SELECT email FROM customer_emails WHERE id = 1", mask=rule)
+    assert r.status == 200 and HEX16.match(r.json[0]["email"]), r
+    r = adhoc(srv, "postgres", "SELECT email FROM customer_emails WHERE id = 1",
+              mask=[{"column": "*.email", "action": "keep"}])
+    # *.email names the view column: its one matching rule is keep (customers.email is another table).
+    assert r.status == 200 and r.json == [{"email": "jane@example.com"}], r
+
+
+def test_lateral_and_values_trace(srv):
+    r = adhoc(srv, "postgres", "SELECT l.e FROM customers c, LATERAL (SELECT c.email AS e) l WHERE c.id = 1")
+    assert r.status == 200 and HEX16.match(r.json[0]["e"]), r
+    r = adhoc(srv, "postgres", "SELECT * FROM (VALUES (1, 'a')) AS v(x, y)")
+    assert r.status == 200 and r.json == [{"x": 1, "y": "a"}], r
+    r = adhoc(srv, "sqlite", "SELECT 1 AS one, 'x' AS s, count(*) AS n FROM customers")
+    assert r.status == 200 and r.json == [{"one": 1, "s": "x", "n": 2}], r
+
+
+def test_recursive_cte_moves_values_between_columns(srv):
+    sql = ("WITH RECURSIVE r(a, b, n) AS (SELECT email, 'x', 1 FROM customers WHERE id = 1 "
+           "UNION ALL SELECT b, a, n + 1 FROM r WHERE n < 2) SELECT b FROM r WHERE n = 2")
+    r = adhoc(srv, "sqlite", sql)
+    assert r.status == 200 and HEX16.match(r.json[0]["b"]), r
+    assert adhoc(srv, "sqlite", sql, key="plain").json == [{"b": "jane@example.com"}]
+
+
+def test_show_describe_explain_are_not_masked(srv):
+    assert adhoc(srv, "mysql", "SHOW TABLES").status == 200
+    assert adhoc(srv, "mysql", "DESCRIBE customers").status == 200
+    assert adhoc(srv, "postgres", "EXPLAIN SELECT email FROM customers").status == 200
+
+
+def test_column_count_differs_from_the_trace(make_server, uniq):
+    s = make_server(workers=1)
+    s.sqlite_db("wide.db", "CREATE TABLE customers (id INTEGER, email TEXT); INSERT INTO customers VALUES (1, 'a@b.c');")
+    s.connection("wide", "wide.db")
+    key = s.key("k", connections="*", mask=[{"column": "customers.email", "action": "hash"}])
+    first = s.post("/execute_sql", {"sql": "SELECT * FROM customers", "connection_name": "wide"}, key=key)
+    assert first.status == 200 and list(first.json[0]) == ["id", "email"]
+    conn = sqlite3.connect(os.path.join(s.home, "wide.db"))
+    conn.execute("ALTER TABLE customers ADD COLUMN phone TEXT")
+    conn.commit()
+    conn.close()
+    # The schema is cached (60 s): the trace still says two columns, the database now returns three.
+    second = s.post("/execute_sql", {"sql": "SELECT * FROM customers", "connection_name": "wide"}, key=key)
+    assert second.status == 403 and second.json["code"] == "mask_unresolvable", second
+
+
+# --- formats, streams, errors, history --------------------------------------------------------------------------
+@pytest.mark.parametrize("conn", DIALECTS)
+def test_every_format_and_stream(srv, uniq, conn):
+    name = uniq("fmt")
+    srv.query(name, B612_SQL, conn)
+    expected = srv.get(q(name), key=srv.masked).json
+    header = ["id", "contact", "phone", "name"]
+    for fmt in ("ndjson", "csv", "tsv"):
+        for stream in (False, True):
+            params = {"format": fmt, **({"stream": "true"} if stream else {})}
+            r = srv.get(q(name), key=srv.masked, params=params)
+            assert r.status == 200, r
+            text = r.body.decode()
+            assert "s3cret" not in text and "jane@example.com" not in text and "secret" not in text
+            if fmt == "ndjson":
+                got = [json.loads(line) for line in text.splitlines() if line]
+                assert got == expected
+            else:
+                table = list(csv.reader(io.StringIO(text), delimiter="," if fmt == "csv" else "\t"))
+                assert table[0] == header
+                assert [row[1] for row in table[1:]] == [e["contact"] for e in expected]
+                assert [row[2] for row in table[1:]] == [e["phone"] for e in expected]
+
+
+def test_masked_caller_never_sees_detail(srv):
+    bad = "SELECT email FROM customers WHERE id = json('{bad')"
+    plain = adhoc(srv, "sqlite", bad, key="plain")
+    assert plain.status == 500 and "detail" in plain.json, plain
+    masked = adhoc(srv, "sqlite", bad)
+    assert masked.status == 500 and "detail" not in masked.json, masked
+    admin = adhoc(srv, "sqlite", bad, key="admin", mask=[{"column": "customers.phone", "action": "null"}])
+    assert admin.status == 500 and "detail" not in admin.json, admin
+
+
+def test_invalid_adhoc_mask_is_400(srv):
+    r = adhoc(srv, "sqlite", "SELECT 1", key="admin", mask=[{"column": "email", "action": "hash"}])
+    assert r.status == 400 and r.json["code"] == "invalid_body", r
+
+
+def test_history_records_what_was_masked(srv, uniq):
+    name = uniq("hist")
+    srv.query(name, B612_SQL, "sqlite")
+    assert srv.get(q(name), key=srv.masked).status == 200
+    assert srv.get(q(name), key=srv.plain).status == 200
+    deadline = time.monotonic() + 15   # the other worker writes its run within its flush interval (1 s)
+    while True:
+        items = srv.get(f"/api/v1/queries/{name}/history").json["items"]
+        by_key = {i["key_name"]: i for i in items}
+        if len(by_key) == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert by_key["masked"]["masked"] == [
+        {"column": "contact", "action": "hash", "source": "customers.email"},
+        {"column": "phone", "action": "mask", "source": "customers.phone"},
+        {"column": "secret", "action": "drop", "source": "customers.secret"}]
+    assert "masked" not in by_key["plain"]
+    keys = list(by_key["masked"])
+    assert keys.index("masked") == keys.index("serialization_ms") + 1
+
+
+# --- B6.16 and the key ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("conn", DIALECTS)
+def test_b6_16_query_mask_applies_to_the_admin(srv, uniq, conn):
+    name = uniq("b616")
+    srv.query(name, "SELECT id, email FROM customers ORDER BY id", conn,
+              mask=[{"column": "customers.email", "action": "hash"}])
+    r = srv.get(q(name))
+    assert r.status == 200 and all(HEX16.match(row["email"]) for row in r.json), r
+    # Unioned with the key's rules: the strictest wins per column.
+    strict = srv.key(uniq("strict"), connections="*", mask=[{"column": "*.email", "action": "null"}])
+    assert srv.get(q(name), key=strict).json[0] == {"id": 1, "email": None}
+
+
+def test_hash_key_is_kept_in_the_store_and_shared(make_server):
+    one = make_server()
+    one.sqlite_db("k.db", SQLITE_SEED)
+    one.connection("k", "k.db")
+    body = {"sql": "SELECT email FROM customers WHERE id = 1", "connection_name": "k",
+            "mask": [{"column": "customers.email", "action": "hash"}]}
+    first = one.post("/execute_sql", body).json[0]["email"]
+    two = make_server(seed=False, env={"QAG_HOME": one.home})
+    assert two.post("/execute_sql", body).json[0]["email"] == first
+    store = sqlite3.connect(os.path.join(one.home, "qag.db"))
+    (stored,) = store.execute("SELECT value FROM meta WHERE key = 'mask_key'").fetchone()
+    store.close()
+    assert re.fullmatch(r"[0-9a-f]{64}", stored)
+    assert first == hmac.new(stored.encode(), b"jane@example.com", hashlib.sha256).hexdigest()[:16]
+
+
+def test_configured_mask_key(make_server):
+    s = make_server(env={"QAG_MASK_KEY": "my masking key"})
+    s.sqlite_db("k.db", SQLITE_SEED)
+    s.connection("k", "k.db")
+    r = s.post("/execute_sql", {"sql": "SELECT id, email FROM customers WHERE id = 1", "connection_name": "k",
+                                "mask": [{"column": "customers.email", "action": "hash"}]})
+    assert r.json == [{"id": 1, "email": hmac.new(b"my masking key", b"jane@example.com",
+                                                  hashlib.sha256).hexdigest()[:16]}]

@@ -1,0 +1,259 @@
+"""qag/policy/masking.py and _trace.py without a server: lineage per dialect, rules, value actions (contract 6.3)."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import hashlib
+import hmac
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from qag.errors import QagError
+from qag.policy import masking
+from qag.policy._trace import Schema, Unresolvable, trace
+from qag.sql.prepare import prepare
+
+RAW = {"tables": [
+    {"name": "customers", "schema": "S", "type": "table",
+     "columns": [{"name": n} for n in ("id", "email", "phone", "secret", "name")]},
+    {"name": "orders", "schema": "S", "type": "table", "columns": [{"name": n} for n in ("id", "customer_id", "total")]},
+    {"name": "emails", "schema": "S", "type": "view", "columns": [{"name": "id"}, {"name": "email"}]},
+]}
+DIALECTS = ("sqlite", "mysql", "postgres")
+
+
+def schema(dialect: str) -> Schema:
+    return Schema({"tables": [dict(t, schema="main" if dialect == "sqlite" else "shop") for t in RAW["tables"]]},
+                  dialect, "main" if dialect == "sqlite" else "shop")
+
+
+def lineage(sql: str, dialect: str = "sqlite") -> list:
+    return [(o.name, sorted(f"{s.table}.{s.column}" for s in o.sources)) for o in trace(sql, schema(dialect))]
+
+
+TRACED = [
+    ("SELECT id, email AS contact FROM customers", [("id", ["customers.id"]), ("contact", ["customers.email"])]),
+    ("SELECT * FROM customers", [(n, [f"customers.{n}"]) for n in ("id", "email", "phone", "secret", "name")]),
+    ("SELECT lower(email) AS e FROM customers", [("e", ["customers.email"])]),
+    ("WITH x AS (SELECT email AS a FROM customers) SELECT a FROM x", [("a", ["customers.email"])]),
+    ("WITH x AS (SELECT email AS a FROM customers), y AS (SELECT a AS b FROM x) SELECT b FROM y",
+     [("b", ["customers.email"])]),
+    ("SELECT name FROM customers UNION ALL SELECT email FROM customers", [("name", ["customers.email", "customers.name"])]),
+    ("SELECT s.e FROM (SELECT email AS e FROM customers) s", [("e", ["customers.email"])]),
+    ("SELECT c.email, o.total FROM orders o JOIN customers c ON c.id = o.customer_id",
+     [("email", ["customers.email"]), ("total", ["orders.total"])]),
+    ("SELECT (SELECT max(email) FROM customers) AS m", [("m", ["customers.email"])]),
+    ("SELECT id FROM customers c WHERE EXISTS (SELECT 1 FROM orders o WHERE o.customer_id = c.id)",
+     [("id", ["customers.id"])]),
+    ("SELECT 1 AS one, 'x' AS s, count(*) AS n, row_number() OVER () AS r FROM customers",
+     [("one", []), ("s", []), ("n", []), ("r", [])]),
+    ("SELECT CASE WHEN email LIKE 'a%' THEN 1 ELSE 0 END AS flag FROM customers", [("flag", ["customers.email"])]),
+    ("SELECT COALESCE(email, phone) AS c FROM customers", [("c", ["customers.email", "customers.phone"])]),
+    ("INSERT INTO orders (id) VALUES (1)", []),
+    ("SELECT * FROM (VALUES (1, 'a')) AS v(x, y)", [("x", []), ("y", [])]),
+]
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("sql,expected", TRACED)
+def test_tracing(dialect, sql, expected):
+    assert lineage(sql, dialect) == expected
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgres"])
+def test_bare_values_are_constants(dialect):
+    assert lineage("VALUES (1, 'a'), (2, 'b')", dialect) == [("column1", []), ("column2", [])]
+
+
+def test_bare_values_unreadable_on_mysql_is_refused():
+    # sqlglot's MySQL grammar has no bare VALUES statement: refused, never served untraced.
+    with pytest.raises(Unresolvable):
+        trace("VALUES (1, 'a')", schema("mysql"))
+
+
+def test_recursive_cte_columns_read_every_source():
+    sql = ("WITH RECURSIVE r(a, b) AS (SELECT email, 1 FROM customers UNION ALL SELECT b, a FROM r WHERE 0) "
+           "SELECT b FROM r")
+    assert lineage(sql) == [("b", ["customers.email"])]
+
+
+REFUSED = [
+    "SELECT version() AS v", "SELECT current_user AS u", "SELECT c FROM customers c", "SELECT * FROM nothere",
+    "SELECT a FROM customers AS c(a)", "SELECT * FROM customers JOIN orders USING (id)",
+    "SELECT * FROM customers NATURAL JOIN orders", "SELECT * FROM (SELECT 1 AS one) s, customers",
+    "SELECT FROM WHERE", "SELECT 1; SELECT 2", "UPDATE customers SET name = 'x' RETURNING email",
+    "SELECT name FROM customers UNION SELECT id, name FROM customers", "VALUES (version())",
+]
+
+
+@pytest.mark.parametrize("sql", REFUSED)
+def test_refused(sql):
+    with pytest.raises(Unresolvable):
+        trace(sql, schema("postgres" if "RETURNING" in sql else "sqlite"))
+
+
+def test_table_function_refused_on_postgres():
+    with pytest.raises(Unresolvable):
+        trace("SELECT * FROM generate_series(1, 3) g", schema("postgres"))
+    with pytest.raises(Unresolvable):
+        trace("SELECT to_json(c) AS j FROM customers c", schema("postgres"))
+
+
+def test_deep_nesting_is_refused_not_crashed():
+    sql = "SELECT " + "(" * 3000 + "1" + ")" * 3000
+    with pytest.raises(Unresolvable):
+        trace(sql, schema("sqlite"))
+
+
+# --- rules ----------------------------------------------------------------------------------------------------
+def _plan(sql: str, rules: list, dialect: str = "sqlite") -> masking.MaskPlan:
+    return masking.MaskPlan(trace(sql, schema(dialect)), masking.effective(rules), masking.Hasher(b"k"))
+
+
+def test_strictest_action_wins_per_column():
+    rules = [{"column": "customers.email", "action": "hash"}, {"column": "*.email", "action": "null"},
+             {"column": "customers.phone", "action": "keep"}, {"column": "main.customers.secret", "action": "drop"}]
+    p = _plan("SELECT email, phone, secret, name, email || phone AS both FROM customers", rules)
+    assert p.actions == ("null", "keep", "drop", None, "null")
+    assert p.columns(["email", "phone", "secret", "name", "both"]) == ["email", "phone", "name", "both"]
+    assert p.rows([("a@b.c", "123", "s", "n", "x")]) == [(None, "123", "n", None)]
+    assert p.report(["email", "phone", "secret", "name", "both"]) == [
+        {"column": "email", "action": "null", "source": "customers.email"},
+        {"column": "secret", "action": "drop", "source": "customers.secret"},
+        {"column": "both", "action": "null", "source": "customers.email"}]
+
+
+def test_schema_part_must_match_when_given():
+    assert _plan("SELECT secret FROM customers", [{"column": "other.customers.secret", "action": "drop"}]).actions \
+        == (None,)
+
+
+def test_view_column_named_like_a_rule():
+    with pytest.raises(Unresolvable):
+        _plan("SELECT email FROM emails", [{"column": "customers.email", "action": "hash"}])
+    assert _plan("SELECT email FROM emails", [{"column": "customers.email", "action": "hash"},
+                                              {"column": "emails.email", "action": "mask"}]).actions == ("mask",)
+    assert _plan("SELECT id FROM emails", [{"column": "customers.email", "action": "hash"}]).actions == (None,)
+
+
+def test_effective_and_fingerprint():
+    a = [{"column": "t.c", "action": "hash"}]
+    b = [("t.d", "drop")]
+    assert masking.effective(None, [], ()) == ()
+    assert masking.fingerprint(None) == "" and masking.fingerprint([]) == ""
+    assert masking.effective(a, b) == masking.effective(b, a) == (("t.c", "hash"), ("t.d", "drop"))
+    assert masking.fingerprint(masking.effective(a, b)) == masking.fingerprint(masking.effective(b, a, a))
+    assert masking.fingerprint(a) != masking.fingerprint(b) != ""
+    # A stored rule that doesn't read as one hides everything.
+    assert masking.effective([{"column": 5, "action": "hash"}]) == (("*.*", "drop"),)
+
+
+def test_width_check():
+    p = _plan("SELECT id, email FROM customers", [{"column": "customers.email", "action": "hash"}])
+    with pytest.raises(QagError) as info:
+        p.check(["id", "email", "extra"])
+    assert info.value.code == "mask_unresolvable"
+
+
+# --- the per-worker planner -------------------------------------------------------------------------------------
+class _Settings:
+    mask_key = "k"
+
+
+class _Backend:
+    dialect = "sqlite"
+
+    def __init__(self):
+        self.reads = 0
+
+    def schema(self, fields, database=None):
+        self.reads += 1
+        return {"tables": [dict(t, schema="main") for t in RAW["tables"]]}
+
+
+def test_planner_caches_schema_and_plans_and_refuses_before_running():
+    m = masking.Masking(None, _Settings())
+    backend = _Backend()
+    conn = {"name": "c", "db": "sqlite", "updated_at": "x"}
+    rules = masking.effective([{"column": "customers.email", "action": "hash"}])
+    p1 = m.plan(rules, prepare("SELECT email FROM customers WHERE id = :id", "sqlite"), conn, backend, {})
+    p2 = m.plan(rules, prepare("SELECT email FROM customers WHERE id = :id", "sqlite"), conn, backend, {})
+    assert p1 is p2 and backend.reads == 1 and p1.actions == ("hash",)
+    assert p1.rows([("jane@example.com",)]) == [(hmac.new(b"k", b"jane@example.com",
+                                                         hashlib.sha256).hexdigest()[:16],)]
+    assert m.plan(rules, prepare("SHOW TABLES", "mysql"), conn, backend, {}) is None
+    with pytest.raises(QagError) as info:
+        m.plan(rules, prepare("SELECT version()", "sqlite"), conn, backend, {})
+    assert info.value.code == "mask_unresolvable"
+    # A changed connection row is another schema entry: read again.
+    m.plan(rules, prepare("SELECT email FROM customers", "sqlite"), dict(conn, updated_at="y"), backend, {})
+    assert backend.reads == 2
+
+
+@pytest.mark.parametrize("sql", ["SELECT /*! email AS */ id FROM customers", "SELECT /*M! email AS */ id FROM customers"])
+def test_executable_comments_are_refused(sql):
+    # MySQL runs the comment's text: the engine would return email under the name id.
+    with pytest.raises(Unresolvable):
+        masking.traceable_sql(prepare(sql, "mysql"))
+
+
+def test_comments_are_read_the_engine_way():
+    # MySQL: "--x" is not a comment (no space after --); "# ..." is one. Whatever sqlglot thinks.
+    text = masking.traceable_sql(prepare("SELECT id # , email\nFROM customers WHERE id = :id", "mysql"))
+    assert "email" not in text and ":id" not in text
+    assert lineage(masking.traceable_sql(prepare("SELECT id -- , email\nFROM customers", "postgres")),
+                   "postgres") == [("id", ["customers.id"])]
+
+
+def test_unsupported_dialect_refused():
+    class Other(_Backend):
+        dialect = "h2"
+    with pytest.raises(QagError) as info:
+        masking.Masking(None, _Settings()).plan((("t.c", "hash"),), prepare("SELECT 1", "sqlite"),
+                                                {"name": "c", "db": "h2"}, Other(), {})
+    assert info.value.code == "mask_unresolvable"
+
+
+# --- actions on values ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("value,expected", [
+    ("jane@example.com", "j***@example.com"), ("@x.org", "***@x.org"), ("Bo", "B***"),
+    ("+44 7700 900123", "+**************"), ("", None), (None, None), (42, None), (b"abc", None), ("x", "x***"),
+])
+def test_mask_value(value, expected):
+    assert masking.mask_value(value) == expected
+
+
+def test_hash_value():
+    h = masking.Hasher(b"key")
+    expected = hmac.new(b"key", b"42", hashlib.sha256).hexdigest()[:16]
+    assert h(42) == h("42") == h(b"42") == expected
+    assert h(None) is None
+    for key in (b"", b"k" * 64, b"long" * 40, "clé".encode()):   # block-size edge cases of RFC 2104
+        assert masking.Hasher(key)("jane@example.com") == hmac.new(key, b"jane@example.com",
+                                                                   hashlib.sha256).hexdigest()[:16]
+    assert h("a") == h("a") != h("b")
+
+
+VALUES = st.one_of(st.none(), st.integers(), st.floats(allow_nan=True), st.decimals(allow_nan=True),
+                   st.binary(), st.text(), st.datetimes(), st.dates(), st.booleans(),
+                   st.text().map(lambda t: t + "\ud800"),   # a lone surrogate, as a broken driver may hand over
+                   st.binary().map(bytearray), st.times(), st.timedeltas())
+
+
+@settings(max_examples=300, deadline=None)
+@given(VALUES)
+def test_actions_never_raise(value):
+    h = masking.Hasher(b"k")
+    out = h(value)
+    assert out is None if value is None else len(out) == 16
+    masked = masking.mask_value(value)
+    assert masked is None or isinstance(masked, str)
+    assert masking.null_value(value) is None
+
+
+def test_driver_types():
+    h = masking.Hasher(b"k")
+    assert h(decimal.Decimal("1.50")) == h("1.50")
+    assert h(datetime.datetime(2024, 1, 2, 3, 4, 5)) == h("2024-01-02 03:04:05")
