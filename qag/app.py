@@ -142,8 +142,7 @@ class Gateway:
             if caller is None:
                 raise QagError("unauthorized", "Unauthorized") from None
             environ["qag.key"] = caller.label
-            self._limit_key(caller, environ)
-            self._quota(caller, environ, False)
+            self._limits(caller, environ, False)
             raise
         environ["qag.endpoint"] = route.endpoint
         if route.public and not route.wants_caller:
@@ -156,8 +155,7 @@ class Gateway:
             timing["auth"] = time.perf_counter() - mark
         if caller is not None:
             environ["qag.key"] = caller.label
-            self._limit_key(caller, environ)  # before the route: a 403 still counts
-            self._quota(caller, environ, route.endpoint in _DATA_ENDPOINTS)
+            self._limits(caller, environ, route.endpoint in _DATA_ENDPOINTS)  # before the route: a 403 still counts
         if route.public:
             return route.handler(request, caller, **params)
         if caller is None:
@@ -187,6 +185,16 @@ class Gateway:
         environ["qag.limit_headers"] = environ.get("qag.limit_headers", []) + headers
         if retry_after:
             raise QagError("rate_limited", "Rate limit exceeded for this API key", retry_after=retry_after)
+
+    def _limits(self, caller: Caller, environ: dict, data: bool) -> None:
+        """The key's rate limit, then its quota (contract 0.1 steps 6-7); a rate-limited call reserves nothing
+        but still carries the X-Quota-* headers."""
+        try:
+            self._limit_key(caller, environ)
+        except QagError:
+            self._quota(caller, environ, False)
+            raise
+        self._quota(caller, environ, data)
 
     def _quota(self, caller: Caller, environ: dict, data: bool) -> None:
         """Contract 6.8: a caller with a quota gets X-Quota-* headers on every response; a data call is checked
