@@ -17,7 +17,8 @@ from .http.request import Request
 from .http.response import HeaderPolicy, Response, error_response
 from .http.router import Router
 from .observe import Observer
-from .policy.limits import Buckets, Slots
+from .policy.quotas import Quotas
+from .policy.redislimits import LimitStats, RateLimiter, SlotPool
 from .redisconn import from_settings as redis_from_settings
 from .settings import Settings, load
 from .store.base import Store
@@ -27,6 +28,8 @@ log = logging.getLogger("qag")
 
 # Never counted by the server-wide rate limit (contract 6.6), besides every OPTIONS and the Console pages.
 _RATE_EXEMPT = frozenset({"/health", "/livez", "/readyz", "/metrics"})
+# Routes whose calls a quota checks before and counts after (contract 0.1 step 7, 6.8).
+_DATA_ENDPOINTS = frozenset({"api.run_named_query", "api.execute_sql_endpoint"})
 
 
 class Gateway:
@@ -45,11 +48,15 @@ class Gateway:
         self.trust_proxy = settings.trust_proxy
         self.redis = redis_from_settings(settings)  # None without QAG_REDIS_URL (qag/redisconn.py)
         self.server_timing = settings.server_timing
-        # Rate limits and max_concurrent slots, counted in this worker process (qag/policy/limits.py).
+        # Rate limits, max_concurrent slots and quotas: in Redis when configured (shared by every worker and
+        # instance), else counted in this worker (limits) or shared through the store (quotas); see
+        # qag/policy/redislimits.py and quotas.py.
         self.rate_limit = settings.rate_limit
-        self.address_buckets = Buckets()
-        self.key_buckets = Buckets()
-        self.slots = Slots()
+        self.limit_stats = LimitStats()
+        self.address_buckets = RateLimiter("client", self.redis, self.limit_stats)
+        self.key_buckets = RateLimiter("key", self.redis, self.limit_stats)
+        self.slots = SlotPool(self.redis, self.limit_stats)
+        self.quotas = Quotas(self.store, self.redis, self.limit_stats, interval=settings.history_flush_interval)
         self.router = Router()
         self.observe = Observer(self)
         self.run = RunHandlers(self)
@@ -59,7 +66,8 @@ class Gateway:
             handlers.register(self.router)
 
     def close(self) -> None:
-        """Graceful end of this worker: write what is queued (history, events, log lines, metrics)."""
+        """Graceful end of this worker: write what is queued (history, events, quota counts, log lines, metrics)."""
+        self.quotas.close()
         self.observe.close()
 
     def _server_secret(self) -> bytes:
@@ -90,6 +98,9 @@ class Gateway:
         limit_headers = environ.get("qag.limit_headers")
         if limit_headers:
             response.headers += limit_headers
+        ticket = environ.get("qag.quota")
+        if ticket is not None:
+            self._settle_quota(ticket, response)
         headers = self.headers.finish(response, request.request_id, origin, request.https)
         if self.server_timing and environ["qag.timing"]:
             headers.append(("Server-Timing", server_timing(environ["qag.timing"])))
@@ -131,7 +142,7 @@ class Gateway:
             if caller is None:
                 raise QagError("unauthorized", "Unauthorized") from None
             environ["qag.key"] = caller.label
-            self._limit_key(caller, environ)
+            self._limits(caller, environ, False)
             raise
         environ["qag.endpoint"] = route.endpoint
         if route.public and not route.wants_caller:
@@ -144,7 +155,7 @@ class Gateway:
             timing["auth"] = time.perf_counter() - mark
         if caller is not None:
             environ["qag.key"] = caller.label
-            self._limit_key(caller, environ)  # before the route: a 403 still counts
+            self._limits(caller, environ, route.endpoint in _DATA_ENDPOINTS)  # before the route: a 403 still counts
         if route.public:
             return route.handler(request, caller, **params)
         if caller is None:
@@ -174,6 +185,46 @@ class Gateway:
         environ["qag.limit_headers"] = environ.get("qag.limit_headers", []) + headers
         if retry_after:
             raise QagError("rate_limited", "Rate limit exceeded for this API key", retry_after=retry_after)
+
+    def _limits(self, caller: Caller, environ: dict, data: bool) -> None:
+        """The key's rate limit, then its quota (contract 0.1 steps 6-7); a rate-limited call reserves nothing
+        but still carries the X-Quota-* headers."""
+        try:
+            self._limit_key(caller, environ)
+        except QagError:
+            self._quota(caller, environ, False)
+            raise
+        self._quota(caller, environ, data)
+
+    def _quota(self, caller: Caller, environ: dict, data: bool) -> None:
+        """Contract 6.8: a caller with a quota gets X-Quota-* headers on every response; a data call is checked
+        (after the rate limits) and reserves its call, settled in _settle_quota once the response is known."""
+        if caller.admin or caller.grants is None or caller.grants.quota is None:
+            return
+        ticket = self.quotas.begin(caller.name, caller.grants.quota, reserve=data)
+        if ticket is None:
+            return
+        environ["qag.quota"] = ticket
+        if ticket.refused:
+            raise ticket.error()
+
+    @staticmethod
+    def _settle_quota(ticket, response: Response) -> None:
+        """Count a data call's 200 (one call plus its X-Row-Count rows; a stream's rows as they leave), give any
+        other outcome's call back, then add the headers (remaining after this call)."""
+        if ticket.reserved:
+            if response.status == 200:
+                rows = 0
+                for name, value in response.headers:
+                    if name == "X-Row-Count":
+                        rows = int(value)
+                        break
+                ticket.settle(True, rows)
+                if hasattr(response.body, "meter"):
+                    response.body.meter = ticket.add_rows
+            else:
+                ticket.settle(False)
+        response.headers += ticket.headers()
 
     def _guard_open_mode(self, request: Request, origin: str | None) -> None:
         """Open mode serves this machine only: a loopback peer, a loopback Host (no DNS rebinding), and no

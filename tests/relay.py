@@ -28,6 +28,7 @@ class Relay:
         self._listener.listen(64)
         self.port = self._listener.getsockname()[1]
         self._closed = False
+        self.refusing = False  # down(): new connections are closed at once, as if the server had stopped
         self._sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -60,12 +61,23 @@ class Relay:
             except OSError:
                 pass
 
+    def down(self) -> None:
+        """Stop the upstream as seen through the relay: break open connections and refuse new ones until up()."""
+        self.refusing = True
+        self.cut()
+
+    def up(self) -> None:
+        self.refusing = False
+
     def _accept(self) -> None:
         while not self._closed:
             try:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self.refusing:
+                client.close()
+                continue
             try:
                 server = socket.create_connection(self.upstream, timeout=10)
             except OSError:

@@ -1,4 +1,5 @@
-"""Management of API keys and roles, and the caller's identity: /api/v1/api-keys, /roles, /me (5.4–5.6)."""
+"""Management of API keys and roles, the caller's identity and quota usage: /api/v1/api-keys, /roles, /me,
+/usage/quotas (5.4–5.6)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ class KeyHandlers:
         add("PATCH", "/api/v1/roles/<name>", self.patch_role, "v1.update_role", admin=True)
         add("DELETE", "/api/v1/roles/<name>", self.delete_role, "v1.delete_role", admin=True)
         add("GET", "/api/v1/me", self.me, "v1.me", admin=True)
+        add("GET", "/api/v1/usage/quotas", self.quota_usage, "v1.quota_usage", admin=True)
 
     # --- views -----------------------------------------------------------------------------
     def key_view(self, row: dict) -> dict:
@@ -74,10 +76,16 @@ class KeyHandlers:
             "usage": self.gateway.run.usage.key(row["name"]),
             "effective_limits": effective_limits(Grants.from_stored(grants), server_timeout=s.query_timeout,
                                                  max_page_size=s.max_page_size, stream_max_rows=s.stream_max_rows),
-            # Quota counting arrives with the governance issue; until then there is no period usage to show.
-            "usage_this_period": None,
+            "usage_this_period": self._period_usage(row["name"], grants.get("quota")),
         })
         return out
+
+    def _period_usage(self, name: str, quota) -> dict | None:
+        """The key's counts in its quota's current period (contract 5.4), as the data plane sees them."""
+        if not isinstance(quota, dict):
+            return None
+        ticket = self.gateway.quotas.begin(name, quota, reserve=False)
+        return ticket.usage() if ticket is not None else None
 
     @staticmethod
     def role_view(row: dict) -> dict:
@@ -235,3 +243,8 @@ class KeyHandlers:
         return json_response({"name": caller.name, "role": "owner", "via": caller.via,
                               "capabilities": _OWNER_CAPABILITIES, "data_access": "all", "workspace": "default",
                               "server_wide": True, "workspaces": {}})
+
+    def quota_usage(self, request, caller):
+        """Every caller's quota counts for the current day and month (stored + this worker's unwritten counts, or
+        the Redis counters when configured)."""
+        return json_response({"items": self.gateway.quotas.usage()})

@@ -16,7 +16,6 @@ from ..http.response import Response
 from ..policy import grants as policy
 from ..policy.guard import check as guard_check
 from ..policy.keyfields import normalise_mask
-from ..policy.limits import Slot
 from ..policy import masking
 from ..sql.params import compile_rules
 from ..sql.prepare import check_text_values, prepare, render
@@ -304,16 +303,17 @@ class RunHandlers:
     def _execute(self, plan: Plan, caller, writes: bool, version: dict | None) -> Response:
         """The database step: from here on every outcome is a run (history, event, metrics, log line).
 
-        A key with max_concurrent first takes a slot of this worker (contract 6.7), held until the page is
-        encoded or, for a stream, until its body is drained or closed; a refused call is not a run."""
+        A key with max_concurrent first takes a slot (contract 6.7; a lease in Redis when configured, else in
+        this worker), held until the page is encoded or, for a stream, until its body is drained or closed; a
+        refused call is not a run."""
         slot = None
         if not caller.admin and caller.grants.max_concurrent:
             limit = int(caller.grants.max_concurrent)
-            if not self.gateway.slots.acquire(caller.name, limit):
+            slot = self.gateway.slots.acquire(caller.name, limit, plan.timeout)
+            if slot is None:
                 raise QagError("too_many_concurrent", f"This API key may run at most {limit} "
                                f"quer{'y' if limit == 1 else 'ies'} at once - try again shortly",
                                retry_after=1, max_concurrent=limit)
-            slot = Slot(self.gateway.slots, caller.name)
         observe = self.observe
         observe.begin()
         at = time.time()
@@ -429,13 +429,14 @@ class _Export:
     cursor's batches are closed with it, so its connection is released now, and the run is recorded exactly
     once, however it ended."""
 
-    __slots__ = ("plan", "columns", "batches", "observe", "at", "cap", "sent", "recorded", "slot")
+    __slots__ = ("plan", "columns", "batches", "observe", "at", "cap", "sent", "recorded", "slot", "meter")
 
     def __init__(self, plan: Plan, columns, batches, observe, at: float, cap: int | None):
         self.plan, self.columns, self.batches, self.observe, self.at, self.cap = plan, columns, batches, observe, at, cap
         self.sent = 0
         self.recorded = False
-        self.slot: Slot | None = None  # a max_concurrent slot, released when the run ends
+        self.slot = None   # a max_concurrent slot, renewed while sending and released when the run ends
+        self.meter = None  # rows as they leave, for the caller's quota (set by the gateway, contract 6.8)
 
     def __iter__(self):
         fmt, columns, mask = self.plan.fmt, self.columns, self.plan.mask
@@ -445,6 +446,10 @@ class _Export:
                 if mask is not None:
                     rows = mask.rows(rows)
                 self.sent += len(rows)
+                if self.meter is not None:
+                    self.meter(len(rows))
+                if self.slot is not None:
+                    self.slot.renew()
                 yield encode.encode_chunk(fmt, columns, rows, first)
                 first = False
             if first and fmt != "ndjson":

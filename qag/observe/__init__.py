@@ -93,6 +93,9 @@ class Observer:
         counters = {"history": {"recorded": history.recorded, "sampled_out": history.sampled_out,
                                 "dropped": writer.dropped, "failed": writer.failed},
                     "log_dropped": self.logs.buffer.dropped, "pool_waits": {}}
+        stats = getattr(self.gateway, "limit_stats", None)
+        if stats is not None:
+            counters["rate_limit"] = {"rejections": stats.rejections, "fallbacks": stats.fallbacks}
         pools: dict = {}
         # The backends this worker has loaded (a driver is imported on first use only).
         for db, backend in list(getattr(self.gateway.backends, "_backends", {}).items()):

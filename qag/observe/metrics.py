@@ -371,6 +371,11 @@ def render(total: dict, speedups: dict[str, str]) -> bytes:
     t.gauge("queryapigate_history_pending", "Runs queued for the history writers, not yet written.",
             g.get("history_pending", 0))
     t.gauge("queryapigate_active_queries", "Runs executing now (paged, or streaming).", g.get("active", 0))
+    limited = c.get("rate_limit", {})
+    t.counter("queryapigate_rate_limit_rejections_total", "Requests refused with 429 rate_limited.", (),
+              {(): limited.get("rejections", 0)})
+    t.counter("queryapigate_rate_limit_fallbacks_total", "Limiter, slot and quota checks that counted in-process "
+              "because Redis failed.", (), {(): limited.get("fallbacks", 0)})
     pools = g.get("pools", {})
     t.gauge("queryapigate_pool_idle_connections", "Idle pooled data connections.",
             sum(v[0] for v in pools.values()))

@@ -1,6 +1,6 @@
 """Rate limits and concurrency slots (contract 6.6, 6.7), sans-IO: the caller passes identities and limits, an
 injectable monotonic clock gives the time. Counted in-process, per worker: with several workers each one keeps
-its own buckets and slots (the Redis-backed shared limiter is a later issue)."""
+its own buckets and slots. This is the path without Redis and the fallback while Redis fails (redislimits.py)."""
 
 from __future__ import annotations
 

@@ -162,3 +162,22 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def events(self, after: int, limit: int) -> list[dict]:
         """Event rows with id > after, oldest first, names resolved."""
+
+    # --- quota counts (contract 6.8; see schema.py step 3) ----------------------------------
+    @abc.abstractmethod
+    def add_quota_usage(self, increments: list[tuple[str, str, str, str, int, int]], at: int) -> None:
+        """Add (workspace, caller, per, period, calls, rows) increments (may be negative: a refunded call) to the
+        stored counts, creating rows as needed, setting updated_at = at; one transaction."""
+
+    @abc.abstractmethod
+    def quota_counts(self, keys: list[tuple[str, str, str, str]]) -> dict[tuple[str, str, str, str], tuple[int, int]]:
+        """Stored (calls, rows) of each (workspace, caller, per, period) that has a row."""
+
+    @abc.abstractmethod
+    def quota_usage_in(self, periods: list[tuple[str, str]]) -> list[dict]:
+        """Every row whose (per, period) is one of `periods`: {workspace, caller, per, period, calls, rows,
+        updated_at (Unix seconds)}, ordered by workspace, caller, per."""
+
+    @abc.abstractmethod
+    def prune_quota_usage(self, before: int) -> int:
+        """Delete counts last written before `before` (Unix seconds); returns how many went."""

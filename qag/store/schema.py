@@ -99,6 +99,22 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX runs_hist ON runs (q, v, at) WHERE h = 1",
         "CREATE INDEX runs_hist_at ON runs (at) WHERE h = 1",
     ),
+    (
+        # Quota counts per caller and calendar period (contract 6.8), added to by each worker's quota writer in
+        # batches (qag/policy/quotas.py) and kept 400 days. Portable DDL: the same step runs on SQLite and on
+        # PostgreSQL (BIGINT is a 64-bit integer on both; no AUTOINCREMENT, no SQLite-only types).
+        """CREATE TABLE quota_usage (
+            workspace TEXT NOT NULL,       -- 'default' until workspaces exist
+            caller TEXT NOT NULL,          -- the API key's name
+            per TEXT NOT NULL,             -- 'day' or 'month'
+            period TEXT NOT NULL,          -- 'YYYY-MM-DD' or 'YYYY-MM', server-local calendar
+            calls BIGINT NOT NULL DEFAULT 0,
+            row_count BIGINT NOT NULL DEFAULT 0,
+            updated_at BIGINT NOT NULL,    -- Unix seconds of the last write
+            PRIMARY KEY (workspace, caller, per, period)
+        )""",
+        "CREATE INDEX quota_usage_updated ON quota_usage (updated_at)",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -432,6 +432,40 @@ class SqliteStore(Store):
     def events(self, after: int, limit: int) -> list[dict]:
         return self._all(f"{_RUN_SELECT} WHERE r.id > ? ORDER BY r.id LIMIT ?", (int(after), int(limit)))
 
+    # --- quota counts ------------------------------------------------------------------------
+    def add_quota_usage(self, increments: list[tuple[str, str, str, str, int, int]], at: int) -> None:
+        if not increments:
+            return
+        conn = self._conn()
+        with self.transaction():
+            conn.executemany(
+                "INSERT INTO quota_usage (workspace, caller, per, period, calls, row_count, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (workspace, caller, per, period) DO UPDATE SET "
+                "calls = quota_usage.calls + excluded.calls, row_count = quota_usage.row_count + excluded.row_count, "
+                "updated_at = excluded.updated_at",
+                [(w, c, p, d, calls, rows, at) for w, c, p, d, calls, rows in increments])
+
+    def quota_counts(self, keys: list[tuple[str, str, str, str]]) -> dict[tuple[str, str, str, str], tuple[int, int]]:
+        out = {}
+        for key in keys:
+            row = self._one("SELECT calls, row_count FROM quota_usage WHERE workspace = ? AND caller = ? AND per = ? "
+                            "AND period = ?", key)
+            if row is not None:
+                out[key] = (row["calls"], row["row_count"])
+        return out
+
+    def quota_usage_in(self, periods: list[tuple[str, str]]) -> list[dict]:
+        out = []
+        for per, period in periods:
+            out += self._all("SELECT workspace, caller, per, period, calls, row_count AS rows, updated_at "
+                             "FROM quota_usage WHERE per = ? AND period = ?", (per, period))
+        out.sort(key=lambda r: (r["workspace"], r["caller"], r["per"]))
+        return out
+
+    def prune_quota_usage(self, before: int) -> int:
+        with self.transaction():
+            return self._run("DELETE FROM quota_usage WHERE updated_at < ?", (before,))
+
 
 _RUN_CHUNK = 500  # rows per INSERT statement (16 values each stays far below SQLite's variable limit)
 _RUN_SELECT = ("SELECT r.id, r.at, r.h, qn.name AS query, r.v, cn.name AS connection, kn.name AS key_name, r.rid, "
