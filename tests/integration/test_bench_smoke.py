@@ -70,13 +70,15 @@ def test_smoke_sqlite_demo(tmp_path):
 
 @pytest.fixture
 def smoke_databases():
-    """Drop what the smoke run loads (its six prefixed databases, and the read-only user if it made it)."""
+    """A database-name prefix of this test process's own (so concurrent runs never load or drop each other's
+    databases); afterwards drop what the smoke run loaded (its six databases, and the read-only user if it made it)."""
+    prefix = f"qag_smoke_{os.getpid()}_"
     admin = mysql_admin()   # skips (or fails under QAG_TEST_REQUIRE_SERVICES=1) when MariaDB is unreachable
     cur = admin.cursor()
     cur.execute("SELECT count(*) FROM mysql.user WHERE user = 'qag_bench_ro'")
     had_user = cur.fetchone()[0] > 0
-    yield
-    cur.execute("SHOW DATABASES LIKE 'qag\\_smoke\\_%'")
+    yield prefix
+    cur.execute("SHOW DATABASES LIKE %s", (prefix.replace("_", "\\_") + "%",))
     for (name,) in cur.fetchall():
         cur.execute(f"DROP DATABASE `{name}`")
     if not had_user:
@@ -90,7 +92,7 @@ def test_smoke_mysql_six_databases(tmp_path, smoke_databases):
     _need_wrk()
     if importlib.util.find_spec("qag.backends.mysql") is None:
         pytest.skip("qag does not serve MySQL connections yet (qag/backends/mysql.py is missing)")
-    records = _smoke(tmp_path, "--case", "tpcc", "--warehouses", "1", "--prefix", "qag_smoke_", "--target", "qag",
+    records = _smoke(tmp_path, "--case", "tpcc", "--warehouses", "1", "--prefix", smoke_databases, "--target", "qag",
                      "--target", "direct", "--keys", "plain")
     _check_blocks(records, {"qag", "direct"})
     closed = [r for r in records if r["type"] == "block" and r["phase"] == "closed"]
