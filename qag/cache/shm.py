@@ -81,21 +81,23 @@ def key_hash(key: bytes) -> int:
 class Segment:
     """The mapped segment: header words, slots, and the writers' lock."""
 
-    def __init__(self, mm: mmap.mmap, fd: int, nslots: int, slot_bytes: int):
+    def __init__(self, mm: mmap.mmap, fd: int, nslots: int, slot_bytes: int, twin=None):
         self._mm = mm
         self.fd = fd
         self.nslots = nslots
         self.slot_bytes = slot_bytes
         self.capacity = slot_bytes - SLOT_HEAD
-        self.sync = _speedups.get("shmsync").Sync(mm, fd)
+        # Every process using the segment inherits this one object, so they all lock the same way.
+        self.sync = (twin or _speedups.get("shmsync")).Sync(mm, fd)
         self._load = self.sync.load
         # The descriptor is closed exactly once: by close(), or when a private segment is garbage.
         self._close_fd = weakref.finalize(self, os.close, fd)
 
     # --- creation and end ----------------------------------------------------------------------------
     @classmethod
-    def create(cls, size: int, slot_bytes: int = SLOT_BYTES) -> "Segment":
-        """A new zeroed segment of about `size` bytes (at least MIN_SLOTS slots), named nowhere."""
+    def create(cls, size: int, slot_bytes: int = SLOT_BYTES, twin=None) -> "Segment":
+        """A new zeroed segment of about `size` bytes (at least MIN_SLOTS slots), named nowhere; `twin`: the
+        shmsync module to use (default: the one QAG_SPEEDUPS selects)."""
         nslots = max(MIN_SLOTS, (int(size) - HEADER) // slot_bytes)
         total = HEADER + nslots * slot_bytes
         fd = _anonymous_fd()
@@ -105,7 +107,7 @@ class Segment:
         except BaseException:
             os.close(fd)
             raise
-        segment = cls(mm, fd, nslots, slot_bytes)
+        segment = cls(mm, fd, nslots, slot_bytes, twin)
         sync = segment.sync
         sync.store(8, nslots)
         sync.store(16, slot_bytes)
@@ -197,9 +199,9 @@ class Segment:
     def _slot(self, i: int) -> int:
         return HEADER + i * self.slot_bytes
 
-    def find(self, key: bytes, generation: int, now_ns: int, ttl_ns: int):
+    def find(self, key: str, generation: int, now_ns: int, ttl_ns: int):
         """(stored_ns, decoded [key, value]) of a live entry for `key`, or None. Lock-free; never torn."""
-        h = key_hash(key)
+        h = key_hash(key.encode("utf-8"))
         start = h % self.nslots
         read = self.sync.read
         for step in range(PROBE):
@@ -332,7 +334,7 @@ class Cache:
         if entry is not None and entry[0] == generation and now - entry[1] < self.ttl_ns:
             self._counts.shard[0] += 1
             return entry[2]
-        found = self.segment.find(key.encode("utf-8"), generation, now, self.ttl_ns)
+        found = self.segment.find(key, generation, now, self.ttl_ns)
         if found is None:
             self._counts.shard[1] += 1
             return MISS
