@@ -166,7 +166,7 @@ class MetadataStore:
         if self._cache is not None:  # (a private cache not made yet holds nothing)
             self._cache.segment.invalidate(config=config, message=token)
         if self.redis is not None:
-            self.redis.call(lambda client: client.publish(CHANNEL, f"{token:x}"), lambda: None)
+            self.redis.call(lambda client: _publish(client, f"{token:x}"), lambda: None)
 
     def _write(name: str):
         def method(self, *args, **kwargs):
@@ -232,6 +232,16 @@ class MetadataStore:
 
 
 _start_lock = threading.RLock()
+
+
+def _publish(client, message: str) -> None:
+    """PUBLISH, once more on a fresh connection when the pooled one was cut while idle (Redis restarted): else the
+    first change after a Redis restart would go unannounced and make this worker back off from Redis."""
+    import redis as redis_lib
+    try:
+        client.publish(CHANNEL, message)
+    except redis_lib.ConnectionError:
+        client.publish(CHANNEL, message)
 
 
 class FreshView:
