@@ -82,7 +82,8 @@ class MetadataStore:
         self.redis = redis                  # qag/redisconn.SharedRedis or None
         self.poll_interval = poll_interval
         self._tx = _Local()
-        self._threads_pid: int | None = None
+        self._threads_started = False      # reset in a forked child: threads don't survive a fork
+        _all.add(self)
         self._stop = threading.Event()
         self._logged_at = -_LOG_EVERY
 
@@ -121,7 +122,7 @@ class MetadataStore:
         cache = self.cache
         if cache is None:
             return read(*args)
-        if self._threads_pid != os.getpid():
+        if not self._threads_started:
             self._start_threads()
         value = cache.get(key, convert)
         if value is not MISS:
@@ -185,9 +186,9 @@ class MetadataStore:
     def _start_threads(self) -> None:
         """Started on the first cached read in each process (threads do not survive a fork)."""
         with _start_lock:
-            if self._threads_pid == os.getpid():
+            if self._threads_started:
                 return
-            self._threads_pid = os.getpid()
+            self._threads_started = True
             self._stop = threading.Event()
             # The threads hold the store weakly: a gateway dropped without close() still lets them end.
             ref = weakref.ref(self)
@@ -232,6 +233,17 @@ class MetadataStore:
 
 
 _start_lock = threading.RLock()
+_all: "weakref.WeakSet[MetadataStore]" = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    global _start_lock
+    _start_lock = threading.RLock()
+    for store in list(_all):
+        store._threads_started = False
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def _publish(client, message: str) -> None:

@@ -403,3 +403,21 @@ def test_reads_inside_a_transaction_are_fresh(tmp_path):
 def test_cached_rows_survive_msgpack_exactly():
     row = {"name": "k", "active": True, "expires_at": None, "grants_json": '{"a":1}', "n": 1.5, "l": [1, "x"]}
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(["k", [row, True]])) == ["k", [row, True]]
+
+
+def test_rotation_grace_ends_on_time_with_the_row_cached(tmp_path, monkeypatch):
+    """Contract 7.3: expiry is a decision, judged on every call against the cached row, so it happens on time."""
+    from qag import auth
+    app = App(str(tmp_path))
+    app.query("films")
+    old = app.call("POST", "/api/v1/api-keys", {"name": "rot"})[2]["secret"]
+    status, _, body = app.call("POST", "/api/v1/api-keys/rot/rotate", {"grace_minutes": 5})
+    assert status == 200, body
+    assert app.call("GET", "/q/films", query="n=1", key=old)[0] == 200   # the old secret, in its grace
+    hits_before, misses_before = app.gateway.metadata.cache.counts()
+    monkeypatch.setattr(auth, "now_text", lambda: "2999-01-01 00:00:00")  # the grace is over
+    assert app.call("GET", "/q/films", query="n=1", key=old)[0] == 401
+    monkeypatch.undo()
+    assert app.call("GET", "/q/films", query="n=1", key=old)[0] == 200
+    hits, misses = app.gateway.metadata.cache.counts()
+    assert misses == misses_before and hits > hits_before  # the same cached row all along
