@@ -28,6 +28,7 @@ import fcntl
 import os
 import struct
 import threading
+import weakref
 
 __all__ = ["Sync"]
 
@@ -45,6 +46,7 @@ class Sync:
         self._size = len(self._bytes)
         self._fd = int(fd)
         self._thread_lock = threading.Lock()
+        _all.add(self)
 
     @property
     def size(self) -> int:
@@ -109,3 +111,15 @@ class Sync:
     def release(self) -> None:
         """Let go of the buffer (an mmap can only be closed once nothing holds it)."""
         self._bytes.release()
+
+
+_all: "weakref.WeakSet[Sync]" = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    # A thread of the parent may have held the thread lock at the fork; that thread does not exist in the child.
+    for sync in list(_all):
+        sync._thread_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
