@@ -2,7 +2,8 @@
 
 Builds the demo home once (in a temporary folder unless --home is given), then times saved-query calls
 through `Gateway.__call__` with the pure and the compiled twins in interleaved rounds, and prints the median
-process CPU per call with its min–max range. It measures qag's own work per call — parsing, auth, store
+process CPU per call with its min–max range. `--compare cache` instead compares the metadata cache on (the
+default TTL) and off (QAG_METADATA_CACHE_TTL=0), both with the twins QAG_SPEEDUPS selects. It measures qag's own work per call — parsing, auth, store
 reads, checks, the SQLite call, encoding — not gunicorn's HTTP handling.
 """
 
@@ -42,14 +43,19 @@ def main() -> None:
     parser.add_argument("--home", help="demo home to use (default: a fresh temporary one)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=2000, help="calls per round and twin")
+    parser.add_argument("--compare", choices=("twins", "cache"), default="twins")
     args = parser.parse_args()
     home = args.home or tempfile.mkdtemp(prefix="qag-bench-")
     keys = demo.prepare_home(home, False, _Admin(load({"QAG_HOME": home})).call)
-    app = create_app(load({"QAG_HOME": home, "QAG_API_KEY": keys["admin_key"]}))
-    twins = ["pure"] + (["compiled"] if "rowjson" not in _speedups.fallbacks() else [])
-
-    def call(path: str, query: str, key: str) -> None:
-        wsgi_get(app, path, query, key)
+    env = {"QAG_HOME": home, "QAG_API_KEY": keys["admin_key"]}
+    app = create_app(load(env))
+    if args.compare == "cache":
+        apps = {"cache on": app, "cache off": create_app(load(dict(env, QAG_METADATA_CACHE_TTL="0")))}
+        twins = list(apps)
+    else:
+        apps = {}
+        twins = ["pure"] + (["compiled"] if "rowjson" not in _speedups.fallbacks() else [])
+    selected = _speedups.mode()
 
     print(f"qag in-process CPU per call, µs: median [min–max] of {args.rounds} interleaved rounds "
           f"x {args.calls} calls (home {home})")
@@ -57,10 +63,11 @@ def main() -> None:
         results: dict[str, list[float]] = {t: [] for t in twins}
         for r in range(args.rounds):
             for twin in (twins if r % 2 == 0 else twins[::-1]):
-                _speedups.load("off" if twin == "pure" else "require")
+                target = apps.get(twin, app)
+                _speedups.load(selected if apps else "off" if twin == "pure" else "require")
                 start = time.process_time()
                 for i in range(args.calls):
-                    call(path, make_query(i), keys[key_name])
+                    wsgi_get(target, path, make_query(i), keys[key_name])
                 results[twin].append((time.process_time() - start) / args.calls * 1e6)
         cells = [f"{t}: {statistics.median(v):.1f} [{min(v):.1f}–{max(v):.1f}]" for t, v in results.items()]
         print(f"  {label:34} " + "   ".join(cells))

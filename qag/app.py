@@ -12,6 +12,7 @@ from .api.ops import OpsHandlers
 from .api.run import RunHandlers
 from .auth import Authenticator, Caller, is_loopback
 from .backends.registry import Backends
+from .cache.metadata import build as metadata_store
 from .errors import QagError
 from .http.request import Request
 from .http.response import HeaderPolicy, Response, error_response
@@ -39,14 +40,18 @@ class Gateway:
         _speedups.load(settings.speedups)
         self.settings = settings
         self.store = store if store is not None else SqliteStore(settings.home, settings.audit_log_limit)
+        self.redis = redis_from_settings(settings)  # None without QAG_REDIS_URL (qag/redisconn.py)
+        # The per-call reads (key, saved query, connection) from the host's metadata cache; every change made
+        # through either view is announced to every worker and instance (qag/cache/metadata.py).
+        self.metadata = metadata_store(self.store, settings, self.redis)
+        self.store = self.metadata.fresh()
         self.store_files = store_paths(settings.home)
         self.backends = Backends(settings, self.store_files)
         self.secret = self._server_secret()
-        self.auth = Authenticator(self.store, settings.api_key)
+        self.auth = Authenticator(self.metadata, settings.api_key)
         self.headers = HeaderPolicy(settings.cors_origins, settings.hsts_max_age)
         self.max_body = settings.max_body_bytes
         self.trust_proxy = settings.trust_proxy
-        self.redis = redis_from_settings(settings)  # None without QAG_REDIS_URL (qag/redisconn.py)
         self.server_timing = settings.server_timing
         # Rate limits, max_concurrent slots and quotas: in Redis when configured (shared by every worker and
         # instance), else counted in this worker (limits) or shared through the store (quotas); see
@@ -69,6 +74,7 @@ class Gateway:
         """Graceful end of this worker: write what is queued (history, events, quota counts, log lines, metrics)."""
         self.quotas.close()
         self.observe.close()
+        self.metadata.stop()
 
     def _server_secret(self) -> bytes:
         """A random key kept in the store, for digests of secrets (ETags); shared by every worker and instance."""

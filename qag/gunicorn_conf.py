@@ -25,9 +25,13 @@ proc_name = "qag"
 
 # --- hooks: metrics summed across workers, and recording flushed when a worker ends -------------------------
 def on_starting(server):
-    """Master, before any fork: the folder every worker writes its metrics snapshots to."""
+    """Master, before any fork: the folder every worker writes its metrics snapshots to, and the host's
+    shared-memory metadata cache that every worker (and every worker restarted later) inherits."""
     from qag.observe import metrics
     metrics.start_instance()
+    if _settings.metadata_cache_ttl > 0:
+        from qag.cache import shm
+        shm.start_instance(_settings.metadata_cache_bytes)
 
 
 def post_worker_init(worker):
@@ -51,5 +55,7 @@ def child_exit(server, worker):
 
 
 def on_exit(server):
+    from qag.cache import shm
     from qag.observe import metrics
     metrics.stop_instance()
+    shm.stop_instance()

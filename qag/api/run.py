@@ -92,7 +92,7 @@ class RunHandlers:
 
     def __init__(self, gateway):
         self.gateway = gateway
-        self.store = gateway.store
+        self.store = gateway.metadata  # the per-call reads come from the metadata cache (qag/cache)
         self.settings = gateway.settings
         self.usage = Usage()
         self.observe = gateway.observe

@@ -106,6 +106,11 @@ class Observer:
             pools[db] = [stats["idle"], stats["active"]]
             counters["pool_waits"][db] = stats["waits"]
         gauges = {"history_pending": writer.pending, "history_capacity": writer.capacity, "pools": pools}
+        metadata = getattr(self.gateway, "metadata", None)
+        if metadata is not None:
+            more_c, more_g = metadata.cache_stats()
+            counters.update(more_c)
+            gauges.update(more_g)
         return counters, gauges
 
     def scrape(self) -> bytes:

@@ -391,6 +391,14 @@ def render(total: dict, speedups: dict[str, str]) -> bytes:
             g.get("history_capacity", 0))
     t.counter("qag_log_lines_dropped_total", "Log lines dropped because a worker's log queue was full.", (),
               {(): c.get("log_dropped", 0)})
+    metadata = c.get("metadata", {})
+    t.counter("qag_metadata_cache_hits_total", "Key, saved-query and connection rows served by the metadata cache.",
+              (), {(): metadata.get("hits", 0)})
+    t.counter("qag_metadata_cache_misses_total", "Rows the metadata cache did not have (read from the store).", (),
+              {(): metadata.get("misses", 0)})
+    # Every worker reports the host's one generation (keyed by pid so the sum across workers doesn't add them).
+    t.gauge("qag_metadata_cache_generation", "Invalidations of the host's metadata cache so far (its generation).",
+            max(g.get("metadata_generation", {}).values(), default=0))
     t.gauge("qag_workers", "Worker processes whose figures are in this scrape.", g.get("workers", 1))
     t.gauge("qag_speedups_loaded", "Which twin of each hot-path module runs (1 = loaded).", None,
             ("module", "twin"), {(m, twin): 1 for m, twin in speedups.items()})

@@ -134,6 +134,8 @@ class SqliteStore(Store):
                     conn.execute(statement)
             if found != SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            for statement in _config_triggers():
+                conn.execute(statement)
 
     def ping(self, timeout: float) -> None:
         conn = sqlite3.connect(f"file:{quote(self.path)}?mode=ro", uri=True, timeout=timeout)
@@ -472,6 +474,21 @@ _RUN_SELECT = ("SELECT r.id, r.at, r.h, qn.name AS query, r.v, cn.name AS connec
                "r.ok, r.tr, r.n, r.ms, r.ser, en.name AS code, r.err, r.sql, r.x FROM runs r "
                "LEFT JOIN names qn ON qn.id = r.q LEFT JOIN names cn ON cn.id = r.c LEFT JOIN names kn ON kn.id = r.k "
                "LEFT JOIN names en ON en.id = r.code")
+
+
+# Any change to configuration rows moves meta.config_generation, also one made straight in the file by another
+# program: the metadata cache polls it (qag/cache/metadata.py). Usage stamps (last_used_at) don't move it.
+_CONFIGURATION = {"connections": "", "queries": "", "query_versions": "", "roles": "",
+                  "api_keys": " OF name, secret_hash, previous_hash, previous_expires_at, grants, active, expires_at, "
+                              "created_from_role"}
+
+
+def _config_triggers() -> list[str]:
+    bump = ("INSERT INTO meta (key, value) VALUES ('config_generation', '1') ON CONFLICT (key) DO UPDATE SET "
+            "value = CAST(CAST(value AS INTEGER) + 1 AS TEXT)")
+    return [f"CREATE TRIGGER IF NOT EXISTS qag_config_{table}_{op.lower()} AFTER {op}"
+            f"{columns if op == 'UPDATE' else ''} ON {table} BEGIN {bump}; END"
+            for table, columns in _CONFIGURATION.items() for op in ("INSERT", "UPDATE", "DELETE")]
 
 
 def _flatten_version(row: dict) -> dict:
