@@ -153,15 +153,6 @@ def _redis_url(text: str, s: Setting) -> str | None:
     return url
 
 
-def _cache_ttl(text: str, s: Setting) -> float:
-    """Contract 7.3: seconds as a float; 0, a negative number or a non-number turns the cache off."""
-    try:
-        value = float(text.strip())
-    except ValueError:
-        return 0.0
-    return value if 0 < value < float("inf") else 0.0
-
-
 def _origins(text: str, s: Setting) -> tuple[str, ...]:
     items = [o.strip().rstrip("/").lower() for o in text.split(",")]
     return tuple(o for o in items if o)
@@ -248,8 +239,8 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number of hours from 1 to 87600", alias="QUERYAPIGATE_EVENTS_RETENTION_HOURS"),
     Setting("QAG_REDIS_URL", _redis_url, None, "Redis shared by every worker and instance: rate limits, slots and quotas counted there, the response cache kept there, configuration changes published there. When it fails each worker counts and caches on its own and retries after 5 s. Unset = no Redis.",
             "a redis://, rediss:// or unix:// URL", alias="QUERYAPIGATE_REDIS_URL", secret=True),
-    Setting("QAG_METADATA_CACHE_TTL", _cache_ttl, 60.0, "Seconds the key, saved-query and connection rows every call needs are reused from the host's shared-memory cache; 0 (or a non-number, as in QueryAPIGate) = read the store on every call. Changes through this instance are seen at once, other instances' within about a second (the store is polled; at once with QAG_REDIS_URL): the TTL only bounds a change nothing announced, so the default is on.",
-            "seconds (a number; 0 = off)", alias="QUERYAPIGATE_METADATA_CACHE_TTL"),
+    Setting("QAG_METADATA_CACHE_TTL", _seconds(True), 60.0, "Seconds the key, saved-query and connection rows every call needs are reused from the host's shared-memory cache; 0 = read the store on every call (a non-number is refused at startup, where QueryAPIGate silently turned the cache off). Changes through this instance are seen at once, other instances' within about a second (the store is polled; at once with QAG_REDIS_URL): the TTL only bounds a change nothing announced, so the default is on.",
+            "seconds, 0 or more (0 = off)", alias="QUERYAPIGATE_METADATA_CACHE_TTL"),
     Setting("QAG_METADATA_POLL_INTERVAL", _seconds_max(3600.0), 1.0, "Seconds between reads of the store's config generation, by one worker per host: how soon a change made by another instance (or straight in the store) is seen without Redis. 0 = no polling.",
             "seconds from 0 to 3600"),
     Setting("QAG_METADATA_CACHE_BYTES", _int_range(65_536, 1 << 34), 16_777_216, "Size of the host's shared-memory metadata cache (4 KiB a row; memory is only used as rows arrive). A full cache evicts the oldest rows.",
