@@ -237,6 +237,8 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number of hours from 1 to 87600", alias="QUERYAPIGATE_EVENTS_RETENTION_HOURS"),
     Setting("QAG_REDIS_URL", _redis_url, None, "Redis shared by every worker and instance: rate limits, slots and quotas counted there, the response cache kept there, configuration changes published there. When it fails each worker counts and caches on its own and retries after 5 s. Unset = no Redis.",
             "a redis://, rediss:// or unix:// URL", alias="QUERYAPIGATE_REDIS_URL", secret=True),
+    Setting("QAG_RESPONSE_CACHE_MAX_BYTES", _int_range(1, 1 << 40), 64 << 20, "Bytes of responses (bodies and headers) each worker process keeps in its response cache for saved-query versions with a cache_ttl; beyond it, or beyond 10,000 entries, the least recently used are evicted. A response larger than this is not cached. Default 64 MiB per worker. Not used with QAG_REDIS_URL (the cache is then kept in Redis).",
+            "a whole number of bytes from 1 to 1099511627776"),
     Setting("QAG_LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info", "Level of qag's own log lines on stderr.",
             "debug, info, warning or error"),
 )

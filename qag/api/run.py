@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from .. import encode
 from ..backends.base import Call, resolve_fields
+from ..cache.response import cache_key
 from ..errors import QagError
 from ..http.response import Response
 from ..policy import grants as policy
@@ -128,6 +129,7 @@ class RunHandlers:
     # --- GET/POST /q/<name> ------------------------------------------------------------------
     def run_named(self, request, caller, name):
         args = request.args
+        referenced = name  # the response cache keys on the name as written in the URL (contract 7.1)
         # 1. name validity, then existence (before authorization: contract 3.2).
         if name.endswith(".json"):
             name = name[:-5]
@@ -199,10 +201,23 @@ class RunHandlers:
         stream, page, size = self._paging(args, caller, fmt)
         connection = self._connection(chosen, row)
         writes = self._writes_allowed(caller, name) and not stream
+        # 9. the response cache (contract 7.1): every check above passed, the database not yet touched.
+        ttl, key = version.get("cache_ttl"), None
+        if ttl and self._cacheable(prepared, stream, caller, version):
+            # mask_fingerprint: qag/policy/masking.fingerprint(<the caller's effective mask rules>) once masking is
+            # merged; until then a masked caller never gets here (_cacheable) and is refused in _run (fail closed).
+            key = cache_key(referenced, version["version"], chosen, values, fmt, page, size, mask_fingerprint="")
+            hit = self.gateway.response_cache.lookup(key, ttl, request.header("If-None-Match"))
+            if hit is not None:
+                return hit  # not a run: no history entry, no event, no database
         plan = Plan(connection, prepared, values, not writes, timeout, fmt, page, size, stream,
                     request_name(request), caller.admin and not self._has_mask(caller), request.request_id,
                     caller.label, name, version["version"], version["uuid"], version["sql"], timing=timing)
-        return self._execute(plan, caller, writes, version)
+        response = self._execute(plan, caller, writes, version)
+        if key is not None:
+            self.gateway.response_cache.store(key, response, ttl, {"name": name, "version": version["version"],
+                                                                   "connection": chosen, "format": fmt, "page": page})
+        return response
 
     # --- POST /execute_sql -------------------------------------------------------------------
     def execute_sql(self, request, caller):
@@ -280,6 +295,15 @@ class RunHandlers:
     @staticmethod
     def _has_mask(caller) -> bool:
         return not caller.admin and bool(caller.grants.mask)
+
+    @staticmethod
+    def _cacheable(prepared, stream: bool, caller, version: dict) -> bool:
+        """Contract 7.1: read-only SQL only (a write runs every call), never a stream. Callers and versions with
+        governance this server doesn't enforce yet bypass the cache: _run refuses them (fail closed)."""
+        if stream or prepared.write_ops or prepared.multiple or prepared.unreadable is not None:
+            return False
+        return not (version.get("mask") or (not caller.admin and (caller.grants.mask
+                                                                  or caller.grants.allowed_tables is not None)))
 
     @staticmethod
     def _refuse_ungoverned(caller, version: dict | None) -> None:

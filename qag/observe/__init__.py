@@ -103,6 +103,9 @@ class Observer:
             pools[db] = [stats["idle"], stats["active"]]
             counters["pool_waits"][db] = stats["waits"]
         gauges = {"history_pending": writer.pending, "history_capacity": writer.capacity, "pools": pools}
+        cache = getattr(self.gateway, "response_cache", None)
+        if cache is not None:
+            gauges["cache_entries"] = cache.local_count
         return counters, gauges
 
     def scrape(self) -> bytes:

@@ -1,0 +1,1 @@
+"""Caches: the shared-memory metadata cache and the response cache."""
