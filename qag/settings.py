@@ -235,7 +235,7 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number from 10 to 10000000"),
     Setting("QAG_EVENTS_RETENTION_HOURS", _int_range(1, 87_600), 24, "Hours the event log keeps every run (swept in the background in small batches).",
             "a whole number of hours from 1 to 87600", alias="QUERYAPIGATE_EVENTS_RETENTION_HOURS"),
-    Setting("QAG_REDIS_URL", _redis_url, None, "Redis shared by every worker and instance: rate limits, slots and quotas counted there, the response cache kept there, configuration changes published there. When it fails each worker counts and caches on its own and retries after 5 s. Unset = no Redis.",
+    Setting("QAG_REDIS_URL", _redis_url, None, "Redis shared by every worker and instance: rate limits, slots and quotas counted there, the response cache kept there, configuration changes published there. When it fails each worker counts on its own, response-cache lookups are misses, and Redis is retried after 5 s. Unset = no Redis.",
             "a redis://, rediss:// or unix:// URL", alias="QUERYAPIGATE_REDIS_URL", secret=True),
     Setting("QAG_RESPONSE_CACHE_MAX_BYTES", _int_range(1, 1 << 40), 64 << 20, "Bytes of responses (bodies and headers) each worker process keeps in its response cache for saved-query versions with a cache_ttl; beyond it, or beyond 10,000 entries, the least recently used are evicted. A response larger than this is not cached. Default 64 MiB per worker. Not used with QAG_REDIS_URL (the cache is then kept in Redis).",
             "a whole number of bytes from 1 to 1099511627776"),
