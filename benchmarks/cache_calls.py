@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -139,6 +140,7 @@ def over_http(rounds: int, seconds: int, connections: int) -> dict:
     finally:
         proc.terminate()
         proc.wait(30)
+        shutil.rmtree(home, ignore_errors=True)
     return out
 
 
