@@ -13,6 +13,7 @@ from .api.run import RunHandlers
 from .auth import Authenticator, Caller, is_loopback
 from .backends.registry import Backends
 from .cache.metadata import build as metadata_store
+from .cache.response import ResponseCache
 from .errors import QagError
 from .http.request import Request
 from .http.response import HeaderPolicy, Response, error_response
@@ -64,6 +65,8 @@ class Gateway:
         self.quotas = Quotas(self.store, self.redis, self.limit_stats, interval=settings.history_flush_interval)
         self.router = Router()
         self.observe = Observer(self)
+        # Saved-query responses with a cache_ttl: in this process, or in Redis when set (qag/cache/response.py).
+        self.response_cache = ResponseCache.from_settings(settings, self.redis, self.observe.metrics.cache)
         self.run = RunHandlers(self)
         self.manage = ManageHandlers(self)
         self.ops = OpsHandlers(self)
@@ -112,7 +115,8 @@ class Gateway:
             headers.append(("Server-Timing", server_timing(environ["qag.timing"])))
         body = response.body
         if isinstance(body, bytes):
-            headers.append(("Content-Length", str(len(body))))
+            if response.status != 304:  # a 304's Content-Length would have to be the 200's (RFC 9110 8.6)
+                headers.append(("Content-Length", str(len(body))))
             body = [body]
         start_response(response.status_line, headers)
         elapsed = time.perf_counter() - started

@@ -41,6 +41,7 @@ ERRORS: dict[str, tuple[int, str, str]] = {
     "database_file_not_found": (404, "SQLite database file not found", "SQLite file missing"),
     "key_not_found": (404, "API key not found", "API key does not exist"),
     "role_not_found": (404, "Role not found", "role does not exist"),
+    "cache_entry_not_found": (404, "Cache entry not found (missing, expired, or already evicted)", "`/api/v1/cache/entries/<key>` for a key with no live entry"),
     "previous_secret_not_found": (404, "This API key has no old secret still working", "no previous secret to end"),
     "not_found": (404, "The requested URL was not found on the server. If you entered the URL manually please check your spelling and try again.", "unknown route"),
     "method_not_allowed": (405, "The method is not allowed for the requested URL.", "wrong method for the route"),

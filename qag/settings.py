@@ -237,7 +237,7 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number from 10 to 10000000"),
     Setting("QAG_EVENTS_RETENTION_HOURS", _int_range(1, 87_600), 24, "Hours the event log keeps every run (swept in the background in small batches).",
             "a whole number of hours from 1 to 87600", alias="QUERYAPIGATE_EVENTS_RETENTION_HOURS"),
-    Setting("QAG_REDIS_URL", _redis_url, None, "Redis shared by every worker and instance: rate limits, slots and quotas counted there, the response cache kept there, configuration changes published there. When it fails each worker counts and caches on its own and retries after 5 s. Unset = no Redis.",
+    Setting("QAG_REDIS_URL", _redis_url, None, "Redis shared by every worker and instance: rate limits, slots and quotas counted there, the response cache kept there, configuration changes published there. When it fails each worker counts on its own, response-cache lookups are misses, and Redis is retried after 5 s. Unset = no Redis.",
             "a redis://, rediss:// or unix:// URL", alias="QUERYAPIGATE_REDIS_URL", secret=True),
     Setting("QAG_METADATA_CACHE_TTL", _seconds(True), 60.0, "Seconds the key, saved-query and connection rows every call needs are reused from the host's shared-memory cache; 0 = read the store on every call (a non-number is refused at startup, where QueryAPIGate silently turned the cache off). Changes through this instance are seen at once, other instances' within about a second (the store is polled; at once with QAG_REDIS_URL): the TTL only bounds a change nothing announced, so the default is on.",
             "seconds, 0 or more (0 = off)", alias="QUERYAPIGATE_METADATA_CACHE_TTL"),
@@ -245,6 +245,8 @@ SETTINGS: tuple[Setting, ...] = (
             "seconds from 0 to 3600"),
     Setting("QAG_METADATA_CACHE_BYTES", _int_range(65_536, 1 << 34), 16_777_216, "Size of the host's shared-memory metadata cache (4 KiB a row; memory is only used as rows arrive). A full cache evicts the oldest rows.",
             "a whole number of bytes from 65536"),
+    Setting("QAG_RESPONSE_CACHE_MAX_BYTES", _int_range(1, 1 << 40), 64 << 20, "Bytes of responses (bodies and headers) each worker process keeps in its response cache for saved-query versions with a cache_ttl; beyond it, or beyond 10,000 entries, the least recently used are evicted. A response larger than this is not cached. Default 64 MiB per worker. Not used with QAG_REDIS_URL (the cache is then kept in Redis).",
+            "a whole number of bytes from 1 to 1099511627776"),
     Setting("QAG_LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info", "Level of qag's own log lines on stderr.",
             "debug, info, warning or error"),
 )

@@ -43,7 +43,13 @@ class Relay:
             self.turns = 0
 
     def close(self) -> None:
+        """Stop accepting (new connections are refused) and break the open ones."""
         self._closed = True
+        # shutdown() first: close() alone leaves a socket that a thread is blocked in accept() on still listening.
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._listener.close()
         self.cut()
 

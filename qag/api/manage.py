@@ -1,7 +1,9 @@
-"""The management API (/api/v1): connections, saved queries, API keys, roles and identity, for administrators."""
+"""The management API (/api/v1): connections, saved queries, API keys, roles, identity and the response cache,
+for administrators."""
 
 from __future__ import annotations
 
+from ._cache import CacheHandlers
 from ._connections import ConnectionHandlers
 from ._keys import KeyHandlers
 from ._queries import QueryHandlers
@@ -14,7 +16,8 @@ class ManageHandlers:
         self.connections = ConnectionHandlers(gateway)
         self.queries = QueryHandlers(gateway)
         self.keys = KeyHandlers(gateway)
+        self.cache = CacheHandlers(gateway)
 
     def register(self, router) -> None:
-        for handlers in (self.connections, self.queries, self.keys):
+        for handlers in (self.connections, self.queries, self.keys, self.cache):
             handlers.register(router)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from .. import encode
 from ..backends.base import Call, resolve_fields
+from ..cache.response import cache_key
 from ..errors import QagError
 from ..http.response import Response
 from ..policy import grants as policy
@@ -133,6 +134,7 @@ class RunHandlers:
     # --- GET/POST /q/<name> ------------------------------------------------------------------
     def run_named(self, request, caller, name):
         args = request.args
+        referenced = name  # the response cache keys on the name as written in the URL (contract 7.1)
         # 1. name validity, then existence (before authorization: contract 3.2).
         if name.endswith(".json"):
             name = name[:-5]
@@ -206,11 +208,24 @@ class RunHandlers:
         writes = self._writes_allowed(caller, name) and not stream
         # The version's mask applies to every caller, administrators included (contract 6.3).
         rules = masking.effective(version.get("mask"), None if caller.admin else caller.grants.mask)
+        # 9. the response cache (contract 7.1): every check above passed, the database not yet touched. The key
+        # holds the fingerprint of the effective mask rules: callers with different rules never share an entry.
+        ttl, key = version.get("cache_ttl"), None
+        if ttl and self._cacheable(prepared, stream, caller):
+            key = cache_key(referenced, version["version"], chosen, values, fmt, page, size,
+                            mask_fingerprint=masking.fingerprint(rules))
+            hit = self.gateway.response_cache.lookup(key, ttl, request.header("If-None-Match"))
+            if hit is not None:
+                return hit  # not a run: no history entry, no event, no database
         plan = Plan(connection, prepared, values, not writes, timeout, fmt, page, size, stream,
                     request_name(request), caller.admin and not rules, request.request_id,
                     caller.label, name, version["version"], version["uuid"], version["sql"], timing=timing,
                     rules=rules)
-        return self._execute(plan, caller, writes, version)
+        response = self._execute(plan, caller, writes, version)
+        if key is not None:
+            self.gateway.response_cache.store(key, response, ttl, {"name": name, "version": version["version"],
+                                                                   "connection": chosen, "format": fmt, "page": page})
+        return response
 
     # --- POST /execute_sql -------------------------------------------------------------------
     def execute_sql(self, request, caller):
@@ -283,6 +298,14 @@ class RunHandlers:
         if not self.settings.allow_writes:
             return False
         return caller.admin or policy.may_write(caller.grants, query_name=query_name)
+
+    @staticmethod
+    def _cacheable(prepared, stream: bool, caller) -> bool:
+        """Contract 7.1: read-only SQL only (a write runs every call), never a stream. A table-restricted caller
+        bypasses the cache: its table check runs with the query, and the cache key doesn't name the caller."""
+        if stream or prepared.write_ops or prepared.multiple or prepared.unreadable is not None:
+            return False
+        return caller.admin or caller.grants.allowed_tables is None
 
     @staticmethod
     def _refuse_ungoverned(caller, version: dict | None) -> None:

@@ -111,6 +111,9 @@ class Observer:
             more_c, more_g = metadata.cache_stats()
             counters.update(more_c)
             gauges.update(more_g)
+        cache = getattr(self.gateway, "response_cache", None)
+        if cache is not None:
+            gauges["cache_entries"] = cache.local_count
         return counters, gauges
 
     def scrape(self) -> bytes:

@@ -112,13 +112,14 @@ def _merge(into: dict, add: dict) -> None:
 
 # --- a worker's side -----------------------------------------------------------------------------------------
 class _Shard:
-    __slots__ = ("req", "qry", "ser", "exp", "active")
+    __slots__ = ("req", "qry", "ser", "exp", "cache", "active")
 
     def __init__(self):
         self.req: dict = {}
         self.qry: dict = {}
         self.ser: dict = {}
         self.exp: dict = {}
+        self.cache: dict = {}   # response-cache lookups: "hit"/"miss" -> count
         self.active = 0
 
 
@@ -186,6 +187,11 @@ class Metrics:
         k = (connection, dialect, status, key)
         series[k] = series.get(k, 0) + 1
 
+    def cache(self, hit: bool) -> None:
+        series = self._local.shard.cache
+        k = "hit" if hit else "miss"
+        series[k] = series.get(k, 0) + 1
+
     # --- snapshots ------------------------------------------------------------------------------------------
     def _start(self) -> None:
         with self._start_lock:
@@ -223,10 +229,10 @@ class Metrics:
 
     def snapshot(self) -> dict:
         """This worker's totals: {"c": counters, "g": gauges}; lists copied first, so no thread's update tears."""
-        c: dict = {"req": {}, "qry": {}, "ser": {}, "exp": {}}
+        c: dict = {"req": {}, "qry": {}, "ser": {}, "exp": {}, "cache": {}}
         active = 0
         for shard in list(self._shards):
-            for name in ("req", "qry", "ser", "exp"):
+            for name in ("req", "qry", "ser", "exp", "cache"):
                 target = c[name]
                 for k, v in list(getattr(shard, name).items()):
                     if isinstance(v, list):
@@ -381,6 +387,13 @@ def render(total: dict, speedups: dict[str, str]) -> bytes:
             sum(v[0] for v in pools.values()))
     t.gauge("queryapigate_pool_active_connections", "Pooled data connections in use.",
             sum(v[1] for v in pools.values()))
+    cache = c.get("cache", {})
+    t.counter("queryapigate_cache_hits_total", "Saved-query calls answered from the response cache.", (),
+              {(): cache.get("hit", 0)})
+    t.counter("queryapigate_cache_misses_total", "Response-cache lookups that found no live entry (the query ran).",
+              (), {(): cache.get("miss", 0)})
+    t.gauge("queryapigate_cache_entries", "Response-cache entries held in the workers' memory (0 when kept in Redis).",
+            g.get("cache_entries", 0))
     t.gauge("qag_pool_idle_connections", "Idle pooled data connections by database type.", None, ("db",),
             {(db,): v[0] for db, v in pools.items()})
     t.gauge("qag_pool_active_connections", "Pooled data connections in use by database type.", None, ("db",),
