@@ -1,9 +1,6 @@
 """Contract 6.8 quotas against real servers (B6.17, B6.18, B6.19, headers on every route, streams, usage), once with
 one worker and no Redis, once with two workers sharing Redis; then the sharing bound across a 4-worker gunicorn
 without Redis, and exactly the limit with Redis.
-
-The cached-query part of B6.17 (MISS, HIT, then 429 with calls 2) waits for the response cache (another part of
-issue 4's neighbours); it is not tested here yet.
 """
 
 from __future__ import annotations
@@ -70,6 +67,23 @@ def test_b6_17_calls_quota(quota_server, uniq):
     view = s.get(f"/api/v1/api-keys/{name}").json["usage_this_period"]
     assert view == {"per": "day", "period_start": f"{_dt.date.today().isoformat()} 00:00:00",
                     "resets_at": _next_midnight(), "calls": 3, "rows": 30, "calls_limit": 3, "rows_limit": None}
+
+
+def test_b6_17_cached_calls_count(quota_server, uniq):
+    """B6.17, cached query: a response-cache hit counts toward the quota like a call that ran."""
+    s = quota_server
+    query = uniq("cached")
+    s.query(query, "SELECT id FROM t WHERE id < 3 ORDER BY id", "lite", cache_ttl=60)
+    key = s.key(uniq("qcc"), quota={"calls": 2, "per": "day"}, queries=[query])
+    first = s.get(q(query), key=key)
+    assert first.status == 200 and first.headers["x-cache"] == "MISS"
+    assert first.headers["x-quota-remaining-calls"] == "1"
+    second = s.get(q(query), key=key)
+    assert second.status == 200 and second.headers["x-cache"] == "HIT"
+    assert second.headers["x-quota-remaining-calls"] == "0"
+    third = s.get(q(query), key=key)
+    assert third.status == 429 and third.json["code"] == "quota_exceeded"
+    assert third.json["quota"] == "calls" and third.json["limit"] == 2
 
 
 def test_quota_headers_on_every_route(quota_server, uniq):
