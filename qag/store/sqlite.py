@@ -61,8 +61,13 @@ class SqliteStore(Store):
         self.audit_limit = audit_limit
         self.path = os.path.join(home, STORE_FILE)
         # Owner-only from the first byte: the store holds connection passwords. SQLite gives its -wal and
-        # -shm files the database file's mode.
-        os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
+        # -shm files the database file's mode. Only a missing file is opened here: closing any descriptor of a
+        # file drops every POSIX lock this process holds on it, so opening an existing store beside a SQLite
+        # connection already using it would silently take that connection's locks away.
+        try:
+            os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+        except FileExistsError:
+            pass
         self._local = threading.local()
         self._migrate()
 

@@ -60,3 +60,23 @@ def test_failed_transaction_rolls_back(tmp_path):
             store.set_meta("x", "1")
             raise RuntimeError("boom")
     assert store.get_meta("x") is None
+
+
+def test_opening_an_existing_store_never_opens_its_file_outside_sqlite(tmp_path, monkeypatch):
+    """Closing any descriptor of a file drops all of this process's POSIX locks on it, including those of a SQLite
+    connection already using the store: only a missing store file may be opened (to create it 0600)."""
+    import os
+    first = SqliteStore(str(tmp_path))
+    assert os.stat(first.path).st_mode & 0o777 == 0o600
+    opened = []
+    real_open = os.open
+
+    def recording_open(path, *args, **kwargs):
+        fd = real_open(path, *args, **kwargs)   # a refused O_EXCL open raises here: no descriptor, no close
+        opened.append(path)
+        return fd
+    monkeypatch.setattr(os, "open", recording_open)
+    second = SqliteStore(str(tmp_path))
+    assert first.path not in opened and second.get_meta("nothing") is None
+    first.close()
+    second.close()
