@@ -20,8 +20,9 @@ from .observe import Observer
 from .policy.limits import Buckets, Slots
 from .redisconn import from_settings as redis_from_settings
 from .settings import Settings, load
+from .store import open_store
 from .store.base import Store
-from .store.sqlite import SqliteStore, store_paths
+from .store.sqlite import store_paths
 
 log = logging.getLogger("qag")
 
@@ -35,7 +36,7 @@ class Gateway:
     def __init__(self, settings: Settings, store: Store | None = None):
         _speedups.load(settings.speedups)
         self.settings = settings
-        self.store = store if store is not None else SqliteStore(settings.home, settings.audit_log_limit)
+        self.store = store if store is not None else open_store(settings)
         self.store_files = store_paths(settings.home)
         self.backends = Backends(settings, self.store_files)
         self.secret = self._server_secret()

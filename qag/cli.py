@@ -68,17 +68,17 @@ def cmd_version(args, settings) -> int:
 
 
 def cmd_init(args, settings) -> int:
-    from .store.sqlite import SqliteStore
-    store = SqliteStore(settings.home)
+    from .store import open_store
+    store = open_store(settings)
     if store.get_meta("mask_key") is None:
         store.set_meta("mask_key", secrets.token_hex(32))
     if store.list_connections():
-        print(f"qag: {store.path} already has connections - left untouched", file=sys.stderr)
+        print(f"qag: {store.describe()} already has connections - left untouched", file=sys.stderr)
         return 0
     admin = _Admin(settings)
     for template in INIT_TEMPLATES:
         admin.call("POST", "/api/v1/connections", dict(template, active=False))
-    print(f"qag home ready: {store.path} (inactive template connections: "
+    print(f"qag home ready: {store.describe()} (inactive template connections: "
           f"{', '.join(t['name'] for t in INIT_TEMPLATES)})", file=sys.stderr)
     return 0
 

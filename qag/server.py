@@ -33,12 +33,12 @@ class _Server(BaseApplication):
 def check_startup(settings: Settings) -> None:
     """Fail in the master, once, with one line, rather than in every worker: speedups mode and store schema."""
     from . import _speedups
-    from .store.sqlite import SqliteStore
+    from .store import open_store
     _speedups.load(settings.speedups)
-    store = SqliteStore(settings.home)
+    store = open_store(settings)  # migrated here, once, before any worker starts
     store.close()
     twins = ", ".join(f"{name}={kind}" for name, kind in sorted(_speedups.loaded().items()))
-    print(f"qag: store {store.path}; speedups ({settings.speedups}): {twins}", file=sys.stderr, flush=True)
+    print(f"qag: store {store.describe()}; speedups ({settings.speedups}): {twins}", file=sys.stderr, flush=True)
 
 
 def serve(settings: Settings) -> int:
