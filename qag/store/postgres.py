@@ -186,7 +186,8 @@ class PostgresStore(SqliteStore):
     def _execute(self, sql: str, args: tuple, fetch):
         psycopg2 = _driver()
         sql = _pg(sql)
-        args = tuple(args)
+        # SQLite stores Python booleans as 0/1 in INTEGER columns; PostgreSQL would call them boolean.
+        args = tuple(int(a) if a is True or a is False else a for a in args)
         conn = self._tx()
         if conn is not None:
             with conn.cursor() as cur:
