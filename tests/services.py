@@ -128,3 +128,16 @@ def pg_schema_url(fields: dict):
         admin.close()
 
     return pg_url(fields, schema), cleanup
+
+
+_STORE_DB: list = []
+
+
+def pg_store_fields() -> dict:
+    """One PostgreSQL database for the stores of this test process (QAG_TEST_STORE=postgresql), dropped at exit."""
+    if not _STORE_DB:
+        import atexit
+        fields, cleanup = make_pg_database()
+        atexit.register(cleanup)
+        _STORE_DB.append(fields)
+    return _STORE_DB[0]

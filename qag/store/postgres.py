@@ -32,6 +32,7 @@ _LOCK_WRITE = 0x71616700_00000002
 _LOCK_RUNS = 0x71616700_00000003
 
 CONNECT_TIMEOUT = 5       # seconds to open a store connection
+LOCK_TIMEOUT_MS = 5000   # longest wait for a row or advisory lock
 POOL_WAIT = 10.0          # seconds a thread waits for a free connection when the pool is at its cap
 _SCHEMA_TABLE = "qag_schema"
 
@@ -101,6 +102,14 @@ class _Pool:
             # The driver's text names host and database, never the password.
             raise StoreError(f"cannot open the store {redact(self.url)}: {str(exc).strip()}") from None
         conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                # As SQLite's 5 s busy timeout: a statement (or transaction()) waiting longer for a lock fails
+                # with a transient error instead of hanging a request or the history writer.
+                cur.execute("SET lock_timeout = %s", (f"{LOCK_TIMEOUT_MS}ms",))
+        except psycopg2.Error as exc:
+            conn.close()
+            raise StoreError(f"cannot prepare a store connection to {redact(self.url)}: {str(exc).strip()}") from None
         return conn
 
     def get(self):
@@ -230,7 +239,7 @@ class PostgresStore(SqliteStore):
         self._pool.close()
 
     @contextlib.contextmanager
-    def transaction(self, lock: int = _LOCK_WRITE) -> Iterator[None]:
+    def transaction(self, lock: int = _LOCK_WRITE, wait_forever: bool = False) -> Iterator[None]:
         local = self._local
         if self._tx() is not None:
             local.depth += 1
@@ -244,6 +253,8 @@ class PostgresStore(SqliteStore):
         try:
             with conn.cursor() as cur:
                 cur.execute("BEGIN")
+                if wait_forever:
+                    cur.execute("SET LOCAL lock_timeout = 0")
                 cur.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
         except BaseException:
             self._pool.put(conn, broken=True)
@@ -266,7 +277,8 @@ class PostgresStore(SqliteStore):
             self._pool.put(conn, broken=broken)
 
     def _migrate(self) -> None:
-        with self.transaction(lock=_LOCK_MIGRATE):
+        # Another instance may be migrating a big store: wait for it, however long.
+        with self.transaction(lock=_LOCK_MIGRATE, wait_forever=True):
             self._run(f"CREATE TABLE IF NOT EXISTS {_SCHEMA_TABLE} (version INTEGER NOT NULL)")
             row = self._one(f"SELECT max(version) AS v FROM {_SCHEMA_TABLE}")
             found = row["v"] if row["v"] is not None else 0
