@@ -57,7 +57,7 @@ class Server:
             # The whole suite on the PostgreSQL store: each server gets a fresh schema of the tests' store database.
             from tests.services import pg_store_fields, pg_schema_url
             full_env["QAG_DATABASE_URL"], self._drop_store = pg_schema_url(pg_store_fields())
-        self.database_url = full_env.get("QAG_DATABASE_URL")
+        self.database_url = full_env.get("QAG_DATABASE_URL") or None  # "" pins the SQLite store
         self.log: list[str] = []
         self.proc = subprocess.Popen([sys.executable, "-m", "qag", "serve"], env=full_env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, cwd=self.home)

@@ -236,7 +236,7 @@ def test_readyz_on_the_postgresql_store(make_server, pg_store_url):
 
 
 def test_livez_and_readyz(make_server):
-    s = make_server(seed=False)
+    s = make_server(seed=False, env={"QAG_DATABASE_URL": ""})  # the SQLite store (PostgreSQL: the test above)
     assert s.get("/livez", key=None).json == {"status": "ok"}
     r = s.get("/readyz", key=None)
     assert r.status == 200 and r.json["checks"]["store"] == "ok"

@@ -75,7 +75,7 @@ def test_two_instances_share_keys_queries_history_and_events(make_server, pg_sto
 
 
 def test_store_copy_sqlite_to_postgresql_and_back(make_server, pg_store_url, uniq, tmp_path):
-    source = make_server()  # SQLite store in its home, connection `lite`
+    source = make_server(env={"QAG_DATABASE_URL": ""})  # SQLite store in its home, connection `lite`
     name = uniq("copied")
     source.query(name, "SELECT id, name FROM t WHERE id <= :n", "lite",
                  parameters={"n": {"type": "integer", "required": True}})
