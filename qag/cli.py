@@ -1,4 +1,4 @@
-"""The `qag` command: serve, demo, init, version, and connections/queries/keys administration."""
+"""The `qag` command: serve, demo, init, version, store copy, and connections/queries/keys administration."""
 
 from __future__ import annotations
 
