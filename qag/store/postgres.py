@@ -248,17 +248,29 @@ class PostgresStore(SqliteStore):
             finally:
                 local.depth -= 1
             return
-        conn = self._pool.get()
-        broken = False
-        try:
-            with conn.cursor() as cur:
-                cur.execute("BEGIN")
-                if wait_forever:
-                    cur.execute("SET LOCAL lock_timeout = 0")
-                cur.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
-        except BaseException:
-            self._pool.put(conn, broken=True)
-            raise
+        psycopg2 = _driver()
+        for attempt in (0, 1):
+            conn = self._pool.get()
+            broken = False
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("BEGIN")
+                    if wait_forever:
+                        cur.execute("SET LOCAL lock_timeout = 0")
+                    cur.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
+            except psycopg2.Error:
+                dropped = bool(conn.closed)
+                if not dropped:
+                    with contextlib.suppress(psycopg2.Error):
+                        conn.cursor().execute("ROLLBACK")
+                self._pool.put(conn, broken=dropped)
+                if dropped and attempt == 0:
+                    continue  # a pooled connection the server dropped: begin again on a new one
+                raise
+            except BaseException:
+                self._pool.put(conn, broken=True)
+                raise
+            break
         local.conn, local.pid, local.depth = conn, os.getpid(), 1
         try:
             yield

@@ -242,13 +242,17 @@ def test_a_dropped_connection_is_replaced(pg_store_url):
     store = PostgresStore(pg_store_url, pool_size=2)
     try:
         store.set_meta("a", "1")
-        admin = pg_admin(_fields_of(pg_store_url)["database"])
-        admin.cursor().execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                               "WHERE application_name = 'qag-store' AND datname = current_database() "
-                               "AND pid <> pg_backend_pid()")
-        admin.close()
+        def drop_connections():
+            admin = pg_admin(_fields_of(pg_store_url)["database"])
+            admin.cursor().execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                   "WHERE application_name = 'qag-store' AND datname = current_database() "
+                                   "AND pid <> pg_backend_pid()")
+            admin.close()
+
+        drop_connections()
         assert store.get_meta("a") == "1"  # the dead pooled connection is dropped, the read retried once
-        with store.transaction():
+        drop_connections()
+        with store.transaction():  # a transaction begins again on a new connection
             store.set_meta("a", "2")
         assert store.get_meta("a") == "2"
     finally:
@@ -323,3 +327,20 @@ def test_an_unreachable_store_is_a_clear_error_without_the_password():
         PostgresStore("postgresql://u:hunter2@127.0.0.1:1/db")
     assert "cannot open the store postgresql://u:***@127.0.0.1:1/db" in str(info.value)
     assert "hunter2" not in str(info.value)
+
+
+def test_startup_warns_when_a_used_sqlite_home_meets_an_empty_postgresql_store(tmp_path, pg_store_url, capsys):
+    from qag.server import check_startup
+    lite = SqliteStore(str(tmp_path))
+    lite.put_key({"name": "k", "secret_hash": "h", "previous_hash": None, "previous_expires_at": None, "grants": {},
+                  "active": True, "expires_at": None, "created_at": "c", "created_from_role": None,
+                  "last_used_at": None, "previous_last_used_at": None, "example": False}, create=True)
+    lite.close()
+    settings = load({"QAG_HOME": str(tmp_path), "QAG_DATABASE_URL": pg_store_url})
+    check_startup(settings)
+    assert "qag store copy" in capsys.readouterr().err
+    pg = open_store(settings)
+    pg.set_meta("server_secret", "x")  # the PostgreSQL store has been served from: no warning
+    pg.close()
+    check_startup(settings)
+    assert "qag store copy" not in capsys.readouterr().err
