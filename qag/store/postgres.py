@@ -299,7 +299,8 @@ class PostgresStore(SqliteStore):
                                  f"knows ({SCHEMA_VERSION}); upgrade qag or use another QAG_DATABASE_URL")
             for step in MIGRATIONS[found:]:
                 for statement in statements(step, "postgresql"):
-                    self._run(statement)
+                    with self._tx().cursor() as cur:
+                        cur.execute(statement)  # as written: no placeholders, so a `?` or `%` in it is literal
             if found != SCHEMA_VERSION:
                 self._run(f"DELETE FROM {_SCHEMA_TABLE}")
                 self._run(f"INSERT INTO {_SCHEMA_TABLE} (version) VALUES (?)", (SCHEMA_VERSION,))

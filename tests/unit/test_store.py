@@ -344,3 +344,16 @@ def test_startup_warns_when_a_used_sqlite_home_meets_an_empty_postgresql_store(t
     pg.close()
     check_startup(settings)
     assert "qag store copy" not in capsys.readouterr().err
+
+
+def test_migration_text_with_question_marks_and_percents_runs_as_written(pg_store_url, monkeypatch):
+    from qag.store import postgres, schema
+    step = ("CREATE TABLE extra (\n  id INTEGER PRIMARY KEY,\n  note TEXT DEFAULT 'why? 100%'  -- really? 5%\n)",)
+    monkeypatch.setattr(postgres, "MIGRATIONS", schema.MIGRATIONS + (step,))
+    monkeypatch.setattr(postgres, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    store = postgres.PostgresStore(pg_store_url)
+    try:
+        store._run("INSERT INTO extra (note) VALUES (DEFAULT)")
+        assert store._all("SELECT id, note FROM extra") == [{"id": 1, "note": "why? 100%"}]
+    finally:
+        store.close()
