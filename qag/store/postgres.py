@@ -53,11 +53,15 @@ def redact(url: str) -> str:
         parts = urlsplit(url)
     except ValueError:
         return "postgresql://?"
-    if parts.password is None:
+    if parts.password is None and "password" not in parts.query.lower():
         return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = netloc[0].split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
+    if parts.password is not None:
+        netloc = parts.netloc.rsplit("@", 1)
+        user = netloc[0].split(":", 1)[0]
+        parts = parts._replace(netloc=f"{user}:***@{netloc[1]}")
+    if "password" in parts.query.lower():  # libpq also takes ?password=...
+        parts = parts._replace(query=re.sub(r"(?i)(password=)[^&]*", r"\1***", parts.query))
+    return urlunsplit(parts)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -74,7 +78,9 @@ def _copy_text(value) -> str:
         value = value.hex()
     elif not isinstance(value, str):
         return str(int(value)) if isinstance(value, bool) else str(value)
-    return value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+    # PostgreSQL text cannot hold NUL: one in an ad-hoc statement or an error message must not fail the batch.
+    return (value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+            .replace("\x00", "\ufffd"))
 
 
 class _Pool:

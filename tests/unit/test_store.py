@@ -357,3 +357,19 @@ def test_migration_text_with_question_marks_and_percents_runs_as_written(pg_stor
         assert store._all("SELECT id, note FROM extra") == [{"id": 1, "note": "why? 100%"}]
     finally:
         store.close()
+
+
+def test_a_nul_character_never_costs_the_batch(make_store):
+    store = make_store()
+    ids = store.name_ids({"c", "k"})
+    rows = [(1000 + i, 1, None, None, ids["c"], ids["k"], None, 1, None, 1, None, None, None, None, sql, None)
+            for i, sql in enumerate(["SELECT 1\x00", "SELECT 2"])]
+    store.add_runs(rows, limit=50, adhoc_limit=50, by_count=True, events_since=0)
+    assert [r["sql"] for r in store.events(0, 10)] in (["SELECT 1\x00", "SELECT 2"], ["SELECT 1\ufffd", "SELECT 2"])
+
+
+def test_urls_are_shown_without_passwords():
+    from qag.store.postgres import redact
+    assert redact("postgresql://u:s3cr%40t@h:5432/db?sslmode=require") == "postgresql://u:***@h:5432/db?sslmode=require"
+    assert redact("postgres://u@h/db?password=s3cret&x=1") == "postgres://u@h/db?password=***&x=1"
+    assert redact("postgresql:///db") == "postgresql:///db"
