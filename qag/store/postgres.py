@@ -93,6 +93,8 @@ class _Pool:
         self._reset()
 
     def _reset(self) -> None:
+        # Connections inherited across a fork are dropped, never closed: close() would send libpq's Terminate down
+        # the parent's socket (psycopg2 itself skips that when it frees a connection of another process).
         self._pid = os.getpid()
         self._cond = threading.Condition(threading.Lock())
         self._idle: list = []

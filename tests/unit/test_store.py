@@ -264,17 +264,23 @@ def test_a_forked_child_opens_its_own_connections(pg_store_url):
     store = PostgresStore(pg_store_url)
     try:
         store.set_meta("parent", "1")
+        backend = store._one("SELECT pg_backend_pid() AS p")["p"]
         pid = os.fork()
-        if pid == 0:  # the child: uses the store, then leaves without closing anything of the parent's
+        if pid == 0:  # the child: uses the store, lets go of everything, then leaves
+            import gc
             code = 0
             try:
                 store.set_meta("child", store.get_meta("parent"))
+                store.close()
+                gc.collect()
             except BaseException:
                 code = 1
             os._exit(code)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
-        assert store.get_meta("child") == "1" and store.get_meta("parent") == "1"  # the parent's connection lives
+        assert store.get_meta("child") == "1" and store.get_meta("parent") == "1"
+        # The parent's pooled connection is the same session: the child never spoke on its socket.
+        assert store._one("SELECT pg_backend_pid() AS p")["p"] == backend
     finally:
         store.close()
 
