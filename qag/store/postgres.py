@@ -249,7 +249,15 @@ class PostgresStore(SqliteStore):
     @contextlib.contextmanager
     def transaction(self, lock: int = _LOCK_WRITE, wait_forever: bool = False) -> Iterator[None]:
         local = self._local
-        if self._tx() is not None:
+        outer = self._tx()
+        if outer is not None:
+            if lock not in local.locks:
+                # Nested with another purpose (a history batch written from inside an administrative
+                # transaction): take that lock too, so run writers stay serialised. Always after the write lock,
+                # never before it, so no two transactions wait for each other.
+                with outer.cursor() as cur:
+                    cur.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
+                local.locks.add(lock)
             local.depth += 1
             try:
                 yield
@@ -279,7 +287,7 @@ class PostgresStore(SqliteStore):
                 self._pool.put(conn, broken=True)
                 raise
             break
-        local.conn, local.pid, local.depth = conn, os.getpid(), 1
+        local.conn, local.pid, local.depth, local.locks = conn, os.getpid(), 1, {lock}
         try:
             yield
             with conn.cursor() as cur:

@@ -379,3 +379,28 @@ def test_urls_are_shown_without_passwords():
     assert redact("postgresql://u:s3cr%40t@h:5432/db?sslmode=require") == "postgresql://u:***@h:5432/db?sslmode=require"
     assert redact("postgres://u@h/db?password=s3cret&x=1") == "postgres://u@h/db?password=***&x=1"
     assert redact("postgresql:///db") == "postgresql:///db"
+
+
+def test_runs_written_inside_an_administrative_transaction_still_take_the_runs_lock(pg_store_url):
+    """A history read inside an admin transaction may write this worker's queue: other run writers must wait."""
+    import psycopg2
+    from qag.store.postgres import _LOCK_RUNS, PostgresStore
+    store = PostgresStore(pg_store_url)
+    other = psycopg2.connect(pg_store_url)
+    other.autocommit = True
+    try:
+        ids = store.name_ids({"c", "k"})
+        with store.transaction():
+            store.set_meta("x", "1")
+            store.add_runs([(1, 1, None, None, ids["c"], ids["k"], None, 1, None, 1, None, None, None, None, "s",
+                             None)], limit=5, adhoc_limit=5, by_count=True, events_since=0)
+            with other.cursor() as cur:
+                cur.execute("SELECT pg_try_advisory_xact_lock(%s)", (_LOCK_RUNS,))
+                assert cur.fetchone()[0] is False  # held until the outer transaction ends
+        with other.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_xact_lock(%s)", (_LOCK_RUNS,))
+            assert cur.fetchone()[0] is True
+        assert len(store.events(0, 10)) == 1
+    finally:
+        other.close()
+        store.close()
