@@ -5,7 +5,8 @@ In-process (no HTTP server), like benchmarks.wsgi_call: builds the demo home, th
 and query log lines formatted by the log writer thread into /dev/null) and off (a no-op observer), in interleaved
 rounds. Process CPU includes the background threads' work. Prints the median CPU per call and calls/s with
 min–max. Then makes --disk-calls more calls with recording on and reports the store's growth per call (table and
-indexes, after a WAL checkpoint).
+indexes, after a WAL checkpoint). With --database-url the store is PostgreSQL (an empty database or schema) and the
+growth is that of the run tables and their indexes (pg_relation_size, after VACUUM).
 """
 
 from __future__ import annotations
@@ -95,10 +96,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=2000, help="calls per round and side")
     parser.add_argument("--disk-calls", type=int, default=100_000, help="calls for the bytes-per-call figure")
+    parser.add_argument("--database-url", help="a PostgreSQL store (empty) instead of SQLite in the home")
     args = parser.parse_args()
     home = args.home or tempfile.mkdtemp(prefix="qag-bench-")
-    keys = demo.prepare_home(home, False, _Admin(load({"QAG_HOME": home})).call)
-    app = create_app(load({"QAG_HOME": home, "QAG_API_KEY": keys["admin_key"]}))
+    store_env = {"QAG_DATABASE_URL": args.database_url} if args.database_url else {}
+    keys = demo.prepare_home(home, False, _Admin(load({"QAG_HOME": home, **store_env})).call)
+    app = create_app(load({"QAG_HOME": home, "QAG_API_KEY": keys["admin_key"], **store_env}))
     devnull = open(os.devnull, "w")
     app.observe.logs.install(devnull)
     on, off = app.observe, _Off()
@@ -139,6 +142,11 @@ def main() -> None:
     path, make_query, key_name = CALLS["customer (1 row, scoped key)"]
     parts = ("runs", "runs_at", "runs_hist", "runs_hist_at", "names")
 
+    if args.database_url:
+        disk_pg(app, on, call, (path, make_query, key_name), keys, args.disk_calls, args.database_url)
+        app.close()
+        return
+
     def measure() -> tuple[int, int, dict[str, int]]:
         on.history.writer.flush()
         with sqlite3.connect(store, isolation_level=None) as db:
@@ -160,6 +168,37 @@ def main() -> None:
           + ", ".join(f"{p} {(parts1[p] - parts0[p]) / n:.1f}" for p in parts))
     app.close()
     print(json.dumps({"python": os.sys.version.split()[0], "loaded": _speedups.loaded()}))
+
+
+def disk_pg(app, on, call, spec, keys, n: int, url: str) -> None:
+    """Bytes per call of the run tables on PostgreSQL: heap and every index, after VACUUM, by relation."""
+    import psycopg2
+    path, make_query, key_name = spec
+    parts = ("runs", "runs_pkey", "runs_at", "runs_hist", "runs_hist_at", "names", "names_pkey", "names_name_key")
+    conn = psycopg2.connect(url)
+    conn.autocommit = True
+
+    def measure() -> tuple[int, dict[str, int]]:
+        on.history.writer.flush()
+        with conn.cursor() as cur:
+            cur.execute("VACUUM runs")
+            cur.execute("VACUUM names")
+            cur.execute("SELECT count(*) FROM runs")
+            rows = cur.fetchone()[0]
+            sizes = {}
+            for p in parts:
+                cur.execute("SELECT pg_relation_size(to_regclass(%s))", (p,))
+                sizes[p] = cur.fetchone()[0] or 0
+        return rows, sizes
+
+    rows0, parts0 = measure()
+    for i in range(n):
+        call(path, make_query(i), keys[key_name])
+    rows1, parts1 = measure()
+    total = sum(parts1.values()) - sum(parts0.values())
+    print(f"PostgreSQL store growth after {n} calls ({rows1 - rows0} runs stored): {total / n:.1f} bytes per call "
+          f"(run tables and indexes); by part: " + ", ".join(f"{p} {(parts1[p] - parts0[p]) / n:.1f}" for p in parts))
+    conn.close()
 
 
 if __name__ == "__main__":

@@ -23,8 +23,9 @@ from .policy.quotas import Quotas
 from .policy.redislimits import LimitStats, RateLimiter, SlotPool
 from .redisconn import from_settings as redis_from_settings
 from .settings import Settings, load
+from .store import open_store
 from .store.base import Store
-from .store.sqlite import SqliteStore, store_paths
+from .store.sqlite import store_paths
 
 log = logging.getLogger("qag")
 
@@ -40,7 +41,7 @@ class Gateway:
     def __init__(self, settings: Settings, store: Store | None = None):
         _speedups.load(settings.speedups)
         self.settings = settings
-        self.store = store if store is not None else SqliteStore(settings.home, settings.audit_log_limit)
+        self.store = store if store is not None else open_store(settings)
         self.redis = redis_from_settings(settings)  # None without QAG_REDIS_URL (qag/redisconn.py)
         # The per-call reads (key, saved query, connection) from the host's metadata cache; every change made
         # through either view is announced to every worker and instance (qag/cache/metadata.py).

@@ -1,4 +1,4 @@
-"""The `qag` command: serve, demo, init, version, and connections/queries/keys administration."""
+"""The `qag` command: serve, demo, init, version, store copy, and connections/queries/keys administration."""
 
 from __future__ import annotations
 
@@ -68,18 +68,45 @@ def cmd_version(args, settings) -> int:
 
 
 def cmd_init(args, settings) -> int:
-    from .store.sqlite import SqliteStore
-    store = SqliteStore(settings.home)
+    from .store import open_store
+    store = open_store(settings)
     if store.get_meta("mask_key") is None:
         store.set_meta("mask_key", secrets.token_hex(32))
     if store.list_connections():
-        print(f"qag: {store.path} already has connections - left untouched", file=sys.stderr)
+        print(f"qag: {store.describe()} already has connections - left untouched", file=sys.stderr)
         return 0
     admin = _Admin(settings)
     for template in INIT_TEMPLATES:
         admin.call("POST", "/api/v1/connections", dict(template, active=False))
-    print(f"qag home ready: {store.path} (inactive template connections: "
+    print(f"qag home ready: {store.describe()} (inactive template connections: "
           f"{', '.join(t['name'] for t in INIT_TEMPLATES)})", file=sys.stderr)
+    return 0
+
+
+def cmd_store(args, settings) -> int:
+    """qag store copy: every table of one store into an empty other one."""
+    from .store import open_store
+    from .store.copy import copy_store, is_url, sqlite_home
+    source_text = args.source if args.source is not None else settings.home
+    target_text = args.target if args.target is not None else settings.database_url
+    if not target_text:
+        _err("store copy needs --to (a postgresql:// URL or a folder) or QAG_DATABASE_URL")
+        return CLI_USAGE_ERROR
+    # Only a store that exists already is read: a mistyped --from must not create an empty one.
+    source = (open_store(settings, url=source_text) if is_url(source_text)
+              else open_store(settings, home=sqlite_home(source_text)))
+    target = open_store(settings, url=target_text) if is_url(target_text) else open_store(settings, home=target_text)
+    if source.describe() == target.describe():
+        _err("the source and the target are the same store")
+        return CLI_USAGE_ERROR
+    try:
+        counts = copy_store(source, target)
+    finally:
+        source.close()
+        target.close()
+    for table, n in counts.items():
+        print(f"{table}\t{n}")
+    print(f"qag: copied {sum(counts.values())} rows from {source.describe()} to {target.describe()}", file=sys.stderr)
     return 0
 
 
@@ -181,6 +208,15 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--home", help="folder of the store (QAG_HOME)")
 
     sub.add_parser("version", help="print the version and which speedups are loaded")
+
+    store = sub.add_parser("store", help="store maintenance")
+    store_actions = store.add_subparsers(dest="action", required=True)
+    copy = store_actions.add_parser("copy", help="copy every table into an empty store (SQLite <-> PostgreSQL)")
+    copy.add_argument("--from", dest="source", help="a postgresql:// URL or a folder holding qag.db "
+                      "(default: the SQLite store in QAG_HOME)")
+    copy.add_argument("--to", dest="target", help="a postgresql:// URL or a folder (default: QAG_DATABASE_URL; "
+                      "prefer it, or QAG_DATABASE_URL_FILE, to a password on the command line)")
+    copy.add_argument("--home", help="folder of the SQLite store (QAG_HOME)")
     sub.add_parser("size", help="workers and threads for a load (see qag size --help)", add_help=False)
 
     for resource in ("connections", "queries", "keys"):
@@ -240,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
             os.environ[env] = str(value)
     try:
         settings = load()
-        handler = {"serve": cmd_serve, "demo": cmd_demo, "init": cmd_init, "version": cmd_version}.get(
+        handler = {"serve": cmd_serve, "demo": cmd_demo, "init": cmd_init, "version": cmd_version,
+                   "store": cmd_store}.get(
             command, cmd_admin)
         return handler(args, settings)
     except SettingsError as exc:

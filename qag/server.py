@@ -33,12 +33,36 @@ class _Server(BaseApplication):
 def check_startup(settings: Settings) -> None:
     """Fail in the master, once, with one line, rather than in every worker: speedups mode and store schema."""
     from . import _speedups
-    from .store.sqlite import SqliteStore
+    from .store import open_store
     _speedups.load(settings.speedups)
-    store = SqliteStore(settings.home)
-    store.close()
+    store = open_store(settings)  # migrated here, once, before any worker starts
+    try:
+        if settings.database_url and store.get_meta("server_secret") is None and _sqlite_store_in_use(settings.home):
+            print(f"qag: warning: the PostgreSQL store is empty while {settings.home} holds a SQLite store with data; "
+                  f"to move it, stop qag and run `qag store copy` (docs/deployment.md)", file=sys.stderr, flush=True)
+    finally:
+        store.close()
     twins = ", ".join(f"{name}={kind}" for name, kind in sorted(_speedups.loaded().items()))
-    print(f"qag: store {store.path}; speedups ({settings.speedups}): {twins}", file=sys.stderr, flush=True)
+    print(f"qag: store {store.describe()}; speedups ({settings.speedups}): {twins}", file=sys.stderr, flush=True)
+
+
+def _sqlite_store_in_use(home: str) -> bool:
+    """Whether the home has a SQLite store holding connections, queries or keys (read-only look, never created)."""
+    import os
+    import sqlite3
+    from urllib.parse import quote
+    path = os.path.join(home, "qag.db")
+    if not os.path.isfile(path):
+        return False
+    try:
+        conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=1.0)
+        try:
+            return any(conn.execute(f"SELECT 1 FROM {t} LIMIT 1").fetchone()
+                       for t in ("connections", "queries", "api_keys"))
+        finally:
+            conn.close()
+    except sqlite3.Error:  # not a store qag can read: nothing to suggest
+        return False
 
 
 def serve(settings: Settings) -> int:

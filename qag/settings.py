@@ -153,6 +153,20 @@ def _redis_url(text: str, s: Setting) -> str | None:
     return url
 
 
+def _database_url(text: str, s: Setting) -> str | None:
+    url = text.strip()
+    if url == "":
+        return None
+    if not url.startswith(("postgresql://", "postgres://")):
+        # Never echo the value: it can hold a password.
+        raise SettingsError(f"{s.name} must be {s.accepted}")
+    try:
+        import psycopg2  # noqa: F401  (refused now rather than on the first call)
+    except ImportError:
+        raise SettingsError(f"{s.name} is set but psycopg2 is missing: pip install 'qag[postgres]'") from None
+    return url
+
+
 def _origins(text: str, s: Setting) -> tuple[str, ...]:
     items = [o.strip().rstrip("/").lower() for o in text.split(",")]
     return tuple(o for o in items if o)
@@ -161,6 +175,8 @@ def _origins(text: str, s: Setting) -> tuple[str, ...]:
 SETTINGS: tuple[Setting, ...] = (
     Setting("QAG_HOME", _text, None, "Folder of the store (qag.db) and base of relative SQLite connection paths; default: the current directory.",
             "a folder path", alias="QUERYAPIGATE_HOME"),
+    Setting("QAG_DATABASE_URL", _database_url, None, "The store on PostgreSQL, shared by several instances (migrated on start, one instance at a time); unset = SQLite (qag.db) in QAG_HOME. Options such as sslmode or options=-csearch_path=... go in the URL.",
+            "a postgresql:// or postgres:// URL", alias="QUERYAPIGATE_DATABASE_URL", secret=True),
     Setting("QAG_API_KEY", _nonempty_secret, None, "The admin key: grants everything. Unset with no scoped keys stored = open mode (loopback callers only).",
             "any non-empty text", alias="QUERYAPIGATE_API_KEY", secret=True),
     Setting("QAG_ALLOW_WRITES", _flag, False, "Server-wide ceiling for writes: statements that write run only when this is on and the caller may write.",

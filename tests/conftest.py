@@ -110,3 +110,29 @@ def pg_db():
     fields, cleanup = make_pg_database()
     yield fields
     cleanup()
+
+
+@pytest.fixture(scope="session")
+def pg_store_db():
+    """A PostgreSQL database for qag stores (each test takes a schema of its own); dropped at the end."""
+    from tests.services import make_pg_database
+    fields, cleanup = make_pg_database()
+    yield fields
+    cleanup()
+
+
+@pytest.fixture
+def pg_store_url(pg_store_db):
+    """A fresh, empty PostgreSQL store: a new schema in the session's store database, named by the URL."""
+    from tests.services import pg_schema_url
+    url, cleanup = pg_schema_url(pg_store_db)
+    yield url
+    cleanup()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_env(request):
+    """Settings that select each store in turn: {} (SQLite in QAG_HOME) or QAG_DATABASE_URL (PostgreSQL)."""
+    if request.param == "sqlite":
+        return {}
+    return {"QAG_DATABASE_URL": request.getfixturevalue("pg_store_url")}

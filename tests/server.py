@@ -37,6 +37,10 @@ class Reply:
         return f"<Reply {self.status} {self.body[:200]!r}>"
 
 
+# QAG_TEST_STORE=postgresql: the PostgreSQL store each server's home stands for.
+_STORE_OF_HOME: dict[str, str] = {}
+
+
 class Server:
     """A gunicorn master with its workers, started from the installed `qag` code with its own home."""
 
@@ -52,6 +56,19 @@ class Server:
         if admin_key is not None:
             full_env["QAG_API_KEY"] = admin_key
         full_env.update(env or {})
+        self._drop_store = None
+        if os.environ.get("QAG_TEST_STORE") == "postgresql" and "QAG_DATABASE_URL" not in full_env:
+            shared = _STORE_OF_HOME.get(full_env["QAG_HOME"])
+            if shared is not None:
+                # A second instance given another server's home shares its store, as it would on SQLite.
+                full_env["QAG_DATABASE_URL"] = shared
+            else:
+                # The whole suite on the PostgreSQL store: each server gets a fresh schema of the tests' store
+                # database.
+                from tests.services import pg_store_fields, pg_schema_url
+                full_env["QAG_DATABASE_URL"], self._drop_store = pg_schema_url(pg_store_fields())
+                _STORE_OF_HOME[self.home] = full_env["QAG_DATABASE_URL"]
+        self.database_url = full_env.get("QAG_DATABASE_URL") or None  # "" pins the SQLite store
         self.log: list[str] = []
         self.proc = subprocess.Popen([sys.executable, "-m", "qag", "serve"], env=full_env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, cwd=self.home)
@@ -93,6 +110,9 @@ class Server:
         """Stop the server and remove its temporary home: tests leave nothing behind."""
         self.stop()
         shutil.rmtree(self.home, ignore_errors=True)
+        if self._drop_store is not None:
+            self._drop_store()
+            self._drop_store = None
 
     def stop(self) -> int | None:
         if self.proc.poll() is None:
@@ -103,6 +123,24 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+    def store_sql(self, statement: str, args: tuple = ()) -> list[tuple]:
+        """A statement on this server's store (its SQLite file, or its PostgreSQL database), outside qag."""
+        if self.database_url is None:
+            conn = sqlite3.connect(os.path.join(self.home, "qag.db"))
+            try:
+                with conn:
+                    return conn.execute(statement, args).fetchall()
+            finally:
+                conn.close()
+        import psycopg2
+        conn = psycopg2.connect(self.database_url)
+        try:
+            with conn, conn.cursor() as cur:
+                cur.execute(statement.replace("?", "%s"), args)
+                return cur.fetchall() if cur.description else []
+        finally:
+            conn.close()
 
     # --- HTTP ----------------------------------------------------------------------------------------------
     def request(self, method: str, path: str, *, body=None, raw: bytes | None = None, key: str | None = "admin",

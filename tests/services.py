@@ -107,3 +107,37 @@ def redis_url() -> str:
     except Exception as exc:  # ImportError or any client error: the service isn't usable here
         unreachable("Redis", "QAG_TEST_REDIS_URL", exc)
     return REDIS_URL
+
+
+def pg_url(fields: dict, schema: str | None = None) -> str:
+    """A postgresql:// URL for the fields of make_pg_database(), optionally with a search_path schema."""
+    from urllib.parse import quote
+    url = (f"postgresql://{quote(fields['user'])}:{quote(fields['password'], safe='')}@{fields['host']}:"
+           f"{fields['port']}/{quote(fields['database'])}")
+    return url + (f"?options=-csearch_path%3D{schema}" if schema else "")
+
+
+def pg_schema_url(fields: dict):
+    """(URL, cleanup): a new schema owned by the database's role, in the database of make_pg_database()."""
+    schema = _name("qag_s")
+    admin = pg_admin(fields["database"])
+    admin.cursor().execute(f'CREATE SCHEMA "{schema}" AUTHORIZATION "{fields["user"]}"')
+
+    def cleanup():
+        admin.cursor().execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        admin.close()
+
+    return pg_url(fields, schema), cleanup
+
+
+_STORE_DB: list = []
+
+
+def pg_store_fields() -> dict:
+    """One PostgreSQL database for the stores of this test process (QAG_TEST_STORE=postgresql), dropped at exit."""
+    if not _STORE_DB:
+        import atexit
+        fields, cleanup = make_pg_database()
+        atexit.register(cleanup)
+        _STORE_DB.append(fields)
+    return _STORE_DB[0]

@@ -21,8 +21,7 @@ The gateway's management handlers use `fresh()`, the same store whose reads all 
 A subscriber per worker rather than per host: no election, nothing to hand over when a worker dies, and
 messages are deduplicated through the segment, so N workers cost N idle connections and one drop per change.
 
-The TTL (`QAG_METADATA_CACHE_TTL`) is the backstop for a change nothing announced (a poll that failed, a store
-without triggers edited by hand): no row is used longer than that after it was read.
+The TTL (`QAG_METADATA_CACHE_TTL`) is the backstop for a change nothing announced (a poll that failed): no row is used longer than that after it was read.
 """
 
 from __future__ import annotations

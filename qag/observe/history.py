@@ -14,7 +14,6 @@ import hashlib
 import json
 import random
 import re
-import sqlite3
 import time
 
 from ..errors import QagError
@@ -45,7 +44,7 @@ class History:
         self._ids: dict[str, int] = {}
         self.writer = BatchWriter("history", self._write, capacity=settings.history_buffer,
                                   interval=settings.history_flush_interval, tick=self.prune, tick_every=_PRUNE_EVERY,
-                                  retry=(sqlite3.OperationalError,))
+                                  retry=store.transient_errors)
 
     # --- writing (the writer thread) ----------------------------------------------------------------------
     def _write(self, batch: list) -> None:

@@ -1,4 +1,4 @@
-"""The store interface the handlers use; a SQLite store implements it now, a PostgreSQL one later."""
+"""The store interface the handlers use; implemented by the SQLite store and the PostgreSQL store."""
 
 from __future__ import annotations
 
@@ -14,9 +14,16 @@ class StoreError(RuntimeError):
 class Store(abc.ABC):
     """Rows in, rows out: dicts with JSON fields already decoded. No HTTP, no policy."""
 
+    # Errors that mean "busy, try again later" (a batch writer holds its batch and retries).
+    transient_errors: tuple[type[BaseException], ...] = ()
+
     # --- lifecycle -------------------------------------------------------------------------
     @abc.abstractmethod
     def close(self) -> None: ...
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """Where the store is, for log lines: never a password."""
 
     @abc.abstractmethod
     def transaction(self) -> contextlib.AbstractContextManager[None]:

@@ -1,9 +1,26 @@
-"""The store's schema: DDL per version and the migrations that bring an older store up to date."""
+"""The store's schema: DDL per version and the migrations that bring an older store up to date.
+
+One list of migrations serves both stores. Each step is written once, in SQLite's dialect, and `statements(step,
+dialect)` translates it for PostgreSQL in one place. Rules for a portable migration:
+
+- Types: INTEGER (a 64-bit integer on both: BIGINT on PostgreSQL), TEXT, REAL, BLOB (BYTEA). A column declared
+  without a type takes any value on SQLite and is TEXT on PostgreSQL (the store writes text there).
+- Keys: `INTEGER PRIMARY KEY` (an id assigned when omitted) and `INTEGER PRIMARY KEY AUTOINCREMENT` (never
+  reused) both become a BIGSERIAL primary key. Name the column `id`: `qag store copy` resets its sequence.
+- Write plain DDL/DML with literal values: no placeholders, no `INSERT OR ...` (use `ON CONFLICT ... DO NOTHING`),
+  no PRAGMA, no `LIMIT -1`, no SQLite-only functions. Partial indexes (`WHERE`), `REFERENCES ... ON DELETE CASCADE`,
+  `CREATE ... IF NOT EXISTS` and `ALTER TABLE ... ADD COLUMN` work on both.
+- When a statement cannot be portable, give it as {"sqlite": "...", "postgresql": "..."} instead of a string.
+- Each step runs in one transaction; PostgreSQL runs concurrent migrations of several instances one at a time.
+- Never edit a released step: add one. tests/unit/test_store.py runs every step on both stores.
+"""
 
 from __future__ import annotations
 
+import re
+
 # Each entry upgrades the store from version i to i + 1. Never edit a released step: add one.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (
+MIGRATIONS: tuple[tuple[str | dict[str, str], ...], ...] = (
     (
         """CREATE TABLE meta (
             key TEXT PRIMARY KEY,
@@ -121,3 +138,49 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 # The columns a run row is written with (qag/observe/history.py builds them), in this order.
 RUN_COLUMNS = ("at", "h", "q", "v", "c", "k", "rid", "ok", "tr", "n", "ms", "ser", "code", "err", "sql", "x")
+
+DIALECTS = ("sqlite", "postgresql")
+
+# SQLite DDL -> PostgreSQL DDL, applied in order to each portable statement.
+_PG_RULES: tuple[tuple[re.Pattern, str], ...] = (
+    (re.compile(r"\bINTEGER\s+PRIMARY\s+KEY(\s+AUTOINCREMENT)?\b", re.I), "BIGSERIAL PRIMARY KEY"),
+    (re.compile(r"\bINTEGER\b", re.I), "BIGINT"),
+    (re.compile(r"\bBLOB\b", re.I), "BYTEA"),
+)
+# In CREATE TABLE, a column without a type (a line holding just "name,") is TEXT.
+_TYPELESS = re.compile(r"^(\s*)([a-z_][a-z0-9_]*)\s*,", re.I | re.M)
+
+
+def translate(statement: str | dict[str, str], dialect: str) -> str:
+    """One migration statement in the given dialect ("sqlite" or "postgresql")."""
+    if isinstance(statement, dict):
+        return statement[dialect]
+    if dialect == "sqlite":
+        return statement
+    if dialect != "postgresql":
+        raise ValueError(f"unknown dialect {dialect!r}")
+    for pattern, replacement in _PG_RULES:
+        statement = pattern.sub(replacement, statement)
+    if re.match(r"\s*CREATE\s+TABLE\b", statement, re.I):
+        statement = _TYPELESS.sub(r"\1\2 TEXT,", statement)
+    return statement
+
+
+def statements(step: tuple, dialect: str) -> list[str]:
+    """The statements of one migration step, translated."""
+    return [translate(s, dialect) for s in step]
+
+
+def tables() -> list[str]:
+    """Every table the migrations create, in creation order (referenced tables first)."""
+    out: list[str] = []
+    for step in MIGRATIONS:
+        for statement in step:
+            text = translate(statement, "sqlite")
+            for name in re.findall(r"CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)", text, re.I):
+                if name not in out:
+                    out.append(name)
+            for name in re.findall(r"DROP\s+TABLE\s+(?:IF\s+EXISTS\s+)?(\w+)", text, re.I):
+                if name in out:
+                    out.remove(name)
+    return out

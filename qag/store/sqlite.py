@@ -12,7 +12,7 @@ from typing import Any, Iterator
 from urllib.parse import quote
 
 from .base import Store, StoreError
-from .schema import MIGRATIONS, RUN_COLUMNS, SCHEMA_VERSION
+from .schema import MIGRATIONS, RUN_COLUMNS, SCHEMA_VERSION, statements
 
 STORE_FILE = "qag.db"
 _SIDE_FILES = ("", "-wal", "-shm", "-journal")
@@ -54,7 +54,13 @@ def _dump(value: Any) -> str:
 
 
 class SqliteStore(Store):
-    """Store on a SQLite file; safe across threads (one connection each) and processes (WAL + IMMEDIATE)."""
+    """Store on a SQLite file; safe across threads (one connection each) and processes (WAL + IMMEDIATE).
+
+    Its SQL is written to run on PostgreSQL too (`?` placeholders aside): store/postgres.py reuses every method
+    that is not plumbing. Keep new methods portable, or override them there."""
+
+    transient_errors: tuple[type[BaseException], ...] = (sqlite3.OperationalError,)  # busy/locked: retry later
+    _UNLIMITED = "-1"  # LIMIT with no limit (PostgreSQL: ALL)
 
     def __init__(self, home: str, audit_limit: int = 500):
         os.makedirs(home, mode=0o700, exist_ok=True)
@@ -88,6 +94,9 @@ class SqliteStore(Store):
             self._local.pid = os.getpid()
             self._local.depth = 0
         return conn
+
+    def describe(self) -> str:
+        return self.path
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
@@ -135,7 +144,7 @@ class SqliteStore(Store):
                 raise StoreError(f"the store {self.path} has schema version {found}, newer than this qag knows "
                                  f"({SCHEMA_VERSION}); upgrade qag or use another QAG_HOME")
             for step in MIGRATIONS[found:]:
-                for statement in step:
+                for statement in statements(step, "sqlite"):
                     conn.execute(statement)
             if found != SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -346,7 +355,7 @@ class SqliteStore(Store):
         if missing:
             with self.transaction():
                 for name in missing:
-                    self._run("INSERT OR IGNORE INTO names (name) VALUES (?)", (name,))
+                    self._run("INSERT INTO names (name) VALUES (?) ON CONFLICT (name) DO NOTHING", (name,))
                 marks = ", ".join("?" * len(missing))
                 found.update({r["name"]: r["id"] for r in self._all(
                     f"SELECT id, name FROM names WHERE name IN ({marks})", tuple(missing))})
@@ -383,7 +392,7 @@ class SqliteStore(Store):
         """History beyond the newest `keep` of a version (or of ad-hoc runs) leaves history; a run that is
         also past the event retention goes altogether."""
         beyond = (f"SELECT id FROM runs WHERE h = 1 AND {where} ORDER BY at DESC, id DESC "
-                  f"LIMIT -1 OFFSET {int(keep)}")
+                  f"LIMIT {self._UNLIMITED} OFFSET {int(keep)}")
         self._run(f"DELETE FROM runs WHERE id IN ({beyond}) AND at < ?", args + (events_since,))
         self._run(f"UPDATE runs SET h = 0 WHERE id IN ({beyond})", args)
 
@@ -441,16 +450,17 @@ class SqliteStore(Store):
 
     # --- quota counts ------------------------------------------------------------------------
     def add_quota_usage(self, increments: list[tuple[str, str, str, str, int, int]], at: int) -> None:
+        # One statement per caller and period (a handful per flush), through _run so the PostgreSQL store that
+        # inherits this SQL runs it too.
         if not increments:
             return
-        conn = self._conn()
         with self.transaction():
-            conn.executemany(
-                "INSERT INTO quota_usage (workspace, caller, per, period, calls, row_count, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (workspace, caller, per, period) DO UPDATE SET "
-                "calls = quota_usage.calls + excluded.calls, row_count = quota_usage.row_count + excluded.row_count, "
-                "updated_at = excluded.updated_at",
-                [(w, c, p, d, calls, rows, at) for w, c, p, d, calls, rows in increments])
+            for w, c, p, d, calls, rows in increments:
+                self._run("INSERT INTO quota_usage (workspace, caller, per, period, calls, row_count, updated_at) "
+                          "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (workspace, caller, per, period) DO UPDATE SET "
+                          "calls = quota_usage.calls + excluded.calls, "
+                          "row_count = quota_usage.row_count + excluded.row_count, updated_at = excluded.updated_at",
+                          (w, c, p, d, calls, rows, at))
 
     def quota_counts(self, keys: list[tuple[str, str, str, str]]) -> dict[tuple[str, str, str, str], tuple[int, int]]:
         out = {}
@@ -472,6 +482,31 @@ class SqliteStore(Store):
     def prune_quota_usage(self, before: int) -> int:
         with self.transaction():
             return self._run("DELETE FROM quota_usage WHERE updated_at < ?", (before,))
+
+    # --- raw table access (qag store copy) -------------------------------------------------------
+    def raw_rows(self, table: str) -> tuple[list[str], list[tuple]]:
+        """Every row of a table as stored (JSON as text), with the column names."""
+        cur = self._conn().cursor()
+        cur.row_factory = None
+        cur.execute(f'SELECT * FROM "{table}"')
+        return [d[0] for d in cur.description], cur.fetchall()
+
+    def insert_raw(self, table: str, columns: list[str], rows: list[tuple]) -> None:
+        """Rows as raw_rows gives them, inside a transaction(); a 12-hex text request id packed as on write."""
+        if "rid" in columns:
+            at = columns.index("rid")
+            rows = [row[:at] + (_pack_rid(row[at]),) + row[at + 1:] for row in rows]
+        marks = ", ".join("?" * len(columns))
+        self._conn().executemany(f'INSERT INTO "{table}" ({", ".join(columns)}) VALUES ({marks})', rows)
+
+    def after_copy(self, tables: list[str]) -> None:
+        """Nothing to do: AUTOINCREMENT moves past explicitly inserted ids by itself."""
+
+
+def _pack_rid(value):
+    if isinstance(value, str) and len(value) == 12 and all(c in "0123456789abcdef" for c in value):
+        return bytes.fromhex(value)
+    return value
 
 
 _RUN_CHUNK = 500  # rows per INSERT statement (16 values each stays far below SQLite's variable limit)

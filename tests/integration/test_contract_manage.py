@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
-import os
 
 import pytest
 
@@ -13,12 +11,8 @@ pytestmark = pytest.mark.e2e
 
 
 def _audit(server, action, target):
-    conn = sqlite3.connect(os.path.join(server.home, "qag.db"))
-    try:
-        return [row[0] for row in conn.execute("SELECT changes FROM audit_log WHERE action = ? AND target = ?",
+    return [row[0] for row in server.store_sql("SELECT changes FROM audit_log WHERE action = ? AND target = ?",
                                                (action, target))]
-    finally:
-        conn.close()
 
 
 def test_b5_1_create_without_publish_is_a_draft(server, uniq):
@@ -52,10 +46,7 @@ def test_b5_3_etag_if_match(server, uniq):
     assert r.status == 412 and r.json["code"] == "precondition_failed"
     # A change behind the API (another process writing the store) also changes the ETag.
     etag = server.get(f"/api/v1/queries/{name}").headers["etag"]
-    conn = sqlite3.connect(os.path.join(server.home, "qag.db"))
-    conn.execute("UPDATE queries SET collection = 'moved' WHERE name = ?", (name,))
-    conn.commit()
-    conn.close()
+    server.store_sql("UPDATE queries SET collection = 'moved' WHERE name = ?", (name,))
     assert server.post(f"/api/v1/queries/{name}/unpublish", headers={"If-Match": etag}).status == 412
     assert server.post(f"/api/v1/queries/{name}/unpublish", headers={"If-Match": "*"}).status == 200
 
@@ -124,9 +115,7 @@ def test_b5_9_connection_password_never_returned(server, uniq):
     audits = _audit(server, "update_connection", name) + _audit(server, "create_connection", name)
     assert audits and all("hunter2" not in a and "new-secret-value" not in a for a in audits)
     assert any('"password":"changed"' in a for a in audits)
-    conn = sqlite3.connect(os.path.join(server.home, "qag.db"))
-    stored = conn.execute("SELECT fields FROM connections WHERE name = ?", (name,)).fetchone()[0]
-    conn.close()
+    stored = server.store_sql("SELECT fields FROM connections WHERE name = ?", (name,))[0][0]
     assert "new-secret-value" in stored
 
 

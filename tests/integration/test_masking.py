@@ -315,9 +315,7 @@ def test_hash_key_is_kept_in_the_store_and_shared(make_server):
     first = one.post("/execute_sql", body).json[0]["email"]
     two = make_server(seed=False, env={"QAG_HOME": one.home})
     assert two.post("/execute_sql", body).json[0]["email"] == first
-    store = sqlite3.connect(os.path.join(one.home, "qag.db"))
-    (stored,) = store.execute("SELECT value FROM meta WHERE key = 'mask_key'").fetchone()
-    store.close()
+    [(stored,)] = one.store_sql("SELECT value FROM meta WHERE key = 'mask_key'")
     assert re.fullmatch(r"[0-9a-f]{64}", stored)
     assert first == hmac.new(stored.encode(), b"jane@example.com", hashlib.sha256).hexdigest()[:16]
 

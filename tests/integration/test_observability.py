@@ -42,12 +42,8 @@ def wait_for(check, what: str, deadline: float = 20.0):
         time.sleep(0.1)
 
 
-def store_rows(home: str) -> list[tuple]:
-    conn = sqlite3.connect(os.path.join(home, "qag.db"))
-    try:
-        return conn.execute("SELECT rid, h FROM runs").fetchall()
-    finally:
-        conn.close()
+def store_rows(server) -> list[tuple]:
+    return server.store_sql("SELECT rid, h FROM runs")
 
 
 def test_metrics_totals_equal_the_calls_made_across_4_workers(make_server, uniq):
@@ -116,8 +112,9 @@ def test_b9_4_execute_sql_by_admin_is_counted(server):
     wait_for(lambda: (metric(server.get("/metrics", key=None).body.decode(), line) or 0) >= 1, "the counted call")
 
 
-def test_every_answered_call_is_recorded_across_sigterm(make_server, uniq):
-    s = make_server(workers=3, threads=4, env={"QAG_HISTORY_FLUSH_INTERVAL": "60", "QAG_HISTORY_LIMIT": "100000"})
+def test_every_answered_call_is_recorded_across_sigterm(make_server, uniq, store_env):
+    s = make_server(workers=3, threads=4, env={"QAG_HISTORY_FLUSH_INTERVAL": "60", "QAG_HISTORY_LIMIT": "100000",
+                                               **store_env})
     name = uniq("steady")
     s.query(name, "SELECT id FROM t WHERE id <= 2", "lite")
     answered: list[str] = []
@@ -143,7 +140,7 @@ def test_every_answered_call_is_recorded_across_sigterm(make_server, uniq):
     stop.set()
     for t in threads:
         t.join()
-    rows = {(rid.decode() if isinstance(rid, bytes) else rid): h for rid, h in store_rows(s.home)}
+    rows = {(rid.decode() if isinstance(rid, bytes) else rid): h for rid, h in store_rows(s)}
     missing = [rid for rid in answered if rid not in rows]
     assert not missing, f"{len(missing)} of {len(answered)} answered calls have no event"
     assert all(rows[rid] == 1 for rid in answered)  # and each one its history entry
@@ -166,12 +163,29 @@ def test_reload_keeps_history_and_metric_totals(make_server, uniq):
     assert metric(s.get("/metrics").body.decode(), line) == 20  # retired workers' counts are kept
 
 
-def test_a_slow_store_costs_dropped_runs_never_the_calls(make_server, uniq):
-    s = make_server(workers=1, threads=4, env={"QAG_HISTORY_BUFFER": "20", "QAG_HISTORY_FLUSH_INTERVAL": "0.1"})
+class _StoreLock:
+    """Holds the store so no run can be written: SQLite's write lock, or PostgreSQL's lock on the runs table."""
+
+    def __init__(self, server):
+        if server.database_url is None:
+            self.conn = sqlite3.connect(os.path.join(server.home, "qag.db"), isolation_level=None)
+            self.conn.execute("BEGIN IMMEDIATE")
+        else:
+            import psycopg2
+            self.conn = psycopg2.connect(server.database_url)
+            self.conn.cursor().execute("LOCK TABLE runs IN EXCLUSIVE MODE")  # reads go on, writes wait
+
+    def release(self):
+        self.conn.commit() if self.conn.__class__.__module__.startswith("psycopg2") else self.conn.execute("COMMIT")
+        self.conn.close()
+
+
+def test_a_slow_store_costs_dropped_runs_never_the_calls(make_server, uniq, store_env):
+    s = make_server(workers=1, threads=4, env={"QAG_HISTORY_BUFFER": "20", "QAG_HISTORY_FLUSH_INTERVAL": "0.1",
+                                               **store_env})
     name = uniq("slow")
     s.query(name, "SELECT 1 AS one", "lite")
-    lock = sqlite3.connect(os.path.join(s.home, "qag.db"), isolation_level=None)
-    lock.execute("BEGIN IMMEDIATE")  # every store write now waits (and the writer's busy timeout is 5 s)
+    lock = _StoreLock(s)  # every run write now waits (and the writer's busy/lock timeout is 5 s)
     held = time.monotonic()
     calls = 120
     try:
@@ -181,8 +195,7 @@ def test_a_slow_store_costs_dropped_runs_never_the_calls(make_server, uniq):
             assert s.get(q(name), headers={"X-Request-Id": f"locked-{i}"}).status == 200
         wait_for(lambda: time.monotonic() - held > 6, "the writer to hit its busy timeout")
     finally:
-        lock.execute("COMMIT")
-        lock.close()
+        lock.release()
     for i in range(5):
         assert s.get(q(name), headers={"X-Request-Id": f"after-{i}"}).status == 200
 
@@ -193,7 +206,7 @@ def test_a_slow_store_costs_dropped_runs_never_the_calls(make_server, uniq):
     text = wait_for(settled, "the buffer to drain")
     dropped = metric(text, 'queryapigate_history_runs_total{outcome="dropped"}')
     failed = metric(text, 'queryapigate_history_runs_total{outcome="failed"}')
-    stored = store_rows(s.home)
+    stored = store_rows(s)
     assert dropped > 0 and failed == 0
     assert len(stored) + dropped == calls + 5  # every run is either stored or counted as dropped
     items = s.get(f"/api/v1/queries/{name}/history", params={"limit": 100}).json["items"]
@@ -201,8 +214,29 @@ def test_a_slow_store_costs_dropped_runs_never_the_calls(make_server, uniq):
     assert any("buffer full" in line for line in s.log)
 
 
+def test_readyz_on_the_postgresql_store(make_server, pg_store_url):
+    s = make_server(seed=False, env={"QAG_DATABASE_URL": pg_store_url})
+    r = s.get("/readyz", key=None)
+    assert r.status == 200 and r.json["checks"]["store"] == "ok"
+    (schema,) = s.store_sql("SELECT current_schema()")[0]
+    s.store_sql(f'ALTER SCHEMA "{schema}" RENAME TO "{schema}_moved"')  # the store's tables are gone
+    try:
+        r = s.get("/readyz", key=None)
+        assert r.status == 503 and r.json["code"] == "unavailable" and "store" in r.json["failed"], r
+        from urllib.parse import unquote, urlsplit
+        assert unquote(urlsplit(pg_store_url).password) not in r.body.decode()
+        assert s.get("/livez", key=None).status == 200
+    finally:
+        import psycopg2
+        conn = psycopg2.connect(pg_store_url)
+        with conn, conn.cursor() as cur:
+            cur.execute(f'ALTER SCHEMA "{schema}_moved" RENAME TO "{schema}"')
+        conn.close()
+    assert s.get("/readyz", key=None).status == 200
+
+
 def test_livez_and_readyz(make_server):
-    s = make_server(seed=False)
+    s = make_server(seed=False, env={"QAG_DATABASE_URL": ""})  # the SQLite store (PostgreSQL: the test above)
     assert s.get("/livez", key=None).json == {"status": "ok"}
     r = s.get("/readyz", key=None)
     assert r.status == 200 and r.json["checks"]["store"] == "ok"

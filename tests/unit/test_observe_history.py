@@ -1,5 +1,6 @@
-"""Run history and the event log (contract 8.1-8.4, 8.7) through the gateway in-process: what is recorded, the
-read API's filters, paging and errors, retention, sampling, the ad-hoc SQL policy, and the bytes a run costs."""
+"""Run history and the event log (contract 8.1-8.4, 8.7) through the gateway in-process, on both stores (SQLite
+and PostgreSQL): what is recorded, the read API's filters, paging and errors, retention, sampling, the ad-hoc SQL
+policy, and the bytes a run costs."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ ADMIN = "unit-admin-key-0123456789"
 class App:
     """A gateway on a fresh home with one SQLite connection `lite` (table t, 25 rows); calls through WSGI."""
 
-    def __init__(self, home: str, **env: str):
+    def __init__(self, home: str, store_env: dict | None = None, **env: str):
         data = os.path.join(home, "lite.db")
         conn = sqlite3.connect(data)
         conn.executescript("CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT);"
@@ -29,7 +30,8 @@ class App:
                            "INSERT INTO t SELECT i, 'row ' || i FROM n;")
         conn.commit()
         conn.close()
-        self.gateway = create_app(load({"QAG_HOME": home, "QAG_API_KEY": ADMIN, **env}))
+        self.store_env = store_env or {}
+        self.gateway = create_app(load({"QAG_HOME": home, "QAG_API_KEY": ADMIN, **self.store_env, **env}))
         self.store_path = os.path.join(home, "qag.db")
         assert self.call("POST", "/api/v1/connections", {"name": "lite", "db": "sqlite", "database": "lite.db"})[0] == 201
 
@@ -66,10 +68,31 @@ class App:
     def db(self) -> sqlite3.Connection:
         return sqlite3.connect(self.store_path)
 
+    def sql(self, statement: str, args: tuple = ()) -> list:
+        """A statement on the store's own database (SQLite file or PostgreSQL), outside the gateway."""
+        url = self.store_env.get("QAG_DATABASE_URL")
+        if url is None:
+            with self.db() as db:
+                return db.execute(statement, args).fetchall()
+        import psycopg2
+        conn = psycopg2.connect(url)
+        try:
+            with conn, conn.cursor() as cur:
+                cur.execute(statement.replace("?", "%s"), args)
+                return cur.fetchall() if cur.description else []
+        finally:
+            conn.close()
+
+    def stored_rid(self, rid: str):
+        """A request id as the store keeps it: 6 bytes for 12 hex digits on SQLite, text on PostgreSQL."""
+        if "QAG_DATABASE_URL" not in self.store_env and re.fullmatch(r"[0-9a-f]{12}", rid):
+            return bytes.fromhex(rid)
+        return rid
+
 
 @pytest.fixture
-def app(tmp_path):
-    a = App(str(tmp_path))
+def app(tmp_path, store_env):
+    a = App(str(tmp_path), store_env)
     yield a
     a.gateway.close()
 
@@ -111,8 +134,8 @@ def test_b8_7_adhoc_entry_keeps_parameter_names_never_values(app):
 
 
 @pytest.mark.parametrize("mode", ["hash", "none"])
-def test_b8_8_adhoc_sql_hash_or_none(tmp_path, mode):
-    a = App(str(tmp_path), QAG_HISTORY_ADHOC_SQL=mode)
+def test_b8_8_adhoc_sql_hash_or_none(tmp_path, store_env, mode):
+    a = App(str(tmp_path), store_env, QAG_HISTORY_ADHOC_SQL=mode)
     try:
         a.call("POST", "/execute_sql", {"sql": "SELECT 1 AS one", "connection_name": "lite"})
         (item,) = a.history()[2]["items"]
@@ -192,11 +215,9 @@ def test_b8_3_filters(app):
     app.gateway.observe.history.writer.flush()
     moments = {"old": "2026-02-01 00:01:00", "partner-ok": "2026-02-01 00:03:00", "v2-error": "2026-02-02 00:00:00",
                "other": "2026-02-03 12:00:00"}
-    with app.db() as db:
-        for rid, text in moments.items():
-            at = int(time.mktime(time.strptime(text, "%Y-%m-%d %H:%M:%S")))
-            raw = bytes.fromhex(rid) if re.fullmatch(r"[0-9a-f]{12}", rid) else rid
-            db.execute("UPDATE runs SET at = ? WHERE rid = ?", (at, raw))
+    for rid, text in moments.items():
+        at = int(time.mktime(time.strptime(text, "%Y-%m-%d %H:%M:%S")))
+        app.sql("UPDATE runs SET at = ? WHERE rid = ?", (at, app.stored_rid(rid)))
 
     def ids(query):
         status, _, body = app.history(query)
@@ -242,24 +263,22 @@ def test_b8_5_newest_50_kept_per_version_and_older_runs_stay_events(app):
     assert len(events) == 55  # every run is an event for QAG_EVENTS_RETENTION_HOURS
 
 
-def test_adhoc_limit_and_events_swept_after_retention(tmp_path):
-    a = App(str(tmp_path), QAG_HISTORY_ADHOC_LIMIT="3")
+def test_adhoc_limit_and_events_swept_after_retention(tmp_path, store_env):
+    a = App(str(tmp_path), store_env, QAG_HISTORY_ADHOC_LIMIT="3")
     try:
         for i in range(5):
             a.call("POST", "/execute_sql", {"sql": f"SELECT {i} AS i", "connection_name": "lite"})
         assert [i["sql"] for i in a.history()[2]["items"]] == ["SELECT 4 AS i", "SELECT 3 AS i", "SELECT 2 AS i"]
-        with a.db() as db:
-            db.execute("UPDATE runs SET at = at - 25 * 3600")
+        a.sql("UPDATE runs SET at = at - 25 * 3600")
         a.gateway.observe.history.prune()
-        with a.db() as db:
-            assert db.execute("SELECT count(*) FROM runs").fetchone()[0] == 3  # history stays; events went
+        assert a.sql("SELECT count(*) FROM runs")[0][0] == 3  # history stays; events went
         assert len(a.history()[2]["items"]) == 3
     finally:
         a.gateway.close()
 
 
-def test_b8_6_sampling_keeps_every_failure(tmp_path):
-    a = App(str(tmp_path), QAG_HISTORY_SAMPLE_RATE="0.01")
+def test_b8_6_sampling_keeps_every_failure(tmp_path, store_env):
+    a = App(str(tmp_path), store_env, QAG_HISTORY_SAMPLE_RATE="0.01")
     try:
         a.query("s")
         for _ in range(40):
@@ -293,8 +312,7 @@ def test_run_of_a_version_deleted_before_the_write_is_an_event_only(app):
     writer = app.gateway.observe.history.writer
     writer.interval = 3600  # keep the run queued
     app.run("fleeting")
-    with app.db() as db:
-        db.execute("DELETE FROM query_versions WHERE query_name = 'fleeting'")
+    app.sql("DELETE FROM query_versions WHERE query_name = 'fleeting'")
     writer.flush()
     assert app.history()[2]["items"] == []
     assert len(app.gateway.store.events(0, 10)) == 1
@@ -333,8 +351,9 @@ def test_event_payload(app):
     assert e["entry"]["status"] == "success" and "query" not in e["entry"]
 
 
-def test_bytes_per_run_on_disk_stay_small(app):
-    """The compact layout: a saved-query run costs well under 300 bytes in the store (table and indexes)."""
+def test_bytes_per_run_on_disk_stay_small(tmp_path):
+    """The compact layout: a saved-query run costs well under 300 bytes in the SQLite store (table and indexes)."""
+    app = App(str(tmp_path))
     app.query("small")
     with app.db() as db:
         db.execute("VACUUM")
@@ -347,6 +366,7 @@ def test_bytes_per_run_on_disk_stay_small(app):
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         assert db.execute("SELECT count(*) FROM runs").fetchone()[0] == calls
     per_call = (os.path.getsize(app.store_path) - before) / calls
+    app.gateway.close()
     assert per_call < 300, per_call
 
 

@@ -1,43 +1,97 @@
-"""The SQLite store: migrations, a newer schema refused, the audit log bounded, transactions across threads."""
+"""Both stores (SQLite, PostgreSQL): migrations, a newer schema refused, the audit log bounded, transactions across
+threads; PostgreSQL: concurrent migrations from two processes, a dropped connection, a fork, COPY's escaping,
+every migration step translated, the store chosen by QAG_DATABASE_URL."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import sqlite3
 import threading
 
 import pytest
 
+from qag.settings import load
+from qag.store import open_store
 from qag.store.base import StoreError
-from qag.store.schema import SCHEMA_VERSION
+from qag.store.schema import MIGRATIONS, SCHEMA_VERSION, statements, tables, translate
 from qag.store.sqlite import SqliteStore
 
 
-def test_fresh_store_is_at_the_current_schema(tmp_path):
-    store = SqliteStore(str(tmp_path))
-    conn = sqlite3.connect(store.path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+@pytest.fixture
+def make_store(tmp_path, store_env):
+    """Open (again) the store of this test: SQLite in tmp_path or a fresh PostgreSQL schema."""
+    opened = []
+
+    def make(**kw):
+        store = open_store(load({"QAG_HOME": str(tmp_path), **store_env, **kw}))
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.close()
 
 
-def test_newer_schema_is_refused_with_a_clear_message(tmp_path):
-    SqliteStore(str(tmp_path)).close()
-    conn = sqlite3.connect(str(tmp_path / "qag.db"))
-    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
-    conn.commit()
-    conn.close()
+def raw_sql(store, sql: str, args: tuple = ()):
+    """A statement on the store's database outside the store's own methods (what an operator could do)."""
+    if isinstance(store, SqliteStore) and store.path is not None:
+        conn = sqlite3.connect(store.path, isolation_level=None)
+        try:
+            return conn.execute(sql, args).fetchall()
+        finally:
+            conn.close()
+    import psycopg2
+    conn = psycopg2.connect(store.url)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql.replace("?", "%s"), args)
+            return cur.fetchall() if cur.description else []
+    finally:
+        conn.close()
+
+
+def schema_version(store) -> int:
+    if store.path is not None:
+        return raw_sql(store, "PRAGMA user_version")[0][0]
+    return raw_sql(store, "SELECT max(version) FROM qag_schema")[0][0]
+
+
+def set_schema_version(store, version: int) -> None:
+    if store.path is not None:
+        raw_sql(store, f"PRAGMA user_version = {version}")
+    else:
+        raw_sql(store, "UPDATE qag_schema SET version = ?", (version,))
+
+
+def test_fresh_store_is_at_the_current_schema(make_store):
+    store = make_store()
+    assert schema_version(store) == SCHEMA_VERSION
+    assert {t for t in tables()} <= {r[0] for r in raw_sql(
+        store, "SELECT name FROM sqlite_master WHERE type = 'table'" if store.path else
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()")}
+    if store.path is not None:
+        assert raw_sql(store, "PRAGMA journal_mode")[0][0] == "wal"
+
+
+def test_newer_schema_is_refused_with_a_clear_message(make_store):
+    store = make_store()
+    set_schema_version(store, SCHEMA_VERSION + 1)
+    store.close()
     with pytest.raises(StoreError, match="newer than this qag knows"):
-        SqliteStore(str(tmp_path))
+        make_store()
 
 
-def test_audit_log_keeps_the_newest_entries(tmp_path):
-    store = SqliteStore(str(tmp_path), audit_limit=3)
+def test_audit_log_keeps_the_newest_entries(make_store):
+    store = make_store(QAG_AUDIT_LOG_LIMIT="3")
     for i in range(5):
         store.audit("2026-01-01 00:00:00", "admin", "break-glass", "create_key", f"k{i}", {})
     assert [e["target"] for e in store.audit_entries()] == ["k4", "k3", "k2"]
 
 
-def test_transactions_serialise_read_modify_write_across_threads(tmp_path):
-    store = SqliteStore(str(tmp_path))
+def test_transactions_serialise_read_modify_write_across_threads(make_store):
+    store = make_store()
     store.set_meta("n", "0")
 
     def bump():
@@ -53,8 +107,8 @@ def test_transactions_serialise_read_modify_write_across_threads(tmp_path):
     assert store.get_meta("n") == "200"
 
 
-def test_failed_transaction_rolls_back(tmp_path):
-    store = SqliteStore(str(tmp_path))
+def test_failed_transaction_rolls_back(make_store):
+    store = make_store()
     with pytest.raises(RuntimeError):
         with store.transaction():
             store.set_meta("x", "1")
@@ -80,3 +134,313 @@ def test_opening_an_existing_store_never_opens_its_file_outside_sqlite(tmp_path,
     assert first.path not in opened and second.get_meta("nothing") is None
     first.close()
     second.close()
+
+
+def test_run_rows_keep_awkward_text_and_request_ids(make_store):
+    """COPY's text format on PostgreSQL: tabs, newlines, backslashes, \\N-looking text and non-ASCII survive."""
+    store = make_store()
+    ids = store.name_ids({"q", "c", "k", "code"})
+    store.create_query("q", None, {"uuid": "u", "created_at": "c", "last_modified_at": "m", "sql": "x"}, True)
+    awkward = "tab\there\nline\r\\N back\\slash é 😀 %s ?"
+    rows = [(1000, 1, ids["q"], 1, ids["c"], ids["k"], bytes.fromhex("0123456789ab"), 0, None, None, 5, 12,
+             ids["code"], awkward, None, None),
+            (1001, 1, None, None, ids["c"], ids["k"], "not-hex\tid", 1, 2, 7, None, None, None, None, awkward, "{}")]
+    store.add_runs(rows, limit=50, adhoc_limit=50, by_count=True, events_since=0)
+    old, new = store.events(0, 10)
+    assert (old["err"], old["code"], old["query"]) == (awkward, "code", "q")
+    assert old["rid"] in (bytes.fromhex("0123456789ab"), "0123456789ab")
+    assert (new["sql"], new["rid"], new["tr"], new["x"], new["query"]) == (awkward, "not-hex\tid", 2, "{}", None)
+    assert [r["id"] for r in store.history({}, None, 10)] == [new["id"], old["id"]]
+
+
+def test_history_is_trimmed_per_version_and_sweeps_go_in_batches(make_store):
+    store = make_store()
+    ids = store.name_ids({"q", "c", "k"})
+    store.create_query("q", None, {"uuid": "u", "created_at": "c", "last_modified_at": "m", "sql": "x"}, True)
+    for start in range(0, 30, 10):
+        rows = [(100 + i, 1, ids["q"], 1, ids["c"], ids["k"], None, 1, None, 1, 1, 1, None, None, None, None)
+                for i in range(start, start + 10)]
+        store.add_runs(rows, limit=7, adhoc_limit=7, by_count=True, events_since=0)
+    assert [r["at"] for r in store.history({"query": "q"}, None, 100)] == list(range(129, 122, -1))
+    assert len(store.events(0, 100)) == 30
+    swept = [store.prune_runs(events_since=10_000, history_since=None, batch=10) for _ in range(4)]
+    assert swept == [10, 10, 3, 0] and len(store.events(0, 100)) == 7
+
+
+# --- schema translation --------------------------------------------------------------------------------------
+def test_portable_ddl_is_translated_for_postgresql():
+    ddl = ("CREATE TABLE t (\n  id INTEGER PRIMARY KEY AUTOINCREMENT,\n  n INTEGER NOT NULL,\n  b BLOB,\n"
+           "  anything,\n  x TEXT\n)")
+    pg = translate(ddl, "postgresql")
+    assert "id BIGSERIAL PRIMARY KEY," in pg and "n BIGINT NOT NULL" in pg and "b BYTEA" in pg
+    assert "anything TEXT," in pg and translate(ddl, "sqlite") == ddl
+    assert translate({"sqlite": "A", "postgresql": "B"}, "postgresql") == "B"
+    assert translate("CREATE INDEX i ON t (\n a,\n b)", "postgresql") == "CREATE INDEX i ON t (\n a,\n b)"
+
+
+def test_every_migration_step_upgrades_a_store_in_place(make_store, tmp_path, store_env):
+    """A store at each older version (built from the steps themselves) is brought up to date, data kept."""
+    for version in range(1, SCHEMA_VERSION):
+        if store_env:
+            from tests.services import pg_schema_url
+            import psycopg2
+            url, cleanup = pg_schema_url(_fields_of(store_env["QAG_DATABASE_URL"]))
+            conn = psycopg2.connect(url)
+            with conn, conn.cursor() as cur:
+                for step in MIGRATIONS[:version]:
+                    for statement in statements(step, "postgresql"):
+                        cur.execute(statement)
+                cur.execute("CREATE TABLE qag_schema (version INTEGER NOT NULL)")
+                cur.execute("INSERT INTO qag_schema VALUES (%s)", (version,))
+                cur.execute("INSERT INTO meta VALUES ('kept', 'yes')")
+            conn.close()
+            env = {"QAG_DATABASE_URL": url}
+        else:
+            home = tmp_path / f"v{version}"
+            home.mkdir()
+            conn = sqlite3.connect(home / "qag.db")
+            for step in MIGRATIONS[:version]:
+                for statement in statements(step, "sqlite"):
+                    conn.execute(statement)
+            conn.execute("INSERT INTO meta VALUES ('kept', 'yes')")
+            conn.execute(f"PRAGMA user_version = {version}")
+            conn.commit()
+            conn.close()
+            env, cleanup = {"QAG_HOME": str(home)}, (lambda: None)
+        try:
+            store = open_store(load(env))
+            assert store.get_meta("kept") == "yes" and store.history({}, None, 10) == []
+            assert schema_version(store) == SCHEMA_VERSION
+            store.close()
+        finally:
+            cleanup()
+
+
+def _fields_of(url: str) -> dict:
+    from urllib.parse import unquote, urlsplit
+    parts = urlsplit(url)
+    return {"user": unquote(parts.username), "password": unquote(parts.password), "host": parts.hostname,
+            "port": parts.port, "database": unquote(parts.path.lstrip("/"))}
+
+
+# --- PostgreSQL only -----------------------------------------------------------------------------------------
+def _open_and_report(url: str, start, results) -> None:
+    from qag.store.postgres import PostgresStore
+    start.wait(30)
+    try:
+        store = PostgresStore(url)
+        store.set_meta(f"opened-{os.getpid()}", "yes")
+        store.close()
+        results.put("ok")
+    except Exception as exc:  # reported to the parent, which fails the test with it
+        results.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_concurrent_migrations_from_two_processes(pg_store_url):
+    ctx = multiprocessing.get_context("spawn")
+    start, results = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_open_and_report, args=(pg_store_url, start, results)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    start.set()
+    outcomes = [results.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(30)
+    assert outcomes == ["ok"] * 3
+    from qag.store.postgres import PostgresStore
+    store = PostgresStore(pg_store_url)
+    try:
+        assert raw_sql(store, "SELECT version FROM qag_schema") == [(SCHEMA_VERSION,)]  # migrated once
+        assert len([k for k in store._all("SELECT key FROM meta") if k["key"].startswith("opened-")]) == 3
+    finally:
+        store.close()
+
+
+def test_a_dropped_connection_is_replaced(pg_store_url):
+    from qag.store.postgres import PostgresStore
+    from tests.services import pg_admin
+    store = PostgresStore(pg_store_url, pool_size=2)
+    try:
+        store.set_meta("a", "1")
+        def drop_connections():
+            admin = pg_admin(_fields_of(pg_store_url)["database"])
+            admin.cursor().execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                   "WHERE application_name = 'qag-store' AND datname = current_database() "
+                                   "AND pid <> pg_backend_pid()")
+            admin.close()
+
+        drop_connections()
+        assert store.get_meta("a") == "1"  # the dead pooled connection is dropped, the read retried once
+        drop_connections()
+        with store.transaction():  # a transaction begins again on a new connection
+            store.set_meta("a", "2")
+        assert store.get_meta("a") == "2"
+    finally:
+        store.close()
+
+
+def test_a_forked_child_opens_its_own_connections(pg_store_url):
+    from qag.store.postgres import PostgresStore
+    store = PostgresStore(pg_store_url)
+    try:
+        store.set_meta("parent", "1")
+        backend = store._one("SELECT pg_backend_pid() AS p")["p"]
+        pid = os.fork()
+        if pid == 0:  # the child: uses the store, lets go of everything, then leaves
+            import gc
+            code = 0
+            try:
+                store.set_meta("child", store.get_meta("parent"))
+                store.close()
+                gc.collect()
+            except BaseException:
+                code = 1
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert store.get_meta("child") == "1" and store.get_meta("parent") == "1"
+        # The parent's pooled connection is the same session: the child never spoke on its socket.
+        assert store._one("SELECT pg_backend_pid() AS p")["p"] == backend
+    finally:
+        store.close()
+
+
+def test_the_pool_caps_connections_per_process(pg_store_url):
+    from qag.store.postgres import PostgresStore
+    store = PostgresStore(pg_store_url, pool_size=2)
+    try:
+        inside = threading.Barrier(5)
+        errors = []
+
+        def work():
+            try:
+                for _ in range(20):
+                    with store.transaction():
+                        store.set_meta(threading.current_thread().name, "x")
+            except Exception as exc:
+                errors.append(exc)
+            inside.wait(30)
+
+        threads = [threading.Thread(target=work, name=f"t{i}") for i in range(4)]
+        for t in threads:
+            t.start()
+        inside.wait(30)
+        for t in threads:
+            t.join()
+        assert not errors and store._pool._open <= 2  # four threads took turns on two connections
+        assert store._all("SELECT count(*) AS n FROM meta WHERE key LIKE 't%'")[0]["n"] == 4
+    finally:
+        store.close()
+
+
+def test_database_url_settings(tmp_path):
+    from qag.settings import SettingsError
+    with pytest.raises(SettingsError, match="QAG_DATABASE_URL must be"):
+        load({"QAG_DATABASE_URL": "mysql://u:secret@h/db"})
+    try:
+        load({"QAG_DATABASE_URL": "mysql://u:secret@h/db"})
+    except SettingsError as exc:
+        assert "secret" not in str(exc)
+    secret_file = tmp_path / "url"
+    secret_file.write_text("postgresql://u:pw@127.0.0.1/db\n")
+    assert load({"QUERYAPIGATE_DATABASE_URL_FILE": str(secret_file)}).database_url == "postgresql://u:pw@127.0.0.1/db"
+    assert load({}).database_url is None
+
+
+def test_an_unreachable_store_is_a_clear_error_without_the_password():
+    from qag.store.postgres import PostgresStore
+    with pytest.raises(StoreError) as info:
+        PostgresStore("postgresql://u:hunter2@127.0.0.1:1/db")
+    assert "cannot open the store postgresql://u:***@127.0.0.1:1/db" in str(info.value)
+    assert "hunter2" not in str(info.value)
+
+
+def test_startup_warns_when_a_used_sqlite_home_meets_an_empty_postgresql_store(tmp_path, pg_store_url, capsys):
+    from qag.server import check_startup
+    lite = SqliteStore(str(tmp_path))
+    lite.put_key({"name": "k", "secret_hash": "h", "previous_hash": None, "previous_expires_at": None, "grants": {},
+                  "active": True, "expires_at": None, "created_at": "c", "created_from_role": None,
+                  "last_used_at": None, "previous_last_used_at": None, "example": False}, create=True)
+    lite.close()
+    settings = load({"QAG_HOME": str(tmp_path), "QAG_DATABASE_URL": pg_store_url})
+    check_startup(settings)
+    assert "qag store copy" in capsys.readouterr().err
+    pg = open_store(settings)
+    pg.set_meta("server_secret", "x")  # the PostgreSQL store has been served from: no warning
+    pg.close()
+    check_startup(settings)
+    assert "qag store copy" not in capsys.readouterr().err
+
+
+def test_migration_text_with_question_marks_and_percents_runs_as_written(pg_store_url, monkeypatch):
+    from qag.store import postgres, schema
+    step = ("CREATE TABLE extra (\n  id INTEGER PRIMARY KEY,\n  note TEXT DEFAULT 'why? 100%'  -- really? 5%\n)",)
+    monkeypatch.setattr(postgres, "MIGRATIONS", schema.MIGRATIONS + (step,))
+    monkeypatch.setattr(postgres, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    store = postgres.PostgresStore(pg_store_url)
+    try:
+        store._run("INSERT INTO extra (note) VALUES (DEFAULT)")
+        assert store._all("SELECT id, note FROM extra") == [{"id": 1, "note": "why? 100%"}]
+    finally:
+        store.close()
+
+
+def test_a_nul_character_never_costs_the_batch(make_store):
+    store = make_store()
+    ids = store.name_ids({"c", "k"})
+    rows = [(1000 + i, 1, None, None, ids["c"], ids["k"], None, 1, None, 1, None, None, None, None, sql, None)
+            for i, sql in enumerate(["SELECT 1\x00", "SELECT 2"])]
+    store.add_runs(rows, limit=50, adhoc_limit=50, by_count=True, events_since=0)
+    assert [r["sql"] for r in store.events(0, 10)] in (["SELECT 1\x00", "SELECT 2"], ["SELECT 1\ufffd", "SELECT 2"])
+
+
+def test_urls_are_shown_without_passwords():
+    from qag.store.postgres import redact
+    assert redact("postgresql://u:s3cr%40t@h:5432/db?sslmode=require") == "postgresql://u:***@h:5432/db?sslmode=require"
+    assert redact("postgres://u@h/db?password=s3cret&x=1") == "postgres://u@h/db?password=***&x=1"
+    assert redact("postgresql:///db") == "postgresql:///db"
+
+
+def test_runs_written_inside_an_administrative_transaction_still_take_the_runs_lock(pg_store_url):
+    """A history read inside an admin transaction may write this worker's queue: other run writers must wait."""
+    import psycopg2
+    from qag.store.postgres import _LOCK_RUNS, PostgresStore
+    store = PostgresStore(pg_store_url)
+    other = psycopg2.connect(pg_store_url)
+    other.autocommit = True
+    try:
+        ids = store.name_ids({"c", "k"})
+        with store.transaction():
+            store.set_meta("x", "1")
+            store.add_runs([(1, 1, None, None, ids["c"], ids["k"], None, 1, None, 1, None, None, None, None, "s",
+                             None)], limit=5, adhoc_limit=5, by_count=True, events_since=0)
+            with other.cursor() as cur:
+                cur.execute("SELECT pg_try_advisory_xact_lock(%s)", (_LOCK_RUNS,))
+                assert cur.fetchone()[0] is False  # held until the outer transaction ends
+        with other.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_xact_lock(%s)", (_LOCK_RUNS,))
+            assert cur.fetchone()[0] is True
+        assert len(store.events(0, 10)) == 1
+    finally:
+        other.close()
+        store.close()
+
+
+def test_configuration_edits_made_outside_qag_move_the_config_generation(make_store):
+    """The store's triggers (SQLite and PostgreSQL) move meta.config_generation, which the metadata cache polls,
+    for any change to a configuration row, also one an operator makes by hand; usage stamps don't move it."""
+    store = make_store()
+
+    def generation() -> int:
+        return int(store.get_meta("config_generation") or 0)
+
+    start = generation()
+    store.put_key({"name": "k", "secret_hash": "h", "previous_hash": None, "previous_expires_at": None, "grants": {},
+                   "active": True, "expires_at": None, "created_at": "c", "created_from_role": None,
+                   "last_used_at": None, "previous_last_used_at": None, "example": False}, create=True)
+    assert generation() > start
+    moved = generation()
+    store.touch_key("k", False, "2026-11-30T00:00:00")
+    assert generation() == moved, "a usage stamp is not a configuration change"
+    raw_sql(store, "UPDATE api_keys SET active = 0 WHERE name = 'k'")
+    assert generation() > moved

@@ -1,0 +1,445 @@
+"""The PostgreSQL store (QAG_DATABASE_URL): the SQLite store's schema and SQL on a pool of psycopg2 connections.
+
+Several instances may share one database. Migrations run under a transaction-scoped advisory lock, so concurrent
+starts apply each step once; a newer schema is refused as on SQLite. Every `transaction()` takes another advisory
+lock for its duration, which serialises read-modify-write sections across threads, workers and instances the way
+SQLite's BEGIN IMMEDIATE does. Outside a transaction each statement runs in autocommit on a pooled connection.
+
+Run rows go in with COPY FROM STDIN (one round trip per batch, no statement text to parse per row); history trims
+and retention sweeps of all writers are serialised by a third advisory lock (no deadlock between workers trimming
+the same version). Request ids are stored as text (12-hex ids too: the SQLite store packs those into 6 bytes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import os
+import re
+import threading
+import time
+from typing import Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+from .base import StoreError
+from .schema import MIGRATIONS, RUN_COLUMNS, SCHEMA_VERSION, statements
+from .sqlite import _CONFIGURATION, SqliteStore, _dump, _row
+
+# Advisory lock keys (64-bit, database-wide): "qag" + a purpose byte, unlikely to meet another application's.
+_LOCK_MIGRATE = 0x71616700_00000001
+_LOCK_WRITE = 0x71616700_00000002
+_LOCK_RUNS = 0x71616700_00000003
+
+CONNECT_TIMEOUT = 5       # seconds to open a store connection
+LOCK_TIMEOUT_MS = 5000   # longest wait for a row or advisory lock
+POOL_WAIT = 10.0          # seconds a thread waits for a free connection when the pool is at its cap
+_SCHEMA_TABLE = "qag_schema"
+
+
+def _driver():
+    try:
+        import psycopg2
+        import psycopg2.extensions
+    except ImportError:
+        raise StoreError("QAG_DATABASE_URL names a PostgreSQL store but psycopg2 is not installed: "
+                         "pip install 'qag[postgres]'") from None
+    return psycopg2
+
+
+def redact(url: str) -> str:
+    """The URL without its password (for log lines and messages)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "postgresql://?"
+    if parts.password is None and "password" not in parts.query.lower():
+        return url
+    if parts.password is not None:
+        netloc = parts.netloc.rsplit("@", 1)
+        user = netloc[0].split(":", 1)[0]
+        parts = parts._replace(netloc=f"{user}:***@{netloc[1]}")
+    if "password" in parts.query.lower():  # libpq also takes ?password=...
+        parts = parts._replace(query=re.sub(r"(?i)(password=)[^&]*", r"\1***", parts.query))
+    return urlunsplit(parts)
+
+
+@functools.lru_cache(maxsize=1024)
+def _pg(sql: str) -> str:
+    """SQLite-style SQL to psycopg2's: `?` placeholders become %s (the store's SQL has no `?` in literals)."""
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+def _copy_text(value) -> str:
+    """One field of COPY's text format."""
+    if value is None:
+        return "\\N"
+    if isinstance(value, bytes):
+        value = value.hex()
+    elif not isinstance(value, str):
+        return str(int(value)) if isinstance(value, bool) else str(value)
+    # PostgreSQL text cannot hold NUL: one in an ad-hoc statement or an error message must not fail the batch.
+    return (value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+            .replace("\x00", "\ufffd"))
+
+
+class _Pool:
+    """A small thread-safe pool of autocommit connections, per process: a forked child starts empty and never
+    touches (nor closes) its parent's sockets."""
+
+    def __init__(self, url: str, size: int):
+        self.url = url
+        self.size = max(1, size)
+        self._reset()
+
+    def _reset(self) -> None:
+        # Connections inherited across a fork are dropped, never closed: close() would send libpq's Terminate down
+        # the parent's socket (psycopg2 itself skips that when it frees a connection of another process).
+        self._pid = os.getpid()
+        self._cond = threading.Condition(threading.Lock())
+        self._idle: list = []
+        self._open = 0
+
+    def connect(self, timeout: float = CONNECT_TIMEOUT):
+        psycopg2 = _driver()
+        try:
+            conn = psycopg2.connect(self.url, connect_timeout=max(1, int(timeout + 0.999)),
+                                    application_name="qag-store", keepalives=1, keepalives_idle=30,
+                                    keepalives_interval=10, keepalives_count=3)
+        except psycopg2.Error as exc:
+            # The driver's text names host and database, never the password.
+            raise StoreError(f"cannot open the store {redact(self.url)}: {str(exc).strip()}") from None
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                # As SQLite's 5 s busy timeout: a statement (or transaction()) waiting longer for a lock fails
+                # with a transient error instead of hanging a request or the history writer.
+                cur.execute("SET lock_timeout = %s", (f"{LOCK_TIMEOUT_MS}ms",))
+        except psycopg2.Error as exc:
+            conn.close()
+            raise StoreError(f"cannot prepare a store connection to {redact(self.url)}: {str(exc).strip()}") from None
+        return conn
+
+    def get(self):
+        if self._pid != os.getpid():
+            self._reset()
+        deadline = time.monotonic() + POOL_WAIT
+        with self._cond:
+            while True:
+                if self._idle:
+                    return self._idle.pop()
+                if self._open < self.size:
+                    self._open += 1
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._cond.wait(left):
+                    if not self._idle and self._open >= self.size:
+                        raise StoreError(f"no store connection free within {POOL_WAIT:g} s "
+                                         f"({self.size} in use by this process)")
+        try:
+            return self.connect()
+        except BaseException:
+            with self._cond:
+                self._open -= 1
+                self._cond.notify()
+            raise
+
+    def put(self, conn, broken: bool = False) -> None:
+        if self._pid != os.getpid():
+            return  # a connection of the parent process: forget it
+        if not broken and conn.closed:
+            broken = True
+        if broken:
+            with contextlib.suppress(Exception):
+                conn.close()
+        with self._cond:
+            if broken:
+                self._open -= 1
+            else:
+                self._idle.append(conn)
+            self._cond.notify()
+
+    def close(self) -> None:
+        if self._pid != os.getpid():
+            self._reset()
+            return
+        with self._cond:
+            idle, self._idle = self._idle, []
+            self._open -= len(idle)
+        for conn in idle:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+class PostgresStore(SqliteStore):
+    """Store on a PostgreSQL database shared by any number of workers and instances."""
+
+    _UNLIMITED = "ALL"
+
+    def __init__(self, url: str, audit_limit: int = 500, pool_size: int = 8):
+        psycopg2 = _driver()
+        self.transient_errors = (psycopg2.OperationalError,)  # lost connection, deadlock, serialisation
+        self.audit_limit = audit_limit
+        self.url = url
+        self.path = None  # no file: the SQLite-only helpers must not be used
+        self._pool = _Pool(url, pool_size)
+        self._local = threading.local()
+        try:
+            self._migrate()
+        except psycopg2.Error as exc:
+            raise StoreError(f"cannot prepare the store {self.describe()}: {str(exc).strip()}") from None
+
+    def describe(self) -> str:
+        return redact(self.url)
+
+    # --- plumbing --------------------------------------------------------------------------
+    def _tx(self):
+        """This thread's transaction connection, when it is inside transaction() in this process."""
+        local = self._local
+        if getattr(local, "depth", 0) and getattr(local, "pid", None) == os.getpid():
+            return local.conn
+        return None
+
+    def _execute(self, sql: str, args: tuple, fetch):
+        psycopg2 = _driver()
+        sql = _pg(sql)
+        # SQLite stores Python booleans as 0/1 in INTEGER columns; PostgreSQL would call them boolean.
+        args = tuple(int(a) if a is True or a is False else a for a in args)
+        conn = self._tx()
+        if conn is not None:
+            with conn.cursor() as cur:
+                cur.execute(sql, args)
+                return fetch(cur)
+        for attempt in (0, 1):
+            conn = self._pool.get()
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(sql, args)
+                    result = fetch(cur)
+            except psycopg2.Error:
+                broken = bool(conn.closed)
+                self._pool.put(conn, broken=broken)
+                # A pooled connection the server dropped (restart, idle timeout): once more on a fresh one.
+                # The statement never reached the server, so nothing runs twice.
+                if broken and attempt == 0:
+                    continue
+                raise
+            self._pool.put(conn)
+            return result
+        raise AssertionError("unreachable")
+
+    def _all(self, sql: str, args: tuple = ()) -> list[dict]:
+        return self._execute(sql, args, lambda cur: [_row(cur, r) for r in cur.fetchall()])
+
+    def _one(self, sql: str, args: tuple = ()) -> dict | None:
+        def one(cur):
+            r = cur.fetchone()
+            return _row(cur, r) if r is not None else None
+        return self._execute(sql, args, one)
+
+    def _run(self, sql: str, args: tuple = ()) -> int:
+        return self._execute(sql, args, lambda cur: cur.rowcount)
+
+    def _conn(self):
+        raise AssertionError("PostgresStore has no per-thread connection: use _execute or transaction()")
+
+    def close(self) -> None:
+        self._pool.close()
+
+    @contextlib.contextmanager
+    def transaction(self, lock: int = _LOCK_WRITE, wait_forever: bool = False) -> Iterator[None]:
+        local = self._local
+        outer = self._tx()
+        if outer is not None:
+            if lock not in local.locks:
+                # Nested with another purpose (a history batch written from inside an administrative
+                # transaction): take that lock too, so run writers stay serialised. Always after the write lock,
+                # never before it, so no two transactions wait for each other.
+                with outer.cursor() as cur:
+                    cur.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
+                local.locks.add(lock)
+            local.depth += 1
+            try:
+                yield
+            finally:
+                local.depth -= 1
+            return
+        psycopg2 = _driver()
+        for attempt in (0, 1):
+            conn = self._pool.get()
+            broken = False
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("BEGIN")
+                    if wait_forever:
+                        cur.execute("SET LOCAL lock_timeout = 0")
+                    cur.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
+            except psycopg2.Error:
+                dropped = bool(conn.closed)
+                if not dropped:
+                    with contextlib.suppress(psycopg2.Error):
+                        conn.cursor().execute("ROLLBACK")
+                self._pool.put(conn, broken=dropped)
+                if dropped and attempt == 0:
+                    continue  # a pooled connection the server dropped: begin again on a new one
+                raise
+            except BaseException:
+                self._pool.put(conn, broken=True)
+                raise
+            break
+        local.conn, local.pid, local.depth, local.locks = conn, os.getpid(), 1, {lock}
+        try:
+            yield
+            with conn.cursor() as cur:
+                cur.execute("COMMIT")
+        except BaseException:
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("ROLLBACK")
+            except Exception:  # the connection is gone: so is the transaction
+                broken = True
+            raise
+        finally:
+            local.depth = 0
+            local.conn = None
+            self._pool.put(conn, broken=broken)
+
+    def _migrate(self) -> None:
+        # Another instance may be migrating a big store: wait for it, however long.
+        with self.transaction(lock=_LOCK_MIGRATE, wait_forever=True):
+            self._run(f"CREATE TABLE IF NOT EXISTS {_SCHEMA_TABLE} (version INTEGER NOT NULL)")
+            row = self._one(f"SELECT max(version) AS v FROM {_SCHEMA_TABLE}")
+            found = row["v"] if row["v"] is not None else 0
+            if found > SCHEMA_VERSION:
+                raise StoreError(f"the store {self.describe()} has schema version {found}, newer than this qag "
+                                 f"knows ({SCHEMA_VERSION}); upgrade qag or use another QAG_DATABASE_URL")
+            for step in MIGRATIONS[found:]:
+                for statement in statements(step, "postgresql"):
+                    with self._tx().cursor() as cur:
+                        cur.execute(statement)  # as written: no placeholders, so a `?` or `%` in it is literal
+            if found != SCHEMA_VERSION:
+                self._run(f"DELETE FROM {_SCHEMA_TABLE}")
+                self._run(f"INSERT INTO {_SCHEMA_TABLE} (version) VALUES (?)", (SCHEMA_VERSION,))
+            for statement in _config_triggers():
+                with self._tx().cursor() as cur:
+                    cur.execute(statement)
+
+    def schema_version(self) -> int:
+        return self._one(f"SELECT max(version) AS v FROM {_SCHEMA_TABLE}")["v"]
+
+    def ping(self, timeout: float) -> None:
+        conn = self._pool.connect(timeout)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SET statement_timeout = %s", (max(1, int(timeout * 1000)),))
+                cur.execute("SELECT count(*) FROM meta")
+                cur.fetchone()
+        finally:
+            conn.close()
+
+    # --- dialect differences -----------------------------------------------------------------
+    def audit(self, at, actor, via, action, target, changes) -> None:
+        with self.transaction():
+            entry = self._one("INSERT INTO audit_log (at, actor, via, action, target, changes) "
+                              "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
+                              (at, actor, via, action, target, _dump(changes)))["id"]
+            self._run("DELETE FROM audit_log WHERE id <= ?", (entry - self.audit_limit,))
+
+    def name_ids(self, names: set[str]) -> dict[str, int]:
+        if not names:
+            return {}
+        wanted = sorted(names)
+        marks = ", ".join("?" * len(wanted))
+        found = {r["name"]: r["id"] for r in self._all(f"SELECT id, name FROM names WHERE name IN ({marks})",
+                                                       tuple(wanted))}
+        missing = [n for n in wanted if n not in found]
+        if missing:
+            # One statement, no lock: a name another writer interns meanwhile is simply found.
+            marks = ", ".join(["(?)"] * len(missing))
+            self._run(f"INSERT INTO names (name) VALUES {marks} ON CONFLICT (name) DO NOTHING", tuple(missing))
+            marks = ", ".join("?" * len(missing))
+            found.update({r["name"]: r["id"] for r in self._all(
+                f"SELECT id, name FROM names WHERE name IN ({marks})", tuple(missing))})
+        return found
+
+    def version_uuids(self, pairs: set[tuple[str, int]]) -> dict[tuple[str, int], str]:
+        if not pairs:
+            return {}
+        ordered = sorted(pairs)
+        marks = ", ".join(["(?, ?)"] * len(ordered))
+        rows = self._all(f"SELECT query_name, version, uuid FROM query_versions WHERE (query_name, version) IN "
+                         f"({marks})", tuple(v for pair in ordered for v in pair))
+        return {(r["query_name"], r["version"]): r["uuid"] for r in rows}
+
+    def add_runs(self, rows: list[tuple], *, limit: int, adhoc_limit: int, by_count: bool, events_since: int) -> None:
+        if not rows:
+            return
+        data = io.StringIO("".join("\t".join(map(_copy_text, row)) + "\n" for row in rows))
+        with self.transaction(lock=_LOCK_RUNS):
+            # The runs lock (not the metadata one): batches of every worker and instance trim one at a time,
+            # while administration goes on.
+            with self._tx().cursor() as cur:
+                cur.copy_expert(f"COPY runs ({', '.join(RUN_COLUMNS)}) FROM STDIN", data)
+            if not by_count:
+                return
+            versions = {(row[2], row[3]) for row in rows if row[1] and row[2] is not None}
+            for q, v in sorted(versions):
+                self._trim("q = ? AND v = ?", (q, v), limit, events_since)
+            if any(row[1] and row[2] is None for row in rows):
+                self._trim("q IS NULL", (), adhoc_limit, events_since)
+
+    def prune_runs(self, *, events_since: int, history_since: int | None, batch: int) -> int:
+        changed = 0
+        with self.transaction(lock=_LOCK_RUNS):  # one sweep at a time across instances, between batch writes
+            changed += self._run("DELETE FROM runs WHERE id IN (SELECT id FROM runs WHERE at < ? AND h = 0 "
+                                 f"LIMIT {int(batch)})", (events_since,))
+            if history_since is not None:
+                changed += self._run("UPDATE runs SET h = 0 WHERE id IN (SELECT id FROM runs WHERE h = 1 AND "
+                                     f"at < ? LIMIT {int(batch)})", (history_since,))
+        return changed
+
+    # --- raw table access (qag store copy) -------------------------------------------------------
+    def raw_rows(self, table: str) -> tuple[list[str], list[tuple]]:
+        def fetch(cur):
+            return [d[0] for d in cur.description], cur.fetchall()
+        return self._execute(f"SELECT * FROM {_ident(table)}", (), fetch)
+
+    def insert_raw(self, table: str, columns: list[str], rows: list[tuple]) -> None:
+        if not rows:
+            return
+        data = io.StringIO("".join("\t".join(map(_copy_text, row)) + "\n" for row in rows))
+        with self._tx().cursor() as cur:
+            cur.copy_expert(f"COPY {_ident(table)} ({', '.join(map(_ident, columns))}) FROM STDIN", data)
+
+    def after_copy(self, tables: list[str]) -> None:
+        """Move each id sequence past the copied ids, so new rows never reuse one."""
+        for table in tables:
+            seq = self._one("SELECT pg_get_serial_sequence(?, 'id') AS s", (table,)) if self._has_id(table) else None
+            if seq and seq["s"]:
+                self._one(f"SELECT setval(?, coalesce((SELECT max(id) FROM {_ident(table)}), 0) + 1, false) AS v",
+                          (seq["s"],))
+
+    def _has_id(self, table: str) -> bool:
+        return self._one("SELECT count(*) AS n FROM information_schema.columns WHERE table_name = ? "
+                         "AND column_name = 'id' AND table_schema = current_schema()", (table,))["n"] > 0
+
+
+def _ident(name: str) -> str:
+    if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
+        raise StoreError(f"not a table or column name: {name!r}")
+    return name
+
+
+def _config_triggers() -> list[str]:
+    """The SQLite store's configuration triggers (sqlite._CONFIGURATION) in PostgreSQL's terms: any change to a
+    configuration row, also one made straight in the database, moves meta.config_generation, which the metadata
+    cache polls. Statement-level, so a bulk edit moves it once."""
+    statements = ["CREATE OR REPLACE FUNCTION qag_bump_config_generation() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                  "BEGIN INSERT INTO meta (key, value) VALUES ('config_generation', '1') ON CONFLICT (key) DO UPDATE "
+                  "SET value = (meta.value::bigint + 1)::text; RETURN NULL; END $$"]
+    for table, columns in _CONFIGURATION.items():
+        name = f"qag_config_{table}"
+        statements.append(f"DROP TRIGGER IF EXISTS {name} ON {table}")
+        statements.append(f"CREATE TRIGGER {name} AFTER INSERT OR UPDATE{columns} OR DELETE ON {table} "
+                          f"FOR EACH STATEMENT EXECUTE FUNCTION qag_bump_config_generation()")
+    return statements
