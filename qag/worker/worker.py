@@ -32,13 +32,14 @@ class _Access:
 class _Conn:
     """One client connection: its socket, its parser and the requests parsed but not yet answered."""
 
-    __slots__ = ("sock", "client", "server", "base", "parser", "deadline", "started")
+    __slots__ = ("sock", "client", "server", "base", "parser", "deadline", "started", "refusal")
 
     def __init__(self, sock, client, server, base_env, parser):
         self.sock, self.client, self.server, self.base = sock, client, server, base_env
         self.parser = parser
         self.deadline = 0.0
         self.started = False   # bytes of a request have arrived: the request deadline runs
+        self.refusal: HttpError | None = None   # a bad request after pipelined good ones, answered after them
 
 
 class QagWorker(base.Worker):
@@ -172,8 +173,12 @@ class QagWorker(base.Worker):
         try:
             parser.feed(data)
         except HttpError as exc:
-            self._refuse(conn, exc)
-            return
+            if not parser.ready:
+                self._refuse(conn, exc)
+                return
+            # pipelined: the good requests before the bad one are answered first, then the refusal
+            conn.refusal = exc
+            parser.dead = True
         if parser.ready:
             self.selector.unregister(conn.sock)
             self.busy += 1
@@ -267,6 +272,14 @@ class QagWorker(base.Worker):
                     keep = self._handle(conn, ready.popleft())
             except Exception:
                 wsgi.log_error(self.log, "Error handling request")
+                keep = False
+            if keep and conn.refusal is not None:
+                try:
+                    exc = conn.refusal
+                    wsgi.send_all(conn.sock, wsgi.error_response(exc.status, exc.reason, exc.message),
+                                  self.client_timeout)
+                except wsgi.ClientGone:
+                    pass
                 keep = False
             if keep and not conn.parser.dead:
                 self.returned.append(conn)
