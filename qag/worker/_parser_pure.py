@@ -8,7 +8,8 @@ from collections import deque
 from .http11 import METHODS, HttpError, Limits, Request, add_header, bad, check_line, headers_done
 
 _VERSION = re.compile(rb"HTTP/([0-9])\.([0-9])")
-_URL = re.compile(rb"[\x21-\x7e]+")
+# origin-form or "*" (any visible ASCII), or absolute-form with a plain scheme, as llhttp accepts them
+_URL = re.compile(rb"[/*][\x21-\x7e]*|[A-Za-z]+://[A-Za-z0-9._~%!$&'()*+,;=:@\[\]-]*(?:[/?][\x21-\x7e]*)?")
 _TOKEN = rb"[!#$%&'*+\-.0-9A-Z^_`a-z|~]+"
 _HEADER = re.compile(rb"(" + _TOKEN + rb"):[ \t]*([\t\x20-\x7e\x80-\xff]*)")
 _CHUNK = re.compile(rb"([0-9A-Fa-f]+)((?:;" + _TOKEN + rb"(?:=(?:" + _TOKEN + rb'|"[^"\r\n]*"))?)*)')
@@ -203,7 +204,8 @@ class Parser:
         self.continue_due = None
         self._req = None
         self._state = _LINE
-        if req.upgrade:
+        if not req.keep_alive:
+            # the connection ends with this request (Connection: close, HTTP/1.0, upgrade): nothing after it is read
             self.dead = True
             self._state = _DEAD
             self._buf.clear()

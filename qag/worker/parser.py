@@ -116,8 +116,10 @@ class CParser:
         self.partial = False
         self.continue_due = None
         self._req = None
-        if req.upgrade:
+        if not req.keep_alive:
+            # the connection ends with this request (Connection: close, HTTP/1.0, upgrade): nothing after it is read
             self.dead = True
+            raise _Stop
 
     def _finish_dead(self, req: Request) -> None:
         self.ready.append(req)
