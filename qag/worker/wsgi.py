@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import json
+import os
 import re
 import select
 import sys
@@ -251,10 +253,17 @@ class Response:
             self.close = True   # the app sent less than it announced: the client can't frame the next response
 
 
+_CODES = {400: "malformed_http", 414: "request_line_too_long", 417: "expectation_failed", 431: "header_fields_too_large",
+          500: "internal_error"}
+
+
 def error_response(status: int, reason: str, message: str) -> bytes:
-    body = message.encode("latin-1", "replace") + b"\n"
+    """A refusal in qag's error envelope (docs/errors.md), and the connection closed after it."""
+    body = json.dumps({"error": message or reason, "code": _CODES.get(status, "malformed_http"),
+                       "request_id": os.urandom(6).hex()}).encode() + b"\n"
     return (b"HTTP/1.1 %d %s\r\nServer: qag\r\n" % (status, reason.encode()) + _date()
-            + b"Connection: close\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            + b"Connection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+            + body)
 
 
 def log_error(log, message: str) -> None:

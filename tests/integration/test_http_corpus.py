@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import json
 import os
 import re
 import socket
@@ -71,6 +72,7 @@ def _refusal(code: int) -> bool:
 def http_server(request):
     s = Server(env={"QAG_WORKER_CLASS": request.param}, workers=1, threads=4)
     s.pids = worker_pids(s)
+    s.worker_class = request.param
     assert len(s.pids) == 1
     yield s
     s.close()
@@ -91,6 +93,11 @@ def test_corpus(http_server, expect, data):
         assert statuses[:1] == [200] and all(_refusal(c) for c in statuses[1:]), answer[:300]
     else:
         assert expect == "ok-or-refuse"
+    if http_server.worker_class == "qag" and statuses and statuses[0] >= 400 and expect == "refuse":
+        # qag's worker refuses in qag's error envelope, with a stable code (docs/errors.md)
+        body = answer.split(b"\r\n\r\n", 1)[1]
+        assert json.loads(body)["code"] in ("malformed_http", "request_line_too_long", "header_fields_too_large",
+                                            "expectation_failed", "method_not_allowed", "payload_too_large"), answer
     # never a crash: the same worker process, and a new connection is served
     assert worker_pids(http_server) == http_server.pids
     assert http_server.get("/health").status == 200
