@@ -65,3 +65,16 @@ def app(environ, start_response):
     data = json.dumps(out).encode()
     start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
     return [data]
+
+
+def _selector_worker():
+    from qag.worker import QagWorker
+    from qag.worker.poller import SelectorPoller
+
+    class SelectorWorker(QagWorker):
+        """qag's worker on its selectors fallback (platforms without epoll)."""
+        make_poller = SelectorPoller
+    return SelectorWorker
+
+
+SelectorWorker = _selector_worker()

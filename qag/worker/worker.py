@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import os
 import queue
-import selectors
 import socket
 import threading
 import time
@@ -17,6 +16,7 @@ from gunicorn.workers import base
 from . import wsgi
 from .http11 import HttpError, Limits, Request
 from .parser import parser_class
+from .poller import make_poller
 
 
 class _Access:
@@ -32,10 +32,12 @@ class _Access:
 class _Conn:
     """One client connection: its socket, its parser and the requests parsed but not yet answered."""
 
-    __slots__ = ("sock", "client", "server", "base", "parser", "deadline", "started", "refusal")
+    __slots__ = ("sock", "fd", "client", "server", "base", "parser", "deadline", "started", "refusal", "in_app")
 
     def __init__(self, sock, client, server, base_env, parser):
         self.sock, self.client, self.server, self.base = sock, client, server, base_env
+        self.fd = sock.fileno()
+        self.in_app = False    # a pool thread owns it (answering); the selector thread must not touch it
         self.parser = parser
         self.deadline = 0.0
         self.started = False   # bytes of a request have arrived: the request deadline runs
@@ -61,20 +63,21 @@ class QagWorker(base.Worker):
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.returned: deque[_Conn] = deque()
         self.conns: set[_Conn] = set()
-        self.busy = 0
-        self.selector: selectors.BaseSelector | None = None
+        self.poller = None
         self._count_lock = threading.Lock()
+
+    make_poller = staticmethod(make_poller)   # epoll where there is one; tests also run the selectors fallback
 
     # --- the selector thread -------------------------------------------------------------------------------
     def run(self) -> None:
-        sel = self.selector = selectors.DefaultSelector()
+        sel = self.poller = self.make_poller()
         bases = {}
         for listener in self.sockets:
             listener.setblocking(False)
             name = listener.getsockname()
             bases[listener] = (name, wsgi.base_environ(self.cfg, name))
-            sel.register(listener, selectors.EVENT_READ, listener)
-        sel.register(self.PIPE[0], selectors.EVENT_READ, None)
+            sel.listen(listener, listener)
+        sel.listen(self.PIPE[0], None)
         for _ in range(self.cfg.threads):
             threading.Thread(target=self._serve, name="qag-http", daemon=True).start()
         accepting = True
@@ -92,7 +95,7 @@ class QagWorker(base.Worker):
             want = len(self.conns) < max_conns
             if want != accepting:
                 for listener in self.sockets:
-                    (sel.register(listener, selectors.EVENT_READ, listener) if want else sel.unregister(listener))
+                    (sel.listen(listener, listener) if want else sel.unlisten(listener))
                 accepting = want
             self._poll(sel, bases, 1.0)
             if now >= next_sweep:
@@ -101,15 +104,10 @@ class QagWorker(base.Worker):
         self._shutdown(sel)
 
     def _poll(self, sel, bases, timeout: float) -> None:
-        try:
-            events = sel.select(timeout)
-        except InterruptedError:
-            return
-        for key, _ in events:
-            data = key.data
+        for data in sel.select(timeout):
             if data is None:
                 self._wake()
-            elif isinstance(data, _Conn):
+            elif type(data) is _Conn:
                 self._readable(data)
             else:
                 self._accept(data, bases[data])
@@ -124,8 +122,8 @@ class QagWorker(base.Worker):
         now = time.monotonic()
         while returned:
             conn = returned.popleft()
-            self.busy -= 1
             if type(conn) is _Closed:
+                self.poller.forget(conn.conn)
                 self.conns.discard(conn.conn)
                 continue
             if not self.alive and not conn.parser.partial:
@@ -133,7 +131,8 @@ class QagWorker(base.Worker):
                 continue
             conn.started = conn.parser.partial
             conn.deadline = now + (self.client_timeout if conn.started else self.keepalive)
-            self.selector.register(conn.sock, selectors.EVENT_READ, conn)
+            conn.in_app = False
+            self.poller.rearm(conn)
 
     def _accept(self, listener, server_base) -> None:
         server, base_env = server_base
@@ -154,12 +153,13 @@ class QagWorker(base.Worker):
             conn = _Conn(sock, client, server, base_env, self.parser_cls(self.limits))
             conn.deadline = time.monotonic() + self.keepalive
             self.conns.add(conn)
-            self.selector.register(sock, selectors.EVENT_READ, conn)
+            self.poller.add(conn)
 
     def _readable(self, conn: _Conn) -> None:
         try:
             data = conn.sock.recv(65536)
         except (BlockingIOError, InterruptedError):
+            self.poller.wants_more(conn)
             return
         except OSError:
             data = b""
@@ -180,17 +180,21 @@ class QagWorker(base.Worker):
             conn.refusal = exc
             parser.dead = True
         if parser.ready:
-            self.selector.unregister(conn.sock)
-            self.busy += 1
+            self.poller.dispatched(conn)
+            conn.in_app = True
             self.jobs.put(conn)
-        elif parser.continue_due is not None:
+            return
+        if parser.dead:
+            self._unregister_close(conn)
+            return
+        if parser.continue_due is not None:
             parser.continue_due = None
             try:
                 conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
             except OSError:
                 self._unregister_close(conn)
-        elif parser.dead:
-            self._unregister_close(conn)
+                return
+        self.poller.wants_more(conn)
 
     def _refuse(self, conn: _Conn, exc: HttpError) -> None:
         addr = conn.client[0] if isinstance(conn.client, tuple) else conn.client
@@ -203,20 +207,14 @@ class QagWorker(base.Worker):
 
     def _sweep(self, now: float) -> None:
         """Close connections past their deadline: idle keep-alive ones, and clients too slow to send a request."""
-        for conn in [c for c in self.conns if c.deadline and c.deadline < now]:
-            try:
-                self.selector.get_key(conn.sock)
-            except (KeyError, ValueError):
-                continue   # in a pool thread: its own send timeout applies
+        for conn in [c for c in self.conns if c.deadline < now and not c.in_app]:
+            # (a connection in a pool thread is skipped: its own send timeout applies)
             if conn.started:
                 self.log.debug("client too slow to send its request: closing")
             self._unregister_close(conn)
 
     def _unregister_close(self, conn: _Conn) -> None:
-        try:
-            self.selector.unregister(conn.sock)
-        except (KeyError, ValueError):
-            pass
+        self.poller.remove(conn)
         self._close(conn)
 
     def _close(self, conn: _Conn) -> None:
@@ -230,18 +228,14 @@ class QagWorker(base.Worker):
         """Stop accepting, close idle connections, let in-flight and half-read requests finish within the grace."""
         for listener in self.sockets:
             try:
-                sel.unregister(listener)
-            except (KeyError, ValueError):
+                sel.unlisten(listener)
+            except (KeyError, ValueError, OSError):
                 pass
         deadline = time.monotonic() + self.cfg.graceful_timeout
         bases = {}
         while time.monotonic() < deadline:
             for conn in list(self.conns):
-                try:
-                    sel.get_key(conn.sock)
-                except (KeyError, ValueError):
-                    continue
-                if not conn.parser.partial:
+                if not conn.in_app and not conn.parser.partial:
                     self._unregister_close(conn)
             if not self.conns:
                 break
@@ -282,6 +276,16 @@ class QagWorker(base.Worker):
                     pass
                 keep = False
             if keep and not conn.parser.dead:
+                if self.poller.threadsafe and self.alive:
+                    # re-armed from here: the selector thread hears of it only when bytes arrive
+                    conn.started = conn.parser.partial
+                    conn.deadline = time.monotonic() + (self.client_timeout if conn.started else self.keepalive)
+                    conn.in_app = False
+                    try:
+                        self.poller.rearm(conn)
+                    except OSError:
+                        pass   # closed by the selector thread meanwhile (shutdown)
+                    continue
                 self.returned.append(conn)
             else:
                 try:

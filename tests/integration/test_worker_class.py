@@ -22,6 +22,7 @@ pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 QAG = "qag.worker.QagWorker"
+FALLBACK = "tests.worker_app.SelectorWorker"   # the same worker on the selectors fallback
 _LISTENING = re.compile(r"Listening at: http://([\d.]+):(\d+)")
 
 
@@ -116,8 +117,9 @@ def raw(server: Gunicorn, data: bytes, wait: float = 3.0, read_for: float | None
 
 
 # --- WSGI conformance ---------------------------------------------------------------------------------------
-def test_environ_and_bodies(start):
-    s = start()
+@pytest.mark.parametrize("worker", [QAG, FALLBACK])
+def test_environ_and_bodies(start, worker):
+    s = start(worker)
     status, _, body = s.get("/a%20b/c?x=1&y=%20", method="POST", body=b"hello",
                             headers={"Content-Type": "text/plain", "X-A": "1", "X_A": "smuggled"})
     env = json.loads(body)
@@ -154,8 +156,9 @@ def test_write_callable_exc_info_and_head(start):
     assert "closed sent=0" in s.notes()
 
 
-def test_stream_is_chunked_and_closed_when_the_client_leaves(start):
-    s = start()
+@pytest.mark.parametrize("worker", [QAG, FALLBACK])
+def test_stream_is_chunked_and_closed_when_the_client_leaves(start, worker):
+    s = start(worker)
     status, headers, body = s.get("/stream?n=3&pause=0")
     assert status == 200 and headers.get("transfer-encoding") == "chunked" and body == b"chunk 0\nchunk 1\nchunk 2\n"
     with socket.create_connection((s.host, s.port), timeout=5) as sock:
@@ -169,8 +172,9 @@ def test_stream_is_chunked_and_closed_when_the_client_leaves(start):
     assert sent and sent[0] < 100000
 
 
-def test_http10_and_keep_alive_rules(start):
-    s = start()
+@pytest.mark.parametrize("worker", [QAG, FALLBACK])
+def test_http10_and_keep_alive_rules(start, worker):
+    s = start(worker)
     answer = raw(s, b"GET /pid HTTP/1.0\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 200") and b"Connection: close" in answer
     two = raw(s, b"GET /pid HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /pid HTTP/1.0\r\n\r\n")
@@ -179,8 +183,9 @@ def test_http10_and_keep_alive_rules(start):
     assert b"Transfer-Encoding" not in streamed and streamed.endswith(b"chunk 0\nchunk 1\n")   # ends by closing
 
 
-def test_slow_clients_hold_no_thread_and_time_out(start):
-    s = start(QAG, "--keep-alive", "1", env={"QAG_CLIENT_TIMEOUT": "1"})
+@pytest.mark.parametrize("worker", [QAG, FALLBACK])
+def test_slow_clients_hold_no_thread_and_time_out(start, worker):
+    s = start(worker, "--keep-alive", "1", env={"QAG_CLIENT_TIMEOUT": "1"})
     slow = []
     for _ in range(6):   # more dribbling clients than the worker has threads (2)
         sock = socket.create_connection((s.host, s.port), timeout=5)
@@ -199,7 +204,7 @@ def test_slow_clients_hold_no_thread_and_time_out(start):
 
 
 # --- gunicorn lifecycle: the same on gthread and qag's worker ----------------------------------------------------
-@pytest.mark.parametrize("worker", ["gthread", QAG])
+@pytest.mark.parametrize("worker", ["gthread", QAG, FALLBACK])
 def test_graceful_shutdown_finishes_the_request_in_flight(start, worker):
     s = start(worker, "--graceful-timeout", "20")
     result = {}
@@ -219,7 +224,7 @@ def test_graceful_shutdown_finishes_the_request_in_flight(start, worker):
     idle.close()
 
 
-@pytest.mark.parametrize("worker", ["gthread", QAG])
+@pytest.mark.parametrize("worker", ["gthread", QAG, FALLBACK])
 def test_max_requests_recycles_the_worker(start, worker):
     s = start(worker, "--max-requests", "5")
     pids = []
