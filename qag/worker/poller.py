@@ -3,19 +3,28 @@ through the selector thread), or the selectors module where epoll is missing (ha
 
 from __future__ import annotations
 
+import os
 import select
 import selectors
 
+STOP = object()
+
 
 class EpollPoller:
-    """Connections are armed for one read event at a time (EPOLLONESHOT): once it fires the selector thread
-    owns the connection until it re-arms it or hands it to a pool thread, which re-arms it when done."""
+    """Two epoll sets. The selector thread waits on the listeners (and the wakeup pipe); the pool threads all wait
+    on the connections, each armed for one read event at a time (EPOLLONESHOT), so exactly one thread takes a
+    connection that has bytes, reads and parses them, answers a complete request itself, and re-arms it: no
+    hand-off between threads per request."""
 
-    threadsafe = True
+    followers = True
 
     def __init__(self):
         self._ep = select.epoll()
+        self._conn_ep = select.epoll()
         self._data: dict[int, object] = {}
+        self._conns: dict[int, object] = {}
+        self._stop_r, self._stop_w = os.pipe()
+        self._conn_ep.register(self._stop_r, select.EPOLLIN)   # level-triggered: wakes every pool thread
 
     def listen(self, fileobj, data) -> None:
         fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
@@ -28,12 +37,12 @@ class EpollPoller:
         self._data.pop(fd, None)
 
     def add(self, conn) -> None:
-        self._data[conn.fd] = conn
-        self._ep.register(conn.fd, select.EPOLLIN | select.EPOLLONESHOT)
+        self._conns[conn.fd] = conn
+        self._conn_ep.register(conn.fd, select.EPOLLIN | select.EPOLLONESHOT)
 
     def rearm(self, conn) -> None:
-        """Any thread: wait for the connection's next bytes (fires at once if some are already there)."""
-        self._ep.modify(conn.fd, select.EPOLLIN | select.EPOLLONESHOT)
+        """Wait for the connection's next bytes (fires at once if some are already there)."""
+        self._conn_ep.modify(conn.fd, select.EPOLLIN | select.EPOLLONESHOT)
 
     wants_more = rearm
 
@@ -42,33 +51,45 @@ class EpollPoller:
 
     def remove(self, conn) -> None:
         try:
-            self._ep.unregister(conn.fd)
+            self._conn_ep.unregister(conn.fd)
         except OSError:
             pass
-        if self._data.get(conn.fd) is conn:
-            del self._data[conn.fd]
-
-    def forget(self, conn) -> None:
-        """A connection a pool thread closed (the kernel dropped it from epoll): its fd may be reused already."""
-        if self._data.get(conn.fd) is conn:
-            del self._data[conn.fd]
+        if self._conns.get(conn.fd) is conn:
+            del self._conns[conn.fd]
 
     def select(self, timeout: float) -> list:
         try:
-            events = self._ep.poll(timeout, 256)
+            events = self._ep.poll(timeout, 64)
         except InterruptedError:
             return []
         data = self._data
         return [data.get(fd) for fd, _ in events]
 
+    def wait(self, timeout: float):
+        """A pool thread: the next connection with bytes, STOP at shutdown, or None."""
+        try:
+            events = self._conn_ep.poll(timeout, 1)
+        except InterruptedError:
+            return None
+        for fd, _ in events:
+            if fd == self._stop_r:
+                return STOP
+            return self._conns.get(fd)
+        return None
+
+    def stop(self) -> None:
+        os.write(self._stop_w, b"x")
+
     def close(self) -> None:
         self._ep.close()
+        self._conn_ep.close()
 
 
 class SelectorPoller:
-    """selectors fallback: registered while waiting for bytes, unregistered while a pool thread answers."""
+    """selectors fallback: the selector thread reads every request and queues complete ones to the pool threads;
+    a connection is registered while waiting for bytes, unregistered while a pool thread answers it."""
 
-    threadsafe = False
+    followers = False
 
     def __init__(self):
         self._sel = selectors.DefaultSelector()
@@ -96,14 +117,14 @@ class SelectorPoller:
         except (KeyError, ValueError):
             pass
 
-    def forget(self, conn) -> None:
-        pass   # never registered while a pool thread had it
-
     def select(self, timeout: float) -> list:
         try:
             return [key.data for key, _ in self._sel.select(timeout)]
         except InterruptedError:
             return []
+
+    def stop(self) -> None:
+        pass
 
     def close(self) -> None:
         self._sel.close()

@@ -1,4 +1,4 @@
-"""qag's gunicorn worker: one selector thread reads whole requests, a pool of QAG_THREADS threads runs the app."""
+"""qag's gunicorn worker: whole requests read without holding an app thread, QAG_THREADS threads run the app."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from gunicorn.workers import base
 from . import wsgi
 from .http11 import HttpError, Limits, Request
 from .parser import parser_class
-from .poller import make_poller
+from .poller import STOP, make_poller
 
 
 class _Access:
@@ -32,12 +32,15 @@ class _Access:
 class _Conn:
     """One client connection: its socket, its parser and the requests parsed but not yet answered."""
 
-    __slots__ = ("sock", "fd", "client", "server", "base", "parser", "deadline", "started", "refusal", "in_app")
+    __slots__ = ("sock", "fd", "client", "server", "base", "parser", "deadline", "started", "refusal", "in_app",
+                 "closed", "lock")
 
     def __init__(self, sock, client, server, base_env, parser):
         self.sock, self.client, self.server, self.base = sock, client, server, base_env
         self.fd = sock.fileno()
-        self.in_app = False    # a pool thread owns it (answering); the selector thread must not touch it
+        self.in_app = False    # a pool thread owns it (reading or answering); the sweep must not close it
+        self.closed = False
+        self.lock = threading.Lock()   # in_app and closed change together (pool threads against the sweep)
         self.parser = parser
         self.deadline = 0.0
         self.started = False   # bytes of a request have arrived: the request deadline runs
@@ -47,9 +50,11 @@ class _Conn:
 class QagWorker(base.Worker):
     """gunicorn keeps the master, signals, reloads, max_requests and the timeout heartbeat; this class owns HTTP.
 
-    The selector thread accepts, reads and parses until a request is complete (slow clients time out there,
-    holding no app thread), then hands the connection to the pool; the pool thread answers it (and any
-    pipelined requests already read) and gives the connection back for keep-alive."""
+    The main thread accepts connections, closes the idle and the too-slow ones, and drives the heartbeat and the
+    graceful stop. On epoll, QAG_THREADS pool threads wait on the connections themselves (one-shot): the thread
+    that gets one reads and parses what has arrived (an incomplete request is re-armed at once, so a slow client
+    never holds a thread), runs the app for each complete request and writes the answer, then re-arms it for
+    keep-alive. Without epoll the main thread reads and queues complete requests to the pool instead."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -78,8 +83,9 @@ class QagWorker(base.Worker):
             bases[listener] = (name, wsgi.base_environ(self.cfg, name))
             sel.listen(listener, listener)
         sel.listen(self.PIPE[0], None)
+        pool = self._follow if sel.followers else self._serve
         for _ in range(self.cfg.threads):
-            threading.Thread(target=self._serve, name="qag-http", daemon=True).start()
+            threading.Thread(target=pool, name="qag-http", daemon=True).start()
         accepting = True
         next_sweep = 0.0
         last_notify = 0.0
@@ -123,7 +129,6 @@ class QagWorker(base.Worker):
         while returned:
             conn = returned.popleft()
             if type(conn) is _Closed:
-                self.poller.forget(conn.conn)
                 self.conns.discard(conn.conn)
                 continue
             if not self.alive and not conn.parser.partial:
@@ -156,16 +161,25 @@ class QagWorker(base.Worker):
             self.poller.add(conn)
 
     def _readable(self, conn: _Conn) -> None:
+        """Selector thread (fallback): read; queue the connection to the pool when a request is complete."""
+        if self._read(conn):
+            self.poller.dispatched(conn)
+            conn.in_app = True
+            self.jobs.put(conn)
+
+    def _read(self, conn: _Conn) -> bool:
+        """Read and parse what has arrived; True when complete requests are ready (the caller answers them),
+        otherwise the connection is re-armed or closed here."""
         try:
             data = conn.sock.recv(65536)
         except (BlockingIOError, InterruptedError):
-            self.poller.wants_more(conn)
-            return
+            self._wait_more(conn)
+            return False
         except OSError:
             data = b""
         if not data:
             self._unregister_close(conn)
-            return
+            return False
         parser = conn.parser
         if not conn.started:
             conn.started = True
@@ -175,25 +189,27 @@ class QagWorker(base.Worker):
         except HttpError as exc:
             if not parser.ready:
                 self._refuse(conn, exc)
-                return
+                return False
             # pipelined: the good requests before the bad one are answered first, then the refusal
             conn.refusal = exc
             parser.dead = True
         if parser.ready:
-            self.poller.dispatched(conn)
-            conn.in_app = True
-            self.jobs.put(conn)
-            return
+            return True
         if parser.dead:
             self._unregister_close(conn)
-            return
+            return False
         if parser.continue_due is not None:
             parser.continue_due = None
             try:
                 conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
             except OSError:
                 self._unregister_close(conn)
-                return
+                return False
+        self._wait_more(conn)
+        return False
+
+    def _wait_more(self, conn: _Conn) -> None:
+        conn.in_app = False
         self.poller.wants_more(conn)
 
     def _refuse(self, conn: _Conn, exc: HttpError) -> None:
@@ -209,15 +225,28 @@ class QagWorker(base.Worker):
         """Close connections past their deadline: idle keep-alive ones, and clients too slow to send a request."""
         for conn in [c for c in self.conns if c.deadline < now and not c.in_app]:
             # (a connection in a pool thread is skipped: its own send timeout applies)
-            if conn.started:
-                self.log.debug("client too slow to send its request: closing")
-            self._unregister_close(conn)
+            self._close_idle(conn)
+
+    def _close_idle(self, conn: _Conn) -> None:
+        """Selector thread: close a connection no pool thread holds (checked under its lock)."""
+        with conn.lock:
+            if conn.in_app or conn.closed:
+                return
+            conn.closed = True
+        self.poller.remove(conn)
+        self._close(conn)
 
     def _unregister_close(self, conn: _Conn) -> None:
+        """Whichever thread holds the connection: close it."""
+        with conn.lock:
+            if conn.closed:
+                return
+            conn.closed = True
         self.poller.remove(conn)
         self._close(conn)
 
     def _close(self, conn: _Conn) -> None:
+        conn.closed = True
         self.conns.discard(conn)
         try:
             conn.sock.close()
@@ -236,7 +265,7 @@ class QagWorker(base.Worker):
         while time.monotonic() < deadline:
             for conn in list(self.conns):
                 if not conn.in_app and not conn.parser.partial:
-                    self._unregister_close(conn)
+                    self._close_idle(conn)
             if not self.conns:
                 break
             self.notify()
@@ -244,7 +273,7 @@ class QagWorker(base.Worker):
             self._sweep(time.monotonic())
         for _ in range(self.cfg.threads):
             self.jobs.put(None)
-        sel.close()
+        sel.stop()
         for listener in self.sockets:
             listener.close()
 
@@ -253,50 +282,74 @@ class QagWorker(base.Worker):
         self.alive = False
 
     # --- pool threads --------------------------------------------------------------------------------------
+    def _follow(self) -> None:
+        """Pool thread on epoll: take a connection with bytes, read it, answer what is complete, re-arm it."""
+        poller = self.poller
+        while True:
+            conn = poller.wait(1.0)
+            if conn is None:
+                continue
+            if conn is STOP:
+                return
+            with conn.lock:
+                if conn.closed:
+                    continue
+                conn.in_app = True
+            try:
+                if self._read(conn):
+                    self._answer(conn)
+            except Exception:
+                wsgi.log_error(self.log, "Error handling a connection")
+                self._unregister_close(conn)
+
     def _serve(self) -> None:
+        """Pool thread on the selectors fallback: answer connections the selector thread queued."""
         jobs = self.jobs
         while True:
             conn = jobs.get()
             if conn is None:
                 return
-            keep = True
+            self._answer(conn)
+
+    def _answer(self, conn: _Conn) -> None:
+        """Answer the ready requests in order (and a pipelined refusal after them); then keep or close."""
+        keep = True
+        try:
+            ready = conn.parser.ready
+            while ready and keep:
+                keep = self._handle(conn, ready.popleft())
+        except Exception:
+            wsgi.log_error(self.log, "Error handling request")
+            keep = False
+        if keep and conn.refusal is not None:
             try:
-                ready = conn.parser.ready
-                while ready and keep:
-                    keep = self._handle(conn, ready.popleft())
-            except Exception:
-                wsgi.log_error(self.log, "Error handling request")
-                keep = False
-            if keep and conn.refusal is not None:
-                try:
-                    exc = conn.refusal
-                    wsgi.send_all(conn.sock, wsgi.error_response(exc.status, exc.reason, exc.message),
-                                  self.client_timeout)
-                except wsgi.ClientGone:
-                    pass
-                keep = False
-            if keep and not conn.parser.dead:
-                if self.poller.threadsafe and self.alive:
-                    # re-armed from here: the selector thread hears of it only when bytes arrive
-                    conn.started = conn.parser.partial
-                    conn.deadline = time.monotonic() + (self.client_timeout if conn.started else self.keepalive)
-                    conn.in_app = False
-                    try:
-                        self.poller.rearm(conn)
-                    except OSError:
-                        pass   # closed by the selector thread meanwhile (shutdown)
-                    continue
-                self.returned.append(conn)
+                exc = conn.refusal
+                wsgi.send_all(conn.sock, wsgi.error_response(exc.status, exc.reason, exc.message),
+                              self.client_timeout)
+            except wsgi.ClientGone:
+                pass
+            keep = False
+        keep = keep and not conn.parser.dead and (self.alive or conn.parser.partial)
+        if self.poller.followers:
+            if keep:
+                conn.started = conn.parser.partial
+                conn.deadline = time.monotonic() + (self.client_timeout if conn.started else self.keepalive)
+                self._wait_more(conn)
             else:
-                try:
-                    conn.sock.close()
-                except OSError:
-                    pass
-                self.returned.append(_Closed(conn))
+                self._unregister_close(conn)
+            return
+        if keep:
+            self.returned.append(conn)
+        else:
             try:
-                os.write(self.PIPE[1], b".")
+                conn.sock.close()
             except OSError:
                 pass
+            self.returned.append(_Closed(conn))
+        try:
+            os.write(self.PIPE[1], b".")
+        except OSError:
+            pass
 
     def _handle(self, conn: _Conn, req: Request) -> bool:
         """Answer one request; True when the connection stays open for the next."""
