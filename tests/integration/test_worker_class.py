@@ -238,3 +238,20 @@ def test_max_requests_recycles_the_worker(start, worker):
         assert status == 200
         pids.append(int(body))
     assert len(set(pids)) >= 3, pids
+
+
+@pytest.mark.parametrize("worker", ["gthread", "qag"])
+def test_access_log_line_is_gunicorns(worker):
+    from tests.server import Server
+    s = Server(env={"QAG_WORKER_CLASS": worker, "QAG_ACCESS_LOG": "on"}, workers=1, threads=2)
+    try:
+        r = s.get("/health?secret=1", headers={"X-Request-Id": "rid-123", "User-Agent": "probe/1"})
+        assert r.status == 200
+        deadline = time.monotonic() + 10
+        while not any("rid=rid-123" in line for line in s.log) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        line = next(line for line in s.log if "rid=rid-123" in line)
+        assert '"GET /health HTTP/1.1" 200 ' in line and '"probe/1"' in line and "secret" not in line, line
+        assert line.startswith("127.0.0.1 - [")
+    finally:
+        s.close()
