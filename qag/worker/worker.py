@@ -71,6 +71,13 @@ class QagWorker(base.Worker):
         self.poller = None
         self._count_lock = threading.Lock()
 
+    @classmethod
+    def check_config(cls, cfg, log):
+        if cfg.is_ssl:
+            # refuse at startup rather than serve cleartext on a port configured for TLS
+            raise RuntimeError("qag.worker.QagWorker does not terminate TLS: use --worker-class gthread "
+                               "(QAG_WORKER_CLASS=gthread) or a TLS proxy in front")
+
     make_poller = staticmethod(make_poller)   # epoll where there is one; tests also run the selectors fallback
 
     # --- the selector thread -------------------------------------------------------------------------------

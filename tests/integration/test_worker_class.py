@@ -255,3 +255,16 @@ def test_access_log_line_is_gunicorns(worker):
         assert line.startswith("127.0.0.1 - [")
     finally:
         s.close()
+
+
+def test_tls_configuration_is_refused_at_startup(tmp_path):
+    import shutil
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    key, cert = tmp_path / "k.pem", tmp_path / "c.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=qag-test"], check=True, capture_output=True)
+    done = subprocess.run([sys.executable, "-m", "gunicorn", "-k", QAG, "--certfile", str(cert), "--keyfile", str(key),
+                           "-b", "127.0.0.1:0", "--no-control-socket", "tests.worker_app:app"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode != 0 and "does not terminate TLS" in done.stdout + done.stderr
