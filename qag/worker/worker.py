@@ -19,6 +19,9 @@ from .parser import parser_class
 from .poller import STOP, make_poller
 
 
+_DRAIN_SECONDS = 2.0   # how long a refused body is discarded before the connection is closed
+
+
 class _Access:
     """What gunicorn's access log reads from a request (method, path, headers, version)."""
 
@@ -33,13 +36,14 @@ class _Conn:
     """One client connection: its socket, its parser and the requests parsed but not yet answered."""
 
     __slots__ = ("sock", "fd", "client", "server", "base", "parser", "deadline", "started", "refusal", "in_app",
-                 "closed", "lock")
+                 "closed", "lock", "draining")
 
     def __init__(self, sock, client, server, base_env, parser):
         self.sock, self.client, self.server, self.base = sock, client, server, base_env
         self.fd = sock.fileno()
         self.in_app = False    # a pool thread owns it (reading or answering); the sweep must not close it
         self.closed = False
+        self.draining = False  # answered 413 without reading the body: discard what still comes, then close
         self.lock = threading.Lock()   # in_app and closed change together (pool threads against the sweep)
         self.parser = parser
         self.deadline = 0.0
@@ -141,8 +145,9 @@ class QagWorker(base.Worker):
             if not self.alive and not conn.parser.partial:
                 self._close(conn)
                 continue
-            conn.started = conn.parser.partial
-            conn.deadline = now + (self.client_timeout if conn.started else self.keepalive)
+            if not conn.draining:
+                conn.started = conn.parser.partial
+                conn.deadline = now + (self.client_timeout if conn.started else self.keepalive)
             conn.in_app = False
             self.poller.rearm(conn)
 
@@ -186,6 +191,9 @@ class QagWorker(base.Worker):
             data = b""
         if not data:
             self._unregister_close(conn)
+            return False
+        if conn.draining:
+            self._wait_more(conn)   # discarded; the sweep closes it at its deadline
             return False
         parser = conn.parser
         if not conn.started:
@@ -337,10 +345,20 @@ class QagWorker(base.Worker):
                 pass
             keep = False
         keep = keep and not conn.parser.dead and (self.alive or conn.parser.partial)
+        if conn.draining and conn.refusal is None:
+            # The client may still be sending the body we refused: closing now would reset the connection and
+            # could destroy the 413 before it is read. Half-close, discard what comes for a short while.
+            try:
+                conn.sock.shutdown(socket.SHUT_WR)
+                conn.deadline = time.monotonic() + _DRAIN_SECONDS
+                keep = True
+            except OSError:
+                conn.draining = False
         if self.poller.followers:
             if keep:
-                conn.started = conn.parser.partial
-                conn.deadline = time.monotonic() + (self.client_timeout if conn.started else self.keepalive)
+                if not conn.draining:
+                    conn.started = conn.parser.partial
+                    conn.deadline = time.monotonic() + (self.client_timeout if conn.started else self.keepalive)
                 self._wait_more(conn)
             else:
                 self._unregister_close(conn)
@@ -372,6 +390,8 @@ class QagWorker(base.Worker):
         resp = wsgi.Response(conn.sock, req, self.client_timeout,
                              req.keep_alive and self.alive and self.keepalive > 0)
         result = None
+        if req.over_limit:
+            conn.draining = True
         try:
             self.cfg.pre_request(self, _Access(req, env))
             try:

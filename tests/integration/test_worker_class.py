@@ -268,3 +268,20 @@ def test_tls_configuration_is_refused_at_startup(tmp_path):
                            "-b", "127.0.0.1:0", "--no-control-socket", "tests.worker_app:app"],
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode != 0 and "does not terminate TLS" in done.stdout + done.stderr
+
+
+def test_refused_body_does_not_destroy_the_413():
+    # A client that sends its whole (too large) body before reading, as http.client does: the worker answers
+    # 413 from Content-Length, half-closes and discards the rest, so the send completes and the 413 is read.
+    from tests.server import Server
+    s = Server(env={"QAG_MAX_BODY_BYTES": "1000"}, workers=1, threads=2)
+    try:
+        conn = http.client.HTTPConnection(s.host, s.port, timeout=30)
+        conn.request("POST", "/execute_sql", body=b" " * 30_000_000,
+                     headers={"Content-Type": "application/json", "X-API-Key": s.admin_key})
+        r = conn.getresponse()
+        assert r.status == 413 and json.loads(r.read())["code"] == "payload_too_large"
+        conn.close()
+        assert s.get("/health").status == 200
+    finally:
+        s.close()
