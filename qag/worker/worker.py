@@ -84,7 +84,7 @@ class QagWorker(base.Worker):
 
     make_poller = staticmethod(make_poller)   # epoll where there is one; tests also run the selectors fallback
 
-    # --- the selector thread -------------------------------------------------------------------------------
+    # --- the main thread ----------------------------------------------------------------------------------
     def run(self) -> None:
         sel = self.poller = self.make_poller()
         bases = {}
@@ -114,7 +114,7 @@ class QagWorker(base.Worker):
                 for listener in self.sockets:
                     (sel.listen(listener, listener) if want else sel.unlisten(listener))
                 accepting = want
-            self._poll(sel, bases, 1.0)
+            self._poll(sel, bases, 0.25)   # wakes for the sweep too: deadlines hold to ~0.25 s
             if now >= next_sweep:
                 self._sweep(time.monotonic())
                 next_sweep = now + 0.25
