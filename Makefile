@@ -4,7 +4,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 CORE := $(VENV)/.qag-core
 FULL := $(VENV)/.qag-full
-# The fast end-to-end contract tests, run a second time with the pure-Python twins (QAG_SPEEDUPS=off).
+# The fast end-to-end contract tests, run a second time with the pure-Python twins (QAG_SPEEDUPS=off, which
+# also selects the worker's pure-Python HTTP parser) and a third time on gunicorn's gthread worker.
 E2E_PURE := $(wildcard tests/integration/test_contract_*.py) tests/integration/test_bad_input.py
 WHEEL_VENV := build/wheel-venv
 WHEEL_TESTS := build/wheel-tests
@@ -19,6 +20,7 @@ demo: $(CORE)
 test: system-deps $(FULL)
 	QAG_SPEEDUPS=require $(BIN)/python -m pytest -q -p no:cacheprovider tests
 	QAG_SPEEDUPS=off $(BIN)/python -m pytest -q -p no:cacheprovider -m e2e $(E2E_PURE)
+	QAG_WORKER_CLASS=gthread $(BIN)/python -m pytest -q -p no:cacheprovider -m e2e $(E2E_PURE)
 
 # System packages for the whole suite: a C compiler for the speedups, pkg-config and the MySQL client
 # library that mysqlclient builds against, libpq and wrk for the benchmark harness's smoke test, venv

@@ -4,9 +4,10 @@ ready recipe for QueryAPIGate 0.43), the bare ceiling of gunicorn's gthread work
 Spec strings (`--target`, repeatable):
 
     qag                          qag's defaults (QAG_WORKERS=2, QAG_THREADS=8)
-    qag:workers=4,threads=4      a variant; any other key=value becomes an environment variable (QAG_POOL_SIZE=4)
+    qag:workers=4,threads=4      a variant; any other key=value becomes an environment variable (QAG_POOL_SIZE=4,
+                                 QAG_WORKER_CLASS=gthread)
     qag@<git ref>:...            the qag built from that ref (see refs.py), same options
-    bare:workers=2,threads=8     a trivial WSGI app under the same gunicorn worker class
+    bare:workers=2,threads=8     a trivial WSGI app under gunicorn's gthread worker (bare:worker=qag: qag's worker)
     queryapigate:threads=8       QueryAPIGate 0.43 from PyPI in its own venv, at its best (measuring note)
     queryapigate-defaults        QueryAPIGate 0.43 as its image runs it (metadata cache off, logs on)
     peer:<name>=<command>        any gateway with the same HTTP contract; the command may use {port}, {home},
@@ -205,8 +206,11 @@ def start(spec: str, pin: str | None = None, allow_writes: bool = True) -> Targe
         env.update({k: v for k, v in opts.items()})
         _spawn(t, [qag_python(ref), "-m", "qag", "serve"], env, pin, cwd=home)
     elif head == "bare":
-        t = Target(label, "bare", {"workers": workers, "threads": threads}, home=home, port=free_port())
-        cmd = [sys.executable, "-m", "gunicorn", "--worker-class", "gthread", "--workers", str(workers),
+        worker = opts.pop("worker", "gthread")
+        t = Target(label, "bare", {"workers": workers, "threads": threads, "worker": worker}, home=home,
+                   port=free_port())
+        worker_class = "qag.worker.QagWorker" if worker == "qag" else worker
+        cmd = [sys.executable, "-m", "gunicorn", "--worker-class", worker_class, "--workers", str(workers),
                "--threads", str(threads), "--bind", f"127.0.0.1:{t.port}", "--keep-alive", "5",
                "--log-level", "warning", "benchmarks.bare_app:app"]
         _spawn(t, cmd, env, pin, cwd=REPO)

@@ -7,7 +7,7 @@ _settings = _load()
 bind = [_settings.bind]
 workers = _settings.workers
 threads = _settings.threads
-worker_class = "gthread"
+worker_class = "qag.worker.QagWorker" if _settings.worker_class == "qag" else "gthread"
 timeout = _settings.timeout
 graceful_timeout = _settings.graceful_timeout
 keepalive = 5

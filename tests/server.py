@@ -51,8 +51,9 @@ class Server:
         full_env = {k: v for k, v in os.environ.items() if not k.startswith(("QAG_", "QUERYAPIGATE_"))}
         full_env.update({"QAG_HOME": self.home, "QAG_BIND": f"{host}:0", "QAG_WORKERS": str(workers),
                          "QAG_THREADS": str(threads), "QAG_ACCESS_LOG": "off"})
-        if "QAG_SPEEDUPS" in os.environ:
-            full_env["QAG_SPEEDUPS"] = os.environ["QAG_SPEEDUPS"]
+        for name in ("QAG_SPEEDUPS", "QAG_WORKER_CLASS"):   # the twins and the worker class under test
+            if name in os.environ:
+                full_env[name] = os.environ[name]
         if admin_key is not None:
             full_env["QAG_API_KEY"] = admin_key
         full_env.update(env or {})

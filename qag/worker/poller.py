@@ -1,0 +1,134 @@
+"""Readiness polling for qag's worker: epoll one-shot (a pool thread re-arms its connection itself, no hand-back
+through the selector thread), or the selectors module where epoll is missing (hand-back through a wakeup pipe)."""
+
+from __future__ import annotations
+
+import os
+import select
+import selectors
+
+STOP = object()
+
+
+class EpollPoller:
+    """Two epoll sets. The selector thread waits on the listeners (and the wakeup pipe); the pool threads all wait
+    on the connections, each armed for one read event at a time (EPOLLONESHOT), so exactly one thread takes a
+    connection that has bytes, reads and parses them, answers a complete request itself, and re-arms it: no
+    hand-off between threads per request."""
+
+    followers = True
+
+    def __init__(self):
+        self._ep = select.epoll()
+        self._conn_ep = select.epoll()
+        self._data: dict[int, object] = {}
+        self._conns: dict[int, object] = {}
+        self._stop_r, self._stop_w = os.pipe()
+        self._conn_ep.register(self._stop_r, select.EPOLLIN)   # level-triggered: wakes every pool thread
+
+    def listen(self, fileobj, data) -> None:
+        fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
+        self._data[fd] = data
+        self._ep.register(fd, select.EPOLLIN)
+
+    def unlisten(self, fileobj) -> None:
+        fd = fileobj.fileno()
+        self._ep.unregister(fd)
+        self._data.pop(fd, None)
+
+    def add(self, conn) -> None:
+        self._conns[conn.fd] = conn
+        self._conn_ep.register(conn.fd, select.EPOLLIN | select.EPOLLONESHOT)
+
+    def rearm(self, conn) -> None:
+        """Wait for the connection's next bytes (fires at once if some are already there)."""
+        self._conn_ep.modify(conn.fd, select.EPOLLIN | select.EPOLLONESHOT)
+
+    wants_more = rearm
+
+    def dispatched(self, conn) -> None:
+        pass   # one-shot: already disarmed
+
+    def remove(self, conn) -> None:
+        try:
+            self._conn_ep.unregister(conn.fd)
+        except OSError:
+            pass
+        if self._conns.get(conn.fd) is conn:
+            del self._conns[conn.fd]
+
+    def select(self, timeout: float) -> list:
+        try:
+            events = self._ep.poll(timeout, 64)
+        except InterruptedError:
+            return []
+        data = self._data
+        return [data.get(fd) for fd, _ in events]
+
+    def wait(self, timeout: float):
+        """A pool thread: the next connection with bytes, STOP at shutdown, or None."""
+        try:
+            events = self._conn_ep.poll(timeout, 1)
+        except InterruptedError:
+            return None
+        for fd, _ in events:
+            if fd == self._stop_r:
+                return STOP
+            return self._conns.get(fd)
+        return None
+
+    def stop(self) -> None:
+        os.write(self._stop_w, b"x")
+
+    def close(self) -> None:
+        self._ep.close()
+        self._conn_ep.close()
+
+
+class SelectorPoller:
+    """selectors fallback: the selector thread reads every request and queues complete ones to the pool threads;
+    a connection is registered while waiting for bytes, unregistered while a pool thread answers it."""
+
+    followers = False
+
+    def __init__(self):
+        self._sel = selectors.DefaultSelector()
+
+    def listen(self, fileobj, data) -> None:
+        self._sel.register(fileobj, selectors.EVENT_READ, data)
+
+    def unlisten(self, fileobj) -> None:
+        self._sel.unregister(fileobj)
+
+    def add(self, conn) -> None:
+        self._sel.register(conn.sock, selectors.EVENT_READ, conn)
+
+    rearm = add
+
+    def wants_more(self, conn) -> None:
+        pass   # still registered
+
+    def dispatched(self, conn) -> None:
+        self._sel.unregister(conn.sock)
+
+    def remove(self, conn) -> None:
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+
+    def select(self, timeout: float) -> list:
+        try:
+            return [key.data for key, _ in self._sel.select(timeout)]
+        except InterruptedError:
+            return []
+
+    def stop(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._sel.close()
+
+
+def make_poller():
+    return EpollPoller() if hasattr(select, "epoll") else SelectorPoller()

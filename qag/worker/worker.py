@@ -1,0 +1,455 @@
+"""qag's gunicorn worker: whole requests read without holding an app thread, QAG_THREADS threads run the app."""
+
+from __future__ import annotations
+
+import errno
+import os
+import queue
+import socket
+import threading
+import time
+from collections import deque
+from datetime import timedelta
+
+from gunicorn.workers import base
+
+from . import wsgi
+from .http11 import HttpError, Limits, Request
+from .parser import parser_class
+from .poller import STOP, make_poller
+
+
+_DRAIN_SECONDS = 2.0   # how long a refused body is discarded before the connection is closed
+
+
+class _Access:
+    """What gunicorn's access log reads from a request (method, path, headers, version)."""
+
+    __slots__ = ("method", "uri", "path", "query", "version", "headers")
+
+    def __init__(self, req: Request, env: dict):
+        self.method, self.uri, self.version, self.headers = req.method, req.uri, req.version, req.headers
+        self.path, self.query = env.get("PATH_INFO"), env.get("QUERY_STRING")
+
+
+class _Conn:
+    """One client connection: its socket, its parser and the requests parsed but not yet answered."""
+
+    __slots__ = ("sock", "fd", "client", "server", "base", "parser", "deadline", "started", "refusal", "in_app",
+                 "closed", "lock", "draining")
+
+    def __init__(self, sock, client, server, base_env, parser):
+        self.sock, self.client, self.server, self.base = sock, client, server, base_env
+        self.fd = sock.fileno()
+        self.in_app = False    # a pool thread owns it (reading or answering); the sweep must not close it
+        self.closed = False
+        self.draining = False  # answered 413 without reading the body: discard what still comes, then close
+        self.lock = threading.Lock()   # in_app and closed change together (pool threads against the sweep)
+        self.parser = parser
+        self.deadline = 0.0
+        self.started = False   # bytes of a request have arrived: the request deadline runs
+        self.refusal: HttpError | None = None   # a bad request after pipelined good ones, answered after them
+
+
+class QagWorker(base.Worker):
+    """gunicorn keeps the master, signals, reloads, max_requests and the timeout heartbeat; this class owns HTTP.
+
+    The main thread accepts connections, closes the idle and the too-slow ones, and drives the heartbeat and the
+    graceful stop. On epoll, QAG_THREADS pool threads wait on the connections themselves (one-shot): the thread
+    that gets one reads and parses what has arrived (an incomplete request is re-armed at once, so a slow client
+    never holds a thread), runs the app for each complete request and writes the answer, then re-arms it for
+    keep-alive. Without epoll the main thread reads and queues complete requests to the pool instead."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        from qag.settings import load
+        settings = load()
+        self.limits = Limits(self.cfg.limit_request_line, self.cfg.limit_request_fields,
+                             self.cfg.limit_request_field_size, settings.max_body_bytes)
+        self.client_timeout = float(settings.client_timeout)
+        self.keepalive = float(self.cfg.keepalive)
+        self.parser_cls = parser_class(settings.speedups)
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.returned: deque[_Conn] = deque()
+        self.conns: set[_Conn] = set()
+        self.poller = None
+        self._count_lock = threading.Lock()
+
+    @classmethod
+    def check_config(cls, cfg, log):
+        if cfg.is_ssl:
+            # refuse at startup rather than serve cleartext on a port configured for TLS
+            raise RuntimeError("qag.worker.QagWorker does not terminate TLS: use --worker-class gthread "
+                               "(QAG_WORKER_CLASS=gthread) or a TLS proxy in front")
+
+    make_poller = staticmethod(make_poller)   # epoll where there is one; tests also run the selectors fallback
+
+    # --- the main thread ----------------------------------------------------------------------------------
+    def run(self) -> None:
+        sel = self.poller = self.make_poller()
+        bases = {}
+        for listener in self.sockets:
+            listener.setblocking(False)
+            name = listener.getsockname()
+            bases[listener] = (name, wsgi.base_environ(self.cfg, name))
+            sel.listen(listener, listener)
+        sel.listen(self.PIPE[0], None)
+        pool = self._follow if sel.followers else self._serve
+        for _ in range(self.cfg.threads):
+            threading.Thread(target=pool, name="qag-http", daemon=True).start()
+        accepting = True
+        next_sweep = 0.0
+        last_notify = 0.0
+        max_conns = self.cfg.worker_connections
+        while self.alive:
+            now = time.monotonic()
+            if now - last_notify >= 0.5:
+                self.notify()
+                last_notify = now
+                if self.ppid != os.getppid():
+                    self.log.info("Parent changed, shutting down: %s", self)
+                    break
+            want = len(self.conns) < max_conns
+            if want != accepting:
+                for listener in self.sockets:
+                    (sel.listen(listener, listener) if want else sel.unlisten(listener))
+                accepting = want
+            self._poll(sel, bases, 0.25)   # wakes for the sweep too: deadlines hold to ~0.25 s
+            if now >= next_sweep:
+                self._sweep(time.monotonic())
+                next_sweep = now + 0.25
+        self._shutdown(sel)
+
+    def _poll(self, sel, bases, timeout: float) -> None:
+        for data in sel.select(timeout):
+            if data is None:
+                self._wake()
+            elif type(data) is _Conn:
+                self._readable(data)
+            else:
+                self._accept(data, bases[data])
+
+    def _wake(self) -> None:
+        try:
+            while os.read(self.PIPE[0], 4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        returned = self.returned
+        now = time.monotonic()
+        while returned:
+            conn = returned.popleft()
+            if type(conn) is _Closed:
+                self.conns.discard(conn.conn)
+                continue
+            if not self.alive and not conn.parser.partial:
+                self._close(conn)
+                continue
+            if not conn.draining:
+                conn.started = conn.parser.partial
+                conn.deadline = now + (self.client_timeout if conn.started else self.keepalive)
+            conn.in_app = False
+            self.poller.rearm(conn)
+
+    def _accept(self, listener, server_base) -> None:
+        server, base_env = server_base
+        for _ in range(32):
+            try:
+                sock, client = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.ECONNABORTED, errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self.log.warning("accept failed: %s", exc)
+                    return
+                raise
+            sock.setblocking(False)
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                # headers and body chunks go out as separate sends: don't let Nagle hold the second one back
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Conn(sock, client, server, base_env, self.parser_cls(self.limits))
+            conn.deadline = time.monotonic() + self.keepalive
+            self.conns.add(conn)
+            self.poller.add(conn)
+
+    def _readable(self, conn: _Conn) -> None:
+        """Selector thread (fallback): read; queue the connection to the pool when a request is complete."""
+        if self._read(conn):
+            self.poller.dispatched(conn)
+            conn.in_app = True
+            self.jobs.put(conn)
+
+    def _read(self, conn: _Conn) -> bool:
+        """Read and parse what has arrived; True when complete requests are ready (the caller answers them),
+        otherwise the connection is re-armed or closed here."""
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            self._wait_more(conn)
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            self._unregister_close(conn)
+            return False
+        if conn.draining:
+            self._wait_more(conn)   # discarded; the sweep closes it at its deadline
+            return False
+        parser = conn.parser
+        if not conn.started:
+            conn.started = True
+            conn.deadline = time.monotonic() + self.client_timeout
+        try:
+            parser.feed(data)
+        except HttpError as exc:
+            if not parser.ready:
+                self._refuse(conn, exc)
+                return False
+            # pipelined: the good requests before the bad one are answered first, then the refusal
+            conn.refusal = exc
+            parser.dead = True
+        if parser.ready:
+            return True
+        if parser.dead:
+            self._unregister_close(conn)
+            return False
+        if parser.continue_due is not None:
+            parser.continue_due = None
+            try:
+                conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+            except OSError:
+                self._unregister_close(conn)
+                return False
+        self._wait_more(conn)
+        return False
+
+    def _wait_more(self, conn: _Conn) -> None:
+        conn.in_app = False
+        self.poller.wants_more(conn)
+
+    def _refuse(self, conn: _Conn, exc: HttpError) -> None:
+        addr = conn.client[0] if isinstance(conn.client, tuple) else conn.client
+        self.log.warning("Invalid request from ip=%s: %s", addr, exc.message)
+        try:
+            conn.sock.send(wsgi.error_response(exc.status, exc.reason, exc.message))
+        except OSError:
+            pass
+        self._unregister_close(conn)
+
+    def _sweep(self, now: float) -> None:
+        """Close connections past their deadline: idle keep-alive ones, and clients too slow to send a request."""
+        for conn in [c for c in self.conns if c.deadline < now and not c.in_app]:
+            # (a connection in a pool thread is skipped: its own send timeout applies)
+            self._close_idle(conn)
+
+    def _close_idle(self, conn: _Conn) -> None:
+        """Selector thread: close a connection no pool thread holds (checked under its lock)."""
+        with conn.lock:
+            if conn.in_app or conn.closed:
+                return
+            conn.closed = True
+        self.poller.remove(conn)
+        self._close(conn)
+
+    def _unregister_close(self, conn: _Conn) -> None:
+        """Whichever thread holds the connection: close it."""
+        with conn.lock:
+            if conn.closed:
+                return
+            conn.closed = True
+        self.poller.remove(conn)
+        self._close(conn)
+
+    def _close(self, conn: _Conn) -> None:
+        conn.closed = True
+        self.conns.discard(conn)
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+
+    def _shutdown(self, sel) -> None:
+        """Stop accepting, close idle connections, let in-flight and half-read requests finish within the grace."""
+        for listener in self.sockets:
+            try:
+                sel.unlisten(listener)
+            except (KeyError, ValueError, OSError):
+                pass
+        deadline = time.monotonic() + self.cfg.graceful_timeout
+        bases = {}
+        while time.monotonic() < deadline:
+            for conn in list(self.conns):
+                if not conn.in_app and not conn.parser.partial:
+                    self._close_idle(conn)
+            if not self.conns:
+                break
+            self.notify()
+            self._poll(sel, bases, 0.2)
+            self._sweep(time.monotonic())
+        for _ in range(self.cfg.threads):
+            self.jobs.put(None)
+        sel.stop()
+        for listener in self.sockets:
+            listener.close()
+
+    def handle_exit(self, sig, frame):
+        # SIGTERM: finish what is in flight (the signal's wakeup fd makes select() return)
+        self.alive = False
+
+    # --- pool threads --------------------------------------------------------------------------------------
+    def _follow(self) -> None:
+        """Pool thread on epoll: take a connection with bytes, read it, answer what is complete, re-arm it."""
+        poller = self.poller
+        while True:
+            conn = poller.wait(1.0)
+            if conn is None:
+                continue
+            if conn is STOP:
+                return
+            with conn.lock:
+                if conn.closed:
+                    continue
+                conn.in_app = True
+            try:
+                if self._read(conn):
+                    self._answer(conn)
+            except Exception:
+                wsgi.log_error(self.log, "Error handling a connection")
+                self._unregister_close(conn)
+
+    def _serve(self) -> None:
+        """Pool thread on the selectors fallback: answer connections the selector thread queued."""
+        jobs = self.jobs
+        while True:
+            conn = jobs.get()
+            if conn is None:
+                return
+            self._answer(conn)
+
+    def _answer(self, conn: _Conn) -> None:
+        """Answer the ready requests in order (and a pipelined refusal after them); then keep or close."""
+        keep = True
+        try:
+            ready = conn.parser.ready
+            while ready and keep:
+                keep = self._handle(conn, ready.popleft())
+        except Exception:
+            wsgi.log_error(self.log, "Error handling request")
+            keep = False
+        if keep and conn.refusal is not None:
+            try:
+                exc = conn.refusal
+                wsgi.send_all(conn.sock, wsgi.error_response(exc.status, exc.reason, exc.message),
+                              self.client_timeout)
+            except wsgi.ClientGone:
+                pass
+            keep = False
+        keep = keep and not conn.parser.dead and (self.alive or conn.parser.partial)
+        if conn.draining and conn.refusal is None:
+            # The client may still be sending the body we refused: closing now would reset the connection and
+            # could destroy the 413 before it is read. Half-close, discard what comes for a short while.
+            try:
+                conn.sock.shutdown(socket.SHUT_WR)
+                conn.deadline = time.monotonic() + _DRAIN_SECONDS
+                keep = True
+            except OSError:
+                conn.draining = False
+        if self.poller.followers:
+            if keep:
+                if not conn.draining:
+                    conn.started = conn.parser.partial
+                    conn.deadline = time.monotonic() + (self.client_timeout if conn.started else self.keepalive)
+                self._wait_more(conn)
+            else:
+                self._unregister_close(conn)
+            return
+        if keep:
+            self.returned.append(conn)
+        else:
+            try:
+                conn.sock.close()
+            except OSError:
+                pass
+            self.returned.append(_Closed(conn))
+        try:
+            os.write(self.PIPE[1], b".")
+        except OSError:
+            pass
+
+    def _handle(self, conn: _Conn, req: Request) -> bool:
+        """Answer one request; True when the connection stays open for the next."""
+        started = time.time()
+        with self._count_lock:
+            self.nr += 1
+            last = self.nr >= self.max_requests
+        if last and self.alive:
+            self.log.info("Autorestarting worker after current request.")
+            self.alive = False
+            os.write(self.PIPE[1], b".")
+        env = wsgi.environ(req, conn.base, conn.client, conn.server)
+        resp = wsgi.Response(conn.sock, req, self.client_timeout,
+                             req.keep_alive and self.alive and self.keepalive > 0)
+        result = None
+        if req.over_limit:
+            conn.draining = True
+        try:
+            self.cfg.pre_request(self, _Access(req, env))
+            try:
+                result = self.wsgi(env, resp.start_response)
+                if resp.status is None and type(result) is not list:
+                    # a generator app calls start_response on its first item
+                    iterator = iter(result)
+                    first = next(iterator, None)
+                    self._stream(resp, first, iterator)
+                elif type(result) is list and not resp.headers_sent:
+                    resp.write_whole(b"".join(result) if len(result) != 1 else result[0])
+                else:
+                    self._stream(resp, None, iter(result) if not resp.no_body else iter(()))
+                resp.finish()
+            except wsgi.ClientGone:
+                resp.close = True
+            except Exception:
+                resp.close = True
+                if resp.headers_sent:
+                    wsgi.log_error(self.log, f"Error handling request {req.method} {req.uri}")
+                else:
+                    wsgi.log_error(self.log, f"Error handling request {req.method} {req.uri}")
+                    resp.status, resp.code = "500 Internal Server Error", 500
+                    try:
+                        wsgi.send_all(conn.sock, wsgi.error_response(500, "Internal Server Error", ""),
+                                      self.client_timeout)
+                    except wsgi.ClientGone:
+                        pass
+            finally:
+                if result is not None and hasattr(result, "close"):
+                    try:
+                        result.close()
+                    except Exception:
+                        wsgi.log_error(self.log, "Error closing the response iterable")
+        finally:
+            if getattr(self.log, "access_log_enabled", True):
+                elapsed = timedelta(seconds=time.time() - started)
+                self.log.access(resp, _Access(req, env), env, elapsed)
+            try:
+                self.cfg.post_request(self, _Access(req, env), env, resp)
+            except Exception:
+                wsgi.log_error(self.log, "Exception in post_request hook")
+        return not resp.close
+
+    @staticmethod
+    def _stream(resp, first, iterator) -> None:
+        if first is not None:
+            resp.write(first)
+        if resp.no_body:
+            return   # HEAD, 204, 304: the body is never produced (a stream's close() releases its cursor)
+        for item in iterator:
+            resp.write(item)
+
+
+class _Closed:
+    """A connection a pool thread closed: the selector thread only forgets it."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn):
+        self.conn = conn

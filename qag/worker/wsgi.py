@@ -1,0 +1,273 @@
+"""PEP 3333 on qag's worker: the environ of a parsed request, start_response, and the response writer."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import select
+import sys
+import time
+from email.utils import formatdate
+from urllib.parse import unquote_to_bytes
+
+from gunicorn.http.wsgi import FileWrapper, WSGIErrorsWrapper
+
+from .http11 import Request
+
+_STATUS = re.compile(r"[0-9]{3}(?: [ \t\x21-\x7e\x80-\xff]*)?")
+_NAME = re.compile(r"[!#$%&'*+\-.0-9A-Z^_`a-z|~]+")
+_VALUE = re.compile(r"[ \t\x21-\x7e\x80-\xff]*")
+# Hop-by-hop fields are the server's to send (RFC 9110 7.6.1); an application's are dropped, as gunicorn does.
+_HOP = frozenset("connection keep-alive proxy-authenticate proxy-authorization te trailers transfer-encoding "
+                 "upgrade server date".split())
+_DATE = [0, b""]
+
+
+def _date() -> bytes:
+    now = int(time.time())
+    if _DATE[0] != now:
+        _DATE[1] = ("Date: " + formatdate(now, usegmt=True) + "\r\n").encode()
+        _DATE[0] = now
+    return _DATE[1]
+
+
+class TooLarge(io.RawIOBase):
+    """wsgi.input of a request whose body exceeded the limit and was not (wholly) read: what was read, and an
+    error for a read of more. qag's app answers 413 from Content-Length, or from reading limit + 1 bytes."""
+
+    def __init__(self, head: bytes):
+        self._head = io.BytesIO(head)
+        self._size = len(head)
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0 or size > self._size:
+            raise OSError("request body larger than the server's limit (QAG_MAX_BODY_BYTES)")
+        return self._head.read(size)
+
+    def readline(self, size: int = -1) -> bytes:
+        return self._head.readline(size)
+
+
+def base_environ(cfg, server) -> dict:
+    """The per-listener part of every environ, built once."""
+    env = {"wsgi.version": (1, 0), "wsgi.errors": WSGIErrorsWrapper(cfg), "wsgi.multithread": True,
+           "wsgi.multiprocess": cfg.workers > 1, "wsgi.run_once": False, "wsgi.url_scheme": "http",
+           "wsgi.file_wrapper": FileWrapper, "wsgi.input_terminated": True, "SERVER_SOFTWARE": "qag",
+           "SCRIPT_NAME": ""}
+    if isinstance(server, tuple):
+        env["SERVER_NAME"], env["SERVER_PORT"] = str(server[0]), str(server[1])
+    return env
+
+
+def environ(req: Request, base: dict, client, server) -> dict:
+    env = base.copy()
+    uri = req.uri
+    if uri.startswith(("http://", "https://")):
+        # absolute-form: the path is what follows the authority
+        rest = uri.split("://", 1)[1]
+        path_q = "/" + rest.partition("/")[2]
+    else:
+        path_q = uri
+    path_q = path_q.partition("#")[0]
+    path, _, query = path_q.partition("?")
+    env["REQUEST_METHOD"] = req.method
+    env["RAW_URI"] = uri
+    env["PATH_INFO"] = unquote_to_bytes(path).decode("latin-1") if "%" in path else path
+    env["QUERY_STRING"] = query
+    env["SERVER_PROTOCOL"] = "HTTP/1.1" if req.version == (1, 1) else "HTTP/1.0"
+    env["wsgi.input"] = TooLarge(req.body) if req.over_limit else io.BytesIO(req.body)
+    if isinstance(client, tuple):
+        env["REMOTE_ADDR"], env["REMOTE_PORT"] = client[0], str(client[1])
+    else:
+        env["REMOTE_ADDR"] = client.decode() if isinstance(client, bytes) else (client or "")
+    host = None
+    for name, value in req.headers:
+        if name == "CONTENT-TYPE":
+            env["CONTENT_TYPE"] = value
+            continue
+        if name == "CONTENT-LENGTH":
+            env["CONTENT_LENGTH"] = value
+            continue
+        if "_" in name:
+            # X_API_KEY and X-API-KEY would both be HTTP_X_API_KEY: the ambiguous form is dropped, as gunicorn does.
+            continue
+        if name == "HOST":
+            host = value
+        key = "HTTP_" + name.replace("-", "_")
+        env[key] = env[key] + "," + value if key in env else value
+    if "SERVER_NAME" not in env:
+        # A unix socket: the server's name comes from Host, as gunicorn does.
+        name, _, port = (host or "").partition(":")
+        env["SERVER_NAME"], env["SERVER_PORT"] = name, port or "80"
+    return env
+
+
+class ClientGone(Exception):
+    """The client stopped reading (closed, reset, or no progress within the send timeout)."""
+
+
+def send_all(sock, data, timeout: float) -> None:
+    """Write everything on a non-blocking socket, waiting for room at most `timeout` seconds at a time."""
+    view = memoryview(data)
+    while view:
+        try:
+            n = sock.send(view)
+        except BlockingIOError:
+            poller = select.poll()
+            poller.register(sock, select.POLLOUT)
+            if not poller.poll(timeout * 1000):
+                raise ClientGone("send timed out") from None
+            continue
+        except OSError as exc:
+            raise ClientGone(str(exc)) from None
+        view = view[n:]
+
+
+class Response:
+    """start_response and write() for one request; decides framing (Content-Length, chunked, close)."""
+
+    __slots__ = ("sock", "req", "timeout", "status", "code", "headers", "length", "chunked", "close",
+                 "headers_sent", "sent", "no_body", "_head")
+
+    def __init__(self, sock, req: Request, timeout: float, keep_alive: bool):
+        self.sock, self.req, self.timeout = sock, req, timeout
+        self.status: str | None = None
+        self.code = 0
+        self.headers: list[tuple[str, str]] = []
+        self.length: int | None = None
+        self.chunked = False
+        self.close = not keep_alive
+        self.headers_sent = False
+        self.sent = 0
+        self.no_body = False
+        self._head = b""
+
+    def start_response(self, status, headers, exc_info=None):
+        if exc_info:
+            try:
+                if self.headers_sent:
+                    raise exc_info[1].with_traceback(exc_info[2])
+            finally:
+                exc_info = None
+        elif self.status is not None:
+            raise AssertionError("start_response called twice without exc_info")
+        if not isinstance(status, str) or not _STATUS.fullmatch(status):
+            raise ValueError(f"invalid status {status!r}")
+        kept = []
+        length = None
+        for name, value in headers:
+            if not isinstance(name, str) or not _NAME.fullmatch(name):
+                raise ValueError(f"invalid header name {name!r}")
+            if not isinstance(value, str) or not _VALUE.fullmatch(value):
+                raise ValueError(f"invalid value for header {name!r}")
+            lname = name.lower()
+            if lname == "content-length":
+                length = int(value.strip())
+            elif lname in _HOP:
+                if lname == "connection" and value.strip().lower() == "close":
+                    self.close = True
+                continue
+            kept.append((name, value.strip(" \t")))
+        self.status = status
+        self.code = code = int(status[:3])
+        self.no_body = self.req.method == "HEAD" or code in (204, 304) or code < 200
+        if code == 204 or code < 200:
+            length = None
+        self.headers = kept
+        self.length = length
+        return self.write
+
+    def _build_head(self, body_len: int | None) -> bytes:
+        """Status line and headers; body_len is the whole body's length when it is already known."""
+        length = self.length
+        extra = b""
+        if length is None and not self.no_body:
+            if body_len is not None:
+                length = self.length = body_len
+                extra = b"Content-Length: %d\r\n" % body_len
+            elif self.req.version == (1, 1):
+                self.chunked = True
+                extra = b"Transfer-Encoding: chunked\r\n"
+            else:
+                self.close = True   # HTTP/1.0 without a length: the body ends when the connection does
+        elif length is not None:
+            extra = b"Content-Length: %d\r\n" % length
+        if self.close:
+            extra += b"Connection: close\r\n"
+        elif self.req.version == (1, 0):
+            extra += b"Connection: keep-alive\r\n"
+        lines = "".join([f"{n}: {v}\r\n" for n, v in self.headers if n.lower() != "content-length"])
+        return (b"HTTP/1.1 " + self.status.encode("latin-1") + b"\r\nServer: qag\r\n" + _date()
+                + lines.encode("latin-1") + extra + b"\r\n")
+
+    def write(self, data: bytes) -> None:
+        """WSGI's write() callable, and each item of the response iterable."""
+        if self.status is None:
+            raise AssertionError("write() before start_response")
+        if not self.headers_sent:
+            head = self._build_head(None)
+            self.headers_sent = True
+        else:
+            head = b""
+        if self.no_body or not data:
+            if head:
+                send_all(self.sock, head, self.timeout)
+            return
+        if self.length is not None:
+            # never more than declared: the rest would be read as the next response
+            room = self.length - self.sent
+            if len(data) > room:
+                data = data[:room]
+                self.close = True
+        self.sent += len(data)
+        if self.chunked:
+            send_all(self.sock, head + b"%x\r\n" % len(data) + data + b"\r\n", self.timeout)
+        else:
+            send_all(self.sock, head + data if head else data, self.timeout)
+
+    def write_whole(self, body: bytes) -> None:
+        """A body known in full (a list of one or more items): one send, Content-Length when the app gave none."""
+        head = self._build_head(len(body))
+        self.headers_sent = True
+        if self.no_body:
+            send_all(self.sock, head, self.timeout)
+            return
+        if self.length is not None and len(body) != self.length:
+            body = body[:self.length]
+            if len(body) < self.length:
+                self.close = True
+        self.sent = len(body)
+        send_all(self.sock, head + body, self.timeout)
+
+    def finish(self) -> None:
+        if not self.headers_sent:
+            self.write(b"")
+        if self.chunked:
+            send_all(self.sock, b"0\r\n\r\n", self.timeout)
+        elif self.length is not None and self.sent < self.length and not self.no_body:
+            self.close = True   # the app sent less than it announced: the client can't frame the next response
+
+
+_CODES = {400: "malformed_http", 414: "request_line_too_long", 417: "expectation_failed", 431: "header_fields_too_large",
+          500: "internal_error"}
+
+
+def error_response(status: int, reason: str, message: str) -> bytes:
+    """A refusal in qag's error envelope (docs/errors.md), and the connection closed after it."""
+    body = json.dumps({"error": message or reason, "code": _CODES.get(status, "malformed_http"),
+                       "request_id": os.urandom(6).hex()}).encode() + b"\n"
+    return (b"HTTP/1.1 %d %s\r\nServer: qag\r\n" % (status, reason.encode()) + _date()
+            + b"Connection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+            + body)
+
+
+def log_error(log, message: str) -> None:
+    try:
+        log.exception(message)
+    except Exception:  # a broken log handler must not take the request thread down
+        print(message, file=sys.stderr)

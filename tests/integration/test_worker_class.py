@@ -1,0 +1,287 @@
+"""qag's gunicorn worker class under real gunicorn: WSGI conformance, streams, slow clients, graceful shutdown,
+max_requests recycling; the lifecycle tests run on gthread too, as the reference."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+QAG = "qag.worker.QagWorker"
+FALLBACK = "tests.worker_app.SelectorWorker"   # the same worker on the selectors fallback
+_LISTENING = re.compile(r"Listening at: http://([\d.]+):(\d+)")
+
+
+class Gunicorn:
+    """gunicorn serving tests/worker_app.py with the given worker class and options."""
+
+    def __init__(self, worker: str, *args: str, env: dict | None = None):
+        self.log_path = tempfile.mktemp(prefix="qag-worker-app-")
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("QAG_")}
+        full_env.update({"WORKER_APP_LOG": self.log_path, "PYTHONPATH": str(ROOT)}, **(env or {}))
+        self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-k", worker, "-b", "127.0.0.1:0",
+                                      "--threads", "2", "-w", "1", "--no-control-socket", *args, "tests.worker_app:app"],
+                                     env=full_env, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        self.lines: list[str] = []
+        found = threading.Event()
+
+        def pump():
+            for line in self.proc.stderr:
+                self.lines.append(line)
+                m = _LISTENING.search(line)
+                if m:
+                    self.host, self.port = m.group(1), int(m.group(2))
+                    found.set()
+        threading.Thread(target=pump, daemon=True).start()
+        if not found.wait(30):
+            self.stop()
+            raise RuntimeError("gunicorn did not start:\n" + "".join(self.lines))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:   # the worker has booted when it answers
+            try:
+                self.get("/pid")
+                break
+            except OSError:
+                time.sleep(0.05)
+
+    def get(self, path: str, method: str = "GET", body=None, headers=None):
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+        try:
+            conn.request(method, path, body=body, headers=headers or {})
+            r = conn.getresponse()
+            return r.status, dict((k.lower(), v) for k, v in r.getheaders()), r.read()
+        finally:
+            conn.close()
+
+    def notes(self) -> list[str]:
+        try:
+            return Path(self.log_path).read_text().splitlines()
+        except OSError:
+            return []
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        try:
+            os.unlink(self.log_path)
+        except OSError:
+            pass
+        return self.proc.returncode
+
+
+@pytest.fixture
+def start():
+    servers = []
+
+    def make(worker: str = QAG, *args, **kw) -> Gunicorn:
+        servers.append(Gunicorn(worker, *args, **kw))
+        return servers[-1]
+    yield make
+    for s in servers:
+        s.stop()
+
+
+def raw(server: Gunicorn, data: bytes, wait: float = 3.0, read_for: float | None = None) -> bytes:
+    with socket.create_connection((server.host, server.port), timeout=wait) as sock:
+        sock.sendall(data)
+        out = b""
+        deadline = time.monotonic() + (read_for or wait)
+        try:
+            while time.monotonic() < deadline:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                out += chunk
+        except socket.timeout:
+            pass
+    return out
+
+
+# --- WSGI conformance ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("worker", [QAG, FALLBACK])
+def test_environ_and_bodies(start, worker):
+    s = start(worker)
+    status, _, body = s.get("/a%20b/c?x=1&y=%20", method="POST", body=b"hello",
+                            headers={"Content-Type": "text/plain", "X-A": "1", "X_A": "smuggled"})
+    env = json.loads(body)
+    assert status == 200
+    assert env["PATH_INFO"] == "/a b/c" and env["QUERY_STRING"] == "x=1&y=%20" and env["RAW_URI"] == "/a%20b/c?x=1&y=%20"
+    assert env["SERVER_NAME"] == "127.0.0.1" and env["SERVER_PORT"] == str(s.port) and env["REMOTE_ADDR"] == "127.0.0.1"
+    assert env["CONTENT_TYPE"] == "text/plain" and env["CONTENT_LENGTH"] == "5" and env["body"] == "hello"
+    assert env["HTTP_X_A"] == "1"   # the underscore form is dropped, never merged
+    assert env["SERVER_PROTOCOL"] == "HTTP/1.1" and env["SCRIPT_NAME"] == "" and env["wsgi.url_scheme"] == "http"
+    assert env["errors"]
+    # chunked request body, with Expect: 100-continue answered before the body is sent
+    with socket.create_connection((s.host, s.port), timeout=5) as sock:
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n"
+                     b"Connection: close\r\n\r\n")
+        assert sock.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200") and b'"body": "abcde"' in answer and b"Connection: close" in answer
+
+
+def test_write_callable_exc_info_and_head(start):
+    s = start()
+    assert s.get("/write")[2] == b"one two three"
+    status, _, body = s.get("/exc")
+    assert status == 500 and body == b"handled"
+    status, headers, body = s.get("/stream", method="HEAD")
+    assert status == 200 and body == b""
+    # HEAD never runs the stream: it is closed unread
+    deadline = time.monotonic() + 5
+    while "closed sent=0" not in s.notes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "closed sent=0" in s.notes()
+
+
+@pytest.mark.parametrize("worker", [QAG, FALLBACK])
+def test_stream_is_chunked_and_closed_when_the_client_leaves(start, worker):
+    s = start(worker)
+    status, headers, body = s.get("/stream?n=3&pause=0")
+    assert status == 200 and headers.get("transfer-encoding") == "chunked" and body == b"chunk 0\nchunk 1\nchunk 2\n"
+    with socket.create_connection((s.host, s.port), timeout=5) as sock:
+        sock.sendall(b"GET /stream?n=100000&pause=0.01 HTTP/1.1\r\nHost: h\r\n\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")   # reset
+    deadline = time.monotonic() + 10
+    while not any(n.startswith("closed sent=") for n in s.notes()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sent = [int(n.split("=")[1]) for n in s.notes() if n.startswith("closed sent=")]
+    assert sent and sent[0] < 100000
+
+
+@pytest.mark.parametrize("worker", [QAG, FALLBACK])
+def test_http10_and_keep_alive_rules(start, worker):
+    s = start(worker)
+    answer = raw(s, b"GET /pid HTTP/1.0\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 200") and b"Connection: close" in answer
+    two = raw(s, b"GET /pid HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /pid HTTP/1.0\r\n\r\n")
+    assert two.count(b"HTTP/1.1 200") == 2 and b"Connection: keep-alive" in two
+    streamed = raw(s, b"GET /stream?n=2&pause=0 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+    assert b"Transfer-Encoding" not in streamed and streamed.endswith(b"chunk 0\nchunk 1\n")   # ends by closing
+
+
+@pytest.mark.parametrize("worker", [QAG, FALLBACK])
+def test_slow_clients_hold_no_thread_and_time_out(start, worker):
+    s = start(worker, "--keep-alive", "1", env={"QAG_CLIENT_TIMEOUT": "1"})
+    slow = []
+    for _ in range(6):   # more dribbling clients than the worker has threads (2)
+        sock = socket.create_connection((s.host, s.port), timeout=5)
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\nabc")
+        slow.append(sock)
+    began = time.monotonic()
+    assert s.get("/pid")[0] == 200
+    assert time.monotonic() - began < 0.9   # not queued behind the slow ones
+    for sock in slow:   # closed after the client timeout, without an answer
+        assert sock.recv(100) == b""
+        sock.close()
+    idle = socket.create_connection((s.host, s.port), timeout=5)
+    began = time.monotonic()
+    assert idle.recv(100) == b"" and time.monotonic() - began < 3   # idle keep-alive: closed after --keep-alive
+    idle.close()
+
+
+# --- gunicorn lifecycle: the same on gthread and qag's worker ----------------------------------------------------
+@pytest.mark.parametrize("worker", ["gthread", QAG, FALLBACK])
+def test_graceful_shutdown_finishes_the_request_in_flight(start, worker):
+    s = start(worker, "--graceful-timeout", "20")
+    result = {}
+
+    def slow():
+        result["reply"] = s.get("/sleep?s=2")
+    t = threading.Thread(target=slow)
+    t.start()
+    time.sleep(0.7)
+    idle = socket.create_connection((s.host, s.port), timeout=10)   # an idle connection is closed, not served
+    time.sleep(0.2)
+    s.proc.send_signal(signal.SIGTERM)
+    t.join(30)
+    assert result["reply"][0] == 200 and result["reply"][2] == b"slept"
+    assert s.proc.wait(30) == 0
+    assert idle.recv(100) == b""
+    idle.close()
+
+
+@pytest.mark.parametrize("worker", ["gthread", QAG, FALLBACK])
+def test_max_requests_recycles_the_worker(start, worker):
+    s = start(worker, "--max-requests", "5")
+    pids = []
+    for _ in range(16):
+        for _attempt in range(50):   # a recycled worker's replacement may take a moment to boot
+            try:
+                status, _, body = s.get("/pid")
+                break
+            except (ConnectionError, http.client.RemoteDisconnected):
+                time.sleep(0.1)
+        assert status == 200
+        pids.append(int(body))
+    assert len(set(pids)) >= 3, pids
+
+
+@pytest.mark.parametrize("worker", ["gthread", "qag"])
+def test_access_log_line_is_gunicorns(worker):
+    from tests.server import Server
+    s = Server(env={"QAG_WORKER_CLASS": worker, "QAG_ACCESS_LOG": "on"}, workers=1, threads=2)
+    try:
+        r = s.get("/health?secret=1", headers={"X-Request-Id": "rid-123", "User-Agent": "probe/1"})
+        assert r.status == 200
+        deadline = time.monotonic() + 10
+        while not any("rid=rid-123" in line for line in s.log) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        line = next(line for line in s.log if "rid=rid-123" in line)
+        assert '"GET /health HTTP/1.1" 200 ' in line and '"probe/1"' in line and "secret" not in line, line
+        assert line.startswith("127.0.0.1 - [")
+    finally:
+        s.close()
+
+
+def test_tls_configuration_is_refused_at_startup(tmp_path):
+    import shutil
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    key, cert = tmp_path / "k.pem", tmp_path / "c.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=qag-test"], check=True, capture_output=True)
+    done = subprocess.run([sys.executable, "-m", "gunicorn", "-k", QAG, "--certfile", str(cert), "--keyfile", str(key),
+                           "-b", "127.0.0.1:0", "--no-control-socket", "tests.worker_app:app"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode != 0 and "does not terminate TLS" in done.stdout + done.stderr
+
+
+def test_refused_body_does_not_destroy_the_413():
+    # A client that sends its whole (too large) body before reading, as http.client does: the worker answers
+    # 413 from Content-Length, half-closes and discards the rest, so the send completes and the 413 is read.
+    from tests.server import Server
+    s = Server(env={"QAG_MAX_BODY_BYTES": "1000"}, workers=1, threads=2)
+    try:
+        conn = http.client.HTTPConnection(s.host, s.port, timeout=30)
+        conn.request("POST", "/execute_sql", body=b" " * 30_000_000,
+                     headers={"Content-Type": "application/json", "X-API-Key": s.admin_key})
+        r = conn.getresponse()
+        assert r.status == 413 and json.loads(r.read())["code"] == "payload_too_large"
+        conn.close()
+        assert s.get("/health").status == 200
+    finally:
+        s.close()
