@@ -373,19 +373,24 @@ def _catalog_reference(ref: tuple, dialect: str, default_schema: str) -> bool:
     return False
 
 
-@functools.lru_cache(maxsize=CACHE_SIZE)
-def access(sql: str, dialect: str, default_schema: str) -> Access:
+def access(sql: str, dialect: str, default_schema: str, *, text_placeholders: bool = True) -> Access:
     """What the statement uses, tables qualified with default_schema; cached per (sql, dialect, schema).
 
+    text_placeholders=False reads {name} as plain SQL (ad-hoc /execute_sql, where they aren't expanded).
     Never raises for bad SQL: an uncheckable statement has `failure` set.
     """
+    return _access(sql, dialect, default_schema, text_placeholders)
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def _access(sql: str, dialect: str, default_schema: str, text_placeholders: bool) -> Access:
     if dialect not in DIALECTS:
         raise ValueError(f"unsupported dialect {dialect!r}")
     default_schema = (default_schema or "").lower()
     try:
         if len(sql) > MAX_SQL_CHARS:
             raise _Uncheckable("too long")
-        tokens = lexer.tokenize(sql, dialect, text_placeholders=True)
+        tokens = lexer.tokenize(sql, dialect, text_placeholders=text_placeholders)
         from qag.sql.prepare import _alternative_readings, _strip
         tokens, text, _multiple = _strip(tokens, sql)
         if not tokens:
@@ -396,7 +401,7 @@ def access(sql: str, dialect: str, default_schema: str) -> Access:
         # standard_conforming_strings=off): every reading the guard considers must be checkable, and all
         # their tables count.
         for alt in _alternative_readings(tokens, text, dialect):
-            alt_tokens = lexer.tokenize(text, dialect, text_placeholders=True, **alt)
+            alt_tokens = lexer.tokenize(text, dialect, text_placeholders=text_placeholders, **alt)
             if any(t.kind == BAD for t in alt_tokens):
                 continue
             alt_tokens, _, _ = _strip(alt_tokens, text)
