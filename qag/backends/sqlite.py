@@ -8,6 +8,7 @@ import time
 from urllib.parse import quote
 
 from ..errors import QagError
+from ..policy.functions import GENERATORS
 from .base import Backend, Call, Result, connection_failed, query_failed, timeout_error
 
 _PROGRESS_STEPS = 10_000
@@ -26,6 +27,10 @@ def _authorizer(action, arg1, arg2, dbname, source):
 
 
 _TABLE_ACTIONS = {sqlite3.SQLITE_READ, sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE}
+# SQLite itself reads and updates its schema table while preparing some statements (an eponymous virtual
+# table such as json_each); a key's statement naming one is refused before this (qag/policy/tables), so the
+# authorizer lets the engine's own access by, and the pure generators the check allows are read as tables.
+_ENGINE_TABLES = frozenset(("sqlite_master", "sqlite_schema", "sqlite_temp_master", "sqlite_temp_schema")) | GENERATORS
 
 
 class _TablesAuthorizer:
@@ -40,7 +45,7 @@ class _TablesAuthorizer:
         self.refused: list[str] = []
 
     def __call__(self, action, arg1, arg2, dbname, source):
-        if action in _TABLE_ACTIONS and source is None and arg1:
+        if action in _TABLE_ACTIONS and source is None and arg1 and arg1.lower() not in _ENGINE_TABLES:
             name = f"{(dbname or 'main').lower()}.{arg1.lower()}"
             if name not in self.grants:
                 self.refused.append(name)

@@ -20,8 +20,10 @@ CACHE_SIZE = 1024
 # Past these a statement is refused unread (table_check_failed) rather than parsed: parse time and memory
 # grow with them, and no saved query a person writes comes near.
 MAX_SQL_CHARS = 100_000
+MAX_TOKENS = 8_000         # significant tokens (a 200-line report is about 2,000)
+MAX_PARENS = 64            # parentheses open at once
 MAX_NODES = 50_000
-MAX_DEPTH = 200
+MAX_DEPTH = 1_000          # levels of the parsed tree (a long AND chain or UNION is one level per arm)
 
 CHECK_FAILED = ("This API key may only query its allowed tables - this kind of statement doesn't name the tables "
                 "it reads in a way that can be checked, so it isn't allowed")
@@ -324,6 +326,17 @@ def _analyse_reading(text: str, tokens: list, dialect: str, walk: _Walk) -> None
         if t.kind in (BAD, SEMI, XCOMMENT):
             raise _Uncheckable(t.kind)
     sig = lexer.significant(tokens)
+    if len(sig) > MAX_TOKENS:
+        raise _Uncheckable("too many tokens")
+    depth = 0
+    for t in sig:
+        if t.kind == PUNCT:
+            if t.value == "(":
+                depth += 1
+                if depth > MAX_PARENS:
+                    raise _Uncheckable("nested too deep")
+            elif t.value == ")":
+                depth -= 1
     start = _statement_start(sig, dialect)
     k = writes.first_word_index(sig, start)
     if k < 0:
