@@ -382,7 +382,8 @@ def _catalog_reference(ref: tuple, dialect: str, default_schema: str) -> bool:
         # pg_catalog (every name in it starts with pg_) is searched before any schema for unqualified names.
         return schema.startswith("pg_") or (not ref[1] and name.startswith("pg_"))
     if dialect == "sqlite":
-        return name in _SQLITE_CATALOG or name.startswith("sqlite_")
+        # pragma_* are eponymous virtual tables: readable without the parentheses of a table function.
+        return name in _SQLITE_CATALOG or name.startswith(("sqlite_", "pragma_"))
     return False
 
 
