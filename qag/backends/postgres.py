@@ -3,7 +3,10 @@
 Every paged call is one Query message (contract 10.4), which PostgreSQL runs as one implicit transaction:
 
     RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; SET LOCAL DateStyle = ISO; [SET TRANSACTION READ ONLY; ]
-    [SET LOCAL statement_timeout = <ms>; ]SELECT pg_advisory_unlock_all(); <sql>
+    [SET LOCAL statement_timeout = <ms>; ][SET LOCAL search_path = pg_catalog, "<schema>", pg_temp; ]
+    SELECT pg_advisory_unlock_all(); <sql>
+
+(the search_path only for a table-restricted call: contract 6.2, qag/policy/tables.py)
 
 `RESET ALL` first, so nothing a previous call did to the session (search_path, TimeZone, DateStyle,
 default_transaction_read_only, statement_timeout set with set_config(..., false)) reaches this one; the access
