@@ -99,7 +99,7 @@ BUILTINS: dict[str, frozenset[str]] = {
     json_overlaps json_array_append json_array_insert regexp_replace regexp_substr regexp_instr regexp_like
     uuid inet_aton inet_ntoa inet6_aton inet6_ntoa is_ipv4 is_ipv6 database schema user current_user
     session_user system_user version connection_id charset collation coercibility found_rows row_count
-    convert std bit_count compress uncompress uncompressed_length aes_encrypt aes_decrypt sha random_bytes
+    last_insert_id convert std bit_count compress uncompress uncompressed_length aes_encrypt aes_decrypt sha random_bytes
     interval isnull least greatest natural_sort_key sformat
     """.split()),
     "sqlite": frozenset(_COMMON + """

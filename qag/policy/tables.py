@@ -272,6 +272,8 @@ class _Walk:
         catalog = _part(node.args.get("catalog"))
         if schema is None and catalog is None and any(_cte_matches(c, name, self.dialect) for c in scope):
             return
+        if self.dialect == "mysql" and schema is None and catalog is None and not name[1] and name[0].lower() == "dual":
+            return          # MySQL's DUAL: a reserved word, not a table (a table named dual must be quoted)
         self.refs.add(((catalog[0].lower() if catalog else ""), (schema[0].lower() if schema else ""),
                        name[0].lower()))
 
@@ -292,7 +294,10 @@ class _Walk:
             return
         parent = node.parent
         if isinstance(parent, exp.Dot) and parent.expression is node:
-            self.functions.add(_qualifier(parent) + "." + name)
+            qualifier = _qualifier(parent)
+            # pg_catalog.f is the built-in f itself (search_path puts pg_catalog first anyway).
+            if not (self.dialect == "postgres" and qualifier == "pg_catalog" and functions.builtin(name, self.dialect)):
+                self.functions.add(qualifier + "." + name)
             return
         if isinstance(node, exp.Anonymous) or type(node).__name__.startswith("Anonymous"):
             if not functions.builtin(name, self.dialect):
