@@ -1,4 +1,7 @@
-"""Micro-benchmark of row encoding: the pure and compiled rowjson twins side by side (python -m benchmarks.micro).
+"""Micro-benchmark of the hot-path twins, pure and compiled side by side (python -m benchmarks.micro).
+
+rowjson: row encoding. tables: the table verdict (qag._speedups.tables.forbidden) of a statement's
+qualified tables against a key's qualified grants, for statements naming 1 to 100 tables.
 
 Each round times both twins on the same rows, in alternating order, and the table shows the median
 time per call over the rounds with its min-max range. Rows are shaped like a driver's: tuples of
@@ -56,7 +59,12 @@ def time_call(call, number: int) -> float:
 
 def measure(twins: dict, columns: list[str], rows: list[tuple], encode, rounds: int) -> dict[str, list[float]]:
     """Per-call times for each twin over interleaved rounds (order alternates every round)."""
-    calls = {kind: (lambda m=module: encode(m, columns, rows)) for kind, module in twins.items()}
+    return measure_calls({kind: (lambda m=module: encode(m, columns, rows)) for kind, module in twins.items()},
+                         rounds)
+
+
+def measure_calls(calls: dict, rounds: int) -> dict[str, list[float]]:
+    """Per-call times of each call (same work, one per twin) over interleaved rounds."""
     outputs = {kind: call() for kind, call in calls.items()}
     if len(set(outputs.values())) != 1:
         raise SystemExit("the twins disagree on these rows: this benchmark only compares equal work")
@@ -73,6 +81,36 @@ def measure(twins: dict, columns: list[str], rows: list[tuple], encode, rounds: 
     return times
 
 
+TABLE_CASES = (1, 3, 10, 100)
+
+
+def table_case(n: int) -> tuple[tuple, frozenset]:
+    """A statement's n qualified tables (the last one forbidden when n > 1) and a key's 20 grants."""
+    grants = frozenset(f"shop.table_{i}" for i in range(20))
+    tables = tuple(sorted(f"shop.table_{i}" for i in range(n - 1))) + (("shop.secret",) if n > 1 else ())
+    if n == 1:
+        tables = ("shop.table_0",)
+    return tables, grants
+
+
+def tables_main(rounds: int) -> None:
+    twins = {"pure": _speedups.twin("tables", "pure")}
+    try:
+        twins["compiled"] = _speedups.twin("tables", "compiled")
+    except ImportError as exc:
+        print(f"compiled tables twin not importable ({exc}): timing the pure twin only", file=sys.stderr)
+    header = f"{'tables':7} {'n':>5}  " + "  ".join(f"{kind + ' us':>26}" for kind in twins)
+    print(header + ("  speedup" if "compiled" in twins else ""))
+    for n in TABLE_CASES:
+        tables, grants = table_case(n)
+        calls = {kind: (lambda m=module: m.forbidden(tables, grants)) for kind, module in twins.items()}
+        times = measure_calls(calls, rounds)
+        line = f"{'verdict':7} {n:>5}  " + "  ".join(f"{summary(times[kind]):>26}" for kind in twins)
+        if "compiled" in times:
+            line += f"  {statistics.median(times['pure']) / statistics.median(times['compiled']):6.1f}x"
+        print(line, flush=True)
+
+
 def summary(values: list[float]) -> str:
     return f"{statistics.median(values):9.2f} [{min(values):.2f}-{max(values):.2f}]"
 
@@ -82,7 +120,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds per case (default 15)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="typical", help="row shape (default typical)")
     parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated: json,ndjson,csv")
+    parser.add_argument("--module", choices=("rowjson", "tables", "all"), default="all",
+                        help="which twins to time (default all)")
     args = parser.parse_args(argv)
+    if args.module in ("tables", "all"):
+        print(f"python -m benchmarks.micro --module tables --rounds {args.rounds}")
+        print(f"Python {platform.python_version()} on {platform.machine()}; "
+              f"microseconds per call, median [min-max] of {args.rounds} interleaved rounds")
+        tables_main(args.rounds)
+        if args.module == "tables":
+            return 0
+        print()
 
     twins = {"pure": _speedups.twin("rowjson", "pure")}
     try:

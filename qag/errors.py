@@ -32,6 +32,8 @@ ERRORS: dict[str, tuple[int, str, str]] = {
     "write_op_not_allowed": (403, "This API key may not perform this write operation", "write keyword outside `allowed_write_ops`"),
     "table_not_allowed": (403, "This API key may not query this table", "statement touches a table outside `allowed_tables`"),
     "table_check_failed": (403, "The tables of this statement cannot be checked", "table-restricted key, statement whose tables can't be determined"),
+    "function_not_allowed": (403, "This API key may not call this function", "table-restricted key calling a denied function, or a user-defined one outside `allowed_functions`"),
+    "table_check_unsupported": (403, "Table checks are not supported for this database", "table-restricted key on a connection whose dialect can't be checked"),
     "mask_unresolvable": (403, "The result columns cannot be traced for masking", "caller has mask rules and the result can't be traced"),
     "store_not_allowed": (403, "A connection may not point at the server's own store", "a connection pointing at the store file"),
     "forbidden": (403, "Only .json files inside the saved_sql folder can be accessed", "`/q/<name>` with an invalid saved-query name"),

@@ -17,7 +17,7 @@ from types import ModuleType
 __all__ = ["MODES", "MODULES", "load", "get", "twin", "mode", "loaded", "fallbacks"]
 
 MODES = ("auto", "require", "off")
-MODULES = ("rowjson", "shmsync")
+MODULES = ("rowjson", "shmsync", "tables")
 
 _mode: str | None = None
 _selected: dict[str, ModuleType] = {}

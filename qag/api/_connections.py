@@ -8,6 +8,7 @@ from ..auth import now_text
 from ..backends.base import resolve_fields
 from ..errors import QagError
 from ..http.response import json_response
+from ..policy import tables as table_policy
 from ..policy.grants import check_connection
 from ._common import CONNECTION_NAME, audit, body_object, check_if_match, keyed_digest, no_content, with_etag
 
@@ -238,13 +239,14 @@ class ConnectionHandlers:
             check_connection(caller.grants, name)
             if database is not None:
                 raise QagError("admin_only", "Only the admin key may read another database on this connection")
-            if caller.grants.allowed_tables is not None:
-                # Listing only the allowed tables needs the governance issue's name resolution: fail closed.
-                raise QagError("table_check_failed", "This API key may only query its allowed tables, and table "
-                                                     "checks are not available on this server yet")
         row = self._existing(name)
         backend = self.gateway.backends.get(row["db"])
-        return json_response(backend.schema(resolve_fields(row["fields"], os.environ), database))
+        fields = resolve_fields(row["fields"], os.environ)
+        schema = backend.schema(fields, database)
+        if not caller.admin and caller.grants.allowed_tables is not None:
+            schema = allowed_schema(schema, caller.grants.allowed_tables,
+                                    table_policy.default_schema(backend.dialect, fields))
+        return json_response(schema)
 
     def databases(self, request, caller):
         db, fields = self._unsaved_or_saved(request)
@@ -263,3 +265,24 @@ def _audited(db: str, active: bool, fields: dict) -> dict:
     for key, value in fields.items():
         out[key] = "changed" if key == "password" or _is_secret_option(key) else value
     return out
+
+
+def allowed_schema(schema: dict, allowed_tables, default_schema: str) -> dict:
+    """The schema route's body for a table-restricted key (contract 6.2): only its allowed tables, and no
+    foreign key pointing at a table outside them. A copy: backends cache and share the schema they return."""
+    grants = table_policy.qualified_grants(frozenset(allowed_tables), default_schema)
+    tables = []
+    for table in schema.get("tables", ()):
+        own = (table.get("schema") or default_schema).lower()
+        if f"{own}.{table['name'].lower()}" not in grants:
+            continue
+        columns = []
+        for column in table.get("columns", ()):
+            fk = column.get("foreign_key")
+            if fk is not None:
+                target = fk["table"].lower()
+                if f"{own}.{target}" not in grants and target not in grants:
+                    column = dict(column, foreign_key=None)
+            columns.append(column)
+        tables.append(dict(table, columns=columns))
+    return dict(schema, tables=tables)

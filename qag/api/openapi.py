@@ -73,7 +73,7 @@ def _schemas() -> dict:
         "queries": {"oneOf": [{"const": "*"}, _arr({"oneOf": [_STR, _obj(
             {"name": _STR, "allow_writes": _BOOL}, ["name"], False)]})]},
         "collections": _arr(_STR), "allow_writes": _BOOL, "allowed_write_ops": _null(_arr(_STR)),
-        "allowed_tables": _null(_arr(_STR)), "rate_limit": _null({"type": "string", "examples": ["100/minute"]}),
+        "allowed_tables": _null(_arr(_STR)), "allowed_functions": _null(_arr(_STR)), "rate_limit": _null({"type": "string", "examples": ["100/minute"]}),
         "allowed_ips": _null(_arr(_STR)), "mask": _null(_arr(_ref("MaskRule"))),
         "max_concurrent": _null({"type": "integer", "minimum": 1, "maximum": 1000}),
         "query_timeout": _null({"type": "number", "minimum": 0.1, "maximum": 86400}),

@@ -18,6 +18,7 @@ from ..policy import grants as policy
 from ..policy.guard import check as guard_check
 from ..policy.keyfields import normalise_mask
 from ..policy import masking
+from ..policy import tables as table_policy
 from ..sql.params import compile_rules
 from ..sql.prepare import check_text_values, prepare, render
 from ._common import valid_query_name
@@ -308,11 +309,25 @@ class RunHandlers:
         return caller.admin or caller.grants.allowed_tables is None
 
     @staticmethod
-    def _refuse_ungoverned(caller, version: dict | None) -> None:
-        """Fail closed on governance this version doesn't enforce yet, rather than show data it should hide."""
-        if not caller.admin and caller.grants.allowed_tables is not None:
-            raise QagError("table_check_failed", "This API key may only query its allowed tables, and table "
-                                                 "checks are not available on this server yet")
+    def _check_tables(plan: Plan, caller, fields: dict) -> tuple[str, frozenset] | None:
+        """Contract 6.2 for a table-restricted key: raise its 403, or return (the default schema the
+        statement was checked with, the key's qualified grants) for the backend to enforce as well.
+
+        What the statement uses is computed once per prepared statement and default schema (kept on the
+        Prepared, itself cached per SQL), so a warm call parses nothing."""
+        grants = caller.grants
+        if caller.admin or grants.allowed_tables is None:
+            return None
+        prepared = plan.prepared
+        dialect = prepared.dialect
+        schema = table_policy.default_schema(dialect, fields)
+        key = ("tables", schema)
+        acc = prepared._plans.get(key)
+        if acc is None:
+            acc = table_policy.access(prepared.sql, dialect, schema, text_placeholders=plan.query is not None)
+            prepared._plans[key] = acc        # a race only computes the same analysis twice
+        table_policy.verdict(acc, dialect, schema, grants.allowed_tables, grants.allowed_functions)
+        return schema, table_policy.qualified_grants(grants.allowed_tables, schema)
 
     @staticmethod
     def _connection(name: str, row: dict | None) -> dict:
@@ -368,13 +383,13 @@ class RunHandlers:
             mark = time.perf_counter()
         allowed_ops = None if caller.admin else policy.allowed_write_ops(caller.grants)
         guard_check(plan.prepared, writes_allowed=writes, allowed_write_ops=allowed_ops)
-        self._refuse_ungoverned(caller, version)
+        restricted = self._check_tables(plan, caller, fields)   # contract 3.10: tables before masking
         if plan.rules:  # masking: trace the result columns, or refuse before anything runs (contract 6.3)
             plan.mask = self.masking.plan(plan.rules, plan.prepared, connection, backend, fields, plan.database)
         if timing is not None:
             timing["policy"] = timing.get("policy", 0.0) + time.perf_counter() - mark
         if plan.stream:
-            return self._stream(plan, backend, fields, caller, at)
+            return self._stream(plan, backend, fields, caller, at, restricted)
         offset = (plan.page - 1) * plan.size
         if timing is not None:
             mark = time.perf_counter()
@@ -384,6 +399,8 @@ class RunHandlers:
         # Windowed: LIMIT/OFFSET are in the SQL (clamped to the author's own limit); otherwise skip and slice.
         skip = 0 if rendered.windowed else offset
         call = Call(rendered.sql, rendered.args, plan.read_only, plan.timeout, plan.size + 1, skip)
+        if restricted is not None:
+            call.schema, call.tables = restricted
         try:
             result = backend.run(fields, call)
         except QagError as error:
@@ -412,12 +429,15 @@ class RunHandlers:
         self.observe.done(plan, at, len(rows), result.duration_ms, encoded)
         return response
 
-    def _stream(self, plan: Plan, backend, fields: dict, caller, at: float) -> Response:
+    def _stream(self, plan: Plan, backend, fields: dict, caller, at: float,
+                restricted: tuple[str, frozenset] | None = None) -> Response:
         cap = self.settings.stream_max_rows
         if not caller.admin and caller.grants.max_rows:
             cap = min(cap, int(caller.grants.max_rows)) if cap else int(caller.grants.max_rows)
         rendered = render(plan.prepared, plan.values, backend.style, None, 0)
         call = Call(rendered.sql, rendered.args, True, plan.timeout, 0)
+        if restricted is not None:
+            call.schema, call.tables = restricted
         try:
             columns, batches = backend.stream(fields, call, _STREAM_BATCH, cap)
         except QagError as error:

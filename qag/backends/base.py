@@ -17,6 +17,11 @@ class Call:
     timeout: float | None     # seconds; None = no limit
     fetch: int                # rows to fetch from the cursor (page size + 1, or up to the author's cap)
     skip: int = 0             # rows to discard first (statements whose window can't be applied in SQL)
+    # A table-restricted call (qag/policy/tables): the default schema its tables were checked with, and the
+    # key's qualified grants. The backend enforces them too: PostgreSQL pins search_path to the schema,
+    # SQLite refuses other tables in an authorizer. None for everyone else.
+    schema: str | None = None
+    tables: frozenset | None = None
 
 
 @dataclass(slots=True)

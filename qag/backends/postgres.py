@@ -3,7 +3,10 @@
 Every paged call is one Query message (contract 10.4), which PostgreSQL runs as one implicit transaction:
 
     RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; SET LOCAL DateStyle = ISO; [SET TRANSACTION READ ONLY; ]
-    [SET LOCAL statement_timeout = <ms>; ]SELECT pg_advisory_unlock_all(); <sql>
+    [SET LOCAL statement_timeout = <ms>; ][SET LOCAL search_path = pg_catalog, "<schema>", pg_temp; ]
+    SELECT pg_advisory_unlock_all(); <sql>
+
+(the search_path only for a table-restricted call: contract 6.2, qag/policy/tables.py)
 
 `RESET ALL` first, so nothing a previous call did to the session (search_path, TimeZone, DateStyle,
 default_transaction_read_only, statement_timeout set with set_config(..., false)) reaches this one; the access
@@ -79,35 +82,48 @@ def timeout_ms(timeout: float | None) -> int | None:
     return max(1, int(round(timeout * 1000)))
 
 
-def prefix(read_only: bool, timeout: float | None) -> str:
+def search_path(schema: str) -> str:
+    """SET LOCAL search_path for a table-restricted call (contract 6.2): unqualified names resolve in the schema
+    its tables were checked with. pg_catalog goes first so built-in functions can't be shadowed by same-named
+    ones in that schema (catalog relations all start with pg_, which the check refuses unqualified), and pg_temp
+    last so no temporary table shadows a checked name. Refuses a schema name it can't put in the message."""
+    if "%" in schema or "\x00" in schema:
+        raise QagError("table_check_failed", "This API key may only query its allowed tables, and the "
+                                             "connection's schema can't be pinned for the check")
+    return 'SET LOCAL search_path = pg_catalog, "' + schema.replace('"', '""') + '", pg_temp; '
+
+
+def prefix(read_only: bool, timeout: float | None, schema: str | None = None) -> str:
     """What goes before the statement in every message (contract 10.4). Contains no '%'."""
     text = _BASE + _READ_ONLY if read_only else _BASE
     ms = timeout_ms(timeout)
     if ms is not None:
         text += f"SET LOCAL statement_timeout = {ms}; "
+    if schema is not None:
+        text += search_path(schema)
     return text + _UNLOCK
 
 
 _PREFIXES: dict = {}
 
 
-def message(sql: str, read_only: bool, timeout: float | None) -> str:
+def message(sql: str, read_only: bool, timeout: float | None, schema: str | None = None) -> str:
     """The one message of a paged call: the prefix, then the rendered statement (with its LIMIT window)."""
-    key = (read_only, timeout)
+    key = (read_only, timeout, schema)
     text = _PREFIXES.get(key)
     if text is None:
-        if len(_PREFIXES) > 256:        # time limits are a handful of values; bound it all the same
+        if len(_PREFIXES) > 256:        # time limits and schemas are a handful of values; bound it all the same
             _PREFIXES.clear()
-        text = _PREFIXES[key] = prefix(read_only, timeout)
+        text = _PREFIXES[key] = prefix(read_only, timeout, schema)
     return text + sql
 
 
-def stream_message(sql: str, timeout: float | None, first: int) -> str:
+def stream_message(sql: str, timeout: float | None, first: int, schema: str | None = None) -> str:
     """One message that opens a read-only transaction, declares the stream's cursor and fetches the first batch.
 
     The newline before ';' ends a trailing line comment of the statement.
     """
-    return (f"BEGIN; {prefix(True, timeout)}DECLARE {STREAM_CURSOR} NO SCROLL CURSOR FOR {sql}\n; "
+    return (f"BEGIN; {prefix(True, timeout, schema)}DECLARE {STREAM_CURSOR} NO SCROLL CURSOR FOR {sql}\n; "
             f"FETCH FORWARD {int(first)} FROM {STREAM_CURSOR}")
 
 
@@ -279,7 +295,7 @@ class PostgresBackend(Backend):
     def run(self, fields: dict, call: Call) -> Result:
         key = pool_key(fields, call.read_only)
         started = time.perf_counter()
-        conn, cur = self._execute(key, fields, call, message(call.sql, call.read_only, call.timeout))
+        conn, cur = self._execute(key, fields, call, message(call.sql, call.read_only, call.timeout, call.schema))
         try:
             description = cur.description
             if description is None:
@@ -306,7 +322,7 @@ class PostgresBackend(Backend):
         read = Call(call.sql, call.args, True, call.timeout, 0)
         batch = max(1, int(batch))
         first_n = batch if cap is None else max(0, min(batch, cap))
-        conn, cur = self._execute(key, fields, read, stream_message(call.sql, call.timeout, first_n))
+        conn, cur = self._execute(key, fields, read, stream_message(call.sql, call.timeout, first_n, call.schema))
         try:
             columns = [d[0] for d in cur.description] if cur.description else []
             first = cur.fetchall() if cur.description else []

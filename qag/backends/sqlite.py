@@ -8,6 +8,7 @@ import time
 from urllib.parse import quote
 
 from ..errors import QagError
+from ..policy.functions import GENERATORS
 from .base import Backend, Call, Result, connection_failed, query_failed, timeout_error
 
 _PROGRESS_STEPS = 10_000
@@ -25,6 +26,40 @@ def _authorizer(action, arg1, arg2, dbname, source):
     return sqlite3.SQLITE_OK
 
 
+_TABLE_ACTIONS = {sqlite3.SQLITE_READ, sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE}
+# SQLite itself reads and updates its schema table while preparing some statements (an eponymous virtual
+# table such as json_each); a key's statement naming one is refused before this (qag/policy/tables), so the
+# authorizer lets the engine's own access by, and the pure generators the check allows are read as tables.
+_ENGINE_TABLES = frozenset(("sqlite_master", "sqlite_schema", "sqlite_temp_master", "sqlite_temp_schema")) | GENERATORS
+
+
+class _TablesAuthorizer:
+    """The authorizer of a table-restricted call (contract 6.2's second line): the usual refusals, plus any
+    read or write of a table outside the key's qualified grants. Access on behalf of a view or trigger
+    (`source` set) is allowed: the statement that reached it was checked, and the key can't create either."""
+
+    __slots__ = ("grants", "refused")
+
+    def __init__(self, grants: frozenset):
+        self.grants = grants
+        self.refused: list[str] = []
+
+    def __call__(self, action, arg1, arg2, dbname, source):
+        if action in _TABLE_ACTIONS and source is None and arg1 and arg1.lower() not in _ENGINE_TABLES:
+            name = f"{(dbname or 'main').lower()}.{arg1.lower()}"
+            if name not in self.grants:
+                self.refused.append(name)
+                return sqlite3.SQLITE_DENY
+        return _authorizer(action, arg1, arg2, dbname, source)
+
+
+def _table_refusal(authorizer, grants: frozenset) -> QagError | None:
+    if authorizer is None or not authorizer.refused:
+        return None
+    return QagError("table_not_allowed", "This API key may only query these tables: " + ", ".join(sorted(grants))
+                    + ". Forbidden: " + ", ".join(sorted(set(authorizer.refused))) + ".")
+
+
 def resolve_path(database: str | None, home: str, store_files: tuple[str, ...]) -> str:
     """The absolute file path of a SQLite connection, refusing a missing path, a missing file and the store."""
     if not database or not str(database).strip():
@@ -37,14 +72,15 @@ def resolve_path(database: str | None, home: str, store_files: tuple[str, ...]) 
     return path
 
 
-def _open(path: str, read_only: bool) -> sqlite3.Connection:
+def _open(path: str, read_only: bool, tables: frozenset | None = None):
     if read_only:
         conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=10.0, isolation_level=None,
                                check_same_thread=False)
     else:
         conn = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
-    conn.set_authorizer(_authorizer)
-    return conn
+    authorizer = None if tables is None else _TablesAuthorizer(tables)
+    conn.set_authorizer(_authorizer if authorizer is None else authorizer)
+    return conn, authorizer
 
 
 _SKIP_CHUNK = 1000
@@ -78,7 +114,7 @@ def _mapped(exc: Exception, deadline: float | None, timeout: float | None) -> Qa
 def run(path: str, call: Call) -> Result:
     """Run one statement; read-only calls can't write even if the guard were bypassed (mode=ro)."""
     try:
-        conn = _open(path, call.read_only)
+        conn, authorizer = _open(path, call.read_only, call.tables)
     except sqlite3.Error as exc:
         raise connection_failed(str(exc)) from None
     deadline = None
@@ -97,10 +133,11 @@ def run(path: str, call: Call) -> Result:
             skip_rows(cursor, call.skip)
             rows = cursor.fetchmany(call.fetch)
         if not call.read_only:
+            conn.set_authorizer(_authorizer)   # the key's tables limit its statement, not the COMMIT
             conn.execute("COMMIT")
     except (sqlite3.Error, OverflowError, ValueError) as exc:
         # OverflowError/ValueError: a value the driver can't bind; the binder refuses most before this.
-        raise _mapped(exc, deadline, call.timeout) from None
+        raise _table_refusal(authorizer, call.tables) or _mapped(exc, deadline, call.timeout) from None
     finally:
         conn.close()
     return Result(columns, rows, (time.perf_counter() - started) * 1000.0)
@@ -111,7 +148,7 @@ def run(path: str, call: Call) -> Result:
 def read_schema(path: str, max_tables: int = 1000) -> dict:
     """Tables and views with their columns, primary and foreign keys (GET .../schema)."""
     try:
-        conn = _open(path, True)
+        conn, _ = _open(path, True)
     except sqlite3.Error as exc:
         raise connection_failed(str(exc)) from None
     try:
@@ -141,7 +178,7 @@ def stream(path: str, call: Call, batch: int, cap: int | None):
     The file stays open while the caller iterates; the time limit covers the whole export.
     """
     try:
-        conn = _open(path, True)
+        conn, authorizer = _open(path, True, call.tables)
     except sqlite3.Error as exc:
         raise connection_failed(str(exc)) from None
     timeout = call.timeout
@@ -158,7 +195,9 @@ def stream(path: str, call: Call, batch: int, cap: int | None):
         first = fetch(cursor, cap) if columns else []
     except (sqlite3.Error, OverflowError, ValueError) as exc:
         conn.close()
-        raise _mapped(exc, deadline, timeout) from None
+        raise _table_refusal(authorizer, call.tables) or _mapped(exc, deadline, timeout) from None
+    # The authorizer is consulted while a statement is prepared: cleared now that it is.
+    conn.set_authorizer(_authorizer)
 
     def batches():
         left = None if cap is None else cap - len(first)

@@ -16,7 +16,7 @@ ALL = "*"
 # The grant fields shared by keys and roles, in the order the API shows them (contract 5.4).
 GRANT_FIELDS: tuple[str, ...] = (
     "connections", "queries", "collections", "allow_writes", "allowed_write_ops", "allowed_tables",
-    "rate_limit", "allowed_ips", "mask", "max_concurrent", "query_timeout", "max_rows", "quota",
+    "allowed_functions", "rate_limit", "allowed_ips", "mask", "max_concurrent", "query_timeout", "max_rows", "quota",
 )
 
 
@@ -24,7 +24,7 @@ def key_grant_defaults() -> dict:
     """The stored grants of a key or role created without any grant field (a fresh dict each call)."""
     return {
         "connections": ALL, "queries": [], "collections": [], "allow_writes": False,
-        "allowed_write_ops": None, "allowed_tables": None, "rate_limit": None, "allowed_ips": None,
+        "allowed_write_ops": None, "allowed_tables": None, "allowed_functions": None, "rate_limit": None, "allowed_ips": None,
         "mask": None, "max_concurrent": None, "query_timeout": None, "max_rows": None, "quota": None,
     }
 
@@ -160,7 +160,7 @@ class Grants:
 
     __slots__ = (
         "stored", "all_connections", "connections", "all_queries", "queries", "write_queries", "collections",
-        "allow_writes", "allowed_write_ops", "allowed_tables", "rate_limit", "ips", "mask",
+        "allow_writes", "allowed_write_ops", "allowed_tables", "allowed_functions", "rate_limit", "ips", "mask",
         "max_concurrent", "query_timeout", "max_rows", "quota",
     )
 
@@ -191,6 +191,8 @@ class Grants:
         self.allow_writes = stored.get("allow_writes") is True
         self.allowed_write_ops = _lower_names(stored.get("allowed_write_ops"))
         self.allowed_tables = _lower_names(stored.get("allowed_tables"))
+        # User-defined functions a table-restricted key may call (qag/policy/tables); None = none.
+        self.allowed_functions = _lower_names(stored.get("allowed_functions"))
         try:
             self.rate_limit = None if stored.get("rate_limit") is None else parse_rate_limit(stored["rate_limit"])
         except ValueError:

@@ -35,19 +35,19 @@ _ROLE_PATCH_FIELDS = frozenset({"require_claim_binding", *GRANT_FIELDS})
 
 # On PATCH an explicit null clears these; for the other grant fields null means "leave unchanged".
 NULL_CLEARS = frozenset({
-    "rate_limit", "allowed_ips", "allowed_write_ops", "allowed_tables", "mask",
+    "rate_limit", "allowed_ips", "allowed_write_ops", "allowed_tables", "allowed_functions", "mask",
     "max_concurrent", "query_timeout", "max_rows", "quota",
 })
 
 # The order QueryAPIGate 0.43 checks fields in, so the same bad body names the same field first.
 _CHECK_ORDER = (
     "collections", "connections", "queries", "allow_writes", "rate_limit", "allowed_ips", "allowed_write_ops",
-    "allowed_tables", "mask", "max_concurrent", "query_timeout", "max_rows", "quota",
+    "allowed_tables", "allowed_functions", "mask", "max_concurrent", "query_timeout", "max_rows", "quota",
 )
 # The order QueryAPIGate 0.43 lists grant fields in its "Cannot combine 'role' ..." message.
 _ROLE_CONFLICT_ORDER = (
     "connections", "allow_writes", "queries", "collections", "rate_limit", "allowed_ips", "allowed_write_ops",
-    "allowed_tables", "mask", "max_concurrent", "query_timeout", "max_rows", "quota",
+    "allowed_tables", "allowed_functions", "mask", "max_concurrent", "query_timeout", "max_rows", "quota",
 )
 
 
@@ -239,6 +239,8 @@ _CHECKS = {
     "allowed_write_ops": _lowered_names(
         'allowed_write_ops must be a list of SQL keywords (e.g. "insert", "update"), or null for no restriction'),
     "allowed_tables": _lowered_names("allowed_tables must be a list of table names, or null for no restriction"),
+    "allowed_functions": _lowered_names("allowed_functions must be a list of function names a table-restricted key "
+                                        "may call besides the built-in ones, or null for none"),
     "mask": normalise_mask,
     "max_concurrent": _whole("max_concurrent", 1, 1000),
     "query_timeout": _query_timeout,

@@ -277,7 +277,7 @@ def test_runtime_schema_route_needs_the_connection_grant(server, uniq):
     r = server.get("/connections/lite/schema", key=other)
     assert r.status == 403 and r.json["code"] == "connection_forbidden"
     assert server.get("/connections/lite/schema?database=x", key=granted).json["code"] == "admin_only"
-    assert server.get("/connections/lite/schema", key=tables).json["code"] == "table_check_failed"
+    assert [t["name"] for t in server.get("/connections/lite/schema", key=tables).json["tables"]] == ["t"]
     assert server.get("/connections/lite/schema?database=x").status == 400
     assert server.get("/connections/lite/schema", key=None).status == 401
 

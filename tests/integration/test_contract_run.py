@@ -386,13 +386,15 @@ def test_key_limits_narrow_the_call(server, uniq):
     assert server.get(q(name) + "?page=2&page_size=20", key=key).json[0] == {"id": 8}
 
 
-def test_governance_not_yet_enforced_fails_closed(server, uniq):
+def test_governance_tables_checked_and_masks_applied(server, uniq):
     name = uniq("gov")
     server.query(name, "SELECT id FROM t", "lite")
     tables = server.key(uniq("k"), queries=[name], allowed_tables=["t"])
-    r = server.get(q(name), key=tables)
-    assert r.status == 403 and r.json["code"] == "table_check_failed"
-    # Masking is enforced now (tests/integration/test_masking.py): a column no rule matches is served as is.
+    assert server.get(q(name), key=tables).status == 200
+    other = server.key(uniq("k"), queries=[name], allowed_tables=["other"])
+    r = server.get(q(name), key=other)
+    assert r.status == 403 and r.json["code"] == "table_not_allowed"
+    assert r.json["error"] == "This API key may only query these tables: main.other. Forbidden: main.t."
     masked = server.key(uniq("k"), queries=[name], mask=[{"column": "t.name", "action": "hash"}])
     r = server.get(q(name), key=masked)
     assert r.status == 200 and r.json[0] == {"id": 1}

@@ -1,0 +1,128 @@
+"""Function policy for table-restricted keys: functions always denied, built-ins per dialect, pure generators."""
+
+from __future__ import annotations
+
+# Functions a table-restricted key may never call, whatever allowed_functions says: they read or write files,
+# reach other servers, run SQL given as text, sleep or take locks, change server or session state, or advance
+# sequences. Looked up lower-cased by the function's own name (a schema-qualified call by its last part).
+_DENIED_PREFIXES: dict[str, tuple[str, ...]] = {
+    "postgres": ("pg_read_", "pg_ls_", "pg_stat_file", "pg_file_", "lo_", "dblink", "pg_advisory_",
+                 "pg_try_advisory_", "pg_sleep", "pg_terminate_", "pg_cancel_", "pg_reload_", "pg_rotate_",
+                 "pg_create_", "pg_drop_", "pg_replication_", "pg_logical_", "pg_switch_", "pg_promote",
+                 "pg_backup_", "pg_start_backup", "pg_stop_backup", "pg_wal_replay_", "pg_stat_reset",
+                 "pg_import_system_", "pg_log_backend_", "pg_copy_", "pg_export_snapshot", "pg_notify"),
+    "mysql": (),
+    "sqlite": (),
+}
+_DENIED: dict[str, frozenset[str]] = {
+    "postgres": frozenset((
+        "query_to_xml", "query_to_xmlschema", "query_to_xml_and_xmlschema", "table_to_xml", "table_to_xmlschema",
+        "table_to_xml_and_xmlschema", "schema_to_xml", "schema_to_xmlschema", "schema_to_xml_and_xmlschema",
+        "database_to_xml", "database_to_xmlschema", "database_to_xml_and_xmlschema", "cursor_to_xml",
+        "cursor_to_xmlschema", "ts_stat", "ts_rewrite", "set_config", "nextval", "setval", "currval", "lastval",
+        "txid_current", "pg_current_xact_id", "loread", "lowrite", "dblink", "pg_notify", "pg_sleep",
+        "pg_sleep_for", "pg_sleep_until", "pg_terminate_backend", "pg_cancel_backend", "pg_reload_conf",
+        "pg_rotate_logfile", "pg_read_file", "pg_read_binary_file", "pg_ls_dir", "pg_stat_file",
+    )),
+    "mysql": frozenset((
+        "load_file", "sleep", "benchmark", "get_lock", "release_lock", "is_free_lock", "is_used_lock",
+        "release_all_locks", "master_pos_wait", "source_pos_wait", "master_gtid_wait", "wait_for_executed_gtid_set",
+        "wait_until_sql_thread_after_gtids", "sys_exec", "sys_eval", "sys_get", "sys_set", "lib_mysqludf_sys_info",
+        "nextval", "setval", "lastval", "sequence_next",
+    )),
+    "sqlite": frozenset((
+        "load_extension", "readfile", "writefile", "edit", "fts3_tokenizer", "sqlite_dbpage", "zipfile",
+        "sqlar_compress", "sqlar_uncompress", "fsdir", "lsmode",
+    )),
+}
+
+# Table functions that produce rows from their arguments only: fine in FROM for a table-restricted key.
+GENERATORS = frozenset((
+    "range", "numbers", "generate_series", "system_range", "unnest", "generate_subscripts",
+    "json_each", "json_tree", "jsonb_each", "json_each_text", "jsonb_each_text", "json_array_elements",
+    "jsonb_array_elements", "json_array_elements_text", "jsonb_array_elements_text", "json_to_record",
+    "jsonb_to_record", "json_to_recordset", "jsonb_to_recordset", "json_populate_record", "jsonb_populate_record",
+    "json_populate_recordset", "jsonb_populate_recordset", "regexp_split_to_table", "regexp_matches",
+    "string_to_table", "json_table", "jsontable", "exploding_generate_series", "explode", "posexplode",
+    "explode_outer", "posexplode_outer",
+))
+
+_COMMON = """
+abs acos asin atan atan2 avg ceil ceiling char_length character_length coalesce concat cos cot count cume_dist
+degrees dense_rank exp first_value floor greatest lag last_value lead least length ln log log10 log2 lower ltrim
+max min mod nth_value ntile nullif percent_rank pi power pow radians rank replace round row_number rtrim sign sin
+sqrt substr substring sum tan trim upper cast case if ifnull iif nvl position reverse left right lpad rpad repeat
+instr octet_length bit_length ascii chr char hex unhex sha1 sha2 md5 to_base64 from_base64 current_date
+current_time current_timestamp now date time extract date_trunc stddev stddev_pop stddev_samp variance var_pop
+var_samp every bool_and bool_or string_agg group_concat array_agg json_agg jsonb_agg json_object_agg
+jsonb_object_agg total corr covar_pop covar_samp regr_slope regr_intercept regr_count regr_r2 regr_avgx
+regr_avgy regr_sxx regr_syy regr_sxy percentile_cont percentile_disc mode median bit_and bit_or bit_xor
+""".split()
+
+# Built-in functions per dialect that are read-only and touch no table, file or session state. sqlglot's typed
+# expressions count as built-in besides these; any other function is user-defined and needs allowed_functions.
+BUILTINS: dict[str, frozenset[str]] = {
+    "postgres": frozenset(_COMMON + """
+    btrim initcap split_part strpos translate to_char to_date to_number to_timestamp format quote_ident
+    quote_literal quote_nullable regexp_replace regexp_match regexp_like regexp_count regexp_instr regexp_substr
+    starts_with concat_ws overlay encode decode convert_from convert_to age clock_timestamp statement_timestamp
+    transaction_timestamp timeofday localtime localtimestamp date_part date_bin make_date make_time
+    make_timestamp make_timestamptz make_interval justify_days justify_hours justify_interval isfinite
+    to_json to_jsonb row_to_json array_to_json json_build_object jsonb_build_object json_build_array
+    jsonb_build_array json_object jsonb_object json_extract_path jsonb_extract_path json_extract_path_text
+    jsonb_extract_path_text json_array_length jsonb_array_length json_typeof jsonb_typeof jsonb_set jsonb_insert
+    jsonb_pretty jsonb_strip_nulls json_strip_nulls jsonb_path_query jsonb_path_exists jsonb_path_match
+    jsonb_path_query_array jsonb_path_query_first json_object_keys jsonb_object_keys array_length array_lower
+    array_upper array_dims array_ndims array_append array_prepend array_cat array_remove array_replace
+    array_position array_positions array_to_string string_to_array cardinality trim_array array_fill
+    num_nonnulls num_nulls width_bucket trunc cbrt div gcd lcm factorial scale min_scale trim_scale random
+    setseed gen_random_uuid uuid_generate_v4 md5 sha224 sha256 sha384 sha512 crc32 to_hex bit_count
+    get_bit set_bit get_byte set_byte length lower_inc upper_inc isempty lower_inf upper_inf range_merge
+    xmlelement xmlforest xmlconcat xmlagg xmlparse xmlserialize xmlroot xpath xpath_exists xmlexists
+    unistr normalize ascii chr pg_typeof format_type current_user session_user current_role user
+    current_database current_schema current_catalog version inet_client_addr host masklen network broadcast
+    netmask family abbrev text timezone to_tsvector to_tsquery plainto_tsquery phraseto_tsquery
+    websearch_to_tsquery ts_rank ts_rank_cd ts_headline setweight strip numnode querytree tsvector_to_array
+    array_to_tsvector current_setting bool boolean int int2 int4 int8 float4 float8 numeric
+    """.split()),
+    "mysql": frozenset(_COMMON + """
+    concat_ws field find_in_set format insert locate lcase ucase mid space strcmp substring_index soundex
+    elt export_set make_set quote weight_string char_length oct bin conv crc32 rand truncate
+    curdate curtime sysdate utc_date utc_time utc_timestamp date_add date_sub adddate subdate addtime subtime
+    datediff timediff timestampadd timestampdiff date_format time_format str_to_date from_unixtime
+    unix_timestamp dayname dayofmonth dayofweek dayofyear day month monthname year yearweek week weekday
+    weekofyear quarter hour minute second microsecond last_day makedate maketime period_add period_diff
+    sec_to_time time_to_sec to_days from_days to_seconds convert_tz get_format localtime localtimestamp
+    json_extract json_unquote json_object json_array json_contains json_contains_path json_keys json_length
+    json_type json_valid json_quote json_search json_set json_insert json_replace json_remove json_merge
+    json_merge_patch json_merge_preserve json_depth json_pretty json_arrayagg json_objectagg json_value
+    json_overlaps json_array_append json_array_insert regexp_replace regexp_substr regexp_instr regexp_like
+    uuid inet_aton inet_ntoa inet6_aton inet6_ntoa is_ipv4 is_ipv6 database schema user current_user
+    session_user system_user version connection_id charset collation coercibility found_rows row_count
+    last_insert_id convert std bit_count compress uncompress uncompressed_length aes_encrypt aes_decrypt sha random_bytes
+    interval isnull least greatest natural_sort_key sformat
+    """.split()),
+    "sqlite": frozenset(_COMMON + """
+    printf format glob like likelihood likely unlikely typeof quote randomblob random zeroblob unicode
+    soundex sqlite_version changes total_changes last_insert_rowid julianday strftime datetime unixepoch
+    timediff json json_array json_array_length json_extract json_insert json_object json_patch json_remove
+    json_replace json_set json_type json_valid json_quote json_group_array json_group_object jsonb
+    jsonb_array jsonb_extract jsonb_insert jsonb_object jsonb_patch jsonb_remove jsonb_replace jsonb_set
+    json_error_position json_pretty trunc octet_length unhex concat_ws string_agg
+    """.split()),
+}
+
+
+def denied(name: str, dialect: str) -> bool:
+    """Whether a table-restricted key may never call the function `name` (lower-case, unqualified)."""
+    return name in _DENIED.get(dialect, ()) or name.startswith(_DENIED_PREFIXES.get(dialect, ()))
+
+
+def builtin(name: str, dialect: str) -> bool:
+    """Whether `name` (lower-case, unqualified) is a known read-only built-in of the dialect."""
+    return name in BUILTINS.get(dialect, ())
+
+
+def denied_names(dialect: str) -> list[str]:
+    """Every denied name and prefix (prefixes end in '*'), sorted, for docs and tests."""
+    return sorted(set(_DENIED.get(dialect, ())) | {p + "*" for p in _DENIED_PREFIXES.get(dialect, ())})

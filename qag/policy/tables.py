@@ -1,0 +1,495 @@
+"""Table allow-lists (contract 6.2): the real tables and functions a statement uses, and the verdict for a key."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import sqlglot
+from sqlglot import exp
+
+from qag import _speedups
+from qag.errors import QagError
+from qag.policy import functions
+from qag.sql import lexer, writes
+from qag.sql.lexer import BAD, COMMENT, NUMBER, PARAM, PUNCT, QIDENT, SEMI, STRING, TEXT, WORD, WS, XCOMMENT
+
+DIALECTS = ("mysql", "postgres", "sqlite")
+_SQLGLOT = {"mysql": "mysql", "postgres": "postgres", "sqlite": "sqlite"}
+CACHE_SIZE = 1024
+# Past these a statement is refused unread (table_check_failed) rather than parsed: parse time and memory
+# grow with them, and no saved query a person writes comes near.
+MAX_SQL_CHARS = 100_000
+MAX_TOKENS = 8_000         # significant tokens (a 200-line report is about 2,000)
+MAX_PARENS = 64            # parentheses open at once
+MAX_NODES = 50_000
+MAX_DEPTH = 1_000          # levels of the parsed tree (a long AND chain or UNION is one level per arm)
+
+CHECK_FAILED = ("This API key may only query its allowed tables - this kind of statement doesn't name the tables "
+                "it reads in a way that can be checked, so it isn't allowed")
+_TABLE_FUNCTION = ("This API key may only query its allowed tables - a table function such as {}() reads data the "
+                   "allow-list can't see, so it isn't allowed")
+
+# Schemas (and PostgreSQL schema prefixes) that hold the server's catalog and metadata: refused for a
+# table-restricted key whatever it was granted, since they describe (or are) every other table.
+_CATALOG_SCHEMAS = {
+    "postgres": frozenset(("information_schema", "pg_catalog", "pg_toast")),
+    "mysql": frozenset(("information_schema", "mysql", "performance_schema", "sys")),
+    "sqlite": frozenset(),
+}
+_SQLITE_CATALOG = frozenset(("sqlite_master", "sqlite_schema", "sqlite_temp_master", "sqlite_temp_schema"))
+
+# Nodes that make a statement uncheckable wherever they appear (statements the contract lists as refused).
+_REFUSED_NODES = tuple(getattr(exp, name) for name in (
+    "Command", "Show", "Set", "Use", "Pragma", "Attach", "Detach", "Describe", "Create", "Drop", "Alter",
+    "TruncateTable", "Into", "LoadData", "Grant", "Revoke", "Comment", "Transaction", "Commit", "Rollback",
+    "Kill", "Declare", "Execute", "Analyze", "Refresh", "Install", "Cache", "Uncache",
+) if hasattr(exp, name))
+# The statement kind the project's tokenizer reads → the sqlglot root types that agree with it.
+_ROOTS = {
+    "select": (exp.Query, exp.Subquery), "values": (exp.Values, exp.Query), "insert": (exp.Insert,),
+    "replace": (exp.Insert,), "update": (exp.Update,), "delete": (exp.Delete,), "merge": (exp.Merge,),
+    "copy": (exp.Copy,),
+}
+# Typed sqlglot table functions that only turn their arguments into rows (like functions.GENERATORS).
+_GENERATOR_TYPES = tuple(getattr(exp, name) for name in (
+    "Unnest", "GenerateSeries", "ExplodingGenerateSeries", "Explode", "Posexplode", "JSONTable",
+) if hasattr(exp, name))
+# DML statements whose target (args["this"]) is always a real table, even when a CTE has its name.
+_DML = (exp.Insert, exp.Update, exp.Delete, exp.Merge, exp.Copy)
+
+
+class _Uncheckable(Exception):
+    """The statement can't be checked (contract 6.2's table_check_failed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """What one statement uses, for one dialect and default schema. Build it with access()."""
+
+    failure: str | None               # why it can't be checked (internal; callers show CHECK_FAILED)
+    tables: tuple[str, ...]           # real tables, qualified and lower-case, sorted
+    table_functions: tuple[str, ...]  # table functions that aren't pure generators (lower-case, as written)
+    denied: tuple[str, ...]           # functions no restricted key may call
+    user_functions: tuple[str, ...]   # functions that are not known built-ins (lower-case, qualified if written so)
+
+
+# ------------------------------------------------------------------------------------------ statement text
+
+def _ident(token_text: str, dialect: str) -> str:
+    """A quoted identifier re-quoted the one way sqlglot reads for the dialect (no escapes to disagree on)."""
+    open_, body = token_text[0], token_text[1:-1]
+    if open_ == "[":
+        name = body
+    else:
+        name = body.replace(open_ * 2, open_)
+    if dialect == "mysql":
+        return "`" + name.replace("`", "``") + "`"
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _parse_text(text: str, tokens: list, start: int, dialect: str) -> str:
+    """The statement as sqlglot should read it, built from the project's own tokens so both read the same
+    boundaries: comments dropped, every string literal '0', quoted names re-quoted, parameters a literal."""
+    out: list[str] = []
+    prev = None
+    for t in tokens:
+        if t.end <= start:
+            continue
+        kind = t.kind
+        if kind in (WS, COMMENT):
+            out.append(" ")
+        elif kind == STRING:
+            out.append("'0'")
+        elif kind == QIDENT:
+            out.append(_ident(text[t.start:t.end], dialect))
+        elif kind in (PARAM, TEXT):
+            out.append(" 0 ")
+        elif kind == PUNCT:
+            # Two '-' the tokenizer kept apart (MySQL "5--1") must not become a comment for sqlglot.
+            if t.value == "-" and prev is not None and prev.kind == PUNCT and prev.value == "-":
+                out.append(" ")
+            out.append(t.value)
+        elif kind in (WORD, NUMBER):
+            out.append(text[t.start:t.end])
+        else:                                     # BAD, SEMI, XCOMMENT: refused before this is called
+            raise _Uncheckable(kind)
+        prev = t if kind != WS else prev
+    return "".join(out)
+
+
+# ------------------------------------------------------------------------------------------ walking the tree
+
+def _part(node) -> tuple[str, bool] | None:
+    if node is None:
+        return None
+    if not isinstance(node, exp.Identifier):
+        raise _Uncheckable("a table name part that is not a name")
+    return node.this, bool(node.args.get("quoted"))
+
+
+def _cte_matches(cte: tuple[str, bool], ref: tuple[str, bool], dialect: str) -> bool:
+    """Whether the engine reads the bare reference as this CTE. When unsure it says no, so the name counts
+    as a table (refused unless granted) rather than hiding one."""
+    name, quoted = cte
+    ref_name, ref_quoted = ref
+    if dialect == "postgres":      # unquoted names fold to lower case, quoted ones are exact
+        return (name if quoted else name.lower()) == (ref_name if ref_quoted else ref_name.lower())
+    # MySQL/MariaDB and SQLite match CTE names case-insensitively; a quoted CTE name is matched exactly
+    # (contract 6.2), which is never wider than what the engine does.
+    return name == ref_name if quoted else name.lower() == ref_name.lower()
+
+
+def _function_name(node: exp.Func) -> tuple[str, tuple[str, ...]]:
+    """(name as written, lower-case; every name sqlglot knows it by) of a function node."""
+    if isinstance(node, exp.Anonymous) or type(node).__name__.startswith("Anonymous"):
+        name = node.name.lower() if isinstance(node.this, str) or isinstance(node.this, exp.Identifier) else ""
+        if not name:
+            raise _Uncheckable("a function whose name can't be read")
+        return name, (name,)
+    names = tuple(n.lower() for n in getattr(type(node), "_sql_names", ()) or ()) or (node.sql_name().lower(),)
+    return names[0], names
+
+
+def _qualifier(dot: exp.Dot) -> str:
+    parts = []
+    node = dot.this
+    while isinstance(node, exp.Dot):
+        parts.append(node.expression)
+        node = node.this
+    parts.append(node)
+    names = []
+    for p in reversed(parts):
+        if isinstance(p, (exp.Identifier, exp.Column)) and p.name:
+            names.append(p.name.lower())
+        else:
+            raise _Uncheckable("a function qualifier that is not a name")
+    return ".".join(names)
+
+
+class _Walk:
+    """One pass over a parsed statement: table references (with their CTE scope) and functions."""
+
+    def __init__(self, dialect: str):
+        self.dialect = dialect
+        self.refs: set[tuple] = set()             # (catalog, schema, name), lower-case; '' when not written
+        self.table_functions: set[str] = set()
+        self.functions: set[str] = set()          # lower-case, 'schema.name' when qualified, not typed built-ins
+        self.denied: set[str] = set()
+        self.nodes = 0
+
+    def run(self, root) -> None:
+        stack = [(root, (), 0)]
+        pop, push = stack.pop, stack.append
+        while stack:
+            node, scope, depth = pop()
+            self.nodes += 1
+            if self.nodes > MAX_NODES:
+                raise _Uncheckable("too many nodes")
+            if depth > MAX_DEPTH:
+                raise _Uncheckable("nested too deep")
+            if isinstance(node, _REFUSED_NODES):
+                raise _Uncheckable(type(node).__name__)
+            depth += 1
+            args = node.args
+            with_ = args.get("with_") or args.get("with")
+            if with_ is not None:
+                # CTE bodies see the CTEs before them (and themselves with RECURSIVE); the rest sees all.
+                recursive = bool(with_.args.get("recursive"))
+                inner = scope
+                for cte in with_.expressions:
+                    alias = cte.args.get("alias")
+                    ident = alias.this if alias is not None else None
+                    if not isinstance(ident, exp.Identifier):
+                        raise _Uncheckable("a CTE without a plain name")
+                    name = (ident.this, bool(ident.args.get("quoted")))
+                    push((cte.this, inner + (name,) if recursive else inner, depth))
+                    inner = inner + (name,)
+                    for key, value in cte.args.items():
+                        if key not in ("this", "alias"):
+                            self._push_value(value, inner, depth, push)
+                scope = inner
+            if isinstance(node, _DML):
+                target = args.get("this")
+                if isinstance(node, exp.Copy):
+                    self._copy(node)
+                self._push_value(target, (), depth, push)   # a DML target is never a CTE
+                for key in ("tables",):                     # MySQL multi-table DELETE targets
+                    self._push_value(args.get(key), (), depth, push)
+                skip = ("this", "tables", "with_", "with")
+            else:
+                skip = ("with_", "with")
+            if isinstance(node, exp.Table):
+                self._table(node, scope, depth, push)
+                continue
+            if isinstance(node, exp.Lateral) and isinstance(node.this, exp.Func):
+                self._table_function(node.this, None)
+                for key, value in node.this.args.items():
+                    self._push_value(value, scope, depth, push)
+                skip = skip + ("this",)
+            elif isinstance(node, exp.Func):
+                self._function(node)
+            for key, value in args.items():
+                if key not in skip:
+                    self._push_value(value, scope, depth, push)
+
+    @staticmethod
+    def _push_value(value, scope, depth, push) -> None:
+        if isinstance(value, exp.Expression):
+            push((value, scope, depth))
+        elif isinstance(value, list):
+            for item in value:
+                if isinstance(item, exp.Expression):
+                    push((item, scope, depth))
+
+    def _copy(self, node: exp.Copy) -> None:
+        # COPY to or from a file or program reaches outside the database: only STDIN/STDOUT can be checked.
+        for f in node.args.get("files") or ():
+            if not (isinstance(f, (exp.Var, exp.Identifier, exp.Column)) and f.name.lower() in ("stdin", "stdout")):
+                raise _Uncheckable("COPY with a file")
+
+    def _table(self, node: exp.Table, scope, depth, push) -> None:
+        this = node.this
+        rows_from = node.args.get("rows_from")
+        for key, value in node.args.items():
+            if key not in ("this", "db", "catalog", "rows_from"):
+                self._push_value(value, scope, depth, push)   # alias, joins, pivots, sample, ...
+        if rows_from:
+            for item in rows_from:
+                self._push_value(item, scope, depth, push)
+            if this is None:
+                return
+        if isinstance(this, exp.Func):
+            schema = _part(node.args.get("db"))
+            self._table_function(this, schema[0].lower() if schema else None)
+            for value in this.args.values():                 # its arguments are walked like any expression
+                self._push_value(value, scope, depth, push)
+            return
+        name = _part(this)
+        if name is None:
+            raise _Uncheckable("a table without a name")
+        schema = _part(node.args.get("db"))
+        catalog = _part(node.args.get("catalog"))
+        if schema is None and catalog is None and any(_cte_matches(c, name, self.dialect) for c in scope):
+            return
+        if self.dialect == "mysql" and schema is None and catalog is None and not name[1] and name[0].lower() == "dual":
+            return          # MySQL's DUAL: a reserved word, not a table (a table named dual must be quoted)
+        self.refs.add(((catalog[0].lower() if catalog else ""), (schema[0].lower() if schema else ""),
+                       name[0].lower()))
+
+    def _table_function(self, func: exp.Func, schema: str | None) -> None:
+        name, names = _function_name(func)
+        if any(functions.denied(n, self.dialect) for n in names):
+            self.denied.add(name)
+        if schema is None and any(n.startswith("pragma_") for n in names) and self.dialect == "sqlite":
+            raise _Uncheckable("a pragma table function")
+        if schema is None and (isinstance(func, _GENERATOR_TYPES) or any(n in functions.GENERATORS for n in names)):
+            return
+        self.table_functions.add(f"{schema}.{name}" if schema else name)
+
+    def _function(self, node: exp.Func) -> None:
+        name, names = _function_name(node)
+        if any(functions.denied(n, self.dialect) for n in names):
+            self.denied.add(name)
+            return
+        parent = node.parent
+        if isinstance(parent, exp.Dot) and parent.expression is node:
+            qualifier = _qualifier(parent)
+            # pg_catalog.f is the built-in f itself (search_path puts pg_catalog first anyway).
+            if not (self.dialect == "postgres" and qualifier == "pg_catalog" and functions.builtin(name, self.dialect)):
+                self.functions.add(qualifier + "." + name)
+            return
+        if isinstance(node, exp.Anonymous) or type(node).__name__.startswith("Anonymous"):
+            if not functions.builtin(name, self.dialect):
+                self.functions.add(name)
+
+
+# ------------------------------------------------------------------------------------------ analysis
+
+def _statement_start(sig: list, dialect: str) -> int:
+    """Offset index into sig where the checked statement starts (past EXPLAIN and its options)."""
+    k = writes.first_word_index(sig, 0)
+    if k < 0:
+        raise _Uncheckable("no leading keyword")
+    first = sig[k].value
+    if first in ("describe", "desc"):
+        raise _Uncheckable("DESCRIBE")
+    if first != "explain":
+        return 0
+    target = writes._explain_target(sig, k)
+    if target >= len(sig):
+        raise _Uncheckable("EXPLAIN of nothing")
+    if writes._word_at(sig, target) in ("explain", "describe", "desc"):
+        raise _Uncheckable("EXPLAIN EXPLAIN")
+    if dialect == "mysql" and writes._is_table_description(sig, target):
+        raise _Uncheckable("EXPLAIN table")
+    return target
+
+
+def _analyse_reading(text: str, tokens: list, dialect: str, walk: _Walk) -> None:
+    for t in tokens:
+        if t.kind in (BAD, SEMI, XCOMMENT):
+            raise _Uncheckable(t.kind)
+    sig = lexer.significant(tokens)
+    if len(sig) > MAX_TOKENS:
+        raise _Uncheckable("too many tokens")
+    depth = 0
+    for t in sig:
+        if t.kind == PUNCT:
+            if t.value == "(":
+                depth += 1
+                if depth > MAX_PARENS:
+                    raise _Uncheckable("nested too deep")
+            elif t.value == ")":
+                depth -= 1
+    start = _statement_start(sig, dialect)
+    k = writes.first_word_index(sig, start)
+    if k < 0:
+        raise _Uncheckable("no statement after EXPLAIN")
+    kind = writes.main_keyword(sig, k)
+    if kind == "with":
+        kind = ""
+    roots = _ROOTS.get(kind)
+    if roots is None:
+        raise _Uncheckable(f"statement kind {kind!r}")
+    source = _parse_text(text, tokens, sig[start].start, dialect)
+    try:
+        trees = sqlglot.parse(source, read=_SQLGLOT[dialect])
+    except RecursionError:
+        raise _Uncheckable("nested too deep") from None
+    except Exception:  # sqlglot's ParseError/TokenError and anything else it raises on odd input
+        raise _Uncheckable("unparseable") from None
+    trees = [t for t in trees if t is not None]
+    if len(trees) != 1:
+        raise _Uncheckable("sqlglot reads a different number of statements")
+    tree = trees[0]
+    if not isinstance(tree, roots) or (kind == "values" and not isinstance(tree, (exp.Values, exp.Query))):
+        raise _Uncheckable("sqlglot reads a different kind of statement")
+    try:
+        walk.run(tree)
+    except RecursionError:
+        raise _Uncheckable("nested too deep") from None
+
+
+def _qualify(ref: tuple, default_schema: str) -> str:
+    catalog, schema, name = ref
+    if catalog:
+        return f"{catalog}.{schema or default_schema}.{name}"
+    return f"{schema or default_schema}.{name}"
+
+
+def _catalog_reference(ref: tuple, dialect: str, default_schema: str) -> bool:
+    catalog, schema, name = ref
+    schema = schema or default_schema
+    if schema in _CATALOG_SCHEMAS[dialect]:
+        return True
+    if dialect == "postgres":
+        # pg_catalog (every name in it starts with pg_) is searched before any schema for unqualified names.
+        return schema.startswith("pg_") or (not ref[1] and name.startswith("pg_"))
+    if dialect == "sqlite":
+        # pragma_* are eponymous virtual tables: readable without the parentheses of a table function.
+        return name in _SQLITE_CATALOG or name.startswith(("sqlite_", "pragma_"))
+    return False
+
+
+def access(sql: str, dialect: str, default_schema: str, *, text_placeholders: bool = True) -> Access:
+    """What the statement uses, tables qualified with default_schema; cached per (sql, dialect, schema).
+
+    text_placeholders=False reads {name} as plain SQL (ad-hoc /execute_sql, where they aren't expanded).
+    Never raises for bad SQL: an uncheckable statement has `failure` set.
+    """
+    return _access(sql, dialect, default_schema, text_placeholders)
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def _access(sql: str, dialect: str, default_schema: str, text_placeholders: bool) -> Access:
+    if dialect not in DIALECTS:
+        raise ValueError(f"unsupported dialect {dialect!r}")
+    default_schema = (default_schema or "").lower()
+    try:
+        if len(sql) > MAX_SQL_CHARS:
+            raise _Uncheckable("too long")
+        tokens = lexer.tokenize(sql, dialect, text_placeholders=text_placeholders)
+        from qag.sql.prepare import _alternative_readings, _strip
+        tokens, text, _multiple = _strip(tokens, sql)
+        if not tokens:
+            raise _Uncheckable("no statement")
+        walk = _Walk(dialect)
+        _analyse_reading(text, tokens, dialect, walk)
+        # A server may read backslashes differently (NO_BACKSLASH_ESCAPES, ANSI_QUOTES, PostgreSQL's
+        # standard_conforming_strings=off): every reading the guard considers must be checkable, and all
+        # their tables count.
+        for alt in _alternative_readings(tokens, text, dialect):
+            alt_tokens = lexer.tokenize(text, dialect, text_placeholders=text_placeholders, **alt)
+            if any(t.kind == BAD for t in alt_tokens):
+                continue
+            alt_tokens, _, _ = _strip(alt_tokens, text)
+            _analyse_reading(text, alt_tokens, dialect, walk)
+        for ref in walk.refs:
+            if _catalog_reference(ref, dialect, default_schema):
+                raise _Uncheckable("a catalog table")
+    except _Uncheckable as why:
+        return Access(str(why), (), (), (), ())
+    except RecursionError:
+        return Access("nested too deep", (), (), (), ())
+    tables = tuple(sorted({_qualify(r, default_schema) for r in walk.refs}))
+    return Access(None, tables, tuple(sorted(walk.table_functions)), tuple(sorted(walk.denied)),
+                  tuple(sorted(walk.functions)))
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def qualified_grants(allowed_tables: frozenset, default_schema: str) -> frozenset:
+    """Grants qualified like references: a bare `t` is `<default schema>.t`; qualified grants stay as written."""
+    default_schema = (default_schema or "").lower()
+    return frozenset(g.lower() if "." in g else f"{default_schema}.{g.lower()}" for g in allowed_tables)
+
+
+def _table_message(grants: frozenset, forbidden: tuple[str, ...]) -> str:
+    return ("This API key may only query these tables: " + (", ".join(sorted(grants)) or "(none)")
+            + ". Forbidden: " + ", ".join(forbidden) + ".")
+
+
+def verdict(acc: Access, dialect: str, default_schema: str, allowed_tables, allowed_functions=None) -> None:
+    """Raise the contract's 403 for a precomputed Access, or return None (allowed_tables None: unrestricted)."""
+    if allowed_tables is None:
+        return
+    if acc.failure is not None:
+        raise QagError("table_check_failed", CHECK_FAILED)
+    granted_functions = frozenset(f.lower() for f in allowed_functions) if allowed_functions else frozenset()
+    for name in acc.table_functions:
+        if name not in granted_functions:
+            raise QagError("table_not_allowed", _TABLE_FUNCTION.format(name))
+    grants = qualified_grants(frozenset(allowed_tables), default_schema)
+    forbidden = _speedups.get("tables").forbidden(acc.tables, grants)
+    if forbidden:
+        raise QagError("table_not_allowed", _table_message(grants, forbidden))
+    if acc.denied:
+        name = acc.denied[0]
+        raise QagError("function_not_allowed", f"This API key may not call {name}(): it reaches outside the "
+                                               f"allowed tables (files, locks, sequences, sessions or server state)")
+    for name in acc.user_functions:
+        if name not in granted_functions:
+            raise QagError("function_not_allowed", f"This API key may not call {name}(): it is not a known "
+                                                   f"built-in function and allowed_functions doesn't name it")
+
+
+def check_tables(sql: str, dialect: str, default_schema: str, allowed_tables: list[str] | None,
+                 allowed_functions: list[str] | None = None) -> None:
+    """Contract 6.2 for one statement: raise QagError table_not_allowed / table_check_failed /
+    function_not_allowed / table_check_unsupported, or return None. allowed_tables None = unrestricted."""
+    if allowed_tables is None:
+        return
+    canonical = {"postgresql": "postgres", "mariadb": "mysql"}.get(dialect, dialect)
+    if canonical not in DIALECTS:
+        raise QagError("table_check_unsupported", f"This API key may only query its allowed tables, and table "
+                                                  f"checks are not supported for '{dialect}' connections")
+    verdict(access(sql, canonical, default_schema), canonical, default_schema, allowed_tables, allowed_functions)
+
+
+def default_schema(dialect: str, fields: dict) -> str:
+    """The schema an unqualified name resolves to on a connection (contract 6.2), lower-case."""
+    if dialect == "mysql":
+        return str(fields.get("database") or "").lower()
+    if dialect == "postgres":
+        return str(fields.get("schema") or "public").lower()
+    return "main"

@@ -1,0 +1,252 @@
+"""Table allow-lists over HTTP (contract 6.2, B6.6-B6.11) against real SQLite, MariaDB and PostgreSQL."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.server import q
+from tests.services import mysql_admin, pg_admin
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def sql(server, key, statement, connection="lite", **body):
+    return server.post("/execute_sql", {"sql": statement, "connection_name": connection, **body}, key=key)
+
+
+# ---------------------------------------------------------------------------------------------- SQLite
+
+def test_b6_6_sqlite_reads_and_writes(server, writes_server, uniq):
+    key = server.key(uniq("k"), connections=["lite"], allowed_tables=["t"])
+    assert sql(server, key, "SELECT * FROM t").status == 200
+    r = sql(server, key, "SELECT * FROM secret")
+    assert r.status == 403 and r.json["code"] == "table_not_allowed"
+    assert r.json["error"] == "This API key may only query these tables: main.t. Forbidden: main.secret."
+    upper = server.key(uniq("k"), connections=["lite"], allowed_tables=["T"])
+    assert sql(server, upper, "SELECT * FROM t").status == 200
+    assert sql(server, upper, "SELECT * FROM main.T").status == 200
+
+    wkey = writes_server.key(uniq("k"), connections=["lite"], allowed_tables=["t"], allow_writes=True)
+    r = sql(writes_server, wkey, "DELETE FROM secret")
+    assert r.status == 403 and r.json["code"] == "table_not_allowed" and "main.secret" in r.json["error"]
+    assert sql(writes_server, wkey, "DELETE FROM t WHERE id = 25").status == 200
+    r = sql(writes_server, wkey, "INSERT INTO t (id, name) SELECT 100, email FROM secret")
+    assert r.status == 403 and r.json["code"] == "table_not_allowed"
+    assert writes_server.post("/execute_sql", {"sql": "SELECT count(*) AS n FROM secret",
+                                               "connection_name": "lite"}).json == [{"n": 1}]
+
+
+def test_b6_7_malformed_allowed_tables(server, uniq):
+    for bad in ("t", 123, [1, 2], [""], ["t", None]):
+        r = server.post("/api/v1/api-keys", {"name": uniq("k"), "allowed_tables": bad})
+        assert r.status == 400 and r.json["code"] == "invalid_body", bad
+    for bad in ("f", [1], [""]):
+        r = server.post("/api/v1/api-keys", {"name": uniq("k"), "allowed_functions": bad})
+        assert r.status == 400 and r.json["code"] == "invalid_body", bad
+
+
+def test_allowed_functions_is_a_grant_field(server, uniq):
+    name = uniq("k")
+    r = server.post("/api/v1/api-keys", {"name": name, "allowed_tables": ["t"], "allowed_functions": ["My_F", "g"]})
+    assert r.status == 201 and r.json["allowed_functions"] == ["g", "my_f"]
+    assert server.get(f"/api/v1/api-keys/{name}").json["allowed_functions"] == ["g", "my_f"]
+    patched = server.request("PATCH", f"/api/v1/api-keys/{name}", body={"allowed_functions": None})
+    assert patched.status == 200 and patched.json["allowed_functions"] is None
+    role = uniq("r")
+    assert server.post("/api/v1/roles", {"name": role, "allowed_functions": ["h"]}).json["allowed_functions"] == ["h"]
+    assert server.post("/api/v1/api-keys", {"name": uniq("k")}).json["allowed_functions"] is None
+
+
+def test_b6_9_cte_named_like_a_table(server, uniq):
+    key = server.key(uniq("k"), connections=["lite"], allowed_tables=["t"])
+    r = sql(server, key, "WITH secret AS (SELECT * FROM secret) SELECT * FROM secret")
+    assert r.status == 403 and r.json["error"].endswith("Forbidden: main.secret.")
+    assert sql(server, key, "WITH secret AS (SELECT id FROM t) SELECT * FROM secret").status == 200
+    r = sql(server, key, "WITH x AS (SELECT 1) SELECT * FROM x, main.secret")
+    assert r.status == 403 and r.json["error"].endswith("Forbidden: main.secret.")
+    assert sql(server, key, "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3) "
+                            "SELECT * FROM n").status == 200
+
+
+def test_b6_10_statements_that_cant_be_checked(server, writes_server, uniq):
+    key = server.key(uniq("k"), connections=["lite"], allowed_tables=["t"])
+    # Without write permission PRAGMA and SET are writes and fail earlier (the guard comes first).
+    assert sql(server, key, "PRAGMA table_info(t)").json["code"] == "read_only"
+    wkey = writes_server.key(uniq("k"), connections=["lite"], allowed_tables=["t"], allow_writes=True)
+    message = ("This API key may only query its allowed tables - this kind of statement doesn't name the tables "
+               "it reads in a way that can be checked, so it isn't allowed")
+    for statement in ("SHOW CREATE TABLE secret", "PRAGMA table_info(x)", "SET search_path = billing",
+                      "SELECT * FROM sqlite_master", "SELECT * FROM pragma_table_info('secret')",
+                      "EXPLAIN EXPLAIN SELECT 1", "SELECT * FROM t WHERE", "VACUUM", "CREATE TABLE z (a)",
+                      "SELECT name FROM (SELECT name FROM sqlite_schema)"):
+        r = sql(writes_server, wkey, statement)
+        assert r.status == 403 and r.json["code"] == "table_check_failed", (statement, r.json)
+        assert r.json["error"] == message
+
+
+def test_b6_11_explain(server, uniq):
+    key = server.key(uniq("k"), connections=["lite"], allowed_tables=["t"])
+    r = sql(server, key, "EXPLAIN SELECT * FROM secret")
+    assert r.status == 403 and r.json["code"] == "table_not_allowed"
+    assert sql(server, key, "EXPLAIN QUERY PLAN SELECT * FROM t").status == 200
+
+
+def test_functions_for_a_restricted_key(server, uniq):
+    key = server.key(uniq("k"), connections=["lite"], allowed_tables=["t"])
+    for statement, name in (("SELECT load_extension('x')", "load_extension"), ("SELECT readfile('/etc/passwd')",
+                                                                                 "readfile"),
+                            ("SELECT my_udf(id) FROM t", "my_udf")):
+        r = sql(server, key, statement)
+        assert r.status == 403 and r.json["code"] == "function_not_allowed" and f"{name}()" in r.json["error"]
+    assert sql(server, key, "SELECT lower(name), length(name), count(*) FROM t GROUP BY 1, 2").status == 200
+    assert sql(server, key, "SELECT value FROM json_each('[1,2]')").status == 200
+    assert sql(server, key, "SELECT * FROM generate_series(1, 3)").status in (200, 500)  # extension may be absent
+
+
+def test_saved_query_order_and_cache(server, writes_server, uniq):
+    name = uniq("tq")
+    server.query(name, "SELECT id FROM t WHERE id = :id UNION SELECT id FROM secret", "lite")
+    key = server.key(uniq("k"), queries=[name], allowed_tables=["t"])
+    for _ in range(3):                       # warm calls answer the same
+        r = server.get(q(name) + "?id=1", key=key)
+        assert r.status == 403 and r.json["code"] == "table_not_allowed"
+    # The guard comes first: a write by a key without write permission is read_only, not a table refusal.
+    wname = uniq("tw")
+    writes_server.query(wname, "DELETE FROM secret", "lite")
+    wkey = writes_server.key(uniq("k"), queries=[wname], allowed_tables=["t"], allow_writes=True,
+                             allowed_write_ops=["insert"])
+    assert writes_server.get(q(wname), key=wkey).json["code"] == "write_op_not_allowed"
+    rkey = writes_server.key(uniq("k"), queries=[wname], allowed_tables=["t"])
+    assert writes_server.get(q(wname), key=rkey).json["code"] == "read_only"
+
+
+def test_schema_route_lists_only_allowed_tables(make_server, uniq):
+    s = make_server(seed=False)
+    s.sqlite_db("fk.db", "CREATE TABLE parent (id INTEGER PRIMARY KEY); CREATE TABLE hidden (id INTEGER PRIMARY KEY);"
+                         "CREATE TABLE child (id INTEGER, p INTEGER REFERENCES parent(id), h INTEGER REFERENCES "
+                         "hidden(id));")
+    s.connection("fk", "fk.db")
+    key = s.key(uniq("k"), connections=["fk"], allowed_tables=["child", "PARENT"])
+    body = s.get("/connections/fk/schema", key=key).json
+    assert sorted(t["name"] for t in body["tables"]) == ["child", "parent"]
+    child = next(t for t in body["tables"] if t["name"] == "child")
+    fks = {c["name"]: c["foreign_key"] for c in child["columns"]}
+    assert fks["p"] == {"table": "parent", "column": "id"} and fks["h"] is None
+    admin = s.get("/connections/fk/schema").json
+    assert len(admin["tables"]) == 3
+
+
+def test_parser_stress_is_refused_fast(server, uniq):
+    key = server.key(uniq("k"), connections=["lite"], allowed_tables=["t"])
+    statements = [
+        "SELECT id FROM t WHERE id IN (" + ",".join(["1"] * 250_000) + ")",               # about 1 MB
+        " UNION ALL ".join(["SELECT id FROM t"] * 3000),
+        "SELECT " + "(" * 3000 + "1" + ")" * 3000,
+        "SELECT * FROM " + "(SELECT * FROM " * 500 + "t" + ") x" * 500,
+        "SELECT * FROM t WHERE " + " AND ".join(f"id <> {i}" for i in range(4000)),
+    ]
+    for statement in statements:
+        started = time.monotonic()
+        r = sql(server, key, statement)
+        # Over 100,000 characters the guard doesn't read a statement at all (read_only for a reader).
+        expected = "read_only" if len(statement) > 100_000 else "table_check_failed"
+        assert r.status == 403 and r.json["code"] == expected, (len(statement), r)
+        assert time.monotonic() - started < 10
+    assert sql(server, key, "SELECT count(*) AS n FROM t").json == [{"n": 25}]
+
+
+# ---------------------------------------------------------------------------------------------- MariaDB
+
+@pytest.fixture(scope="module")
+def my(server, mysql_db):
+    admin = mysql_admin()
+    try:
+        cur = admin.cursor()
+        db = mysql_db["database"]
+        cur.execute(f"CREATE TABLE IF NOT EXISTS `{db}`.customer (id INT PRIMARY KEY, name TEXT)")
+        cur.execute(f"CREATE TABLE IF NOT EXISTS `{db}`.secret (id INT PRIMARY KEY)")
+        cur.execute(f"REPLACE INTO `{db}`.customer VALUES (1, 'ann')")
+        admin.commit()
+    finally:
+        admin.close()
+    name = f"my_tables_{db}"
+    r = server.post("/api/v1/connections", {"name": name, "db": "mysql", **mysql_db})
+    assert r.status in (201, 409), r
+    return name, db
+
+
+def test_b6_8_mysql_default_database(server, my, uniq):
+    connection, db = my
+    key = server.key(uniq("k"), connections=[connection], allowed_tables=["customer"])
+    assert sql(server, key, "SELECT * FROM customer", connection).json == [{"id": 1, "name": "ann"}]
+    assert sql(server, key, f"SELECT * FROM `{db}`.customer", connection).status == 200
+    assert sql(server, key, f"SELECT * FROM {db.upper()}.CUSTOMER c", connection).status in (200, 500)
+    r = sql(server, key, "SELECT * FROM billing.customer", connection)
+    assert r.status == 403 and r.json["code"] == "table_not_allowed"
+    assert r.json["error"] == (f"This API key may only query these tables: {db.lower()}.customer. "
+                               "Forbidden: billing.customer.")
+    for statement in ("SELECT * FROM information_schema.tables", "SELECT * FROM mysql.user", "SHOW TABLES",
+                      "DESCRIBE customer", "EXPLAIN customer"):
+        r = sql(server, key, statement, connection)
+        assert r.status == 403 and r.json["code"] in ("table_check_failed", "read_only"), (statement, r.json)
+    for statement in ("SELECT SLEEP(1)", "SELECT LOAD_FILE('/etc/passwd')", "SELECT GET_LOCK('x', 1)"):
+        assert sql(server, key, statement, connection).json["code"] == "function_not_allowed", statement
+    r = sql(server, key, "WITH customer AS (SELECT 1) SELECT * FROM customer, billing.customer", connection)
+    assert r.status == 403 and r.json["error"].endswith("Forbidden: billing.customer.")
+    assert sql(server, key, "SELECT * FROM customer WHERE name = '\\' , (SELECT 1 FROM secret) -- '",
+               connection).json["code"] == "table_not_allowed"
+
+
+# ---------------------------------------------------------------------------------------------- PostgreSQL
+
+@pytest.fixture(scope="module")
+def pg(server, pg_db):
+    admin = pg_admin(pg_db["database"])
+    try:
+        cur = admin.cursor()
+        user = pg_db["user"]
+        cur.execute(f'CREATE SCHEMA IF NOT EXISTS billing AUTHORIZATION "{user}"')
+        cur.execute("CREATE TABLE IF NOT EXISTS public.customer (id int PRIMARY KEY, name text)")
+        cur.execute("CREATE TABLE IF NOT EXISTS billing.customer (id int PRIMARY KEY, name text)")
+        cur.execute("CREATE TABLE IF NOT EXISTS public.secret (id int)")
+        cur.execute("INSERT INTO public.customer VALUES (1, 'public') ON CONFLICT DO NOTHING")
+        cur.execute("INSERT INTO billing.customer VALUES (2, 'billing') ON CONFLICT DO NOTHING")
+        cur.execute(f'GRANT SELECT ON ALL TABLES IN SCHEMA public, billing TO "{user}"')
+        admin.commit()
+    finally:
+        admin.close()
+    plain, billing = f"pg_tables_{pg_db['database']}", f"pg_billing_{pg_db['database']}"
+    for name, options in ((plain, {}), (billing, {"options": {"schema": "billing"}})):
+        r = server.post("/api/v1/connections", {"name": name, "db": "postgres", **pg_db, **options})
+        assert r.status in (201, 409), r
+    return plain, billing
+
+
+def test_postgres_tables_and_search_path(server, pg, uniq):
+    plain, billing = pg
+    key = server.key(uniq("k"), connections=[plain, billing], allowed_tables=["customer"])
+    assert sql(server, key, "SELECT name FROM customer", plain).json == [{"name": "public"}]
+    # The connection's schema option: the bare grant means billing.customer, and search_path is pinned to it.
+    assert sql(server, key, "SELECT name FROM customer", billing).json == [{"name": "billing"}]
+    r = sql(server, key, "SELECT name FROM public.customer", billing)
+    assert r.status == 403 and r.json["error"] == ("This API key may only query these tables: billing.customer. "
+                                                   "Forbidden: public.customer.")
+    for statement in ("SELECT * FROM pg_class", "SELECT * FROM pg_catalog.pg_roles",
+                      "SELECT * FROM information_schema.tables", "SET search_path = billing"):
+        r = sql(server, key, statement, plain)
+        assert r.status == 403 and r.json["code"] in ("table_check_failed", "read_only"), (statement, r.json)
+    for statement in ("SELECT pg_sleep(1)", "SELECT pg_read_file('/etc/passwd')", "SELECT nextval('s')",
+                      "SELECT query_to_xml('select * from secret', true, true, '')",
+                      "SELECT set_config('search_path', 'billing', true)"):
+        r = sql(server, key, statement, plain)
+        assert r.json["code"] == "function_not_allowed", (statement, r.json)
+    r = sql(server, key, "SELECT * FROM pg_read_file('/etc/passwd') f", plain)
+    assert r.status == 403 and r.json["code"] == "table_not_allowed" and "pg_read_file()" in r.json["error"]
+    assert sql(server, key, "SELECT g FROM generate_series(1, 2) g", plain).json == [{"g": 1}, {"g": 2}]
+    r = sql(server, key, 'WITH "Customer" AS (SELECT 1 AS id) SELECT * FROM secret, "Customer"', plain)
+    assert r.json["error"].endswith("Forbidden: public.secret.")
+    streamed = server.post("/execute_sql?stream=true&format=ndjson",
+                           {"sql": "SELECT name FROM customer", "connection_name": billing}, key=key)
+    assert streamed.status == 200 and b"billing" in streamed.body

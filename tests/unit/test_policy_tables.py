@@ -1,0 +1,225 @@
+"""qag.policy.tables: the tables and functions a statement uses (contract 6.2) and the verdict for a key."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from qag.errors import QagError
+from qag.policy.tables import CHECK_FAILED, access, check_tables
+
+DEFAULT = {"mysql": "crm", "postgres": "public", "sqlite": "main"}
+DIALECTS = tuple(DEFAULT)
+
+
+def code(sql, dialect="sqlite", allowed=("t",), functions=None):
+    try:
+        check_tables(sql, dialect, DEFAULT.get(dialect, "x"), list(allowed), functions)
+    except QagError as error:
+        return error.code
+    return None
+
+
+def tables(sql, dialect="postgres"):
+    acc = access(sql, dialect, DEFAULT[dialect])
+    assert acc.failure is None, acc.failure
+    return acc.tables
+
+
+@pytest.mark.parametrize("sql, expected", [
+    ("SELECT * FROM t", ("public.t",)),
+    ("WITH secret AS (SELECT * FROM secret) SELECT * FROM secret", ("public.secret",)),
+    ("WITH customer AS (SELECT 1) SELECT * FROM customer, billing.customer", ("billing.customer",)),
+    ("WITH a AS (SELECT * FROM b), b AS (SELECT * FROM a) SELECT * FROM b", ("public.b",)),
+    ("WITH RECURSIVE n AS (SELECT 1 UNION ALL SELECT * FROM n) SELECT * FROM n", ()),
+    ("WITH n AS (SELECT * FROM n) SELECT * FROM n", ("public.n",)),
+    ('WITH "Foo" AS (SELECT 1) SELECT * FROM foo, "Foo"', ("public.foo",)),
+    ("WITH Foo AS (SELECT 1) SELECT * FROM FOO", ()),
+    ("WITH t AS (SELECT 1) SELECT * FROM public.t", ("public.t",)),
+    ("WITH t AS (SELECT 1) DELETE FROM t", ("public.t",)),
+    ("SELECT * FROM (SELECT * FROM a) x JOIN b ON true WHERE EXISTS (SELECT 1 FROM c) AND d IN (SELECT d FROM e)",
+     ("public.a", "public.b", "public.c", "public.e")),
+    ("SELECT 1 UNION SELECT a FROM b INTERSECT SELECT c FROM d EXCEPT SELECT 1 FROM e",
+     ("public.b", "public.d", "public.e")),
+    ("SELECT * FROM t, LATERAL (SELECT * FROM u WHERE u.a = t.a) x", ("public.t", "public.u")),
+    ("SELECT (SELECT max(a) FROM u), lower(b) FROM t", ("public.t", "public.u")),
+    ("UPDATE t SET a = (SELECT max(b) FROM u) FROM w", ("public.t", "public.u", "public.w")),
+    ("INSERT INTO t (a) SELECT a FROM u", ("public.t", "public.u")),
+    ("WITH d AS (DELETE FROM t RETURNING *) SELECT * FROM d", ("public.t",)),
+    ("SELECT * FROM Shop.Public.Orders", ("shop.public.orders",)),
+    ("SELECT * FROM t WHERE a = :x AND b = {y} AND c = '{z}'", ("public.t",)),
+    ("EXPLAIN ANALYZE SELECT * FROM secret", ("public.secret",)),
+])
+def test_postgres_tables(sql, expected):
+    assert tables(sql) == expected
+
+
+def test_dialects_and_default_schemas():
+    assert tables("SELECT * FROM t JOIN crm.u ON 1 = 1 JOIN billing.v ON 1 = 1", "mysql") == \
+        ("billing.v", "crm.t", "crm.u")
+    assert tables("DELETE t1 FROM t1 JOIN t2 ON t1.a = t2.a", "mysql") == ("crm.t1", "crm.t2")
+    assert tables("SELECT * FROM `Odd Name` JOIN [x] JOIN \"y\"", "sqlite") == ("main.odd name", "main.x", "main.y")
+    assert access("SELECT * FROM t", "mysql", "CRM").tables == ("crm.t",)
+    # MySQL "5--1" is 5 - -1, not a comment hiding the rest of the line.
+    assert tables("SELECT 5--1 FROM secret", "mysql") == ("crm.secret",)
+    # A reading without backslash escapes (NO_BACKSLASH_ESCAPES) counts too.
+    assert tables("SELECT '\\' , (SELECT 1 FROM secret) -- '", "mysql") == ("crm.secret",)
+
+
+def test_contract_behaviours():
+    assert code("SELECT * FROM t") is None
+    assert code("SELECT * FROM secret") == "table_not_allowed"
+    assert code("DELETE FROM secret") == "table_not_allowed"
+    assert code("SELECT * FROM t", allowed=("T",)) is None
+    assert code("SELECT * FROM customer", "mysql", ("customer",)) is None
+    assert code("SELECT * FROM crm.customer", "mysql", ("customer",)) is None
+    assert code("SELECT * FROM billing.customer", "mysql", ("customer",)) == "table_not_allowed"
+    assert code("SELECT * FROM billing.customer", "mysql", ("billing.customer",)) is None
+    assert code("SELECT * FROM t", allowed=()) == "table_not_allowed"
+    assert code("SELECT 1", allowed=()) is None
+    for sql in ("SHOW CREATE TABLE secret", "PRAGMA table_info(x)", "SET search_path = billing", "VACUUM",
+                "ATTACH 'x' AS y", "CALL p()", "EXPLAIN EXPLAIN SELECT 1", "DESCRIBE t", "SELECT * FROM",
+                "CREATE TABLE x (a)", "SELECT 1; SELECT 2", "SELECT * FROM t /*! , secret */", "TABLE t"):
+        assert code(sql, "postgres" if "search_path" in sql else "sqlite") == "table_check_failed", sql
+    assert code("EXPLAIN t", "mysql") == "table_check_failed"
+    assert code("EXPLAIN SELECT * FROM secret") == "table_not_allowed"
+    assert code("EXPLAIN QUERY PLAN SELECT * FROM t") is None
+    assert code("SELECT 1", "h2") == "table_check_unsupported"
+    check_tables("SELECT * FROM anything", "sqlite", "main", None)       # unrestricted
+
+
+def test_messages():
+    with pytest.raises(QagError) as caught:
+        check_tables("SELECT * FROM secret JOIN t JOIN b.c", "sqlite", "main", ["t", "film"])
+    assert caught.value.message == ("This API key may only query these tables: main.film, main.t. "
+                                    "Forbidden: b.c, main.secret.")
+    with pytest.raises(QagError) as caught:
+        check_tables("SHOW TABLES", "mysql", "crm", ["t"])
+    assert caught.value.message == CHECK_FAILED
+
+
+@pytest.mark.parametrize("dialect, sql", [
+    ("postgres", "SELECT * FROM pg_class"), ("postgres", "SELECT * FROM pg_catalog.pg_roles"),
+    ("postgres", "SELECT * FROM information_schema.tables"), ("postgres", "SELECT * FROM pg_toast.x"),
+    ("mysql", "SELECT * FROM mysql.user"), ("mysql", "SELECT * FROM performance_schema.threads"),
+    ("mysql", "SELECT * FROM sys.x"), ("mysql", "SELECT * FROM INFORMATION_SCHEMA.TABLES"),
+    ("sqlite", "SELECT * FROM sqlite_master"), ("sqlite", "SELECT * FROM main.sqlite_schema"),
+    ("sqlite", "SELECT * FROM sqlite_temp_master"), ("sqlite", "SELECT * FROM pragma_table_info('t')"),
+    ("sqlite", "SELECT (SELECT count(*) FROM pragma_table_list)"),
+])
+def test_catalogs_are_refused_whatever_the_grants(dialect, sql):
+    granted = ["pg_class", "pg_catalog.pg_roles", "information_schema.tables", "mysql.user", "sqlite_master"]
+    assert code(sql, dialect, granted) == "table_check_failed"
+
+
+def test_table_functions():
+    assert code("SELECT * FROM generate_series(1, 3) g", "postgres") is None
+    assert code("SELECT * FROM unnest(ARRAY[1]) x", "postgres") is None
+    assert code("SELECT value FROM json_each('[1]')") is None
+    assert code("SELECT * FROM pg_read_file('/etc/passwd') f", "postgres") == "table_not_allowed"
+    assert code("SELECT * FROM my_srf(1) f", "postgres") == "table_not_allowed"
+    assert code("SELECT * FROM my_srf(1) f", "postgres", functions=["my_srf"]) is None
+    assert code("SELECT * FROM t, LATERAL my_srf(t.a) f", "postgres") == "table_not_allowed"
+
+
+def test_functions():
+    for dialect, sql in (("postgres", "SELECT pg_sleep(1)"), ("postgres", "SELECT pg_catalog.pg_read_file('x')"),
+                         ("postgres", "SELECT lo_import('/etc/passwd')"), ("postgres", "SELECT dblink('x', 'y')"),
+                         ("postgres", "SELECT query_to_xml('select 1', true, true, '')"),
+                         ("postgres", "SELECT set_config('a', 'b', false)"), ("postgres", "SELECT nextval('s')"),
+                         ("postgres", "SELECT pg_advisory_lock(1)"), ("postgres", "SELECT pg_terminate_backend(1)"),
+                         ("mysql", "SELECT SLEEP(1)"), ("mysql", "SELECT BENCHMARK(1, 1)"),
+                         ("mysql", "SELECT LOAD_FILE('x')"), ("mysql", "SELECT GET_LOCK('a', 1)"),
+                         ("sqlite", "SELECT load_extension('x')"), ("sqlite", "SELECT writefile('x', 'y')")):
+        assert code(sql, dialect, functions=["pg_sleep", "sleep", "load_extension"]) == "function_not_allowed", sql
+    assert code("SELECT my_udf(a) FROM t", "postgres") == "function_not_allowed"
+    assert code("SELECT my_udf(a) FROM t", "postgres", functions=["MY_UDF"]) is None
+    assert code("SELECT billing.f(a) FROM t", "postgres", functions=["f"]) == "function_not_allowed"
+    assert code("SELECT billing.f(a) FROM t", "postgres", functions=["billing.f"]) is None
+    assert code("SELECT lower(a), count(*), coalesce(a, 'x'), now(), to_char(now(), 'YYYY') FROM t GROUP BY 1",
+                "postgres") is None
+    assert code("SELECT date_format(now(), '%Y'), concat_ws(',', a) FROM t", "mysql") is None
+    assert code("SELECT printf('%d', a), strftime('%Y', 'now') FROM t") is None
+
+
+def test_limits_refuse_fast():
+    for sql in ("SELECT " + "(" * 100 + "1" + ")" * 100, "SELECT 1" + " UNION SELECT 1" * 3000,
+                "SELECT * FROM t WHERE " + " AND ".join(f"a <> {i}" for i in range(2000)), "SELECT 1" + " " * 200_000):
+        assert code(sql) == "table_check_failed"
+
+
+# ---------------------------------------------------------------------------------------------- properties
+
+ALLOWED = ["t", "film", "Orders"]
+FORBIDDEN = ["secret", "users", "billing.t"]
+
+
+def _spell(name: str, draw) -> str:
+    """A reference to `name` as some engine accepts it: case changed, quoted (exactly) or schema-qualified."""
+    if "." in name:
+        return name
+    how = draw(st.sampled_from(["bare", "upper", "qualified", "quoted"]))
+    if how == "upper":
+        return name.upper()
+    if how == "qualified":
+        return "public." + name
+    if how == "quoted":
+        return '"' + name.lower() + '"'
+    return name
+
+
+@st.composite
+def statements(draw):
+    names = draw(st.lists(st.sampled_from(ALLOWED + FORBIDDEN), min_size=1, max_size=4))
+    refs = [_spell(n, draw) for n in names]
+    shape = draw(st.sampled_from(["join", "cte", "union", "subquery", "exists", "alias", "cte_shadow", "insert"]))
+    a = refs[0]
+    rest = refs[1:] or [a]
+    if shape in ("subquery", "alias", "insert"):
+        names, refs = names[:2], refs[:2]
+        rest = refs[1:] or [a]
+    elif shape in ("exists", "cte_shadow"):
+        names, refs, rest = names[:1], refs[:1], [a]
+    if shape == "join":
+        sql = f"SELECT * FROM {a} x0 " + " ".join(f"JOIN {r} x{i + 1} ON true" for i, r in enumerate(rest))
+    elif shape == "cte":
+        sql = f"WITH c AS (SELECT * FROM {a}) SELECT * FROM c, " + ", ".join(rest)
+    elif shape == "union":
+        sql = " UNION ALL ".join(f"SELECT 1 FROM {r}" for r in refs)
+    elif shape == "subquery":
+        sql = f"SELECT * FROM (SELECT * FROM {a}) s WHERE 1 IN (SELECT 1 FROM {rest[0]})"
+    elif shape == "exists":
+        sql = f"SELECT 1 FROM {a} WHERE EXISTS (SELECT 1 FROM {a} z)"
+    elif shape == "alias":
+        sql = f"SELECT {a}.* FROM {a} AS t2, {rest[0]} AS film"
+    elif shape == "cte_shadow":
+        # The CTE is named like the real table it reads: the real table still counts.
+        sql = f"WITH {names[0].split('.')[-1]} AS (SELECT * FROM {a}) SELECT * FROM {names[0].split('.')[-1]}"
+    else:
+        sql = f"INSERT INTO {a} SELECT * FROM {rest[0]}"
+    return sql, names
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=statements())
+def test_never_allows_a_forbidden_table(case):
+    sql, names = case
+    try:
+        check_tables(sql, "postgres", "public", ALLOWED)
+    except QagError as error:
+        assert error.code in ("table_not_allowed", "table_check_failed", "function_not_allowed")
+        return
+    assert not set(names) & set(FORBIDDEN), sql
+
+
+@settings(max_examples=300, deadline=None)
+@given(sql=st.text(max_size=120) | st.builds(lambda a, b: a + b, st.sampled_from(
+    ["SELECT * FROM ", "WITH x AS (", "EXPLAIN ", "INSERT INTO t ", "SELECT (", "/*! ", "SELECT '"]),
+    st.text(alphabet="abt(),;'\"`[]:{}.* \\-/#$\nSELECTFROMWITHUNION", max_size=60)),
+    dialect=st.sampled_from(DIALECTS))
+def test_only_qag_errors(sql, dialect):
+    try:
+        check_tables(sql, dialect, DEFAULT[dialect], ["t"], ["f"])
+    except QagError as error:
+        assert error.code in ("table_not_allowed", "table_check_failed", "function_not_allowed")
