@@ -62,7 +62,7 @@ class SharedRedis:
         import redis
         try:
             result = fn(self.client())
-        except (redis.RedisError, OSError) as error:
+        except (redis.RedisError, OSError, ValueError) as error:  # ValueError: a reply or URL it can't read
             self.failed(error)
             self.fallbacks += 1
             return fallback()
@@ -70,6 +70,17 @@ class SharedRedis:
             self._down_until = 0.0
             log.warning("Redis is reachable again; shared counting and caching resume")
         return result
+
+    def call_now(self, fn: Callable[[object], T], fallback: Callable[[], T]) -> T:
+        """As call(), but tried even while backing off: for what must reach Redis if it can (giving back a
+        max_concurrent lease, which would otherwise lock its key out until the lease runs out)."""
+        import redis
+        try:
+            return fn(self.client())
+        except (redis.RedisError, OSError, ValueError) as error:
+            self.failed(error)
+            self.fallbacks += 1
+            return fallback()
 
     def failed(self, error: BaseException) -> None:
         """Back off from Redis for RETRY_AFTER seconds; warn at most once a minute (never with the URL's password)."""

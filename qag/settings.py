@@ -147,9 +147,14 @@ def _redis_url(text: str, s: Setting) -> str | None:
         # Never echo the value: a Redis URL can hold a password.
         raise SettingsError(f"{s.name} must be {s.accepted}")
     try:
-        import redis  # noqa: F401  (refused now rather than on the first call)
+        from redis.connection import parse_url  # refused now rather than on the first call
     except ImportError:
         raise SettingsError(f"{s.name} is set but the redis package is missing: pip install 'qag[redis]'") from None
+    try:
+        parse_url(url)  # the client's own reading, without connecting
+    except Exception:  # its message may quote part of the password: never shown
+        raise SettingsError(f"{s.name} is not a Redis URL the client can read (host, port and database number, "
+                            f"with special characters of the password percent-encoded)") from None
     return url
 
 
@@ -161,9 +166,14 @@ def _database_url(text: str, s: Setting) -> str | None:
         # Never echo the value: it can hold a password.
         raise SettingsError(f"{s.name} must be {s.accepted}")
     try:
-        import psycopg2  # noqa: F401  (refused now rather than on the first call)
+        from psycopg2.extensions import parse_dsn  # refused now rather than on the first call
     except ImportError:
         raise SettingsError(f"{s.name} is set but psycopg2 is missing: pip install 'qag[postgres]'") from None
+    try:
+        parse_dsn(url)  # libpq's own reading, without connecting
+    except Exception:  # its message may quote the password: never shown
+        raise SettingsError(f"{s.name} is not a URL libpq can read (check the percent-encoding of special "
+                            f"characters such as % @ / in the user name and password)") from None
     return url
 
 

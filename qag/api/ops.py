@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hmac
+import logging
 import os
 import threading
 
@@ -11,6 +12,8 @@ from .. import __version__
 from ..errors import QagError
 from ..http.response import Response, json_response
 from .openapi import build_openapi
+
+log = logging.getLogger("qag")
 
 _READY_TIMEOUT = 2.0  # seconds each readiness check may take
 _METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -66,7 +69,7 @@ class OpsHandlers:
     def register(self, router) -> None:
         router.add("GET", "/health", self.health, "api.health", public=True)
         router.add("GET", "/livez", self.livez, "api.livez", public=True)
-        router.add("GET", "/readyz", self.readyz, "api.readyz", public=True)
+        router.add("GET", "/readyz", self.readyz, "api.readyz", public=True, wants_caller=True)
         router.add("GET", "/metrics", self.metrics, "api.metrics_endpoint", public=True, wants_caller=True)
         router.add("GET", "/openapi.json", self.openapi, "api.openapi_spec", public=True, wants_caller=True)
         router.add("GET", "/docs", self.docs, "api.docs", public=True)
@@ -86,7 +89,10 @@ class OpsHandlers:
         failed = {}
         problem = _within(_READY_TIMEOUT, self.gateway.store.ping)
         if problem is not None:
-            failed["store"] = problem
+            # The driver's text names the store's host, user and database: the log and administrators get it,
+            # an anonymous prober only what failed.
+            log.warning("not ready: store: %s", problem)
+            failed["store"] = problem if caller is not None and caller.admin else "unavailable"
         if failed:
             raise QagError("unavailable", "Not ready: " + ", ".join(sorted(failed)), failed=failed)
         return json_response({"status": "ok", "checks": {"store": "ok"}})

@@ -399,8 +399,7 @@ class RunHandlers:
         # Windowed: LIMIT/OFFSET are in the SQL (clamped to the author's own limit); otherwise skip and slice.
         skip = 0 if rendered.windowed else offset
         call = Call(rendered.sql, rendered.args, plan.read_only, plan.timeout, plan.size + 1, skip)
-        if restricted is not None:
-            call.schema, call.tables = restricted
+        _pin_names(call, plan, restricted, fields)
         try:
             result = backend.run(fields, call)
         except QagError as error:
@@ -436,8 +435,7 @@ class RunHandlers:
             cap = min(cap, int(caller.grants.max_rows)) if cap else int(caller.grants.max_rows)
         rendered = render(plan.prepared, plan.values, backend.style, None, 0)
         call = Call(rendered.sql, rendered.args, True, plan.timeout, 0)
-        if restricted is not None:
-            call.schema, call.tables = restricted
+        _pin_names(call, plan, restricted, fields)
         try:
             columns, batches = backend.stream(fields, call, _STREAM_BATCH, cap)
         except QagError as error:
@@ -453,6 +451,16 @@ class RunHandlers:
         headers = [("Content-Disposition", content_disposition(f"{plan.label}.{plan.fmt}"))]
         return Response(200, _Export(plan, columns, batches, self.observe, at, cap), headers,
                         encode.CONTENT_TYPES[plan.fmt])
+
+
+def _pin_names(call: Call, plan: Plan, restricted: tuple[str, frozenset] | None, fields: dict) -> None:
+    """Make the database resolve unqualified names where the checks did: a table-restricted call in its checked
+    schema (and, on SQLite, only its tables); a masked call on PostgreSQL in the schema its columns were traced
+    in, so a role's or the server's own search_path can't send a traced name to an unmasked table elsewhere."""
+    if restricted is not None:
+        call.schema, call.tables = restricted
+    elif plan.mask is not None and plan.prepared.dialect == "postgres":
+        call.schema = masking.default_schema("postgres", fields, plan.database)
 
 
 _GONE = "The client went away before the export finished"

@@ -149,7 +149,9 @@ class _RedisSlot:
     def release(self) -> None:
         pool, self.pool = self.pool, None
         if pool is not None:
-            pool.redis.call(lambda r: r.zrem(self.key, self.member), lambda: None)
+            # Tried even while this worker backs off from Redis after a hiccup: a lease left behind would refuse
+            # the key's calls until it runs out (up to an hour without a time limit).
+            pool.redis.call_now(lambda r: r.zrem(self.key, self.member), lambda: None)
 
 
 class _LocalSlot(Slot):

@@ -20,7 +20,7 @@ import re
 import threading
 import time
 from typing import Iterator
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from .base import StoreError
 from .schema import MIGRATIONS, RUN_COLUMNS, SCHEMA_VERSION, statements
@@ -62,6 +62,24 @@ def redact(url: str) -> str:
     if "password" in parts.query.lower():  # libpq also takes ?password=...
         parts = parts._replace(query=re.sub(r"(?i)(password=)[^&]*", r"\1***", parts.query))
     return urlunsplit(parts)
+
+
+def driver_text(exc: BaseException, url: str) -> str:
+    """The driver's message with every form of the URL's password taken out: libpq quotes the part of a URL it
+    can't parse, which can be the password (a `%` in it, say)."""
+    text = str(exc).strip()
+    secrets = set()
+    try:
+        parts = urlsplit(url)
+        if parts.password:
+            secrets.update((parts.password, unquote(parts.password)))
+        secrets.update(unquote(m) for m in re.findall(r"(?i)password=([^&]*)", parts.query))
+        secrets.update(re.findall(r"(?i)password=([^&]*)", parts.query))
+    except ValueError:
+        return type(exc).__name__
+    for secret in sorted(filter(None, secrets), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
 
 
 @functools.lru_cache(maxsize=1024)
@@ -107,8 +125,7 @@ class _Pool:
                                     application_name="qag-store", keepalives=1, keepalives_idle=30,
                                     keepalives_interval=10, keepalives_count=3)
         except psycopg2.Error as exc:
-            # The driver's text names host and database, never the password.
-            raise StoreError(f"cannot open the store {redact(self.url)}: {str(exc).strip()}") from None
+            raise StoreError(f"cannot open the store {redact(self.url)}: {driver_text(exc, self.url)}") from None
         conn.autocommit = True
         try:
             with conn.cursor() as cur:
@@ -117,7 +134,8 @@ class _Pool:
                 cur.execute("SET lock_timeout = %s", (f"{LOCK_TIMEOUT_MS}ms",))
         except psycopg2.Error as exc:
             conn.close()
-            raise StoreError(f"cannot prepare a store connection to {redact(self.url)}: {str(exc).strip()}") from None
+            raise StoreError(f"cannot prepare a store connection to {redact(self.url)}: "
+                             f"{driver_text(exc, self.url)}") from None
         return conn
 
     def get(self):
@@ -187,7 +205,7 @@ class PostgresStore(SqliteStore):
         try:
             self._migrate()
         except psycopg2.Error as exc:
-            raise StoreError(f"cannot prepare the store {self.describe()}: {str(exc).strip()}") from None
+            raise StoreError(f"cannot prepare the store {self.describe()}: {driver_text(exc, url)}") from None
 
     def describe(self) -> str:
         return redact(self.url)

@@ -75,3 +75,24 @@ def test_setting_accepts_redis_schemes_and_refuses_others_without_echoing():
     with pytest.raises(SettingsError) as refused:
         load({"QAG_REDIS_URL": "http://:secretpw@host"})
     assert "secretpw" not in str(refused.value) and "QAG_REDIS_URL" in str(refused.value)
+
+
+def test_a_url_the_client_cannot_read_is_refused_at_startup_without_its_password():
+    with pytest.raises(SettingsError) as refused:
+        load({"QAG_REDIS_URL": "redis://:pw/with-slash@cache:63x79/0"})
+    assert "pw" not in str(refused.value) and "QAG_REDIS_URL" in str(refused.value)
+
+
+def test_call_now_tries_redis_even_while_backing_off(uniq):
+    clock = Clock()
+    shared = SharedRedis(_dead_url(), clock=clock)
+    shared.call(lambda r: r.ping(), lambda: None)         # fails: backing off now
+    assert not shared.available
+    shared.url = redis_url()                              # Redis is back before the back-off ends
+    shared._client = None
+    key = uniq("qag:test:now:")
+    try:
+        assert shared.call(lambda r: r.set(key, 1), lambda: "skipped") == "skipped"   # call() waits it out
+        assert shared.call_now(lambda r: r.set(key, 1), lambda: "skipped") is True     # call_now() does not
+    finally:
+        shared.client().delete(key)

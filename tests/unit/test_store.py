@@ -444,3 +444,17 @@ def test_configuration_edits_made_outside_qag_move_the_config_generation(make_st
     assert generation() == moved, "a usage stamp is not a configuration change"
     raw_sql(store, "UPDATE api_keys SET active = 0 WHERE name = 'k'")
     assert generation() > moved
+
+
+def test_a_url_libpq_cannot_read_never_shows_its_password():
+    """libpq quotes the token it can't decode - here the password itself: refused at startup without echoing it,
+    and scrubbed from the store's error if it gets that far."""
+    from qag.settings import SettingsError
+    from qag.store.postgres import PostgresStore
+    url = "postgresql://qag:s3cr%t!@127.0.0.1:1/qag"
+    with pytest.raises(SettingsError) as refused:
+        load({"QAG_DATABASE_URL": url})
+    assert "s3cr" not in str(refused.value) and "QAG_DATABASE_URL" in str(refused.value)
+    with pytest.raises(StoreError) as failed:
+        PostgresStore(url)
+    assert "s3cr" not in str(failed.value) and "***" in str(failed.value)
