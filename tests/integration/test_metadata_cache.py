@@ -69,9 +69,10 @@ def test_b7_9_a_direct_edit_of_the_store_is_seen_within_the_poll(make_server, un
     _until_refused(server, secret, name, 2.5)
 
 
-def test_another_instance_sees_a_revocation_within_two_seconds(make_server, uniq):
-    a = make_server(workers=2)
-    b = make_server(seed=False, workers=2, env={"QAG_HOME": a.home})
+def test_another_instance_sees_a_revocation_within_two_seconds(make_server, uniq, store_env):
+    """Two gunicorn masters sharing a store (SQLite in one home, or PostgreSQL), no Redis: the poll."""
+    a = make_server(workers=2, env=store_env)
+    b = make_server(seed=False, workers=2, env=dict(store_env, QAG_HOME=a.home))
     name, key_name, secret = _setup(a, uniq)
     assert _statuses(b, secret, name) == {200}
     assert a.request("PATCH", f"/api/v1/api-keys/{key_name}", body={"active": False}).status == 200
@@ -84,10 +85,10 @@ def _redis_url() -> str:
     return redis_url()
 
 
-def test_with_redis_another_instance_sees_a_revocation_at_once(make_server, uniq):
+def test_with_redis_another_instance_sees_a_revocation_at_once(make_server, uniq, store_env):
     url = _redis_url()
     # Polling every minute: only the Redis message can make the other instance see the change this soon.
-    env = {"QAG_REDIS_URL": url, "QAG_METADATA_POLL_INTERVAL": "60"}
+    env = {"QAG_REDIS_URL": url, "QAG_METADATA_POLL_INTERVAL": "60", **store_env}
     a = make_server(workers=2, env=env)
     b = make_server(seed=False, workers=2, env=dict(env, QAG_HOME=a.home))
     name, key_name, secret = _setup(a, uniq)
@@ -164,7 +165,7 @@ class Switch:
                 pass
 
 
-def test_redis_stopped_degrades_to_polling_and_recovers(make_server, uniq):
+def test_redis_stopped_degrades_to_polling_and_recovers(make_server, uniq, store_env):
     url = _redis_url()
     m = re.match(r"redis://(?:[^@/]*@)?([^:/]+):(\d+)(/.*)?$", url)
     if not m:
@@ -172,7 +173,7 @@ def test_redis_stopped_degrades_to_polling_and_recovers(make_server, uniq):
     switch = Switch(m.group(1), int(m.group(2)))
     try:
         proxied = f"redis://{m.group(1)}:{switch.port}{m.group(3) or ''}"
-        env = {"QAG_REDIS_URL": proxied, "QAG_METADATA_POLL_INTERVAL": "5"}
+        env = {"QAG_REDIS_URL": proxied, "QAG_METADATA_POLL_INTERVAL": "5", **store_env}
         a = make_server(workers=1, env=env)
         b = make_server(seed=False, workers=2, env=dict(env, QAG_HOME=a.home))
         name, key_name, secret = _setup(a, uniq)
