@@ -235,3 +235,15 @@ def check_demo(command: list[str], home: str) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
+
+
+def wait_for(check, what: str, deadline: float = 20.0):
+    """check()'s first truthy value, polled every 0.1 s; AssertionError naming `what` after `deadline` seconds."""
+    end = time.monotonic() + deadline
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)

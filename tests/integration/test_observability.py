@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.server import q
+from tests.server import q, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -30,16 +30,6 @@ def metric(text: str, line_start: str) -> float | None:
             return float(line.rsplit(" ", 1)[1])
     return None
 
-
-def wait_for(check, what: str, deadline: float = 20.0):
-    end = time.monotonic() + deadline
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def store_rows(server) -> list[tuple]:

@@ -6,25 +6,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from tests.conftest import SEED
-from tests.server import q
+from tests.server import q, wait_for
 
 pytestmark = pytest.mark.e2e
 
-
-def wait_for(check, what: str, deadline: float = 10.0):
-    end = time.monotonic() + deadline
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def qag_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

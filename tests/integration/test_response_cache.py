@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import SEED
 from tests.relay import Relay
-from tests.server import Server, q
+from tests.server import Server, q, wait_for
 from tests.services import redis_url
 
 pytestmark = pytest.mark.e2e
@@ -42,16 +42,6 @@ def cached(request):
     yield s
     s.close()
 
-
-def wait_for(check, what: str, deadline: float = 20.0):
-    end = time.monotonic() + deadline
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def metric(s: Server, name: str) -> float:
