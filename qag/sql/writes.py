@@ -30,11 +30,12 @@ logging.getLogger("sqlglot").addFilter(_CommandFallbackFilter())
 _SQLGLOT_DIALECT = {"sqlite": "sqlite", "mysql": "mysql", "postgres": "postgres"}
 
 # sqlglot nodes that change data, schema or session state, and the operation each one is reported as.
-# exp.Lock is deliberately absent: it is SELECT ... FOR UPDATE, which the contract lets through.
+# exp.Lock is SELECT ... FOR UPDATE/SHARE: rows locked, not written, yet not read-only (issue 4: refused unless
+# writes are allowed; QueryAPIGate let it through, docs/compatibility.md).
 # Looked up by name so that a sqlglot upgrade that renames one fails at import rather than letting writes through.
 _NODE_OPS: dict[type, str] = {getattr(exp, name): op for name, op in (
     ("Insert", "insert"), ("Update", "update"), ("Delete", "delete"), ("Merge", "merge"),
-    ("Create", "create"), ("Drop", "drop"), ("Alter", "alter"), ("TruncateTable", "truncate"),
+    ("Lock", "lock"), ("Create", "create"), ("Drop", "drop"), ("Alter", "alter"), ("TruncateTable", "truncate"),
     ("Copy", "copy"), ("Set", "set"), ("Pragma", "pragma"), ("Use", "use"), ("Attach", "attach"),
     ("Detach", "detach"), ("Analyze", "analyze"), ("Grant", "grant"), ("Revoke", "revoke"),
     ("Comment", "comment"), ("Transaction", "begin"), ("Commit", "commit"), ("Rollback", "rollback"),
@@ -123,11 +124,19 @@ def _keyword_ops(sig: list[Token], k: int) -> set[str]:
             continue
         v = t.value
         if v == "for":
-            # FOR UPDATE and FOR NO KEY UPDATE lock rows; they don't write them.
-            if _word_at(sig, j) == "update":
+            # FOR UPDATE / SHARE / NO KEY UPDATE / KEY SHARE: a read that locks rows other callers may be waiting
+            # on. Not a write of data, but not read-only either: it counts as the operation "lock".
+            if _word_at(sig, j) in ("update", "share"):
+                ops.add("lock")
                 j += 1
             elif _word_at(sig, j) == "no" and _word_at(sig, j + 1) == "key" and _word_at(sig, j + 2) == "update":
+                ops.add("lock")
                 j += 3
+            elif _word_at(sig, j) == "key" and _word_at(sig, j + 1) == "share":
+                ops.add("lock")
+                j += 2
+        elif v == "lock" and _word_at(sig, j) == "in" and _word_at(sig, j + 2) == "mode":
+            ops.add("lock")   # MySQL's LOCK IN SHARE MODE
         elif v in ("insert", "update", "delete"):
             ops.add(v)
         elif v in ("merge", "replace"):

@@ -37,15 +37,16 @@ def test_b4_1_multiple_statements(server):
 
 @pytest.mark.parametrize("sql,status", [("SELECT * FROM t WHERE action = 'delete'", 200),
                                         ('SELECT "update" FROM t', 200),
-                                        # SQLite has no FOR UPDATE: the guard allows it, the engine refuses it.
-                                        ("SELECT * FROM t FOR UPDATE", 500),
+                                        # A locking read is not read-only (issue 4; docs/compatibility.md).
+                                        ("SELECT * FROM t FOR UPDATE", 403),
+                                        ("SELECT * FROM t FOR SHARE", 403),
                                         ("SELECT replace(name,'a','b') FROM t", 200),
                                         ("EXPLAIN QUERY PLAN SELECT * FROM t", 200)])
 def test_b4_3_reads_that_look_like_writes_are_allowed(server, sql, status):
     r = run(server, sql)
     assert r.status == status, r
-    if status == 500:
-        assert r.json["code"] == "query_failed"
+    if status == 403:
+        assert r.json["code"] == "read_only" and "(lock)" in r.json["error"], r
 
 
 def test_b4_4_admin_insert_with_writes(writes_server, uniq):
