@@ -11,6 +11,7 @@ int/str/float/None ("typical"), or with datetime, Decimal and bytes columns too 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import sys
@@ -111,6 +112,52 @@ def tables_main(rounds: int) -> None:
         print(line, flush=True)
 
 
+SHM_BYTES = 1 << 16
+SHM_PAYLOAD = 256  # about a metadata-cache row
+
+
+def shmsync_main(rounds: int) -> None:
+    """The metadata segment's operations on each twin, each on a file-backed segment of its own (so the pure
+    twin's lock is its real fcntl lock): a lock+unlock, a seqlock read and a seqlock write of a 256-byte row."""
+    import mmap
+    import tempfile
+    twins = {"pure": _speedups.twin("shmsync", "pure")}
+    try:
+        twins["compiled"] = _speedups.twin("shmsync", "compiled")
+    except ImportError as exc:
+        print(f"compiled shmsync twin not importable ({exc}): timing the pure twin only", file=sys.stderr)
+    syncs, files = {}, []
+    for kind, module in twins.items():
+        fh = tempfile.TemporaryFile(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        fh.truncate(SHM_BYTES)
+        files.append(fh)
+        syncs[kind] = module.Sync(mmap.mmap(fh.fileno(), SHM_BYTES), fh.fileno())
+    row = bytes(range(256))[:SHM_PAYLOAD]
+
+    def lock_unlock(sync):
+        sync.lock(0)
+        sync.unlock(0)
+
+    operations = {"lock+unlock": lock_unlock,
+                  "read": lambda sync: sync.read(64, 128, SHM_PAYLOAD),
+                  "write": lambda sync: sync.write(64, 128, row) and None}
+    for sync in syncs.values():
+        sync.write(64, 128, row)
+    print(f"{'shmsync':12}  " + "  ".join(f"{kind + ' us':>26}" for kind in twins)
+          + ("  speedup" if "compiled" in twins else ""))
+    for name, operation in operations.items():
+        calls = {kind: (lambda s=sync, op=operation: op(s)) for kind, sync in syncs.items()}
+        times = measure_calls(calls, rounds)
+        line = f"{name:12}  " + "  ".join(f"{summary(times[kind]):>26}" for kind in twins)
+        if "compiled" in times:
+            line += f"  {statistics.median(times['pure']) / statistics.median(times['compiled']):6.1f}x"
+        print(line, flush=True)
+    for sync in syncs.values():
+        sync.release()
+    for fh in files:
+        fh.close()
+
+
 def summary(values: list[float]) -> str:
     return f"{statistics.median(values):9.2f} [{min(values):.2f}-{max(values):.2f}]"
 
@@ -120,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds per case (default 15)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="typical", help="row shape (default typical)")
     parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated: json,ndjson,csv")
-    parser.add_argument("--module", choices=("rowjson", "tables", "all"), default="all",
+    parser.add_argument("--module", choices=("rowjson", "tables", "shmsync", "all"), default="all",
                         help="which twins to time (default all)")
     args = parser.parse_args(argv)
     if args.module in ("tables", "all"):
@@ -129,6 +176,12 @@ def main(argv: list[str] | None = None) -> int:
               f"microseconds per call, median [min-max] of {args.rounds} interleaved rounds")
         tables_main(args.rounds)
         if args.module == "tables":
+            return 0
+        print()
+    if args.module in ("shmsync", "all"):
+        print(f"python -m benchmarks.micro --module shmsync --rounds {args.rounds}")
+        shmsync_main(args.rounds)
+        if args.module == "shmsync":
             return 0
         print()
 

@@ -334,19 +334,23 @@ def test_postgres_masked_call_reads_the_schema_it_was_traced_in(srv, pg_db, uniq
     """Masked calls pin search_path to the schema the columns were traced in: with the connection's schema
     `sales`, `people` is sales.people for the trace and for the database alike, so a rule on public.people.ssn
     neither matches nor is needed - and public.people's values never come back under the name."""
-    schema = uniq("sales")
+    schema, public = uniq("sales"), uniq("people")
     conn = psycopg2.connect(host=pg_db["host"], port=pg_db["port"], user=pg_db["user"],
                             password=pg_db["password"], dbname=pg_db["database"], connect_timeout=5)
     conn.autocommit = True
     cur = conn.cursor()
-    cur.execute(f"CREATE SCHEMA {schema}")
-    cur.execute(f"CREATE TABLE {schema}.people (ssn text)")
-    cur.execute(f"INSERT INTO {schema}.people VALUES ('sales-row')")
-    cur.execute("CREATE TABLE IF NOT EXISTS public.people (ssn text)")
-    cur.execute("INSERT INTO public.people VALUES ('public-secret')")
-    conn.close()
-    name = uniq("pgs")
-    assert srv.post("/api/v1/connections", {"name": name, "db": "postgres", **pg_db, "schema": schema}).status == 201
-    key = srv.key(uniq("k"), connections="*", mask=[{"column": "public.people.ssn", "action": "null"}])
-    r = srv.post("/execute_sql", {"sql": "SELECT ssn FROM people", "connection_name": name}, key=key)
-    assert r.status == 200 and r.json == [{"ssn": "sales-row"}], r
+    try:
+        cur.execute(f"CREATE SCHEMA {schema}")
+        cur.execute(f"CREATE TABLE {schema}.{public} (ssn text)")
+        cur.execute(f"INSERT INTO {schema}.{public} VALUES ('sales-row')")
+        cur.execute(f"CREATE TABLE public.{public} (ssn text)")
+        cur.execute(f"INSERT INTO public.{public} VALUES ('public-secret')")
+        name = uniq("pgs")
+        assert srv.post("/api/v1/connections", {"name": name, "db": "postgres", **pg_db, "schema": schema}).status == 201
+        key = srv.key(uniq("k"), connections="*", mask=[{"column": f"public.{public}.ssn", "action": "null"}])
+        r = srv.post("/execute_sql", {"sql": f"SELECT ssn FROM {public}", "connection_name": name}, key=key)
+        assert r.status == 200 and r.json == [{"ssn": "sales-row"}], r
+    finally:   # the database is shared by the session's PostgreSQL tests: leave it as it was
+        cur.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        cur.execute(f"DROP TABLE IF EXISTS public.{public}")
+        conn.close()
