@@ -29,6 +29,7 @@ _NB = len(BOUNDS) + 1
 _METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
 _SNAPSHOT_EVERY = 0.25
 _RETIRED = "retired.m"
+_FOLDER_PREFIX = "qag-metrics-"
 
 SHARED_DIR: str | None = None   # set in the gunicorn master before fork; workers inherit it
 
@@ -46,12 +47,37 @@ os.register_at_fork(after_in_child=_after_fork)
 
 
 # --- the master's side (gunicorn_conf hooks) ----------------------------------------------------------------
-def start_instance() -> str:
-    """Create the folder the workers write their snapshots to (tmpfs when there is one)."""
+def start_instance(base: str | None = None) -> str:
+    """Create the folder the workers write their snapshots to (tmpfs when there is one), named after this
+    master's pid, after removing the folders of masters that are gone without cleaning up (SIGKILL skips on_exit)."""
     global SHARED_DIR
-    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    SHARED_DIR = tempfile.mkdtemp(prefix="qag-metrics-", dir=base)
+    if base is None:
+        base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    _sweep_abandoned(base)
+    SHARED_DIR = tempfile.mkdtemp(prefix=f"{_FOLDER_PREFIX}{os.getpid()}-", dir=base)
     return SHARED_DIR
+
+
+def _sweep_abandoned(base: str) -> None:
+    """Remove this user's metrics folders whose master no longer runs. A folder whose pid is alive (even if the
+    pid was reused) or whose name carries no pid is left alone: only what certainly has no owner goes."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        pid_text = name[len(_FOLDER_PREFIX):].split("-", 1)[0] if name.startswith(_FOLDER_PREFIX) else ""
+        if not pid_text.isdigit():
+            continue
+        path = os.path.join(base, name)
+        try:
+            if os.stat(path).st_uid != os.getuid():
+                continue
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:  # alive but another user's, or the folder went meanwhile
+            continue
 
 
 def retire_worker(pid: int) -> None:

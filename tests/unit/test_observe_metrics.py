@@ -123,3 +123,27 @@ def test_snapshot_is_written_atomically_to_the_shared_folder(shared):
     snap = metrics._load(str(shared / names[0]))
     assert snap["c"]["req"][("GET", "api.health", 200, "-")][0] == 1
     m.close()
+
+
+def test_start_instance_removes_only_folders_of_masters_that_are_gone(tmp_path, monkeypatch):
+    """A SIGKILLed master never runs on_exit: the next master on the host removes its folder, and nothing else."""
+    import subprocess
+    import sys
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"qag-metrics-{gone.pid}-abc"
+    alive = tmp_path / f"qag-metrics-{os.getpid()}-def"
+    unnamed = tmp_path / "qag-metrics-xyz"
+    other = tmp_path / "not-ours-1"
+    for folder in (dead, alive, unnamed, other):
+        folder.mkdir()
+        (folder / "w1.m").write_bytes(b"x")
+    monkeypatch.setattr(metrics, "SHARED_DIR", None)
+    made = metrics.start_instance(str(tmp_path))
+    try:
+        assert not dead.exists()
+        assert alive.exists() and unnamed.exists() and other.exists()
+        assert os.path.basename(made).startswith(f"qag-metrics-{os.getpid()}-")
+    finally:
+        metrics.stop_instance()
+    assert not os.path.exists(made)
