@@ -175,8 +175,10 @@ def test_lock_of_a_killed_holder_is_taken_over(speedups, region):
         got.set()
         sync.unlock(0)
 
-    threading.Thread(target=take, daemon=True).start()
+    taker = threading.Thread(target=take, daemon=True)
+    taker.start()
     assert got.wait(10), "the lock of a dead process was never released"
+    taker.join(10)  # its unlock done before the segment and its file are let go
     os.close(ready_r)
     os.close(ready_w)
     sync.release()
