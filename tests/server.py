@@ -116,32 +116,11 @@ class Server:
             self._drop_store = None
 
     def stop(self) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return terminate(self.proc)
 
     def store_sql(self, statement: str, args: tuple = ()) -> list[tuple]:
         """A statement on this server's store (its SQLite file, or its PostgreSQL database), outside qag."""
-        if self.database_url is None:
-            conn = sqlite3.connect(os.path.join(self.home, "qag.db"))
-            try:
-                with conn:
-                    return conn.execute(statement, args).fetchall()
-            finally:
-                conn.close()
-        import psycopg2
-        conn = psycopg2.connect(self.database_url)
-        try:
-            with conn, conn.cursor() as cur:
-                cur.execute(statement.replace("?", "%s"), args)
-                return cur.fetchall() if cur.description else []
-        finally:
-            conn.close()
+        return store_sql(os.path.join(self.home, "qag.db"), self.database_url, statement, args)
 
     # --- HTTP ----------------------------------------------------------------------------------------------
     def request(self, method: str, path: str, *, body=None, raw: bytes | None = None, key: str | None = "admin",
@@ -247,3 +226,35 @@ def wait_for(check, what: str, deadline: float = 20.0):
         if time.monotonic() > end:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.1)
+
+
+def terminate(proc: subprocess.Popen) -> int | None:
+    """SIGTERM (a graceful stop), then SIGKILL after 30 s; the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def store_sql(sqlite_path: str, database_url: str | None, statement: str, args: tuple = ()) -> list[tuple]:
+    """A statement on a store outside qag: the SQLite file, or the PostgreSQL database when a URL is given
+    (`?` placeholders either way)."""
+    if database_url is None:
+        conn = sqlite3.connect(sqlite_path)
+        try:
+            with conn:
+                return conn.execute(statement, args).fetchall()
+        finally:
+            conn.close()
+    import psycopg2
+    conn = psycopg2.connect(database_url)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute(statement.replace("?", "%s"), args)
+            return cur.fetchall() if cur.description else []
+    finally:
+        conn.close()

@@ -363,22 +363,10 @@ class PostgresStore(SqliteStore):
                               (at, actor, via, action, target, _dump(changes)))["id"]
             self._run("DELETE FROM audit_log WHERE id <= ?", (entry - self.audit_limit,))
 
-    def name_ids(self, names: set[str]) -> dict[str, int]:
-        if not names:
-            return {}
-        wanted = sorted(names)
-        marks = ", ".join("?" * len(wanted))
-        found = {r["name"]: r["id"] for r in self._all(f"SELECT id, name FROM names WHERE name IN ({marks})",
-                                                       tuple(wanted))}
-        missing = [n for n in wanted if n not in found]
-        if missing:
-            # One statement, no lock: a name another writer interns meanwhile is simply found.
-            marks = ", ".join(["(?)"] * len(missing))
-            self._run(f"INSERT INTO names (name) VALUES {marks} ON CONFLICT (name) DO NOTHING", tuple(missing))
-            marks = ", ".join("?" * len(missing))
-            found.update({r["name"]: r["id"] for r in self._all(
-                f"SELECT id, name FROM names WHERE name IN ({marks})", tuple(missing))})
-        return found
+    def _intern(self, names: list[str]) -> None:
+        # One statement, no lock: a name another writer interns meanwhile is simply found.
+        marks = ", ".join(["(?)"] * len(names))
+        self._run(f"INSERT INTO names (name) VALUES {marks} ON CONFLICT (name) DO NOTHING", tuple(names))
 
     def version_uuids(self, pairs: set[tuple[str, int]]) -> dict[tuple[str, int], str]:
         if not pairs:

@@ -347,19 +347,22 @@ class SqliteStore(Store):
     def name_ids(self, names: set[str]) -> dict[str, int]:
         if not names:
             return {}
-        wanted = sorted(names)
-        marks = ", ".join("?" * len(wanted))
-        found = {r["name"]: r["id"] for r in self._all(f"SELECT id, name FROM names WHERE name IN ({marks})",
-                                                       tuple(wanted))}
-        missing = [n for n in wanted if n not in found]
+        found = self._ids_of(sorted(names))
+        missing = [n for n in sorted(names) if n not in found]
         if missing:
-            with self.transaction():
-                for name in missing:
-                    self._run("INSERT INTO names (name) VALUES (?) ON CONFLICT (name) DO NOTHING", (name,))
-                marks = ", ".join("?" * len(missing))
-                found.update({r["name"]: r["id"] for r in self._all(
-                    f"SELECT id, name FROM names WHERE name IN ({marks})", tuple(missing))})
+            self._intern(missing)
+            found.update(self._ids_of(missing))
         return found
+
+    def _ids_of(self, names: list[str]) -> dict[str, int]:
+        marks = ", ".join("?" * len(names))
+        return {r["name"]: r["id"] for r in self._all(f"SELECT id, name FROM names WHERE name IN ({marks})",
+                                                      tuple(names))}
+
+    def _intern(self, names: list[str]) -> None:
+        with self.transaction():
+            for name in names:
+                self._run("INSERT INTO names (name) VALUES (?) ON CONFLICT (name) DO NOTHING", (name,))
 
     def version_uuids(self, pairs: set[tuple[str, int]]) -> dict[tuple[str, int], str]:
         out = {}

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.server import terminate
+
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,13 +76,7 @@ class Gunicorn:
             return []
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         try:
             os.unlink(self.log_path)
         except OSError:

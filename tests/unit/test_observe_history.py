@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from tests.server import store_sql
+
 from qag.app import create_app
 from qag.settings import load
 
@@ -70,18 +72,7 @@ class App:
 
     def sql(self, statement: str, args: tuple = ()) -> list:
         """A statement on the store's own database (SQLite file or PostgreSQL), outside the gateway."""
-        url = self.store_env.get("QAG_DATABASE_URL")
-        if url is None:
-            with self.db() as db:
-                return db.execute(statement, args).fetchall()
-        import psycopg2
-        conn = psycopg2.connect(url)
-        try:
-            with conn, conn.cursor() as cur:
-                cur.execute(statement.replace("?", "%s"), args)
-                return cur.fetchall() if cur.description else []
-        finally:
-            conn.close()
+        return store_sql(self.store_path, self.store_env.get("QAG_DATABASE_URL"), statement, args)
 
     def stored_rid(self, rid: str):
         """A request id as the store keeps it: 6 bytes for 12 hex digits on SQLite, text on PostgreSQL."""
