@@ -1,5 +1,6 @@
 """The benchmark harness works: `python -m benchmarks.run --smoke` against the SQLite demo (and the six-database
-MySQL case once qag serves MySQL) produces results with every reply checked, no non-2xx, positive throughput.
+MySQL case once qag serves MySQL) produces results with every reply checked, no non-2xx, positive throughput;
+`python -m benchmarks.call_cost` splits a MySQL call's CPU into its layers on the same data.
 
 No timing is asserted: speed is measured by the harness, not by tests.
 """
@@ -97,3 +98,13 @@ def test_smoke_mysql_six_databases(tmp_path, smoke_databases):
     _check_blocks(records, {"qag", "direct"})
     closed = [r for r in records if r["type"] == "block" and r["phase"] == "closed"]
     assert all(b["statements_per_call"].get("questions", 0) > 0 for b in closed), closed
+
+    # The in-process cost split runs on the same data: three layers, each with a positive CPU per call.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("QAG_", "QUERYAPIGATE_"))}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.call_cost", "--prefix", smoke_databases,
+                           "--warehouses", "1", "--no-load", "--calls", "20", "--rounds", "1"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    figures = {line.split()[0]: float(line.split()[1]) for line in proc.stdout.splitlines()
+               if line.split() and line.split()[0] in ("driver", "backend", "gateway")}
+    assert set(figures) == {"driver", "backend", "gateway"} and all(v > 0 for v in figures.values()), proc.stdout

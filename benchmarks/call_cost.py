@@ -1,0 +1,142 @@
+"""Where a MySQL call's CPU goes, in-process: the driver alone, qag's backend, the whole WSGI call.
+
+    python -m benchmarks.call_cost --prefix qagw_ --warehouses 1 --no-load --calls 2000 --rounds 5
+
+Runs the TPC-C case's six saved queries (users spread over the key space) three ways in interleaved rounds and
+prints the request thread's CPU per call (time.thread_time: user + system of that thread only, so the gateway's
+background writers and the database are not in it), median [min–max]:
+
+  driver   mysqlclient alone: cursor.execute with the rendered SQL and arguments, fetchall
+  backend  qag's MysqlBackend.run for the same statements (pool, renewal, time limit, page fetch)
+  gateway  the whole call through Gateway.__call__ (routing, auth, metadata, parameters, policy, backend, JSON
+           encoding, recording), as qag's worker calls it, with no HTTP server in front
+
+The differences are the layers' own costs: backend − driver is the backend's, gateway − backend the pipeline's.
+HTTP handling is not in these figures (benchmarks.run measures it on real sockets).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+from . import tpcc_mysql
+from .workload import fill
+from .wsgi_call import wsgi_get
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.call_cost", description=__doc__.splitlines()[0])
+    p.add_argument("--calls", type=int, default=2000, help="calls per round and layer (default 2000)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--no-load", action="store_true", help="do not (re)load the case's data")
+    tpcc_mysql.add_arguments(p)
+    return p
+
+
+def _layers(args, home: str):
+    """The three ways to run call i, as functions of i."""
+    import MySQLdb
+
+    from qag.app import create_app
+    from qag.backends.base import Call
+    from qag.backends.mysql import MysqlBackend, connect_args
+    from qag.settings import load
+    from qag.sql.prepare import prepare, render
+
+    case = tpcc_mysql.case(args)
+    conn_body = case.connection
+    settings = load({"QAG_HOME": home, "QAG_API_KEY": "bench-admin-key-0123456789"})
+    app = create_app(settings)
+    admin = {"HTTP_X_API_KEY": "bench-admin-key-0123456789"}
+    _post(app, "/api/v1/connections", conn_body, admin)
+    for q in case.queries:
+        _post(app, "/api/v1/queries", q.create_body(conn_body["name"]), admin)
+    # The harness's "plain" key: scoped to the case's queries, as its callers are.
+    key = _post(app, "/api/v1/api-keys", case.key_body("bench-plain", list(case.queries), False), admin)["secret"]
+
+    fields = {k: conn_body[k] for k in ("host", "port", "user", "password", "database") if k in conn_body}
+    users = [case.space.values(u * 7919 % case.space.size) for u in range(300)]
+    calls, statements, urls = [], [], []
+    for i, values in enumerate(users):
+        q = case.queries[i % len(case.queries)]
+        path, _, query = fill(q.path_template(case.space), values).partition("?")
+        urls.append((path, query))
+        page = q.extra.get("page_size", 10)
+        rendered = render(prepare(q.sql, "mysql"), {**q.extra, **values}, "format", page + 1, 0)
+        statements.append((rendered.sql, rendered.args))
+        calls.append(Call(rendered.sql, rendered.args, True, settings.query_timeout, page + 1, 0))
+    backend = MysqlBackend(settings)
+    driver = MySQLdb.connect(**connect_args(fields, True))
+    cursor = driver.cursor()
+
+    def by_driver(i):
+        sql, params = statements[i % 300]
+        cursor.execute(sql, params or None)
+        cursor.fetchall()
+
+    def by_backend(i):
+        backend.run(fields, calls[i % 300])
+
+    def by_gateway(i):
+        path, query = urls[i % 300]
+        wsgi_get(app, path, query, key)
+
+    return {"driver": by_driver, "backend": by_backend, "gateway": by_gateway}
+
+
+def _post(app, path: str, body: dict, headers: dict) -> dict:
+    import io
+    import json
+
+    data = json.dumps(body).encode()
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": path, "QUERY_STRING": "", "REMOTE_ADDR": "127.0.0.1",
+               "RAW_URI": path, "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(data)),
+               "wsgi.input": io.BytesIO(data), **headers}
+    status = []
+    reply = b"".join(app(environ, lambda s, h: status.append(s)))
+    if not status[0].startswith("201"):
+        raise RuntimeError(f"{path}: {status[0]} {reply[:300]!r}")
+    return json.loads(reply)
+
+
+def _measure(layers: dict, rounds: int, calls: int) -> dict[str, list[float]]:
+    for fn in layers.values():          # warm every pool, cache and prepared statement first
+        for i in range(300):
+            fn(i)
+    results: dict[str, list[float]] = {name: [] for name in layers}
+    for r in range(rounds):
+        order = list(layers.items()) if r % 2 == 0 else list(layers.items())[::-1]
+        for name, fn in order:
+            start = time.thread_time()
+            for i in range(calls):
+                fn(i)
+            results[name].append((time.thread_time() - start) / calls * 1e6)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if not args.no_load:
+        print(f"loading TPC-C data: {tpcc_mysql.load(args)}", file=sys.stderr)
+    home = tempfile.mkdtemp(prefix="qag-call-cost-")
+    try:
+        results = _measure(_layers(args, home), args.rounds, args.calls)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    print(f"request-thread CPU per call, µs: median [min–max] of {args.rounds} interleaved rounds × {args.calls} "
+          f"calls (TPC-C mix, W={args.warehouses})")
+    medians = {name: statistics.median(v) for name, v in results.items()}
+    for name, v in results.items():
+        print(f"  {name:8} {medians[name]:7.1f} [{min(v):.1f}–{max(v):.1f}]")
+    print(f"  backend's own: {medians['backend'] - medians['driver']:.1f}   "
+          f"pipeline's own: {medians['gateway'] - medians['backend']:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
