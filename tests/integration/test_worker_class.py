@@ -1,5 +1,6 @@
 """qag's gunicorn worker class under real gunicorn: WSGI conformance, streams, slow clients, graceful shutdown,
-max_requests recycling; the lifecycle tests run on gthread too, as the reference."""
+max_requests recycling, the timeout heartbeat and reload; the lifecycle tests run on gthread too, as the
+reference."""
 
 from __future__ import annotations
 
@@ -234,6 +235,64 @@ def test_max_requests_recycles_the_worker(start, worker):
         assert status == 200
         pids.append(int(body))
     assert len(set(pids)) >= 3, pids
+
+
+@pytest.mark.parametrize("worker", ["gthread", QAG, FALLBACK])
+def test_heartbeat_keeps_a_worker_busy_past_the_timeout_alive(start, worker):
+    """gunicorn's timeout restarts a worker that stops signalling, not one whose app threads are busy: a request
+    twice as long as the timeout finishes, the same worker answers the calls beside it, and it is never replaced."""
+    s = start(worker, "--timeout", "2")
+    first = int(s.get("/pid")[2])
+    result = {}
+    slow = threading.Thread(target=lambda: result.update(reply=s.get("/sleep?s=4.5")))
+    slow.start()
+    beside = []
+    while slow.is_alive():
+        status, _, body = s.get("/pid")
+        beside.append((status, int(body)))
+        time.sleep(0.5)
+    slow.join()
+    assert result["reply"][0] == 200 and result["reply"][2] == b"slept"
+    assert len(beside) >= 5 and set(beside) == {(200, first)}, beside
+    assert int(s.get("/pid")[2]) == first
+    assert not any("WORKER TIMEOUT" in line for line in s.lines), "".join(s.lines)
+
+
+@pytest.mark.parametrize("worker", ["gthread", QAG, FALLBACK])
+def test_reload_replaces_the_worker_and_finishes_the_request_in_flight(start, worker):
+    """SIGHUP: a new worker takes over, the old one finishes what it was answering, then exits."""
+    s = start(worker, "--graceful-timeout", "20")
+    first = int(s.get("/pid")[2])
+    result = {}
+    slow = threading.Thread(target=lambda: result.update(reply=s.get("/sleep?s=2")))
+    slow.start()
+    time.sleep(0.5)
+    s.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    pid = first
+    while pid == first and time.monotonic() < deadline:
+        try:
+            pid = int(s.get("/pid")[2])
+        except (ConnectionError, http.client.RemoteDisconnected):
+            pass
+        time.sleep(0.1)
+    slow.join(30)
+    assert pid != first
+    assert result["reply"][0] == 200 and result["reply"][2] == b"slept"
+    for _ in range(50):          # the old worker exits once its request is answered
+        if not _alive(first):
+            break
+        time.sleep(0.1)
+    assert not _alive(first)
+    assert s.proc.poll() is None   # the master is still serving
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ")[-1][0] != "Z"
+    except OSError:
+        return False
 
 
 @pytest.mark.parametrize("worker", ["gthread", "qag"])
