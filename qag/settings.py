@@ -290,11 +290,11 @@ class Settings:
 
     values: dict = field(default_factory=dict)
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.values[name]
-        except KeyError:
-            raise AttributeError(name) from None
+    def __post_init__(self) -> None:
+        # Plain instance attributes, so a read on the request path is a dict lookup in C rather than a failed
+        # lookup followed by a Python __getattr__ call.
+        for name, value in self.values.items():
+            object.__setattr__(self, name, value)
 
     def with_overrides(self, **changes: Any) -> "Settings":
         return Settings({**self.values, **changes})

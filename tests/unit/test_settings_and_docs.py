@@ -75,3 +75,14 @@ def test_error_table_statuses():
         assert 400 <= status < 600 and message and when
         err = errors.QagError(code)
         assert err.status == status and err.envelope("r")["code"] == code
+
+
+def test_settings_read_as_attributes_and_unknown_names_refused():
+    s = load({"QAG_QUERY_TIMEOUT": "12"})
+    assert s.query_timeout == 12.0 and s.values["query_timeout"] == 12.0
+    changed = s.with_overrides(query_timeout=3.0)
+    assert changed.query_timeout == 3.0 and s.query_timeout == 12.0   # the original is untouched
+    with pytest.raises(AttributeError):
+        s.not_a_setting
+    with pytest.raises(Exception):   # frozen: settings are read, never assigned
+        s.query_timeout = 1.0
