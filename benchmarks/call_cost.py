@@ -13,16 +13,26 @@ background writers and the database are not in it), median [min–max]:
 
 The differences are the layers' own costs: backend − driver is the backend's, gateway − backend the pipeline's.
 HTTP handling is not in these figures (benchmarks.run measures it on real sockets).
+
+    python -m benchmarks.call_cost --prefix qagw_ --warehouses 1 --no-load --instructions
+
+counts instead the instructions of the pipeline alone under valgrind's callgrind: the gateway layer with the
+backend answering from results captured off the real database first, instrumentation on only around the measured
+calls and only the request thread counted. The count repeats to within ~0.3% from run to run whatever else the
+machine does, so it can compare two builds where CPU time on a shared machine cannot.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import io
 import json
+import os
 import secrets
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--calls", type=int, default=2000, help="calls per round and layer (default 2000)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--no-load", action="store_true", help="do not (re)load the case's data")
+    p.add_argument("--instructions", action="store_true",
+                   help="count the pipeline's instructions per call under callgrind instead (needs valgrind)")
     tpcc_mysql.add_arguments(p)
     return p
 
@@ -120,8 +132,69 @@ def _measure(layers: dict, rounds: int, calls: int) -> dict[str, list[float]]:
     return results
 
 
+_UNDER_CALLGRIND = "QAG_BENCH_CALLGRIND_OUT"
+
+
+def _pipeline_only(layers: dict, calls: int) -> None:
+    """Inside callgrind: capture each statement's result from the database, then answer from the capture and
+    switch instrumentation on for exactly the measured calls."""
+    from qag.backends import mysql
+
+    real, captured = mysql.MysqlBackend.run, {}
+
+    def capture(self, fields, call):
+        captured[call.sql, call.args] = result = real(self, fields, call)
+        return result
+    mysql.MysqlBackend.run = capture
+    gateway = layers["gateway"]
+    for i in range(600):
+        gateway(i)
+    mysql.MysqlBackend.run = lambda self, fields, call: captured[call.sql, call.args]
+    for i in range(300):
+        gateway(i)
+    pid = str(os.getpid())
+    subprocess.run(["callgrind_control", "-i", "on", pid], check=True, capture_output=True)
+    for i in range(calls):
+        gateway(i)
+    subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
+
+
+def _count_instructions(argv: list[str], calls: int) -> int:
+    """Run this module again under callgrind; the request (main) thread's instructions per call."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
+    out_dir = tempfile.mkdtemp(prefix="qag-callgrind-")
+    try:
+        out = os.path.join(out_dir, "cg")
+        env = dict(os.environ, **{_UNDER_CALLGRIND: out})
+        subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
+                        f"--callgrind-out-file={out}", sys.executable, "-m", "benchmarks.call_cost", *argv],
+                       env=env, check=True, capture_output=True)
+        with open(sorted(glob.glob(out + "*-01"))[0]) as fh:   # thread 1: the one that ran the calls
+            total = next(int(line.split()[1]) for line in fh if line.startswith("totals:"))
+        return total // calls
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
+    if args.instructions:
+        if os.environ.get(_UNDER_CALLGRIND):
+            home = tempfile.mkdtemp(prefix="qag-call-cost-")
+            try:
+                _pipeline_only(_layers(args, home), args.calls)
+            finally:
+                shutil.rmtree(home, ignore_errors=True)
+            return 0
+        if not args.no_load:
+            print(f"loading TPC-C data: {tpcc_mysql.load(args)}", file=sys.stderr)
+        inner = [a for a in argv if a != "--no-load"] + ["--no-load"]
+        per_call = _count_instructions(inner, args.calls)
+        print(f"pipeline instructions per call (request thread, backend answering from captured results, "
+              f"{args.calls} calls, TPC-C mix): {per_call}")
+        return 0
     if not args.no_load:
         print(f"loading TPC-C data: {tpcc_mysql.load(args)}", file=sys.stderr)
     home = tempfile.mkdtemp(prefix="qag-call-cost-")

@@ -108,3 +108,10 @@ def test_smoke_mysql_six_databases(tmp_path, smoke_databases):
     figures = {line.split()[0]: float(line.split()[1]) for line in proc.stdout.splitlines()
                if line.split() and line.split()[0] in ("driver", "backend", "gateway")}
     assert set(figures) == {"driver", "backend", "gateway"} and all(v > 0 for v in figures.values()), proc.stdout
+    if shutil.which("valgrind"):   # the instruction count of the pipeline, under callgrind
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.call_cost", "--prefix", smoke_databases,
+                               "--warehouses", "1", "--no-load", "--instructions", "--calls", "30"],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        count = int(proc.stdout.rsplit(":", 1)[1])
+        assert 10_000 < count < 10_000_000, proc.stdout
