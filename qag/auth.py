@@ -96,7 +96,8 @@ class Authenticator:
         """Rows, never decisions, are stored: active, expiry, grace and IP are judged on every call."""
         if not row["active"]:
             return False
-        if expired(row["expires_at"], _dt.date.today()):
+        expires_at = row["expires_at"]
+        if expires_at is not None and expired(expires_at, _dt.date.today()):   # most keys never expire
             return False
         if previous:
             until = row["previous_expires_at"]

@@ -10,6 +10,9 @@ from ..errors import QagError
 
 _STATUS_LINES = {s.value: f"{s.value} {s.phrase}" for s in HTTPStatus}
 _API_CSP = ("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'")
+_NOSNIFF = ("X-Content-Type-Options", "nosniff")
+_NO_REFERRER = ("Referrer-Policy", "no-referrer")
+_NO_STORE = ("Cache-Control", "no-store")
 _CORS_EXPOSE = ("X-Page, X-Page-Size, X-Has-More, X-Row-Count, X-RateLimit-Limit, X-RateLimit-Remaining, "
                 "X-RateLimit-Key-Limit, X-RateLimit-Key-Remaining, Retry-After, X-Request-Id, X-Cache, ETag, "
                 "Deprecation, Link")
@@ -84,17 +87,30 @@ class HeaderPolicy:
 
     def finish(self, response: Response, request_id: str, origin: str | None, https: bool) -> list[tuple[str, str]]:
         headers = response.headers
+        # One pass over what the handler set (every call goes through here): the first Content-Type decides
+        # HTML or not, and a header the handler set itself is never added twice.
+        content_type = None
+        has_csp = has_referrer = has_cache = False
+        for name, value in headers:
+            lowered = name.lower()
+            if lowered == "content-type":
+                if content_type is None:
+                    content_type = value
+            elif lowered == "cache-control":
+                has_cache = True
+            elif lowered == "content-security-policy":
+                has_csp = True
+            elif lowered == "referrer-policy":
+                has_referrer = True
         headers.append(("X-Request-Id", request_id))
-        headers.append(("X-Content-Type-Options", "nosniff"))
-        names = {h.lower() for h, _ in headers}
-        content_type = next((v for h, v in headers if h.lower() == "content-type"), "")
-        if not content_type.startswith("text/html"):
-            if "content-security-policy" not in names:
+        headers.append(_NOSNIFF)
+        if content_type is None or not content_type.startswith("text/html"):
+            if not has_csp:
                 headers.append(_API_CSP)
-            if "referrer-policy" not in names:
-                headers.append(("Referrer-Policy", "no-referrer"))
-        if "cache-control" not in names:
-            headers.append(("Cache-Control", "no-store"))
+            if not has_referrer:
+                headers.append(_NO_REFERRER)
+        if not has_cache:
+            headers.append(_NO_STORE)
         if self.hsts and https:
             headers.append(("Strict-Transport-Security", self.hsts))
         allowed = self.allowed_origin(origin)
