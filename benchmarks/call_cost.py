@@ -14,12 +14,13 @@ background writers and the database are not in it), median [min–max]:
 The differences are the layers' own costs: backend − driver is the backend's, gateway − backend the pipeline's.
 HTTP handling is not in these figures (benchmarks.run measures it on real sockets).
 
-    python -m benchmarks.call_cost --prefix qagw_ --warehouses 1 --no-load --instructions
+    python -m benchmarks.call_cost --prefix qagw_ --warehouses 1 --no-load --instructions [--layer driver]
 
-counts instead the instructions of the pipeline alone under valgrind's callgrind: the gateway layer with the
-backend answering from results captured off the real database first, instrumentation on only around the measured
-calls and only the request thread counted. The count repeats to within ~0.3% from run to run whatever else the
-machine does, so it can compare two builds where CPU time on a shared machine cannot.
+counts instead instructions per call under valgrind's callgrind, instrumentation on only around the measured calls
+and only the request thread counted: of the pipeline alone (the gateway layer with the backend answering from
+results captured off the real database first), or of the driver or backend layer against the database. The count
+repeats to within ~0.3% from run to run whatever else the machine does, so it can compare two builds where CPU
+time on a shared machine cannot.
 """
 
 from __future__ import annotations
@@ -48,7 +49,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--no-load", action="store_true", help="do not (re)load the case's data")
     p.add_argument("--instructions", action="store_true",
-                   help="count the pipeline's instructions per call under callgrind instead (needs valgrind)")
+                   help="count instructions per call under callgrind instead (needs valgrind)")
+    p.add_argument("--layer", choices=("pipeline", "driver", "backend"), default="pipeline",
+                   help="with --instructions: the pipeline alone (default), or the driver or backend layer "
+                        "against the real database")
     tpcc_mysql.add_arguments(p)
     return p
 
@@ -135,27 +139,28 @@ def _measure(layers: dict, rounds: int, calls: int) -> dict[str, list[float]]:
 _UNDER_CALLGRIND = "QAG_BENCH_CALLGRIND_OUT"
 
 
-def _pipeline_only(layers: dict, calls: int) -> None:
-    """Inside callgrind: capture each statement's result from the database, then answer from the capture and
-    switch instrumentation on for exactly the measured calls."""
-    from qag.backends import mysql
+def _counted(layers: dict, layer: str, calls: int) -> None:
+    """Inside callgrind: switch instrumentation on for exactly the measured calls of one layer. For the pipeline,
+    each statement's result is captured from the database first and the backend then answers from the capture."""
+    if layer == "pipeline":
+        from qag.backends import mysql
 
-    real, captured = mysql.MysqlBackend.run, {}
+        real, captured = mysql.MysqlBackend.run, {}
 
-    def capture(self, fields, call):
-        captured[call.sql, call.args] = result = real(self, fields, call)
-        return result
-    mysql.MysqlBackend.run = capture
-    gateway = layers["gateway"]
+        def capture(self, fields, call):
+            captured[call.sql, call.args] = result = real(self, fields, call)
+            return result
+        mysql.MysqlBackend.run = capture
+        for i in range(300):
+            layers["gateway"](i)
+        mysql.MysqlBackend.run = lambda self, fields, call: captured[call.sql, call.args]
+    run = layers["gateway" if layer == "pipeline" else layer]
     for i in range(600):
-        gateway(i)
-    mysql.MysqlBackend.run = lambda self, fields, call: captured[call.sql, call.args]
-    for i in range(300):
-        gateway(i)
+        run(i)
     pid = str(os.getpid())
     subprocess.run(["callgrind_control", "-i", "on", pid], check=True, capture_output=True)
     for i in range(calls):
-        gateway(i)
+        run(i)
     subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
 
 
@@ -184,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get(_UNDER_CALLGRIND):
             home = tempfile.mkdtemp(prefix="qag-call-cost-")
             try:
-                _pipeline_only(_layers(args, home), args.calls)
+                _counted(_layers(args, home), args.layer, args.calls)
             finally:
                 shutil.rmtree(home, ignore_errors=True)
             return 0
@@ -192,8 +197,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"loading TPC-C data: {tpcc_mysql.load(args)}", file=sys.stderr)
         inner = [a for a in argv if a != "--no-load"] + ["--no-load"]
         per_call = _count_instructions(inner, args.calls)
-        print(f"pipeline instructions per call (request thread, backend answering from captured results, "
-              f"{args.calls} calls, TPC-C mix): {per_call}")
+        how = ("the backend answering from captured results" if args.layer == "pipeline"
+               else "against the real database")
+        print(f"{args.layer} instructions per call (request thread, {how}, {args.calls} calls, TPC-C mix): "
+              f"{per_call}")
         return 0
     if not args.no_load:
         print(f"loading TPC-C data: {tpcc_mysql.load(args)}", file=sys.stderr)
