@@ -55,6 +55,10 @@ def _as_tuple(value):
     return tuple(value)
 
 
+def _query_and_version_found(result) -> bool:
+    return result[0] is not None and result[1] is not None
+
+
 def config_number(text: str | None) -> int:
     """The store's config_generation as a number (0 when never set)."""
     try:
@@ -108,9 +112,8 @@ class MetadataStore:
         return self._cached("k" + secret_hash, self.inner.key_by_hash, (secret_hash,), _as_tuple)
 
     def get_query_for_run(self, name: str, version: int | None):
-        result = self._cached(f"q{version}\x00{name}", self.inner.get_query_for_run, (name, version), _as_tuple,
-                              cacheable=lambda r: r[0] is not None and r[1] is not None)
-        return result
+        return self._cached(f"q{version}\x00{name}", self.inner.get_query_for_run, (name, version), _as_tuple,
+                            cacheable=_query_and_version_found)
 
     def get_connection(self, name: str):
         return self._cached("c" + name, self.inner.get_connection, (name,), None)
@@ -118,7 +121,7 @@ class MetadataStore:
     def _cached(self, key: str, read, args: tuple, convert, cacheable=None):
         if self._tx.depth:
             return read(*args)
-        cache = self.cache
+        cache = self._cache or self.cache   # the property only until the cache exists
         if cache is None:
             return read(*args)
         if not self._threads_started:

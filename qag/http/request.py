@@ -35,7 +35,7 @@ def _decode_component(raw: str, plus_is_space: bool) -> str:
 def _new_request_id() -> str:
     """12 hex digits. An id correlates lines, it guards nothing: Python's generator (reseeded from the OS in each
     forked worker) instead of os.urandom, whose system call hands the interpreter lock to another thread."""
-    return f"{random.getrandbits(48):012x}"
+    return random.getrandbits(48).to_bytes(6, "big").hex()
 
 
 def parse_query(query: str) -> dict[str, str]:
