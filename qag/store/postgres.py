@@ -386,13 +386,8 @@ class PostgresStore(SqliteStore):
             # while administration goes on.
             with self._tx().cursor() as cur:
                 cur.copy_expert(f"COPY runs ({', '.join(RUN_COLUMNS)}) FROM STDIN", data)
-            if not by_count:
-                return
-            versions = {(row[2], row[3]) for row in rows if row[1] and row[2] is not None}
-            for q, v in sorted(versions):
-                self._trim("q = ? AND v = ?", (q, v), limit, events_since)
-            if any(row[1] and row[2] is None for row in rows):
-                self._trim("q IS NULL", (), adhoc_limit, events_since)
+            if by_count:
+                self._trim_after(rows, limit, adhoc_limit, events_since)
 
     def prune_runs(self, *, events_since: int, history_since: int | None, batch: int) -> int:
         changed = 0

@@ -383,13 +383,17 @@ class SqliteStore(Store):
             for start in range(0, len(rows), _RUN_CHUNK):
                 chunk = rows[start:start + _RUN_CHUNK]
                 conn.execute(head + ", ".join([one] * len(chunk)), [value for row in chunk for value in row])
-            if not by_count:
-                return
-            versions = {(row[2], row[3]) for row in rows if row[1] and row[2] is not None}
-            for q, v in sorted(versions):
-                self._trim("q = ? AND v = ?", (q, v), limit, events_since)
-            if any(row[1] and row[2] is None for row in rows):
-                self._trim("q IS NULL", (), adhoc_limit, events_since)
+            if by_count:
+                self._trim_after(rows, limit, adhoc_limit, events_since)
+
+    def _trim_after(self, rows: list[tuple], limit: int, adhoc_limit: int, events_since: int) -> None:
+        """After a batch (inside its transaction): each saved-query version it touched, and the ad-hoc runs if it
+        held any, back to their count limits. Sorted, so concurrent writers take row locks in one order."""
+        versions = {(row[2], row[3]) for row in rows if row[1] and row[2] is not None}
+        for q, v in sorted(versions):
+            self._trim("q = ? AND v = ?", (q, v), limit, events_since)
+        if any(row[1] and row[2] is None for row in rows):
+            self._trim("q IS NULL", (), adhoc_limit, events_since)
 
     def _trim(self, where: str, args: tuple, keep: int, events_since: int) -> None:
         """History beyond the newest `keep` of a version (or of ad-hoc runs) leaves history; a run that is

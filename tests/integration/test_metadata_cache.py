@@ -34,6 +34,19 @@ def _until_refused(server, key: str, name: str, limit: float) -> float:
         time.sleep(0.05)
 
 
+def _revoke_and_restore(a, b, key_name: str, secret: str, name: str, limit: float, times: int = 3) -> None:
+    """Deactivate the key through instance a, `times` times: b refuses it, then serves it again (every call of a
+    round) once it is reactivated, each within `limit` seconds."""
+    for _ in range(times):
+        assert a.request("PATCH", f"/api/v1/api-keys/{key_name}", body={"active": False}).status == 200
+        _until_refused(b, secret, name, limit)
+        assert a.request("PATCH", f"/api/v1/api-keys/{key_name}", body={"active": True}).status == 200
+        start = time.monotonic()
+        while _statuses(b, secret, name, 8) != {200}:
+            assert time.monotonic() - start < limit
+        assert _statuses(b, secret, name) == {200}
+
+
 def _setup(server, uniq):
     name, key_name = uniq("mq"), uniq("mk")
     server.query(name, "SELECT id FROM t WHERE id <= :n", "lite")
@@ -94,14 +107,7 @@ def test_with_redis_another_instance_sees_a_revocation_at_once(make_server, uniq
     name, key_name, secret = _setup(a, uniq)
     assert _statuses(b, secret, name) == {200}
     time.sleep(0.5)  # the workers' subscribers are connected
-    for _ in range(3):
-        assert a.request("PATCH", f"/api/v1/api-keys/{key_name}", body={"active": False}).status == 200
-        _until_refused(b, secret, name, 0.5)
-        assert a.request("PATCH", f"/api/v1/api-keys/{key_name}", body={"active": True}).status == 200
-        start = time.monotonic()
-        while _statuses(b, secret, name, 8) != {200}:
-            assert time.monotonic() - start < 0.5
-        assert _statuses(b, secret, name) == {200}
+    _revoke_and_restore(a, b, key_name, secret, name, 0.5)
 
 
 class Switch:
@@ -188,13 +194,7 @@ def test_redis_stopped_degrades_to_polling_and_recovers(make_server, uniq, store
         assert _statuses(b, secret, name) == {200}
         switch.on()
         time.sleep(6.0)  # the subscribers reconnect on their own (backing off up to 5 s)
-        for _ in range(3):
-            assert a.request("PATCH", f"/api/v1/api-keys/{key_name}", body={"active": False}).status == 200
-            _until_refused(b, secret, name, 0.7)
-            assert a.request("PATCH", f"/api/v1/api-keys/{key_name}", body={"active": True}).status == 200
-            start = time.monotonic()
-            while _statuses(b, secret, name, 8) != {200}:
-                assert time.monotonic() - start < 0.7
+        _revoke_and_restore(a, b, key_name, secret, name, 0.7)
     finally:
         switch.off()
 

@@ -353,14 +353,23 @@ def test_a_direct_edit_of_the_store_is_seen_through_the_poll(tmp_path):
     assert app.gateway.store.get_meta(CONFIG_KEY) == before
 
 
-def test_a_store_read_overlapping_a_change_is_not_cached(tmp_path):
+_LITE = {"name": "lite", "db": "sqlite", "active": True, "fields": {}, "example": False, "created_at": "x",
+         "updated_at": "x"}
+
+
+def _cached_store_with_lite(tmp_path):
+    """(store on SQLite, the MetadataStore over it with a 60 s cache, the segment): connection 'lite' stored."""
     inner = SqliteStore(str(tmp_path))
     segment = Segment.create(1 << 20)
+    store = MetadataStore(inner, Cache(segment, 60.0), poll_interval=0)
+    store.put_connection(dict(_LITE), create=True)
+    return inner, store, segment
+
+
+def test_a_store_read_overlapping_a_change_is_not_cached(tmp_path):
+    inner, store, segment = _cached_store_with_lite(tmp_path)
+    row = _LITE
     try:
-        store = MetadataStore(inner, Cache(segment, 60.0), poll_interval=0)
-        row = {"name": "lite", "db": "sqlite", "active": True, "fields": {}, "example": False,
-               "created_at": "x", "updated_at": "x"}
-        store.put_connection(row, create=True)
         real = inner.get_connection
 
         def slow_read(name):
@@ -380,13 +389,8 @@ def test_a_store_read_overlapping_a_change_is_not_cached(tmp_path):
 
 
 def test_reads_inside_a_transaction_are_fresh(tmp_path):
-    inner = SqliteStore(str(tmp_path))
-    segment = Segment.create(1 << 20)
+    inner, store, segment = _cached_store_with_lite(tmp_path)
     try:
-        store = MetadataStore(inner, Cache(segment, 60.0), poll_interval=0)
-        row = {"name": "lite", "db": "sqlite", "active": True, "fields": {}, "example": False,
-               "created_at": "x", "updated_at": "x"}
-        store.put_connection(row, create=True)
         assert store.get_connection("lite")["active"] is True      # cached now
         other = sqlite3.connect(inner.path)
         other.execute("UPDATE connections SET active = 0")
