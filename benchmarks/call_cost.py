@@ -50,9 +50,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-load", action="store_true", help="do not (re)load the case's data")
     p.add_argument("--instructions", action="store_true",
                    help="count instructions per call under callgrind instead (needs valgrind)")
-    p.add_argument("--layer", choices=("pipeline", "driver", "backend"), default="pipeline",
-                   help="with --instructions: the pipeline alone (default), or the driver or backend layer "
-                        "against the real database")
+    p.add_argument("--layer", choices=("pipeline", "driver", "backend", "gateway"), default="pipeline",
+                   help="with --instructions: the pipeline alone (default), or the driver, backend or whole "
+                        "gateway layer against the real database")
+    p.add_argument("--query", help="one of the case's saved queries instead of the mix of all six")
+    p.add_argument("--keep", metavar="FILE",
+                   help="with --instructions: keep the request thread's callgrind profile there (for "
+                        "callgrind_annotate)")
     tpcc_mysql.add_arguments(p)
     return p
 
@@ -81,9 +85,12 @@ def _layers(args, home: str):
 
     fields = {k: conn_body[k] for k in ("host", "port", "user", "password", "database") if k in conn_body}
     users = [case.space.values(u * 7919 % case.space.size) for u in range(300)]
+    chosen = [q for q in case.queries if args.query in (None, q.name)]
+    if not chosen:
+        raise SystemExit(f"--query: none of {[q.name for q in case.queries]}")
     calls, statements, urls = [], [], []
     for i, values in enumerate(users):
-        q = case.queries[i % len(case.queries)]
+        q = chosen[i % len(chosen)]
         path, _, query = fill(q.path_template(case.space), values).partition("?")
         urls.append((path, query))
         page = q.extra.get("page_size", 10)
@@ -164,8 +171,9 @@ def _counted(layers: dict, layer: str, calls: int) -> None:
     subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
 
 
-def _count_instructions(argv: list[str], calls: int) -> int:
-    """Run this module again under callgrind; the request (main) thread's instructions per call."""
+def _count_instructions(argv: list[str], calls: int, keep: str | None = None) -> int:
+    """Run this module again under callgrind; the request (main) thread's instructions per call (its profile
+    copied to `keep` when given)."""
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
     out_dir = tempfile.mkdtemp(prefix="qag-callgrind-")
@@ -175,8 +183,11 @@ def _count_instructions(argv: list[str], calls: int) -> int:
         subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
                         f"--callgrind-out-file={out}", sys.executable, "-m", "benchmarks.call_cost", *argv],
                        env=env, check=True, capture_output=True)
-        with open(sorted(glob.glob(out + "*-01"))[0]) as fh:   # thread 1: the one that ran the calls
+        profile = sorted(glob.glob(out + "*-01"))[0]   # thread 1: the one that ran the calls
+        with open(profile) as fh:
             total = next(int(line.split()[1]) for line in fh if line.startswith("totals:"))
+        if keep:
+            shutil.copyfile(profile, keep)
         return total // calls
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
@@ -196,10 +207,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_load:
             print(f"loading TPC-C data: {tpcc_mysql.load(args)}", file=sys.stderr)
         inner = [a for a in argv if a != "--no-load"] + ["--no-load"]
-        per_call = _count_instructions(inner, args.calls)
+        per_call = _count_instructions(inner, args.calls, args.keep)
         how = ("the backend answering from captured results" if args.layer == "pipeline"
                else "against the real database")
-        print(f"{args.layer} instructions per call (request thread, {how}, {args.calls} calls, TPC-C mix): "
+        print(f"{args.layer} instructions per call (request thread, {how}, {args.calls} calls, TPC-C {args.query or 'mix'}): "
               f"{per_call}")
         return 0
     if not args.no_load:
@@ -210,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(home, ignore_errors=True)
     print(f"request-thread CPU per call, µs: median [min–max] of {args.rounds} interleaved rounds × {args.calls} "
-          f"calls (TPC-C mix, W={args.warehouses})")
+          f"calls (TPC-C {args.query or 'mix'}, W={args.warehouses})")
     medians = {name: statistics.median(v) for name, v in results.items()}
     for name, v in results.items():
         print(f"  {name:8} {medians[name]:7.1f} [{min(v):.1f}–{max(v):.1f}]")

@@ -156,7 +156,8 @@ class Target:
         return keys
 
 
-def _spawn(target: Target, cmd: list[str], env: dict, pin: str | None, cwd: str) -> None:
+def _spawn(target: Target, cmd: list[str], env: dict, pin: str | None, cwd: str, wrap: list[str] = ()) -> None:
+    cmd = [*wrap, *cmd]
     if pin:
         cmd = ["taskset", "-c", pin, *cmd]
     target.log_path = os.path.join(target.home or tempfile.gettempdir(), f"{target.name}.log")
@@ -177,8 +178,10 @@ def qag_python(ref: str | None) -> str:
     return venv_python(ref)
 
 
-def start(spec: str, pin: str | None = None, allow_writes: bool = True) -> Target:
-    """Start the target described by `spec` (see the module docstring) and wait for its /health."""
+def start(spec: str, pin: str | None = None, allow_writes: bool = True, wrap: list[str] = (),
+          boot_seconds: float = 60) -> Target:
+    """Start the target described by `spec` (see the module docstring) and wait for its /health (at most
+    boot_seconds); a qag or bare target runs under the command `wrap` when given (valgrind ...)."""
     head, _, opts_text = spec.partition(":")
     if head == "peer":
         name, _, command = opts_text.partition("=")
@@ -204,7 +207,7 @@ def start(spec: str, pin: str | None = None, allow_writes: bool = True) -> Targe
                     "QAG_WORKERS": str(workers), "QAG_THREADS": str(threads), "QAG_ACCESS_LOG": "off",
                     "QAG_ALLOW_WRITES": "1" if allow_writes else "0"})
         env.update({k: v for k, v in opts.items()})
-        _spawn(t, [qag_python(ref), "-m", "qag", "serve"], env, pin, cwd=home)
+        _spawn(t, [qag_python(ref), "-m", "qag", "serve"], env, pin, cwd=home, wrap=wrap)
     elif head == "bare":
         worker = opts.pop("worker", "gthread")
         t = Target(label, "bare", {"workers": workers, "threads": threads, "worker": worker}, home=home,
@@ -213,12 +216,12 @@ def start(spec: str, pin: str | None = None, allow_writes: bool = True) -> Targe
         cmd = [sys.executable, "-m", "gunicorn", "--worker-class", worker_class, "--workers", str(workers),
                "--threads", str(threads), "--bind", f"127.0.0.1:{t.port}", "--keep-alive", "5",
                "--log-level", "warning", "benchmarks.bare_app:app"]
-        _spawn(t, cmd, env, pin, cwd=REPO)
+        _spawn(t, cmd, env, pin, cwd=REPO, wrap=wrap)
     elif head in ("queryapigate", "queryapigate-defaults"):
         return _start_queryapigate(head, workers if "workers" in opts_text else 1, threads, opts, pin, allow_writes)
     else:
         raise ValueError(f"unknown target {spec!r}")
-    t.wait_healthy(time.monotonic() + 60)
+    t.wait_healthy(time.monotonic() + boot_seconds)
     return t
 
 

@@ -175,6 +175,30 @@ class _Cursor(MySQLdb.cursors.BaseCursor):
         self._discard()
 
 
+def _execute(conn, sql: str, args, skip: int, count: int) -> tuple[list, list]:
+    """Run one statement on the connection and read its page: column names, and `count` rows after `skip`
+    (count 0: all). The driver's own calls without its cursor's per-call Python (description and flag
+    tuples, warning count, row and insert ids), which qag does not read; skipped rows are never converted.
+    Arguments are bound as mysqlclient's cursor binds them (integers written directly, the rest by its
+    literal()), and a CALL's further result sets are read so the connection is ready again."""
+    query = sql.encode("utf8")
+    if args:
+        literal = conn.literal
+        query = query % tuple([b"%d" % a if type(a) is int else literal(a) for a in args])
+    conn.query(query)
+    result = conn.store_result()
+    if result is None:
+        columns, rows = [], []
+    else:
+        columns = [d[0] for d in result.describe()]
+        if skip:
+            result.data_seek(skip)
+        rows = list(result.fetch_row(count, 0))
+    while conn.next_result() == 0:
+        conn.discard_result()
+    return columns, rows
+
+
 class _Link:
     """One pooled server connection and what qag knows about its state."""
 
@@ -313,17 +337,10 @@ class MysqlBackend(Backend):
         read_only = call.read_only
         key = (_ident(fields), read_only)
         link = self._take(key, fields, read_only)
-        cursor = link.cursor
         started = time.perf_counter()
         try:
-            cursor.execute(self._prepare(link, call.sql, call.timeout), call.args or None)
-            description = cursor.description
-            if description is None:
-                columns, rows = [], []
-            else:
-                columns = [d[0] for d in description]
-                rows = cursor.page(call.skip, call.fetch)
-            cursor.finish()
+            columns, rows = _execute(link.conn, self._prepare(link, call.sql, call.timeout), call.args,
+                                     call.skip, call.fetch)
         except BaseException as exc:
             self.pool.release(key, link, False)
             if isinstance(exc, _DRIVER_ERRORS):

@@ -115,3 +115,10 @@ def test_smoke_mysql_six_databases(tmp_path, smoke_databases):
         assert proc.returncode == 0, proc.stderr[-4000:]
         count = int(proc.stdout.rsplit(":", 1)[1])
         assert 10_000 < count < 10_000_000, proc.stdout
+        # and a real worker's instructions per request, HTTP included, on both worker classes
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.server_instructions", "--prefix", smoke_databases,
+                               "--warehouses", "1", "--no-load", "--requests", "40", "--warmup", "20"],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        counts = [int(line.split()[1].replace(",", "")) for line in proc.stdout.splitlines()[1:]]
+        assert len(counts) == 2 and all(100_000 < c < 50_000_000 for c in counts), proc.stdout
