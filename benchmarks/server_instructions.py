@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import glob
 import http.client
+import os
 import shutil
 import subprocess
 import sys
@@ -41,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=300, help="requests before counting (default 300)")
     p.add_argument("--connections", type=int, default=4, help="keep-alive client connections (default 4)")
     p.add_argument("--no-load", action="store_true", help="do not (re)load the case's data")
+    p.add_argument("--keep", metavar="DIR", help="keep each target's callgrind profile there (for callgrind_annotate)")
     tpcc_mysql.add_arguments(p)
     return p
 
@@ -94,8 +96,9 @@ def _control(*args: str) -> None:
     subprocess.run(["callgrind_control", *args], check=True, capture_output=True)
 
 
-def count(spec: str, case, paths: list[str], warmup: int, connections: int) -> int:
-    """Instructions per request of `spec`'s one worker process (all its threads)."""
+def count(spec: str, case, paths: list[str], warmup: int, connections: int, keep: str | None = None) -> int:
+    """Instructions per request of `spec`'s one worker process (all its threads); its profile copied into the
+    folder `keep` when given."""
     if ":" not in spec:
         spec += ":workers=1"
     elif "workers=" not in spec:
@@ -116,6 +119,9 @@ def count(spec: str, case, paths: list[str], warmup: int, connections: int) -> i
         dumps = sorted(glob.glob(f"{out_dir}/cg.{worker}.*"), key=lambda path: int(path.rsplit(".", 1)[1]))
         with open(dumps[-1]) as fh:   # the dump just asked for: cg.<pid>.<n>
             total = next(int(line.split()[1]) for line in fh if line.startswith("totals:"))
+        if keep:
+            os.makedirs(keep, exist_ok=True)
+            shutil.copyfile(dumps[-1], os.path.join(keep, "callgrind." + "".join(c if c.isalnum() else "_" for c in spec)))
         return total // (len(paths) - warmup)
     finally:
         target.stop()
@@ -131,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     case = tpcc_mysql.case(args)
     paths = _paths(case, args.query, args.warmup + args.requests)
     specs = args.target or ["qag:QAG_WORKER_CLASS=gthread", "qag"]
-    counts = {spec: count(spec, case, paths, args.warmup, args.connections) for spec in specs}
+    counts = {spec: count(spec, case, paths, args.warmup, args.connections, args.keep) for spec in specs}
     first = counts[specs[0]]
     print(f"worker instructions per request (one worker, all its threads; {args.requests} GETs of "
           f"/q/{args.query} over {args.connections} keep-alive connections):")

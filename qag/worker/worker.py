@@ -74,6 +74,8 @@ class QagWorker(base.Worker):
         self.conns: set[_Conn] = set()
         self.poller = None
         self._count_lock = threading.Lock()
+        # Read once: each self.cfg.<name> is a lookup through gunicorn's Config.__getattr__.
+        self.pre_request, self.post_request = self.cfg.pre_request, self.cfg.post_request
 
     @classmethod
     def check_config(cls, cfg, log):
@@ -392,8 +394,9 @@ class QagWorker(base.Worker):
         result = None
         if req.over_limit:
             conn.draining = True
+        access = _Access(req, env)
         try:
-            self.cfg.pre_request(self, _Access(req, env))
+            self.pre_request(self, access)
             try:
                 result = self.wsgi(env, resp.start_response)
                 if resp.status is None and type(result) is not list:
@@ -429,9 +432,9 @@ class QagWorker(base.Worker):
         finally:
             if getattr(self.log, "access_log_enabled", True):
                 elapsed = timedelta(seconds=time.time() - started)
-                self.log.access(resp, _Access(req, env), env, elapsed)
+                self.log.access(resp, access, env, elapsed)
             try:
-                self.cfg.post_request(self, _Access(req, env), env, resp)
+                self.post_request(self, access, env, resp)
             except Exception:
                 wsgi.log_error(self.log, "Exception in post_request hook")
         return not resp.close

@@ -19,10 +19,27 @@ from .http11 import Request
 _STATUS = re.compile(r"[0-9]{3}(?: [ \t\x21-\x7e\x80-\xff]*)?")
 _NAME = re.compile(r"[!#$%&'*+\-.0-9A-Z^_`a-z|~]+")
 _VALUE = re.compile(r"[ \t\x21-\x7e\x80-\xff]*")
+# Every name, and every value, of a response checked in one match each: joined by a line feed, which no valid
+# name or value holds (so a value holding one is caught by counting them).
+_NAMES = re.compile(r"[!#$%&'*+\-.0-9A-Z^_`a-z|~]+(?:\n[!#$%&'*+\-.0-9A-Z^_`a-z|~]+)*")
+_VALUES = re.compile(r"[ \t\x21-\x7e\x80-\xff\n]*")
 # Hop-by-hop fields are the server's to send (RFC 9110 7.6.1); an application's are dropped, as gunicorn does.
 _HOP = frozenset("connection keep-alive proxy-authenticate proxy-authorization te trailers transfer-encoding "
                  "upgrade server date".split())
+_FRAMING = _HOP | {"content-length"}   # fields the server writes itself (Content-Length from the app's value)
 _DATE = [0, b""]
+
+
+def _valid_fields(headers) -> bool:
+    """Whether every item is a (str, str) pair with a valid name and value, in two regular-expression matches."""
+    try:
+        names = "\n".join([name for name, _ in headers])
+        values = "\n".join([value for _, value in headers])
+    except (TypeError, ValueError):
+        return False
+    separators = max(len(headers) - 1, 0)
+    return ((not headers or _NAMES.fullmatch(names) is not None) and names.count("\n") == separators
+            and _VALUES.fullmatch(values) is not None and values.count("\n") == separators)
 
 
 def _date() -> bytes:
@@ -132,7 +149,7 @@ class Response:
     """start_response and write() for one request; decides framing (Content-Length, chunked, close)."""
 
     __slots__ = ("sock", "req", "timeout", "status", "code", "headers", "length", "chunked", "close",
-                 "headers_sent", "sent", "no_body", "_head")
+                 "headers_sent", "sent", "no_body", "_head", "_lines")
 
     def __init__(self, sock, req: Request, timeout: float, keep_alive: bool):
         self.sock, self.req, self.timeout = sock, req, timeout
@@ -146,6 +163,7 @@ class Response:
         self.sent = 0
         self.no_body = False
         self._head = b""
+        self._lines = ""
 
     def start_response(self, status, headers, exc_info=None):
         if exc_info:
@@ -158,21 +176,30 @@ class Response:
             raise AssertionError("start_response called twice without exc_info")
         if not isinstance(status, str) or not _STATUS.fullmatch(status):
             raise ValueError(f"invalid status {status!r}")
+        if type(headers) is not list:
+            headers = list(headers)
+        if not _valid_fields(headers):
+            for name, value in headers:   # find the first bad one, to name it
+                if not isinstance(name, str) or not _NAME.fullmatch(name):
+                    raise ValueError(f"invalid header name {name!r}")
+                if not isinstance(value, str) or not _VALUE.fullmatch(value):
+                    raise ValueError(f"invalid value for header {name!r}")
         kept = []
+        lines = []
         length = None
         for name, value in headers:
-            if not isinstance(name, str) or not _NAME.fullmatch(name):
-                raise ValueError(f"invalid header name {name!r}")
-            if not isinstance(value, str) or not _VALUE.fullmatch(value):
-                raise ValueError(f"invalid value for header {name!r}")
             lname = name.lower()
-            if lname == "content-length":
-                length = int(value.strip())
-            elif lname in _HOP:
-                if lname == "connection" and value.strip().lower() == "close":
+            if lname in _FRAMING:
+                if lname == "content-length":
+                    length = int(value.strip())
+                    kept.append((name, value.strip(" \t")))
+                elif lname == "connection" and value.strip().lower() == "close":
                     self.close = True
                 continue
-            kept.append((name, value.strip(" \t")))
+            value = value.strip(" \t")
+            kept.append((name, value))
+            lines.append(f"{name}: {value}\r\n")
+        self._lines = "".join(lines)
         self.status = status
         self.code = code = int(status[:3])
         self.no_body = self.req.method == "HEAD" or code in (204, 304) or code < 200
@@ -201,9 +228,8 @@ class Response:
             extra += b"Connection: close\r\n"
         elif self.req.version == (1, 0):
             extra += b"Connection: keep-alive\r\n"
-        lines = "".join([f"{n}: {v}\r\n" for n, v in self.headers if n.lower() != "content-length"])
         return (b"HTTP/1.1 " + self.status.encode("latin-1") + b"\r\nServer: qag\r\n" + _date()
-                + lines.encode("latin-1") + extra + b"\r\n")
+                + self._lines.encode("latin-1") + extra + b"\r\n")
 
     def write(self, data: bytes) -> None:
         """WSGI's write() callable, and each item of the response iterable."""

@@ -1,0 +1,91 @@
+"""qag's worker's response writer: the head it sends for an app's status and headers, and the headers it refuses."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from qag.worker import wsgi
+from qag.worker.http11 import Request
+
+TOKEN = "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _request(method: str = "GET") -> Request:
+    return Request(method, "/x")
+
+
+def _sent(headers, body: bytes = b"ok", method: str = "GET") -> bytes:
+    """What the writer puts on a real socket for one response."""
+    left, right = socket.socketpair()
+    try:
+        resp = wsgi.Response(left, _request(method), 5.0, True)
+        resp.start_response("200 OK", headers)
+        resp.write_whole(body)
+        left.close()
+        data = b""
+        while chunk := right.recv(65536):
+            data += chunk
+        return data
+    finally:
+        left.close()
+        right.close()
+
+
+def _head_fields(data: bytes) -> list[tuple[str, str]]:
+    head = data.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")[1:]
+    return [tuple(line.split(": ", 1)) for line in head if not line.startswith(("Date:", "Server:"))]
+
+
+def test_head_keeps_the_apps_fields_in_order_and_writes_framing_itself():
+    data = _sent([("X-A", "1"), ("Content-Type", "application/json"), ("Connection", "keep-alive"),
+                  ("Date", "yesterday"), ("Transfer-Encoding", "chunked"), ("X-B", " padded \t"),
+                  ("Content-Length", "2")])
+    assert data.startswith(b"HTTP/1.1 200 OK\r\nServer: qag\r\nDate: ")
+    assert _head_fields(data) == [("X-A", "1"), ("Content-Type", "application/json"), ("X-B", "padded"),
+                                  ("Content-Length", "2")]
+    assert data.endswith(b"\r\n\r\nok")
+
+
+def test_connection_close_from_the_app_closes_and_says_so():
+    left, right = socket.socketpair()
+    with left, right:
+        resp = wsgi.Response(left, _request(), 5.0, True)
+        resp.start_response("200 OK", [("Connection", "close")])
+        resp.write_whole(b"")
+        assert resp.close
+        assert b"Connection: close\r\n" in right.recv(65536)
+
+
+@pytest.mark.parametrize("headers, message", [
+    ([("X-A", "1"), ("Bad Name", "x")], "invalid header name 'Bad Name'"),
+    ([("X-A\nX-B", "x")], "invalid header name"),
+    ([("X-A", "line\r\nInjected: 1")], "invalid value for header 'X-A'"),
+    ([("X-A", "1"), ("X-B", "two\nlines")], "invalid value for header 'X-B'"),
+    ([("X-A", "\u0100")], "invalid value for header 'X-A'"),
+    ([("X-A", 1)], "invalid value for header 'X-A'"),
+    ([(b"X-A", "1")], "invalid header name"),
+    ([("", "1")], "invalid header name"),
+])
+def test_bad_fields_are_refused_naming_the_first_bad_one(headers, message):
+    left, right = socket.socketpair()
+    with left, right:
+        resp = wsgi.Response(left, _request(), 5.0, True)
+        with pytest.raises(ValueError, match=message):
+            resp.start_response("200 OK", headers)
+        assert resp.status is None
+
+
+def test_headers_from_an_iterator_are_read_once():
+    data = _sent(iter([("X-A", "1"), ("X-B", "2")]))
+    assert _head_fields(data)[:2] == [("X-A", "1"), ("X-B", "2")]
+
+
+@given(st.lists(st.tuples(st.text(alphabet=TOKEN + " \n:", min_size=0, max_size=6),
+                          st.text(alphabet=st.characters(max_codepoint=0x120), max_size=6)), max_size=5))
+def test_the_joined_check_agrees_with_checking_each_field(headers):
+    each = all(wsgi._NAME.fullmatch(n) and wsgi._VALUE.fullmatch(v) for n, v in headers)
+    assert wsgi._valid_fields(headers) == each
