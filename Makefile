@@ -9,7 +9,10 @@ FULL := $(VENV)/.qag-full
 E2E_PURE := $(wildcard tests/integration/test_contract_*.py) tests/integration/test_bad_input.py
 WHEEL_VENV := build/wheel-venv
 WHEEL_TESTS := build/wheel-tests
-SOURCES := pyproject.toml setup.py $(wildcard build_backend/*.py) $(wildcard qag/_speedups/*.pyx qag/_speedups/*.py)
+# Every qag/ module: the request path's are compiled too (build_backend/speedups.py REQUEST_PATH); a build older
+# than its source is never run (the source is), so an edit means a rebuild to keep the speed.
+SOURCES := pyproject.toml setup.py $(wildcard build_backend/*.py) $(wildcard qag/_speedups/*.pyx) \
+	$(wildcard qag/*.py qag/*/*.py)
 
 .PHONY: demo test system-deps wheel clean
 
@@ -69,4 +72,5 @@ wheel: system-deps $(FULL)
 	  $(abspath $(WHEEL_VENV))/bin/python -m pytest -q -p no:cacheprovider --rootdir . tests
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info qag/_speedups/*.so qag/_speedups/*.c
+	rm -rf $(VENV) build dist *.egg-info
+	find qag \( -name '*.so' -o -name '*.source-sha256' -o -name '*.c' \) -delete

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import sys
 import sysconfig
@@ -28,12 +29,44 @@ def resolve_mode(value: object = None, source: str = "--config-settings speedups
     return mode
 
 
+# The request path's own modules, compiled from their .py as they are (Cython's pure-Python mode); the source
+# stays the pure twin, chosen at import by qag/_speedups/request_path.py, which also finds them by the digest
+# file written beside each build. Chosen by profile: what a saved-query call runs, worker included.
+REQUEST_PATH = ("qag/app.py", "qag/auth.py", "qag/encode.py", "qag/api/run.py", "qag/sql/params.py",
+                "qag/sql/prepare.py", "qag/http/request.py", "qag/http/response.py", "qag/http/router.py",
+                "qag/backends/base.py", "qag/backends/mysql.py", "qag/backends/pool.py", "qag/cache/metadata.py",
+                "qag/cache/shm.py", "qag/observe/events.py", "qag/observe/history.py", "qag/observe/logs.py",
+                "qag/observe/metrics.py", "qag/policy/grants.py", "qag/worker/wsgi.py", "qag/worker/worker.py")
+DIGEST_SUFFIX = ".source-sha256"   # as qag/_speedups/request_path.py reads it (nothing here imports qag)
+# Annotations stay documentation: Cython would otherwise take `environ: dict` as "exactly a dict".
+_PY_DIRECTIVES = {"language_level": 3, "annotation_typing": False}
+
+
 def extensions(mode: str) -> list[Extension]:
-    """One extension per qag/_speedups/_<name>.pyx (module qag._speedups._<name>), none when mode is off."""
+    """One extension per qag/_speedups/_<name>.pyx (module qag._speedups._<name>) and per request-path module
+    (same name as its .py); none when mode is off."""
     if mode == "off":
         return []
     sources = sorted(glob.glob(os.path.join(SPEEDUPS_DIR, "_*.pyx")))
-    return [Extension("qag._speedups." + os.path.basename(path)[:-4], [path]) for path in sources]
+    exts = [Extension("qag._speedups." + os.path.basename(path)[:-4], [path]) for path in sources]
+    for path in REQUEST_PATH:
+        ext = Extension(path[:-3].replace("/", "."), [path])
+        ext.qag_source = path   # kept: cythonize replaces the sources with the generated C
+        exts.append(ext)
+    return exts
+
+
+def digest_path(ext: Extension, built: str) -> str:
+    """Where the digest of a request-path module's source goes: beside its build `built`."""
+    return os.path.join(os.path.dirname(built), ext.name.rpartition(".")[2] + DIGEST_SUFFIX)
+
+
+def write_digest(ext: Extension, built: str) -> None:
+    """Beside a request-path module's build: the SHA-256 of the source it was built from."""
+    with open(ext.qag_source, "rb") as fh:
+        digest = hashlib.sha256(fh.read()).hexdigest()
+    with open(digest_path(ext, built), "w", encoding="ascii") as fh:
+        fh.write(digest + "\n")
 
 
 def cython_missing() -> str | None:
@@ -92,16 +125,21 @@ class BuildSpeedups(build_ext):
     def run(self) -> None:
         if not self.extensions:
             return super().run()
+        if not self.parallel:
+            self.parallel = os.cpu_count() or 1   # about twenty modules: compile them side by side
         mode = resolve_mode()
         reason = cython_missing()
         if reason is None:
             from Cython.Build import cythonize
 
+            pyx = [ext for ext in self.extensions if not hasattr(ext, "qag_source")]
+            py = [ext for ext in self.extensions if hasattr(ext, "qag_source")]
             try:
-                translated = cythonize(self.extensions, build_dir=CYTHON_BUILD_DIR,
-                                       compiler_directives={"language_level": 3})
+                translated = (cythonize(pyx, build_dir=CYTHON_BUILD_DIR, compiler_directives={"language_level": 3})
+                              + (cythonize(py, build_dir=CYTHON_BUILD_DIR, compiler_directives=_PY_DIRECTIVES)
+                                 if py else []))
             except Exception as exc:  # Cython reports its errors above and raises CompileError
-                reason = f"Cython could not translate {SPEEDUPS_DIR}: {exc}"
+                reason = f"Cython could not translate {SPEEDUPS_DIR} or the request path: {exc}"
             else:
                 # Only the sources change: setuptools has already set up its own state on these objects.
                 c_sources = {ext.name: ext.sources for ext in translated}
@@ -118,6 +156,29 @@ class BuildSpeedups(build_ext):
             super().build_extension(ext)
         except Exception as exc:  # the compiler's own output is already above
             self._give_up(resolve_mode(), f"compiling {ext.name} failed: {exc}")
+            return
+        if hasattr(ext, "qag_source"):
+            write_digest(ext, self.get_ext_fullpath(ext.name))
+
+    # An in-place or editable build copies each build back beside its source (setuptools' build_ext); the
+    # digest files must travel with them.
+    def _digest_pairs(self):
+        build_py = self.get_finalized_command("build_py")
+        for ext in self.extensions:
+            if hasattr(ext, "qag_source"):
+                inplace_file, regular_file = self._get_inplace_equivalent(build_py, ext)
+                yield digest_path(ext, regular_file), digest_path(ext, inplace_file)
+
+    def _get_output_mapping(self):
+        yield from super()._get_output_mapping()
+        if self.inplace:
+            yield from self._digest_pairs()
+
+    def copy_extensions_to_source(self) -> None:
+        super().copy_extensions_to_source()
+        for regular, inplace in self._digest_pairs():
+            if os.path.exists(regular):
+                self.copy_file(regular, inplace, level=self.verbose)
 
     def _give_up(self, mode: str, reason: str) -> None:
         if mode == "require":

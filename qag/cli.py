@@ -62,7 +62,7 @@ def _print(value) -> None:
 def cmd_version(args, settings) -> int:
     from . import _speedups
     _speedups.load(settings.speedups)
-    loaded = ", ".join(f"{name}={twin}" for name, twin in sorted(_speedups.loaded().items()))
+    loaded = ", ".join(f"{name}={twin}" for name, twin in sorted(_speedups.summary().items()))
     print(f"qag {__version__} (speedups: {loaded})")
     return 0
 

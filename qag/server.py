@@ -42,7 +42,7 @@ def check_startup(settings: Settings) -> None:
                   f"to move it, stop qag and run `qag store copy` (docs/deployment.md)", file=sys.stderr, flush=True)
     finally:
         store.close()
-    twins = ", ".join(f"{name}={kind}" for name, kind in sorted(_speedups.loaded().items()))
+    twins = ", ".join(f"{name}={kind}" for name, kind in sorted(_speedups.summary().items()))
     print(f"qag: store {store.describe()}; speedups ({settings.speedups}): {twins}", file=sys.stderr, flush=True)
 
 

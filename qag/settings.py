@@ -221,7 +221,7 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number of seconds from 1 to 3600"),
     Setting("QAG_MAX_BODY_BYTES", _int_range(1, 1 << 30), 1_048_576, "Largest request body; a larger one is refused with 413 before it is read.",
             "a whole number of bytes from 1 to 1073741824"),
-    Setting("QAG_SPEEDUPS", _choice("auto", "require", "off"), "auto", "Which twin of the hot-path modules runs: compiled when present (auto), compiled or refuse to start (require), pure Python (off).",
+    Setting("QAG_SPEEDUPS", _choice("auto", "require", "off"), "auto", "Which twin of the hot-path modules (qag/_speedups and the request path compiled from its own source) runs: compiled when present and built from the current source (auto), compiled or refuse to start (require), pure Python (off). Read when qag is imported: a process cannot switch its request path later.",
             "auto, require or off"),
     Setting("QAG_ACCESS_LOG", _flag, True, "gunicorn's access log on stdout (path without the query string).",
             "1/true/yes/on or 0/false/no/off", alias="QUERYAPIGATE_ACCESS_LOG"),

@@ -14,7 +14,9 @@ import importlib
 import os
 from types import ModuleType
 
-__all__ = ["MODES", "MODULES", "load", "get", "twin", "mode", "loaded", "fallbacks"]
+from . import request_path
+
+__all__ = ["MODES", "MODULES", "load", "get", "twin", "mode", "loaded", "summary", "fallbacks"]
 
 MODES = ("auto", "require", "off")
 MODULES = ("rowjson", "shmsync", "tables")
@@ -23,6 +25,7 @@ _mode: str | None = None
 _selected: dict[str, ModuleType] = {}
 _kinds: dict[str, str] = {}
 _fallbacks: dict[str, str] = {}
+_path_kind = "pure"
 
 
 def _check_name(name: str) -> None:
@@ -60,9 +63,16 @@ def load(mode: str) -> None:
                 fallbacks[name] = str(exc)
         kinds[name] = "pure" if module is None else "compiled"
         selected[name] = module if module is not None else twin(name, "pure")
+    # The request path's modules compiled from their own source (request_path.py): refused under require when
+    # missing or stale, otherwise reported as the import hook chooses them - by the mode this process started
+    # with (its imports are done once), whatever mode is loaded here later.
+    path_mode = "require" if normalised == "require" else request_path.mode()
+    path_kind, path_reasons = request_path.status(path_mode)
+    if path_reasons and path_mode != "off":
+        fallbacks["request_path"] = "; ".join(f"{name}: {why}" for name, why in sorted(path_reasons.items()))
     # Published together only once every module is selected, so a failed load changes nothing.
-    global _mode, _selected, _kinds, _fallbacks
-    _selected, _kinds, _fallbacks, _mode = selected, kinds, fallbacks, normalised
+    global _mode, _selected, _kinds, _fallbacks, _path_kind
+    _selected, _kinds, _fallbacks, _mode, _path_kind = selected, kinds, fallbacks, normalised, path_kind
 
 
 def _ensure_loaded() -> None:
@@ -87,6 +97,13 @@ def loaded() -> dict[str, str]:
     """Which twin each module runs: {"rowjson": "compiled"} or {"rowjson": "pure"}, ..."""
     _ensure_loaded()
     return dict(_kinds)
+
+
+def summary() -> dict[str, str]:
+    """loaded(), plus "request_path": whether the request path's own modules run compiled (qag version, the
+    startup line)."""
+    _ensure_loaded()
+    return {**_kinds, "request_path": _path_kind}
 
 
 def fallbacks() -> dict[str, str]:

@@ -171,19 +171,6 @@ class MetadataStore:
         if self.redis is not None:
             self.redis.call(lambda client: _publish(client, f"{token:x}"), lambda: None)
 
-    def _write(name: str):
-        def method(self, *args, **kwargs):
-            with self.transaction():
-                self._tx.dirty = True
-                return getattr(self.inner, name)(*args, **kwargs)
-        method.__name__ = name
-        method.__doc__ = f"The store's {name}, announced as a configuration change."
-        return method
-
-    for _name in WRITES:
-        locals()[_name] = _write(_name)
-    del _name, _write
-
     # --- background: the poll and the Redis subscriber (one of each per worker) ----------------------------
     def _start_threads(self) -> None:
         """Started on the first cached read in each process (threads do not survive a fork)."""
@@ -232,6 +219,22 @@ class MetadataStore:
         hits, misses = cache.counts()
         return ({"metadata": {"hits": hits, "misses": misses}},
                 {"metadata_generation": {os.getpid(): cache.generation()}})
+
+
+def _write(name: str):
+    def method(self, *args, **kwargs):
+        with self.transaction():
+            self._tx.dirty = True
+            return getattr(self.inner, name)(*args, **kwargs)
+    method.__name__ = name
+    method.__doc__ = f"The store's {name}, announced as a configuration change."
+    return method
+
+
+# Set on the class after it is made (not through the class body's locals(), which a compiled build lacks).
+for _name in WRITES:
+    setattr(MetadataStore, _name, _write(_name))
+del _name
 
 
 _start_lock = threading.RLock()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from tests.server import q
@@ -428,6 +430,15 @@ def test_server_runs_the_twins_qag_speedups_selects(server):
     line = next(line for line in server.log if "speedups (" in line)
     twins = dict(re.findall(r"(\w+)=(\w+)", line.split("):", 1)[1]))
     assert line.startswith("qag: store ") and f"speedups ({mode})" in line, line
-    assert set(twins) == set(_speedups.MODULES), line
+    assert set(twins) == {*_speedups.MODULES, "request_path"}, line
     if mode in ("off", "require"):
         assert set(twins.values()) == {"pure" if mode == "off" else "compiled"}, line
+        # and the workers really run the build (or the source) the line names: the compiled request path is
+        # mapped into every worker's memory, the source's never is
+        assert server.get("/health", key=None).status == 200
+        workers = subprocess.run(["pgrep", "-P", str(server.proc.pid)], capture_output=True, text=True).stdout.split()
+        assert workers
+        for pid in workers:
+            with open(f"/proc/{pid}/maps") as fh:
+                mapped = "/qag/app.cpython-" in fh.read()
+            assert mapped == (mode == "require"), (pid, mode)
