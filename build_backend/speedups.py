@@ -32,11 +32,14 @@ def resolve_mode(value: object = None, source: str = "--config-settings speedups
 # The request path's own modules, compiled from their .py as they are (Cython's pure-Python mode); the source
 # stays the pure twin, chosen at import by qag/_speedups/request_path.py, which also finds them by the digest
 # file written beside each build. Chosen by profile: what a saved-query call runs, worker included.
-REQUEST_PATH = ("qag/app.py", "qag/auth.py", "qag/encode.py", "qag/api/run.py", "qag/sql/params.py",
-                "qag/sql/prepare.py", "qag/http/request.py", "qag/http/response.py", "qag/http/router.py",
-                "qag/backends/base.py", "qag/backends/mysql.py", "qag/backends/pool.py", "qag/cache/metadata.py",
-                "qag/cache/shm.py", "qag/observe/events.py", "qag/observe/history.py", "qag/observe/logs.py",
-                "qag/observe/metrics.py", "qag/policy/grants.py", "qag/worker/wsgi.py", "qag/worker/worker.py")
+REQUEST_PATH = ("qag/app.py", "qag/auth.py", "qag/encode.py", "qag/api/_common.py", "qag/api/run.py",
+                "qag/sql/params.py", "qag/sql/prepare.py", "qag/sql/window.py", "qag/http/request.py",
+                "qag/http/response.py", "qag/http/router.py", "qag/backends/base.py", "qag/backends/mysql.py",
+                "qag/backends/_mysql_sql.py", "qag/backends/pool.py", "qag/backends/registry.py",
+                "qag/cache/metadata.py", "qag/cache/shm.py", "qag/observe/events.py", "qag/observe/history.py",
+                "qag/observe/logs.py", "qag/observe/metrics.py", "qag/policy/grants.py", "qag/policy/guard.py",
+                "qag/policy/masking.py", "qag/worker/http11.py", "qag/worker/parser.py", "qag/worker/poller.py",
+                "qag/worker/wsgi.py", "qag/worker/worker.py")
 DIGEST_SUFFIX = ".source-sha256"   # as qag/_speedups/request_path.py reads it (nothing here imports qag)
 # Annotations stay documentation: Cython would otherwise take `environ: dict` as "exactly a dict".
 _PY_DIRECTIVES = {"language_level": 3, "annotation_typing": False}
@@ -135,9 +138,11 @@ class BuildSpeedups(build_ext):
             pyx = [ext for ext in self.extensions if not hasattr(ext, "qag_source")]
             py = [ext for ext in self.extensions if hasattr(ext, "qag_source")]
             try:
-                translated = (cythonize(pyx, build_dir=CYTHON_BUILD_DIR, compiler_directives={"language_level": 3})
-                              + (cythonize(py, build_dir=CYTHON_BUILD_DIR, compiler_directives=_PY_DIRECTIVES)
-                                 if py else []))
+                threads = os.cpu_count() or 1
+                translated = (cythonize(pyx, build_dir=CYTHON_BUILD_DIR, nthreads=threads,
+                                        compiler_directives={"language_level": 3})
+                              + (cythonize(py, build_dir=CYTHON_BUILD_DIR, nthreads=threads,
+                                           compiler_directives=_PY_DIRECTIVES) if py else []))
             except Exception as exc:  # Cython reports its errors above and raises CompileError
                 reason = f"Cython could not translate {SPEEDUPS_DIR} or the request path: {exc}"
             else:

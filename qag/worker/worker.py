@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import queue
 import socket
@@ -11,6 +12,7 @@ import time
 from collections import deque
 from datetime import timedelta
 
+from gunicorn.config import PostRequest, PreRequest
 from gunicorn.workers import base
 
 from . import wsgi
@@ -74,8 +76,13 @@ class QagWorker(base.Worker):
         self.conns: set[_Conn] = set()
         self.poller = None
         self._count_lock = threading.Lock()
-        # Read once: each self.cfg.<name> is a lookup through gunicorn's Config.__getattr__.
-        self.pre_request, self.post_request = self.cfg.pre_request, self.cfg.post_request
+        # Read once: each self.cfg.<name> is a lookup through gunicorn's Config.__getattr__. gunicorn's own hooks
+        # only log at debug level or do nothing: then they are not called at all (a reload starts new workers).
+        pre, post = self.cfg.pre_request, self.cfg.post_request
+        if pre is PreRequest.default and not self.log.error_log.isEnabledFor(logging.DEBUG):
+            pre = None
+        self.pre_request = pre
+        self.post_request = None if post is PostRequest.default else post
 
     @classmethod
     def check_config(cls, cfg, log):
@@ -394,9 +401,12 @@ class QagWorker(base.Worker):
         result = None
         if req.over_limit:
             conn.draining = True
-        access = _Access(req, env)
+        log_access = getattr(self.log, "access_log_enabled", True)
+        access = (_Access(req, env) if self.pre_request is not None or self.post_request is not None or log_access
+                  else None)
         try:
-            self.pre_request(self, access)
+            if self.pre_request is not None:
+                self.pre_request(self, access)
             try:
                 result = self.wsgi(env, resp.start_response)
                 if resp.status is None and type(result) is not list:
@@ -430,13 +440,14 @@ class QagWorker(base.Worker):
                     except Exception:
                         wsgi.log_error(self.log, "Error closing the response iterable")
         finally:
-            if getattr(self.log, "access_log_enabled", True):
+            if log_access:
                 elapsed = timedelta(seconds=time.time() - started)
                 self.log.access(resp, access, env, elapsed)
-            try:
-                self.post_request(self, access, env, resp)
-            except Exception:
-                wsgi.log_error(self.log, "Exception in post_request hook")
+            if self.post_request is not None:
+                try:
+                    self.post_request(self, access, env, resp)
+                except Exception:
+                    wsgi.log_error(self.log, "Exception in post_request hook")
         return not resp.close
 
     @staticmethod

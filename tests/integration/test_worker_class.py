@@ -340,3 +340,37 @@ def test_refused_body_does_not_destroy_the_413():
         assert s.get("/health").status == 200
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("worker", ["gthread", QAG])
+def test_request_hooks_from_the_config_run_around_each_request(start, tmp_path, worker):
+    """pre_request sees the request before the app, post_request the response after it (gunicorn's contract)."""
+    config = tmp_path / "hooks.py"
+    config.write_text(
+        "import os\n"
+        "def _note(text):\n"
+        "    with open(os.environ['WORKER_APP_LOG'], 'a') as f:\n"
+        "        f.write(text + '\\n')\n"
+        "def pre_request(worker, req):\n"
+        "    _note(f'pre {req.method} {req.path}')\n"
+        "def post_request(worker, req, environ, resp):\n"
+        "    _note(f'post {req.method} {req.path} {resp.status}')\n")
+    server = start(worker, "-c", str(config))
+    status, _, _ = server.get("/pid?x=1")
+    assert status == 200
+    deadline = time.monotonic() + 5
+    while len([n for n in server.notes() if n.startswith(("pre ", "post "))]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    hooks = [n for n in server.notes() if n.startswith(("pre ", "post "))]
+    assert hooks[-2:] == ["pre GET /pid", "post GET /pid 200 OK"], server.notes()
+
+
+def test_gunicorns_default_pre_request_still_logs_at_debug_level(start):
+    """qag's worker skips gunicorn's default pre_request only when its debug line would not be written."""
+    server = start(QAG, "--log-level", "debug")
+    status, _, _ = server.get("/pid?x=1")
+    assert status == 200
+    deadline = time.monotonic() + 5
+    while not any("GET /pid" in line for line in server.lines) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert any("[DEBUG] GET /pid" in line for line in server.lines), "".join(server.lines[-20:])
