@@ -352,17 +352,17 @@ def test_request_hooks_from_the_config_run_around_each_request(start, tmp_path, 
         "    with open(os.environ['WORKER_APP_LOG'], 'a') as f:\n"
         "        f.write(text + '\\n')\n"
         "def pre_request(worker, req):\n"
-        "    _note(f'pre {req.method} {req.path}')\n"
+        "    _note(f'pre {req.method} {req.path}?{req.query}')\n"
         "def post_request(worker, req, environ, resp):\n"
-        "    _note(f'post {req.method} {req.path} {resp.status}')\n")
+        "    _note(f'post {req.method} {req.path}?{req.query} {resp.status}')\n")
     server = start(worker, "-c", str(config))
-    status, _, _ = server.get("/pid?x=1")
+    status, _, _ = server.get("/pid?mine=1")
     assert status == 200
     deadline = time.monotonic() + 5
-    while len([n for n in server.notes() if n.startswith(("pre ", "post "))]) < 2 and time.monotonic() < deadline:
+    while not any(n.startswith("post ") and "mine=1" in n for n in server.notes()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    hooks = [n for n in server.notes() if n.startswith(("pre ", "post "))]
-    assert hooks[-2:] == ["pre GET /pid", "post GET /pid 200 OK"], server.notes()
+    hooks = [n for n in server.notes() if n.startswith(("pre ", "post ")) and "mine=1" in n]
+    assert hooks == ["pre GET /pid?mine=1", "post GET /pid?mine=1 200 OK"], server.notes()
 
 
 def test_gunicorns_default_pre_request_still_logs_at_debug_level(start):
