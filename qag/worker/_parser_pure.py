@@ -17,6 +17,14 @@ _CHUNK = re.compile(rb"([0-9A-Fa-f]+)((?:;" + _TOKEN + rb"(?:=(?:" + _TOKEN + rb
 _LINE, _HEAD, _BODY, _SIZE, _DATA, _DATA_END, _TRAILER, _DEAD = range(8)
 
 
+def _refuse_bare_cr(buf: bytearray) -> None:
+    """An unterminated line holding a CR that something other than LF follows is refused at once, as llhttp
+    refuses it, rather than when the line's LF arrives."""
+    cr = buf.find(b"\r")
+    if 0 <= cr < len(buf) - 1:
+        raise bad("CR without LF")
+
+
 class Parser:
     """Feed bytes as they arrive; complete requests collect in `ready`. Raises HttpError for a refused request."""
 
@@ -64,6 +72,7 @@ class Parser:
         if state in (_HEAD, _TRAILER):
             end = buf.find(b"\n")
             if end < 0:
+                _refuse_bare_cr(buf)
                 if len(buf) > limits.field_size + 2:
                     raise HttpError(431, "Request Header Fields Too Large", "header field too large")
                 return False
@@ -96,6 +105,7 @@ class Parser:
         if state == _SIZE:
             end = buf.find(b"\n")
             if end < 0:
+                _refuse_bare_cr(buf)
                 if len(buf) > limits.field_size:
                     raise bad("chunk size line too long")
                 return False

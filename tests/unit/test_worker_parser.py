@@ -176,6 +176,17 @@ def requests(draw):
     return head + payload
 
 
+@pytest.mark.parametrize("data", [
+    # a CR followed by something other than LF, in an unterminated line: llhttp refuses it at once (found by the
+    # property below), so the pure twin must not wait for the line's end
+    b"DELETE / HTTP/1.1\r\n0: \r\nConnection: close\r\nContent-Length: 0\r\n\r\x00",
+    b"GET / HTTP/1.1\r\nX: a\rb",
+    b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r;",
+])
+def test_twins_refuse_a_bare_cr_at_once(data):
+    assert outcome(PureParser, [data]) == outcome(_c_parser(), [data]) == ([], ("error",))
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(requests(), min_size=1, max_size=3), st.lists(st.integers(0, 10_000), max_size=6))
 def test_twins_agree(reqs, cuts):
