@@ -129,7 +129,7 @@ class BuildSpeedups(build_ext):
         if not self.extensions:
             return super().run()
         if not self.parallel:
-            self.parallel = os.cpu_count() or 1   # about twenty modules: compile them side by side
+            self.parallel = os.cpu_count() or 1   # some thirty modules: compile them side by side
         mode = resolve_mode()
         reason = cython_missing()
         if reason is None:
