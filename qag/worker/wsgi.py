@@ -30,16 +30,33 @@ _FRAMING = _HOP | {"content-length"}   # fields the server writes itself (Conten
 _DATE = [0, b""]
 
 
+_KNOWN_NAMES: set[str] = set()   # valid field names already seen: an app sends the same few again and again
+_KNOWN_STATUSES: set[str] = set()
+_KNOWN_LIMIT = 1024
+
+
 def _valid_fields(headers) -> bool:
-    """Whether every item is a (str, str) pair with a valid name and value, in two regular-expression matches."""
+    """Whether every item is a (str, str) pair with a valid name and value: names already seen valid by a set
+    lookup, values that are printable ASCII as they are, anything else by one regular-expression match each."""
     try:
-        names = "\n".join([name for name, _ in headers])
-        values = "\n".join([value for _, value in headers])
+        names = [name for name, _ in headers]
+        values = [value for _, value in headers]
+        known = _KNOWN_NAMES.issuperset(names)
+        plain = "".join(values)
     except (TypeError, ValueError):
         return False
-    separators = max(len(headers) - 1, 0)
-    return ((not headers or _NAMES.fullmatch(names) is not None) and names.count("\n") == separators
-            and _VALUES.fullmatch(values) is not None and values.count("\n") == separators)
+    if not known:
+        if not all(isinstance(name, str) for name in names):
+            return False
+        joined = "\n".join(names)
+        if _NAMES.fullmatch(joined) is None or joined.count("\n") != len(names) - 1:
+            return False
+        if len(_KNOWN_NAMES) < _KNOWN_LIMIT:
+            _KNOWN_NAMES.update(names)
+    if plain.isascii() and plain.isprintable():   # space to tilde only: valid, and no line feed to hide
+        return True
+    joined = "\n".join(values)
+    return _VALUES.fullmatch(joined) is not None and joined.count("\n") == max(len(values) - 1, 0)
 
 
 def _date() -> bytes:
@@ -174,8 +191,11 @@ class Response:
                 exc_info = None
         elif self.status is not None:
             raise AssertionError("start_response called twice without exc_info")
-        if not isinstance(status, str) or not _STATUS.fullmatch(status):
-            raise ValueError(f"invalid status {status!r}")
+        if type(status) is not str or status not in _KNOWN_STATUSES:
+            if not isinstance(status, str) or not _STATUS.fullmatch(status):
+                raise ValueError(f"invalid status {status!r}")
+            if len(_KNOWN_STATUSES) < _KNOWN_LIMIT:
+                _KNOWN_STATUSES.add(status)
         if type(headers) is not list:
             headers = list(headers)
         if not _valid_fields(headers):

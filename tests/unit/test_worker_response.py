@@ -89,3 +89,18 @@ def test_headers_from_an_iterator_are_read_once():
 def test_the_joined_check_agrees_with_checking_each_field(headers):
     each = all(wsgi._NAME.fullmatch(n) and wsgi._VALUE.fullmatch(v) for n, v in headers)
     assert wsgi._valid_fields(headers) == each
+
+
+@pytest.mark.parametrize("status", ["20 OK", "2000 OK", "200 OK\r\nX: 1", b"200 OK", ["200 OK"], None])
+def test_bad_status_lines_are_refused_every_time(status):
+    for _ in range(2):   # a valid status is remembered; a bad one never is
+        left, right = socket.socketpair()
+        with left, right:
+            with pytest.raises(ValueError, match="invalid status"):
+                wsgi.Response(left, _request(), 5.0, True).start_response(status, [])
+
+
+def test_a_name_seen_valid_does_not_let_a_bad_value_through():
+    assert wsgi._valid_fields([("X-Seen", "ok")])
+    assert not wsgi._valid_fields([("X-Seen", "bad\r\nInjected: 1")])
+    assert not wsgi._valid_fields([("X-Seen", "ok"), ("Bad Name", "ok")])
