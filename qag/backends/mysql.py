@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import copy
 import json
-import select
 import time
 
 import MySQLdb
 import MySQLdb.cursors
 
+from .. import _speedups
 from ..errors import QagError
 from . import _mysql_schema as schema_reader
 from . import _mysql_sql as statements
@@ -202,20 +202,21 @@ def _execute(conn, sql: str, args, skip: int, count: int) -> tuple[list, list]:
 class _Link:
     """One pooled server connection and what qag knows about its state."""
 
-    __slots__ = ("conn", "cursor", "poll", "pending", "mariadb", "with_hint", "session_ms")
+    __slots__ = ("conn", "cursor", "fd", "_readable", "pending", "arrived", "mariadb", "with_hint", "session_ms")
 
     def __init__(self, conn, mariadb: bool, with_hint: bool):
         self.conn = conn
         self.cursor = _Cursor(conn)
-        self.poll = select.poll()
-        self.poll.register(conn.fileno(), select.POLLIN)
+        self.fd = conn.fileno()
+        self._readable = _speedups.get("readiness").readable   # a zero-wait poll that keeps the interpreter lock
         self.pending = False        # a ROLLBACK AND CHAIN was sent and its reply not read yet
+        self.arrived = False        # its socket was readable when the pool last looked (_preferred)
         self.mariadb = mariadb
         self.with_hint = with_hint  # MySQL: the hint works on a WITH statement's top-level SELECT
         self.session_ms = 0         # MySQL: the session max_execution_time qag last set
 
     def readable(self) -> bool:
-        return bool(self.poll.poll(0))
+        return self._readable(self.fd)
 
 
 def _hint_works_in_with(cursor) -> bool:
@@ -232,7 +233,8 @@ def _hint_works_in_with(cursor) -> bool:
 def _preferred(link: _Link) -> bool:
     # A pending reply that has arrived (or, with none pending, a quiet socket: one that turned readable was
     # closed by the server).
-    return link.readable() == link.pending
+    link.arrived = link.readable()
+    return link.arrived == link.pending
 
 
 def _leaves_session_state(sql: str) -> bool:
@@ -291,7 +293,7 @@ class MysqlBackend(Backend):
             try:
                 if link.pending:
                     link.pending = False
-                    if not link.readable():
+                    if not link.arrived:   # as the pool saw it a moment ago: no second poll for a metric
                         self.renewal_waits += 1
                     link.conn.read_query_result()
                 if not link.readable():
