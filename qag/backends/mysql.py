@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import copy
 import json
+import select
 import time
 
 import MySQLdb
 import MySQLdb.cursors
 
-from .. import _speedups
 from ..errors import QagError
 from . import _mysql_schema as schema_reader
 from . import _mysql_sql as statements
@@ -202,13 +202,13 @@ def _execute(conn, sql: str, args, skip: int, count: int) -> tuple[list, list]:
 class _Link:
     """One pooled server connection and what qag knows about its state."""
 
-    __slots__ = ("conn", "cursor", "fd", "_readable", "pending", "arrived", "mariadb", "with_hint", "session_ms")
+    __slots__ = ("conn", "cursor", "poll", "pending", "arrived", "mariadb", "with_hint", "session_ms")
 
     def __init__(self, conn, mariadb: bool, with_hint: bool):
         self.conn = conn
         self.cursor = _Cursor(conn)
-        self.fd = conn.fileno()
-        self._readable = _speedups.get("readiness").readable   # a zero-wait poll that keeps the interpreter lock
+        self.poll = select.poll()
+        self.poll.register(conn.fileno(), select.POLLIN)
         self.pending = False        # a ROLLBACK AND CHAIN was sent and its reply not read yet
         self.arrived = False        # its socket was readable when the pool last looked (_preferred)
         self.mariadb = mariadb
@@ -216,7 +216,7 @@ class _Link:
         self.session_ms = 0         # MySQL: the session max_execution_time qag last set
 
     def readable(self) -> bool:
-        return self._readable(self.fd)
+        return bool(self.poll.poll(0))
 
 
 def _hint_works_in_with(cursor) -> bool:
