@@ -1,9 +1,12 @@
-"""The SQL qag sends to MySQL 8 and MariaDB for one call: the time limit carried on the statement itself.
+"""The SQL qag sends to MySQL 8 and MariaDB for one call: the time limit (and MariaDB's read-only mode) carried on
+the statement itself.
 
 Pure functions of the rendered statement (qag.sql.prepare.render, so already `...\\nLIMIT n OFFSET m` when
 paged), kept apart from the driver so the exact text is unit-tested:
 
-* MariaDB: `SET STATEMENT max_statement_time = <seconds> FOR <statement>` (any statement, reads and writes).
+* MariaDB: `SET STATEMENT max_statement_time = <seconds> FOR <statement>` (any statement, reads and writes);
+  a read-only call's statement also sets `tx_read_only = 1` (`transaction_read_only` from 11.1) in the same
+  prefix, so it runs as a read-only transaction of its own (autocommit) whatever its session says.
 * MySQL 8: the optimizer hint `/*+ MAX_EXECUTION_TIME(<ms>) */` right after the SELECT keyword of the top-level
   query block - the leading SELECT (after any leading comments), or for `WITH ...` the first SELECT outside
   parentheses after the common table expressions (the CTE bodies are subqueries, where MySQL ignores the
@@ -12,7 +15,7 @@ paged), kept apart from the driver so the exact text is unit-tested:
   known to work) needs `SET SESSION max_execution_time = <ms>` before it - one more round trip, on every
   such call. Other statements (writes, SHOW, CALL) can't be limited on MySQL: its max_execution_time only
   governs SELECT.
-* No time limit → the statement unchanged.
+* No time limit → the statement unchanged (on MariaDB, a read-only call still gets its access mode).
 """
 
 from __future__ import annotations
@@ -48,10 +51,28 @@ def seconds_text(timeout: float) -> str:
     return "0.000001" if text in ("0", "") else text
 
 
-def mariadb_statement(sql: str, timeout: float | None) -> str:
+def mariadb_statement(sql: str, timeout: float | None, read_only: str | None = None) -> str:
+    """The statement with its time limit and, for a read-only call, its access mode: `read_only` names the
+    server's variable (read_only_variable()). SET STATEMENT restores both when the statement ends, so nothing
+    the statement does to them (a stored function's SET SESSION ...) outlives it."""
+    if read_only is None:
+        if not timeout:
+            return sql
+        return f"SET STATEMENT max_statement_time = {seconds_text(timeout)} FOR {sql}"
     if not timeout:
-        return sql
-    return f"SET STATEMENT max_statement_time = {seconds_text(timeout)} FOR {sql}"
+        return f"SET STATEMENT {read_only} = 1 FOR {sql}"
+    return f"SET STATEMENT max_statement_time = {seconds_text(timeout)}, {read_only} = 1 FOR {sql}"
+
+
+def read_only_variable(server_info: str) -> str:
+    """MariaDB's name for the access-mode variable: `transaction_read_only` from 11.1, `tx_read_only` before
+    (11.1 keeps the old name only as a deprecated alias)."""
+    head = server_info.split("-", 1)[0].split(".")
+    try:
+        major, minor = int(head[0]), int(head[1])
+    except (IndexError, ValueError):
+        return "tx_read_only"
+    return "transaction_read_only" if (major, minor) >= (11, 1) else "tx_read_only"
 
 
 def lead_end(sql: str) -> int:

@@ -2,15 +2,20 @@
 
 What one call costs on the wire, and why it is safe:
 
-* Read-only calls run inside a read-only transaction that is already open on the pooled connection
-  (`SET SESSION TRANSACTION READ ONLY` and `START TRANSACTION READ ONLY` when the connection is opened). When
-  the call ends, `ROLLBACK AND CHAIN` is *sent* (`send_query`), which ends the transaction - releasing its
-  snapshot and metadata locks - and starts the next one with the same read-only access mode; its reply is read
-  (`read_query_result`) when the connection is next taken. The pool prefers an idle connection whose reply has
-  already arrived (a zero-timeout poll on its socket) and, while fewer than QAG_POOL_SIZE are open, opens
-  another rather than wait for one that hasn't; so a caller calling back to back waits for its own statement
-  only. A stored function that runs `SET SESSION TRANSACTION READ WRITE` cannot make a later call writable: the
-  chained transaction keeps the ended one's access mode.
+* Read-only connections are opened with `SET SESSION TRANSACTION READ ONLY`, and each read-only call runs as a
+  read-only transaction:
+  - MariaDB: the statement carries its access mode (`SET STATEMENT tx_read_only = 1 FOR ...`, beside its time
+    limit) and commits on its own (autocommit): one statement, one round trip, nothing to end afterwards. SET
+    STATEMENT restores the mode when the statement ends, so a stored function that runs `SET SESSION
+    TRANSACTION READ WRITE` changes nothing for later calls.
+  - MySQL (no SET STATEMENT): the call runs inside a read-only transaction already open on the pooled
+    connection (`START TRANSACTION READ ONLY` when it is opened). When the call ends, `ROLLBACK AND CHAIN` is
+    *sent* (`send_query`), which ends the transaction - releasing its snapshot and metadata locks - and starts
+    the next one with the same read-only access mode, also when a stored function changed the session's; its
+    reply is read (`read_query_result`) when the connection is next taken. The pool prefers an idle connection
+    whose reply has already arrived (a zero-timeout poll on its socket) and, while fewer than QAG_POOL_SIZE are
+    open, opens another rather than wait for one that hasn't; so a caller calling back to back waits for its
+    own statement only.
 * The time limit rides on the statement (see _mysql_sql): MariaDB `SET STATEMENT max_statement_time = s FOR`,
   MySQL the MAX_EXECUTION_TIME hint, so nothing a query sets for its session outlives it.
 * Read-write calls use autocommit connections: the statement commits in its own round trip.
@@ -202,9 +207,10 @@ def _execute(conn, sql: str, args, skip: int, count: int) -> tuple[list, list]:
 class _Link:
     """One pooled server connection and what qag knows about its state."""
 
-    __slots__ = ("conn", "cursor", "poll", "pending", "arrived", "mariadb", "with_hint", "session_ms")
+    __slots__ = ("conn", "cursor", "poll", "pending", "arrived", "mariadb", "with_hint", "session_ms", "renews",
+                 "read_only_variable")
 
-    def __init__(self, conn, mariadb: bool, with_hint: bool):
+    def __init__(self, conn, mariadb: bool, with_hint: bool, renews: bool, read_only_variable: str | None):
         self.conn = conn
         self.cursor = _Cursor(conn)
         self.poll = select.poll()
@@ -214,6 +220,8 @@ class _Link:
         self.mariadb = mariadb
         self.with_hint = with_hint  # MySQL: the hint works on a WITH statement's top-level SELECT
         self.session_ms = 0         # MySQL: the session max_execution_time qag last set
+        self.renews = renews        # MySQL read-only: a transaction to renew with ROLLBACK AND CHAIN after each call
+        self.read_only_variable = read_only_variable  # MariaDB read-only: the access mode each statement sets
 
     def readable(self) -> bool:
         return bool(self.poll.poll(0))
@@ -271,14 +279,20 @@ class MysqlBackend(Backend):
             version = conn.get_server_info()
             mariadb = "mariadb" in version.lower()
             cursor = conn.cursor()
+            variable = None
             if read_only:
                 cursor.execute("SET SESSION TRANSACTION READ ONLY")
-                cursor.execute("START TRANSACTION READ ONLY")
+                if mariadb:
+                    # Each statement is a transaction of its own, whatever the server's default autocommit.
+                    conn.autocommit(True)
+                    variable = statements.read_only_variable(version)
+                else:
+                    cursor.execute("START TRANSACTION READ ONLY")
             with_hint = mariadb or self._with_hint.get(version)
             if with_hint is None:
                 with_hint = self._with_hint[version] = _hint_works_in_with(cursor)
             cursor.close()
-            return _Link(conn, mariadb, with_hint)
+            return _Link(conn, mariadb, with_hint, read_only and not mariadb, variable)
         except _DRIVER_ERRORS as exc:
             conn.close()
             raise mapped(exc, None, password) from None
@@ -296,8 +310,10 @@ class MysqlBackend(Backend):
                     if not link.arrived:   # as the pool saw it a moment ago: no second poll for a metric
                         self.renewal_waits += 1
                     link.conn.read_query_result()
-                if not link.readable():
-                    return link
+                    if not link.readable():
+                        return link
+                elif not link.arrived:
+                    return link   # nothing pending and its socket quiet when the pool looked (_preferred)
             except _DRIVER_ERRORS:
                 pass
             # Dead (closed by the server) or its renewal failed: close it and take another.
@@ -309,7 +325,7 @@ class MysqlBackend(Backend):
             self.pool.release(key, link, False)
             return
         if read_only:
-            if self.pool.idle_limit > 0:
+            if link.renews and self.pool.idle_limit > 0:
                 try:
                     link.conn.send_query(_RENEW)
                 except _DRIVER_ERRORS:
@@ -324,7 +340,7 @@ class MysqlBackend(Backend):
     def _prepare(self, link: _Link, sql: str, timeout: float | None) -> str:
         """The statement to send; on MySQL, first the session time limit when the statement can't carry it."""
         if link.mariadb:
-            return statements.mariadb_statement(sql, timeout)
+            return statements.mariadb_statement(sql, timeout, link.read_only_variable)
         timed = statements.mysql_statement(sql, timeout, link.with_hint)
         wanted = timed.session_ms
         if wanted is None and not timeout and link.session_ms:

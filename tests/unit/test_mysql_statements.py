@@ -120,6 +120,23 @@ def test_mariadb_wraps_any_statement(sql):
     assert s.mariadb_statement(sql, 1.5) == f"SET STATEMENT max_statement_time = 1.5 FOR {sql}"
 
 
+@pytest.mark.parametrize("timeout,prefix", [(None, "SET STATEMENT tx_read_only = 1 FOR "),
+                                            (0, "SET STATEMENT tx_read_only = 1 FOR "),
+                                            (1.5, "SET STATEMENT max_statement_time = 1.5, tx_read_only = 1 FOR ")])
+def test_mariadb_read_only_statement_carries_its_access_mode(timeout, prefix):
+    sql = rendered("SELECT 1")
+    assert s.mariadb_statement(sql, timeout, "tx_read_only") == prefix + sql
+
+
+@pytest.mark.parametrize("info,variable", [
+    ("10.11.19-MariaDB-0+deb12u1", "tx_read_only"), ("10.6.16-MariaDB", "tx_read_only"),
+    ("11.0.2-MariaDB", "tx_read_only"), ("11.1.0-MariaDB", "transaction_read_only"),
+    ("11.4.2-MariaDB-ubu2404", "transaction_read_only"), ("12.0.1-MariaDB", "transaction_read_only"),
+    ("5.5.5-10.11.6-MariaDB", "tx_read_only"), ("MariaDB", "tx_read_only"), ("", "tx_read_only")])
+def test_mariadb_read_only_variable_by_version(info, variable):
+    assert s.read_only_variable(info) == variable
+
+
 @pytest.mark.parametrize("timeout,text", [(2, "2"), (2.0, "2"), (1.5, "1.5"), (0.25, "0.25"), (1 / 3, "0.333333"),
                                           (1e-9, "0.000001"), (1e-5, "0.00001")])
 def test_mariadb_seconds_text(timeout, text):
@@ -287,6 +304,10 @@ class _FakeConn:
     def get_autocommit(self):
         return bool(self.kwargs.get("autocommit"))
 
+    def autocommit(self, on):
+        self.log.append(f"autocommit {on}")
+        self.kwargs["autocommit"] = on
+
     def close(self):
         self.log.append("close")
         self.ours.close()
@@ -340,14 +361,18 @@ def test_b10_4_mysql_pooled_read_sequence(fake, monkeypatch):
     assert connects[0]["multi_statements"] is False and connects[0]["autocommit"] is None
 
 
-def test_b10_5_mariadb_read_sequence(fake):
+@pytest.mark.parametrize("version,variable", [("10.11.6-MariaDB-0+deb12u1", "tx_read_only"),
+                                              ("11.4.2-MariaDB", "transaction_read_only")])
+def test_b10_5_mariadb_read_sequence(fake, version, variable):
     make, log, connects = fake
-    backend = make(version="10.11.6-MariaDB-0+deb12u1")
+    backend = make(version=version)
     backend.run(FIELDS, _read("SELECT SLEEP(9)", 2))
     backend.run(FIELDS, _read("SELECT SLEEP(9)", None))
-    assert log == ["connect", "SET SESSION TRANSACTION READ ONLY", "START TRANSACTION READ ONLY",
-                   "SET STATEMENT max_statement_time = 2 FOR SELECT SLEEP(9)\nLIMIT 6 OFFSET 0",
-                   "send ROLLBACK AND CHAIN", "read", "SELECT SLEEP(9)\nLIMIT 6 OFFSET 0", "send ROLLBACK AND CHAIN"]
+    # Each statement carries its own read-only mode and commits alone: no transaction to renew after it.
+    assert log == ["connect", "SET SESSION TRANSACTION READ ONLY", "autocommit True",
+                   f"SET STATEMENT max_statement_time = 2, {variable} = 1 FOR SELECT SLEEP(9)\nLIMIT 6 OFFSET 0",
+                   f"SET STATEMENT {variable} = 1 FOR SELECT SLEEP(9)\nLIMIT 6 OFFSET 0"]
+    assert len(connects) == 1
 
 
 def test_b10_6_with_statement_on_mysql(fake):
