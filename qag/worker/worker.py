@@ -83,6 +83,7 @@ class QagWorker(base.Worker):
             pre = None
         self.pre_request = pre
         self.post_request = None if post is PostRequest.default else post
+        self.log_access = True   # read from the logger once the worker runs (run())
 
     @classmethod
     def check_config(cls, cfg, log):
@@ -95,6 +96,9 @@ class QagWorker(base.Worker):
 
     # --- the main thread ----------------------------------------------------------------------------------
     def run(self) -> None:
+        # gunicorn's property (Python code) computes it once per logger setup, which a reload repeats in new
+        # workers: read once here instead of per request.
+        self.log_access = getattr(self.log, "access_log_enabled", True)
         sel = self.poller = self.make_poller()
         bases = {}
         for listener in self.sockets:
@@ -401,7 +405,7 @@ class QagWorker(base.Worker):
         result = None
         if req.over_limit:
             conn.draining = True
-        log_access = getattr(self.log, "access_log_enabled", True)
+        log_access = self.log_access
         access = (_Access(req, env) if self.pre_request is not None or self.post_request is not None or log_access
                   else None)
         try:
@@ -434,7 +438,7 @@ class QagWorker(base.Worker):
                     except wsgi.ClientGone:
                         pass
             finally:
-                if result is not None and hasattr(result, "close"):
+                if result is not None and type(result) is not list and hasattr(result, "close"):
                     try:
                         result.close()
                     except Exception:

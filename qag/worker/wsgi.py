@@ -19,44 +19,29 @@ from .http11 import Request
 _STATUS = re.compile(r"[0-9]{3}(?: [ \t\x21-\x7e\x80-\xff]*)?")
 _NAME = re.compile(r"[!#$%&'*+\-.0-9A-Z^_`a-z|~]+")
 _VALUE = re.compile(r"[ \t\x21-\x7e\x80-\xff]*")
-# Every name, and every value, of a response checked in one match each: joined by a line feed, which no valid
-# name or value holds (so a value holding one is caught by counting them).
-_NAMES = re.compile(r"[!#$%&'*+\-.0-9A-Z^_`a-z|~]+(?:\n[!#$%&'*+\-.0-9A-Z^_`a-z|~]+)*")
-_VALUES = re.compile(r"[ \t\x21-\x7e\x80-\xff\n]*")
 # Hop-by-hop fields are the server's to send (RFC 9110 7.6.1); an application's are dropped, as gunicorn does.
 _HOP = frozenset("connection keep-alive proxy-authenticate proxy-authorization te trailers transfer-encoding "
                  "upgrade server date".split())
-_FRAMING = _HOP | {"content-length"}   # fields the server writes itself (Content-Length from the app's value)
 _DATE = [0, b""]
 
-
-_KNOWN_NAMES: set[str] = set()   # valid field names already seen: an app sends the same few again and again
+# What the writer does with an application's field, by its name: writes it, takes it as the body's length
+# (Content-Length), reads it for "close" (Connection), or drops it (the other hop-by-hop fields, Date, Server).
+_WRITE, _LENGTH, _CONNECTION, _DROP = range(4)
+_ROLES: dict[str, int] = {}       # names already seen valid: an app sends the same few again and again
 _KNOWN_STATUSES: set[str] = set()
 _KNOWN_LIMIT = 1024
 
 
-def _valid_fields(headers) -> bool:
-    """Whether every item is a (str, str) pair with a valid name and value: names already seen valid by a set
-    lookup, values that are printable ASCII as they are, anything else by one regular-expression match each."""
-    try:
-        names = [name for name, _ in headers]
-        values = [value for _, value in headers]
-        known = _KNOWN_NAMES.issuperset(names)
-        plain = "".join(values)
-    except (TypeError, ValueError):
-        return False
-    if not known:
-        if not all(isinstance(name, str) for name in names):
-            return False
-        joined = "\n".join(names)
-        if _NAMES.fullmatch(joined) is None or joined.count("\n") != len(names) - 1:
-            return False
-        if len(_KNOWN_NAMES) < _KNOWN_LIMIT:
-            _KNOWN_NAMES.update(names)
-    if plain.isascii() and plain.isprintable():   # space to tilde only: valid, and no line feed to hide
-        return True
-    joined = "\n".join(values)
-    return _VALUES.fullmatch(joined) is not None and joined.count("\n") == max(len(values) - 1, 0)
+def _role(name) -> int:
+    """The role of a field name not seen before; ValueError for an invalid one. Valid names are remembered."""
+    if type(name) is not str or not _NAME.fullmatch(name):
+        raise ValueError(f"invalid header name {name!r}")
+    lname = name.lower()
+    role = (_LENGTH if lname == "content-length" else _CONNECTION if lname == "connection"
+            else _DROP if lname in _HOP else _WRITE)
+    if len(_ROLES) < _KNOWN_LIMIT:
+        _ROLES[name] = role
+    return role
 
 
 def _date() -> bytes:
@@ -196,29 +181,35 @@ class Response:
                 raise ValueError(f"invalid status {status!r}")
             if len(_KNOWN_STATUSES) < _KNOWN_LIMIT:
                 _KNOWN_STATUSES.add(status)
-        if type(headers) is not list:
-            headers = list(headers)
-        if not _valid_fields(headers):
-            for name, value in headers:   # find the first bad one, to name it
-                if not isinstance(name, str) or not _NAME.fullmatch(name):
-                    raise ValueError(f"invalid header name {name!r}")
-                if not isinstance(value, str) or not _VALUE.fullmatch(value):
-                    raise ValueError(f"invalid value for header {name!r}")
+        # One pass: each field checked (the first bad one named; nothing of this call kept if one is), then
+        # written, taken or dropped by its name's role.
+        roles = _ROLES
         kept = []
         lines = []
         length = None
+        close = False
         for name, value in headers:
-            lname = name.lower()
-            if lname in _FRAMING:
-                if lname == "content-length":
-                    length = int(value.strip())
-                    kept.append((name, value.strip(" \t")))
-                elif lname == "connection" and value.strip().lower() == "close":
-                    self.close = True
-                continue
-            value = value.strip(" \t")
-            kept.append((name, value))
-            lines.append(f"{name}: {value}\r\n")
+            try:
+                role = roles.get(name)
+            except TypeError:   # unhashable
+                role = None
+            if role is None:
+                role = _role(name)
+            if type(value) is not str or not (value.isprintable() and value.isascii()):
+                # printable ASCII (space to tilde) is valid as it is; anything else by the pattern
+                if not isinstance(value, str) or not _VALUE.fullmatch(value):
+                    raise ValueError(f"invalid value for header {name!r}")
+            if role == _WRITE:
+                value = value.strip(" \t")
+                kept.append((name, value))
+                lines.append(f"{name}: {value}\r\n")
+            elif role == _LENGTH:
+                length = int(value.strip())
+                kept.append((name, value.strip(" \t")))
+            elif role == _CONNECTION and value.strip().lower() == "close":
+                close = True
+        if close:
+            self.close = True
         self._lines = "".join(lines)
         self.status = status
         self.code = code = int(status[:3])
