@@ -15,6 +15,7 @@ from datetime import timedelta
 from gunicorn.config import PostRequest, PreRequest
 from gunicorn.workers import base
 
+from .. import _speedups
 from . import wsgi
 from .http11 import HttpError, Limits, Request
 from .parser import parser_class
@@ -71,6 +72,8 @@ class QagWorker(base.Worker):
         self.client_timeout = float(settings.client_timeout)
         self.keepalive = float(self.cfg.keepalive)
         self.parser_cls = parser_class(settings.speedups)
+        _speedups.load(settings.speedups)
+        self.sort_fields = wsgi.fields_sorter()
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.returned: deque[_Conn] = deque()
         self.conns: set[_Conn] = set()
@@ -401,7 +404,7 @@ class QagWorker(base.Worker):
             os.write(self.PIPE[1], b".")
         env = wsgi.environ(req, conn.base, conn.client, conn.server)
         resp = wsgi.Response(conn.sock, req, self.client_timeout,
-                             req.keep_alive and self.alive and self.keepalive > 0)
+                             req.keep_alive and self.alive and self.keepalive > 0, self.sort_fields)
         result = None
         if req.over_limit:
             conn.draining = True

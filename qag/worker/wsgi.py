@@ -14,34 +14,18 @@ from urllib.parse import unquote_to_bytes
 
 from gunicorn.http.wsgi import FileWrapper, WSGIErrorsWrapper
 
+from .. import _speedups
 from .http11 import Request
 
 _STATUS = re.compile(r"[0-9]{3}(?: [ \t\x21-\x7e\x80-\xff]*)?")
-_NAME = re.compile(r"[!#$%&'*+\-.0-9A-Z^_`a-z|~]+")
-_VALUE = re.compile(r"[ \t\x21-\x7e\x80-\xff]*")
-# Hop-by-hop fields are the server's to send (RFC 9110 7.6.1); an application's are dropped, as gunicorn does.
-_HOP = frozenset("connection keep-alive proxy-authenticate proxy-authorization te trailers transfer-encoding "
-                 "upgrade server date".split())
 _DATE = [0, b""]
-
-# What the writer does with an application's field, by its name: writes it, takes it as the body's length
-# (Content-Length), reads it for "close" (Connection), or drops it (the other hop-by-hop fields, Date, Server).
-_WRITE, _LENGTH, _CONNECTION, _DROP = range(4)
-_ROLES: dict[str, int] = {}       # names already seen valid: an app sends the same few again and again
-_KNOWN_STATUSES: set[str] = set()
+_KNOWN_STATUSES: set[str] = set()   # status lines already seen valid
 _KNOWN_LIMIT = 1024
 
 
-def _role(name) -> int:
-    """The role of a field name not seen before; ValueError for an invalid one. Valid names are remembered."""
-    if type(name) is not str or not _NAME.fullmatch(name):
-        raise ValueError(f"invalid header name {name!r}")
-    lname = name.lower()
-    role = (_LENGTH if lname == "content-length" else _CONNECTION if lname == "connection"
-            else _DROP if lname in _HOP else _WRITE)
-    if len(_ROLES) < _KNOWN_LIMIT:
-        _ROLES[name] = role
-    return role
+def fields_sorter():
+    """The selected twin's sort_fields (qag/_speedups/respond.py): the worker reads it once."""
+    return _speedups.get("respond").sort_fields
 
 
 def _date() -> bytes:
@@ -151,10 +135,11 @@ class Response:
     """start_response and write() for one request; decides framing (Content-Length, chunked, close)."""
 
     __slots__ = ("sock", "req", "timeout", "status", "code", "headers", "length", "chunked", "close",
-                 "headers_sent", "sent", "no_body", "_head", "_lines")
+                 "headers_sent", "sent", "no_body", "_head", "_lines", "_sort_fields")
 
-    def __init__(self, sock, req: Request, timeout: float, keep_alive: bool):
+    def __init__(self, sock, req: Request, timeout: float, keep_alive: bool, sort_fields=None):
         self.sock, self.req, self.timeout = sock, req, timeout
+        self._sort_fields = sort_fields or fields_sorter()
         self.status: str | None = None
         self.code = 0
         self.headers: list[tuple[str, str]] = []
@@ -181,36 +166,11 @@ class Response:
                 raise ValueError(f"invalid status {status!r}")
             if len(_KNOWN_STATUSES) < _KNOWN_LIMIT:
                 _KNOWN_STATUSES.add(status)
-        # One pass: each field checked (the first bad one named; nothing of this call kept if one is), then
-        # written, taken or dropped by its name's role.
-        roles = _ROLES
-        kept = []
-        lines = []
-        length = None
-        close = False
-        for name, value in headers:
-            try:
-                role = roles.get(name)
-            except TypeError:   # unhashable
-                role = None
-            if role is None:
-                role = _role(name)
-            if type(value) is not str or not (value.isprintable() and value.isascii()):
-                # printable ASCII (space to tilde) is valid as it is; anything else by the pattern
-                if not isinstance(value, str) or not _VALUE.fullmatch(value):
-                    raise ValueError(f"invalid value for header {name!r}")
-            if role == _WRITE:
-                value = value.strip(" \t")
-                kept.append((name, value))
-                lines.append(f"{name}: {value}\r\n")
-            elif role == _LENGTH:
-                length = int(value.strip())
-                kept.append((name, value.strip(" \t")))
-            elif role == _CONNECTION and value.strip().lower() == "close":
-                close = True
+        # Each field checked (the first bad one named, and nothing of this call kept), then written, taken as
+        # the length or dropped (qag/_speedups/respond.py).
+        kept, self._lines, length, close = self._sort_fields(headers)
         if close:
             self.close = True
-        self._lines = "".join(lines)
         self.status = status
         self.code = code = int(status[:3])
         self.no_body = self.req.method == "HEAD" or code in (204, 304) or code < 200

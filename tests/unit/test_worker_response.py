@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from qag._speedups import respond
 from qag.worker import wsgi
 from qag.worker.http11 import Request
 
@@ -97,7 +98,7 @@ def _accepts(headers) -> bool:
 @given(st.lists(st.tuples(st.text(alphabet=TOKEN + " \n:", min_size=0, max_size=6),
                           st.text(alphabet=st.characters(max_codepoint=0x120), max_size=6)), max_size=5))
 def test_the_fast_checks_agree_with_checking_each_field_by_pattern(headers):
-    each = all(wsgi._NAME.fullmatch(n) and wsgi._VALUE.fullmatch(v) for n, v in headers)
+    each = all(respond._NAME.fullmatch(n) and respond._VALUE.fullmatch(v) for n, v in headers)
     assert _accepts(headers) == bool(each)
 
 
@@ -111,7 +112,7 @@ def test_bad_status_lines_are_refused_every_time(status):
 
 
 def test_a_name_seen_valid_does_not_let_a_bad_value_through():
-    assert _accepts([("X-Seen", "ok")]) and "X-Seen" in wsgi._ROLES
+    assert _accepts([("X-Seen", "ok")])
     assert not _accepts([("X-Seen", "bad\r\nInjected: 1")])
     assert not _accepts([("X-Seen", "ok"), ("Bad Name", "ok")])
     assert not _accepts([("X-Seen", "ok"), (["X-Seen"], "ok")])   # unhashable
