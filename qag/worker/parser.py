@@ -1,10 +1,14 @@
-"""The request parser: httptools (llhttp, C) when importable and QAG_SPEEDUPS isn't off, else the pure twin."""
+"""The request parser: httptools (llhttp, C) when importable and QAG_SPEEDUPS isn't off, else the pure twin.
+
+Between requests, complete heads of the plainest kind (a GET or HEAD without a body) are taken by the selected
+httphead twin (qag/_speedups/httphead.py) without llhttp's Python callback per field; llhttp parses the rest."""
 
 from __future__ import annotations
 
 import os
 from collections import deque
 
+from .. import _speedups
 from .http11 import HttpError, Limits, Request, add_header, bad, check_line, headers_done
 
 try:
@@ -21,7 +25,7 @@ class CParser:
     """httptools twin of qag/worker/_parser_pure.Parser: same attributes, same verdicts."""
 
     __slots__ = ("limits", "ready", "partial", "continue_due", "dead", "_p", "_req", "_url", "_body", "_in_head",
-                 "_fed")
+                 "_fed", "take_simple")
 
     def __init__(self, limits: Limits):
         self.limits = limits
@@ -35,10 +39,20 @@ class CParser:
         self._body = bytearray()
         self._in_head = False
         self._fed = 0
+        self.take_simple = _speedups.get("httphead").take   # None: llhttp parses everything (tests compare)
 
     def feed(self, data: bytes) -> None:
         if self.dead:
             return
+        if not self.partial and self.take_simple is not None:   # llhttp is between requests
+            used, dead = self.take_simple(data, self.limits, self.ready)
+            if dead:
+                self.dead = True
+                return
+            if used:
+                data = data[used:]
+                if not data:
+                    return
         try:
             self._p.feed_data(data)
         except _Stop:

@@ -26,9 +26,12 @@ def _c_parser():
 LIMITS = Limits(line=200, fields=8, field_size=120, body=64)
 
 
-def outcome(cls, chunks, limits=LIMITS):
-    """What a parser made of the chunks: the requests, then an error status or the connection's state."""
+def outcome(cls, chunks, limits=LIMITS, simple=True):
+    """What a parser made of the chunks: the requests, then an error status or the connection's state.
+    simple=False: the httptools twin without the simple-head twins (llhttp parses everything)."""
     p = cls(limits)
+    if not simple:
+        p.take_simple = None
     try:
         for chunk in chunks:
             p.feed(chunk)
@@ -208,3 +211,55 @@ def test_arbitrary_bytes_never_crash(data, cuts):
                 p.feed(chunk)
         except HttpError:
             pass
+
+
+# --- the httptools twin with and without the simple-head twins (qag/_speedups/httphead.py) --------------------
+class _NotFed:
+    """Stands in for llhttp: what the simple-head twin passed on."""
+
+    def __init__(self):
+        self.fed = b""
+
+    def feed_data(self, data):
+        self.fed += data
+
+
+def test_simple_heads_do_not_reach_llhttp():
+    p = _c_parser()(LIMITS)
+    p._p = stand_in = _NotFed()
+    p.feed(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nHEAD /b HTTP/1.1\r\n\r\nPOST /c HTTP/1.1\r\n")
+    assert [(r.method, r.uri, r.headers) for r in p.ready] == [("GET", "/a", [("HOST", "x")]), ("HEAD", "/b", [])]
+    assert stand_in.fed == b"POST /c HTTP/1.1\r\n"
+
+
+def test_a_closing_simple_head_ends_the_connection():
+    p = _c_parser()(LIMITS)
+    p._p = stand_in = _NotFed()
+    p.feed(b"GET /a HTTP/1.0\r\n\r\nGET /b HTTP/1.1\r\n\r\n")
+    assert [r.uri for r in p.ready] == ["/a"] and p.dead and stand_in.fed == b""
+
+
+@st.composite
+def near_simple(draw):
+    """Plain GET and HEAD heads, and ones a byte or a field away from plain."""
+    name = st.sampled_from(["Host", "X-API-Key", "Accept", "Connection", "Content-Length", "Upgrade", "Expect",
+                            "Transfer-Encoding", "X_Y"])
+    value = st.text(st.sampled_from(list("az09 \t-_.:/?=&%~!#$()*+,;<>@[]^`{|}")), max_size=40)
+    method = draw(st.sampled_from(["GET", "GET", "HEAD", "POST", "get"]))
+    version = draw(st.sampled_from(["HTTP/1.1", "HTTP/1.1", "HTTP/1.0", "HTTP/1.2"]))
+    fields = draw(st.lists(st.tuples(name, st.sampled_from([":", ": ", ":\t", " :"]), value), max_size=9))
+    head = bytearray(f"{method} {draw(_path)} {version}\r\n".encode()
+                     + b"".join(f"{n}{sep}{v}\r\n".encode() for n, sep, v in fields) + b"\r\n")
+    if draw(st.integers(0, 3)) == 0:
+        head[draw(st.integers(0, len(head) - 1))] = draw(st.sampled_from([0, 9, 10, 13, 32, 35, 58, 127, 200]))
+    return bytes(head)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(near_simple(), requests()), min_size=1, max_size=3),
+       st.lists(st.integers(0, 10_000), max_size=4))
+def test_simple_head_twins_change_nothing_llhttp_would_decide(reqs, cuts):
+    c_parser = _c_parser()
+    data = b"".join(reqs)
+    for chunks in ([data], split(data, cuts)):
+        assert outcome(c_parser, chunks) == outcome(c_parser, chunks, simple=False)
