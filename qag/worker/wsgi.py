@@ -19,13 +19,32 @@ from .http11 import Request
 
 _STATUS = re.compile(r"[0-9]{3}(?: [ \t\x21-\x7e\x80-\xff]*)?")
 _DATE = [0, b""]
-_KNOWN_STATUSES: set[str] = set()   # status lines already seen valid
+_STATUS_LINES: dict[str, bytes] = {}   # statuses already seen valid → their status line and Server field
+_ENV_KEYS: dict[str, str] = {}         # request field names already seen → their environ key ("" = left out)
 _KNOWN_LIMIT = 1024
+
+
+def _env_key(name: str) -> str:
+    """CONTENT_TYPE, CONTENT_LENGTH or HTTP_<NAME>; "" for a name holding "_": X_API_KEY and X-API-KEY would
+    both be HTTP_X_API_KEY, so the ambiguous form is left out, as gunicorn does. Remembered."""
+    if name == "CONTENT-TYPE" or name == "CONTENT-LENGTH":
+        key = name.replace("-", "_")
+    elif "_" in name:
+        key = ""
+    else:
+        key = "HTTP_" + name.replace("-", "_")
+    if len(_ENV_KEYS) < _KNOWN_LIMIT:
+        _ENV_KEYS[name] = key
+    return key
 
 
 def fields_sorter():
     """The selected twin's sort_fields (qag/_speedups/respond.py): the worker reads it once."""
     return _speedups.get("respond").sort_fields
+
+
+def _status_line(status: str) -> bytes:
+    return b"HTTP/1.1 " + status.encode("latin-1") + b"\r\nServer: qag\r\n"
 
 
 def _date() -> bytes:
@@ -89,19 +108,18 @@ def environ(req: Request, base: dict, client, server) -> dict:
     else:
         env["REMOTE_ADDR"] = client.decode() if isinstance(client, bytes) else (client or "")
     host = None
+    keys = _ENV_KEYS
     for name, value in req.headers:
-        if name == "CONTENT-TYPE":
-            env["CONTENT_TYPE"] = value
+        key = keys.get(name)
+        if key is None:
+            key = _env_key(name)
+        if not key:
             continue
-        if name == "CONTENT-LENGTH":
-            env["CONTENT_LENGTH"] = value
+        if key == "CONTENT_TYPE" or key == "CONTENT_LENGTH":
+            env[key] = value
             continue
-        if "_" in name:
-            # X_API_KEY and X-API-KEY would both be HTTP_X_API_KEY: the ambiguous form is dropped, as gunicorn does.
-            continue
-        if name == "HOST":
+        if key == "HTTP_HOST":
             host = value
-        key = "HTTP_" + name.replace("-", "_")
         env[key] = env[key] + "," + value if key in env else value
     if "SERVER_NAME" not in env:
         # A unix socket: the server's name comes from Host, as gunicorn does.
@@ -116,7 +134,15 @@ class ClientGone(Exception):
 
 def send_all(sock, data, timeout: float) -> None:
     """Write everything on a non-blocking socket, waiting for room at most `timeout` seconds at a time."""
-    view = memoryview(data)
+    try:
+        sent = sock.send(data)   # most responses fit the socket's buffer: one call, no view
+    except BlockingIOError:
+        sent = 0
+    except OSError as exc:
+        raise ClientGone(str(exc)) from None
+    if sent == len(data):
+        return
+    view = memoryview(data)[sent:]
     while view:
         try:
             n = sock.send(view)
@@ -161,11 +187,11 @@ class Response:
                 exc_info = None
         elif self.status is not None:
             raise AssertionError("start_response called twice without exc_info")
-        if type(status) is not str or status not in _KNOWN_STATUSES:
+        if type(status) is not str or status not in _STATUS_LINES:
             if not isinstance(status, str) or not _STATUS.fullmatch(status):
                 raise ValueError(f"invalid status {status!r}")
-            if len(_KNOWN_STATUSES) < _KNOWN_LIMIT:
-                _KNOWN_STATUSES.add(status)
+            if len(_STATUS_LINES) < _KNOWN_LIMIT:
+                _STATUS_LINES[status] = _status_line(status)
         # Each field checked (the first bad one named, and nothing of this call kept), then written, taken as
         # the length or dropped (qag/_speedups/respond.py).
         kept, self._lines, length, close = self._sort_fields(headers)
@@ -180,7 +206,7 @@ class Response:
         self.length = length
         return self.write
 
-    def _build_head(self, body_len: int | None) -> bytes:
+    def _build_head(self, body_len: int | None, body: bytes = b"") -> bytes:
         """Status line and headers; body_len is the whole body's length when it is already known."""
         length = self.length
         extra = b""
@@ -199,8 +225,8 @@ class Response:
             extra += b"Connection: close\r\n"
         elif self.req.version == (1, 0):
             extra += b"Connection: keep-alive\r\n"
-        return (b"HTTP/1.1 " + self.status.encode("latin-1") + b"\r\nServer: qag\r\n" + _date()
-                + self._lines.encode("latin-1") + extra + b"\r\n")
+        line = _STATUS_LINES.get(self.status) or _status_line(self.status)
+        return b"".join((line, _date(), self._lines.encode("latin-1"), extra, b"\r\n", body))
 
     def write(self, data: bytes) -> None:
         """WSGI's write() callable, and each item of the response iterable."""
@@ -229,17 +255,20 @@ class Response:
 
     def write_whole(self, body: bytes) -> None:
         """A body known in full (a list of one or more items): one send, Content-Length when the app gave none."""
-        head = self._build_head(len(body))
         self.headers_sent = True
         if self.no_body:
-            send_all(self.sock, head, self.timeout)
+            send_all(self.sock, self._build_head(len(body)), self.timeout)
             return
-        if self.length is not None and len(body) != self.length:
-            body = body[:self.length]
-            if len(body) < self.length:
-                self.close = True
+        length = self.length if self.length is not None else len(body)
+        short = False
+        if len(body) != length:
+            body = body[:length]
+            short = len(body) < length
+        data = self._build_head(length, body)   # head and body in one buffer, one send
+        if short:
+            self.close = True   # less than announced: the client can't frame a next response
         self.sent = len(body)
-        send_all(self.sock, head + body, self.timeout)
+        send_all(self.sock, data, self.timeout)
 
     def finish(self) -> None:
         if not self.headers_sent:

@@ -125,3 +125,25 @@ def test_a_refused_field_leaves_nothing_of_the_call_behind():
         with pytest.raises(ValueError, match="invalid value for header 'X-B'"):
             resp.start_response("200 OK", [("Connection", "close"), ("X-B", "a\nb")])
         assert (resp.status, resp.close) == (None, False)
+
+
+def test_environ_names_request_fields_as_gunicorn_does():
+    req = _request()
+    req.headers = [("HOST", "h:81"), ("X-A", "1"), ("X_A", "smuggled"), ("X-A", "2"), ("CONTENT-TYPE", "t/p"),
+                   ("CONTENT-LENGTH", "0"), ("CONTENT-TYPE", "t/q")]
+    for _ in range(2):   # the second time every name's key is remembered
+        env = wsgi.environ(req, {"SCRIPT_NAME": ""}, b"peer", "/run/qag.sock")
+        assert {k: v for k, v in env.items() if k.isupper() and k not in ("RAW_URI", "PATH_INFO")} == {
+            "SCRIPT_NAME": "", "REQUEST_METHOD": "GET", "QUERY_STRING": "", "SERVER_PROTOCOL": "HTTP/1.1",
+            "REMOTE_ADDR": "peer", "HTTP_HOST": "h:81", "HTTP_X_A": "1,2", "CONTENT_TYPE": "t/q",
+            "CONTENT_LENGTH": "0", "SERVER_NAME": "h", "SERVER_PORT": "81"}
+
+
+def test_a_short_body_closes_after_the_head_it_announced():
+    left, right = socket.socketpair()
+    with left, right:
+        resp = wsgi.Response(left, _request(), 5.0, True)
+        resp.start_response("200 OK", [("Content-Length", "5")])
+        resp.write_whole(b"abc")
+        data = right.recv(65536)
+        assert resp.close and b"Content-Length: 5\r\n" in data and data.endswith(b"\r\n\r\nabc")
