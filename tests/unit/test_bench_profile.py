@@ -19,3 +19,32 @@ def test_summary_counts_self_and_inclusive_samples_over_files(tmp_path):
     assert "20.00  handle (a.py:5)" in own
     assert "100.00  run (a.py:1)" in inclusive
     assert "80.00  handle (a.py:5)" in inclusive
+
+
+def test_perf_records_a_process_and_sums_it_by_shared_object(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    import pytest
+
+    from benchmarks.profile import perf_record, perf_summary
+
+    if shutil.which("perf") is None:
+        pytest.skip("perf is not installed (the --perf option needs it)")
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 4\nwhile time.time() < end: pass"])
+    try:
+        path = str(tmp_path / "perf.data")
+        recorder = perf_record([busy.pid], 2, SimpleNamespace(rate=199), path)
+        _, err = recorder.communicate(timeout=30)
+        if recorder.returncode != 0:
+            pytest.skip(f"perf may not record here: {err.strip()[-200:]}")
+    finally:
+        busy.kill()
+        busy.wait()
+    text = perf_summary(path, top=20)
+    by_dso, by_symbol = text.split("by symbol:")
+    assert by_dso.startswith("by shared object:")
+    assert "libpython" in by_dso or "python" in by_dso   # the busy loop is the interpreter's
+    assert "%" in by_symbol
