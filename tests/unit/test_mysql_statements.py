@@ -457,3 +457,13 @@ def test_a_connection_that_raised_is_closed(fake, monkeypatch):
         backend.run(FIELDS, _read("SELECT 2", 1))
     assert info.value.code == "query_timeout" and log[-1] == "close"
     assert backend.pool.stats() == {"idle": 0, "active": 0, "waits": 0}
+
+
+@pytest.mark.parametrize("sql,leaves", [
+    ("SELECT 1", False), ("SELECT @x := 1", True), ("SELECT GET_LOCK('a', 0)", True),
+    ("select get_lock('a', 0)", True), ("SELECT Release_Lock('a')", True), ("SELECT blocked FROM t", True),
+    ("SELECT LOC\u212a FROM t", True),   # the Kelvin sign lower-cases to k: erring closed, as lower() did
+    ("SELECT loc, k FROM t", False),
+])
+def test_statements_that_may_leave_session_state(sql, leaves):
+    assert mysql_backend._leaves_session_state(sql) is leaves
