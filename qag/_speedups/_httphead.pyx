@@ -9,8 +9,6 @@ from libc.string cimport memcmp
 
 from qag.worker.http11 import Request, add_header, check_line, headers_done
 
-LEFT_TO_LLHTTP = frozenset((b"content-length", b"transfer-encoding", b"upgrade", b"expect"))
-
 cdef bint _TCHAR[256]
 cdef int _c
 for _c in range(256):

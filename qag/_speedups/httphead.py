@@ -22,7 +22,7 @@ from qag.worker.http11 import Request, add_header, check_line, headers_done
 _HEAD = re.compile(rb"(GET|HEAD) (/[\x21\x22\x24-\x7e]*) HTTP/1\.([01])\r\n"
                    rb"((?:[!#$%&'*+\-.0-9A-Z^_`a-z|~]+:[\t\x20-\x7e]*\r\n)*)\r\n")
 _FIELD = re.compile(rb"([^:]+):[ \t]*(.*)")
-LEFT_TO_LLHTTP = frozenset((b"content-length", b"transfer-encoding", b"upgrade", b"expect"))
+_LEFT_TO_LLHTTP = frozenset((b"content-length", b"transfer-encoding", b"upgrade", b"expect"))
 
 
 def take(data: bytes, limits, ready) -> tuple[int, bool]:
@@ -33,7 +33,7 @@ def take(data: bytes, limits, ready) -> tuple[int, bool]:
             return pos, False
         method, url, minor, block = m.groups()
         fields = [_FIELD.fullmatch(line).groups() for line in block.split(b"\r\n")[:-1]]
-        if any(name.lower() in LEFT_TO_LLHTTP for name, _ in fields):
+        if any(name.lower() in _LEFT_TO_LLHTTP for name, _ in fields):
             return pos, False
         name = method.decode("ascii")
         check_line(name, len(url), limits)
