@@ -17,6 +17,14 @@ def required() -> bool:
     return os.environ.get("QAG_SPEEDUPS", "").strip().lower() == "require"
 
 
+def call_outcome(fn: Callable, *args) -> tuple:
+    """("ok", result) or ("raised", exception type, text): what twins are compared on."""
+    try:
+        return ("ok", fn(*args))
+    except Exception as exc:  # noqa: BLE001 - the exception type and text are what is compared
+        return ("raised", type(exc), str(exc))
+
+
 def compiled_or_skip(name: str) -> ModuleType:
     """The compiled twin of `name`; skips the test when it is not built (fails under QAG_SPEEDUPS=require)."""
     try:

@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from qag import _speedups
-from tests.speedups.conftest import compiled_or_skip
+from tests.speedups.conftest import call_outcome, compiled_or_skip
 
 TOKEN = "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 NAMES = st.one_of(st.sampled_from(["X-A", "Content-Type", "content-length", "CONNECTION", "Date", "server",
@@ -24,10 +24,7 @@ FIELDS = st.lists(st.one_of(st.tuples(NAMES, VALUES), st.tuples(ANY, ANY)), max_
 
 
 def outcome(module, headers):
-    try:
-        return ("ok", module.sort_fields(headers))
-    except Exception as exc:  # noqa: BLE001 - the exception type and text are what is compared
-        return ("raised", type(exc), str(exc))
+    return call_outcome(module.sort_fields, headers)
 
 
 @pytest.fixture(scope="module")
