@@ -153,6 +153,39 @@ def test_run_rows_keep_awkward_text_and_request_ids(make_store):
     assert [r["id"] for r in store.history({}, None, 10)] == [new["id"], old["id"]]
 
 
+@pytest.mark.parametrize("sizes", [(1,), (255, 1, 2), (257, 3, 300), (0, 511, 1)])
+def test_run_batches_keep_every_value_in_order_whatever_their_size_and_empty_columns(make_store, sizes):
+    """Segments of rows that leave different columns empty, each of a size that the SQLite store splits into
+    several statements: every value lands in its column, and ids follow the batch's order."""
+    store = make_store()
+    ids = store.name_ids({"q", "c", "k", "code"})
+    store.create_query("q", None, {"uuid": "u", "created_at": "c", "last_modified_at": "m", "sql": "x"}, True)
+    shapes = [
+        lambda at: (at, 1, ids["q"], 3, ids["c"], ids["k"], (at % 2**48).to_bytes(6, "big"), 1, None, at % 7,
+                    at % 100, at % 10, None, None, None, None),
+        lambda at: (at, 0, ids["q"], 3, ids["c"], ids["k"], f"rid-{at}", 0, 1, None, None, None, ids["code"],
+                    f"failed {at}", None, '{"p":[]}'),
+        lambda at: (at, 1, None, None, ids["c"], ids["k"], None, 1, 2, 0, 4, None, None, None, f"SELECT {at}", "{}"),
+    ]
+    rows, at = [], 1000
+    for index, size in enumerate(sizes):
+        rows += [shapes[index % 3](at + i) for i in range(size)]
+        at += size
+    store.add_runs(rows, limit=10_000, adhoc_limit=10_000, by_count=True, events_since=0)
+    stored = store.events(0, 10_000)
+    assert len(stored) == len(rows)
+    assert [r["id"] for r in stored] == sorted(r["id"] for r in stored)
+    names = {ids[name]: name for name in ids}
+    for row, got in zip(rows, stored):
+        at, h, q, v, c, k, rid, ok, tr, n, ms, ser, code, err, sql, x = row
+        assert (got["at"], got["h"], got["v"], got["ok"], got["tr"], got["n"], got["ms"], got["ser"]) == \
+            (at, h, v, ok, tr, n, ms, ser)
+        assert (got["query"], got["connection"], got["key_name"], got["code"]) == \
+            (names.get(q), "c", "k", names.get(code))
+        assert (got["err"], got["sql"], got["x"]) == (err, sql, x)
+        assert got["rid"] == rid or (isinstance(rid, bytes) and got["rid"] == rid.hex())
+
+
 def test_history_is_trimmed_per_version_and_sweeps_go_in_batches(make_store):
     store = make_store()
     ids = store.name_ids({"q", "c", "k"})
