@@ -7,6 +7,7 @@ per call (deterministic) and prints the single-caller latencies it measured; it 
 
 from __future__ import annotations
 
+import datetime as dt
 import socket
 import statistics
 import threading
@@ -331,6 +332,29 @@ def test_paged_reads_and_types(read_server):
     r = sql(read_server, "SELECT CAST(2.50 AS DECIMAL(5,2)) AS d, DATE('2024-01-02') AS day, NULL AS nothing, "
                          "'héllo' AS text")
     assert r.json == [{"d": 2.5, "day": "2024-01-02", "nothing": None, "text": "héllo"}]
+
+
+@pytest.mark.parametrize("kind", ["pure", "compiled"])
+def test_date_and_time_values_are_mysqlclients_own(db, kind, monkeypatch):
+    """DATETIME, TIMESTAMP and DATE values read by either mysqltime twin equal what mysqlclient's default
+    conversions give for the same statement: fractions of any width, the zero date, NULL, leap days."""
+    from qag import _speedups
+    from tests.speedups.conftest import compiled_or_skip
+    times = _speedups.twin("mysqltime", "pure") if kind == "pure" else compiled_or_skip("mysqltime")
+    selected = _speedups.get
+    monkeypatch.setattr(_speedups, "get", lambda name: times if name == "mysqltime" else selected(name))
+    statement = ("SELECT CAST('2024-02-29 23:59:58' AS DATETIME) AS a, CAST('2024-02-29 23:59:58.5' AS DATETIME(1)) "
+                 "AS b, CAST('1999-12-31 00:00:00.000123' AS DATETIME(6)) AS c, CAST(0 AS DATETIME) AS zero, "
+                 "CAST(NULL AS DATETIME) AS nothing, DATE('2024-02-29') AS day, CAST(0 AS DATE) AS zero_day, "
+                 "FROM_UNIXTIME(1700000000.25) AS stamp, TIMESTAMP('2001-02-03 04:05:06.7') AS ts")
+    backend = MysqlBackend(settings())
+    rows = backend.run(db.fields, read(statement)).rows
+    assert rows == admin_rows(statement)
+    (idle,) = [slot for slots in backend.pool._idle.values() for slot in slots]
+    assert idle.conn.conn.converter[MySQLdb.constants.FIELD_TYPE.DATETIME] is times.datetime_or_none
+    assert rows[0][:3] == (dt.datetime(2024, 2, 29, 23, 59, 58), dt.datetime(2024, 2, 29, 23, 59, 58, 500000),
+                           dt.datetime(1999, 12, 31, 0, 0, 0, 123)) and rows[0][3] is None
+    assert rows[0][5] == dt.date(2024, 2, 29)
 
 
 @pytest.mark.e2e

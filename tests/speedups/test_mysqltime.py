@@ -1,0 +1,96 @@
+"""The MySQL date/time text twins (qag._speedups mysqltime): the compiled twin gives mysqlclient's own values.
+
+The pure twin is mysqlclient's parsers themselves, so agreement on generated text near MySQL's canonical forms
+(and on any text) shows the compiled one changes no value a MySQL call returns."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qag import _speedups
+from tests.speedups.conftest import call_outcome, compiled_or_skip
+
+
+@pytest.fixture(scope="module")
+def twins():
+    return _speedups.twin("mysqltime", "pure"), compiled_or_skip("mysqltime")
+
+
+def test_examples(speedups):
+    parse, date = speedups.mysqltime.datetime_or_none, speedups.mysqltime.date_or_none
+    assert parse("2024-02-29 23:59:58") == dt.datetime(2024, 2, 29, 23, 59, 58)
+    assert parse("2024-02-29 23:59:58.5") == dt.datetime(2024, 2, 29, 23, 59, 58, 500000)
+    assert parse("1999-12-31 00:00:00.000123") == dt.datetime(1999, 12, 31, 0, 0, 0, 123)
+    assert parse("2024-02-29 23:59:58.") == dt.datetime(2024, 2, 29, 23, 59, 58)   # mysqlclient's reading
+    assert parse("2024-02-29 23:59:58.1234567") is None                         # more than microseconds
+    assert parse("0000-00-00 00:00:00") is None and parse("2023-02-29 00:00:00") is None
+    assert parse("2024-02-29") == dt.date(2024, 2, 29)                           # short text: a date
+    assert date("2024-02-29") == dt.date(2024, 2, 29)
+    assert date("0000-00-00") is None and date("2024-13-01") is None
+
+
+# Text built from the canonical layout with each part sometimes off: digits, separators, lengths, fractions.
+DIGITS = st.text(alphabet="0123456789", min_size=1, max_size=5)
+PART = st.one_of(st.text(alphabet="0123456789", min_size=2, max_size=2), DIGITS, st.sampled_from(["00", "01", "12", "13", "29", "31", "59", "60", "99", " 1", "1_0", "+1",
+                                          "-1", "٣", "a"]))
+SEP = st.sampled_from(["-", ":", " ", ".", "T", "/", "", "é"])
+
+
+@st.composite
+def near_canonical(draw):
+    def sep(canonical):   # mostly the canonical separator, so the parts after it are reached
+        return draw(st.one_of(st.just(canonical), SEP))
+    year = draw(st.one_of(st.sampled_from(["0000", "0001", "1970", "2024", "9999"]), DIGITS))
+    parts = [year, sep("-"), draw(PART), sep("-"), draw(PART)]
+    if draw(st.booleans()):
+        parts += [sep(" "), draw(PART), sep(":"), draw(PART), sep(":"), draw(PART)]
+        if draw(st.booleans()):
+            parts += [sep("."), draw(st.one_of(st.text(alphabet="0123456789", max_size=8), PART))]
+    return "".join(parts)
+
+
+# Parts that int() reads but that aren't two digits: mysqlclient accepts them, so the compiled twin must hand
+# them to it rather than refuse them itself.
+ODD = ["2024-02-29 23:59: 8", "2024-02-29 23: 9:08", "2024-02-29  1:09:08", "2024-02-29 23:59:+8", "2024-0 -29",
+       "2024-02-29 23:59:08.+5", "2024-02-29 23:59:08. 5", "+024-02-29 23:59:08", "2024-02-29T23:59:08",
+       "2024-02-29 23:59:08.1_2", "2024-1_-29", "٢٠٢٤-02-29 23:59:08", "2024-02-29 23:59:08\n", "2024-02-29 "]
+
+
+@pytest.mark.parametrize("text", ODD)
+def test_twins_agree_on_text_int_reads_oddly(twins, text):
+    pure, compiled = twins
+    assert call_outcome(compiled.datetime_or_none, text) == call_outcome(pure.datetime_or_none, text)
+    assert call_outcome(compiled.date_or_none, text) == call_outcome(pure.date_or_none, text)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(text=st.one_of(near_canonical(), st.text(max_size=30)))
+def test_twins_agree(twins, text):
+    pure, compiled = twins
+    assert call_outcome(compiled.datetime_or_none, text) == call_outcome(pure.datetime_or_none, text)
+    assert call_outcome(compiled.date_or_none, text) == call_outcome(pure.date_or_none, text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(moment=st.datetimes(min_value=dt.datetime(1, 1, 1), max_value=dt.datetime(9999, 12, 31, 23, 59, 59)),
+       digits=st.integers(min_value=0, max_value=6))
+def test_every_canonical_value_reads_back(twins, moment, digits):
+    """What MySQL sends for a DATETIME(digits) value (fraction truncated to its digits) reads back as that value."""
+    _, compiled = twins
+    micros = moment.microsecond // 10 ** (6 - digits) * 10 ** (6 - digits) if digits else 0
+    text = f"{moment.year:04d}-{moment:%m-%d %H:%M:%S}"
+    if digits:
+        text += "." + f"{moment.microsecond:06d}"[:digits]
+    assert compiled.datetime_or_none(text) == moment.replace(microsecond=micros)
+    assert compiled.date_or_none(text[:10]) == moment.date()
+
+
+def test_bad_argument_types_fail_as_mysqlclient_does(twins):
+    pure, compiled = twins
+    for value in (None, 20240229, b"2024-02-29 00:00:00", bytearray(b"2024-02-29")):
+        assert call_outcome(compiled.datetime_or_none, value) == call_outcome(pure.datetime_or_none, value)
+        assert call_outcome(compiled.date_or_none, value) == call_outcome(pure.date_or_none, value)
