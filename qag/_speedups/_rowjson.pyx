@@ -14,11 +14,11 @@ from cpython.datetime cimport (
     datetime_second, datetime_microsecond, date_year, date_month, date_day,
     time_hour, time_minute, time_second, time_microsecond, time_tzinfo,
 )
-from cpython.float cimport PyFloat_AS_DOUBLE
+from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_AsDouble
 from cpython.list cimport PyList_GET_ITEM
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
-from libc.math cimport isfinite
+from libc.math cimport NAN, isfinite
 from libc.stdint cimport uint8_t, uint16_t, uint32_t
 from libc.string cimport memcpy, strlen
 
@@ -346,6 +346,15 @@ def _datetime_text(value):
                                              value.hour, value.minute, value.second)
 
 
+cdef inline double _exact_decimal_double(object value) except? -1.0:
+    # float() of an exact Decimal is its value (a quiet NaN gives NaN); only a signalling NaN refuses, and it
+    # means NaN as in _decimal_float. Without the Python call: Decimal columns come in every row.
+    try:
+        return PyFloat_AsDouble(value)
+    except ValueError:
+        return NAN
+
+
 def _decimal_float(value):
     # float() refuses a signalling NaN; it means NaN like the quiet one.
     return math.nan if value.is_nan() else float(value)
@@ -431,7 +440,7 @@ cdef int _put_json_value(Buf* b, object v) except -1:
             _put_naive_time(b, v)
         return _put(b, b'"', 1)
     if t is _Decimal:
-        d = _decimal_float(v)
+        d = _exact_decimal_double(v)
         if isfinite(d):
             return _put_double(b, d)
         return _put(b, b"null", 4)
@@ -519,17 +528,45 @@ cdef list _row_list(rows):
     return rowlist
 
 
-cdef bytes _encode_objects(columns, rows, bint spaced):
-    cdef list cols = unique_columns(columns)
-    cdef list rowlist = _row_list(rows)
-    cdef Py_ssize_t nrows = len(rowlist), ncols = len(cols), estimate
-    cdef bint first = True
+cdef dict _KEYS = {}      # (column names, spaced) -> their JSON keys: a saved query's columns repeat per call
+cdef Py_ssize_t _KEYS_MAX = 512
+
+
+cdef list _object_keys(columns, bint spaced):
+    # Each key with what goes before it (see _json_keys), for the unique names of `columns`. Lists of exact
+    # str are remembered by value (a bounded table, emptied when full); anything else is worked out each time.
+    cdef tuple names
+    cdef object key
     cdef list keys
+    if type(columns) is tuple or type(columns) is list:
+        names = tuple(columns)
+        for name in names:
+            if type(name) is not str:
+                return _new_object_keys(names, spaced)
+        key = (names, spaced)
+        keys = _KEYS.get(key)
+        if keys is None:
+            keys = _new_object_keys(names, spaced)
+            if len(_KEYS) >= _KEYS_MAX:
+                _KEYS.clear()
+            _KEYS[key] = keys
+        return keys
+    return _new_object_keys(columns, spaced)
+
+
+cdef list _new_object_keys(columns, bint spaced):
+    cdef list cols = unique_columns(columns)
     if spaced:
         # The opening brace rides on the first key; an empty object is written on its own.
-        keys = _json_keys(cols, b'{', 1, b", ", 2, b": ", 2)
-    else:
-        keys = _json_keys(cols, b"", 0, b",", 1, b":", 1)
+        return _json_keys(cols, b'{', 1, b", ", 2, b": ", 2)
+    return _json_keys(cols, b"", 0, b",", 1, b":", 1)
+
+
+cdef bytes _encode_objects(columns, rows, bint spaced):
+    cdef list keys = _object_keys(columns, spaced)
+    cdef list rowlist = _row_list(rows)
+    cdef Py_ssize_t nrows = len(rowlist), ncols = len(keys), estimate
+    cdef bint first = True
     cdef Buf b
     _open(&b, 256)
     try:

@@ -76,6 +76,27 @@ def test_encoders_make_columns_unique(speedups):
     assert rowjson.encode_delimited(["id", "id"], [(1, 2)], ",") == b"id,id_2\r\n1,2\r\n"
 
 
+class Name(str):
+    """A column name that is a str subclass: written by its text like any other."""
+
+
+def test_object_keys_follow_the_names_of_each_call(speedups):
+    """The compiled twin remembers the keys of recent column lists: each call still gets its own names, a list
+    changed in place gets its new names, and past the table's size (it starts over) nothing changes."""
+    rowjson = speedups.rowjson
+    columns = ["id", "name"]
+    assert rowjson.encode_json(columns, [(1, "a")]) == b'[{"id":1,"name":"a"}]\n'
+    assert rowjson.encode_ndjson(columns, [(1, "a")]) == b'{"id": 1, "name": "a"}\n'
+    columns[1] = "title"
+    assert rowjson.encode_json(columns, [(1, "a")]) == b'[{"id":1,"title":"a"}]\n'
+    assert rowjson.encode_json(("id", "id"), [(1, 2)]) == b'[{"id":1,"id_2":2}]\n'
+    assert rowjson.encode_json([Name("id"), "id"], [(1, 2)]) == b'[{"id":1,"id_2":2}]\n'
+    assert rowjson.encode_json(iter(["x"]), [(1,)]) == b'[{"x":1}]\n'
+    for n in range(1200):
+        assert rowjson.encode_json([f"c{n}", "id"], [(n, 1)]) == f'[{{"c{n}":{n},"id":1}}]\n'.encode()
+    assert rowjson.encode_json(["id", "name"], [(2, "b")]) == b'[{"id":2,"name":"b"}]\n'
+
+
 @pytest.mark.parametrize("kind", ["pure", "compiled"])
 @given(names=st.lists(st.sampled_from(["id", "id_2", "id_3", "a", "a_2", "", "_2", "é"]), max_size=12))
 def test_unique_columns_are_unique_and_keep_first_names(kind, names):
