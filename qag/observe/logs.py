@@ -18,6 +18,7 @@ from .events import BatchWriter
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 _installed: "_Handler | None" = None
+_MILLISECONDS = tuple(f"{n:03d}" for n in range(1000))   # a line's milliseconds, formatted once
 
 
 class _Handler(logging.Handler):
@@ -126,10 +127,12 @@ class LogWriter:
             if extras:
                 out.update(extras)
             return json.dumps(out, separators=(",", ":"), ensure_ascii=False, default=str) + "\n"
-        second = int(at)
+        milli = int(at * 1000)
+        second = milli // 1000
         if second != self._second:
             self._second = second
-            self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+            self._stamp = time.strftime("%Y-%m-%d %H:%M:%S,", time.localtime(second))
         if "\n" in message or "\r" in message:
             message = message.replace("\r", "\\r").replace("\n", "\\n")
-        return f"{self._stamp},{int(at * 1000) % 1000:03d} {level} {logger} [{rid or '-'} key={key or '-'}]: {message}\n"
+        return (f"{self._stamp}{_MILLISECONDS[milli - second * 1000]} {level} {logger} [{rid or '-'} "
+                f"key={key or '-'}]: {message}\n")

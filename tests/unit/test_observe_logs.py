@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import time
 
 from qag.observe.logs import LogWriter
 from qag.settings import load
@@ -25,6 +26,22 @@ def test_plain_request_line_names_request_and_key():
     w.close()
     line = out.getvalue()
     assert line.endswith(" INFO qag [abc123 key=admin]: GET /q/films -> 200 in 2.1ms\n")
+
+
+def test_plain_lines_carry_local_time_to_the_millisecond(monkeypatch):
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        w, out = _writer()
+        for at in (1_700_000_000.0421, 1_700_000_000.999, 1_700_000_001.0, 1_700_000_061.5):
+            w.put(("req", at, "r", "k", "GET", "/", 200, 1.0))
+        w.close()
+        stamps = [line.split(" INFO ")[0] for line in out.getvalue().splitlines()]
+        assert stamps == ["2023-11-14 22:13:20,042", "2023-11-14 22:13:20,999", "2023-11-14 22:13:21,000",
+                          "2023-11-14 22:14:21,500"]
+    finally:
+        monkeypatch.undo()   # the zone this process had, then read again
+        time.tzset()
 
 
 def test_json_lines_carry_structured_fields():
