@@ -39,6 +39,7 @@ class Pool:
         # which can run on a thread that is inside the pool already.
         self._lock = threading.RLock()
         self._freed = threading.Condition(self._lock)
+        self._waiting = 0       # callers waiting on _freed now: with none, a release has no one to notify
         self.waits = 0          # callers that had to wait for the cap (a metric later)
 
     @classmethod
@@ -73,8 +74,11 @@ class Pool:
                         if self._open.get(key, 0) < self.max_open:
                             break
                         left = deadline - time.monotonic()
-                        if left <= 0 or not self._freed.wait(left):
-                            if self._open.get(key, 0) >= self.max_open and self._take_idle(key, prefer, stale) is None:
+                        if left <= 0 or not self._wait_freed(left):
+                            slot = self._take_idle(key, prefer, stale)   # freed as the wait ran out
+                            if slot is not None:
+                                return slot.conn, True
+                            if self._open.get(key, 0) >= self.max_open:
                                 raise QagError("unavailable", "Every connection this worker may open to this "
                                                               "database is busy - try again shortly", retry_after=1)
                 self._open[key] = self._open.get(key, 0) + 1
@@ -86,6 +90,20 @@ class Pool:
         except BaseException:
             self._forget(key)
             raise
+
+    def _wait_freed(self, seconds: float) -> bool:
+        """Wait (holding the lock) until a connection is freed or `seconds` pass; False on timeout."""
+        self._waiting += 1
+        try:
+            return self._freed.wait(seconds)
+        finally:
+            self._waiting -= 1
+
+    def _notify(self) -> None:
+        # Condition.notify is Python code that costs about as much as the rest of a release: skipped when
+        # nobody waits (both read under the lock, so a waiter is either counted or not yet waiting).
+        if self._waiting:
+            self._freed.notify()
 
     def _take_idle(self, key: Hashable, prefer, stale: list, fallback: bool = True) -> _Slot | None:
         idle = self._idle.get(key)
@@ -114,20 +132,20 @@ class Pool:
                 if len(idle) > self.idle_limit:
                     surplus = idle.pop(0).conn
                     self._open[key] -= 1
-                    self._freed.notify()
+                    self._notify()
                 else:
-                    self._freed.notify()
+                    self._notify()
                     return
             else:
                 surplus = conn
                 self._open[key] -= 1
-                self._freed.notify()
+                self._notify()
         self._safe_close(surplus)
 
     def _forget(self, key: Hashable) -> None:
         with self._lock:
             self._open[key] -= 1
-            self._freed.notify()
+            self._notify()
 
     def close_idle(self) -> None:
         """Close every idle connection (a connection's settings changed: new calls must use the new ones)."""

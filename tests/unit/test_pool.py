@@ -89,6 +89,35 @@ def test_open_cap_makes_callers_wait_then_503():
     assert got is a and reused and pool.stats()["waits"] == 2
 
 
+def test_a_release_wakes_a_waiting_caller():
+    """A waiter is woken by the release, not by its own time limit (30 s here; the join is a deadline)."""
+    pool = Pool(idle_limit=4, idle_timeout=60, max_open=1, wait=30)
+    a, _ = pool.acquire("k", Conn)
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(pool.acquire("k", Conn)))
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while not pool._waiting:   # until it waits (a deadline, not a timing assertion)
+        assert time.monotonic() < deadline and waiter.is_alive()
+        time.sleep(0.005)
+    pool.release("k", a)
+    waiter.join(10)
+    assert not waiter.is_alive() and got == [(a, True)]
+
+
+def test_a_connection_freed_as_the_wait_runs_out_is_handed_out_not_lost():
+    pool = Pool(idle_limit=4, idle_timeout=60, max_open=1, wait=30)
+    a, _ = pool.acquire("k", Conn)
+
+    def wait_runs_out(seconds):
+        pool.release("k", a)   # freed at the last moment, after the wait timed out
+        return False
+
+    pool._wait_freed = wait_runs_out
+    assert pool.acquire("k", Conn) == (a, True)
+    assert pool.stats() == {"idle": 0, "active": 1, "waits": 1}
+
+
 def test_open_cap_counts_a_failed_open_as_closed():
     pool = Pool(idle_limit=4, idle_timeout=60, max_open=1, wait=0.1)
 
