@@ -256,9 +256,20 @@ def _preferred(link: _Link) -> bool:
     return link.arrived == link.pending
 
 
+_SESSION_STATE: dict[str, bool] = {}   # statement text -> _leaves_session_state (saved queries repeat)
+_SESSION_STATE_MAX = 1024
+
+
 def _leaves_session_state(sql: str) -> bool:
     """Whether a statement may set user variables (@x) or take named locks; judged on the text, erring closed."""
-    return "@" in sql or "lock" in sql.lower()
+    leaves = _SESSION_STATE.get(sql)
+    if leaves is None:
+        # Lower-casing the whole statement on every call cost as much as the rest of giving the connection back.
+        leaves = "@" in sql or "lock" in sql.lower()
+        if len(_SESSION_STATE) >= _SESSION_STATE_MAX:
+            _SESSION_STATE.clear()
+        _SESSION_STATE[sql] = leaves
+    return leaves
 
 
 def _close(link: _Link) -> None:

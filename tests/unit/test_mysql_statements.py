@@ -467,3 +467,11 @@ def test_a_connection_that_raised_is_closed(fake, monkeypatch):
 ])
 def test_statements_that_may_leave_session_state(sql, leaves):
     assert mysql_backend._leaves_session_state(sql) is leaves
+    assert mysql_backend._leaves_session_state(sql) is leaves   # remembered verdict, the same
+
+
+def test_remembered_verdicts_stay_right_past_the_tables_size():
+    for n in range(2500):
+        sql = f"SELECT {n} FROM t" if n % 3 else f"SELECT GET_LOCK('{n}', 0)"
+        assert mysql_backend._leaves_session_state(sql) is (n % 3 == 0)
+    assert len(mysql_backend._SESSION_STATE) <= mysql_backend._SESSION_STATE_MAX
