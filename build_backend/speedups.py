@@ -32,14 +32,15 @@ def resolve_mode(value: object = None, source: str = "--config-settings speedups
 # The request path's own modules, compiled from their .py as they are (Cython's pure-Python mode); the source
 # stays the pure twin, chosen at import by qag/_speedups/request_path.py, which also finds them by the digest
 # file written beside each build. Chosen by profile: what a saved-query call runs, worker included.
-REQUEST_PATH = ("qag/app.py", "qag/auth.py", "qag/encode.py", "qag/api/_common.py", "qag/api/run.py",
-                "qag/sql/params.py", "qag/sql/prepare.py", "qag/sql/window.py", "qag/http/request.py",
-                "qag/http/response.py", "qag/http/router.py", "qag/backends/base.py", "qag/backends/mysql.py",
-                "qag/backends/_mysql_sql.py", "qag/backends/pool.py", "qag/backends/registry.py",
-                "qag/cache/metadata.py", "qag/cache/shm.py", "qag/observe/events.py", "qag/observe/history.py",
-                "qag/observe/logs.py", "qag/observe/metrics.py", "qag/policy/grants.py", "qag/policy/guard.py",
-                "qag/policy/masking.py", "qag/worker/http11.py", "qag/worker/parser.py", "qag/worker/poller.py",
-                "qag/worker/wsgi.py", "qag/worker/worker.py")
+REQUEST_PATH = ("qag/app.py", "qag/auth.py", "qag/encode.py", "qag/api/_common.py", "qag/api/_usage.py",
+                "qag/api/run.py", "qag/sql/params.py", "qag/sql/prepare.py", "qag/sql/window.py",
+                "qag/http/request.py", "qag/http/response.py", "qag/http/router.py", "qag/backends/base.py",
+                "qag/backends/mysql.py", "qag/backends/_mysql_sql.py", "qag/backends/pool.py",
+                "qag/backends/registry.py", "qag/cache/metadata.py", "qag/cache/shm.py", "qag/observe/events.py",
+                "qag/observe/history.py", "qag/observe/logs.py", "qag/observe/metrics.py",
+                "qag/observe/observer.py", "qag/policy/grants.py", "qag/policy/guard.py", "qag/policy/masking.py",
+                "qag/worker/http11.py", "qag/worker/parser.py", "qag/worker/poller.py", "qag/worker/wsgi.py",
+                "qag/worker/worker.py")
 DIGEST_SUFFIX = ".source-sha256"   # as qag/_speedups/request_path.py reads it (nothing here imports qag)
 # Annotations stay documentation: Cython would otherwise take `environ: dict` as "exactly a dict".
 _PY_DIRECTIVES = {"language_level": 3, "annotation_typing": False}

@@ -82,9 +82,12 @@ def _ensure_loaded() -> None:
 
 def get(name: str) -> ModuleType:
     """The selected twin of module `name` (for example get("rowjson").encode_json)."""
-    _check_name(name)
-    _ensure_loaded()
-    return _selected[name]
+    module = _selected.get(name)   # once loaded, one lookup: the request path asks on every call
+    if module is None:
+        _check_name(name)
+        _ensure_loaded()
+        module = _selected[name]
+    return module
 
 
 def mode() -> str:

@@ -37,6 +37,7 @@ import time
 import MySQLdb
 import MySQLdb.converters
 import MySQLdb.cursors
+from MySQLdb import _mysql
 from MySQLdb.constants import FIELD_TYPE
 
 from .. import _speedups
@@ -191,6 +192,11 @@ class _Cursor(MySQLdb.cursors.BaseCursor):
         self._discard()
 
 
+# The driver's own query: MySQLdb's Connection.query only turns a bytearray into bytes (ours are bytes) in a Python
+# frame of its own on every call.
+_query = _mysql.connection.query
+
+
 def _execute(conn, sql: str, args, skip: int, count: int) -> tuple[list, list]:
     """Run one statement on the connection and read its page: column names, and `count` rows after `skip`
     (count 0: all). The driver's own calls without its cursor's per-call Python (description and flag
@@ -201,7 +207,7 @@ def _execute(conn, sql: str, args, skip: int, count: int) -> tuple[list, list]:
     if args:
         literal = conn.literal
         query = query % tuple([b"%d" % a if type(a) is int else literal(a) for a in args])
-    conn.query(query)
+    _query(conn, query)
     result = conn.store_result()
     if result is None:
         columns, rows = [], []

@@ -575,13 +575,19 @@ def test_invalid_mode(selector, mode):
     assert "\n" not in str(info.value)
 
 
-def test_first_get_reads_the_environment(selector, monkeypatch):
+def not_loaded(selector, monkeypatch) -> None:
+    """The state before the first load: no mode, nothing selected."""
     monkeypatch.setattr(selector, "_mode", None)
+    monkeypatch.setattr(selector, "_selected", {})
+
+
+def test_first_get_reads_the_environment(selector, monkeypatch):
+    not_loaded(selector, monkeypatch)
     monkeypatch.setenv("QAG_SPEEDUPS", "off")
     assert selector.get("rowjson") is selector.twin("rowjson", "pure")
     assert selector.loaded() == dict.fromkeys(_speedups.MODULES, "pure")
 
-    monkeypatch.setattr(selector, "_mode", None)
+    not_loaded(selector, monkeypatch)
     monkeypatch.setenv("QAG_SPEEDUPS", "turbo")
     with pytest.raises(ValueError, match="QAG_SPEEDUPS must be auto, require or off, not 'turbo'"):
         selector.get("rowjson")

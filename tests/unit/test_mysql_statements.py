@@ -327,6 +327,8 @@ def fake(monkeypatch):
         return _FakeConn(log, state["version"], state["probe_warnings"], kwargs)
 
     monkeypatch.setattr(mysql_backend.MySQLdb, "connect", connect)
+    # The backend calls the driver's C query on its connection object; these connections answer through theirs.
+    monkeypatch.setattr(mysql_backend, "_query", lambda conn, query: conn.query(query))
 
     def make(version="8.0.36", probe_warnings=0, pool_size=1):
         state.update(version=version, probe_warnings=probe_warnings)

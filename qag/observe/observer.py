@@ -1,0 +1,140 @@
+"""The Observer a gateway hands its requests and runs to: recording without slowing a call.
+
+The hot path calls `request()` once per response and `begin()` + one of `done()`/`failed()`/`streamed()` per
+executed run. Each is a handful of dict and list operations and deque appends: metrics count into per-thread
+shards (metrics.py), run records go to the history writer's bounded buffer (events.py, history.py), log lines to
+the log writer's queue (logs.py). Background threads per worker do the rest. `close()` flushes everything
+(gunicorn worker_exit, or process exit).
+"""
+
+from __future__ import annotations
+
+import atexit
+import weakref
+
+from .. import _speedups
+from .history import History, HistoryHandlers
+from .logs import LogWriter
+from .metrics import Metrics
+
+QUIET_ENDPOINTS = frozenset({"api.health", "api.metrics_endpoint", "api.livez", "api.readyz"})
+
+_open: "weakref.WeakSet[Observer]" = weakref.WeakSet()
+
+
+class Observer:
+    """One per gateway (per worker)."""
+
+    def __init__(self, gateway):
+        settings = gateway.settings
+        self.gateway = gateway
+        self.history = History(gateway.store, settings)
+        self.logs = LogWriter(settings)
+        self.metrics = Metrics(self._more)
+        self.handlers = HistoryHandlers(gateway, self.history)
+        self.log_requests = settings.log_requests
+        self.slow_ms = settings.slow_query_threshold * 1000.0 if settings.slow_query_threshold else None
+        self._closed = False
+        _open.add(self)
+
+    def register(self, router) -> None:
+        self.handlers.register(router)
+
+    # --- hot path -----------------------------------------------------------------------------------------
+    def request(self, method: str, endpoint: str, status: int, key: str, seconds: float, request_id: str,
+                path: str, at: float) -> None:
+        self.metrics.request(method, endpoint, status, key, seconds)
+        if self.log_requests and self.logs.enabled and endpoint not in QUIET_ENDPOINTS:
+            self.logs.put(("req", at, request_id, key, method, path, status, seconds * 1000.0))
+
+    def begin(self) -> None:
+        self.metrics.begin()
+
+    def done(self, plan, at: float, rows: int, duration_ms: float, encode_seconds: float) -> None:
+        conn = plan.connection
+        self.metrics.run(conn["name"], conn["db"], True, plan.key, rows, duration_ms / 1000.0, plan.fmt,
+                         encode_seconds)
+        self.history.writer.put((plan, at, True, rows, duration_ms, encode_seconds * 1000.0, None, None))
+        self._log_run(plan, at, duration_ms)
+
+    def failed(self, plan, at: float, error, rows: int | None = None) -> None:
+        conn = plan.connection
+        self.metrics.run(conn["name"], conn["db"], False, plan.key, rows or 0, None)
+        if plan.stream:
+            self.metrics.stream(conn["name"], conn["db"], "error", plan.key)
+        self.history.writer.put((plan, at, False, rows, None, None, error.code, error.message))
+        self._log_run(plan, at, None)
+
+    def streamed(self, plan, at: float, rows: int, truncated: bool) -> None:
+        conn = plan.connection
+        self.metrics.run(conn["name"], conn["db"], True, plan.key, rows, None)
+        self.metrics.stream(conn["name"], conn["db"], "truncated" if truncated else "success", plan.key)
+        self.history.writer.put((plan, at, True, rows, None, None, None, None))
+        self._log_run(plan, at, None)
+
+    def _log_run(self, plan, at: float, duration_ms: float | None) -> None:
+        if not self.logs.enabled:
+            return
+        if self.log_requests:
+            self.logs.put(("exec", at, plan, self._logged_sql(plan)))
+        if duration_ms is not None and self.slow_ms is not None and duration_ms >= self.slow_ms:
+            self.logs.put(("slow", at, plan, duration_ms))
+
+    def _logged_sql(self, plan) -> str:
+        if plan.query is None and self.history.adhoc_sql != "text":
+            import hashlib
+            return f"(text not logged; sha256 {hashlib.sha256(plan.sql.encode('utf-8', 'surrogatepass')).hexdigest()})"
+        return plan.sql
+
+    # --- metrics of the other parts -----------------------------------------------------------------------
+    def _more(self) -> tuple[dict, dict]:
+        history = self.history
+        writer = history.writer
+        counters = {"history": {"recorded": history.recorded, "sampled_out": history.sampled_out,
+                                "dropped": writer.dropped, "failed": writer.failed},
+                    "log_dropped": self.logs.buffer.dropped, "pool_waits": {}}
+        stats = getattr(self.gateway, "limit_stats", None)
+        if stats is not None:
+            counters["rate_limit"] = {"rejections": stats.rejections, "fallbacks": stats.fallbacks}
+        pools: dict = {}
+        # The backends this worker has loaded (a driver is imported on first use only).
+        for db, backend in list(getattr(self.gateway.backends, "_backends", {}).items()):
+            pool = getattr(backend, "pool", None)
+            if pool is None:
+                continue
+            stats = pool.stats()
+            pools[db] = [stats["idle"], stats["active"]]
+            counters["pool_waits"][db] = stats["waits"]
+        gauges = {"history_pending": writer.pending, "history_capacity": writer.capacity, "pools": pools}
+        metadata = getattr(self.gateway, "metadata", None)
+        if metadata is not None:
+            more_c, more_g = metadata.cache_stats()
+            counters.update(more_c)
+            gauges.update(more_g)
+        cache = getattr(self.gateway, "response_cache", None)
+        if cache is not None:
+            gauges["cache_entries"] = cache.local_count
+        return counters, gauges
+
+    def scrape(self) -> bytes:
+        from .metrics import render
+        return render(self.metrics.instance(), _speedups.loaded())
+
+    # --- shutdown -----------------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.history.writer.close()
+        self.metrics.close()
+        self.logs.close()
+
+
+@atexit.register
+def _close_all() -> None:
+    """Process exit without gunicorn's worker_exit (in-process use): flush what is queued."""
+    for observer in list(_open):
+        try:
+            observer.close()
+        except Exception:
+            pass
