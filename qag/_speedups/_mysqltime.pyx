@@ -3,13 +3,16 @@
 
 The canonical text is `YYYY-MM-DD`, `YYYY-MM-DD hh:mm:ss` or that with `.` and 1-6 fraction digits: what the
 server sends. For it, mysqlclient's parsers give datetime/date of the same numbers (fraction digits scaled to
-microseconds), or None when the datetime constructor refuses them (the zero date). Any other text goes to those
-parsers themselves, so every result is theirs.
+microseconds), or None when the datetime constructor refuses them (the zero date). Any other text goes to the
+pure twin, which is those parsers, so every result is theirs.
 """
 
 from cpython.datetime cimport import_datetime, date_new, datetime_new
-from MySQLdb.times import Date_or_None as _date_or_none
-from MySQLdb.times import DateTime_or_None as _datetime_or_none
+
+# mysqlclient's parsers, for any text that isn't canonical; the pure twin's names (which stand in when
+# mysqlclient, the `mysql` extra, is not installed, so this module loads without it too).
+from qag._speedups.mysqltime import date_or_none as _date_or_none
+from qag._speedups.mysqltime import datetime_or_none as _datetime_or_none
 
 import_datetime()
 

@@ -7,7 +7,15 @@ value; the compiled twin reads MySQL's canonical text in C and hands anything el
 
 from __future__ import annotations
 
-from MySQLdb.times import Date_or_None as date_or_none
-from MySQLdb.times import DateTime_or_None as datetime_or_none
-
 __all__ = ["date_or_none", "datetime_or_none"]
+
+try:
+    from MySQLdb.times import Date_or_None as date_or_none
+    from MySQLdb.times import DateTime_or_None as datetime_or_none
+except ImportError:
+    # mysqlclient is the `mysql` extra. Without it there is no MySQL connection to convert values for, but the
+    # speedups still load (a SQLite- or PostgreSQL-only install, QAG_SPEEDUPS=require included).
+    def _no_mysqlclient(text):
+        raise RuntimeError("mysqlclient is not installed: MySQL values cannot be converted")
+
+    date_or_none = datetime_or_none = _no_mysqlclient

@@ -6,6 +6,8 @@ The pure twin is mysqlclient's parsers themselves, so agreement on generated tex
 from __future__ import annotations
 
 import datetime as dt
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -94,3 +96,24 @@ def test_bad_argument_types_fail_as_mysqlclient_does(twins):
     for value in (None, 20240229, b"2024-02-29 00:00:00", bytearray(b"2024-02-29")):
         assert call_outcome(compiled.datetime_or_none, value) == call_outcome(pure.datetime_or_none, value)
         assert call_outcome(compiled.date_or_none, value) == call_outcome(pure.date_or_none, value)
+
+
+def test_the_speedups_load_without_mysqlclient():
+    """mysqlclient is the `mysql` extra: without it both twins still import (a SQLite- or PostgreSQL-only install
+    under QAG_SPEEDUPS=require must start), and their parsers say why they can't be used."""
+    script = ("import sys; sys.modules['MySQLdb'] = None; sys.modules['MySQLdb.times'] = None\n"
+              "from qag import _speedups\n"
+              "pure = _speedups.twin('mysqltime', 'pure')\n"
+              "try:\n    pure.datetime_or_none('2024-01-02 00:00:00')\nexcept RuntimeError as exc:\n"
+              "    print('pure:', exc)\n"
+              "try:\n    compiled = _speedups.twin('mysqltime', 'compiled')\nexcept ImportError as exc:\n"
+              "    print('compiled: not built', exc)\nelse:\n"
+              "    print('compiled:', compiled.datetime_or_none('2024-01-02 03:04:05'))\n"
+              "    _speedups.load('require')\n    print('loaded:', _speedups.loaded()['mysqltime'])\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "pure: mysqlclient is not installed" in out.stdout
+    if "compiled: not built" in out.stdout:
+        compiled_or_skip("mysqltime")   # fails under QAG_SPEEDUPS=require, skips otherwise
+    # The compiled twin reads canonical text without mysqlclient at all.
+    assert "compiled: 2024-01-02 03:04:05" in out.stdout and "loaded: compiled" in out.stdout
