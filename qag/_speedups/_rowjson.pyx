@@ -530,15 +530,17 @@ cdef list _row_list(rows):
 
 cdef dict _KEYS = {}      # (column names, spaced) -> their JSON keys: a saved query's columns repeat per call
 cdef Py_ssize_t _KEYS_MAX = 512
+cdef Py_ssize_t _KEYS_WIDEST = 128   # wider results are worked out each time: the table stays a few MB at most
 
 
 cdef list _object_keys(columns, bint spaced):
-    # Each key with what goes before it (see _json_keys), for the unique names of `columns`. Lists of exact
-    # str are remembered by value (a bounded table, emptied when full); anything else is worked out each time.
+    # Each key with what goes before it (see _json_keys), for the unique names of `columns`. Lists of up to
+    # _KEYS_WIDEST exact str are remembered by value (a bounded table, emptied when full); anything else is
+    # worked out each time.
     cdef tuple names
     cdef object key
     cdef list keys
-    if type(columns) is tuple or type(columns) is list:
+    if (type(columns) is tuple or type(columns) is list) and len(columns) <= _KEYS_WIDEST:
         names = tuple(columns)
         for name in names:
             if type(name) is not str:

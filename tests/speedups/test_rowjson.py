@@ -94,6 +94,9 @@ def test_object_keys_follow_the_names_of_each_call(speedups):
     assert rowjson.encode_json(iter(["x"]), [(1,)]) == b'[{"x":1}]\n'
     for n in range(1200):
         assert rowjson.encode_json([f"c{n}", "id"], [(n, 1)]) == f'[{{"c{n}":{n},"id":1}}]\n'.encode()
+    wide = [f"c{n}" for n in range(300)] + ["c0"]
+    expected = "[{" + ",".join(f'"c{n}":{n}' for n in range(300)) + ',"c0_2":300}]\n'
+    assert rowjson.encode_json(wide, [tuple(range(301))]) == expected.encode()
     assert rowjson.encode_json(["id", "name"], [(2, "b")]) == b'[{"id":2,"name":"b"}]\n'
 
 
