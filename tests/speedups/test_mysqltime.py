@@ -69,7 +69,7 @@ def test_twins_agree_on_text_int_reads_oddly(twins, text):
     assert call_outcome(compiled.date_or_none, text) == call_outcome(pure.date_or_none, text)
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=800, deadline=None)
 @given(text=st.one_of(near_canonical(), st.text(max_size=30)))
 def test_twins_agree(twins, text):
     pure, compiled = twins
