@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.server import Server
+from tests.services import REDIS_URL
 
 SEED = """
 CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT, action TEXT);
@@ -57,6 +58,19 @@ def pytest_configure(config):
 def uniq():
     """Unique names, so tests sharing a session server never collide."""
     return lambda prefix="x": f"{prefix}{os.getpid()}_{next(_counter)}"
+
+
+def pytest_sessionfinish(session):
+    """The shared Redis keeps no counters of this run: the quota and rate-limit keys named after uniq() names
+    (they would otherwise stay until they expire, a day to 40 days later)."""
+    try:
+        import redis
+        client = redis.Redis.from_url(REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+        keys = list(client.scan_iter(f"qag:*{os.getpid()}_*", count=1000))
+        if keys:
+            client.delete(*keys)
+    except Exception:  # no Redis here, or no client: nothing was written there
+        pass
 
 
 def _seeded(server: Server) -> Server:
