@@ -16,8 +16,19 @@ CONNECTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,99}")
 COLLECTION_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 
 
+_VALID_QUERY_NAMES: set[str] = set()   # names judged valid already: every call of a saved query checks its name
+_VALID_QUERY_NAMES_MAX = 4096
+
+
 def valid_query_name(name) -> bool:
-    return isinstance(name, str) and QUERY_NAME.fullmatch(name) is not None and not name.startswith(".")
+    if type(name) is str and name in _VALID_QUERY_NAMES:   # exact str only: a subclass could hash as another
+        return True
+    valid = isinstance(name, str) and QUERY_NAME.fullmatch(name) is not None and not name.startswith(".")
+    if valid and type(name) is str:
+        if len(_VALID_QUERY_NAMES) >= _VALID_QUERY_NAMES_MAX:
+            _VALID_QUERY_NAMES.clear()   # bounded: names in the URL are the caller's to choose
+        _VALID_QUERY_NAMES.add(name)
+    return valid
 
 
 def body_object(request, *, required: bool = True) -> dict:
