@@ -113,6 +113,44 @@ BUILTINS: dict[str, frozenset[str]] = {
 }
 
 
+# Functions that change state outside the statement's result (named locks, MariaDB sequences, shell UDFs): a call
+# is a write operation for every caller (contract 4.3's read_only, reported under the function's name), because a
+# read-only transaction does not stop GET_LOCK, and a read-only key must not take a lock another caller waits on.
+# MariaDB's NEXT VALUE FOR / PREVIOUS VALUE FOR are the same as nextval() / lastval().
+WRITING: dict[str, frozenset[str]] = {
+    "mysql": frozenset((
+        "get_lock", "release_lock", "release_all_locks", "nextval", "setval", "lastval", "sys_exec", "sys_eval",
+        "sys_set",
+    )),
+}
+
+
+def writing_calls(text: str, sig: list, dialect: str) -> set[str]:
+    """The state-changing functions (WRITING) a statement calls, from its significant tokens: a name (bare,
+    `quoted` or, under ANSI_QUOTES, "quoted") followed by '(' - MySQL/MariaDB call a built-in whatever the
+    whitespace or comments between - and MariaDB's NEXT VALUE FOR / PREVIOUS VALUE FOR."""
+    names = WRITING.get(dialect)
+    if not names:
+        return set()
+    found: set[str] = set()
+    n = len(sig)
+    for j, t in enumerate(sig):
+        kind = t.kind
+        if kind == "word":
+            name = t.value
+            if name in ("next", "previous") and j + 2 < n and sig[j + 1].kind == "word" and \
+                    sig[j + 1].value == "value" and sig[j + 2].kind == "word" and sig[j + 2].value == "for":
+                found.add("nextval" if name == "next" else "lastval")
+                continue
+        elif kind == "qident" or (kind == "string" and t.value == '"'):
+            name = text[t.start + 1:t.end - 1].lower()
+        else:
+            continue
+        if name in names and j + 1 < n and sig[j + 1].kind == "punct" and sig[j + 1].value == "(":
+            found.add(name)
+    return found
+
+
 def denied(name: str, dialect: str) -> bool:
     """Whether a table-restricted key may never call the function `name` (lower-case, unqualified)."""
     return name in _DENIED.get(dialect, ()) or name.startswith(_DENIED_PREFIXES.get(dialect, ()))

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from qag.errors import QagError
+from qag.policy import functions
 from qag.sql import lexer, window, writes
 from qag.sql.lexer import BAD, PARAM, PUNCT, SEMI, STRING, TEXT, WORD, WS, XCOMMENT, Token
 from qag.sql.window import OwnWindow
@@ -35,7 +36,8 @@ _TEXT_IN_STR = 2    # {name} inside a string literal - bound as text, the litera
 _TEXT_VALUE_RE = re.compile(r"[\w\s.,:@%+/\-]*")
 _INT_TEXT_RE = re.compile(r"[+-]?[0-9]+")
 _DECIMAL_TEXT_RE = re.compile(r"[+-]?(?:[0-9]+\.[0-9]*|\.[0-9]+)")
-_MARKERS = {"qmark": "?", "format": "%s"}
+# numeric: $n, for drivers that send the values apart from the statement (psycopg 3's extended protocol).
+_MARKERS = {"qmark": "?", "format": "%s", "numeric": None}
 
 
 class Rendered(NamedTuple):
@@ -98,10 +100,14 @@ def _make_plan(p: Prepared, style: str, cut: bool) -> tuple:
         raise ValueError(f"unknown parameter style {style!r}") from None
     items = p._cut if cut else p._full
     slots = tuple(item for item in items if type(item) is tuple)
-    # Format-style drivers run "sql % args" only when given args, so '%' is doubled exactly then.
-    double = style == "format" and bool(slots)
-    text = "".join(marker if type(item) is tuple else (item.replace("%", "%%") if double else item)
-                   for item in items)
+    if marker is None:      # numbered: $1, $2, ... in order, each slot its own value (server-side parameters)
+        numbers = iter(range(1, len(slots) + 1))
+        text = "".join(f"${next(numbers)}" if type(item) is tuple else item for item in items)
+    else:
+        # Format-style drivers run "sql % args" only when given args, so '%' is doubled exactly then.
+        double = style == "format" and bool(slots)
+        text = "".join(marker if type(item) is tuple else (item.replace("%", "%%") if double else item)
+                       for item in items)
     bound_required = _unique(name for name, kind in slots if kind == _BOUND)
     text_required = _unique(name for name, kind in slots if kind != _BOUND)
     w = p.window
@@ -173,7 +179,9 @@ def _prepare(sql: str, dialect: str, text_placeholders: bool) -> Prepared:
 
     in_sql_window = False
     own: OwnWindow | None = None
-    if unreadable is None and not multiple and k == 0 and first in ("select", "with"):
+    if unreadable is None and not multiple and first in ("select", "with") and (k == 0 or dialect == "mysql"):
+        # MySQL/MariaDB also window a query that starts with a parenthesis: `(SELECT ...) UNION (SELECT ...)
+        # LIMIT n OFFSET m` limits the whole query expression, so the page is all the driver buffers.
         in_sql_window, own = _window(sig, tokens, dialect)
 
     full, bound_names, text_names = _template(text, tokens, dialect, text_placeholders, None)
@@ -215,6 +223,9 @@ def _alternative_readings(tokens: list[Token], text: str, dialect: str) -> list[
 
 def _write_ops(text: str, tokens: list[Token], sig: list[Token], dialect: str) -> set[str]:
     ops = writes.statement_ops(text, tokens, sig, 0, dialect)
+    if dialect == "mysql":
+        # GET_LOCK, sequences and their kin change state although the statement reads (docs/security.md).
+        ops |= functions.writing_calls(text, sig, dialect)
     if any(t.kind == XCOMMENT for t in tokens):
         ops.add(writes.EXECUTABLE_COMMENT)
     return ops
@@ -237,7 +248,8 @@ def _windowable(sig: list[Token], tokens: list[Token], dialect: str) -> tuple[bo
     must come after the window (FOR UPDATE/SHARE, LOCK IN SHARE MODE, INTO)."""
     if any(t.kind == XCOMMENT for t in tokens):
         return False, []
-    if writes.main_keyword(sig, 0) != "select":
+    k = writes.first_word_index(sig) if dialect == "mysql" else 0
+    if k < 0 or writes.main_keyword(sig, k) != "select":
         return False, []
     depths = _depths(sig)
     for t, d in zip(sig, depths):
@@ -403,7 +415,7 @@ def _text_arg(name: str, value, kind: int):
 def render(prepared: Prepared, values: dict, style: str, fetch: int | None = None, offset: int = 0) -> Rendered:
     """The statement and arguments for one call.
 
-    style: 'qmark' (?, sqlite3) or 'format' (%s, mysqlclient/psycopg2). fetch: rows wanted for the page
+    style: 'qmark' (?, sqlite3), 'format' (%s, mysqlclient) or 'numeric' ($1, $2, ...: psycopg 3). fetch: rows wanted for the page
     (page size + 1), None for the whole result; offset: the page offset. The page window goes into the SQL
     only for statements with in_sql_window (see Rendered). Raises QagError param_required / param_invalid for
     missing or unusable values (including LIMIT/OFFSET operands), invalid_request for an unreadable statement.

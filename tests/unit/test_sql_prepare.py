@@ -124,7 +124,7 @@ def test_mysql_comment_rules_decide_what_is_a_placeholder():
     ("WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 3) SELECT n FROM r", True),
     ("WITH d AS (DELETE FROM t RETURNING *) SELECT * FROM d", True),
     ("WITH x AS (SELECT 1) INSERT INTO t SELECT * FROM x", False),
-    ("(SELECT 1) UNION (SELECT 2)", False),
+    ("(SELECT 1) UNION (SELECT 2)", "mysql"),   # MySQL/MariaDB limit a parenthesised query expression (issue 17)
     ("EXPLAIN SELECT 1", False),
     ("SHOW TABLES", False),
     ("VALUES (1)", False),
@@ -136,7 +136,7 @@ def test_mysql_comment_rules_decide_what_is_a_placeholder():
     ("SELECT (SELECT 1 FOR UPDATE)", True),
 ])
 def test_in_sql_window(dialect, sql, expected):
-    assert prepare(sql, dialect).in_sql_window is expected
+    assert prepare(sql, dialect).in_sql_window is (expected is True or expected == dialect)
 
 
 @pytest.mark.parametrize("dialect,sql,limit,offset", [
