@@ -7,9 +7,11 @@ information_schema once warm.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import OrderedDict
+from typing import NamedTuple
 
 MAX_TABLES = 1000
 TTL = 60.0             # seconds a read is served from the cache
@@ -106,3 +108,70 @@ class SchemaCache:
         with self._lock:
             self._items.clear()
             self._generation += 1
+
+
+# ------------------------------------------------------------------------------------------- server facts
+
+
+class ServerNames(NamedTuple):
+    """How a server reads names and text, read once per connection when it is opened (never per call)."""
+
+    lower_case_table_names: int     # 0: table and database names are case-sensitive (Linux default)
+    sql_mode: frozenset             # e.g. {"ANSI_QUOTES", "NO_BACKSLASH_ESCAPES"}
+
+    @property
+    def names_exact(self) -> bool:
+        return self.lower_case_table_names == 0
+
+
+# The query that reads them (one round trip when a connection is opened).
+FACTS_QUERY = "SELECT @@lower_case_table_names, @@session.sql_mode"
+_FACTS: dict = {}            # identity(fields) -> ServerNames, as the last opened connection reported
+_FACTS_MAX = 1024
+_PROBE: list = []            # [callable(fields)]: opens (and pools) a connection so its facts are known
+
+
+def identity(fields: dict):
+    """A connection's identity: every resolved field, password included (the pool's key too)."""
+    try:
+        return frozenset(fields.items())
+    except TypeError:   # a list or object among the options
+        return json.dumps(fields, sort_keys=True, default=str)
+
+
+def parse_facts(row) -> ServerNames:
+    """The facts from FACTS_QUERY's row; anything unreadable reads names exactly (the stricter way)."""
+    try:
+        lctn, mode = row
+    except (TypeError, ValueError):
+        lctn, mode = None, ""
+    if isinstance(mode, bytes):
+        mode = mode.decode("utf8", "replace")
+    try:
+        lctn = int(lctn)
+    except (TypeError, ValueError):
+        lctn = 0      # unknown: read names exactly, the stricter comparison
+    return ServerNames(lctn, frozenset(m.strip().upper() for m in str(mode or "").split(",") if m.strip()))
+
+
+def remember(ident, facts: ServerNames) -> None:
+    if len(_FACTS) >= _FACTS_MAX and ident not in _FACTS:
+        _FACTS.clear()
+    _FACTS[ident] = facts
+
+
+def set_probe(probe) -> None:
+    """The backend that can open a connection to learn its facts (the worker's MysqlBackend)."""
+    _PROBE[:] = [probe]
+
+
+def server_names(fields: dict) -> ServerNames | None:
+    """The facts of the server behind these fields: cached from the last connection opened with them, else
+    learned by opening one through the backend (which pools it for the call that asked); None when no backend
+    can tell (the caller then reads names exactly, the stricter way)."""
+    ident = identity(fields)
+    facts = _FACTS.get(ident)
+    if facts is None and _PROBE:
+        _PROBE[0](fields)
+        facts = _FACTS.get(ident)
+    return facts

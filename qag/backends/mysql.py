@@ -30,9 +30,10 @@ log line to the per-call path (the pool's own lock guards list operations only).
 from __future__ import annotations
 
 import copy
-import json
+import re
 import select
 import time
+import weakref
 
 import MySQLdb
 import MySQLdb.converters
@@ -57,6 +58,16 @@ _UNREACHABLE_CODES = frozenset((2002, 2003, 2005, 2006, 2013, 2026, 2055))
 _UNREACHABLE_TEXT = ("could not connect", "connection refused", "timeout expired", "unknown mysql server host",
                      "lost connection to mysql server", "server closed the connection unexpectedly",
                      "server has gone away")
+# The database refused a value for its column or function type, or text it can't store: the caller's 400
+# (param_invalid), never a 500. ER_WARN_DATA_OUT_OF_RANGE, WARN_DATA_TRUNCATED, ER_TRUNCATED_WRONG_VALUE,
+# ER_INVALID_CHARACTER_STRING, ER_TRUNCATED_WRONG_VALUE_FOR_FIELD, ER_ILLEGAL_VALUE_FOR_TYPE, ER_DATA_TOO_LONG,
+# ER_WRONG_VALUE_FOR_TYPE, ER_CANT_CREATE_GEOMETRY_OBJECT, ER_DATA_OUT_OF_RANGE, ER_BAD_DATA (MariaDB),
+# ER_BAD_NULL_ERROR, ER_INVALID_JSON_TEXT (MySQL), ER_INVALID_JSON_TEXT_IN_PARAM, CONSTRAINT ... failed (MariaDB).
+_VALUE_CODES = frozenset((1264, 1265, 1292, 1300, 1366, 1367, 1406, 1411, 1416, 1690, 1918, 1048, 3140, 3141, 4025))
+_VALUE_MESSAGE = "The database refused a value for its type (see detail)"
+_ENCODING_MESSAGE = "The statement or a parameter holds text that is not valid Unicode (a lone surrogate)"
+# What qag itself puts into a MySQL statement (the time-limit hint), taken out of an error's detail.
+_OWN_HINT = re.compile(r" ?/\*\+ MAX_EXECUTION_TIME\(\d+\) \*/|MAX_EXECUTION_TIME\(\d+\) ")
 _SYSTEM_DATABASES = frozenset(("information_schema", "performance_schema", "mysql", "sys"))
 # Read-write statements after which the connection can go back to the pool (anything else - SET, CALL, BEGIN,
 # ... - may leave session state or an open transaction behind, so its connection is closed instead).
@@ -128,12 +139,7 @@ def _conversions() -> dict:
             FIELD_TYPE.TIMESTAMP: times.datetime_or_none, FIELD_TYPE.DATE: times.date_or_none}
 
 
-def _ident(fields: dict):
-    """The pool's identity of a connection's settings: every resolved field, password included."""
-    try:
-        return frozenset(fields.items())
-    except TypeError:   # a list or object among the options
-        return json.dumps(fields, sort_keys=True, default=str)
+_ident = schema_reader.identity   # the pool's identity of a connection's settings (password included)
 
 
 # ------------------------------------------------------------------------------------------- errors
@@ -150,15 +156,32 @@ def _detail(exc: BaseException, password) -> str:
     return text
 
 
-def mapped(exc: BaseException, timeout: float | None, password) -> QagError:
-    """The contract's error for a driver failure: timeout 504, unreachable 502, anything else 500."""
+def _own_text_removed(detail: str, sent: str | None, own: str | None) -> str:
+    """The detail without what qag added to the caller's statement (MariaDB's SET STATEMENT ... FOR prefix,
+    MySQL's time-limit hint), so an error shows the caller's statement only."""
+    if sent and own is not None and sent != own:
+        if sent.endswith(own) and len(sent) > len(own):
+            detail = detail.replace(sent, own).replace(sent[:len(sent) - len(own)], "")
+        detail = _OWN_HINT.sub("", detail)
+    return detail
+
+
+def mapped(exc: BaseException, timeout: float | None, password, sent: str | None = None,
+           own: str | None = None) -> QagError:
+    """The contract's error for a driver failure: timeout 504, unreachable 502, a value the database refuses
+    for its type or text that can't be encoded 400 param_invalid, anything else 500. `sent`/`own`: the
+    statement as sent and as the caller wrote it (qag's additions are taken out of the detail)."""
+    if isinstance(exc, UnicodeError):
+        return QagError("param_invalid", _ENCODING_MESSAGE)
     args = getattr(exc, "args", ())
     code = args[0] if args and isinstance(args[0], int) else None
     if code in _TIMEOUT_CODES:
         if timeout:
             return timeout_error(timeout)
         return QagError("query_timeout", "The query exceeded the database server's own time limit and was cancelled")
-    detail = _detail(exc, password)
+    detail = _own_text_removed(_detail(exc, password), sent, own)
+    if code in _VALUE_CODES:
+        return QagError("param_invalid", _VALUE_MESSAGE, detail=detail)
     lowered = detail.lower()
     if (code in _UNREACHABLE_CODES or isinstance(exc, (MySQLdb.InterfaceError, OSError))
             or any(text in lowered for text in _UNREACHABLE_TEXT)):
@@ -225,9 +248,10 @@ class _Link:
     """One pooled server connection and what qag knows about its state."""
 
     __slots__ = ("conn", "cursor", "poll", "pending", "arrived", "mariadb", "with_hint", "session_ms", "renews",
-                 "read_only_variable")
+                 "read_only_variable", "names")
 
-    def __init__(self, conn, mariadb: bool, with_hint: bool, renews: bool, read_only_variable: str | None):
+    def __init__(self, conn, mariadb: bool, with_hint: bool, renews: bool, read_only_variable: str | None,
+                 names: schema_reader.ServerNames | None = None):
         self.conn = conn
         self.cursor = _Cursor(conn)
         self.poll = select.poll()
@@ -239,6 +263,7 @@ class _Link:
         self.session_ms = 0         # MySQL: the session max_execution_time qag last set
         self.renews = renews        # MySQL read-only: a transaction to renew with ROLLBACK AND CHAIN after each call
         self.read_only_variable = read_only_variable  # MariaDB read-only: the access mode each statement sets
+        self.names = names          # lower_case_table_names and sql_mode, read when the connection was opened
 
     def readable(self) -> bool:
         return bool(self.poll.poll(0))
@@ -262,20 +287,40 @@ def _preferred(link: _Link) -> bool:
     return link.arrived == link.pending
 
 
-_SESSION_STATE: dict[str, bool] = {}   # statement text -> _leaves_session_state (saved queries repeat)
+_SESSION_STATE: dict[str, int] = {}   # statement text -> _session_use (saved queries repeat)
 _SESSION_STATE_MAX = 1024
+_LEAVES = 1      # may leave session state behind: the connection is closed after the call, never pooled
+_READS = 2       # reads what the session's earlier statements left: runs on a connection opened for it
+# Text that may leave state a ROLLBACK keeps: user variables and @@session settings, named locks and LOCK TABLES,
+# temporary tables, LAST_INSERT_ID(expr), sequences (LASTVAL), prepared statements, SQL_CALC_FOUND_ROWS.
+_LEAVES_TEXT = ("@", "lock", "temporary", "last_insert_id", "nextval", "next value", "setval", "prepare",
+                "found_rows", "handler")
+# Text that reads state an earlier statement on the session left: FOUND_ROWS(), ROW_COUNT(), LAST_INSERT_ID(),
+# @@warning_count / @@error_count / @@identity / @@insert_id, GET DIAGNOSTICS, LASTVAL() / PREVIOUS VALUE FOR,
+# information_schema.SESSION_STATUS; and for SHOW: SHOW WARNINGS / ERRORS / [SESSION] STATUS / PROFILE(S).
+_READS_TEXT = ("found_rows", "row_count", "last_insert_id", "warning_count", "error_count", "diagnostics",
+               "lastval", "previous", "identity", "insert_id", "session_status")
+_READS_AFTER_SHOW = ("warnings", "errors", "status", "profile")
+
+
+def _session_use(sql: str) -> int:
+    """How a statement uses session state (_LEAVES, _READS, both or 0); judged on the text once per statement,
+    erring towards closing (a ROLLBACK or SET STATEMENT resets none of these)."""
+    use = _SESSION_STATE.get(sql)
+    if use is None:
+        low = sql.lower()
+        use = _LEAVES if any(word in low for word in _LEAVES_TEXT) else 0
+        if any(word in low for word in _READS_TEXT) or (
+                statements.first_word(sql) == "show" and any(word in low for word in _READS_AFTER_SHOW)):
+            use |= _READS | _LEAVES
+        if len(_SESSION_STATE) >= _SESSION_STATE_MAX:
+            _SESSION_STATE.clear()
+        _SESSION_STATE[sql] = use
+    return use
 
 
 def _leaves_session_state(sql: str) -> bool:
-    """Whether a statement may set user variables (@x) or take named locks; judged on the text, erring closed."""
-    leaves = _SESSION_STATE.get(sql)
-    if leaves is None:
-        # Lower-casing the whole statement on every call cost as much as the rest of giving the connection back.
-        leaves = "@" in sql or "lock" in sql.lower()
-        if len(_SESSION_STATE) >= _SESSION_STATE_MAX:
-            _SESSION_STATE.clear()
-        _SESSION_STATE[sql] = leaves
-    return leaves
+    return bool(_session_use(sql) & _LEAVES)
 
 
 def _close(link: _Link) -> None:
@@ -295,6 +340,15 @@ class MysqlBackend(Backend):
         self._with_hint: dict[str, bool] = {}   # server version → the WITH hint check's outcome
         self._schemas = schema_reader.SchemaCache()
         self.renewal_waits = 0   # taken connections whose renewal reply had not arrived yet (a metric)
+        # The table check asks how this server reads names before the call's first connection is open.
+        schema_reader.set_probe(_probe(weakref.ref(self)))
+
+    def _learn(self, fields: dict) -> None:
+        """Open (or take) a read-only connection for these fields, so their server facts are known; it goes back
+        to the pool for the call that asked."""
+        key = (_ident(fields), True)
+        link = self._take(key, fields, True)
+        self.pool.release(key, link, True)
 
     # --- connections ---------------------------------------------------------------------------------------
     def _open(self, fields: dict, read_only: bool) -> _Link:
@@ -302,11 +356,18 @@ class MysqlBackend(Backend):
         try:
             conn = MySQLdb.connect(**connect_args(fields, read_only), conv=_conversions())
         except _DRIVER_ERRORS as exc:
-            raise mapped(exc, None, password) from None
+            # Whatever refused it (unreachable, login or database refused): qag could not connect.
+            error = mapped(exc, None, password)
+            if error.code != "connection_failed":
+                error = connection_failed(_detail(exc, password))
+            raise error from None
         try:
             version = conn.get_server_info()
             mariadb = "mariadb" in version.lower()
             cursor = conn.cursor()
+            cursor.execute(schema_reader.FACTS_QUERY)
+            names = schema_reader.parse_facts(cursor.fetchone())
+            schema_reader.remember(_ident(fields), names)
             variable = None
             if read_only:
                 cursor.execute("SET SESSION TRANSACTION READ ONLY")
@@ -320,14 +381,20 @@ class MysqlBackend(Backend):
             if with_hint is None:
                 with_hint = self._with_hint[version] = _hint_works_in_with(cursor)
             cursor.close()
-            return _Link(conn, mariadb, with_hint, read_only and not mariadb, variable)
+            return _Link(conn, mariadb, with_hint, read_only and not mariadb, variable, names)
         except _DRIVER_ERRORS as exc:
             conn.close()
             raise mapped(exc, None, password) from None
 
-    def _take(self, key, fields: dict, read_only: bool) -> _Link:
-        """A connection ready for a statement: pooled (its renewal reply read, alive) or new."""
+    def _take(self, key, fields: dict, read_only: bool, sql: str = "") -> _Link:
+        """A connection ready for a statement: pooled (its renewal reply read, alive) or new.
+
+        A statement that reads what earlier statements left on a session (FOUND_ROWS(), SHOW WARNINGS, ...: see
+        _session_use) gets a connection opened for it, never a pooled one, so it sees only its own session's
+        state; it is closed after the call (_LEAVES)."""
         opener = lambda: self._open(fields, read_only)  # noqa: E731
+        if sql and _session_use(sql) & _READS:
+            return self.pool.acquire(key, opener, _never, 1 << 62)[0]
         while True:
             link, reused = self.pool.acquire(key, opener, _preferred, self._grow)
             if not reused:
@@ -382,15 +449,16 @@ class MysqlBackend(Backend):
     def run(self, fields: dict, call: Call) -> Result:
         read_only = call.read_only
         key = (_ident(fields), read_only)
-        link = self._take(key, fields, read_only)
+        link = self._take(key, fields, read_only, call.sql)
         started = time.perf_counter()
+        sent = call.sql
         try:
-            columns, rows = _execute(link.conn, self._prepare(link, call.sql, call.timeout), call.args,
-                                     call.skip, call.fetch)
+            sent = self._prepare(link, call.sql, call.timeout)
+            columns, rows = _execute(link.conn, sent, call.args, call.skip, call.fetch)
         except BaseException as exc:
             self.pool.release(key, link, False)
             if isinstance(exc, _DRIVER_ERRORS):
-                raise mapped(exc, call.timeout, fields.get("password")) from None
+                raise mapped(exc, call.timeout, fields.get("password"), sent, call.sql) from None
             raise
         elapsed = (time.perf_counter() - started) * 1000.0
         self._give_back(key, link, read_only, call.sql)
@@ -403,17 +471,19 @@ class MysqlBackend(Backend):
         that stops early (row cap, client gone, error) closes it instead of reading the rest.
         """
         key = (_ident(fields), True)
-        link = self._take(key, fields, True)
+        link = self._take(key, fields, True, call.sql)
         cursor = MySQLdb.cursors.SSCursor(link.conn)
         first_size = batch if cap is None else min(batch, cap)
+        sent = call.sql
         try:
-            cursor.execute(self._prepare(link, call.sql, call.timeout), call.args or None)
+            sent = self._prepare(link, call.sql, call.timeout)
+            cursor.execute(sent, call.args or None)
             columns = [d[0] for d in cursor.description] if cursor.description else []
             first = list(cursor.fetchmany(first_size)) if columns and first_size > 0 else []
         except BaseException as exc:
             self.pool.release(key, link, False)
             if isinstance(exc, _DRIVER_ERRORS):
-                raise mapped(exc, call.timeout, fields.get("password")) from None
+                raise mapped(exc, call.timeout, fields.get("password"), sent, call.sql) from None
             raise
         done = not columns or len(first) < first_size
         return columns, _Batches(self, key, link, cursor, first, batch, cap, done, call.sql, call.timeout,
@@ -468,6 +538,18 @@ class MysqlBackend(Backend):
             raise
         self._give_back(key, link, True, "")
         return found
+
+
+def _never(link) -> bool:
+    return False
+
+
+def _probe(backend_ref):
+    def probe(fields: dict) -> None:
+        backend = backend_ref()
+        if backend is not None:
+            backend._learn(fields)
+    return probe
 
 
 def _safe_close(link: _Link) -> None:

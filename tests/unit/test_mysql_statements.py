@@ -338,6 +338,7 @@ def fake(monkeypatch):
     return make, log, connects
 
 
+FACTS = mysql_backend.schema_reader.FACTS_QUERY
 FIELDS = {"host": "db", "port": 3306, "user": "u", "password": "pw", "database": "crm"}
 
 
@@ -355,7 +356,7 @@ def test_b10_4_mysql_pooled_read_sequence(fake, monkeypatch):
     for timeout in (2, 2, None):
         assert backend.run(FIELDS, _read("SELECT 1", timeout)).rows == [(1,)]
     select = "SELECT /*+ MAX_EXECUTION_TIME(2000) */ 1\nLIMIT 6 OFFSET 0"
-    assert log == ["connect", "SET SESSION TRANSACTION READ ONLY", "START TRANSACTION READ ONLY", s.WITH_HINT_PROBE,
+    assert log == ["connect", FACTS, "SET SESSION TRANSACTION READ ONLY", "START TRANSACTION READ ONLY", s.WITH_HINT_PROBE,
                    select, "send ROLLBACK AND CHAIN",
                    "read", select, "send ROLLBACK AND CHAIN",
                    "read", "SELECT 1\nLIMIT 6 OFFSET 0", "send ROLLBACK AND CHAIN"]
@@ -371,7 +372,7 @@ def test_b10_5_mariadb_read_sequence(fake, version, variable):
     backend.run(FIELDS, _read("SELECT SLEEP(9)", 2))
     backend.run(FIELDS, _read("SELECT SLEEP(9)", None))
     # Each statement carries its own read-only mode and commits alone: no transaction to renew after it.
-    assert log == ["connect", "SET SESSION TRANSACTION READ ONLY", "autocommit True",
+    assert log == ["connect", FACTS, "SET SESSION TRANSACTION READ ONLY", "autocommit True",
                    f"SET STATEMENT max_statement_time = 2, {variable} = 1 FOR SELECT SLEEP(9)\nLIMIT 6 OFFSET 0",
                    f"SET STATEMENT {variable} = 1 FOR SELECT SLEEP(9)\nLIMIT 6 OFFSET 0"]
     assert len(connects) == 1
@@ -413,7 +414,7 @@ def test_write_sequence_autocommit_no_renewal(fake, version, sent):
         backend.run(FIELDS, Call("INSERT INTO t VALUES (%s)", (5,), False, 2, 6))
     statement = sent.replace("%s", "5")
     probe = [] if "MariaDB" in version else [s.WITH_HINT_PROBE]
-    assert log == ["connect", *probe, statement, statement]
+    assert log == ["connect", FACTS, *probe, statement, statement]
     assert len(connects) == 1 and connects[0]["autocommit"] is True
 
 
@@ -422,7 +423,7 @@ def test_write_that_may_leave_session_state_closes_its_connection(fake):
     backend = make(version="10.6.16-MariaDB")
     backend.run(FIELDS, Call("SET @x = 1", (), False, None, 6))
     backend.run(FIELDS, Call("INSERT INTO t VALUES (1)", (), False, None, 6))
-    assert log == ["connect", "SET @x = 1", "close", "connect", "INSERT INTO t VALUES (1)"]
+    assert log == ["connect", FACTS, "SET @x = 1", "close", "connect", FACTS, "INSERT INTO t VALUES (1)"]
 
 
 def test_pool_key_has_every_field_and_the_access_mode(fake):
