@@ -59,6 +59,28 @@ _GENERATOR_TYPES = tuple(getattr(exp, name) for name in (
 _DML = (exp.Insert, exp.Update, exp.Delete, exp.Merge, exp.Copy)
 
 
+class ExactSchema(str):
+    """A MySQL/MariaDB default schema on a server with lower_case_table_names=0: database and table names are
+    compared exactly, as that server compares them, not lower-cased (docs/compatibility.md). It never equals
+    (nor hashes like) the plain lower-case schema of the same text, so every cache keyed by the default schema
+    (the analysis LRU, the prepared statement's plans, the qualified grants) keeps the two readings apart."""
+
+    __slots__ = ()
+
+    def __eq__(self, other):
+        return type(other) is ExactSchema and str.__eq__(self, other)
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    def __hash__(self):
+        return hash(("exact names", str(self)))
+
+
+def _exact(default_schema) -> bool:
+    return type(default_schema) is ExactSchema
+
+
 class _Uncheckable(Exception):
     """The statement can't be checked (contract 6.2's table_check_failed)."""
 
@@ -170,8 +192,9 @@ def _qualifier(dot: exp.Dot) -> str:
 class _Walk:
     """One pass over a parsed statement: table references (with their CTE scope) and functions."""
 
-    def __init__(self, dialect: str):
+    def __init__(self, dialect: str, exact: bool = False):
         self.dialect = dialect
+        self.exact = exact                        # MySQL lower_case_table_names=0: names kept as written
         self.refs: set[tuple] = set()             # (catalog, schema, name), lower-case; '' when not written
         self.table_functions: set[str] = set()
         self.functions: set[str] = set()          # lower-case, 'schema.name' when qualified, not typed built-ins
@@ -274,8 +297,11 @@ class _Walk:
             return
         if self.dialect == "mysql" and schema is None and catalog is None and not name[1] and name[0].lower() == "dual":
             return          # MySQL's DUAL: a reserved word, not a table (a table named dual must be quoted)
-        self.refs.add(((catalog[0].lower() if catalog else ""), (schema[0].lower() if schema else ""),
-                       name[0].lower()))
+        if self.exact:
+            self.refs.add(((catalog[0] if catalog else ""), (schema[0] if schema else ""), name[0]))
+        else:
+            self.refs.add(((catalog[0].lower() if catalog else ""), (schema[0].lower() if schema else ""),
+                           name[0].lower()))
 
     def _table_function(self, func: exp.Func, schema: str | None) -> None:
         name, names = _function_name(func)
@@ -380,7 +406,8 @@ def _qualify(ref: tuple, default_schema: str) -> str:
 
 def _catalog_reference(ref: tuple, dialect: str, default_schema: str) -> bool:
     catalog, schema, name = ref
-    schema = schema or default_schema
+    schema = (schema or default_schema).lower()   # catalogs are refused in any spelling
+    name = name.lower()
     if schema in _CATALOG_SCHEMAS[dialect]:
         return True
     if dialect == "postgres":
@@ -398,14 +425,17 @@ def access(sql: str, dialect: str, default_schema: str, *, text_placeholders: bo
     text_placeholders=False reads {name} as plain SQL (ad-hoc /execute_sql, where they aren't expanded).
     Never raises for bad SQL: an uncheckable statement has `failure` set.
     """
-    return _access(sql, dialect, default_schema, text_placeholders)
+    exact = dialect == "mysql" and _exact(default_schema)
+    return _access(sql, dialect, str(default_schema or ""), exact, text_placeholders)
 
 
 @functools.lru_cache(maxsize=CACHE_SIZE)
-def _access(sql: str, dialect: str, default_schema: str, text_placeholders: bool) -> Access:
+def _access(sql: str, dialect: str, default_schema: str, exact: bool, text_placeholders: bool) -> Access:
+    """exact: MySQL/MariaDB with lower_case_table_names=0 - names (and the default schema) as written."""
     if dialect not in DIALECTS:
         raise ValueError(f"unsupported dialect {dialect!r}")
-    default_schema = (default_schema or "").lower()
+    if not exact:
+        default_schema = default_schema.lower()
     try:
         if len(sql) > MAX_SQL_CHARS:
             raise _Uncheckable("too long")
@@ -414,7 +444,7 @@ def _access(sql: str, dialect: str, default_schema: str, text_placeholders: bool
         tokens, text, _multiple = _strip(tokens, sql)
         if not tokens:
             raise _Uncheckable("no statement")
-        walk = _Walk(dialect)
+        walk = _Walk(dialect, exact)
         _analyse_reading(text, tokens, dialect, walk)
         # A server may read backslashes differently (NO_BACKSLASH_ESCAPES, ANSI_QUOTES, PostgreSQL's
         # standard_conforming_strings=off): every reading the guard considers must be checkable, and all
@@ -437,10 +467,17 @@ def _access(sql: str, dialect: str, default_schema: str, text_placeholders: bool
                   tuple(sorted(walk.functions)))
 
 
-@functools.lru_cache(maxsize=CACHE_SIZE)
 def qualified_grants(allowed_tables: frozenset, default_schema: str) -> frozenset:
-    """Grants qualified like references: a bare `t` is `<default schema>.t`; qualified grants stay as written."""
-    default_schema = (default_schema or "").lower()
+    """Grants qualified like references: a bare `t` is `<default schema>.t`; qualified grants stay as written.
+    Lower-cased, except on a MySQL/MariaDB server that compares names exactly (ExactSchema)."""
+    return _qualified_grants(allowed_tables, str(default_schema or ""), _exact(default_schema))
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def _qualified_grants(allowed_tables: frozenset, default_schema: str, exact: bool) -> frozenset:
+    if exact:
+        return frozenset(g if "." in g else f"{default_schema}.{g}" for g in allowed_tables)
+    default_schema = default_schema.lower()
     return frozenset(g.lower() if "." in g else f"{default_schema}.{g.lower()}" for g in allowed_tables)
 
 
@@ -487,9 +524,21 @@ def check_tables(sql: str, dialect: str, default_schema: str, allowed_tables: li
 
 
 def default_schema(dialect: str, fields: dict) -> str:
-    """The schema an unqualified name resolves to on a connection (contract 6.2), lower-case."""
+    """The schema an unqualified name resolves to on a connection (contract 6.2), lower-case.
+
+    MySQL/MariaDB: the connection's database, read the way its server reads names: lower_case_table_names 1
+    or 2 compare names case-insensitively (lower-case, as the contract says); 0 (Linux's default) compares
+    them exactly, so the schema is an ExactSchema, as written, and a grant for `orders` covers `orders` only,
+    never a distinct table `ORDERS`. The server's setting is read when a connection is opened (cached per
+    connection settings, so no round trip per call); before any is open, one is opened through the backend,
+    and without a backend names are compared exactly (the stricter reading)."""
     if dialect == "mysql":
-        return str(fields.get("database") or "").lower()
+        from qag.backends import _mysql_schema
+        database = str(fields.get("database") or "")
+        names = _mysql_schema.server_names(fields)
+        if names is None or names.names_exact:
+            return ExactSchema(database)
+        return database.lower()
     if dialect == "postgres":
         return str(fields.get("schema") or "public").lower()
     return "main"
