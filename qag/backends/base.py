@@ -22,6 +22,9 @@ class Call:
     # SQLite refuses other tables in an authorizer. None for everyone else.
     schema: str | None = None
     tables: frozenset | None = None
+    # The statement is a query the engine can page itself (PostgreSQL: a cursor moved `skip` and fetched `fetch`
+    # rows), for a page whose window isn't in the SQL: the driver never buffers more than the page.
+    cursor: bool = False
 
 
 @dataclass(slots=True)

@@ -1,75 +1,95 @@
-"""PostgreSQL connections on psycopg2: one simple-query message per call on pooled autocommit connections.
+"""PostgreSQL connections on psycopg 3's libpq pipeline: the caller's statement through the extended protocol.
 
-Every paged call is one Query message (contract 10.4), which PostgreSQL runs as one implicit transaction:
+Every paged call is one flush of a pipeline and one wait for its replies (contract 10.4 keeps one round trip;
+the messages are a deliberate departure, docs/compatibility.md):
 
-    RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; SET LOCAL DateStyle = ISO; [SET TRANSACTION READ ONLY; ]
-    [SET LOCAL statement_timeout = <ms>; ][SET LOCAL search_path = pg_catalog, "<schema>", pg_temp; ]
-    SELECT pg_advisory_unlock_all(); <sql>
+    BEGIN [READ ONLY]                                                       ┐
+    [SELECT pg_catalog.set_config('statement_timeout', $1, true)[, ...]]    │ segment 1
+    <the caller's statement, its values bound as $1..$n>                    ┘ Sync
+    ROLLBACK (read-only) | COMMIT (write)                                     Sync
+    DISCARD ALL; SELECT pg_catalog.setseed($1)                                Sync   (the reset, pooled only)
 
-(the search_path only for a table-restricted call: contract 6.2, qag/policy/tables.py)
+Why this shape:
+  - The caller's statement is one Parse message, so the server itself refuses a second statement ("cannot
+    insert multiple commands into a prepared statement"), whatever qag's reading of the text said. Its values
+    travel as Bind parameters, never as text the server reads as SQL under whatever encoding or
+    standard_conforming_strings a session has.
+  - The call runs in an explicit transaction that a read-only call always ends with ROLLBACK, so even what a
+    read-only transaction lets through on PostgreSQL 15 (large-object writes, pg_notify, set_config) is undone.
+    The end is a segment of its own, so it runs even when the statement failed (an error aborts the rest of
+    its segment only).
+  - The reset is queued behind the call, before any other caller's bytes can reach the connection, and its
+    reply is read when the connection is next taken (it has almost always arrived): no wait of its own.
+    DISCARD ALL ends settings of every kind (client_encoding included), roles and session authorization,
+    advisory locks, temporary objects, prepared statements, cursors, LISTENs and sequence state
+    (currval/lastval); it keeps the random seed, so a fresh seed from os.urandom follows it.
+  - The time limit and, for a table-restricted or masked call, the search_path are transaction-local
+    (set_config(..., true)), so they end with the call.
 
-`RESET ALL` first, so nothing a previous call did to the session (search_path, TimeZone, DateStyle,
-default_transaction_read_only, statement_timeout set with set_config(..., false)) reaches this one; the access
-mode and the time limit are transaction-local, so they end with the message. psycopg2 interpolates the
-parameters client-side (literals quoted by libpq) and sends the whole string with PQexec; the cursor holds the
-last statement's result. The prefix holds no '%', so psycopg2's interpolation leaves it alone; a call without
-parameters is executed without an argument tuple, so its SQL is never %-formatted (qag.sql.prepare doubles '%'
-exactly when there are parameters). Writes are committed by the implicit transaction: no COMMIT message.
+A page of a query whose window can't be put in its SQL (Call.cursor) is read through a server-side cursor in
+the same segment (DECLARE qag_page ...; MOVE; FETCH), so the driver never buffers more than the page.
 
 Dead pooled connections, without a round trip (a deliberate departure from contract 10.2's "SELECT 1 after 5 s
-idle", which would cost a second wait on every call after a pause):
-  1. A reused connection is checked with a zero-timeout poll() on its socket. An idle autocommit connection has
-     nothing to read, so anything readable (EOF after the server closed it, a FATAL from pg_terminate_backend or
-     a shutdown) means it is replaced by a fresh connection before anything is sent. This catches the common
-     cases (server restart, terminated backend) for reads and writes alike, with one system call.
-  2. A connection that died silently (no FIN: a dropped NAT entry, a host gone) passes the check; its first
-     statement then fails with OperationalError/InterfaceError and the connection marked closed. A read-only call
-     is retried once on a fresh connection (harmless: the transaction was read-only). A write is never retried
-     (it may have committed): it answers 502 connection_failed. A read whose backend was killed mid-statement is
-     retried once too, bounded by its time limit.
-A connection that raised, was cancelled, or was left inside a transaction block is closed, not pooled.
+idle"): a reused connection whose socket has anything to read beyond its reset's reply (EOF after the server
+closed it, a FATAL from pg_terminate_backend) is replaced before anything is sent. One that died silently fails
+on its first call; a read-only call is then retried once on a fresh connection, a write never (it may have
+committed). A connection whose call raised, was cancelled, or is not idle afterwards is closed, not pooled.
 
-Streams (contract 3.8/10.4) use one explicit transaction and a named server-side cursor in one message,
-`BEGIN; <prefix>DECLARE qag_stream NO SCROLL CURSOR FOR <sql>\\n; FETCH FORWARD <n> FROM qag_stream`, so the
-first batch costs one round trip; each further batch is one FETCH (each under the statement time limit); the
-stream ends with ROLLBACK and the connection, still in autocommit mode, goes back to the pool.
+Streams (contract 3.8/10.4): `BEGIN READ ONLY; [limits]; DECLARE qag_stream NO SCROLL CURSOR FOR <sql>; FETCH
+FORWARD <n> FROM qag_stream` in one segment, each further batch one FETCH, ended by ROLLBACK and the reset.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import select
+import struct
 import threading
 import time
 from collections import OrderedDict
 
-import psycopg2
-import psycopg2.extensions
+import psycopg
+from psycopg import pq
+from psycopg.adapt import PyFormat, Transformer
+from psycopg.types.string import TextLoader
 
 from ..errors import QagError
+from ._postgres_schema import SCHEMA_MAX_TABLES, read_schema
 from .base import Backend, Call, Result, connection_failed, query_failed, timeout_error
 from .pool import Pool
+
+__all__ = ["PostgresBackend", "read_schema", "SCHEMA_MAX_TABLES"]
 
 CONNECT_TIMEOUT = 10
 # Passed to the driver as named; `database` becomes `dbname`. Anything else (`schema`, unknown options) is not.
 DRIVER_FIELDS = ("host", "port", "user", "password", "sslmode", "sslrootcert", "sslcert", "sslkey", "sslcrl")
 STREAM_CURSOR = "qag_stream"
+PAGE_CURSOR = "qag_page"
 MASK = "********"
 SCHEMA_TTL = 60.0           # a schema older than this is read again before it is served
 SCHEMA_REFRESH = 45.0       # ... and one older than this is served while a background thread reads it again
 SCHEMA_CACHE_SIZE = 64      # schemas kept per backend (per connection settings and database)
-SCHEMA_MAX_TABLES = 1000
+# How long past its own time limit a call may wait for the server's reply before the connection is given up
+# (the server cancels at the limit; this only covers a network that stopped answering).
+REPLY_MARGIN = 5.0
 
-# RESET ALL leaves role and session authorization alone (and a SELECT set_config('role', ...) survives the
-# implicit transaction), and session advisory locks outlive it: reset and release them too, in the same message.
-_BASE = "RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; SET LOCAL DateStyle = ISO; "
-_UNLOCK = "SELECT pg_advisory_unlock_all(); "
-_READ_ONLY = "SET TRANSACTION READ ONLY; "
-_UNREACHABLE = ("could not connect", "connection refused", "timeout expired",
-                "server closed the connection unexpectedly", "connection already closed",
-                "could not receive data from server", "could not send data to server", "no connection to the server",
-                "terminating connection")
-_IDLE = psycopg2.extensions.TRANSACTION_STATUS_IDLE
-_CONNECTION_ERRORS = (psycopg2.OperationalError, psycopg2.InterfaceError)
+_OK = pq.ExecStatus.COMMAND_OK
+_TUPLES = pq.ExecStatus.TUPLES_OK
+_SYNC = pq.ExecStatus.PIPELINE_SYNC
+_FATAL = pq.ExecStatus.FATAL_ERROR
+_IDLE = pq.TransactionStatus.IDLE
+_SQLSTATE = pq.DiagnosticField.SQLSTATE
+_BEGIN = {True: b"BEGIN READ ONLY", False: b"BEGIN"}
+_END = {True: b"ROLLBACK", False: b"COMMIT"}
+_DISCARD = b"DISCARD ALL"
+_RESEED = b"SELECT pg_catalog.setseed($1)"
+_UTF8 = b"UTF8"
+_MULTIPLE = "cannot insert multiple commands into a prepared statement"
+_LINE_RE = re.compile(r"^LINE (\d+):", re.MULTILINE)
+# Types psycopg 3 would load as objects (UUID, ip_address, ...) that psycopg2 gave as text: loaded as text, so
+# responses stay byte-for-byte what they were.
+_TEXT_TYPES = ("uuid", "inet", "cidr", "macaddr", "macaddr8", "money")
 
 
 # ---------------------------------------------------------------- statements (pure)
@@ -83,58 +103,60 @@ def timeout_ms(timeout: float | None) -> int | None:
 
 
 def search_path(schema: str) -> str:
-    """SET LOCAL search_path for a table-restricted call (contract 6.2): unqualified names resolve in the schema
-    its tables were checked with. pg_catalog goes first so built-in functions can't be shadowed by same-named
-    ones in that schema (catalog relations all start with pg_, which the check refuses unqualified), and pg_temp
-    last so no temporary table shadows a checked name. Refuses a schema name it can't put in the message."""
-    if "%" in schema or "\x00" in schema:
+    """The search_path of a table-restricted or masked call (contract 6.2): unqualified names resolve in the
+    schema its tables were checked with. pg_catalog goes first so built-in functions can't be shadowed by
+    same-named ones in that schema, and pg_temp last so no temporary table shadows a checked name."""
+    if "\x00" in schema:
         raise QagError("table_check_failed", "This API key may only query its allowed tables, and the "
                                              "connection's schema can't be pinned for the check")
-    return 'SET LOCAL search_path = pg_catalog, "' + schema.replace('"', '""') + '", pg_temp; '
+    return 'pg_catalog, "' + schema.replace('"', '""') + '", pg_temp'
 
 
-def prefix(read_only: bool, timeout: float | None, schema: str | None = None) -> str:
-    """What goes before the statement in every message (contract 10.4). Contains no '%'."""
-    text = _BASE + _READ_ONLY if read_only else _BASE
+def settings_statement(timeout: float | None, schema: str | None, datestyle: bool = False) -> tuple[bytes, list]:
+    """The one statement that sets a call's transaction-local settings, and its values; (b"", []) for none."""
+    names: list[str] = []
+    values: list[bytes] = []
     ms = timeout_ms(timeout)
     if ms is not None:
-        text += f"SET LOCAL statement_timeout = {ms}; "
+        names.append("statement_timeout")
+        values.append(str(ms).encode())
     if schema is not None:
-        text += search_path(schema)
-    return text + _UNLOCK
+        names.append("search_path")
+        values.append(search_path(schema).encode())
+    if datestyle:
+        names.append("DateStyle")
+        values.append(b"ISO")
+    if not names:
+        return b"", []
+    calls = ", ".join(f"pg_catalog.set_config('{name}', ${i}, true)" for i, name in enumerate(names, 1))
+    return ("SELECT " + calls).encode(), values
 
 
-_PREFIXES: dict = {}
+def page_statements(sql: str, skip: int, fetch: int) -> list[str]:
+    """A query read a page at a time by a cursor: declared, moved past `skip` rows, `fetch` rows fetched.
+
+    The caller's text starts on a line of its own, so a syntax error's excerpt shows only the caller's line
+    (its number is put back by `_own_lines`)."""
+    out = [f"DECLARE {PAGE_CURSOR} NO SCROLL CURSOR FOR\n{sql}\n"]
+    if skip:
+        out.append(f"MOVE FORWARD {int(skip)} IN {PAGE_CURSOR}")
+    out.append(f"FETCH FORWARD {int(fetch)} FROM {PAGE_CURSOR}")
+    return out
 
 
-def message(sql: str, read_only: bool, timeout: float | None, schema: str | None = None) -> str:
-    """The one message of a paged call: the prefix, then the rendered statement (with its LIMIT window)."""
-    key = (read_only, timeout, schema)
-    text = _PREFIXES.get(key)
-    if text is None:
-        if len(_PREFIXES) > 256:        # time limits and schemas are a handful of values; bound it all the same
-            _PREFIXES.clear()
-        text = _PREFIXES[key] = prefix(read_only, timeout, schema)
-    return text + sql
+def stream_statements(sql: str, first: int) -> list[str]:
+    return [f"DECLARE {STREAM_CURSOR} NO SCROLL CURSOR FOR\n{sql}\n", f"FETCH FORWARD {int(first)} FROM {STREAM_CURSOR}"]
 
 
-def stream_message(sql: str, timeout: float | None, first: int, schema: str | None = None) -> str:
-    """One message that opens a read-only transaction, declares the stream's cursor and fetches the first batch.
-
-    The newline before ';' ends a trailing line comment of the statement.
-    """
-    return (f"BEGIN; {prefix(True, timeout, schema)}DECLARE {STREAM_CURSOR} NO SCROLL CURSOR FOR {sql}\n; "
-            f"FETCH FORWARD {int(first)} FROM {STREAM_CURSOR}")
-
-
-def fetch_message(n: int) -> str:
-    return f"FETCH FORWARD {int(n)} FROM {STREAM_CURSOR}"
+def fetch_statement(n: int) -> bytes:
+    return f"FETCH FORWARD {int(n)} FROM {STREAM_CURSOR}".encode()
 
 
 def connect_args(fields: dict) -> dict:
-    """psycopg2.connect keyword arguments for a connection's resolved fields (no `schema`, no unknown options).
+    """psycopg.connect keyword arguments for a connection's resolved fields (no `schema`, no unknown options).
 
-    client_encoding goes in the startup packet, so RESET ALL keeps UTF8 (the value psycopg2 decodes with).
+    client_encoding goes in the startup packet, so the reset (DISCARD ALL) returns to UTF8, the encoding the
+    values are decoded and encoded with.
     """
     args = {}
     for name in DRIVER_FIELDS:
@@ -170,55 +192,266 @@ def scrub(text: str, fields: dict) -> str:
 # ---------------------------------------------------------------- errors
 
 
+class _ServerError(Exception):
+    """A statement the server refused: its SQLSTATE and message."""
+
+    def __init__(self, sqlstate: str, text: str):
+        super().__init__(text)
+        self.sqlstate = sqlstate
+        self.text = text
+
+
+class _Gone(Exception):
+    """The server did not answer within the call's time limit and margin."""
+
+
+def _server_error(result) -> _ServerError:
+    state = result.error_field(_SQLSTATE)
+    text = (result.error_message or b"").decode("utf-8", "replace").strip()
+    return _ServerError(state.decode("ascii", "replace") if state else "", text or "the server refused the statement")
+
+
 def _driver_text(exc: BaseException) -> str:
     text = str(exc).strip()
     return text or type(exc).__name__
 
 
-def mapped(exc: BaseException, fields: dict, timeout: float | None, conn=None) -> QagError:
-    """The contract's error for a driver failure: cancelled 504, unreachable 502, bad value 400, else 500."""
-    if isinstance(exc, psycopg2.errors.QueryCanceled):
-        if timeout:
-            return timeout_error(timeout)
-        return query_failed(scrub(_driver_text(exc), fields))
-    if isinstance(exc, ValueError) and (isinstance(exc, UnicodeError) or "NUL" in str(exc)):
+def _own_lines(text: str, shift: int) -> str:
+    """A server message's 'LINE n:' excerpts numbered as in the caller's statement (qag put `shift` lines first)."""
+    if not shift:
+        return text
+    return _LINE_RE.sub(lambda m: f"LINE {max(1, int(m.group(1)) - shift)}:", text)
+
+
+def mapped(exc: BaseException, fields: dict, timeout: float | None, shift: int = 0) -> QagError:
+    """The contract's error for a failure: cancelled 504, unreachable 502, the server's refusal of a write 403,
+    a value it refuses 400, a second statement 400, anything else it refuses 500."""
+    if isinstance(exc, QagError):
+        return exc
+    if isinstance(exc, _Gone):
+        return timeout_error(timeout) if timeout else connection_failed("The server stopped answering")
+    if isinstance(exc, _ServerError):
+        state, text = exc.sqlstate, scrub(_own_lines(exc.text, shift), fields)
+        if state == "57014":                     # query_canceled: the statement time limit
+            return timeout_error(timeout) if timeout else query_failed(text)
+        if state.startswith("08") or state in ("57P01", "57P02", "57P03"):
+            return connection_failed(text)
+        if state == "25006":                     # read_only_sql_transaction: the engine refused a write
+            return QagError("read_only", "Only read-only statements are allowed - the database refused a write "
+                                         "in this read-only call", detail=text)
+        if _MULTIPLE in text:
+            return QagError("multiple_statements", "Only a single SQL statement can be executed at a time")
+        if state.startswith("22"):               # data_exception: a value the database can't take
+            return QagError("param_invalid", "The database refused a value of this call", detail=text)
+        return query_failed(text)
+    if isinstance(exc, (UnicodeError, psycopg.DataError)) or (isinstance(exc, ValueError) and "NUL" in str(exc)):
         # A parameter value PostgreSQL can't hold: a NUL character or a lone surrogate.
         return QagError("param_invalid", "A parameter value can't be sent to PostgreSQL: "
                                          "text may not contain NUL characters or unpaired surrogates")
-    text = scrub(_driver_text(exc), fields)
-    lowered = text.lower()
-    closed = conn is not None and conn.closed
-    if closed or (isinstance(exc, _CONNECTION_ERRORS) and any(m in lowered for m in _UNREACHABLE)):
-        return connection_failed(text)
-    return query_failed(text)
+    if isinstance(exc, (psycopg.Error, OSError)):
+        return connection_failed(scrub(_driver_text(exc), fields))
+    raise exc
 
 
-# ---------------------------------------------------------------- the backend
+# ---------------------------------------------------------------- one connection
 
 
-class _Connection(psycopg2.extensions.connection):
-    """psycopg2's connection, able to carry the cursor and the poll object qag keeps with it."""
+def _sync_without_flush():
+    """libpq 17's PQsendPipelineSync (a Sync queued, not sent) from the libpq psycopg loaded, or None.
 
-
-def _has_input(conn) -> bool:
-    """Whether an idle connection has something to read (EOF or a message): then it can't be trusted."""
-    if conn.closed:
-        return True
+    PQpipelineSync, the one psycopg wraps, also flushes: a call of three segments would be three sends instead
+    of one. psycopg 3.3 does not wrap the newer function, so it is called through ctypes on the same library."""
     try:
-        return bool(conn.qag_poll.poll(0))
-    except (OSError, ValueError, AttributeError):
+        import ctypes
+        import glob
+
+        import psycopg_binary  # noqa: F401 - psycopg's own wheel, which ships libpq beside it
+        folder = os.path.join(os.path.dirname(os.path.dirname(psycopg_binary.__file__)), "psycopg_binary.libs")
+        names = sorted(glob.glob(os.path.join(folder, "libpq*.so*")))
+        lib = ctypes.CDLL(names[0] if names else "libpq.so.5")
+        if lib.PQlibVersion() < 170000:
+            return None
+        function = lib.PQsendPipelineSync
+    except (ImportError, OSError, AttributeError, IndexError):
+        return None
+    function.argtypes = (ctypes.c_void_p,)
+    function.restype = ctypes.c_int
+
+    def send_sync(pgconn) -> None:
+        if function(pgconn.pgconn_ptr) != 1:
+            raise psycopg.OperationalError("could not queue a pipeline sync")
+    return send_sync
+
+
+_send_sync = _sync_without_flush() or (lambda pgconn: pgconn.pipeline_sync())
+
+
+class _Link:
+    """One server connection in pipeline mode and what qag knows of it."""
+
+    __slots__ = ("conn", "pg", "tx", "poll", "pending", "bad", "datestyle", "fields")
+
+    def __init__(self, conn: psycopg.Connection, fields: dict):
+        self.conn = conn
+        self.pg = conn.pgconn
+        self.tx = Transformer(conn)
+        self.poll = select.poll()
+        self.poll.register(self.pg.socket, select.POLLIN | select.POLLPRI)
+        self.pending = False      # a reset was sent and its reply not read yet
+        self.bad = False          # something on it failed: never pooled again
+        # The server's own DateStyle is not ISO: each call sets ISO for itself (psycopg reads ISO dates).
+        self.datestyle = not (self.pg.parameter_status(b"DateStyle") or b"ISO").startswith(b"ISO")
+        self.fields = fields
+
+    def readable(self) -> bool:
+        return bool(self.poll.poll(0))
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # --- sending --------------------------------------------------------------------------------------------
+    def send(self, sql: bytes, values=None, types=None, formats=None) -> None:
+        self.pg.send_query_params(sql, values, types, formats)
+
+    def send_args(self, sql: str, args: tuple) -> None:
+        if args:
+            tx = self.tx
+            values = tx.dump_sequence(args, [PyFormat.AUTO] * len(args))
+            self.pg.send_query_params(sql.encode(), values, tx.types, tx.formats)
+        else:
+            self.pg.send_query_params(sql.encode(), None)
+
+    def sync(self) -> None:
+        _send_sync(self.pg)
+
+    def send_reset(self) -> None:
+        """Queue the reset (its own segment): read when the connection is taken again."""
+        self.pg.send_query_params(_DISCARD, None)
+        seed = struct.unpack("<Q", os.urandom(8))[0] / 2.0**64 * 2.0 - 1.0
+        self.pg.send_query_params(_RESEED, [repr(seed).encode()])
+        _send_sync(self.pg)
+        self.pending = True
+
+    def flush(self) -> None:
+        if self.pg.flush() != 0:   # a blocking connection flushes everything or fails
+            raise psycopg.OperationalError("could not send data to server")
+
+    # --- receiving ------------------------------------------------------------------------------------------
+    def segment(self, deadline: float | None) -> list:
+        """Every result up to the next Sync (errors included, the aborted rest skipped)."""
+        pg = self.pg
+        out = []
+        while True:
+            while pg.is_busy():
+                self._wait(deadline)
+                pg.consume_input()
+            result = pg.get_result()
+            if result is None:
+                continue
+            status = result.status
+            if status == _SYNC:
+                return out
+            if status == pq.ExecStatus.PIPELINE_ABORTED:
+                continue
+            out.append(result)
+
+    def _wait(self, deadline: float | None) -> None:
+        if deadline is None:
+            self.poll.poll()
+            return
+        left = deadline - time.monotonic()
+        if left <= 0 or not self.poll.poll(left * 1000.0):
+            raise _Gone()
+
+    def finish_reset(self, block: bool) -> bool:
+        """Read the reset's reply: True when it has been read (failed or not; a failure sets `bad`)."""
+        pg = self.pg
+        if not block:
+            pg.consume_input()
+            # libpq answers is_busy() False only when get_result() won't block; the reply is three results.
+            while not pg.is_busy():
+                result = pg.get_result()
+                if result is None:
+                    continue
+                if result.status == _SYNC:
+                    self.pending = False
+                    return True
+                if result.status not in (_OK, _TUPLES):
+                    self.bad = True
+            return False
+        for result in self.segment(time.monotonic() + REPLY_MARGIN + CONNECT_TIMEOUT):
+            if result.status not in (_OK, _TUPLES):
+                self.bad = True
+        self.pending = False
         return True
+
+    def clean(self) -> bool:
+        """Whether the connection can be pooled: nothing failed on it and the call left the encoding UTF8 (the
+        values its loaders decode were cached under it). Its transaction ended with the call's own segment."""
+        return not self.bad and self.pg.parameter_status(b"client_encoding") == _UTF8
+
+
+_ADAPTERS: list = []
+
+
+def _adapters():
+    """psycopg's adapters with _TEXT_TYPES loaded as text; made once, copied by each connection."""
+    if not _ADAPTERS:
+        adapters = psycopg.adapt.AdaptersMap(psycopg.adapters)
+        for name in _TEXT_TYPES:
+            adapters.register_loader(name, TextLoader)
+        _ADAPTERS.append(_Context(adapters))
+    return _ADAPTERS[0]
+
+
+class _Context:
+    """An adaptation context that only carries adapters (what psycopg.connect copies from)."""
+
+    __slots__ = ("adapters",)
+
+    def __init__(self, adapters):
+        self.adapters = adapters
+
+    connection = None
+
+
+def _first_error(results: list) -> _ServerError | None:
+    for result in results:
+        if result.status == _FATAL:
+            return _server_error(result)
+    return None
+
+
+def _columns(result) -> list[str]:
+    return [(result.fname(i) or b"?column?").decode("utf-8", "replace") for i in range(result.nfields)]
+
+
+def _lost(link: _Link, exc: BaseException) -> bool:
+    """Whether a failure means the connection itself is gone (the server ended it), not the statement."""
+    if link.pg.status == pq.ConnStatus.BAD:
+        return True
+    return isinstance(exc, _ServerError) and (exc.sqlstate.startswith("08") or exc.sqlstate in ("57P01", "57P02"))
+
+
+def _preferred(link: _Link) -> bool:
+    # A connection whose reset reply has arrived (or, with none pending, a quiet socket: one that turned
+    # readable was closed by the server).
+    return link.readable() == link.pending
+
+
+def _close(link: _Link) -> None:
+    link.close()
 
 
 class PostgresBackend(Backend):
-    """psycopg2 connections pooled per worker (created after fork) by resolved fields and access mode."""
+    """psycopg 3 connections in pipeline mode, pooled per worker (created after fork) by fields and access mode."""
 
     dialect = "postgres"
-    style = "format"
+    style = "numeric"
 
     def __init__(self, settings):
         self.settings = settings
-        self.pool = Pool.from_settings(settings)
+        self.pool = Pool.from_settings(settings, close=_close)
         self._schemas: OrderedDict = OrderedDict()      # key → (read at, schema)
         self._refreshing: set = set()
         self._schema_lock = threading.Lock()
@@ -226,124 +459,178 @@ class PostgresBackend(Backend):
 
     # --- connections -------------------------------------------------------------------------------------
     @staticmethod
-    def connect(fields: dict):
-        """A new autocommit connection; any failure to open one is 502 connection_failed (password scrubbed)."""
+    def connect(fields: dict) -> _Link:
+        """A new connection in pipeline mode; any failure to open one is 502 connection_failed (password
+        scrubbed): a login the server refuses, a server that is down, a database that is missing."""
         try:
-            conn = psycopg2.connect(connection_factory=_Connection, **connect_args(fields))
+            conn = psycopg.Connection.connect(autocommit=True, context=_adapters(), **connect_args(fields))
         except Exception as exc:  # OperationalError, or a driver refusal of the options (ProgrammingError)
             raise connection_failed(scrub(_driver_text(exc), fields)) from None
         try:
-            conn.autocommit = True
-            # One cursor per connection, reused by every call; the poll object for the idle check.
-            conn.qag_cursor = conn.cursor()
-            conn.qag_poll = select.poll()
-            conn.qag_poll.register(conn.fileno(), select.POLLIN | select.POLLPRI)
-        except (psycopg2.Error, OSError) as exc:
+            link = _Link(conn, fields)
+            link.pg.enter_pipeline_mode()
+        except (psycopg.Error, OSError) as exc:
             conn.close()
             raise connection_failed(scrub(_driver_text(exc), fields)) from None
-        return conn
+        return link
 
-    def _checkout(self, key, fields: dict):
-        """(connection, reused): a pooled connection that shows no sign of being closed, or a new one."""
-        conn, reused = self.pool.acquire(key, lambda: self.connect(fields))
-        if reused and _has_input(conn):
-            conn = self._replace(key, conn, fields)
-            reused = False
-        return conn, reused
-
-    def _replace(self, key, conn, fields: dict):
-        """Close a dead connection and open a fresh one in its place in the pool's count."""
-        try:
-            conn.close()
-        except Exception:
-            pass
-        try:
-            return self.connect(fields)
-        except BaseException:
-            self.pool.release(key, conn, False)
-            raise
-
-    def _failed(self, key, conn, exc: BaseException, fields: dict, timeout: float | None) -> BaseException:
-        """The error to raise for a call that failed (judged while the connection still shows its state); the
-        connection is closed, never pooled again."""
-        error = mapped(exc, fields, timeout, conn) if isinstance(exc, (psycopg2.Error, ValueError)) else exc
-        self.pool.release(key, conn, False)
-        return error
-
-    def _execute(self, key, fields: dict, call: Call, text: str):
-        """(connection, cursor) after the one message ran; retries a read once on a fresh connection when a
-        reused connection turns out to be dead. On error the connection has been given back (closed)."""
-        args = call.args or None
-        conn, reused = self._checkout(key, fields)
-        try:
-            cur = conn.qag_cursor
+    def _take(self, key, fields: dict) -> tuple[_Link, bool]:
+        """(connection, reused): a pooled one whose reset has been read and that shows no sign of being closed,
+        or a new one."""
+        opener = lambda: self.connect(fields)  # noqa: E731
+        while True:
+            link, reused = self.pool.acquire(key, opener, _preferred)
+            if not reused:
+                return link, False
             try:
-                cur.execute(text, args)
-            except _CONNECTION_ERRORS:
-                if not (reused and call.read_only and conn.closed):
-                    raise
-                conn = self._replace(key, conn, fields)
-                cur = conn.qag_cursor
-                cur.execute(text, args)
-        except QagError:
-            raise                            # _replace could not open a connection and gave the slot back
-        except BaseException as exc:
-            raise self._failed(key, conn, exc, fields, call.timeout) from None
-        return conn, cur
+                if link.pending:
+                    link.finish_reset(True)
+                if not link.bad and not link.readable():
+                    return link, True
+            except (psycopg.Error, OSError, _Gone):
+                pass
+            # Dead, or its reset failed: close it and take another.
+            self.pool.release(key, link, False)
+
+    def _give_back(self, key, link: _Link) -> None:
+        """Pool a clean connection (its reset already queued, read now if it has arrived) or close it."""
+        if link.pending and link.clean():
+            try:
+                link.finish_reset(False)
+            except (psycopg.Error, OSError):
+                link.bad = True
+        self.pool.release(key, link, link.clean())
+
+    def _fail(self, key, link: _Link, exc: BaseException, call: Call, shift: int = 0) -> QagError:
+        """The error for a call that failed; its connection is closed, never pooled again."""
+        link.bad = True
+        self.pool.release(key, link, False)
+        return mapped(exc, link.fields, call.timeout, shift)
 
     # --- calls ---------------------------------------------------------------------------------------------
+    def _send_call(self, link: _Link, call: Call, statements: list[str], reset: bool) -> None:
+        """The call's pipeline: BEGIN, its settings, its statements (the caller's one bound), Sync; the end,
+        Sync; then the reset when the connection will be pooled."""
+        read_only = call.read_only
+        link.send(_BEGIN[read_only])
+        setting, values = settings_statement(call.timeout, call.schema, link.datestyle)
+        if setting:
+            link.send(setting, values)
+        first = True
+        for sql in statements:
+            if first:
+                link.send_args(sql, call.args)
+                first = False
+            else:
+                link.send(sql.encode())
+        link.sync()
+        link.send(_END[read_only])
+        link.sync()
+        if reset:
+            link.send_reset()
+        link.flush()
+
+    def _exchange(self, key, fields: dict, call: Call, statements: list[str]) -> tuple[_Link, list]:
+        """(connection, the results of the call's segment) after the call ran and ended; retries a read once on
+        a fresh connection when a reused one turns out to be dead. Raises the mapped error (connection closed)."""
+        reset = self.pool.idle_limit > 0
+        link, reused = self._take(key, fields)
+        deadline = None if not call.timeout else time.monotonic() + call.timeout + REPLY_MARGIN
+        shift = 1 if statements[0].startswith("DECLARE") else 0
+        try:
+            try:
+                return link, self._attempt(link, call, statements, reset, deadline)
+            except (psycopg.OperationalError, OSError, _ServerError) as exc:
+                if not (reused and call.read_only and _lost(link, exc)):
+                    raise
+            link.bad = True
+            self.pool.release(key, link, False)
+            link, reused = self._take(key, fields)
+            return link, self._attempt(link, call, statements, reset, deadline)
+        except QagError:
+            raise
+        except BaseException as exc:
+            raise self._fail(key, link, exc, call, shift) from None
+
+    def _attempt(self, link: _Link, call: Call, statements: list[str], reset: bool, deadline) -> list:
+        self._send_call(link, call, statements, reset)
+        results = link.segment(deadline)
+        ending = link.segment(deadline)
+        error = _first_error(results) or _first_error(ending)
+        if error is not None:
+            raise error
+        return results
+
     def run(self, fields: dict, call: Call) -> Result:
         key = pool_key(fields, call.read_only)
         started = time.perf_counter()
-        conn, cur = self._execute(key, fields, call, message(call.sql, call.read_only, call.timeout, call.schema))
+        statements = (page_statements(call.sql, call.skip, call.fetch) if call.cursor else [call.sql])
+        link, results = self._exchange(key, fields, call, statements)
         try:
-            description = cur.description
-            if description is None:
+            result = results[-1] if results else None
+            if result is None or result.status != _TUPLES:
                 columns, rows = [], []
             else:
-                columns = [d[0] for d in description]
-                skip = call.skip
-                if skip:
-                    if skip >= cur.rowcount:
-                        rows = []
-                    else:
-                        cur.scroll(skip)
-                        rows = cur.fetchmany(call.fetch)
-                else:
-                    rows = cur.fetchmany(call.fetch)
+                columns = _columns(result)
+                skip = 0 if call.cursor else call.skip
+                end = min(result.ntuples, skip + call.fetch)
+                tx = link.tx
+                tx.set_pgresult(result)
+                rows = tx.load_rows(skip, end, tuple) if end > skip else []
+                tx.set_pgresult(None)
         except BaseException as exc:
-            raise self._failed(key, conn, exc, fields, call.timeout) from None
-        # A statement that left a transaction open (BEGIN as a write) doesn't leave it to the next call.
-        self.pool.release(key, conn, conn.get_transaction_status() == _IDLE)
+            raise self._fail(key, link, exc, call) from None
+        self._give_back(key, link)
         return Result(columns, rows, (time.perf_counter() - started) * 1000.0)
 
     def stream(self, fields: dict, call: Call, batch: int, cap: int | None):
         key = pool_key(fields, True)
-        read = Call(call.sql, call.args, True, call.timeout, 0)
+        read = Call(call.sql, call.args, True, call.timeout, 0, schema=call.schema, tables=call.tables)
         batch = max(1, int(batch))
         first_n = batch if cap is None else max(0, min(batch, cap))
-        conn, cur = self._execute(key, fields, read, stream_message(call.sql, call.timeout, first_n, call.schema))
+        link, reused = self._take(key, fields)
+        deadline = None if not call.timeout else time.monotonic() + call.timeout + REPLY_MARGIN
         try:
-            columns = [d[0] for d in cur.description] if cur.description else []
-            first = cur.fetchall() if cur.description else []
+            link.send(_BEGIN[True])
+            setting, values = settings_statement(call.timeout, call.schema, link.datestyle)
+            if setting:
+                link.send(setting, values)
+            declare, fetch = stream_statements(call.sql, first_n)
+            link.send_args(declare, call.args)
+            link.send(fetch.encode())
+            link.sync()
+            link.flush()
+            results = link.segment(deadline)
+            error = _first_error(results)
+            if error is not None:
+                raise error
+            result = results[-1]
+            columns = _columns(result)
+            link.tx.set_pgresult(result)
+            first = link.tx.load_rows(0, result.ntuples, tuple)
         except BaseException as exc:
-            raise self._failed(key, conn, exc, fields, call.timeout) from None
-        return columns, _Batches(self.pool, key, conn, cur, first, first_n, batch, cap, fields, call.timeout)
+            raise self._fail(key, link, exc, read, 1) from None
+        return columns, _Batches(self, key, link, first, first_n, batch, cap, read)
 
     def test(self, fields: dict) -> float:
         """A new connection (not pooled: it proves the settings work now) and SELECT 1 read-only."""
         started = time.perf_counter()
-        conn = self.connect(fields)
+        link = self.connect(fields)
+        call = Call("SELECT 1", (), True, self.settings.query_timeout or 10.0, 1)
         try:
-            conn.qag_cursor.execute(message("SELECT 1", True, self.settings.query_timeout or 10.0))
-        except psycopg2.Error as exc:
-            raise mapped(exc, fields, self.settings.query_timeout or 10.0, conn) from None
+            self._send_call(link, call, ["SELECT 1"], False)
+            deadline = time.monotonic() + call.timeout + REPLY_MARGIN
+            error = _first_error(link.segment(deadline)) or _first_error(link.segment(deadline))
+            if error is not None:
+                raise error
+        except BaseException as exc:
+            raise mapped(exc, fields, call.timeout) from None
         finally:
-            conn.close()
+            link.close()
         return (time.perf_counter() - started) * 1000.0
 
     def query_all(self, fields: dict, sql: str, args: tuple = ()) -> Result:
-        """Every row of a read-only catalog query (bound parameters only), on the read-only pool."""
+        """Every row of a read-only catalog query ($n parameters only), on the read-only pool."""
         return self.run(fields, Call(sql, args, True, self.settings.query_timeout or None, 1 << 62))
 
     def databases(self, fields: dict) -> list[str]:
@@ -406,14 +693,13 @@ class _Batches:
 
     A failure mid-stream closes the connection and raises the mapped error: the status line has gone out, so
     the body ends incomplete and the run is recorded as failed.
-    Closed early (the client went away) → ROLLBACK and the connection is reused; dropped without ever being
-    iterated or closed → the connection is closed when this object is collected.
+    Closed early (the client went away) → ROLLBACK, the reset, and the connection is reused; dropped without ever
+    being iterated or closed → the connection is closed when this object is collected.
     """
 
-    def __init__(self, pool: Pool, key, conn, cur, first: list, first_n: int, batch: int, cap: int | None,
-                 fields: dict, timeout: float | None):
-        self._pool, self._key, self._conn, self._cur = pool, key, conn, cur
-        self._fields, self._timeout = fields, timeout  # to map a failure mid-stream (password scrubbed)
+    def __init__(self, backend: PostgresBackend, key, link: _Link, first: list, first_n: int, batch: int,
+                 cap: int | None, call: Call):
+        self._backend, self._key, self._link, self._call = backend, key, link, call
         self._first = first
         self._batch = batch
         self._left = None if cap is None else cap - len(first)
@@ -422,6 +708,10 @@ class _Batches:
 
     def __iter__(self):
         return self
+
+    def _deadline(self) -> float | None:
+        timeout = self._call.timeout
+        return None if not timeout else time.monotonic() + timeout + REPLY_MARGIN
 
     def __next__(self) -> list:
         if self._done:
@@ -433,14 +723,22 @@ class _Batches:
         left = self._left
         if self._more and (left is None or left > 0):
             n = self._batch if left is None else min(self._batch, left)
+            link = self._link
             try:
-                self._cur.execute(fetch_message(n))
-                rows = self._cur.fetchall()
-            except psycopg2.Error as exc:
+                link.send(fetch_statement(n))
+                link.sync()
+                link.flush()
+                results = link.segment(self._deadline())
+                error = _first_error(results)
+                if error is not None:
+                    raise error
+                link.tx.set_pgresult(results[-1])
+                rows = link.tx.load_rows(0, results[-1].ntuples, tuple)
+            except BaseException as exc:
                 # Raised, not swallowed: the run is recorded as failed and the server ends the chunked body
                 # without its terminator, so the client can tell the export is incomplete.
-                self._finish(False)
-                raise mapped(exc, self._fields, self._timeout) from None
+                self._done = True
+                raise self._backend._fail(self._key, link, exc, self._call) from None
             if left is not None:
                 self._left = left - len(rows)
             self._more = len(rows) == n
@@ -450,21 +748,26 @@ class _Batches:
         raise StopIteration
 
     def close(self) -> None:
-        """End the transaction (ROLLBACK) and give the connection back; closes it if that fails."""
+        """End the transaction (ROLLBACK), queue the reset and give the connection back; closed if that fails."""
         if self._done:
             return
-        reusable = False
+        self._done = True
+        link = self._link
+        backend = self._backend
         try:
-            self._cur.execute("ROLLBACK")
-            reusable = self._conn.get_transaction_status() == _IDLE
-        except psycopg2.Error:
-            pass
-        self._finish(reusable)
-
-    def _finish(self, reusable: bool) -> None:
-        if not self._done:
-            self._done = True
-            self._pool.release(self._key, self._conn, reusable)
+            link.send(_END[True])
+            link.sync()
+            if backend.pool.idle_limit > 0:
+                link.send_reset()
+            link.flush()
+            if _first_error(link.segment(self._deadline())) is not None:
+                link.bad = True
+        except BaseException:
+            link.bad = True
+        if link.bad:
+            backend.pool.release(self._key, link, False)
+        else:
+            backend._give_back(self._key, link)
 
     def __del__(self):
         # Never iterated nor closed. The pool's lock is taken on another thread: a collection may run this
@@ -472,68 +775,7 @@ class _Batches:
         if not self._done:
             self._done = True
             try:
-                threading.Thread(target=self._pool.release, args=(self._key, self._conn, False), daemon=True).start()
+                threading.Thread(target=self._backend.pool.release, args=(self._key, self._link, False),
+                                 daemon=True).start()
             except RuntimeError:  # interpreter shutting down
                 pass
-
-
-# Relations the connecting role has some privilege on, as information_schema.tables lists them.
-_TABLES_SQL = """WITH t AS (
-  SELECT c.oid, n.nspname, c.relname, c.relkind
-  FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-  WHERE c.relkind::text = ANY(%s) AND n.nspname <> %s AND n.nspname NOT LIKE %s
-    AND (pg_catalog.pg_has_role(c.relowner, 'USAGE')
-         OR pg_catalog.has_table_privilege(c.oid, 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER')
-         OR pg_catalog.has_any_column_privilege(c.oid, 'SELECT, INSERT, UPDATE, REFERENCES'))
-  ORDER BY n.nspname, c.relname
-  LIMIT %s)
-SELECT t.oid, t.nspname, t.relname, t.relkind, a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod),
-       NOT a.attnotnull, a.attnum
-FROM t LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = t.oid AND a.attnum > 0 AND NOT a.attisdropped
-ORDER BY t.nspname, t.relname, a.attnum"""
-
-_KEYS_SQL = """SELECT con.conrelid, con.contype, a.attname, fn.nspname, fc.relname, fa.attname
-FROM pg_catalog.pg_constraint con
-CROSS JOIN LATERAL unnest(con.conkey, COALESCE(con.confkey, con.conkey)) AS k(col, fcol)
-JOIN pg_catalog.pg_attribute a ON a.attrelid = con.conrelid AND a.attnum = k.col
-LEFT JOIN pg_catalog.pg_class fc ON fc.oid = con.confrelid
-LEFT JOIN pg_catalog.pg_namespace fn ON fn.oid = fc.relnamespace
-LEFT JOIN pg_catalog.pg_attribute fa ON fa.attrelid = con.confrelid AND fa.attnum = k.fcol
-WHERE con.conrelid = ANY(%s::oid[]) AND con.contype::text = ANY(%s)
-ORDER BY con.conrelid, con.contype, con.conname, k.col"""
-
-
-def read_schema(backend: PostgresBackend, fields: dict, max_tables: int = SCHEMA_MAX_TABLES) -> dict:
-    """{"tables": [...], "truncated": bool} (contract 5.2) from pg_catalog; system schemas skipped."""
-    rows = backend.query_all(fields, _TABLES_SQL, (["r", "p", "v", "m", "f"], "information_schema", "pg\\_%",
-                                                   max_tables + 1)).rows
-    tables: list[dict] = []
-    by_oid: dict = {}
-    for oid, nspname, relname, relkind, attname, ctype, nullable, attnum in rows:
-        table = by_oid.get(oid)
-        if table is None:
-            if len(by_oid) == max_tables:
-                continue                     # the one past the limit only says "truncated"
-            table = {"name": relname, "schema": nspname, "type": "view" if relkind in ("v", "m") else "table",
-                     "columns": []}
-            by_oid[oid] = table
-            tables.append(table)
-        if attname is not None:
-            table["columns"].append({"name": attname, "type": ctype, "nullable": bool(nullable),
-                                     "position": int(attnum), "primary_key": False, "foreign_key": None})
-    truncated = len({row[0] for row in rows}) > max_tables
-    if by_oid:
-        keys = backend.query_all(fields, _KEYS_SQL, ([int(o) for o in by_oid], ["p", "f"])).rows
-        for conrelid, contype, attname, fschema, ftable, fcolumn in keys:
-            table = by_oid.get(conrelid)
-            if table is None:
-                continue
-            column = next((c for c in table["columns"] if c["name"] == attname), None)
-            if column is None:
-                continue
-            if contype == "p":
-                column["primary_key"] = True
-            elif column["foreign_key"] is None and ftable is not None:
-                name = ftable if fschema == table["schema"] else f"{fschema}.{ftable}"
-                column["foreign_key"] = {"table": name, "column": fcolumn}
-    return {"tables": tables, "truncated": truncated}

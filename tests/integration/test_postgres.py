@@ -11,6 +11,7 @@ import statistics
 import threading
 import time
 
+import psycopg
 import psycopg2
 import pytest
 
@@ -76,7 +77,7 @@ def backend():
 def read(backend, fields, sql, params=None, timeout=None, size=10, page=1, read_only=True):
     """A paged call as api/run.py makes it: render, then Call."""
     prepared = prepare(sql, "postgres")
-    rendered = render(prepared, params or {}, "format", size + 1, (page - 1) * size)
+    rendered = render(prepared, params or {}, backend.style, size + 1, (page - 1) * size)
     return backend.run(fields, Call(rendered.sql, rendered.args, read_only, timeout, size + 1,
                                     0 if rendered.windowed else (page - 1) * size))
 
@@ -187,7 +188,9 @@ def test_a_function_cannot_make_the_pooled_connection_writable_or_unlimited(back
     assert r.rows == [(first, "on", "2s", '"$user", public')]
     with pytest.raises(QagError) as info:
         b.run(db, Call("INSERT INTO pgt_notes (body) VALUES ('sneaky')", (), True, None, 2))
-    assert info.value.code == "query_failed" and "read-only transaction" in info.value.extras["detail"]
+    # The engine refuses the write in the read-only transaction; qag answers it as the guard would.
+    assert info.value.code == "read_only" and info.value.status == 403
+    assert "read-only transaction" in info.value.extras["detail"]
     read(b, db, "SELECT pgt_lift()")
     with pytest.raises(QagError) as info:
         read(b, db, "SELECT pg_sleep(5)", timeout=1)
@@ -231,7 +234,7 @@ def test_sql_injection_values_are_data(backend, db):
 
 def test_writes_commit_with_their_own_message(backend, db):
     b = backend()
-    r = b.run(db, Call("INSERT INTO pgt_notes (body) VALUES (%s), (%s) RETURNING body", ("w1", "w2"), False, None,
+    r = b.run(db, Call("INSERT INTO pgt_notes (body) VALUES ($1), ($2) RETURNING body", ("w1", "w2"), False, None,
                        11))
     assert r.columns == ["body"] and r.rows == [("w1",), ("w2",)]
     r = b.run(db, Call("UPDATE pgt_notes SET body = 'w3' WHERE body = 'w2'", (), False, 2.0, 11))
@@ -243,11 +246,19 @@ def test_writes_commit_with_their_own_message(backend, db):
     check.close()
 
 
-def test_a_transaction_left_open_is_not_pooled(backend, db):
+def test_a_begin_cannot_leave_a_transaction_open(backend, db):
+    """The call's own transaction ends with its own segment, whatever the statement did to it: the connection is
+    idle afterwards, pooled, and the next caller's write is committed."""
     b = backend()
     first = pid(b, db, read_only=False)
     b.run(db, Call("BEGIN", (), False, None, 2))
-    assert pid(b, db, read_only=False) != first
+    assert pid(b, db, read_only=False) == first
+    b.run(db, Call("INSERT INTO pgt_notes (body) VALUES ('after begin')", (), False, None, 2))
+    check = _connect(db)
+    cur = check.cursor()
+    cur.execute("SELECT count(*) FROM pgt_notes WHERE body = 'after begin'")
+    assert cur.fetchone() == (1,)
+    check.close()
 
 
 def test_terminated_backends_are_never_handed_out(backend, db):
@@ -279,7 +290,7 @@ def test_terminated_backends_are_never_handed_out(backend, db):
 def test_a_connection_that_died_silently_is_retried_for_reads_only(backend, db, monkeypatch):
     """When the idle check can't see the death (no FIN yet), a read is retried once; a write is not."""
     b = backend()
-    monkeypatch.setattr(pg, "_has_input", lambda conn: False)
+    monkeypatch.setattr(pg._Link, "readable", lambda link: link.pending)
     first = pid(b, db)
     terminate([first])
     assert pid(b, db) != first
@@ -316,7 +327,7 @@ def test_stream_batches_cap_and_reuse(backend, db):
     rows = [r for chunk in batches for r in chunk]
     assert [r[0] for r in rows] == list(range(1, 2501))
     # Closed early (a client that went away): rolled back, and the connection serves the next call.
-    columns, batches = b.stream(db, Call("SELECT n FROM pgt_big WHERE n > %s", (10,), True, None, 0), 100, None)
+    columns, batches = b.stream(db, Call("SELECT n FROM pgt_big WHERE n > $1", (10,), True, None, 0), 100, None)
     assert len(next(batches)) == 100
     batches.close()
     assert pid(b, db) == used and b.pool.stats()["active"] == 0
@@ -485,21 +496,22 @@ def test_one_round_trip_per_call_through_a_delaying_relay(backend, db, capsys):
     """Request turns per call are counted and asserted (1 for a paged read and for a write, back to back).
 
     Single-caller latency without and with a 10 ms delay on every server reply gives the waits on the database
-    per call as the slope, calibrated by the same statement sent directly with psycopg2 through the same relay.
+    per call as the slope, calibrated by the same statement sent directly with psycopg through the same relay.
     Latencies are printed, never asserted.
     """
     delay = 0.010
-    paged = render(prepare("SELECT id, name FROM pgt_items WHERE id > :after ORDER BY id", "postgres"),
-                   {"after": 3}, "format", 11, 10)
+    prepared = prepare("SELECT id, name FROM pgt_items WHERE id > :after ORDER BY id", "postgres")
+    paged = render(prepared, {"after": 3}, "numeric", 11, 10)
+    direct_paged = render(prepared, {"after": 3}, "format", 11, 10)     # psycopg's own cursor takes %s
     read_call = Call(paged.sql, paged.args, True, 5.0, 11)
-    write_call = Call("UPDATE pgt_notes SET body = body WHERE id = %s", (1,), False, 5.0, 11)
+    write_call = Call("UPDATE pgt_notes SET body = body WHERE id = $1", (1,), False, 5.0, 11)
+    direct_write = "UPDATE pgt_notes SET body = body WHERE id = %s"
     measured: dict[str, dict[float, tuple]] = {}
     for d in (0.0, delay):
         with Relay(db["host"], db["port"], delay=d) as relay:
             fields = dict(db, host="127.0.0.1", port=relay.port)
             b = backend()
-            direct = psycopg2.connect(**pg.connect_args(fields))
-            direct.autocommit = True
+            direct = psycopg.connect(autocommit=True, **pg.connect_args(fields))
             dcur = direct.cursor()
 
             def measure(fn, n=30):
@@ -513,9 +525,9 @@ def test_one_round_trip_per_call_through_a_delaying_relay(backend, db, capsys):
                     turns.append(relay.turns)
                 return turns, statistics.median(times), min(times), max(times)
 
-            for name, fn in (("direct psycopg2, same read", lambda: (dcur.execute(paged.sql, paged.args),
-                                                                     dcur.fetchall())),
-                             ("direct psycopg2, same write", lambda: dcur.execute(write_call.sql, write_call.args)),
+            for name, fn in (("direct psycopg, same read", lambda: (dcur.execute(direct_paged.sql, direct_paged.args),
+                                                                    dcur.fetchall())),
+                             ("direct psycopg, same write", lambda: dcur.execute(direct_write, write_call.args)),
                              ("qag paged read", lambda: b.run(fields, read_call)),
                              ("qag write", lambda: b.run(fields, write_call))):
                 measured.setdefault(name, {})[d] = measure(fn)
@@ -529,6 +541,8 @@ def test_one_round_trip_per_call_through_a_delaying_relay(backend, db, capsys):
             print(f"  {name:28s} turns/call {sorted(set(t1))}  {m0:6.2f} ms -> {m1:6.2f} ms "
                   f"({low:.2f}-{high:.2f})  waits/call {(m1 - m0) / (delay * 1000):.2f}")
     for name, by_delay in measured.items():
+        if name.startswith("direct"):
+            continue          # the calibration: psycopg's own cursor may write a message in two sends
         for d, (turns, *_rest) in by_delay.items():
             assert set(turns) == {1}, (name, d, turns)
 

@@ -1,62 +1,55 @@
-"""The exact PostgreSQL messages qag sends (contract 10.4, B10.2, B10.3), checked on the pure builders and on a
-recording stand-in for psycopg2's connection; no server needed."""
+"""The pieces of qag's PostgreSQL pipeline that need no server: settings, cursors, driver arguments, error mapping."""
 
 from __future__ import annotations
 
-import socket
-
-import psycopg2
 import pytest
 
-from qag import settings as qag_settings
-from qag.backends import postgres as pg
-from qag.backends.base import Call
-from qag.errors import QagError
-from qag.sql.prepare import prepare, render
+pytest.importorskip("psycopg")
 
-READ_PREFIX = "RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; SET LOCAL DateStyle = ISO; SET TRANSACTION READ ONLY; "
+from qag.backends import postgres as pg  # noqa: E402
+from qag.errors import QagError  # noqa: E402
+from qag.sql.prepare import prepare, render  # noqa: E402
 
 
-def test_contract_example_message():
-    sql = render(prepare("SELECT pg_sleep(9)", "postgres"), {}, "format", 6, 0).sql
-    assert sql == "SELECT pg_sleep(9)\nLIMIT 6 OFFSET 0"
-    assert pg.message(sql, True, 1.5) == ("RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; SET LOCAL DateStyle = ISO; SET TRANSACTION READ ONLY; "
-                                          "SET LOCAL statement_timeout = 1500; SELECT pg_advisory_unlock_all(); SELECT pg_sleep(9)\nLIMIT 6 OFFSET 0")
+def test_settings_are_transaction_local_and_travel_as_values():
+    sql, values = pg.settings_statement(1.5, None)
+    assert sql == b"SELECT pg_catalog.set_config('statement_timeout', $1, true)" and values == [b"1500"]
+    sql, values = pg.settings_statement(None, 'we"ird')
+    assert sql == b"SELECT pg_catalog.set_config('search_path', $1, true)"
+    assert values == [b'pg_catalog, "we""ird", pg_temp']
+    sql, values = pg.settings_statement(0.0001, "s", datestyle=True)
+    assert values == [b"1", b'pg_catalog, "s", pg_temp', b"ISO"] and sql.count(b"set_config") == 3
+    assert pg.settings_statement(None, None) == (b"", [])
 
 
-@pytest.mark.parametrize("read_only, timeout, expected", [
-    (True, None, "RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; SET LOCAL DateStyle = ISO; SET TRANSACTION READ ONLY; SELECT pg_advisory_unlock_all(); SELECT 1"),
-    (False, None, "RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; SET LOCAL DateStyle = ISO; SELECT pg_advisory_unlock_all(); SELECT 1"),
-    (False, 2, "RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; SET LOCAL DateStyle = ISO; SET LOCAL statement_timeout = 2000; SELECT pg_advisory_unlock_all(); SELECT 1"),
-    (True, 0.0004, READ_PREFIX + "SET LOCAL statement_timeout = 1; SELECT pg_advisory_unlock_all(); SELECT 1"),   # never 0 (= no limit)
-    (True, 0, READ_PREFIX + "SELECT pg_advisory_unlock_all(); SELECT 1"),                                        # no limit configured
-])
-def test_message_parts(read_only, timeout, expected):
-    assert pg.message("SELECT 1", read_only, timeout) == expected
+def test_a_schema_with_a_nul_is_refused():
+    with pytest.raises(QagError) as info:
+        pg.search_path("a\x00b")
+    assert info.value.code == "table_check_failed"
 
 
-def test_prefix_has_no_percent_for_psycopg2_interpolation():
-    for read_only in (True, False):
-        for timeout in (None, 1.5, 30):
-            assert "%" not in pg.prefix(read_only, timeout)
-            assert "%" not in pg.stream_message("SELECT 1", timeout, 1000).replace("SELECT 1", "")
+def test_a_page_by_cursor_declares_moves_and_fetches():
+    assert pg.page_statements("SELECT 1 UNION SELECT 2 -- c", 20, 11) == [
+        "DECLARE qag_page NO SCROLL CURSOR FOR\nSELECT 1 UNION SELECT 2 -- c\n",
+        "MOVE FORWARD 20 IN qag_page", "FETCH FORWARD 11 FROM qag_page"]
+    assert pg.page_statements("VALUES (1)", 0, 6) == [
+        "DECLARE qag_page NO SCROLL CURSOR FOR\nVALUES (1)\n", "FETCH FORWARD 6 FROM qag_page"]
+    declare, fetch = pg.stream_statements("SELECT 1 -- trailing", 1000)
+    assert declare.endswith("-- trailing\n") and fetch == "FETCH FORWARD 1000 FROM qag_stream"
 
 
-def test_stream_message_declares_and_fetches_in_one_message():
-    text = pg.stream_message("SELECT * FROM t -- trailing comment", 30, 1000)
-    assert text == ("BEGIN; " + READ_PREFIX + "SET LOCAL statement_timeout = 30000; SELECT pg_advisory_unlock_all(); DECLARE qag_stream NO SCROLL "
-                    "CURSOR FOR SELECT * FROM t -- trailing comment\n; FETCH FORWARD 1000 FROM qag_stream")
-    assert pg.fetch_message(250) == "FETCH FORWARD 250 FROM qag_stream"
+def test_server_lines_are_numbered_as_the_callers_statement():
+    text = 'ERROR:  syntax error at or near "x"\nLINE 2: FRM x\n            ^'
+    assert pg._own_lines(text, 1) == 'ERROR:  syntax error at or near "x"\nLINE 1: FRM x\n            ^'
+    assert pg._own_lines(text, 0) == text
 
 
 def test_connect_args_pass_only_driver_fields():
-    fields = {"host": "db", "port": 5433, "user": "u", "password": "pw", "database": "app", "schema": "sales",
-              "sslmode": "verify-full", "sslrootcert": "/ca.pem", "sslcert": "/c.pem", "sslkey": "/k.pem",
-              "sslcrl": "/crl.pem", "options": "-c statement_timeout=0", "unknown": "x", "user_empty": ""}
-    assert pg.connect_args(fields) == {
-        "host": "db", "port": "5433", "user": "u", "password": "pw", "dbname": "app", "sslmode": "verify-full",
-        "sslrootcert": "/ca.pem", "sslcert": "/c.pem", "sslkey": "/k.pem", "sslcrl": "/crl.pem",
-        "connect_timeout": 10, "client_encoding": "UTF8"}
+    fields = {"host": "h", "port": 5433, "user": "u", "password": "p", "database": "d", "schema": "s",
+              "sslmode": "require", "unknown": "x", "sslcert": ""}
+    assert pg.connect_args(fields) == {"host": "h", "port": "5433", "user": "u", "password": "p", "dbname": "d",
+                                       "sslmode": "require", "connect_timeout": pg.CONNECT_TIMEOUT,
+                                       "client_encoding": "UTF8"}
 
 
 def test_pool_key_covers_every_field_and_the_access_mode():
@@ -68,141 +61,41 @@ def test_pool_key_covers_every_field_and_the_access_mode():
     hash(pg.pool_key(dict(a, extra=["unhashable"]), True))
 
 
+@pytest.mark.parametrize("state, text, timeout, code, status", [
+    ("57014", "canceling statement due to statement timeout", 2.0, "query_timeout", 504),
+    ("57014", "canceling statement due to user request", None, "query_failed", 500),
+    ("08006", "connection failure", None, "connection_failed", 502),
+    ("57P01", "terminating connection due to administrator command", None, "connection_failed", 502),
+    ("25006", "cannot execute INSERT in a read-only transaction", None, "read_only", 403),
+    ("42601", "cannot insert multiple commands into a prepared statement", None, "multiple_statements", 400),
+    ("22P02", 'invalid input syntax for type integer: "abc"', None, "param_invalid", 400),
+    ("22012", "division by zero", None, "param_invalid", 400),
+    ("42P01", 'relation "nope" does not exist', None, "query_failed", 500),
+])
+def test_server_refusals_map_to_the_contracts_codes(state, text, timeout, code, status):
+    err = pg.mapped(pg._ServerError(state, "ERROR:  " + text), {}, timeout)
+    assert (err.code, err.status) == (code, status)
+
+
 def test_errors_never_show_the_password():
     fields = {"password": "s3cret-pw"}
-    exc = psycopg2.OperationalError('connection to server at "h" failed: could not connect (password s3cret-pw)')
-    err = pg.mapped(exc, fields, None)
-    assert err.code == "connection_failed" and err.status == 502
-    assert "s3cret-pw" not in str(err.extras) and "********" in err.extras["detail"]
+    for exc in (pg.psycopg.OperationalError("could not connect (password s3cret-pw)"),
+                pg._ServerError("08001", "no route, password s3cret-pw")):
+        err = pg.mapped(exc, fields, None)
+        assert err.code == "connection_failed" and err.status == 502
+        assert "s3cret-pw" not in str(err.extras) and "********" in err.extras["detail"]
 
 
-class FakeCursor:
-    def __init__(self, conn):
-        self.conn = conn
-        self.description = [("x",)]
-        self.rowcount = 1
-
-    def execute(self, sql, args=None):
-        self.conn.log.append((sql, args))
-        if self.conn.fail is not None:
-            raise self.conn.fail
-
-    def fetchmany(self, n):
-        return [(1,)][:n]
+def test_values_a_text_parameter_cannot_hold_are_param_invalid():
+    for exc in (pg.psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes"),
+                UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")):
+        err = pg.mapped(exc, {}, None)
+        assert err.code == "param_invalid" and err.status == 400
 
 
-class FakeConn:
-    """Records every message; its socket is one end of a quiet socketpair, so it looks alive when idle."""
-
-    made: list["FakeConn"] = []
-
-    def __init__(self, **kwargs):
-        self.kwargs = kwargs
-        self.log: list = []
-        self.autocommit_sets: list = []
-        self.closed = 0
-        self.fail = None
-        self._a, self._b = socket.socketpair()
-        FakeConn.made.append(self)
-
-    @property
-    def autocommit(self):
-        return self.autocommit_sets[-1] if self.autocommit_sets else False
-
-    @autocommit.setter
-    def autocommit(self, value):
-        self.autocommit_sets.append(value)
-
-    def fileno(self):
-        return self._a.fileno()
-
-    def cursor(self, *a, **k):
-        return FakeCursor(self)
-
-    def get_transaction_status(self):
-        return psycopg2.extensions.TRANSACTION_STATUS_IDLE
-
-    def rollback(self):
-        self.log.append(("<rollback>", None))
-
-    def commit(self):
-        self.log.append(("<commit>", None))
-
-    def close(self):
-        self.closed = 1
-        self._a.close()
-        self._b.close()
-
-
-@pytest.fixture
-def backend(monkeypatch):
-    FakeConn.made = []
-    monkeypatch.setattr(pg.psycopg2, "connect", lambda **kw: FakeConn(**kw))
-    return pg.PostgresBackend(qag_settings.load({"QAG_POOL_SIZE": "4"}))
-
-
-FIELDS = {"host": "h", "user": "u", "password": "pw", "database": "d"}
-
-
-def test_b10_2_two_pooled_reads_one_connect_identical_messages(backend):
-    sql = "SELECT 1\nLIMIT 6 OFFSET 0"
-    for _ in range(2):
-        backend.run(FIELDS, Call(sql, (), True, 2.0, 6))
-    assert len(FakeConn.made) == 1
-    conn = FakeConn.made[0]
-    assert conn.autocommit_sets == [True]
-    assert conn.log == [(READ_PREFIX + "SET LOCAL statement_timeout = 2000; SELECT pg_advisory_unlock_all(); " + sql, None)] * 2
-    assert all(not text.startswith("<") for text, _ in conn.log)          # no rollback, no commit
-
-
-def test_b10_3_write_message_without_read_only_and_without_commit(backend):
-    backend.run(FIELDS, Call("INSERT INTO t VALUES (%s)", (5,), False, None, 11))
-    conn = FakeConn.made[0]
-    assert conn.log == [("RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; SET LOCAL DateStyle = ISO; SELECT pg_advisory_unlock_all(); INSERT INTO t VALUES (%s)", (5,))]
-    # reads and writes never share a connection
-    backend.run(FIELDS, Call("SELECT 1", (), True, None, 11))
-    assert len(FakeConn.made) == 2 and FakeConn.made[1].log[0][0].startswith(READ_PREFIX)
-
-
-def test_a_call_that_raised_closes_its_connection(backend):
-    backend.run(FIELDS, Call("SELECT 1", (), True, None, 2))
-    conn = FakeConn.made[0]
-    conn.fail = psycopg2.errors.lookup("42601")("syntax error")     # SyntaxError: not connection-level
-    with pytest.raises(QagError) as info:
-        backend.run(FIELDS, Call("SELEC 1", (), True, None, 2))
-    assert info.value.code == "query_failed" and conn.closed
-    backend.run(FIELDS, Call("SELECT 1", (), True, None, 2))
-    assert len(FakeConn.made) == 2
-
-
-def test_dead_reused_connection_is_retried_once_for_reads_only(backend):
-    for read_only in (True, False):
-        FakeConn.made = []
-        backend.close_idle()
-        backend.run(FIELDS, Call("SELECT 1", (), read_only, None, 2))
-        dead = FakeConn.made[0]
-
-        class Gone(psycopg2.OperationalError):
-            pass
-
-        def die(sql, args=None, conn=dead):
-            conn.log.append((sql, args))
-            conn.closed = 2
-            raise Gone("server closed the connection unexpectedly")
-
-        dead.qag_cursor = type("C", (), {"execute": staticmethod(die)})()
-        if read_only:
-            result = backend.run(FIELDS, Call("SELECT 1", (), True, None, 2))
-            assert result.rows == [(1,)] and len(FakeConn.made) == 2 and len(dead.log) == 2
-        else:
-            with pytest.raises(QagError) as info:
-                backend.run(FIELDS, Call("DELETE FROM t", (), False, None, 2))
-            assert info.value.code == "connection_failed" and len(FakeConn.made) == 1 and len(dead.log) == 2
-
-
-def test_idle_connection_with_something_to_read_is_replaced_before_use(backend):
-    backend.run(FIELDS, Call("DELETE FROM t", (), False, None, 2))
-    first = FakeConn.made[0]
-    first._b.close()                       # the server side went away: EOF is readable
-    backend.run(FIELDS, Call("DELETE FROM t", (), False, None, 2))
-    assert len(FakeConn.made) == 2 and first.closed and len(first.log) == 1
+def test_numeric_style_numbers_every_slot_and_leaves_percent_alone():
+    p = prepare("SELECT :a, '50%' AS p, :b, :a WHERE x LIKE '%' || :b", "postgres")
+    r = render(p, {"a": 1, "b": "x"}, "numeric")
+    assert r.sql == "SELECT $1, '50%' AS p, $2, $3 WHERE x LIKE '%' || $4" and r.args == (1, "x", 1, "x")
+    r = render(prepare("SELECT '{t}'", "postgres"), {"t": "v"}, "numeric")
+    assert r.sql == "SELECT $1" and r.args == ("v",)
