@@ -290,29 +290,30 @@ def _preferred(link: _Link) -> bool:
 _SESSION_STATE: dict[str, int] = {}   # statement text -> _session_use (saved queries repeat)
 _SESSION_STATE_MAX = 1024
 _LEAVES = 1      # may leave session state behind: the connection is closed after the call, never pooled
-_READS = 2       # reads what the session's earlier statements left: runs on a connection opened for it
-# Text that may leave state a ROLLBACK keeps: user variables and @@session settings, named locks and LOCK TABLES,
-# temporary tables, LAST_INSERT_ID(expr), sequences (LASTVAL), prepared statements, SQL_CALC_FOUND_ROWS.
-_LEAVES_TEXT = ("@", "lock", "temporary", "last_insert_id", "nextval", "next value", "setval", "prepare",
-                "found_rows", "handler")
-# Text that reads state an earlier statement on the session left: FOUND_ROWS(), ROW_COUNT(), LAST_INSERT_ID(),
-# @@warning_count / @@error_count / @@identity / @@insert_id, GET DIAGNOSTICS, LASTVAL() / PREVIOUS VALUE FOR,
-# information_schema.SESSION_STATUS; and for SHOW: SHOW WARNINGS / ERRORS / [SESSION] STATUS / PROFILE(S).
-_READS_TEXT = ("found_rows", "row_count", "last_insert_id", "warning_count", "error_count", "diagnostics",
-               "lastval", "previous", "identity", "insert_id", "session_status")
-_READS_AFTER_SHOW = ("warnings", "errors", "status", "profile")
+_READS = 2       # may read what earlier statements left on a session: runs on a connection opened for it
+# Text of statements that leave or read session state a ROLLBACK (or SET STATEMENT) keeps: user variables and
+# @@session settings (also those a stored function set: reading @x needs "@"), named locks and LOCK TABLES,
+# temporary tables, LAST_INSERT_ID, sequences (NEXTVAL, LASTVAL, PREVIOUS VALUE FOR), prepared statements,
+# handlers, FOUND_ROWS()/SQL_CALC_FOUND_ROWS, ROW_COUNT(), @@warning_count / @@error_count / @@identity /
+# @@insert_id, GET DIAGNOSTICS, information_schema.SESSION_STATUS; and for SHOW: SHOW WARNINGS / ERRORS /
+# [SESSION] STATUS / PROFILE(S).
+_SESSION_TEXT = ("@", "lock", "temporary", "last_insert_id", "nextval", "next value", "setval", "lastval",
+                 "previous", "prepare", "handler", "found_rows", "row_count", "warning_count", "error_count",
+                 "diagnostics", "identity", "insert_id", "session_status")
+_SESSION_TEXT_AFTER_SHOW = ("warnings", "errors", "status", "profile")
 
 
 def _session_use(sql: str) -> int:
-    """How a statement uses session state (_LEAVES, _READS, both or 0); judged on the text once per statement,
-    erring towards closing (a ROLLBACK or SET STATEMENT resets none of these)."""
+    """How a statement may use session state: _LEAVES | _READS, or 0. Judged on the text once per statement,
+    erring towards a connection of its own: such a statement runs on a connection opened for it and closed after
+    it, so it neither sees what an earlier caller left on a pooled session nor leaves anything for a later one
+    (it costs what closing its connection cost before: one connect for the next call)."""
     use = _SESSION_STATE.get(sql)
     if use is None:
         low = sql.lower()
-        use = _LEAVES if any(word in low for word in _LEAVES_TEXT) else 0
-        if any(word in low for word in _READS_TEXT) or (
-                statements.first_word(sql) == "show" and any(word in low for word in _READS_AFTER_SHOW)):
-            use |= _READS | _LEAVES
+        hit = any(word in low for word in _SESSION_TEXT) or (
+            statements.first_word(sql) == "show" and any(word in low for word in _SESSION_TEXT_AFTER_SHOW))
+        use = _LEAVES | _READS if hit else 0
         if len(_SESSION_STATE) >= _SESSION_STATE_MAX:
             _SESSION_STATE.clear()
         _SESSION_STATE[sql] = use

@@ -1,0 +1,331 @@
+"""Issue 17 on the real MariaDB/MySQL: names compared as the server compares them, one statement enforced by the
+driver, no session state between callers, writes hidden in functions, bounded pages, caller errors as 4xx."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from qag.backends.base import Call
+from qag.errors import QagError
+from qag.sql.prepare import prepare, render
+from tests.server import Server
+from tests.services import make_mysql_database, mysql_admin
+
+MySQLdb = pytest.importorskip("MySQLdb")
+from MySQLdb.constants import CLIENT  # noqa: E402
+
+from qag.backends import _mysql_schema  # noqa: E402
+from qag.backends.mysql import MysqlBackend, mapped  # noqa: E402
+
+STATE_CASES = Path(__file__).resolve().parents[1] / "cases" / "state" / "mysql.tsv"
+BIG = 100_000
+
+
+def settings(pool_size: int = 1) -> SimpleNamespace:
+    return SimpleNamespace(pool_size=pool_size, pool_idle_timeout=300.0, pool_max=None, pool_wait=5.0)
+
+
+@pytest.fixture(scope="module")
+def db():
+    fields, cleanup = make_mysql_database()
+    admin = mysql_admin()
+    cur = admin.cursor()
+    cur.execute(f"USE `{fields['database']}`")
+    # Two distinct tables whose names differ in case only (lower_case_table_names=0 keeps them apart).
+    cur.execute("CREATE TABLE orders (id INT PRIMARY KEY, what VARCHAR(20))")
+    cur.execute("CREATE TABLE ORDERS (id INT PRIMARY KEY, what VARCHAR(20))")
+    cur.execute("INSERT INTO orders VALUES (1, 'lower')")
+    cur.execute("INSERT INTO ORDERS VALUES (1, 'UPPER secret')")
+    cur.execute("CREATE TABLE state_seven (n INT PRIMARY KEY)")
+    cur.executemany("INSERT INTO state_seven VALUES (%s)", [(i,) for i in range(1, 8)])
+    cur.execute("CREATE TABLE state_rows (v INT)")
+    cur.execute("CREATE TABLE state_auto (id INT AUTO_INCREMENT PRIMARY KEY, v INT)")
+    cur.execute("CREATE TABLE typed (i INT, d DATE, v VARCHAR(5), t TEXT, u VARCHAR(10) CHARACTER SET utf8mb3)")
+    cur.execute("CREATE TABLE big (n INT PRIMARY KEY)")
+    cur.execute(f"INSERT INTO big SELECT seq FROM seq_1_to_{BIG}")
+    mariadb = "mariadb" in admin.get_server_info().lower()
+    if mariadb:
+        cur.execute("CREATE SEQUENCE state_seq")
+        cur.execute("CREATE SEQUENCE seq17")
+    lctn = admin_value("SELECT @@lower_case_table_names")
+    yield SimpleNamespace(fields=fields, name=fields["database"], mariadb=mariadb, lctn=int(lctn))
+    admin.close()
+    cleanup()
+
+
+def admin_value(sql: str, args=None):
+    admin = mysql_admin()
+    try:
+        cur = admin.cursor()
+        cur.execute(sql, args)
+        return cur.fetchone()[0]
+    finally:
+        admin.close()
+
+
+def _server(db, **env) -> Server:
+    server = Server(env={"QAG_POOL_SIZE": "1", **env}, workers=1)
+    reply = server.post("/api/v1/connections", {"name": "my", "db": "mysql", **db.fields})
+    assert reply.status == 201, reply
+    return server
+
+
+def _key(server: Server, name: str, **grants) -> str:
+    reply = server.post("/api/v1/api-keys", {"name": name, "connections": ["my"], **grants})
+    assert reply.status == 201, reply
+    return reply.json["secret"]
+
+
+def sql(server: Server, statement: str, key="admin", **body):
+    return server.post("/execute_sql", {"sql": statement, "connection_name": "my", **body}, key=key)
+
+
+@pytest.fixture(scope="module")
+def server(db):
+    server = _server(db, QAG_ALLOW_WRITES="1")
+    yield server
+    server.close()
+
+
+# ------------------------------------------------------------------------------------------- names (goal 2)
+
+
+def test_server_facts_are_read_once_per_connection(db):
+    backend = MysqlBackend(settings())
+    try:
+        assert backend.run(db.fields, Call("SELECT 1", (), True, 10.0, 2)).rows == [(1,)]
+        (idle,) = [slot.conn for slots in backend.pool._idle.values() for slot in slots]
+        assert idle.names.lower_case_table_names == db.lctn
+        assert _mysql_schema.server_names(db.fields) == idle.names
+        admin_sql_mode = admin_value("SELECT @@GLOBAL.sql_mode")
+        assert idle.names.sql_mode == frozenset(m for m in admin_sql_mode.split(",") if m)
+    finally:
+        backend.close_idle()
+
+
+@pytest.mark.e2e
+def test_a_grant_for_orders_does_not_cover_ORDERS(server, db):
+    if db.lctn != 0:
+        pytest.skip("the server compares table names case-insensitively (lower_case_table_names != 0)")
+    lower = _key(server, "names-lower", allowed_tables=["orders"])
+    # Grants are stored lower-case (contract 6.2): one written `ORDERS` is `orders`, and never reads ORDERS.
+    upper = _key(server, "names-upper", allowed_tables=["ORDERS"])
+    r = sql(server, "SELECT what FROM orders", key=lower)
+    assert r.status == 200 and r.json == [{"what": "lower"}], r
+    for statement in ("SELECT what FROM ORDERS", "SELECT what FROM Orders", f"SELECT what FROM `{db.name}`.ORDERS",
+                      "SELECT o.what FROM orders o JOIN ORDERS u ON u.id = o.id",
+                      "WITH x AS (SELECT 1 AS id) SELECT what FROM ORDERS"):
+        r = sql(server, statement, key=lower)
+        assert r.status == 403 and r.json["code"] == "table_not_allowed" and b"UPPER" not in r.body, (statement, r)
+    assert sql(server, "SELECT what FROM ORDERS", key=upper).status == 403
+    assert sql(server, "SELECT what FROM orders", key=upper).status == 200
+    # Database names are case-sensitive too: the default database spelled otherwise is another database.
+    r = sql(server, f"SELECT what FROM `{db.name.upper()}`.orders", key=lower)
+    assert r.status == 403 and r.json["code"] == "table_not_allowed", r
+    # A CTE name matches case-insensitively on the server, as qag reads it.
+    r = sql(server, "WITH ORDERS AS (SELECT 1 AS what) SELECT what FROM orders", key=lower)
+    assert r.status == 200 and r.json == [{"what": 1}], r
+
+
+# ------------------------------------------------------------------------------------------- one statement (goal 3)
+
+
+@pytest.mark.parametrize("read_only", [True, False], ids=["read", "write"])
+def test_the_driver_refuses_a_second_statement_past_the_guard(db, read_only):
+    backend = MysqlBackend(settings())
+    try:
+        backend.run(db.fields, Call("SELECT 1", (), read_only, 10.0, 2))
+        (idle,) = [slot.conn for slots in backend.pool._idle.values() for slot in slots]
+        assert not idle.conn.client_flag & CLIENT.MULTI_STATEMENTS
+        second = "INSERT INTO state_rows VALUES (171717)"
+        for text in (f"SELECT 1; {second}", f"SELECT '\\''; {second} -- '", f"SELECT 1 /*!; {second} */"):
+            with pytest.raises(QagError) as info:
+                backend.run(db.fields, Call(text, (), read_only, 10.0, 2))
+            assert info.value.code == "query_failed" and "1064" in info.value.extras["detail"], text
+        assert admin_value(f"SELECT COUNT(*) FROM `{db.name}`.state_rows WHERE v = 171717") == 0
+    finally:
+        backend.close_idle()
+
+
+# ------------------------------------------------------------------------------------------- session state (goal 4)
+
+
+def state_cases():
+    for line in STATE_CASES.read_text(encoding="utf-8").splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        name, setter_kind, setter, probe_kind, probe, expect = line.split("\t")
+        yield pytest.param(setter_kind, setter, probe_kind, probe, json.loads(expect), id=name)
+
+
+@pytest.fixture(scope="module")
+def state_server(db):
+    server = _server(db, QAG_ALLOW_WRITES="1")
+    keys = {kind: [_key(server, f"state-{kind}-{i}", allow_writes=kind == "write") for i in (1, 2)]
+            for kind in ("read", "write")}
+    # The premise: two calls of one kind by two keys share the worker's one pooled connection.
+    for kind, (a, b) in keys.items():
+        first = sql(server, "SELECT CONNECTION_ID() AS id", key=a).json[0]["id"]
+        assert sql(server, "SELECT CONNECTION_ID() AS id", key=b).json[0]["id"] == first, kind
+    yield server, keys
+    server.close()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("setter_kind,setter,probe_kind,probe,expect", list(state_cases()))
+def test_session_state_never_reaches_another_caller(state_server, db, setter_kind, setter, probe_kind, probe,
+                                                    expect):
+    if "seq" in setter and not db.mariadb:
+        pytest.skip("sequences are MariaDB's")
+    server, keys = state_server
+    r = sql(server, setter, key=keys[setter_kind][0])
+    assert r.status == 200, r
+    r = sql(server, probe, key=keys[probe_kind][1])
+    if "error" in expect:
+        assert r.status >= 400 and r.json["code"] == expect["error"], r
+        return
+    assert r.status == 200, r
+    if "absent" in expect:
+        assert expect["absent"].encode() not in r.body, r
+    elif "rows" in expect:
+        assert len(r.json) == expect["rows"], r
+    else:
+        value = next(iter(r.json[0].values())) if r.json else None
+        if "value" in expect:
+            assert value == expect["value"], r
+        else:
+            assert value != expect["not"], r
+    assert admin_value("SELECT IS_USED_LOCK('qag_state_lock')") is None
+
+
+# ------------------------------------------------------------------------------------------- functions (goal 5)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("statement", [
+    "SELECT GET_LOCK('qag17', 0) AS l", "SELECT `get_lock` ('qag17', 0) AS l", "SELECT RELEASE_LOCK('qag17') AS l",
+    "SELECT RELEASE_ALL_LOCKS() AS l", "SELECT 1 FROM state_seven WHERE GET_LOCK('qag17', 0) = 1",
+    "SELECT NEXTVAL(seq17) AS v", "SELECT NEXT VALUE FOR seq17 AS v", "SELECT SETVAL(seq17, 100) AS v",
+    "SELECT LASTVAL(seq17) AS v", "SELECT PREVIOUS VALUE FOR seq17 AS v",
+])
+def test_functions_that_write_are_read_only_refusals_for_every_key(server, db, statement):
+    if "seq17" in statement and not db.mariadb:
+        pytest.skip("sequences are MariaDB's")
+    plain = _key(server, f"fn-{abs(hash(statement)) % 10**8}")     # unrestricted, no writes
+    r = sql(server, statement, key=plain)
+    assert r.status == 403 and r.json["code"] == "read_only", r
+    assert admin_value("SELECT IS_USED_LOCK('qag17')") is None
+    if db.mariadb:
+        assert admin_value(f"SELECT next_not_cached_value FROM `{db.name}`.seq17") == 1
+
+
+@pytest.mark.e2e
+def test_writing_functions_are_refused_for_the_admin_on_a_read_only_server(db):
+    server = _server(db)
+    try:
+        for statement in ("SELECT GET_LOCK('qag17', 0) AS l", "SELECT NEXTVAL(seq17) AS v"):
+            if "seq17" in statement and not db.mariadb:
+                continue
+            r = sql(server, statement)
+            assert r.status == 403 and r.json["code"] == "read_only", r
+    finally:
+        server.close()
+
+
+# ------------------------------------------------------------------------------------------- bounded pages (goal 6)
+
+
+@pytest.mark.parametrize("statement", [
+    "(SELECT n FROM big) UNION ALL (SELECT n FROM big WHERE n < 0)",
+    "(SELECT n FROM big ORDER BY n)",
+    "SELECT n FROM big UNION ALL SELECT n FROM big WHERE n < 0",
+])
+def test_a_union_page_buffers_the_page_only(db, statement):
+    p = prepare(statement, "mysql")
+    rendered = render(p, {}, "format", 11, 20)
+    assert rendered.windowed and rendered.sql.endswith("\nLIMIT 11 OFFSET 20"), rendered
+    backend = MysqlBackend(settings())
+    try:
+        backend.run(db.fields, Call("SELECT 1", (), True, 10.0, 2))
+        (link,) = [slot.conn for slots in backend.pool._idle.values() for slot in slots]
+
+        def rows_sent() -> int:
+            link.conn.query(b"SHOW SESSION STATUS LIKE 'Rows_sent'")
+            return int(link.conn.store_result().fetch_row()[0][1])
+
+        before = rows_sent()
+        result = backend.run(db.fields, Call(rendered.sql, rendered.args, True, 10.0, 11))
+        sent = rows_sent() - before
+        assert [r[0] for r in result.rows][:1] and len(result.rows) == 11
+        assert sent <= 11 + 2, f"the server sent {sent} rows for a page of 11"
+    finally:
+        backend.close_idle()
+
+
+@pytest.mark.e2e
+def test_a_union_page_over_http(server):
+    r = server.post("/execute_sql?page=3&page_size=10", {
+        "sql": "(SELECT n FROM big) UNION ALL (SELECT n FROM big WHERE n < 0) ORDER BY n", "connection_name": "my"})
+    assert r.status == 200 and [row["n"] for row in r.json] == list(range(21, 31)), r
+    assert r.headers["x-has-more"] == "true"
+
+
+# ------------------------------------------------------------------------------------------- errors (goal 7)
+
+
+@pytest.mark.e2e
+def test_a_refused_login_is_502(server, db):
+    for name, fields in (("badpw", {**db.fields, "password": "wrong-password-17"}),
+                         ("nodb", {**db.fields, "database": db.name + "_missing"})):
+        assert server.post("/api/v1/connections", {"name": name, "db": "mysql", **fields}).status == 201
+        r = server.post("/execute_sql", {"sql": "SELECT 1", "connection_name": name})
+        assert r.status == 502 and r.json["code"] == "connection_failed", r
+        assert b"wrong-password-17" not in r.body
+        r = server.post("/api/v1/connections/test", {"db": "mysql", **fields})
+        assert r.status == 502 and r.json["code"] == "connection_failed", r
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("statement,values", [
+    ("INSERT INTO typed (i) VALUES (:v)", {"v": "not a number"}),
+    ("INSERT INTO typed (i) VALUES (:v)", {"v": 10**15}),
+    ("INSERT INTO typed (d) VALUES (:v)", {"v": "2021-13-45"}),
+    ("INSERT INTO typed (v) VALUES (:v)", {"v": "far too long"}),
+    ("INSERT INTO typed (u) VALUES (:v)", {"v": "\U0001F600"}),
+    ("SELECT :v AS v", {"v": "\ud800"}),      # refused with the body (invalid_body) before any driver sees it
+])
+def test_a_value_the_database_refuses_is_400(server, db, statement, values):
+    body = json.dumps({"sql": statement, "connection_name": "my", "params": values}, ensure_ascii=True)
+    r = server.request("POST", "/execute_sql", raw=body.encode(), headers={"Content-Type": "application/json"})
+    assert r.status == 400 and r.json["code"] == ("invalid_body" if values["v"] == "\ud800" else "param_invalid"), r
+    assert b"SET STATEMENT" not in r.body and b"MAX_EXECUTION_TIME" not in r.body
+    assert sql(server, "SELECT 1 AS one").json == [{"one": 1}]       # the next good request succeeds
+
+
+@pytest.mark.e2e
+def test_a_nul_byte_in_a_text_parameter_is_data(server, db):
+    r = sql(server, "INSERT INTO typed (t) VALUES (:v)", params={"v": "a\x00b-17"})
+    assert r.status == 200, r
+    r = sql(server, "SELECT t FROM typed WHERE t = :v", params={"v": "a\x00b-17"})
+    assert r.status == 200 and r.json == [{"t": "a\x00b-17"}], r
+
+
+@pytest.mark.e2e
+def test_an_error_detail_shows_the_callers_statement_only(server):
+    r = sql(server, "SELECT * FROM no_such_table_17 WHERE", timeout=5)
+    assert r.status == 500 and r.json["code"] == "query_failed", r
+    assert b"SET STATEMENT" not in r.body and b"max_statement_time" not in r.body
+
+
+def test_qags_prefix_and_hint_are_taken_out_of_a_detail():
+    own = "SELECT x FROM t"
+    sent = f"SET STATEMENT max_statement_time = 5, tx_read_only = 1 FOR {own}"
+    e = mapped(MySQLdb.ProgrammingError(1064, f"near '{sent}' at line 1"), 5.0, "", sent, own)
+    assert e.extras["detail"] == f"1064 (near '{own}' at line 1)"
+    hinted = "SELECT /*+ MAX_EXECUTION_TIME(5000) */ x FROM t"
+    e = mapped(MySQLdb.ProgrammingError(1064, f"near '{hinted}'"), 5.0, "", hinted, own)
+    assert e.extras["detail"] == f"1064 (near '{own}')"
