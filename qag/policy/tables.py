@@ -436,6 +436,8 @@ def _access(sql: str, dialect: str, default_schema: str, exact: bool, text_place
         raise ValueError(f"unsupported dialect {dialect!r}")
     if not exact:
         default_schema = default_schema.lower()
+    if dialect == "postgres":
+        return _postgres_access(sql, default_schema, text_placeholders)
     try:
         if len(sql) > MAX_SQL_CHARS:
             raise _Uncheckable("too long")
@@ -465,6 +467,44 @@ def _access(sql: str, dialect: str, default_schema: str, exact: bool, text_place
     tables = tuple(sorted({_qualify(r, default_schema) for r in walk.refs}))
     return Access(None, tables, tuple(sorted(walk.table_functions)), tuple(sorted(walk.denied)),
                   tuple(sorted(walk.functions)))
+
+
+# PostgreSQL statement kinds whose tables can be checked (EXPLAIN is read as the statement it explains).
+_PG_CHECKABLE = frozenset(("SelectStmt", "InsertStmt", "UpdateStmt", "DeleteStmt", "MergeStmt", "ExplainStmt"))
+
+
+def _postgres_access(sql: str, default_schema: str, text_placeholders: bool) -> Access:
+    """What a PostgreSQL statement uses, from PostgreSQL's own parser (qag.sql.pgread, kept on the prepared
+    statement): names exactly as the server folds them (unquoted lower-case, quoted as written), so a quoted
+    "Orders" is never the granted orders."""
+    from qag.sql.prepare import prepare
+    prepared = prepare(sql, "postgres", text_placeholders=text_placeholders)
+    reading = prepared.reading
+    if prepared.unreadable is not None or reading is None or reading.failure is not None:
+        return Access(prepared.unreadable or (reading.failure if reading else "unread"), (), (), (), ())
+    if reading.count != 1 or reading.kind not in _PG_CHECKABLE or reading.kind_op or "select into" in reading.write_ops:
+        return Access(f"statement kind {reading.kind or reading.count}", (), (), (), ())
+    for ref in reading.tables:
+        if _catalog_reference(ref, "postgres", default_schema):
+            return Access("a catalog table", (), (), (), ())
+    denied: set[str] = set()
+    table_functions: set[str] = set()
+    for schema, name in reading.table_functions:
+        if functions.denied(name, "postgres"):
+            denied.add(name)
+        if schema or name not in functions.GENERATORS:
+            table_functions.add(f"{schema}.{name}" if schema else name)
+    user: set[str] = set()
+    for schema, name in reading.functions:
+        if functions.denied(name, "postgres"):
+            denied.add(name)
+        elif schema in ("", "pg_catalog") and (functions.builtin(name, "postgres") or name in functions.GENERATORS):
+            continue            # pg_catalog.f is the built-in f; search_path puts pg_catalog first anyway
+        else:
+            user.add(f"{schema}.{name}" if schema else name)
+    denied.update(name for name in reading.syntax_functions if functions.denied(name, "postgres"))
+    tables = tuple(sorted({_qualify(ref, default_schema) for ref in reading.tables}))
+    return Access(None, tables, tuple(sorted(table_functions)), tuple(sorted(denied)), tuple(sorted(user)))
 
 
 def qualified_grants(allowed_tables: frozenset, default_schema: str) -> frozenset:

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from qag.errors import QagError
 from qag.policy import functions
-from qag.sql import lexer, window, writes
+from qag.sql import lexer, pgread, window, writes
 from qag.sql.lexer import BAD, PARAM, PUNCT, SEMI, STRING, TEXT, WORD, WS, XCOMMENT, Token
 from qag.sql.window import OwnWindow
 
@@ -74,6 +74,8 @@ class Prepared:
     _full: tuple = field(repr=False)  # render template: str pieces and (name, kind) slots
     _cut: tuple | None = field(repr=False)   # the same without the own window
     _plans: dict = field(default_factory=dict, repr=False)
+    # PostgreSQL: what its own parser reads in the statement as sent (qag.sql.pgread.Reading); None elsewhere.
+    reading: object = field(default=None, repr=False)
 
     @property
     def placeholders(self) -> tuple[str, ...]:
@@ -101,8 +103,7 @@ def _make_plan(p: Prepared, style: str, cut: bool) -> tuple:
     items = p._cut if cut else p._full
     slots = tuple(item for item in items if type(item) is tuple)
     if marker is None:      # numbered: $1, $2, ... in order, each slot its own value (server-side parameters)
-        numbers = iter(range(1, len(slots) + 1))
-        text = "".join(f"${next(numbers)}" if type(item) is tuple else item for item in items)
+        text = _numbered(items)
     else:
         # Format-style drivers run "sql % args" only when given args, so '%' is doubled exactly then.
         double = style == "format" and bool(slots)
@@ -177,6 +178,20 @@ def _prepare(sql: str, dialect: str, text_placeholders: bool) -> Prepared:
             if writes.first_word_index(alt_sig) >= 0:
                 ops |= _write_ops(text, alt_tokens, alt_sig, dialect)
 
+    full, bound_names, text_names = _template(text, tokens, dialect, text_placeholders, None)
+    reading = None
+    if dialect == "postgres" and unreadable is None:
+        # PostgreSQL's own parser reads the text exactly as it will be sent (placeholders as $n), so a statement
+        # boundary or a write the tokenizer misread is seen as the server sees it. The contract's keyword rule
+        # (the tokenizer's reading) stays: it can only refuse more, never let through what the parser reads as a
+        # second statement or a write. Text the parser refuses, the server refuses as well.
+        reading = pgread.read(_numbered(full))
+        if reading.failure is None:
+            multiple = multiple or reading.count > 1
+            if reading.kind_op and not ops:
+                ops.add(reading.kind_op)
+            ops |= reading.write_ops
+
     in_sql_window = False
     own: OwnWindow | None = None
     if unreadable is None and not multiple and first in ("select", "with") and (k == 0 or dialect == "mysql"):
@@ -184,12 +199,24 @@ def _prepare(sql: str, dialect: str, text_placeholders: bool) -> Prepared:
         # LIMIT n OFFSET m` limits the whole query expression, so the page is all the driver buffers.
         in_sql_window, own = _window(sig, tokens, dialect)
 
-    full, bound_names, text_names = _template(text, tokens, dialect, text_placeholders, None)
     cut = None
     if own is not None:
         cut, _, _ = _template(text, tokens, dialect, text_placeholders, own)
     return Prepared(dialect, text, multiple, first, frozenset(ops), bound_names, text_names, in_sql_window,
-                    own, unreadable, full, cut)
+                    own, unreadable, full, cut, reading=reading)
+
+
+def _numbered(items: tuple) -> str:
+    """A render template as the numeric style sends it ($1, $2, ... for its slots)."""
+    out = []
+    n = 0
+    for item in items:
+        if type(item) is tuple:
+            n += 1
+            out.append(f"${n}")
+        else:
+            out.append(item)
+    return "".join(out)
 
 
 def _strip(tokens: list[Token], sql: str) -> tuple[list[Token], str, bool]:

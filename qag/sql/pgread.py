@@ -1,0 +1,230 @@
+"""PostgreSQL statements read by PostgreSQL's own parser (pglast, libpg_query): count, kind, writes, names used.
+
+qag reads a PostgreSQL statement the way the server will: the text is the one sent (placeholders as $n), and
+libpg_query is the server's grammar compiled as a library, so where a comment, a string, a dollar quote or a
+quoted name ends is decided as the server decides it, and names arrive folded as the server folds them
+(unquoted lower-cased, quoted exact). What this module reports feeds the guard (statement count, write
+operations) and the table policy (tables, table functions, functions); the server still enforces the one
+statement (extended protocol) and the read-only transaction behind it (qag/backends/postgres.py).
+
+The walk is over the parser's JSON form (twenty times faster to produce than pglast's node objects), kept with
+the statement's prepared form, so a warm call reads nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import msgspec
+
+CACHE_SIZE = 2048
+MAX_NODES = 50_000
+MAX_DEPTH = 1_000
+
+# Statement nodes that only read; every other statement kind is a write operation named after its node.
+_READS = frozenset(("SelectStmt", "VariableShowStmt", "ExplainStmt"))
+_DML_OPS = {"InsertStmt": "insert", "UpdateStmt": "update", "DeleteStmt": "delete", "MergeStmt": "merge"}
+# Operation names for other statements, where the node's name would not say it the way the guard's keyword
+# rule does (qag/sql/writes.py); anything else becomes its node name without "Stmt", lower-cased.
+_STATEMENT_OPS = {
+    "CopyStmt": "copy", "CreateStmt": "create", "CreateTableAsStmt": "create", "ViewStmt": "create",
+    "IndexStmt": "create", "CreateFunctionStmt": "create", "CreateSchemaStmt": "create", "CreateSeqStmt": "create",
+    "DropStmt": "drop", "TruncateStmt": "truncate", "VariableSetStmt": "set", "TransactionStmt": "transaction",
+    "VacuumStmt": "vacuum", "LockStmt": "lock", "GrantStmt": "grant", "GrantRoleStmt": "grant", "CallStmt": "call",
+    "DoStmt": "do", "PrepareStmt": "prepare", "ExecuteStmt": "execute", "DeallocateStmt": "deallocate",
+    "DeclareCursorStmt": "declare", "FetchStmt": "fetch", "ClosePortalStmt": "close", "ListenStmt": "listen",
+    "NotifyStmt": "notify", "UnlistenStmt": "unlisten", "DiscardStmt": "discard", "RefreshMatViewStmt": "refresh",
+    "ReindexStmt": "reindex", "ClusterStmt": "cluster", "CheckPointStmt": "checkpoint", "LoadStmt": "load",
+    "CommentStmt": "comment", "SecLabelStmt": "security label", "AlterTableStmt": "alter",
+}
+# Functions that change state outside the statement's result, whatever the transaction's access mode lets
+# through (large objects, sequences, advisory locks, other servers, notifications, other sessions, server
+# files and state): a write operation for every caller (403 read_only unless writes are allowed), matched by
+# the function's own name, qualified or not. Read-only calls are also rolled back, which undoes most of them.
+WRITING_PREFIXES = ("pg_advisory_", "pg_try_advisory_", "dblink", "pg_terminate_", "pg_cancel_",
+                    "pg_reload_", "pg_rotate_", "pg_switch_", "pg_create_", "pg_drop_", "pg_replication_",
+                    "pg_logical_", "pg_wal_replay_", "pg_backup_", "pg_stat_reset", "pg_import_system_",
+                    "pg_file_", "pg_log_backend_", "pg_copy_")
+WRITING_NAMES = frozenset(("lo_create", "lo_creat", "lo_import", "lo_export", "lo_unlink", "lo_put", "lo_from_bytea",
+                           "lo_truncate", "lo_truncate64", "lowrite", "nextval", "setval", "pg_notify", "pg_promote", "pg_start_backup",
+                           "pg_stop_backup"))
+_UNAVAILABLE = "pglast is not installed"
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """What PostgreSQL's parser reads in one text. Build it with read()."""
+
+    failure: str | None               # the parser's refusal (the server refuses the same text), or why unread
+    count: int                        # statements in the text
+    kind: str                         # the node of the one statement ('' unless count == 1)
+    query: bool                       # a query a cursor can page: SELECT/VALUES, no INTO, no locking, no writes
+    write_ops: frozenset[str]         # empty for a read
+    kind_op: str                      # a top-level statement that is not a query or DML: its kind ('' otherwise)
+    tables: tuple[tuple[str, str, str], ...]      # (catalog, schema, name) as folded, '' where not written
+    table_functions: tuple[tuple[str, str], ...]  # (schema, name) of functions in FROM
+    functions: tuple[tuple[str, str], ...]        # (schema, name) of every other function call
+    syntax_functions: tuple[str, ...] = ()        # functions the grammar itself names (EXTRACT, TRIM, ...):
+                                                  # written pg_catalog.<name> by the parser, so built-ins
+
+
+def _decode(text: str):
+    try:
+        from pglast import parser  # noqa: PLC0415 - the postgres extra; without it PostgreSQL isn't served
+    except ImportError:
+        return None, _UNAVAILABLE
+    try:
+        return msgspec.json.decode(parser.parse_sql_json(text)), None
+    except parser.ParseError as exc:
+        return None, str(exc) or "syntax error"
+    except (RecursionError, MemoryError, ValueError):
+        return None, "too deeply nested"
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def read(text: str) -> Reading:
+    """The parser's reading of `text` (the statement as sent: placeholders as $n). Never raises for bad SQL."""
+    tree, failure = _decode(text)
+    if tree is None:
+        return Reading(failure, 0, "", False, frozenset(), "", (), (), ())
+    statements = [s.get("stmt") or {} for s in tree.get("stmts") or ()]
+    walk = _Walk()
+    try:
+        for stmt in statements:
+            walk.run(stmt)
+    except _TooBig as why:
+        return Reading(str(why), len(statements), "", False, frozenset(), "", (), (), ())
+    kind = next(iter(statements[0]), "") if len(statements) == 1 else ""
+    query = (kind == "SelectStmt" and not walk.ops)
+    kind_op = ", ".join(sorted(walk.kind_ops))
+    return Reading(None, len(statements), kind, query, frozenset(walk.ops), kind_op, tuple(sorted(walk.tables)),
+                   tuple(sorted(walk.table_functions)), tuple(sorted(walk.functions - walk.table_functions)),
+                   tuple(sorted(walk.syntax)))
+
+
+class _TooBig(Exception):
+    pass
+
+
+def _names(items) -> tuple[str, ...]:
+    return tuple(item.get("String", {}).get("sval", "") for item in items or ())
+
+
+def _function_name(funcname) -> tuple[str, str]:
+    parts = _names(funcname)
+    if not parts:
+        return "", ""
+    return (parts[-2] if len(parts) > 1 else ""), parts[-1]
+
+
+def writing(name: str) -> bool:
+    """Whether a function of this (unqualified, folded) name changes state a read-only call must not change."""
+    return name in WRITING_NAMES or name.startswith(WRITING_PREFIXES)
+
+
+class _Walk:
+    """One pass over the parser's tree: statement kinds, table references (with CTE scope) and functions."""
+
+    def __init__(self):
+        self.ops: set[str] = set()
+        self.kind_ops: set[str] = set()
+        self.syntax: set[str] = set()
+        self.tables: set[tuple[str, str, str]] = set()
+        self.table_functions: set[tuple[str, str]] = set()
+        self.functions: set[tuple[str, str]] = set()
+        self.nodes = 0
+
+    def run(self, root: dict) -> None:
+        stack = [(root, (), 0)]
+        pop, push = stack.pop, stack.append
+        while stack:
+            value, scope, depth = pop()
+            self.nodes += 1
+            if self.nodes > MAX_NODES:
+                raise _TooBig("too many nodes")
+            if depth > MAX_DEPTH:
+                raise _TooBig("nested too deep")
+            if isinstance(value, list):
+                for item in value:
+                    push((item, scope, depth + 1))
+                continue
+            if not isinstance(value, dict):
+                continue
+            node = next(iter(value), "")
+            if len(value) == 1 and node[:1].isupper() and isinstance(value[node], dict):
+                fields = value[node]         # a node: {"SelectStmt": {...fields}}
+            else:
+                # A field whose type is one kind of node comes without the wrapper ({"relname": ...} for a
+                # RangeVar): recognised by its fields, so no table or function is missed.
+                node, fields = ("RangeVar" if "relname" in value else "FuncCall" if "funcname" in value else ""), value
+            scope = self._statement(node, fields, scope, depth, push)
+            relation = fields.get("relation") if node.endswith("Stmt") else None
+            if isinstance(relation, dict):
+                # A statement's target is always a table, even where a CTE has its name.
+                self._table(relation.get("RangeVar", relation), ())
+            if node == "RangeVar":
+                self._table(fields, scope)
+                continue
+            if node == "FuncCall":
+                schema, name = _function_name(fields.get("funcname"))
+                if fields.get("funcformat") == "COERCE_SQL_SYNTAX" and schema == "pg_catalog":
+                    self.syntax.add(name)
+                else:
+                    self.functions.add((schema, name))
+                if writing(name):
+                    self.ops.add(name + "()")
+            elif node == "RangeFunction":
+                for item in fields.get("functions") or ():
+                    for call in ((item.get("List") or {}).get("items") or ())[:1]:
+                        call = call.get("FuncCall")
+                        if call is not None:
+                            self.table_functions.add(_function_name(call.get("funcname")))
+            for key, item in fields.items():
+                if isinstance(item, (dict, list)) and key != "withClause" and not (key == "relation" and relation):
+                    push((item, scope, depth + 1))
+
+    def _statement(self, node: str, fields: dict, scope, depth: int, push):
+        """Record what a statement node writes; return the CTE scope its body sees (its WITH pushed)."""
+        if node.endswith("Stmt"):
+            if node in _DML_OPS:
+                self.ops.add(_DML_OPS[node])
+            elif node == "SelectStmt":
+                if fields.get("intoClause"):
+                    self.ops.add("select into")
+                if fields.get("lockingClause"):
+                    self.ops.add("lock")
+            elif node == "ExplainStmt":
+                analyze = any((o.get("DefElem") or {}).get("defname") == "analyze" for o in fields.get("options") or ())
+                if not analyze:
+                    # EXPLAIN without ANALYZE doesn't run the statement: only its tables and functions count.
+                    inner = _Walk()
+                    inner.run(fields.get("query") or {})
+                    self.tables |= inner.tables
+                    self.table_functions |= inner.table_functions
+                    self.functions |= inner.functions
+                    self.nodes += inner.nodes
+                    fields.pop("query", None)
+            elif node not in _READS:
+                op = _STATEMENT_OPS.get(node) or node[:-4].lower()
+                (self.kind_ops if depth == 0 else self.ops).add(op)
+        with_clause = fields.get("withClause")
+        if not with_clause:
+            return scope
+        with_clause = with_clause.get("WithClause", with_clause)
+        recursive = bool(with_clause.get("recursive"))
+        inner = scope
+        for cte in with_clause.get("ctes") or ():
+            cte = cte.get("CommonTableExpr") or {}
+            name = cte.get("ctename") or ""
+            push((cte.get("ctequery") or {}, inner + (name,) if recursive else inner, depth + 1))
+            inner = inner + (name,)
+        return inner
+
+    def _table(self, fields: dict, scope) -> None:
+        catalog = fields.get("catalogname") or ""
+        schema = fields.get("schemaname") or ""
+        name = fields.get("relname") or ""
+        if not catalog and not schema and name in scope:
+            return                      # a CTE in scope: names compare as folded, exactly as the server does
+        self.tables.add((catalog, schema, name))

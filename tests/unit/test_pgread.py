@@ -1,0 +1,109 @@
+"""qag.sql.pgread: PostgreSQL statements read by PostgreSQL's own parser (pglast); no server needed."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("pglast")
+
+from qag.sql import pgread  # noqa: E402
+from qag.sql.prepare import prepare  # noqa: E402
+
+
+@pytest.mark.parametrize("sql, count", [
+    ("SELECT 1", 1),
+    ("SELECT 1; SELECT 2", 2),
+    ("SELECT $$;$$", 1),
+    ("SELECT $tag$ $$; DELETE FROM t; $$ $tag$", 1),
+    ("SELECT 1 /* outer /* nested ; */ still comment ; */", 1),
+    ("SELECT 'a\\'; DELETE FROM t; --'", 2),          # standard_conforming_strings: the backslash is a character
+    ("SELECT E'a\\'; DELETE FROM t; --'", 1),          # an E'' string: the backslash escapes the quote
+    ("SELECT U&'\\0061'; SELECT 2", 2),
+    ('SELECT 1 AS "a;b"', 1),
+    ("SELECT 1 -- ; DELETE FROM t", 1),
+])
+def test_statements_are_counted_where_postgresql_ends_them(sql, count):
+    reading = pgread.read(sql)
+    assert reading.failure is None and reading.count == count
+
+
+@pytest.mark.parametrize("sql, ops, kind_op", [
+    ("SELECT * FROM t", set(), ""),
+    ("WITH d AS (DELETE FROM t RETURNING *) SELECT * FROM d", {"delete"}, ""),
+    ("SELECT * INTO copy_of_t FROM t", {"select into"}, ""),
+    ("SELECT * FROM t FOR UPDATE", {"lock"}, ""),
+    ("EXPLAIN DELETE FROM t", set(), ""),
+    ("EXPLAIN (ANALYZE) DELETE FROM t", {"delete"}, ""),
+    ("SELECT lo_import('/etc/passwd')", {"lo_import()"}, ""),
+    ("SELECT pg_catalog.lo_export(1, '/tmp/x')", {"lo_export()"}, ""),
+    ("SELECT * FROM t WHERE id = nextval('s')", {"nextval()"}, ""),
+    ("SELECT pg_advisory_lock(1), pg_notify('c', 'm')", {"pg_advisory_lock()", "pg_notify()"}, ""),
+    ("SELECT dblink_exec('dbname=x', 'DELETE FROM t')", {"dblink_exec()"}, ""),
+    ("SELECT lo_get(1)", set(), ""),                  # reads a large object: not a write
+    ("SET search_path = x", set(), "set"),
+    ("BEGIN", set(), "transaction"),
+    ("COPY t TO STDOUT", set(), "copy"),
+])
+def test_writes_are_what_the_parser_reads(sql, ops, kind_op):
+    reading = pgread.read(sql)
+    assert set(reading.write_ops) == ops and reading.kind_op == kind_op
+
+
+def test_names_arrive_folded_as_postgresql_folds_them():
+    reading = pgread.read('SELECT * FROM public."Orders", "ORDERS", Orders, x.y.z')
+    assert reading.tables == (("", "", "ORDERS"), ("", "", "orders"), ("", "public", "Orders"), ("x", "y", "z"))
+
+
+def test_cte_scope_hides_only_what_postgresql_hides():
+    assert pgread.read("WITH c AS (SELECT 1) SELECT * FROM c").tables == ()
+    # A non-recursive CTE's own body, and a qualified name, read the table.
+    assert pgread.read("WITH c AS (SELECT * FROM c) SELECT * FROM c").tables == (("", "", "c"),)
+    assert pgread.read("WITH c AS (SELECT 1) SELECT * FROM public.c").tables == (("", "public", "c"),)
+    assert pgread.read("WITH RECURSIVE c AS (SELECT 1 UNION SELECT * FROM c) SELECT * FROM c").tables == ()
+    # A later CTE sees an earlier one; a quoted name is another name.
+    assert pgread.read('WITH a AS (SELECT 1), b AS (SELECT * FROM a) SELECT * FROM b, "A"').tables == (("", "", "A"),)
+    # A statement's target is always a table.
+    assert pgread.read("WITH t AS (SELECT 1) DELETE FROM t USING t").tables == (("", "", "t"),)
+
+
+def test_tables_in_fields_of_one_node_type_are_seen():
+    assert pgread.read("COPY secret TO STDOUT").tables == (("", "", "secret"),)
+    assert pgread.read("SELECT * INTO made FROM t").tables == (("", "", "made"), ("", "", "t"))
+    assert pgread.read("SELECT * FROM s TABLESAMPLE SYSTEM (1)").tables == (("", "", "s"),)
+    assert pgread.read("INSERT INTO a SELECT * FROM b ON CONFLICT (id) DO UPDATE SET v = f(excluded.v)").functions \
+        == (("", "f"),)
+
+
+def test_functions_table_functions_and_the_grammars_own():
+    reading = pgread.read("SELECT billing.f(1), lower(x), EXTRACT(year FROM now()), TRIM(x) "
+                          "FROM generate_series(1, 2) g, LATERAL my_srf(g) s")
+    assert reading.table_functions == (("", "generate_series"), ("", "my_srf"))
+    assert reading.functions == (("", "lower"), ("", "now"), ("billing", "f"))
+    assert set(reading.syntax_functions) == {"extract", "btrim"}
+
+
+def test_a_query_a_cursor_can_page():
+    assert pgread.read("SELECT 1 UNION SELECT 2").query
+    assert pgread.read("VALUES (1), (2)").query
+    assert pgread.read("(SELECT 1) ORDER BY 1").query
+    for sql in ("SELECT * FROM t FOR SHARE", "SELECT * INTO x FROM t", "WITH d AS (DELETE FROM t RETURNING *) "
+                "SELECT * FROM d", "SHOW search_path", "EXPLAIN SELECT 1", "DELETE FROM t RETURNING *"):
+        assert not pgread.read(sql).query, sql
+
+
+def test_what_the_parser_refuses_is_a_failure_not_an_exception():
+    reading = pgread.read("SELECT FROM WHERE")
+    assert reading.failure and reading.count == 0
+    deep = "SELECT " + "(SELECT " * 1500 + "1" + ")" * 1500
+    reading = pgread.read(deep)
+    assert reading.failure and reading.count <= 1
+
+
+def test_prepare_counts_what_the_parser_reads_and_keeps_the_keyword_rule():
+    p = prepare("SELECT 'x'; DELETE FROM t", "postgres")
+    assert p.multiple and p.reading.count == 2
+    # ... and a writing function; the contract's keyword rule still refuses a column named update.
+    assert prepare("SELECT setval('s', 1)", "postgres").write_ops == {"setval()"}
+    assert prepare("SELECT update FROM t", "postgres").write_ops == {"update"}
+    # What is read is the text as sent: placeholders as $n.
+    assert prepare("SELECT * FROM t WHERE a = :a AND b = '{b}'", "postgres").reading.failure is None
