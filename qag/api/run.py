@@ -399,6 +399,11 @@ class RunHandlers:
         # Windowed: LIMIT/OFFSET are in the SQL (clamped to the author's own limit); otherwise skip and slice.
         skip = 0 if rendered.windowed else offset
         call = Call(rendered.sql, rendered.args, plan.read_only, plan.timeout, plan.size + 1, skip)
+        if skip or not rendered.windowed:
+            # A query whose window isn't in its SQL (a compound or parenthesised SELECT on PostgreSQL): the
+            # engine pages it with a cursor when it can, so the driver never buffers more than the page.
+            reading = plan.prepared.reading
+            call.cursor = reading is not None and reading.query
         _pin_names(call, plan, restricted, fields)
         try:
             result = backend.run(fields, call)

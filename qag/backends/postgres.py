@@ -87,6 +87,11 @@ _RESEED = b"SELECT pg_catalog.setseed($1)"
 _UTF8 = b"UTF8"
 _MULTIPLE = "cannot insert multiple commands into a prepared statement"
 _LINE_RE = re.compile(r"^LINE (\d+):", re.MULTILINE)
+# Settings a call sets for itself when the server's default differs: dates as psycopg reads them, and strings
+# read as PostgreSQL's parser in qag (qag/sql/pgread) reads them, so a backslash can't end a string the check
+# thought open. The statement is parsed after this setting runs, in the same transaction.
+_FORCED = (("DateStyle", b"ISO", lambda v: not v.startswith(b"ISO")),
+           ("standard_conforming_strings", b"on", lambda v: v != b"on"))
 # Types psycopg 3 would load as objects (UUID, ip_address, ...) that psycopg2 gave as text: loaded as text, so
 # responses stay byte-for-byte what they were.
 _TEXT_TYPES = ("uuid", "inet", "cidr", "macaddr", "macaddr8", "money")
@@ -112,8 +117,10 @@ def search_path(schema: str) -> str:
     return 'pg_catalog, "' + schema.replace('"', '""') + '", pg_temp'
 
 
-def settings_statement(timeout: float | None, schema: str | None, datestyle: bool = False) -> tuple[bytes, list]:
-    """The one statement that sets a call's transaction-local settings, and its values; (b"", []) for none."""
+def settings_statement(timeout: float | None, schema: str | None, forced: tuple = ()) -> tuple[bytes, list]:
+    """The one statement that sets a call's transaction-local settings, and its values; (b"", []) for none.
+
+    forced: (name, value) pairs of session defaults the server has that qag reads differently (see _FORCED)."""
     names: list[str] = []
     values: list[bytes] = []
     ms = timeout_ms(timeout)
@@ -123,9 +130,9 @@ def settings_statement(timeout: float | None, schema: str | None, datestyle: boo
     if schema is not None:
         names.append("search_path")
         values.append(search_path(schema).encode())
-    if datestyle:
-        names.append("DateStyle")
-        values.append(b"ISO")
+    for name, value in forced:
+        names.append(name)
+        values.append(value)
     if not names:
         return b"", []
     calls = ", ".join(f"pg_catalog.set_config('{name}', ${i}, true)" for i, name in enumerate(names, 1))
@@ -289,7 +296,7 @@ _send_sync = _sync_without_flush() or (lambda pgconn: pgconn.pipeline_sync())
 class _Link:
     """One server connection in pipeline mode and what qag knows of it."""
 
-    __slots__ = ("conn", "pg", "tx", "poll", "pending", "bad", "datestyle", "fields")
+    __slots__ = ("conn", "pg", "tx", "poll", "pending", "bad", "forced", "fields")
 
     def __init__(self, conn: psycopg.Connection, fields: dict):
         self.conn = conn
@@ -299,8 +306,9 @@ class _Link:
         self.poll.register(self.pg.socket, select.POLLIN | select.POLLPRI)
         self.pending = False      # a reset was sent and its reply not read yet
         self.bad = False          # something on it failed: never pooled again
-        # The server's own DateStyle is not ISO: each call sets ISO for itself (psycopg reads ISO dates).
-        self.datestyle = not (self.pg.parameter_status(b"DateStyle") or b"ISO").startswith(b"ISO")
+        # Session defaults of this server that qag must not run under: each call sets its own for itself.
+        self.forced = tuple((name, value) for name, value, differs in _FORCED
+                            if differs(self.pg.parameter_status(name.encode()) or b""))
         self.fields = fields
 
     def readable(self) -> bool:
@@ -513,7 +521,7 @@ class PostgresBackend(Backend):
         Sync; then the reset when the connection will be pooled."""
         read_only = call.read_only
         link.send(_BEGIN[read_only])
-        setting, values = settings_statement(call.timeout, call.schema, link.datestyle)
+        setting, values = settings_statement(call.timeout, call.schema, link.forced)
         if setting:
             link.send(setting, values)
         first = True
@@ -592,7 +600,7 @@ class PostgresBackend(Backend):
         deadline = None if not call.timeout else time.monotonic() + call.timeout + REPLY_MARGIN
         try:
             link.send(_BEGIN[True])
-            setting, values = settings_statement(call.timeout, call.schema, link.datestyle)
+            setting, values = settings_statement(call.timeout, call.schema, link.forced)
             if setting:
                 link.send(setting, values)
             declare, fetch = stream_statements(call.sql, first_n)

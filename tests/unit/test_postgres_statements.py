@@ -17,8 +17,8 @@ def test_settings_are_transaction_local_and_travel_as_values():
     sql, values = pg.settings_statement(None, 'we"ird')
     assert sql == b"SELECT pg_catalog.set_config('search_path', $1, true)"
     assert values == [b'pg_catalog, "we""ird", pg_temp']
-    sql, values = pg.settings_statement(0.0001, "s", datestyle=True)
-    assert values == [b"1", b'pg_catalog, "s", pg_temp', b"ISO"] and sql.count(b"set_config") == 3
+    sql, values = pg.settings_statement(0.0001, "s", (("DateStyle", b"ISO"), ("standard_conforming_strings", b"on")))
+    assert values == [b"1", b'pg_catalog, "s", pg_temp', b"ISO", b"on"] and sql.count(b"set_config") == 4
     assert pg.settings_statement(None, None) == (b"", [])
 
 

@@ -1,0 +1,312 @@
+"""Issue 17 on the real PostgreSQL: the server reads and refuses a second statement, a read-only call changes
+nothing, no session state reaches another caller, pages are bounded, and caller errors are 4xx.
+
+qag's reading of a statement is PostgreSQL's own parser (pglast); the differential test here checks it against
+the server itself on generated statements, so a grammar difference between the library and the server is seen.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("psycopg")
+pytest.importorskip("pglast")
+
+from hypothesis import HealthCheck, given, settings as hsettings, strategies as st  # noqa: E402
+
+from qag.backends import postgres as pg  # noqa: E402
+from qag.backends.base import Call  # noqa: E402
+from qag.errors import QagError  # noqa: E402
+from qag.sql import pgread  # noqa: E402
+from tests.server import Server  # noqa: E402
+from tests.services import make_pg_database, pg_admin  # noqa: E402
+
+STATE_CASES = Path(__file__).resolve().parents[1] / "cases" / "state" / "postgres.tsv"
+BIG = 100_000
+
+
+def pool(size: int = 1) -> SimpleNamespace:
+    return SimpleNamespace(pool_size=size, pool_idle_timeout=300.0, pool_max=None, pool_wait=5.0, query_timeout=10.0)
+
+
+def owner_sql(fields: dict, *statements: str) -> list:
+    """Run statements as the database's owner on a connection of the test's own; the last one's rows."""
+    import psycopg
+    with psycopg.connect(autocommit=True, **pg.connect_args(fields)) as conn:
+        rows = []
+        for statement in statements:
+            cur = conn.execute(statement)
+            rows = cur.fetchall() if cur.description else []
+        return rows
+
+
+@pytest.fixture(scope="module")
+def db():
+    fields, cleanup = make_pg_database()
+    owner_sql(fields,
+              "CREATE TABLE notes (id serial PRIMARY KEY, body text)",
+              "CREATE TABLE typed (i int, d date, n numeric(4, 1))",
+              f"CREATE TABLE big AS SELECT g AS n FROM generate_series(1, {BIG}) g",
+              "CREATE SEQUENCE state_seq")
+    yield fields
+    cleanup()
+
+
+@pytest.fixture
+def backend():
+    made = []
+
+    def make(size: int = 1):
+        b = pg.PostgresBackend(pool(size))
+        made.append(b)
+        return b
+
+    yield make
+    for b in made:
+        b.close_idle()
+
+
+def run(backend, fields, sql, args=(), read_only=True, fetch=11, **kw):
+    return backend.run(fields, Call(sql, tuple(args), read_only, 10.0, fetch, **kw))
+
+
+# ------------------------------------------------------------------------------------------- one statement
+
+
+@pytest.mark.parametrize("read_only", [True, False], ids=["read", "write"])
+def test_the_server_refuses_a_second_statement_past_the_guard(backend, db, read_only):
+    b = backend()
+    second = "INSERT INTO notes (body) VALUES ('second statement ran')"
+    for text in (f"SELECT 1; {second}", f"SELECT 'a\\'; {second}; --'", f"SELECT $$x$$; {second}",
+                 f"SELECT 1 /* c */; {second}"):
+        with pytest.raises(QagError) as info:
+            run(b, db, text, read_only=read_only)
+        assert info.value.code == "multiple_statements" and info.value.status == 400, text
+    assert owner_sql(db, "SELECT count(*) FROM notes WHERE body = 'second statement ran'") == [(0,)]
+    # The pool still serves the next call.
+    assert run(b, db, "SELECT 7 AS v").rows == [(7,)]
+
+
+def test_a_commit_inside_a_read_only_call_cannot_open_a_writable_one(backend, db):
+    b = backend()
+    for text in ("COMMIT", "COMMIT AND CHAIN", "ROLLBACK AND CHAIN", "BEGIN"):
+        run(b, db, text)
+    with pytest.raises(QagError) as info:
+        run(b, db, "INSERT INTO notes (body) VALUES ('after commit')")
+    assert info.value.code == "read_only"
+    with pytest.raises(QagError):
+        run(b, db, "SET TRANSACTION READ WRITE")
+    assert owner_sql(db, "SELECT count(*) FROM notes WHERE body = 'after commit'") == [(0,)]
+
+
+# ------------------------------------------------------------------------------------------- writes in functions
+
+
+def test_what_postgresql_lets_through_a_read_only_transaction_is_rolled_back(backend, db):
+    """Past the guard (straight to the backend): large-object writes, notifications and session settings that
+    PostgreSQL 15 allows in a read-only transaction are undone, since a read-only call ends with ROLLBACK."""
+    b = backend()
+    before = owner_sql(db, "SELECT count(*) FROM pg_largeobject_metadata")
+    assert run(b, db, "SELECT lo_from_bytea(0, 'x') IS NOT NULL AS made").rows == [(True,)]
+    assert owner_sql(db, "SELECT count(*) FROM pg_largeobject_metadata") == before
+    import psycopg
+    with psycopg.connect(autocommit=True, **pg.connect_args(db)) as listener:
+        listener.execute("LISTEN qag_issue17")
+        run(b, db, "SELECT pg_notify('qag_issue17', 'from a read')")
+        time.sleep(0.2)
+        assert list(listener.notifies(timeout=0.5, stop_after=1)) == []
+    with pytest.raises(QagError) as info:
+        run(b, db, "SELECT nextval('state_seq')")
+    assert info.value.code == "read_only"
+
+
+def test_writing_functions_are_refused_for_a_read_only_key_and_run_for_a_writer(http, db):
+    server, keys = http
+    for statement in ("SELECT lo_import('/etc/hostname')", "SELECT lo_from_bytea(0, 'x')",
+                      "SELECT pg_catalog.nextval('state_seq')", "SELECT pg_advisory_lock(1)",
+                      "SELECT pg_notify('c', 'x')", "SELECT * FROM notes WHERE id = setval('state_seq', 5)"):
+        r = sql(server, statement, key=keys["read"][0])
+        assert r.status == 403 and r.json["code"] == "read_only", (statement, r)
+    r = sql(server, "SELECT nextval('state_seq') > 0 AS advanced", key=keys["write"][0])
+    assert r.status == 200 and r.json == [{"advanced": True}], r
+
+
+# ------------------------------------------------------------------------------------------- session state
+
+
+def state_cases():
+    for line in STATE_CASES.read_text(encoding="utf-8").splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        name, setter_kind, setter, probe_kind, probe, expect = line.split("\t")
+        yield pytest.param(setter_kind, setter, probe_kind, probe, json.loads(expect), id=name)
+
+
+def sql(server: Server, statement: str, key="admin", **body):
+    return server.post("/execute_sql", {"sql": statement, "connection_name": "pg", **body}, key=key)
+
+
+@pytest.fixture(scope="module")
+def http(db):
+    server = Server(env={"QAG_POOL_SIZE": "1", "QAG_ALLOW_WRITES": "1"}, workers=1)
+    reply = server.post("/api/v1/connections", {"name": "pg", "db": "postgres", **db})
+    assert reply.status == 201, reply
+    keys = {}
+    for kind in ("read", "write"):
+        keys[kind] = []
+        for i in (1, 2):
+            reply = server.post("/api/v1/api-keys", {"name": f"state-{kind}-{i}", "connections": ["pg"],
+                                                     "allow_writes": kind == "write"})
+            assert reply.status == 201, reply
+            keys[kind].append(reply.json["secret"])
+    # The premise: two calls of one kind by two keys share the worker's one pooled connection.
+    for kind, (a, b) in keys.items():
+        first = sql(server, "SELECT pg_backend_pid() AS pid", key=a).json[0]["pid"]
+        assert sql(server, "SELECT pg_backend_pid() AS pid", key=b).json[0]["pid"] == first, kind
+    yield server, keys
+    server.close()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("setter_kind,setter,probe_kind,probe,expect", list(state_cases()))
+def test_session_state_never_reaches_another_caller(http, setter_kind, setter, probe_kind, probe, expect):
+    server, keys = http
+    pid = sql(server, "SELECT pg_backend_pid() AS pid", key=keys[setter_kind][0]).json[0]["pid"]
+    r = sql(server, setter, key=keys[setter_kind][0])
+    assert r.status == 200, r
+    # The state is undone on the same pooled connection (the reset), unless the case closes it.
+    after = sql(server, "SELECT pg_backend_pid() AS pid", key=keys[probe_kind][1]).json[0]["pid"]
+    assert (after != pid) if expect.get("closed") else (after == pid)
+    r = sql(server, probe, key=keys[probe_kind][1])
+    if "error" in expect:
+        assert r.status >= 400 and r.json["code"] == expect["error"], r
+    else:
+        assert r.status == 200, r
+        if "rows" in expect:
+            assert len(r.json) == expect["rows"], r
+        else:
+            value = next(iter(r.json[0].values()))
+            if "value" in expect:
+                assert value == expect["value"], r
+            else:
+                assert value != expect["not"], r
+
+
+# ------------------------------------------------------------------------------------------- bounded pages
+
+
+def test_a_page_of_a_compound_query_is_all_the_driver_receives(backend, db, monkeypatch):
+    b = backend()
+    received = []
+    original = pg._Link.segment
+
+    def segment(link, deadline):
+        results = original(link, deadline)
+        received.extend(r.ntuples for r in results if r.status == pg._TUPLES)
+        return results
+
+    monkeypatch.setattr(pg._Link, "segment", segment)
+    statement = "SELECT n FROM big UNION ALL SELECT n FROM big ORDER BY 1"
+    result = run(b, db, statement, fetch=11, skip=20, cursor=True)
+    assert [row[0] for row in result.rows] == [11, 11, 12, 12, 13, 13, 14, 14, 15, 15, 16]
+    assert max(received) == 11
+    received.clear()
+    assert run(b, db, "(SELECT n FROM big ORDER BY n DESC)", fetch=3, cursor=True).rows == [(BIG,), (BIG - 1,), (BIG - 2,)]
+    assert max(received) == 3
+
+
+@pytest.mark.e2e
+def test_http_pages_of_a_compound_query(http):
+    server, _ = http
+    # A query that starts with a parenthesis gets no window in its SQL on PostgreSQL: the engine pages it.
+    r = server.post("/execute_sql?page=3&page_size=4", {"sql": "(SELECT n FROM big) UNION (SELECT 0) ORDER BY 1",
+                                                        "connection_name": "pg"})
+    assert r.status == 200 and [row["n"] for row in r.json] == [8, 9, 10, 11], r
+    assert r.headers["x-has-more"] == "true"
+
+
+# ------------------------------------------------------------------------------------------- caller errors
+
+
+def test_caller_errors_are_4xx_with_the_callers_own_text(backend, db):
+    b = backend()
+    cases = [("SELECT 'abc'::int", (), "param_invalid", 400), ("SELECT 1 / 0", (), "param_invalid", 400),
+             ("INSERT INTO typed (d) VALUES ($1)", ("2024-02-31",), "param_invalid", 400),
+             ("INSERT INTO typed (n) VALUES ($1)", (12345.5,), "param_invalid", 400),
+             ("SELECT $1::text", ("nul\x00byte",), "param_invalid", 400),
+             ("SELECT $1::text", ("\ud800",), "param_invalid", 400)]
+    for statement, args, code, status in cases:
+        with pytest.raises(QagError) as info:
+            run(b, db, statement, args, read_only=False)
+        assert (info.value.code, info.value.status) == (code, status), statement
+    with pytest.raises(QagError) as info:
+        run(b, db, "SELECT 1\nFRM notes", cursor=True)
+    detail = info.value.extras["detail"]
+    assert "LINE 2: FRM notes" in detail and "DECLARE" not in detail and "set_config" not in detail
+    assert run(b, db, "SELECT 3 AS ok").rows == [(3,)]
+
+
+def test_a_login_the_server_refuses_is_connection_failed(backend, db):
+    b = backend()
+    # (A wrong password can't be shown here: this server trusts loopback logins.)
+    for fields in (dict(db, database=db["database"] + "_missing", password="pw-in-the-fields"),
+                   dict(db, user="qag_no_such_role", password="pw-in-the-fields")):
+        with pytest.raises(QagError) as info:
+            run(b, fields, "SELECT 1")
+        assert info.value.code == "connection_failed" and info.value.status == 502
+        assert "pw-in-the-fields" not in json.dumps(info.value.extras)
+
+
+# ------------------------------------------------------------------------------------------- the parser vs the server
+
+_PIECES = st.sampled_from([
+    "'m'", "'a;b'", "'it''s'", "E'e\\'s;'", "$$d;'$$", "$q$ $$ ; $q$", "U&'\\0041'", "'\\'", "/* c ; */",
+    "/* a /* nested ; */ b */", "-- line ;\n", '"Q;id"', ",", ";", "1", "x", "AS", "'--'", "E'\\\\'", "\n",
+])
+
+
+@pytest.fixture(scope="module")
+def differential(db):
+    b = pg.PostgresBackend(pool(1))
+    yield b
+    b.close_idle()
+
+
+@hsettings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(pieces=st.lists(_PIECES, min_size=1, max_size=8))
+def test_the_parser_reads_statements_as_the_server_does(differential, db, pieces):
+    """Statement count and which literal is which: what pglast reads is what the server runs."""
+    text = "SELECT " + " ".join(pieces)
+    reading = pgread.read(text)
+    try:
+        result = differential.run(db, Call(text, (), True, 5.0, 2))
+        outcome = ("ran", [tuple(result.columns), result.rows])
+    except QagError as error:
+        outcome = (error.code, None)
+    if reading.failure is not None:
+        assert outcome[0] != "ran", (text, reading.failure, outcome)
+    elif reading.count > 1:
+        assert outcome[0] == "multiple_statements", (text, outcome)
+    elif outcome[0] == "ran":
+        expected = _constants(text)
+        if expected is not None:
+            assert list(outcome[1][1][0]) == expected, (text, outcome)
+
+
+def _constants(text: str):
+    """The values of a one-statement SELECT list made only of constants, as the parser reads them; else None."""
+    from pglast import parser
+    tree = json.loads(parser.parse_sql_json(text))
+    targets = tree["stmts"][0]["stmt"].get("SelectStmt", {}).get("targetList") or []
+    values = []
+    for target in targets:
+        const = target["ResTarget"]["val"].get("A_Const")
+        if const is None or "sval" not in const:
+            return None
+        values.append(const["sval"]["sval"])
+    return values or None
