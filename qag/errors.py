@@ -13,6 +13,8 @@ ERRORS: dict[str, tuple[int, str, str]] = {
     "multiple_statements": (400, "Only a single SQL statement can be executed at a time", "more than one statement"),
     "param_required": (400, "Missing parameters", "only missing parameters"),
     "param_invalid": (400, "Invalid parameters", "a parameter violates a rule, bad value type, bad LIMIT/OFFSET parameter"),
+    "value_too_large": (400, "A value is larger than the database allows", "SQLite: a value, LIKE/GLOB pattern or statement over SQLite's length limits (docs/security.md)"),
+    "value_invalid": (400, "The database can't use a value of this statement", "SQLite: invalid text, a NUL character in the statement, a number out of range, a type the engine refuses"),
     "invalid_paging": (400, "page and page_size must be positive", "`page`/`page_size` < 1 or `page_size` > max"),
     "invalid_format": (400, "Unsupported format", "unknown `format`"),
     "invalid_timeout": (400, "timeout must be a positive number of seconds", "`timeout` not a positive finite number"),

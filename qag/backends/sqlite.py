@@ -1,4 +1,8 @@
-"""SQLite connections: a fresh file handle per call, read-only in mode=ro, time limit by progress handler."""
+"""SQLite connections: a file handle per call, the engine's authorizer as reader of record, bounded values.
+
+Read-only calls open the file with mode=ro; the time limit is a progress handler; SQLite's length limits bound
+what one value (and so one built-in call) can cost.
+"""
 
 from __future__ import annotations
 
@@ -11,53 +15,242 @@ from ..errors import QagError
 from ..policy.functions import GENERATORS
 from .base import Backend, Call, Result, connection_failed, query_failed, timeout_error
 
-_PROGRESS_STEPS = 10_000
-# Refused whatever the SQL guard decided: attaching other files escapes the connection's one database,
-# and extensions run native code.
-_DENIED_ACTIONS = {sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH}
-_DENIED_FUNCTIONS = frozenset({"load_extension", "readfile", "writefile", "edit", "fts3_tokenizer"})
+# The time limit is checked every this many VM steps: a step can be one whole built-in call over a large value,
+# so fewer steps bound the overrun better (a check costs one Python call per ~20-50 us of VM work).
+_PROGRESS_STEPS = 1_000
+
+# SQLite's own bounds, set on every connection. A built-in runs to its end between two progress-handler
+# checks, and a few are quadratic in their arguments' lengths (instr, replace, two-argument trim; LIKE/GLOB in
+# value x pattern): measured on this machine, instr() over two values of 1 MiB and 0.5 MiB takes ~5 s, over
+# 4 MiB and 2 MiB ~270 s. So the value bound is what bounds one call's time, not only its memory; 1 MiB (the
+# default request-body limit; the demo's largest value is under 200 bytes) keeps the worst single call to a few
+# seconds. The pattern bound keeps value x pattern to ~1 s.
+LENGTH_LIMIT = 1 << 20
+SQL_LENGTH_LIMIT = 16 << 20
+LIKE_PATTERN_LIMIT = 1000
+_LIMITS = ((sqlite3.SQLITE_LIMIT_LENGTH, LENGTH_LIMIT), (sqlite3.SQLITE_LIMIT_SQL_LENGTH, SQL_LENGTH_LIMIT),
+           (sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, LIKE_PATTERN_LIMIT), (sqlite3.SQLITE_LIMIT_ATTACHED, 0))
+
+# Functions that change something (load native code, write the error log, register a tokenizer pointer, write
+# files in the CLI's extensions): never run, for any caller.
+_DENIED_FUNCTIONS = frozenset({"load_extension", "sqlite_log", "readfile", "writefile", "edit", "fts3_tokenizer"})
+# Functions of compiled-in extensions (FTS3/4/5, R*Tree) that only read the virtual table they are called on
+# (its reads are reported to the authorizer as table reads). Any other function that is not a built-in of the
+# running library is refused on a read-only call: it is unknown, so it may write (FTS3's optimize() does).
+_EXTENSION_READS = frozenset({"match", "bm25", "highlight", "snippet", "offsets", "matchinfo", "rtreecheck",
+                              "rtreedepth", "rtreenode", "fts5_source_id"})
+_BUILTINS: frozenset | None = None
 
 
-def _authorizer(action, arg1, arg2, dbname, source):
-    if action in _DENIED_ACTIONS:
-        return sqlite3.SQLITE_DENY
-    if action == sqlite3.SQLITE_FUNCTION and arg2 and arg2.lower() in _DENIED_FUNCTIONS:
-        return sqlite3.SQLITE_DENY
-    return sqlite3.SQLITE_OK
+def builtin_functions() -> frozenset:
+    """The running sqlite3 library's built-in functions (`pragma function_list`, builtin=1), lower-case, minus
+    those that change something; read once per process."""
+    global _BUILTINS
+    if _BUILTINS is None:
+        conn = sqlite3.connect(":memory:")
+        try:
+            names = {row[0].lower() for row in conn.execute("SELECT name FROM pragma_function_list WHERE builtin")}
+        finally:
+            conn.close()
+        _BUILTINS = frozenset(names - _DENIED_FUNCTIONS)
+    return _BUILTINS
 
+
+# Actions a read-only statement may report: its reading, and the engine's own registration of an eponymous
+# virtual table (json_each, pragma_*), which SQLite reports as an UPDATE of its schema table. A user's UPDATE
+# of the schema table is refused by SQLite itself (no writable_schema: setting it is a write pragma).
+_READ_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
+                           sqlite3.SQLITE_RECURSIVE})
+_SCHEMA_TABLES = frozenset(("sqlite_master", "sqlite_schema", "sqlite_temp_master", "sqlite_temp_schema"))
+# Pragmas whose argument names an object to describe, not a value to set. Any other pragma is a read only in its
+# query form (no argument).
+_DESCRIBING_PRAGMAS = frozenset({"table_info", "table_xinfo", "index_info", "index_xinfo", "index_list",
+                                 "foreign_key_list", "foreign_key_check", "integrity_check", "quick_check",
+                                 "table_list"})
+# Pragmas that act when queried without an argument.
+_ACTING_PRAGMAS = frozenset({"optimize", "shrink_memory", "incremental_vacuum", "wal_checkpoint"})
+_ACTION_NAMES = {getattr(sqlite3, "SQLITE_" + name): name.replace("_", " ") for name in (
+    "CREATE_INDEX", "CREATE_TABLE", "CREATE_TEMP_INDEX", "CREATE_TEMP_TABLE", "CREATE_TEMP_TRIGGER",
+    "CREATE_TEMP_VIEW", "CREATE_TRIGGER", "CREATE_VIEW", "DELETE", "DROP_INDEX", "DROP_TABLE", "DROP_TEMP_INDEX",
+    "DROP_TEMP_TABLE", "DROP_TEMP_TRIGGER", "DROP_TEMP_VIEW", "DROP_TRIGGER", "DROP_VIEW", "INSERT", "PRAGMA",
+    "READ", "SELECT", "TRANSACTION", "UPDATE", "ATTACH", "DETACH", "ALTER_TABLE", "REINDEX", "ANALYZE",
+    "CREATE_VTABLE", "DROP_VTABLE", "FUNCTION", "SAVEPOINT", "RECURSIVE")}
 
 _TABLE_ACTIONS = {sqlite3.SQLITE_READ, sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE}
-# SQLite itself reads and updates its schema table while preparing some statements (an eponymous virtual
-# table such as json_each); a key's statement naming one is refused before this (qag/policy/tables), so the
-# authorizer lets the engine's own access by, and the pure generators the check allows are read as tables.
-_ENGINE_TABLES = frozenset(("sqlite_master", "sqlite_schema", "sqlite_temp_master", "sqlite_temp_schema")) | GENERATORS
+# The engine's own tables: its schema table (read and "updated" while preparing an eponymous virtual table; a
+# key's statement naming one is refused before this, in qag/policy/tables) and the pure generators the check
+# allows, which SQLite reports as tables.
+_ENGINE_TABLES = _SCHEMA_TABLES | GENERATORS
 
 
-class _TablesAuthorizer:
-    """The authorizer of a table-restricted call (contract 6.2's second line): the usual refusals, plus any
-    read or write of a table outside the key's qualified grants. Access on behalf of a view or trigger
-    (`source` set) is allowed: the statement that reached it was checked, and the key can't create either."""
+def _read_only_refusal(action, arg1, arg2, source) -> str | None:
+    """Why a read-only call may not do this action, or None."""
+    if action in _READ_ACTIONS:
+        return None
+    if action == sqlite3.SQLITE_UPDATE and arg1 and arg1.lower() in _SCHEMA_TABLES and source is None:
+        return None
+    if action == sqlite3.SQLITE_PRAGMA:
+        name = (arg1 or "").lower()
+        if name in _DESCRIBING_PRAGMAS or (arg2 is None and name not in _ACTING_PRAGMAS):
+            return None
+        return f"PRAGMA {name}" + ("" if arg2 is None else f" = {arg2}")
+    return _ACTION_NAMES.get(action, f"action {action}")
 
-    __slots__ = ("grants", "refused")
 
-    def __init__(self, grants: frozenset):
+class _Authorizer:
+    """The engine as reader of record: records every action, table and function SQLite reports while it
+    prepares the call's statement, and refuses there what the call may never do, whatever qag's guard read.
+
+    - every call: ATTACH/DETACH, and functions that change something (`_DENIED_FUNCTIONS`);
+    - a read-only call: any action other than reading (`read_only`), and functions not built into the library
+      except the read-only extension functions;
+    - a table-restricted call (`grants`: its qualified tables): any function that is not a built-in
+      (`function_not_allowed`), and any table outside the grants read or written by the statement itself
+      (`table_not_allowed`). Access on behalf of a view or trigger (`source` set) is judged after the prepare,
+      from the whole record (`check`): SQLite names a CTE the same way, so a CTE named like a view is not the
+      view.
+    """
+
+    __slots__ = ("read_only", "grants", "tables", "functions", "actions", "expanded", "via", "refused", "refusal")
+
+    def __init__(self, read_only: bool, grants: frozenset | None):
+        self.read_only = read_only
         self.grants = grants
-        self.refused: list[str] = []
+        self.tables: set[str] = set()           # qualified tables read or written, directly or not
+        self.functions: set[str] = set()
+        self.actions: set[int] = set()
+        self.expanded: set[str] = set()         # views and CTEs expanded (a SELECT reported on their behalf)
+        self.via: list[tuple] = []              # (qualified table, column, source) read on behalf of `source`
+        self.refused: list[str] = []            # forbidden tables (table_not_allowed)
+        self.refusal: QagError | None = None    # the first other refusal
+
+    def reset(self) -> None:
+        self.tables.clear(), self.functions.clear(), self.actions.clear(), self.expanded.clear()
+        self.via.clear()
+        self.refused.clear()
+        self.refusal = None
+
+    def _deny(self, code: str, message: str) -> int:
+        if self.refusal is None:
+            self.refusal = QagError(code, message)
+        return sqlite3.SQLITE_DENY
 
     def __call__(self, action, arg1, arg2, dbname, source):
-        if action in _TABLE_ACTIONS and source is None and arg1 and arg1.lower() not in _ENGINE_TABLES:
-            name = f"{(dbname or 'main').lower()}.{arg1.lower()}"
-            if name not in self.grants:
-                self.refused.append(name)
-                return sqlite3.SQLITE_DENY
-        return _authorizer(action, arg1, arg2, dbname, source)
+        self.actions.add(action)
+        if self.read_only:
+            refused = _read_only_refusal(action, arg1, arg2, source)
+            if refused is not None:
+                return self._deny("read_only", f"A read-only call may not run {refused} (refused by SQLite's "
+                                  "authorizer)")
+        if action in _TABLE_ACTIONS and arg1:
+            table = arg1.lower()
+            # No schema is given for a read of no column (count(*), EXISTS): this connection has only main
+            # (ATTACH refused) and an empty temp (creating anything refused), so it is main.
+            name = f"{(dbname or 'main').lower()}.{table}"
+            self.tables.add(name)
+            grants = self.grants
+            if grants is not None and name not in grants:
+                if table in _SCHEMA_TABLES:
+                    # The engine's own access reads only the ROWID (registering an eponymous virtual table).
+                    if action == sqlite3.SQLITE_READ and arg2 != "ROWID":
+                        self.refused.append(name)
+                        return sqlite3.SQLITE_DENY
+                elif table in GENERATORS:
+                    pass
+                elif source is None and arg2:
+                    self.refused.append(name)
+                    return sqlite3.SQLITE_DENY
+                else:
+                    # On behalf of a view, trigger or CTE; or a read of no column, which SQLite also reports
+                    # for the tables under a view it flattened (count(*) of a view): judged in check().
+                    self.via.append((name, arg2, source))
+        elif action == sqlite3.SQLITE_FUNCTION and arg2:
+            name = arg2.lower()
+            self.functions.add(name)
+            if name in _DENIED_FUNCTIONS:
+                return self._deny("function_not_allowed" if self.grants is not None else "forbidden",
+                                  f"The gateway never runs {name}() on SQLite")
+            if self.grants is not None:
+                if name not in (_BUILTINS or builtin_functions()):
+                    return self._deny("function_not_allowed", f"This API key may not call {name}(): only "
+                                      "SQLite's built-in functions are allowed for a table-restricted key")
+            elif self.read_only and name not in _EXTENSION_READS and name not in (_BUILTINS or builtin_functions()):
+                return self._deny("read_only", f"A read-only call may not run {name}(): it is not one of "
+                                  "SQLite's built-in functions, so it may change something")
+        elif action == sqlite3.SQLITE_SELECT and source is not None:
+            self.expanded.add(source.lower())
+        elif action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
+            return self._deny("forbidden", "The gateway never attaches or detaches databases on SQLite")
+        return sqlite3.SQLITE_OK
+
+    def check(self, conn) -> QagError | None:
+        """After the prepare: the refusal recorded, or one judged from the whole record. A table read on behalf
+        of a view is allowed only when a granted view read by this statement reads that column itself (the
+        engine's own record of `SELECT * FROM <view>`); on behalf of a trigger only in a write call."""
+        if self.refusal is not None and self.refusal.code == "read_only":
+            return self.refusal              # the guard's order: read_only, tables, functions
+        if self.refused:
+            return _table_refusal(self.refused, self.grants)
+        if self.refusal is not None:
+            return self.refusal
+        if not self.via:
+            return None
+        conn.set_authorizer(None)     # qag's own reading of the schema, not the caller's
+        try:
+            kinds = dict(conn.execute("SELECT lower(name), type FROM main.sqlite_schema WHERE type IN "
+                                      "('view', 'trigger')").fetchall())
+        finally:
+            conn.set_authorizer(self)
+        closures: dict[str, set] = {}
+
+        def reads(view):
+            if view not in closures:
+                closures[view] = _view_reads(conn, view, self)
+            return closures[view]
+
+        def covers(view, name, column):
+            # A read of no column (count(*), EXISTS) is reported with the column ''.
+            pairs = reads(view)
+            return (name, column) in pairs or (not column and any(table == name for table, _ in pairs))
+
+        # The granted views this statement reads itself. A CTE is never reported as read, so a CTE named like a
+        # granted view doesn't count, unless the statement also reads that view.
+        granted = [view for view, kind in kinds.items() if kind == "view" and f"main.{view}" in self.tables
+                   and f"main.{view}" in self.grants]
+        forbidden = []
+        for name, column, source in self.via:
+            if source is not None:
+                source = source.lower()
+                if kinds.get(source) == "trigger" and not self.read_only:
+                    continue
+            behalf = source is None or (kinds.get(source) == "view" and source in self.expanded)
+            if not (behalf and any(covers(view, name, column) for view in granted)):
+                forbidden.append(name)
+        return _table_refusal(forbidden, self.grants) if forbidden else None
 
 
-def _table_refusal(authorizer, grants: frozenset) -> QagError | None:
-    if authorizer is None or not authorizer.refused:
-        return None
-    return QagError("table_not_allowed", "This API key may only query these tables: " + ", ".join(sorted(grants))
-                    + ". Forbidden: " + ", ".join(sorted(set(authorizer.refused))) + ".")
+def _view_reads(conn, view: str, authorizer) -> set:
+    """(qualified table, column) pairs the engine reports for reading the whole view, its own views included."""
+    seen: set = set()
+
+    def record(action, arg1, arg2, dbname, source):
+        if action == sqlite3.SQLITE_READ and arg1 and source is not None:
+            seen.add((f"{(dbname or 'main').lower()}.{arg1.lower()}", arg2))
+        return sqlite3.SQLITE_OK
+
+    conn.set_authorizer(record)
+    try:
+        # EXPLAIN compiles the view's reading without running it.
+        conn.execute('EXPLAIN SELECT * FROM main."' + view.replace('"', '""') + '"').fetchall()
+    finally:
+        conn.set_authorizer(authorizer)
+    return seen
+
+
+def _table_refusal(forbidden, grants: frozenset) -> QagError:
+    return QagError("table_not_allowed", "This API key may only query these tables: "
+                    + (", ".join(sorted(grants)) or "(none)") + ". Forbidden: " + ", ".join(sorted(set(forbidden)))
+                    + ".")
 
 
 def resolve_path(database: str | None, home: str, store_files: tuple[str, ...]) -> str:
@@ -78,8 +271,10 @@ def _open(path: str, read_only: bool, tables: frozenset | None = None):
                                check_same_thread=False)
     else:
         conn = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
-    authorizer = None if tables is None else _TablesAuthorizer(tables)
-    conn.set_authorizer(_authorizer if authorizer is None else authorizer)
+    for limit, value in _LIMITS:
+        conn.setlimit(limit, value)
+    authorizer = _Authorizer(read_only, tables)
+    conn.set_authorizer(authorizer)
     return conn, authorizer
 
 
@@ -97,13 +292,25 @@ def skip_rows(cursor, count: int) -> None:
 
 
 def _mapped(exc: Exception, deadline: float | None, timeout: float | None) -> QagError:
-    """The contract's error for a driver failure: timeout 504, refusals 403, unreachable 502, else 500."""
+    """The contract's error for a driver failure: timeout 504, refusals 403, unreachable 502, what the caller's
+    statement or values caused 400 (value_too_large, value_invalid, multiple_statements), else 500."""
     text = str(exc)
+    name = getattr(exc, "sqlite_errorname", None)
     if deadline is not None and text == "interrupted" and time.monotonic() >= deadline:
         return timeout_error(timeout)
+    if name == "SQLITE_TOOBIG" or text in ("query string is too large", "LIKE or GLOB pattern too complex"):
+        return QagError("value_too_large", f"A value, pattern or statement is larger than SQLite allows here "
+                        f"(values up to {LENGTH_LIMIT:,} bytes, LIKE/GLOB patterns up to {LIKE_PATTERN_LIMIT:,})",
+                        detail=text)
+    if (name == "SQLITE_MISMATCH" or isinstance(exc, (OverflowError, UnicodeError))
+            or text == "the query contains a null character" or text.startswith("Could not decode to UTF-8")):
+        return QagError("value_invalid", "SQLite can't use a value of this statement (invalid text, a NUL "
+                        "character in the statement, a number out of range, or a type it refuses here)",
+                        detail=text)
+    if text.startswith("You can only execute one statement at a time"):
+        return QagError("multiple_statements", "SQLite refused a second statement")
     if "not authorized" in text:
-        return QagError("forbidden", "This statement uses something the gateway refuses on SQLite "
-                                     "(ATTACH, DETACH or an extension function)")
+        return QagError("forbidden", "This statement uses something the gateway refuses on SQLite")
     if "readonly database" in text:
         return QagError("read_only", "The database refused a write on a read-only call")
     if "unable to open database file" in text:
@@ -111,8 +318,15 @@ def _mapped(exc: Exception, deadline: float | None, timeout: float | None) -> Qa
     return query_failed(text)
 
 
+def _failure(exc: Exception, authorizer, conn, deadline, timeout) -> QagError:
+    """The error for a failed call: what the authorizer refused if it did, else the driver's error mapped."""
+    if authorizer is not None and (authorizer.refusal is not None or authorizer.refused):
+        return authorizer.check(conn)
+    return _mapped(exc, deadline, timeout)
+
+
 def run(path: str, call: Call) -> Result:
-    """Run one statement; read-only calls can't write even if the guard were bypassed (mode=ro)."""
+    """Run one statement; read-only calls can't write even if the guard were bypassed (mode=ro, authorizer)."""
     try:
         conn, authorizer = _open(path, call.read_only, call.tables)
     except sqlite3.Error as exc:
@@ -125,7 +339,15 @@ def run(path: str, call: Call) -> Result:
     try:
         if not call.read_only:
             conn.execute("BEGIN")
+            authorizer.reset()
         cursor = conn.execute(call.sql, call.args)
+        # Prepared (and its first row computed, nothing returned yet; a write call's changes are still in its
+        # transaction): judged from the engine's whole record before any row leaves or anything is committed.
+        refusal = authorizer.check(conn)
+        if refusal is not None:
+            # Reset now: a statement left stepping keeps its lock past close() while anything holds the cursor.
+            cursor.close()
+            raise refusal
         if cursor.description is None:
             columns, rows = [], []
         else:
@@ -133,16 +355,14 @@ def run(path: str, call: Call) -> Result:
             skip_rows(cursor, call.skip)
             rows = cursor.fetchmany(call.fetch)
         if not call.read_only:
-            conn.set_authorizer(_authorizer)   # the key's tables limit its statement, not the COMMIT
+            conn.set_authorizer(None)   # the key's tables limit its statement, not the COMMIT
             conn.execute("COMMIT")
     except (sqlite3.Error, OverflowError, ValueError) as exc:
         # OverflowError/ValueError: a value the driver can't bind; the binder refuses most before this.
-        raise _table_refusal(authorizer, call.tables) or _mapped(exc, deadline, call.timeout) from None
+        raise _failure(exc, authorizer, conn, deadline, call.timeout) from None
     finally:
         conn.close()
     return Result(columns, rows, (time.perf_counter() - started) * 1000.0)
-
-
 
 
 def read_schema(path: str, max_tables: int = 1000) -> dict:
@@ -191,13 +411,17 @@ def stream(path: str, call: Call, batch: int, cap: int | None):
 
     try:
         cursor = conn.execute(call.sql, call.args)
+        refusal = authorizer.check(conn)
+        if refusal is not None:
+            cursor.close()
+            conn.close()
+            raise refusal
         columns = [d[0] for d in cursor.description] if cursor.description else []
         first = fetch(cursor, cap) if columns else []
     except (sqlite3.Error, OverflowError, ValueError) as exc:
+        error = _failure(exc, authorizer, conn, deadline, timeout)
         conn.close()
-        raise _table_refusal(authorizer, call.tables) or _mapped(exc, deadline, timeout) from None
-    # The authorizer is consulted while a statement is prepared: cleared now that it is.
-    conn.set_authorizer(_authorizer)
+        raise error from None
 
     def batches():
         left = None if cap is None else cap - len(first)
@@ -212,8 +436,9 @@ def stream(path: str, call: Call, batch: int, cap: int | None):
                     left -= len(rows)
                 yield rows
         except (sqlite3.Error, OverflowError, ValueError) as exc:
-            # Raised, not swallowed: the run is recorded as failed and the body ends incomplete.
-            raise _mapped(exc, deadline, timeout) from None
+            # Raised, not swallowed: the run is recorded as failed and the body ends incomplete. The authorizer
+            # stays: a virtual table (FTS) prepares its own statements while rows are read.
+            raise _failure(exc, authorizer, conn, deadline, timeout) from None
         finally:
             conn.close()
 

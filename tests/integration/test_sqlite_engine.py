@@ -1,0 +1,298 @@
+"""SQLite as reader of record (issue 17): the authorizer's record and refusals, bounds and error codes, on real files.
+
+The corpus is tests/cases/engine/sqlite_engine.json (families: boundary, second_statement, write_in_read,
+function, tables, bounded); each case runs through qag.backends.sqlite on a real database file, without qag's
+guard in front, so what is refused here is refused by the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from qag.backends import sqlite as backend
+from qag.backends.base import Call
+from qag.errors import QagError
+from qag.policy import tables as table_policy
+
+CASES = os.path.join(os.path.dirname(__file__), "..", "cases", "engine", "sqlite_engine.json")
+SCHEMA = """
+CREATE TABLE customer(id INTEGER PRIMARY KEY, name TEXT);
+CREATE TABLE orders(id INTEGER PRIMARY KEY, cid INTEGER);
+CREATE TABLE secret(id INTEGER PRIMARY KEY, s TEXT);
+CREATE VIEW pub AS SELECT id, name FROM customer;
+CREATE VIEW pubsecret AS SELECT s, id FROM secret WHERE id > 0;
+CREATE VIEW outer_view AS SELECT s FROM pubsecret;
+CREATE VIRTUAL TABLE ft USING fts5(body);
+INSERT INTO customer VALUES (1, 'Ana'), (2, 'Bo');
+INSERT INTO orders VALUES (1, 1);
+INSERT INTO secret VALUES (1, 'hidden');
+INSERT INTO ft VALUES ('hello world');
+CREATE TRIGGER audit AFTER INSERT ON orders BEGIN INSERT INTO secret(s) VALUES ('audit'); END;
+"""
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("sqlite-engine") / "engine.db")
+    conn = sqlite3.connect(path)
+    conn.executescript(SCHEMA)
+    conn.close()
+    return path
+
+
+def _snapshot(path):
+    conn = sqlite3.connect(path)
+    try:
+        return [conn.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall() for t in ("customer", "orders", "secret")] + \
+            [conn.execute("SELECT type, name, sql FROM sqlite_schema ORDER BY name").fetchall()]
+    finally:
+        conn.close()
+
+
+def _arg(value):
+    if isinstance(value, dict) and "hex" in value:
+        return bytes.fromhex(value["hex"])
+    if isinstance(value, dict) and "repeat" in value:
+        return value["repeat"] * value["times"]
+    return value
+
+
+def _load():
+    with open(CASES, encoding="utf-8") as handle:
+        cases = json.load(handle)
+    for case in cases:
+        assert set(case) <= {"family", "sql", "tables", "read_only", "expect", "why", "args"}, case
+        assert case["family"] in {"boundary", "second_statement", "write_in_read", "function", "tables", "bounded"}
+        assert case["why"]
+    return cases
+
+
+CORPUS = _load()
+
+
+def run(path, sql, tables=None, read_only=True, args=(), timeout=5.0):
+    grants = None if tables is None else frozenset(tables)
+    return backend.run(path, Call(sql, tuple(args), read_only, timeout, 10, tables=grants))
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=[f"{c['family']}-{i:03d}" for i, c in enumerate(CORPUS)])
+def test_engine_corpus(db, case):
+    before = _snapshot(db)
+    expect = case["expect"]
+    try:
+        run(db, case["sql"], case["tables"], case["read_only"], [_arg(a) for a in case.get("args", [])])
+        got = "ok"
+    except QagError as error:
+        got = error.code
+        assert error.status < 500 or got == "query_failed", (error.status, error.message)
+    assert got in (expect if isinstance(expect, list) else [expect]), (case["why"], got)
+    if case["read_only"] or got != "ok":
+        assert _snapshot(db) == before, case["why"]
+    assert not os.path.exists("/tmp/qag-vacuum-copy.db") and not os.path.exists("/tmp/qag-attach.db")
+
+
+# ------------------------------------------------------------------ how SQLite reports what a statement reads
+
+def record(path, sql):
+    """The authorizer's record of preparing `sql` (EXPLAIN compiles without running): every reported action."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    events = []
+    conn.set_authorizer(lambda *event: events.append(event) or sqlite3.SQLITE_OK)
+    try:
+        conn.execute("EXPLAIN " + sql).fetchall()
+    finally:
+        conn.close()
+    return events
+
+
+def reads(events):
+    return {(e[1], e[2], e[3], e[4]) for e in events if e[0] == sqlite3.SQLITE_READ}
+
+
+def test_cte_body_reads_carry_the_cte_name_as_source(db):
+    assert reads(record(db, "WITH x AS (SELECT s FROM secret) SELECT * FROM x")) == {("secret", "s", "main", "x")}
+    # A CTE is not a table: no read of "x" itself.
+    assert not any(e[1] == "x" for e in record(db, "WITH x AS (SELECT s FROM secret) SELECT * FROM x"))
+
+
+def test_view_reads_carry_the_view_name_and_the_view_is_read_itself(db):
+    got = reads(record(db, "SELECT * FROM outer_view"))
+    assert ("secret", "s", "main", "pubsecret") in got and ("secret", "id", "main", "pubsecret") in got
+    assert ("pubsecret", "s", "main", "outer_view") in got and ("outer_view", "s", "main", None) in got
+
+
+def test_flattened_count_of_a_view_reports_the_table_under_it_without_source(db):
+    got = reads(record(db, "SELECT count(*) FROM pub"))
+    assert ("customer", "", None, None) in got and not any(r[0] == "pub" for r in got)
+
+
+def test_subqueries_are_reported_as_plain_reads(db):
+    got = reads(record(db, "SELECT (SELECT s FROM secret), name FROM customer WHERE id IN (SELECT cid FROM orders)"))
+    assert {("secret", "s", "main", None), ("orders", "cid", "main", None)} <= got
+    # EXISTS reads no column: the table is reported with column '' and no schema.
+    assert ("secret", "", None, None) in reads(record(db, "SELECT 1 WHERE EXISTS (SELECT 1 FROM secret)"))
+
+
+def test_functions_and_eponymous_tables(db):
+    events = record(db, "SELECT upper(name), count(*) FROM customer, json_each('[1]')")
+    assert {e[2] for e in events if e[0] == sqlite3.SQLITE_FUNCTION} == {"upper", "count"}
+    # Preparing an eponymous virtual table is reported as an UPDATE of the schema table and a read of its ROWID.
+    assert any(e[0] == sqlite3.SQLITE_UPDATE and e[1] == "sqlite_master" for e in events)
+    assert ("sqlite_master", "ROWID", "main", None) in reads(events)
+    # A pragma table function's PRAGMA is reported when it runs (its cursor prepares it), not when prepared.
+    events = []
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    conn.set_authorizer(lambda *event: events.append(event) or sqlite3.SQLITE_OK)
+    conn.execute("SELECT * FROM pragma_table_info('secret')").fetchall()
+    conn.close()
+    assert (sqlite3.SQLITE_PRAGMA, "table_info", "secret", None, None) in events
+
+
+def test_builtins_come_from_the_library_and_exclude_what_changes_something():
+    names = backend.builtin_functions()
+    assert {"upper", "json_extract", "printf", "count", "row_number", "->>"} <= names
+    assert not names & {"load_extension", "sqlite_log", "fts3_tokenizer", "match", "highlight"}
+
+
+def test_a_refused_write_call_leaves_nothing(db):
+    before = _snapshot(db)
+    with pytest.raises(QagError) as raised:
+        run(db, "INSERT INTO customer SELECT id + 100, s FROM secret", ["main.customer"], read_only=False)
+    assert raised.value.code == "table_not_allowed"
+    # A trigger's write on behalf of a granted write is the trigger's (the key can't create one).
+    run(db, "INSERT INTO orders VALUES (50, 1)", ["main.orders"], read_only=False)
+    run(db, "DELETE FROM orders WHERE id = 50", ["main.orders"], read_only=False)
+    after = _snapshot(db)
+    assert after[0] == before[0] and after[1] == before[1]
+
+
+def test_stream_is_judged_like_run(db):
+    with pytest.raises(QagError) as raised:
+        backend.stream(db, Call("WITH x AS (SELECT s FROM secret) SELECT * FROM x", (), True, 5.0, 0,
+                                tables=frozenset({"main.customer"})), 100, None)
+    assert raised.value.code == "table_not_allowed"
+    with pytest.raises(QagError) as raised:
+        backend.stream(db, Call("SELECT zeroblob(2000000000)", (), True, 5.0, 0), 100, None)
+    assert raised.value.code == "value_too_large"
+    columns, batches = backend.stream(db, Call("SELECT name FROM pub ORDER BY id", (), True, 5.0, 0,
+                                               tables=frozenset({"main.pub"})), 100, None)
+    assert [row for batch in batches for row in batch] == [("Ana",), ("Bo",)]
+
+
+# ------------------------------------------------------------------ bounded cost
+
+def test_limits_are_set_on_every_connection(db):
+    conn, _ = backend._open(db, True)
+    try:
+        assert conn.getlimit(sqlite3.SQLITE_LIMIT_LENGTH) == backend.LENGTH_LIMIT
+        assert conn.getlimit(sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH) == backend.LIKE_PATTERN_LIMIT
+        assert conn.getlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH) == backend.SQL_LENGTH_LIMIT
+        assert conn.getlimit(sqlite3.SQLITE_LIMIT_ATTACHED) == 0
+    finally:
+        conn.close()
+
+
+def test_time_limit_holds_for_long_queries(db):
+    started = time.monotonic()
+    with pytest.raises(QagError) as raised:
+        run(db, "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT count(*) FROM r",
+            timeout=0.5)
+    assert raised.value.code == "query_timeout" and time.monotonic() - started < 3
+    # Each row a long built-in call (a 1 MB value): the handler still fires between calls.
+    started = time.monotonic()
+    with pytest.raises(QagError) as raised:
+        run(db, "SELECT sum(length(randomblob(1000000 + n % 2))) "
+                "FROM (WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT n FROM r)",
+            timeout=0.5)
+    assert raised.value.code == "query_timeout" and time.monotonic() - started < 5
+
+
+# ------------------------------------------------------------------ differential: qag's reading vs the engine's
+
+TABLES = ("customer", "orders", "secret", "pub", "pubsecret")
+GRANTS = frozenset({"main.customer", "main.pub"})
+
+
+def _source():
+    table = st.sampled_from(TABLES + ("CUSTOMER", '"secret"', "main.orders", "[secret]"))
+    leaf = st.one_of(table, st.builds(lambda t: f"(SELECT * FROM {t})", table))
+    return leaf
+
+
+@st.composite
+def statements(draw):
+    cte_name = draw(st.sampled_from(("x", "customer", "pub", "secret")))
+    cte_body = draw(_source())
+    outer = draw(_source())
+    shape = draw(st.integers(0, 5))
+    if shape == 0:
+        return f"SELECT count(*) FROM {outer}"
+    if shape == 1:
+        return f"WITH {cte_name} AS (SELECT * FROM {cte_body}) SELECT count(*) FROM {cte_name}"
+    if shape == 2:
+        return f"WITH {cte_name} AS (SELECT * FROM {cte_body}) SELECT 1 FROM {outer}"
+    if shape == 3:
+        return f"SELECT 1 FROM {outer} WHERE EXISTS (SELECT 1 FROM {cte_body})"
+    if shape == 4:
+        return f"SELECT (SELECT count(*) FROM {cte_body}) FROM {outer}"
+    return f"SELECT 1 FROM {outer} UNION SELECT 2 FROM {cte_body}"
+
+
+def _engine_tables(path, sql):
+    """Tables the engine reads for `sql`, directly or through views (qualified), or None if it can't prepare it."""
+    events = []
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    conn.set_authorizer(lambda *event: events.append(event) or sqlite3.SQLITE_OK)
+    try:
+        conn.execute("EXPLAIN " + sql).fetchall()
+    except sqlite3.Error:
+        return None
+    finally:
+        conn.close()
+    views = {"pub", "pubsecret", "outer_view"}
+    return {f"{(e[3] or 'main').lower()}.{e[1].lower()}" for e in events
+            if e[0] == sqlite3.SQLITE_READ and e[1] and not e[1].startswith("sqlite_")
+            and (e[4] is None or e[4].lower() not in views)}
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(statements())
+def test_engine_reading_within_qags(db, sql):
+    engine = _engine_tables(db, sql)
+    if engine is None:
+        return
+    acc = table_policy.access(sql, "sqlite", "main")
+    # None: uncheckable for qag, so refused (table_check_failed) before the engine is asked.
+    qag_tables = None if acc.failure is not None else set(acc.tables)
+    missed = engine - qag_tables if qag_tables is not None else set()
+    outcome = None
+    try:
+        run(db, sql, sorted(GRANTS))
+    except QagError as error:
+        outcome = error.code
+    if qag_tables is not None:
+        # What the engine reads directly (not on behalf of a view) is a subset of what qag reads, or a table
+        # qag missed (SQLite reports the table under a flattened view) is refused by the engine.
+        assert not (missed - GRANTS) or outcome == "table_not_allowed", (sql, missed)
+        # A key granted exactly what qag read: whatever else the engine reads directly, it refuses.
+        try:
+            run(db, sql, sorted(qag_tables))
+        except QagError as error:
+            assert error.code in ("table_not_allowed", "query_failed"), (sql, error.code)
+        else:
+            # Allowed: every table qag missed lies under a granted view the statement reads.
+            under = set()
+            for view in qag_tables:
+                under |= {f"{(r[2] or 'main')}.{r[0]}" for r in reads(record(db, f"SELECT * FROM {view}"))}
+            assert missed <= under, (sql, missed)
+    # The engine's own verdict: anything read outside the grants (directly) is refused by it.
+    direct = engine - GRANTS
+    if direct:
+        assert outcome == "table_not_allowed", (sql, direct)
+
