@@ -31,7 +31,7 @@ _DENIED: dict[str, frozenset[str]] = {
         "nextval", "setval", "lastval", "sequence_next",
     )),
     "sqlite": frozenset((
-        "load_extension", "readfile", "writefile", "edit", "fts3_tokenizer", "sqlite_dbpage", "zipfile",
+        "load_extension", "sqlite_log", "readfile", "writefile", "edit", "fts3_tokenizer", "sqlite_dbpage", "zipfile",
         "sqlar_compress", "sqlar_uncompress", "fsdir", "lsmode",
     )),
 }
@@ -108,7 +108,8 @@ BUILTINS: dict[str, frozenset[str]] = {
     timediff json json_array json_array_length json_extract json_insert json_object json_patch json_remove
     json_replace json_set json_type json_valid json_quote json_group_array json_group_object jsonb
     jsonb_array jsonb_extract jsonb_insert jsonb_object jsonb_patch jsonb_remove jsonb_replace jsonb_set
-    json_error_position json_pretty trunc octet_length unhex concat_ws string_agg
+    json_error_position json_pretty trunc octet_length unhex concat_ws string_agg acosh asinh atanh cosh sinh
+    tanh subtype sqlite_source_id sqlite_compileoption_get sqlite_compileoption_used
     """.split()),
 }
 
