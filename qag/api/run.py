@@ -329,6 +329,22 @@ class RunHandlers:
         table_policy.verdict(acc, dialect, schema, grants.allowed_tables, grants.allowed_functions)
         return schema, table_policy.qualified_grants(grants.allowed_tables, schema)
 
+    def _statement(self, plan: Plan) -> tuple:
+        """(prepared statement, values, qag's own functions) to render: the caller's, or for a masked call the
+        statement whose masked tables the engine reads through masked values (policy/_source_mask), with the
+        hash key's pads bound as values."""
+        source = plan.mask.source if plan.mask is not None else None
+        if source is None:
+            return plan.prepared, plan.values, ()
+        prepared = prepare(source.sql, plan.prepared.dialect, text_placeholders=plan.query is not None)
+        values = plan.values
+        functions = ()
+        if prepared.dialect == "sqlite":
+            functions = masking.source_functions(self.masking.hasher())
+        elif source.hashes:
+            values = {**values, **self.masking.hasher().pads}
+        return prepared, values, functions
+
     @staticmethod
     def _connection(name: str, row: dict | None) -> dict:
         if row is None:
@@ -393,16 +409,18 @@ class RunHandlers:
         offset = (plan.page - 1) * plan.size
         if timing is not None:
             mark = time.perf_counter()
-        rendered = render(plan.prepared, plan.values, backend.style, plan.size + 1, offset)
+        prepared, values, functions = self._statement(plan)
+        rendered = render(prepared, values, backend.style, plan.size + 1, offset)
         if timing is not None:
             timing["bind"] = timing.get("bind", 0.0) + time.perf_counter() - mark
         # Windowed: LIMIT/OFFSET are in the SQL (clamped to the author's own limit); otherwise skip and slice.
         skip = 0 if rendered.windowed else offset
-        call = Call(rendered.sql, rendered.args, plan.read_only, plan.timeout, plan.size + 1, skip)
+        call = Call(rendered.sql, rendered.args, plan.read_only, plan.timeout, plan.size + 1, skip,
+                    functions=functions)
         if skip or not rendered.windowed:
             # A query whose window isn't in its SQL (a compound or parenthesised SELECT on PostgreSQL): the
             # engine pages it with a cursor when it can, so the driver never buffers more than the page.
-            reading = plan.prepared.reading
+            reading = prepared.reading
             call.cursor = reading is not None and reading.query
         _pin_names(call, plan, restricted, fields)
         try:
@@ -438,8 +456,9 @@ class RunHandlers:
         cap = self.settings.stream_max_rows
         if not caller.admin and caller.grants.max_rows:
             cap = min(cap, int(caller.grants.max_rows)) if cap else int(caller.grants.max_rows)
-        rendered = render(plan.prepared, plan.values, backend.style, None, 0)
-        call = Call(rendered.sql, rendered.args, True, plan.timeout, 0)
+        prepared, values, functions = self._statement(plan)
+        rendered = render(prepared, values, backend.style, None, 0)
+        call = Call(rendered.sql, rendered.args, True, plan.timeout, 0, functions=functions)
         _pin_names(call, plan, restricted, fields)
         try:
             columns, batches = backend.stream(fields, call, _STREAM_BATCH, cap)

@@ -25,6 +25,9 @@ class Call:
     # The statement is a query the engine can page itself (PostgreSQL: a cursor moved `skip` and fetched `fetch`
     # rows), for a page whose window isn't in the SQL: the driver never buffers more than the page.
     cursor: bool = False
+    # qag's own one-argument functions the statement calls (SQLite: masking at the source registers them on the
+    # call's connection, and its authorizer allows them): (name, function) pairs.
+    functions: tuple = ()
 
 
 @dataclass(slots=True)

@@ -111,11 +111,13 @@ class _Authorizer:
       view.
     """
 
-    __slots__ = ("read_only", "grants", "tables", "functions", "actions", "expanded", "via", "refused", "refusal")
+    __slots__ = ("read_only", "grants", "own", "tables", "functions", "actions", "expanded", "via", "refused",
+                 "refusal")
 
-    def __init__(self, read_only: bool, grants: frozenset | None):
+    def __init__(self, read_only: bool, grants: frozenset | None, own: frozenset = frozenset()):
         self.read_only = read_only
         self.grants = grants
+        self.own = own                          # qag's own functions registered for the call (masking)
         self.tables: set[str] = set()           # qualified tables read or written, directly or not
         self.functions: set[str] = set()
         self.actions: set[int] = set()
@@ -167,6 +169,8 @@ class _Authorizer:
         elif action == sqlite3.SQLITE_FUNCTION and arg2:
             name = arg2.lower()
             self.functions.add(name)
+            if name in self.own:
+                return sqlite3.SQLITE_OK
             if name in _DENIED_FUNCTIONS:
                 return self._deny("function_not_allowed" if self.grants is not None else "forbidden",
                                   f"The gateway never runs {name}() on SQLite")
@@ -265,7 +269,7 @@ def resolve_path(database: str | None, home: str, store_files: tuple[str, ...]) 
     return path
 
 
-def _open(path: str, read_only: bool, tables: frozenset | None = None):
+def _open(path: str, read_only: bool, tables: frozenset | None = None, functions: tuple = ()):
     if read_only:
         conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=10.0, isolation_level=None,
                                check_same_thread=False)
@@ -273,7 +277,9 @@ def _open(path: str, read_only: bool, tables: frozenset | None = None):
         conn = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
     for limit, value in _LIMITS:
         conn.setlimit(limit, value)
-    authorizer = _Authorizer(read_only, tables)
+    for name, function in functions:
+        conn.create_function(name, 1, function, deterministic=True)
+    authorizer = _Authorizer(read_only, tables, frozenset(name for name, _ in functions))
     conn.set_authorizer(authorizer)
     return conn, authorizer
 
@@ -328,7 +334,7 @@ def _failure(exc: Exception, authorizer, conn, deadline, timeout) -> QagError:
 def run(path: str, call: Call) -> Result:
     """Run one statement; read-only calls can't write even if the guard were bypassed (mode=ro, authorizer)."""
     try:
-        conn, authorizer = _open(path, call.read_only, call.tables)
+        conn, authorizer = _open(path, call.read_only, call.tables, call.functions)
     except sqlite3.Error as exc:
         raise connection_failed(str(exc)) from None
     deadline = None
@@ -398,7 +404,7 @@ def stream(path: str, call: Call, batch: int, cap: int | None):
     The file stays open while the caller iterates; the time limit covers the whole export.
     """
     try:
-        conn, authorizer = _open(path, True, call.tables)
+        conn, authorizer = _open(path, True, call.tables, call.functions)
     except sqlite3.Error as exc:
         raise connection_failed(str(exc)) from None
     timeout = call.timeout

@@ -50,18 +50,22 @@ class Output(NamedTuple):
 class Schema:
     """A connection's schema compiled for qualification: built once per schema read, shared read-only."""
 
-    __slots__ = ("mapping", "views", "default", "dialect", "generation")
+    __slots__ = ("mapping", "views", "default", "dialect", "generation", "columns")
 
     def __init__(self, raw: dict, dialect: str, default: str | None):
         from sqlglot.schema import MappingSchema  # noqa: PLC0415 - import cost only where masking is used
         nested: dict = {}
         views = set()
+        # (schema, table) lower-case → [(column, declared type)], for masking at the source (_source_mask)
+        self.columns: dict[tuple[str, str], list[tuple[str, str]]] = {}
         for table in raw.get("tables", ()):
             schema = str(table.get("schema") or default or "")
             columns = {str(c["name"]): "TEXT" for c in table.get("columns", ())}
             if not columns:
                 continue
             nested.setdefault(schema, {})[str(table["name"])] = columns
+            self.columns[(schema.lower(), str(table["name"]).lower())] = [
+                (str(c["name"]), str(c.get("type") or "")) for c in table.get("columns", ())]
             if table.get("type") == "view":
                 views.add((schema.lower(), str(table["name"]).lower()))
         self.dialect = DIALECTS[dialect]

@@ -23,7 +23,8 @@ from itertools import count
 
 from ..errors import QagError
 from ..sql import lexer
-from ._trace import DIALECTS, Schema, Unresolvable, trace
+from ._source_mask import IPAD, OPAD, SQLITE_HASH, SQLITE_MASK, SourceMask, rewrite
+from ._trace import DIALECTS, Schema, Source, Unresolvable, trace
 from .keyfields import MASK_ACTIONS
 
 RANK = {action: i for i, action in enumerate(MASK_ACTIONS)}   # lower is stricter
@@ -112,14 +113,18 @@ class Hasher:
     HMAC (RFC 2104) is computed from two SHA-256 states prepared once from the key: copying them per value costs
     less than half of what hmac.HMAC.copy() does."""
 
-    __slots__ = ("_inner", "_outer")
+    __slots__ = ("_inner", "_outer", "pads")
 
     def __init__(self, key: bytes):
         if len(key) > 64:   # SHA-256's block size: longer keys are hashed first (RFC 2104)
             key = hashlib.sha256(key).digest()
         key = key.ljust(64, b"\0")
-        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
-        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
+        inner, outer = bytes(b ^ 0x36 for b in key), bytes(b ^ 0x5C for b in key)
+        # The key XOR ipad and XOR opad, in hex: what an engine needs to compute the same HMAC (masking at the
+        # source), bound as values.
+        self.pads = {IPAD: inner.hex(), OPAD: outer.hex()}
+        self._inner = hashlib.sha256(inner)
+        self._outer = hashlib.sha256(outer)
 
     def __call__(self, value):
         if value is None:
@@ -148,27 +153,32 @@ def null_value(_value):
 
 # --- a plan for one traced statement and one rule set ----------------------------------------------------------
 class MaskPlan:
-    """What happens to each result column; apply() transforms a page or a stream batch."""
+    """What happens to each result column; rows() transforms a page or a stream batch.
 
-    __slots__ = ("width", "actions", "sources", "changed", "_keep", "_funcs", "_all_kept")
+    `source` (a SourceMask) is the statement rewritten so that the engine reads masked tables through masked
+    derived tables: then the values arrive masked, and rows() only drops the columns `drop` removes."""
 
-    def __init__(self, outputs, rules: tuple, hasher: Hasher):
+    __slots__ = ("width", "actions", "sources", "changed", "source", "_keep", "_funcs", "_all_kept")
+
+    def __init__(self, outputs, rules: tuple, hasher: Hasher, at_source: SourceMask | None = None):
         actions, sources = [], []
         for out in outputs:
             best, where = None, None
-            for source in sorted(out.sources):
-                action = source_action(source, rules)
+            for column in sorted(out.sources):
+                action = source_action(column, rules)
                 if action is not None and (best is None or RANK[action] < RANK[best]):
-                    best, where = action, source
+                    best, where = action, column
             actions.append(best)
             sources.append(None if where is None else f"{where.table}.{where.column}")
         self.width = len(outputs)
         self.actions = tuple(actions)
         self.sources = tuple(sources)
-        self.changed = any(a in CHANGING for a in actions)
+        self.changed = any(a in CHANGING for a in actions) or at_source is not None
+        self.source = at_source
         funcs = {"hash": hasher, "mask": mask_value, "null": null_value}
         self._keep = tuple(i for i, a in enumerate(actions) if a != "drop")
-        self._funcs = tuple((i, funcs[actions[i]]) for i in self._keep if actions[i] in funcs)
+        self._funcs = () if at_source is not None else \
+            tuple((i, funcs[actions[i]]) for i in self._keep if actions[i] in funcs)
         self._all_kept = len(self._keep) == self.width
 
     def check(self, columns) -> None:
@@ -180,7 +190,7 @@ class MaskPlan:
         return list(columns) if self._all_kept else [columns[i] for i in self._keep]
 
     def rows(self, rows: list) -> list:
-        if not self.changed:
+        if not self.changed or (self._all_kept and not self._funcs):
             return rows
         keep, funcs = self._keep, self._funcs
         out = []
@@ -273,7 +283,7 @@ class Masking:
             compiled = traced
         else:
             try:
-                compiled = MaskPlan(traced, rules, self.hasher())
+                compiled = MaskPlan(traced, rules, self.hasher(), _at_source(prepared, schema, rules))
             except Unresolvable as why:
                 compiled = _Refusal(str(why))
         with self._lock:
@@ -333,6 +343,28 @@ class Masking:
             while len(self._schemas) > SCHEMA_ENTRIES:
                 self._schemas.popitem(last=False)
         return schema
+
+
+def _at_source(prepared, schema: Schema, rules: tuple) -> SourceMask | None:
+    """The statement with each table that has a masked column read through masked values (_source_mask), or
+    None when it reads none. Raises Unresolvable where that can't be shown to cover the statement."""
+    def columns(schema_name: str, table: str):
+        return schema.columns.get((schema_name.lower(), table.lower()))
+
+    def action(schema_name: str, table: str, column: str):
+        return source_action(Source(schema_name, table, column, (schema_name, table) in schema.views), rules)
+
+    if any(name in (IPAD, OPAD) for name in prepared.bound_names):
+        raise Unresolvable(f"the placeholder names {IPAD} and {OPAD} are the gateway's own")
+    source = rewrite(prepared.sql, prepared.dialect, columns, action, schema.default)
+    if source is not None and prepared.write_ops:
+        raise Unresolvable("a write can't read a table with masked columns")
+    return source
+
+
+def source_functions(hasher: Hasher) -> tuple:
+    """SQLite: the functions a statement masked at the source calls, registered on its connection."""
+    return ((SQLITE_HASH, hasher), (SQLITE_MASK, mask_value))
 
 
 def _answer(compiled):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import msgspec
 
@@ -107,6 +108,30 @@ class _TooBig(Exception):
     pass
 
 
+class Reference(NamedTuple):
+    """One reference to a table in the text: its name parts as folded, where it starts, whether it has an alias."""
+
+    catalog: str
+    schema: str
+    name: str
+    location: int          # in bytes of the UTF-8 text, as the parser counts (-1 when it gives none)
+    aliased: bool
+
+
+def references(text: str) -> list[Reference] | None:
+    """Every reference to a table (not a CTE in scope) in a one-statement text, in no particular order; None when
+    the parser refuses the text or it holds more than one statement. Not cached: masking keeps what it builds."""
+    tree, _failure = _decode(text)
+    if tree is None or len(tree.get("stmts") or ()) != 1:
+        return None
+    walk = _Walk()
+    try:
+        walk.run(tree["stmts"][0].get("stmt") or {})
+    except _TooBig:
+        return None
+    return walk.references
+
+
 def _names(items) -> tuple[str, ...]:
     return tuple(item.get("String", {}).get("sval", "") for item in items or ())
 
@@ -130,6 +155,7 @@ class _Walk:
         self.ops: set[str] = set()
         self.kind_ops: set[str] = set()
         self.syntax: set[str] = set()
+        self.references: list[Reference] = []
         self.tables: set[tuple[str, str, str]] = set()
         self.table_functions: set[tuple[str, str]] = set()
         self.functions: set[tuple[str, str]] = set()
@@ -228,3 +254,4 @@ class _Walk:
         if not catalog and not schema and name in scope:
             return                      # a CTE in scope: names compare as folded, exactly as the server does
         self.tables.add((catalog, schema, name))
+        self.references.append(Reference(catalog, schema, name, fields.get("location", -1), bool(fields.get("alias"))))

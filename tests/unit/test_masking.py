@@ -6,6 +6,7 @@ import datetime
 import decimal
 import hashlib
 import hmac
+import sqlite3
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -13,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 from qag.errors import QagError
 from qag.policy import masking
 from qag.policy._trace import Schema, Unresolvable, trace
-from qag.sql.prepare import prepare
+from qag.sql.prepare import prepare, render
 
 RAW = {"tables": [
     {"name": "customers", "schema": "S", "type": "table",
@@ -181,8 +182,16 @@ def test_planner_caches_schema_and_plans_and_refuses_before_running():
     p1 = m.plan(rules, prepare("SELECT email FROM customers WHERE id = :id", "sqlite"), conn, backend, {})
     p2 = m.plan(rules, prepare("SELECT email FROM customers WHERE id = :id", "sqlite"), conn, backend, {})
     assert p1 is p2 and backend.reads == 1 and p1.actions == ("hash",)
-    assert p1.rows([("jane@example.com",)]) == [(hmac.new(b"k", b"jane@example.com",
-                                                         hashlib.sha256).hexdigest()[:16],)]
+    # The engine reads customers through masked values: the values arrive hashed, rows() leaves them be.
+    assert p1.source is not None and p1.source.tables == ("main.customers",)
+    engine = sqlite3.connect(":memory:")
+    engine.execute("CREATE TABLE customers (id, email, phone, secret, name)")
+    engine.execute("INSERT INTO customers VALUES (1, 'jane@example.com', '1', 's', 'Jane')")
+    for name, function in masking.source_functions(m.hasher()):
+        engine.create_function(name, 1, function, deterministic=True)
+    rendered = render(prepare(p1.source.sql, "sqlite"), {"id": 1}, "qmark")
+    rows = engine.execute(rendered.sql, rendered.args).fetchall()
+    assert p1.rows(rows) == rows == [(hmac.new(b"k", b"jane@example.com", hashlib.sha256).hexdigest()[:16],)]
     assert m.plan(rules, prepare("SHOW TABLES", "mysql"), conn, backend, {}) is None
     with pytest.raises(QagError) as info:
         m.plan(rules, prepare("SELECT version()", "sqlite"), conn, backend, {})

@@ -1,0 +1,272 @@
+"""Masking at the source: every table with a masked column is read through a derived table of masked values.
+
+For a caller with mask rules, each reference to a table that has a masked column is replaced, in the statement's
+own text, by `(SELECT <masked expressions> AS <original names> FROM <the reference>) <alias>`: no predicate, join,
+grouping, ordering, function, CTE, set operation, subquery or window of the statement can see the raw value,
+because the engine never gives it one. The rest of the text is left byte for byte as written.
+
+Where a reference starts and ends comes from the engine's reading: PostgreSQL's own parser (qag/sql/pgread) on
+PostgreSQL; sqlglot on MySQL/MariaDB and SQLite, cross-checked against qag's tokenizer (differential-tested
+against the server). The rewritten text is read again and every reference to a masked table must be one of the
+derived tables' own; anything that can't be shown to be covered is refused (Unresolvable: 403 mask_unresolvable).
+
+The masked values are computed by the engine as the contract defines them (docs/masking.md): `hash` is
+HMAC-SHA256 of the value's text, keyed like the post-processing hash — the key's two padded forms travel as bound
+values (`:qag_mask_ipad`, `:qag_mask_opad`, in hex), never in the statement's text; on SQLite the values go through the
+same Python functions, registered on the call's connection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlglot
+from sqlglot import exp
+
+from ..sql import lexer, pgread
+from ._trace import Unresolvable
+
+IPAD = "qag_mask_ipad"
+OPAD = "qag_mask_opad"
+SQLITE_HASH = "qag_mask_hash"
+SQLITE_MASK = "qag_mask_text"
+CHANGING = frozenset(("drop", "null", "mask", "hash"))
+_TEXT_TYPES = {
+    "postgres": ("text", "character varying", "character", "varchar", "char", "bpchar", "citext", "name"),
+    "mysql": ("char", "varchar", "text", "tinytext", "mediumtext", "longtext", "enum", "set"),
+}
+_SQLGLOT = {"mysql": "mysql", "sqlite": "sqlite"}
+
+
+@dataclass(frozen=True, slots=True)
+class SourceMask:
+    """A statement whose masked tables are read through masked derived tables."""
+
+    sql: str                        # to prepare and render in place of the caller's statement
+    hashes: bool                    # it computes `hash`: the key's pads are bound as IPAD/OPAD (SQLite: functions)
+    tables: tuple[str, ...]         # schema.table of the tables read masked
+
+
+def rewrite(sql: str, dialect: str, table_columns, rules_action, default_schema: str | None) -> SourceMask | None:
+    """The statement with each masked table read through a derived table of masked values; None when it reads no
+    table with a masked column. `table_columns(schema, table)` gives [(name, type)] (None: unknown table);
+    `rules_action(schema, table, column)` the strictest action of the rules for a column (None: no rule)."""
+    spans = _references(sql, dialect)
+    plans = []
+    for start, end, schema, table, aliased, cte_named in spans:
+        real_schema = (schema or default_schema or "")
+        columns = table_columns(real_schema, table)
+        if columns is None:
+            continue                 # not a table the schema lists (the trace refuses what it can't resolve)
+        actions = [(name, ctype, rules_action(real_schema.lower(), table.lower(), name.lower()))
+                   for name, ctype in columns]
+        if not any(action in CHANGING for _, _, action in actions):
+            continue
+        if cte_named:
+            # sqlglot doesn't scope CTEs as the engine does: a CTE named like a masked table is refused.
+            raise Unresolvable(f"a CTE is named like the masked table {table}")
+        plans.append((start, end, real_schema, table, aliased, actions))
+    if not plans:
+        return None
+    out = []
+    position = 0
+    hashes = False
+    for start, end, schema, table, aliased, actions in sorted(plans):
+        if start < position:
+            raise Unresolvable("two table references overlap")
+        expressions = []
+        for name, ctype, action in actions:
+            expressions.append(_masked(dialect, _quote(dialect, name), ctype, action) + " AS " + _quote(dialect, name))
+            hashes = hashes or action == "hash"
+        derived = "(SELECT " + ", ".join(expressions) + " FROM " + sql[start:end] + ")"
+        if not aliased:
+            derived += " AS " + _quote(dialect, table)
+        out.append(sql[position:start])
+        out.append(derived)
+        position = end
+    out.append(sql[position:])
+    text = "".join(out)
+    masked = {(schema.lower(), table.lower()) for _, _, schema, table, _, _ in plans}
+    _verify(text, dialect, masked, len(plans), default_schema)
+    return SourceMask(text, hashes, tuple(sorted(f"{s}.{t}" for s, t in masked)))
+
+
+# ------------------------------------------------------------------------------------------- finding references
+
+def _placeholders_blanked(sql: str, dialect: str, blank_comments: bool) -> str:
+    """The text with every placeholder (and, for sqlglot, every comment) replaced by text of the same length, so
+    positions found in it are positions in `sql`."""
+    out = []
+    for token in lexer.tokenize(sql, dialect):
+        piece = sql[token.start:token.end]
+        if token.kind in (lexer.PARAM, lexer.TEXT):
+            out.append(("$1" if dialect == "postgres" else "0").ljust(len(piece)))
+        elif token.kind == lexer.COMMENT and blank_comments:
+            out.append("".join(c if c == "\n" else " " for c in piece))
+        elif token.kind in (lexer.XCOMMENT, lexer.BAD):
+            raise Unresolvable("the statement can't be read the way the engine runs it")
+        else:
+            out.append(piece)
+    return "".join(out)
+
+
+def _references(sql: str, dialect: str) -> list[tuple[int, int, str, str, bool, bool]]:
+    """(start, end, schema as written or '', table, has an alias, named like a CTE of the statement) of every
+    table reference, as the engine reads it (PostgreSQL: CTEs in scope are not table references at all)."""
+    if dialect == "postgres":
+        return _postgres_references(sql)
+    return _sqlglot_references(sql, dialect)
+
+
+def _postgres_references(sql: str) -> list:
+    text = _placeholders_blanked(sql, "postgres", blank_comments=False)
+    refs = pgread.references(text)
+    if refs is None:
+        raise Unresolvable("the statement can't be read as one statement")
+    encoded = text.encode("utf-8")
+    out = []
+    for ref in refs:
+        if ref.location < 0:
+            raise Unresolvable("a table reference without a position")
+        start = len(encoded[:ref.location].decode("utf-8", "strict"))
+        end = _name_end(text, start, [p for p in (ref.catalog, ref.schema, ref.name) if p])
+        out.append((start, end, ref.schema, ref.name, ref.aliased, False))
+    return out
+
+
+def _name_end(text: str, start: int, parts: list[str]) -> int:
+    """The end of the dotted name at `start` whose parts fold to `parts` (PostgreSQL's folding), or Unresolvable."""
+    position = start
+    for i, part in enumerate(parts):
+        if i:
+            while position < len(text) and text[position] in " \t\r\n":
+                position += 1
+            if text[position:position + 1] != ".":
+                raise Unresolvable("a table name that isn't where the parser put it")
+            position += 1
+            while position < len(text) and text[position] in " \t\r\n":
+                position += 1
+        if text[position:position + 1] == '"':
+            close = position + 1
+            while True:
+                close = text.find('"', close)
+                if close < 0:
+                    raise Unresolvable("an unterminated quoted name")
+                if text[close + 1:close + 2] == '"':
+                    close += 2
+                    continue
+                break
+            word = text[position + 1:close].replace('""', '"')
+            position = close + 1
+        else:
+            end = position
+            while end < len(text) and (text[end].isalnum() or text[end] in "_$"):
+                end += 1
+            word = text[position:end].lower()
+            position = end
+        if word != part:
+            raise Unresolvable("a table name that isn't where the parser put it")
+    return position
+
+
+def _sqlglot_references(sql: str, dialect: str) -> list:
+    text = _placeholders_blanked(sql, dialect, blank_comments=True)
+    try:
+        trees = [t for t in sqlglot.parse(text, read=_SQLGLOT[dialect]) if t is not None]
+    except Exception:  # noqa: BLE001 - sqlglot's ParseError/TokenError: a text it can't read is refused
+        raise Unresolvable("the statement can't be read") from None
+    if len(trees) != 1:
+        raise Unresolvable("it isn't a single statement")
+    tree = trees[0]
+    ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
+    tokens = {t.start: t for t in lexer.tokenize(sql, dialect)}
+    out = []
+    for table in tree.find_all(exp.Table):
+        name = table.this
+        if not isinstance(name, exp.Identifier):
+            continue                 # a table function: the trace refuses those for masked callers
+        cte_named = table.args.get("db") is None and name.name.lower() in ctes
+        parts = [table.args.get(k) for k in ("catalog", "db")] + [name]
+        parts = [p for p in parts if p is not None]
+        if not all(isinstance(p, exp.Identifier) and "start" in p.meta for p in parts):
+            raise Unresolvable("a table name without a position")
+        start, end = parts[0].meta["start"], parts[-1].meta["end"] + 1
+        # qag's tokenizer must see the same name there: words, quoted names and dots only, token-aligned.
+        position = start
+        while position < end:
+            token = tokens.get(position)
+            if token is None or token.kind not in (lexer.WORD, lexer.QIDENT, lexer.PUNCT, lexer.WS) or \
+                    (token.kind == lexer.PUNCT and token.value != "."):
+                raise Unresolvable("a table name the readers don't agree on")
+            position = token.end
+        if position != end:
+            raise Unresolvable("a table name the readers don't agree on")
+        schema = table.args.get("db")
+        out.append((start, end, schema.name if schema is not None else "", name.name, bool(table.alias), cte_named))
+    return out
+
+
+def _verify(text: str, dialect: str, masked: set, derived: int, default_schema: str | None) -> None:
+    """Read the rewritten text again: every reference to a masked table must be a derived table's own."""
+    found = 0
+    for _start, _end, schema, table, _aliased, cte_named in _references(text, dialect):
+        if not cte_named and ((schema or default_schema or "").lower(), table.lower()) in masked:
+            found += 1
+    if found != derived:
+        raise Unresolvable("a masked table is read where masking can't be shown to cover it")
+
+
+# ------------------------------------------------------------------------------------------- masked values
+
+def _quote(dialect: str, name: str) -> str:
+    if dialect == "mysql":
+        return "`" + name.replace("`", "``") + "`"
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _textual(dialect: str, ctype: str) -> bool:
+    base = (ctype or "").lower().split("(")[0].strip()
+    return base in _TEXT_TYPES.get(dialect, ())
+
+
+def _masked(dialect: str, column: str, ctype: str, action: str | None) -> str:
+    """The engine's expression for one column under one action (docs/masking.md's definitions)."""
+    if action not in CHANGING:
+        return column
+    if dialect == "sqlite":
+        if action == "hash":
+            return f"{SQLITE_HASH}({column})"
+        return f"{SQLITE_MASK}({column})" if action == "mask" else "NULL"
+    if dialect == "postgres":
+        return _postgres_masked(column, ctype, action)
+    return _mysql_masked(column, ctype, action)
+
+
+def _postgres_masked(c: str, ctype: str, action: str) -> str:
+    if action in ("null", "drop"):
+        return f"CAST(NULL AS {ctype})" if ctype and ctype != "USER-DEFINED" else "NULL"
+    if action == "hash":
+        inner = f"pg_catalog.sha256(pg_catalog.decode(:{IPAD}, 'hex') || pg_catalog.convert_to({c}::text, 'UTF8'))"
+        return (f"CASE WHEN {c} IS NULL THEN NULL ELSE pg_catalog.substr(pg_catalog.encode("
+                f"pg_catalog.sha256(pg_catalog.decode(:{OPAD}, 'hex') || {inner}), 'hex'), 1, 16) END")
+    if not _textual("postgres", ctype):
+        return "CAST(NULL AS text)"
+    t = f"{c}::text"
+    return (f"CASE WHEN {c} IS NULL OR pg_catalog.length({t}) = 0 THEN NULL "
+            f"WHEN pg_catalog.strpos({t}, '@') > 0 THEN pg_catalog.left(pg_catalog.split_part({t}, '@', 1), 1) "
+            f"|| '***@' || pg_catalog.substr({t}, pg_catalog.strpos({t}, '@') + 1) "
+            f"ELSE pg_catalog.left({t}, 1) || pg_catalog.repeat('*', GREATEST(3, pg_catalog.length({t}) - 1)) END")
+
+
+def _mysql_masked(c: str, ctype: str, action: str) -> str:
+    if action in ("null", "drop"):
+        return "NULL"
+    if action == "hash":
+        inner = f"UNHEX(SHA2(CONCAT(UNHEX(:{IPAD}), CONVERT(CAST({c} AS CHAR) USING utf8mb4)), 256))"
+        return f"IF({c} IS NULL, NULL, LEFT(SHA2(CONCAT(UNHEX(:{OPAD}), {inner}), 256), 16))"
+    if not _textual("mysql", ctype):
+        return "NULL"
+    return (f"CASE WHEN {c} IS NULL OR CHAR_LENGTH({c}) = 0 THEN NULL "
+            f"WHEN LOCATE('@', {c}) > 0 THEN CONCAT(LEFT(SUBSTRING_INDEX({c}, '@', 1), 1), '***@', "
+            f"SUBSTRING({c}, LOCATE('@', {c}) + 1)) "
+            f"ELSE CONCAT(LEFT({c}, 1), REPEAT('*', GREATEST(3, CHAR_LENGTH({c}) - 1))) END")
