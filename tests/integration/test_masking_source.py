@@ -7,13 +7,15 @@ be identical byte for byte; the administrator's responses differ, so each statem
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
 
 from tests.server import Server
 from tests.services import make_mysql_database, make_pg_database, mysql_admin
+
+psycopg = pytest.importorskip("psycopg")
+from qag.backends.postgres import connect_args  # noqa: E402
 
 CASES = Path(__file__).resolve().parents[1] / "cases" / "masking" / "used_not_returned.tsv"
 RULES = [{"column": "customers.email", "action": "mask"}, {"column": "customers.secret", "action": "drop"}]
@@ -44,10 +46,10 @@ def _statements(people):
 
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory):
+def srv():
     cleanups = []
     s = Server()
-    schemas = {"sqlite": "main"}
+    s.mysql_databases = {}
     try:
         for side, people in PEOPLE.items():
             s.sqlite_db(f"src_{side}.db", ";\n".join(_statements(people)) + ";")
@@ -61,15 +63,11 @@ def srv(tmp_path_factory):
                 cur.execute(statement)
             admin.commit()
             admin.close()
-            schemas["mysql"] = None          # each side's own database: filled per connection below
             reply = s.post("/api/v1/connections", {"name": f"mysql_{side}", "db": "mysql", **fields})
             assert reply.status == 201, reply
-            s.mysql_databases = getattr(s, "mysql_databases", {})
             s.mysql_databases[side] = fields["database"]
             fields, cleanup = make_pg_database()
             cleanups.append(cleanup)
-            import psycopg
-            from qag.backends.postgres import connect_args
             with psycopg.connect(autocommit=True, **connect_args(fields)) as conn:
                 for statement in _statements(people):
                     conn.execute(statement)
