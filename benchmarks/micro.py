@@ -1,7 +1,9 @@
 """Micro-benchmark of the hot-path twins, pure and compiled side by side (python -m benchmarks.micro).
 
 rowjson: row encoding. tables: the table verdict (qag._speedups.tables.forbidden) of a statement's
-qualified tables against a key's qualified grants, for statements naming 1 to 100 tables.
+qualified tables against a key's qualified grants, for statements naming 1 to 100 tables. mask: what building a
+masked call's plan costs once per statement and rule set - the trace, and the rewrite that reads masked tables
+through masked values (qag/policy/_source_mask.py) - on the pgbench lookup and page.
 
 Each round times both twins on the same rows, in alternating order, and the table shows the median
 time per call over the rounds with its min-max range. Rows are shaped like a driver's: tuples of
@@ -64,10 +66,10 @@ def measure(twins: dict, columns: list[str], rows: list[tuple], encode, rounds: 
                          rounds)
 
 
-def measure_calls(calls: dict, rounds: int) -> dict[str, list[float]]:
-    """Per-call times of each call (same work, one per twin) over interleaved rounds."""
+def measure_calls(calls: dict, rounds: int, same_work: bool = True) -> dict[str, list[float]]:
+    """Per-call times of each call (same work, one per twin, unless same_work is False) over interleaved rounds."""
     outputs = {kind: call() for kind, call in calls.items()}
-    if len(set(outputs.values())) != 1:
+    if same_work and len(set(outputs.values())) != 1:
         raise SystemExit("the twins disagree on these rows: this benchmark only compares equal work")
     # About 20 ms of the slowest twin per round keeps timer noise small without long runs.
     slowest = max(time_call(call, 3) for call in calls.values())
@@ -158,6 +160,31 @@ def shmsync_main(rounds: int) -> None:
         fh.close()
 
 
+def mask_main(rounds: int) -> None:
+    """Microseconds to trace a masked statement, and to rewrite it for masking at the source (both once per
+    statement and rule set, then kept with the plan), per dialect, in alternating order."""
+    from qag.policy import masking
+    from qag.policy._trace import Schema, trace
+    from qag.sql.prepare import prepare
+
+    columns = [{"name": n, "type": t} for n, t in (("aid", "integer"), ("bid", "integer"), ("abalance", "integer"),
+                                                    ("filler", "character(84)"))]
+    rules = masking.effective([{"column": "pgbench_accounts.filler", "action": "mask"}])
+    statements = {"lookup": "SELECT aid, bid, abalance, filler FROM pgbench_accounts WHERE aid = :aid",
+                  "page": "SELECT aid, bid, abalance, filler FROM pgbench_accounts WHERE aid >= :aid ORDER BY aid "
+                          "LIMIT 100"}
+    print(f"{'dialect':9} {'statement':9} {'trace us':>26} {'rewrite us':>26}")
+    for dialect, default in (("postgres", "public"), ("mysql", "bench"), ("sqlite", "main")):
+        schema = Schema({"tables": [{"name": "pgbench_accounts", "schema": default, "type": "table",
+                                     "columns": columns}]}, dialect, default)
+        for label, sql in statements.items():
+            prepared = prepare(sql, dialect)
+            times = measure_calls({"trace": lambda: trace(masking.traceable_sql(prepared), schema),
+                                   "rewrite": lambda: masking._at_source(prepared, schema, rules)}, rounds,
+                                  same_work=False)
+            print(f"{dialect:9} {label:9} {summary(times['trace']):>26} {summary(times['rewrite']):>26}", flush=True)
+
+
 def summary(values: list[float]) -> str:
     return f"{statistics.median(values):9.2f} [{min(values):.2f}-{max(values):.2f}]"
 
@@ -167,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds per case (default 15)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="typical", help="row shape (default typical)")
     parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated: json,ndjson,csv")
-    parser.add_argument("--module", choices=("rowjson", "tables", "shmsync", "all"), default="all",
+    parser.add_argument("--module", choices=("rowjson", "tables", "shmsync", "mask", "all"), default="all",
                         help="which twins to time (default all)")
     args = parser.parse_args(argv)
     if args.module in ("tables", "all"):
@@ -176,6 +203,14 @@ def main(argv: list[str] | None = None) -> int:
               f"microseconds per call, median [min-max] of {args.rounds} interleaved rounds")
         tables_main(args.rounds)
         if args.module == "tables":
+            return 0
+        print()
+    if args.module in ("mask", "all"):
+        print(f"python -m benchmarks.micro --module mask --rounds {args.rounds}")
+        print(f"Python {platform.python_version()} on {platform.machine()}; "
+              f"microseconds per call, median [min-max] of {args.rounds} interleaved rounds")
+        mask_main(args.rounds)
+        if args.module == "mask":
             return 0
         print()
     if args.module in ("shmsync", "all"):
