@@ -14,7 +14,7 @@ ERRORS: dict[str, tuple[int, str, str]] = {
     "param_required": (400, "Missing parameters", "only missing parameters"),
     "param_invalid": (400, "Invalid parameters", "a parameter violates a rule, bad value type, bad LIMIT/OFFSET parameter"),
     "value_too_large": (400, "A value is larger than the database allows", "SQLite: a value, LIKE/GLOB pattern or statement over SQLite's length limits (docs/security.md)"),
-    "value_invalid": (400, "The database can't use a value of this statement", "SQLite: invalid text, a NUL character in the statement, a number out of range, a type the engine refuses"),
+    "value_invalid": (400, "The database can't use a value of this statement", "the database refused a value for its type or range (bad input syntax, out of range, too long, division by zero), invalid text or a NUL in the statement (SQLite)"),
     "invalid_paging": (400, "page and page_size must be positive", "`page`/`page_size` < 1 or `page_size` > max"),
     "invalid_format": (400, "Unsupported format", "unknown `format`"),
     "invalid_timeout": (400, "timeout must be a positive number of seconds", "`timeout` not a positive finite number"),

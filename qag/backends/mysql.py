@@ -59,7 +59,7 @@ _UNREACHABLE_TEXT = ("could not connect", "connection refused", "timeout expired
                      "lost connection to mysql server", "server closed the connection unexpectedly",
                      "server has gone away")
 # The database refused a value for its column or function type, or text it can't store: the caller's 400
-# (param_invalid), never a 500. ER_WARN_DATA_OUT_OF_RANGE, WARN_DATA_TRUNCATED, ER_TRUNCATED_WRONG_VALUE,
+# (value_invalid, as on every dialect), never a 500. ER_WARN_DATA_OUT_OF_RANGE, WARN_DATA_TRUNCATED, ER_TRUNCATED_WRONG_VALUE,
 # ER_INVALID_CHARACTER_STRING, ER_TRUNCATED_WRONG_VALUE_FOR_FIELD, ER_ILLEGAL_VALUE_FOR_TYPE, ER_DATA_TOO_LONG,
 # ER_WRONG_VALUE_FOR_TYPE, ER_CANT_CREATE_GEOMETRY_OBJECT, ER_DATA_OUT_OF_RANGE, ER_BAD_DATA (MariaDB),
 # ER_BAD_NULL_ERROR, ER_INVALID_JSON_TEXT (MySQL), ER_INVALID_JSON_TEXT_IN_PARAM, CONSTRAINT ... failed (MariaDB).
@@ -169,7 +169,7 @@ def _own_text_removed(detail: str, sent: str | None, own: str | None) -> str:
 def mapped(exc: BaseException, timeout: float | None, password, sent: str | None = None,
            own: str | None = None) -> QagError:
     """The contract's error for a driver failure: timeout 504, unreachable 502, a value the database refuses
-    for its type or text that can't be encoded 400 param_invalid, anything else 500. `sent`/`own`: the
+    for its type 400 value_invalid, text that can't be encoded 400 param_invalid, anything else 500. `sent`/`own`: the
     statement as sent and as the caller wrote it (qag's additions are taken out of the detail)."""
     if isinstance(exc, UnicodeError):
         return QagError("param_invalid", _ENCODING_MESSAGE)
@@ -181,7 +181,7 @@ def mapped(exc: BaseException, timeout: float | None, password, sent: str | None
         return QagError("query_timeout", "The query exceeded the database server's own time limit and was cancelled")
     detail = _own_text_removed(_detail(exc, password), sent, own)
     if code in _VALUE_CODES:
-        return QagError("param_invalid", _VALUE_MESSAGE, detail=detail)
+        return QagError("value_invalid", _VALUE_MESSAGE, detail=detail)
     lowered = detail.lower()
     if (code in _UNREACHABLE_CODES or isinstance(exc, (MySQLdb.InterfaceError, OSError))
             or any(text in lowered for text in _UNREACHABLE_TEXT)):

@@ -232,7 +232,8 @@ def _own_lines(text: str, shift: int) -> str:
 
 def mapped(exc: BaseException, fields: dict, timeout: float | None, shift: int = 0) -> QagError:
     """The contract's error for a failure: cancelled 504, unreachable 502, the server's refusal of a write 403,
-    a value it refuses 400, a second statement 400, anything else it refuses 500."""
+    a value it refuses 400 value_invalid, a parameter it can't be sent 400 param_invalid, a second statement
+    400, anything else it refuses 500."""
     if isinstance(exc, QagError):
         return exc
     if isinstance(exc, _Gone):
@@ -249,7 +250,7 @@ def mapped(exc: BaseException, fields: dict, timeout: float | None, shift: int =
         if _MULTIPLE in text:
             return QagError("multiple_statements", "Only a single SQL statement can be executed at a time")
         if state.startswith("22"):               # data_exception: a value the database can't take
-            return QagError("param_invalid", "The database refused a value of this call", detail=text)
+            return QagError("value_invalid", "The database refused a value of this call", detail=text)
         return query_failed(text)
     if isinstance(exc, (UnicodeError, psycopg.DataError)) or (isinstance(exc, ValueError) and "NUL" in str(exc)):
         # A parameter value PostgreSQL can't hold: a NUL character or a lone surrogate.

@@ -301,7 +301,7 @@ def test_a_refused_login_is_502(server, db):
 def test_a_value_the_database_refuses_is_400(server, db, statement, values):
     body = json.dumps({"sql": statement, "connection_name": "my", "params": values}, ensure_ascii=True)
     r = server.request("POST", "/execute_sql", raw=body.encode(), headers={"Content-Type": "application/json"})
-    assert r.status == 400 and r.json["code"] == ("invalid_body" if values["v"] == "\ud800" else "param_invalid"), r
+    assert r.status == 400 and r.json["code"] == ("invalid_body" if values["v"] == "\ud800" else "value_invalid"), r
     assert b"SET STATEMENT" not in r.body and b"MAX_EXECUTION_TIME" not in r.body
     assert sql(server, "SELECT 1 AS one").json == [{"one": 1}]       # the next good request succeeds
 

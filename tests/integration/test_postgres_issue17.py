@@ -235,9 +235,9 @@ def test_http_pages_of_a_compound_query(http):
 
 def test_caller_errors_are_4xx_with_the_callers_own_text(backend, db):
     b = backend()
-    cases = [("SELECT 'abc'::int", (), "param_invalid", 400), ("SELECT 1 / 0", (), "param_invalid", 400),
-             ("INSERT INTO typed (d) VALUES ($1)", ("2024-02-31",), "param_invalid", 400),
-             ("INSERT INTO typed (n) VALUES ($1)", (12345.5,), "param_invalid", 400),
+    cases = [("SELECT 'abc'::int", (), "value_invalid", 400), ("SELECT 1 / 0", (), "value_invalid", 400),
+             ("INSERT INTO typed (d) VALUES ($1)", ("2024-02-31",), "value_invalid", 400),
+             ("INSERT INTO typed (n) VALUES ($1)", (12345.5,), "value_invalid", 400),
              ("SELECT $1::text", ("nul\x00byte",), "param_invalid", 400),
              ("SELECT $1::text", ("\ud800",), "param_invalid", 400)]
     for statement, args, code, status in cases:

@@ -68,8 +68,8 @@ def test_pool_key_covers_every_field_and_the_access_mode():
     ("57P01", "terminating connection due to administrator command", None, "connection_failed", 502),
     ("25006", "cannot execute INSERT in a read-only transaction", None, "read_only", 403),
     ("42601", "cannot insert multiple commands into a prepared statement", None, "multiple_statements", 400),
-    ("22P02", 'invalid input syntax for type integer: "abc"', None, "param_invalid", 400),
-    ("22012", "division by zero", None, "param_invalid", 400),
+    ("22P02", 'invalid input syntax for type integer: "abc"', None, "value_invalid", 400),
+    ("22012", "division by zero", None, "value_invalid", 400),
     ("42P01", 'relation "nope" does not exist', None, "query_failed", 500),
 ])
 def test_server_refusals_map_to_the_contracts_codes(state, text, timeout, code, status):
