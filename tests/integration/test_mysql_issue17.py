@@ -4,7 +4,6 @@ driver, no session state between callers, writes hidden in functions, bounded pa
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -12,7 +11,9 @@ import pytest
 from qag.backends.base import Call
 from qag.errors import QagError
 from qag.sql.prepare import prepare, render
+from tests import state_cases
 from tests.server import Server
+from tests.state_cases import check_probe
 from tests.services import make_mysql_database, mysql_admin
 
 MySQLdb = pytest.importorskip("MySQLdb")
@@ -21,7 +22,6 @@ from MySQLdb.constants import CLIENT  # noqa: E402
 from qag.backends import _mysql_schema  # noqa: E402
 from qag.backends.mysql import MysqlBackend, mapped  # noqa: E402
 
-STATE_CASES = Path(__file__).resolve().parents[1] / "cases" / "state" / "mysql.tsv"
 BIG = 100_000
 
 
@@ -154,14 +154,6 @@ def test_the_driver_refuses_a_second_statement_past_the_guard(db, read_only):
 # ------------------------------------------------------------------------------------------- session state (goal 4)
 
 
-def state_cases():
-    for line in STATE_CASES.read_text(encoding="utf-8").splitlines():
-        if not line.strip() or line.startswith("#"):
-            continue
-        name, setter_kind, setter, probe_kind, probe, expect = line.split("\t")
-        yield pytest.param(setter_kind, setter, probe_kind, probe, json.loads(expect), id=name)
-
-
 @pytest.fixture(scope="module")
 def state_server(db):
     server = _server(db, QAG_ALLOW_WRITES="1")
@@ -176,7 +168,7 @@ def state_server(db):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("setter_kind,setter,probe_kind,probe,expect", list(state_cases()))
+@pytest.mark.parametrize("setter_kind,setter,probe_kind,probe,expect", state_cases.cases("mysql"))
 def test_session_state_never_reaches_another_caller(state_server, db, setter_kind, setter, probe_kind, probe,
                                                     expect):
     if "seq" in setter and not db.mariadb:
@@ -184,21 +176,7 @@ def test_session_state_never_reaches_another_caller(state_server, db, setter_kin
     server, keys = state_server
     r = sql(server, setter, key=keys[setter_kind][0])
     assert r.status == 200, r
-    r = sql(server, probe, key=keys[probe_kind][1])
-    if "error" in expect:
-        assert r.status >= 400 and r.json["code"] == expect["error"], r
-        return
-    assert r.status == 200, r
-    if "absent" in expect:
-        assert expect["absent"].encode() not in r.body, r
-    elif "rows" in expect:
-        assert len(r.json) == expect["rows"], r
-    else:
-        value = next(iter(r.json[0].values())) if r.json else None
-        if "value" in expect:
-            assert value == expect["value"], r
-        else:
-            assert value != expect["not"], r
+    check_probe(sql(server, probe, key=keys[probe_kind][1]), expect)
     assert admin_value("SELECT IS_USED_LOCK('qag_state_lock')") is None
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -23,10 +22,11 @@ from qag.backends import postgres as pg  # noqa: E402
 from qag.backends.base import Call  # noqa: E402
 from qag.errors import QagError  # noqa: E402
 from qag.sql import pgread  # noqa: E402
+from tests import state_cases  # noqa: E402
 from tests.server import Server  # noqa: E402
-from tests.services import make_pg_database, pg_admin  # noqa: E402
+from tests.state_cases import check_probe  # noqa: E402
+from tests.services import make_pg_database  # noqa: E402
 
-STATE_CASES = Path(__file__).resolve().parents[1] / "cases" / "state" / "postgres.tsv"
 BIG = 100_000
 
 
@@ -139,14 +139,6 @@ def test_writing_functions_are_refused_for_a_read_only_key_and_run_for_a_writer(
 # ------------------------------------------------------------------------------------------- session state
 
 
-def state_cases():
-    for line in STATE_CASES.read_text(encoding="utf-8").splitlines():
-        if not line.strip() or line.startswith("#"):
-            continue
-        name, setter_kind, setter, probe_kind, probe, expect = line.split("\t")
-        yield pytest.param(setter_kind, setter, probe_kind, probe, json.loads(expect), id=name)
-
-
 def sql(server: Server, statement: str, key="admin", **body):
     return server.post("/execute_sql", {"sql": statement, "connection_name": "pg", **body}, key=key)
 
@@ -173,7 +165,7 @@ def http(db):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("setter_kind,setter,probe_kind,probe,expect", list(state_cases()))
+@pytest.mark.parametrize("setter_kind,setter,probe_kind,probe,expect", state_cases.cases("postgres"))
 def test_session_state_never_reaches_another_caller(http, setter_kind, setter, probe_kind, probe, expect):
     server, keys = http
     pid = sql(server, "SELECT pg_backend_pid() AS pid", key=keys[setter_kind][0]).json[0]["pid"]
@@ -182,19 +174,7 @@ def test_session_state_never_reaches_another_caller(http, setter_kind, setter, p
     # The state is undone on the same pooled connection (the reset), unless the case closes it.
     after = sql(server, "SELECT pg_backend_pid() AS pid", key=keys[probe_kind][1]).json[0]["pid"]
     assert (after != pid) if expect.get("closed") else (after == pid)
-    r = sql(server, probe, key=keys[probe_kind][1])
-    if "error" in expect:
-        assert r.status >= 400 and r.json["code"] == expect["error"], r
-    else:
-        assert r.status == 200, r
-        if "rows" in expect:
-            assert len(r.json) == expect["rows"], r
-        else:
-            value = next(iter(r.json[0].values()))
-            if "value" in expect:
-                assert value == expect["value"], r
-            else:
-                assert value != expect["not"], r
+    check_probe(sql(server, probe, key=keys[probe_kind][1]), expect)
 
 
 # ------------------------------------------------------------------------------------------- bounded pages

@@ -1,0 +1,39 @@
+"""The session-state corpora (tests/cases/state/<dialect>.tsv): reading the cases and judging a probe's reply."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+FOLDER = Path(__file__).resolve().parent / "cases" / "state"
+
+
+def cases(dialect: str) -> list:
+    """pytest params (setter kind, setter SQL, probe kind, probe SQL, expectation) of one dialect's corpus."""
+    out = []
+    for line in (FOLDER / f"{dialect}.tsv").read_text(encoding="utf-8").splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        name, setter_kind, setter, probe_kind, probe, expect = line.split("\t")
+        out.append(pytest.param(setter_kind, setter, probe_kind, probe, json.loads(expect), id=name))
+    return out
+
+
+def check_probe(reply, expect: dict) -> None:
+    """The probe saw none of the state: the expected error, or its first column as expected (see the corpora)."""
+    if "error" in expect:
+        assert reply.status >= 400 and reply.json["code"] == expect["error"], reply
+        return
+    assert reply.status == 200, reply
+    if "absent" in expect:
+        assert expect["absent"].encode() not in reply.body, reply
+    elif "rows" in expect:
+        assert len(reply.json) == expect["rows"], reply
+    else:
+        value = next(iter(reply.json[0].values())) if reply.json else None
+        if "value" in expect:
+            assert value == expect["value"], reply
+        else:
+            assert value != expect["not"], reply
