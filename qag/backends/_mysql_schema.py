@@ -50,6 +50,27 @@ def read(cursor, database: str) -> dict:
     return {"tables": tables, "truncated": truncated}
 
 
+def read_functions(cursor, database: str):
+    """functions.Catalog (issue 18) on a buffered qag cursor: stored functions of `database` and loadable
+    functions (mysql.func, when the connection's user may read it), lower-case. MySQL/MariaDB list no native
+    functions, so `builtins` is None (the hand-written list decides which names are built-ins)."""
+    from ..policy.functions import Catalog  # noqa: PLC0415
+    names: set[str] = set()
+    if database:
+        cursor.execute("SELECT ROUTINE_NAME FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = %s "
+                       "AND ROUTINE_TYPE = 'FUNCTION'", (database,))
+        names.update(str(row[0]).lower() for row in cursor.page(0, 0))
+        cursor.finish()
+    try:
+        cursor.execute("SELECT name FROM mysql.func")
+        names.update(str(row[0]).lower() for row in cursor.page(0, 0))
+        cursor.finish()
+    except Exception as exc:  # no SELECT on mysql.func: only an administrator can add loadable functions
+        if type(exc).__module__.split(".")[0] not in ("MySQLdb", "_mysql"):
+            raise
+    return Catalog(None, frozenset(names))
+
+
 class SchemaCache:
     """Schema reads by (settings, database): bounded, served for `ttl` seconds, read again in the background
     after `refresh_after`; clear() forgets everything (a connection changed)."""

@@ -64,3 +64,20 @@ def read_schema(backend, fields: dict, max_tables: int = SCHEMA_MAX_TABLES) -> d
                 name = ftable if fschema == table["schema"] else f"{fschema}.{ftable}"
                 column["foreign_key"] = {"table": name, "column": fcolumn}
     return {"tables": tables, "truncated": truncated}
+
+
+# Function names (issue 18): the built-ins initdb created in pg_catalog (oid below FirstNormalObjectId, 16384, so
+# never a function a user added to pg_catalog later), and the names of functions in the one other schema a
+# restricted or masked call's search_path holds (pg_catalog, "<schema>", pg_temp; PostgreSQL never searches
+# pg_temp for functions).
+_FUNCTIONS_SQL = """SELECT DISTINCT p.proname, n.nspname = 'pg_catalog' AND p.oid < 16384
+FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+WHERE n.nspname = 'pg_catalog' OR n.nspname = $1"""
+
+
+def read_functions(backend, fields: dict, schema: str):
+    """functions.Catalog for calls whose search_path is pg_catalog, "<schema>", pg_temp."""
+    from ..policy.functions import Catalog  # noqa: PLC0415
+    rows = backend.query_all(fields, _FUNCTIONS_SQL, (schema,)).rows
+    return Catalog(frozenset(name for name, own in rows if own),
+                   frozenset(name for name, own in rows if not own))

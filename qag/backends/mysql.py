@@ -522,6 +522,26 @@ class MysqlBackend(Backend):
         found = self._schemas.get((_ident(fields), name), lambda: self._read_schema(fields, name))
         return copy.deepcopy(found)
 
+    def functions(self, fields: dict, schema=None):
+        """policy.functions.Catalog for the connection's database (issue 18): the names of its stored functions
+        and of the server's loadable functions, which could answer an unqualified call; kept in the schema cache
+        (read once per connection settings, refreshed in the background)."""
+        name = str(fields.get("database") or "")
+        return self._schemas.get(("functions", _ident(fields), name), lambda: self._read_functions(fields, name))
+
+    def _read_functions(self, fields: dict, database: str):
+        key = (_ident(fields), True)
+        link = self._take(key, fields, True)
+        try:
+            found = schema_reader.read_functions(link.cursor, database)
+        except BaseException as exc:
+            self.pool.release(key, link, False)
+            if isinstance(exc, _DRIVER_ERRORS):
+                raise mapped(exc, None, fields.get("password")) from None
+            raise
+        self._give_back(key, link, True, "")
+        return found
+
     def close_idle(self) -> None:
         self.pool.close_idle()
         self._schemas.clear()

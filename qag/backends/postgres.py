@@ -55,7 +55,7 @@ from psycopg.adapt import PyFormat, Transformer
 from psycopg.types.string import TextLoader
 
 from ..errors import QagError
-from ._postgres_schema import SCHEMA_MAX_TABLES, read_schema
+from ._postgres_schema import SCHEMA_MAX_TABLES, read_functions, read_schema
 from .base import Backend, Call, Result, connection_failed, query_failed, timeout_error
 from .pool import Pool
 
@@ -653,7 +653,16 @@ class PostgresBackend(Backend):
         read-only), served stale for up to SCHEMA_TTL while a background thread reads it again."""
         if database is not None:
             fields = dict(fields, database=database)
-        key = pool_key(fields, True)
+        return self._cached(pool_key(fields, True), lambda: read_schema(self, fields))
+
+    def functions(self, fields: dict, schema: str):
+        """The function names a restricted or masked call's pinned search_path (pg_catalog, "<schema>",
+        pg_temp) can resolve to (policy.functions.Catalog), kept with the schemas: read once per connection
+        settings and schema, refreshed in the background like them."""
+        return self._cached(("functions", schema, pool_key(fields, True)),
+                            lambda: read_functions(self, fields, schema))
+
+    def _cached(self, key, load):
         now = time.monotonic()
         with self._schema_lock:
             entry = self._schemas.get(key)
@@ -663,18 +672,18 @@ class PostgresBackend(Backend):
                 if age < SCHEMA_TTL:
                     if age >= SCHEMA_REFRESH and key not in self._refreshing:
                         self._refreshing.add(key)
-                        threading.Thread(target=self._refresh, args=(key, fields, generation), daemon=True,
+                        threading.Thread(target=self._refresh, args=(key, load, generation), daemon=True,
                                          name="qag-pg-schema").start()
                     return entry[1]
-        schema = read_schema(self, fields)
-        self._remember(key, schema, now, generation)
-        return schema
+        value = load()
+        self._remember(key, value, now, generation)
+        return value
 
-    def _refresh(self, key, fields: dict, generation: int) -> None:
+    def _refresh(self, key, load, generation: int) -> None:
         try:
             started = time.monotonic()
-            schema = read_schema(self, fields)
-            self._remember(key, schema, started, generation)
+            value = load()
+            self._remember(key, value, started, generation)
         except Exception:  # the stale entry stays until it expires; the next reader then sees the error
             pass
         finally:

@@ -1,6 +1,9 @@
-"""Function policy for table-restricted keys: functions always denied, built-ins per dialect, pure generators."""
+"""Function policy for table-restricted and masked keys: functions always denied, side channels, built-ins per
+dialect (from the engine's catalog where it has one), pure generators."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 # Functions a table-restricted key may never call, whatever allowed_functions says: they read or write files,
 # reach other servers, run SQL given as text, sleep or take locks, change server or session state, or advance
@@ -34,6 +37,37 @@ _DENIED: dict[str, frozenset[str]] = {
         "load_extension", "sqlite_log", "readfile", "writefile", "edit", "fts3_tokenizer", "sqlite_dbpage", "zipfile",
         "sqlar_compress", "sqlar_uncompress", "fsdir", "lsmode",
     )),
+}
+
+# Side channels (issue 18): built-ins that show the server's settings, statistics, catalogs or other sessions'
+# activity, which can reveal values of tables a key may not read and of columns masked for it. Refused for
+# table-restricted and masked keys unless the key's allowed_functions names them (unlike _DENIED, a grant can
+# open them). Looked up like _DENIED.
+_SIDE_PREFIXES: dict[str, tuple[str, ...]] = {
+    # pg_stat_*: statistics and activity (pg_stat_get_activity, pg_stat_get_backend_*, counters per table);
+    # pg_get_*: catalog definitions and server internals (pg_get_viewdef, pg_get_functiondef, pg_get_expr,
+    # pg_get_backend_memory_contexts, pg_get_replication_slots, ...); pg_show_*: pg_settings' functions;
+    # pg_control_*: the control file; pg_relation_*: sizes and files of any table; WAL positions.
+    "postgres": ("pg_stat_", "pg_get_", "pg_show_", "pg_control_", "pg_relation_", "pg_current_wal_",
+                 "pg_last_wal_", "pg_last_xact_", "pg_walfile_", "pg_xact_", "pg_identify_object"),
+    "mysql": (),
+    "sqlite": (),
+}
+_SIDE: dict[str, frozenset[str]] = {
+    "postgres": frozenset((
+        "current_setting", "pg_hba_file_rules", "pg_ident_file_mappings", "pg_config", "pg_settings_get_flags",
+        "pg_current_logfile", "pg_lock_status", "pg_blocking_pids", "pg_safe_snapshot_blocking_pids",
+        "pg_prepared_xact", "pg_current_snapshot", "txid_current_snapshot", "txid_status", "pg_last_committed_xact",
+        "pg_mcv_list_items", "pg_sequence_last_value", "pg_sequence_parameters", "obj_description",
+        "col_description", "shobj_description", "pg_describe_object", "pg_tablespace_databases",
+        "pg_tablespace_location", "pg_filenode_relation", "pg_database_size", "pg_tablespace_size",
+        "pg_table_size", "pg_indexes_size", "pg_total_relation_size", "pg_notification_queue_usage",
+        "pg_available_extensions", "pg_available_extension_versions", "pg_cursor", "pg_prepared_statement",
+        "pg_timezone_names", "pg_timezone_abbrevs", "pg_partition_tree", "pg_partition_ancestors",
+        "pg_partition_root", "pg_event_trigger_ddl_commands", "pg_options_to_table",
+    )),
+    "mysql": frozenset(),
+    "sqlite": frozenset(),
 }
 
 # Table functions that produce rows from their arguments only: fine in FROM for a table-restricted key.
@@ -157,9 +191,69 @@ def denied(name: str, dialect: str) -> bool:
     return name in _DENIED.get(dialect, ()) or name.startswith(_DENIED_PREFIXES.get(dialect, ()))
 
 
+def side_channel(name: str, dialect: str) -> bool:
+    """Whether `name` (lower-case, unqualified) shows the server's settings, statistics, catalogs or activity:
+    refused for table-restricted and masked keys unless allowed_functions names it."""
+    return name in _SIDE.get(dialect, ()) or name.startswith(_SIDE_PREFIXES.get(dialect, ()))
+
+
 def builtin(name: str, dialect: str) -> bool:
-    """Whether `name` (lower-case, unqualified) is a known read-only built-in of the dialect."""
+    """Whether `name` (lower-case, unqualified) is a known read-only built-in of the dialect, by the hand-written
+    list (BUILTINS). The fallback where the engine's own catalog is not at hand: with a connection, PostgreSQL's
+    built-ins come from pg_proc and SQLite's from `pragma function_list` (see Catalog); MySQL/MariaDB have no
+    catalog of native functions, so the list stays, checked against the stored functions that could answer a
+    call of the same name."""
+    if dialect == "sqlite":
+        names = _sqlite_builtins()
+        if names is not None:
+            return name in names
     return name in BUILTINS.get(dialect, ())
+
+
+_SQLITE_BUILTINS: list = []
+
+
+def _sqlite_builtins() -> frozenset | None:
+    """The running SQLite library's built-ins (`pragma function_list`, builtin = 1, minus the functions that
+    change something), as the SQLite backend reads them; None if that can't be read (then BUILTINS)."""
+    if not _SQLITE_BUILTINS:
+        try:
+            from qag.backends.sqlite import builtin_functions  # noqa: PLC0415 - the backend owns the reading
+            names = builtin_functions()
+        except Exception:  # an SQLite library without pragma_function_list (before 3.30)
+            names = None
+        _SQLITE_BUILTINS.append(names)
+    return _SQLITE_BUILTINS[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """What the engine itself says about function names, for one connection (issue 18: functions allowed by
+    what a call resolves to, not by its name). Read once per connection and kept with the backend's schema
+    cache (qag/backends/_postgres_schema.read_functions, qag/backends/_mysql_schema.read_functions).
+
+    builtins: the engine's own functions, when it lists them (PostgreSQL: every name in pg_catalog from initdb,
+              oid < 16384, so no function a user put into pg_catalog later); None: the hand-written BUILTINS.
+    shadowed: names of functions an unqualified call could resolve to outside the engine's own (PostgreSQL: in
+              the schemas of the call's pinned search_path other than pg_catalog; MySQL/MariaDB: stored functions
+              of the connection's database and loadable functions). An unqualified call of such a name is
+              refused unless allowed_functions names it, whatever the engine's overload resolution would pick.
+    """
+
+    builtins: frozenset | None
+    shadowed: frozenset
+
+
+def allowed_builtin(schema: str, name: str, dialect: str, catalog: Catalog | None) -> bool:
+    """Whether a call of `name` (unqualified when schema is '', or qualified with the engine's own schema) is
+    one of the engine's own built-ins that no other function can answer."""
+    if catalog is None:
+        return builtin(name, dialect) or name in GENERATORS
+    if schema == "" and name in catalog.shadowed:
+        return False
+    if catalog.builtins is None:
+        return builtin(name, dialect) or name in GENERATORS
+    return name in catalog.builtins
 
 
 def denied_names(dialect: str) -> list[str]:
