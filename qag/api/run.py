@@ -308,15 +308,16 @@ class RunHandlers:
             return False
         return caller.admin or caller.grants.allowed_tables is None
 
-    @staticmethod
-    def _check_tables(plan: Plan, caller, fields: dict) -> tuple[str, frozenset] | None:
+    def _check_tables(self, plan: Plan, caller, fields: dict) -> tuple[str, frozenset] | None:
         """Contract 6.2 for a table-restricted key: raise its 403, or return (the default schema the
-        statement was checked with, the key's qualified grants) for the backend to enforce as well.
+        statement was checked with, the key's qualified grants) for the backend to enforce as well. A caller
+        with mask rules and no allowed_tables gets issue 18's checks (no catalogs, statistics, settings,
+        diagnostics or activity; functions by what they resolve to) and None.
 
         What the statement uses is computed once per prepared statement and default schema (kept on the
         Prepared, itself cached per SQL), so a warm call parses nothing."""
         grants = caller.grants
-        if caller.admin or grants.allowed_tables is None:
+        if caller.admin or (grants.allowed_tables is None and not plan.rules):
             return None
         prepared = plan.prepared
         dialect = prepared.dialect
@@ -326,8 +327,26 @@ class RunHandlers:
         if acc is None:
             acc = table_policy.access(prepared.sql, dialect, schema, text_placeholders=plan.query is not None)
             prepared._plans[key] = acc        # a race only computes the same analysis twice
-        table_policy.verdict(acc, dialect, schema, grants.allowed_tables, grants.allowed_functions)
+        restricted = grants.allowed_tables is not None
+        catalog = self._function_catalog(plan, fields, schema if restricted else None, acc)
+        if not restricted:
+            table_policy.masked_verdict(acc, dialect, grants.allowed_functions, catalog)
+            return None
+        table_policy.verdict(acc, dialect, schema, grants.allowed_tables, grants.allowed_functions, catalog)
         return schema, table_policy.qualified_grants(grants.allowed_tables, schema)
+
+    def _function_catalog(self, plan: Plan, fields: dict, schema: str | None, acc):
+        """The engine's facts about function names for this call (functions.Catalog), from the backend's schema
+        cache: PostgreSQL for the schema the call's search_path pins (a masked call's is masking's), MySQL for
+        the connection's database. None when the statement calls nothing to judge or the backend keeps none."""
+        if acc.failure is not None or not acc.calls:
+            return None
+        read = getattr(self.gateway.backends.get(plan.connection["db"]), "functions", None)
+        if read is None:
+            return None
+        if schema is None and plan.prepared.dialect == "postgres":
+            schema = masking.default_schema("postgres", fields, plan.database)
+        return read(fields, schema)
 
     def _statement(self, plan: Plan) -> tuple:
         """(prepared statement, values, qag's own functions) to render: the caller's, or for a masked call the

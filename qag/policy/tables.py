@@ -94,6 +94,14 @@ class Access:
     table_functions: tuple[str, ...]  # table functions that aren't pure generators (lower-case, as written)
     denied: tuple[str, ...]           # functions no restricted key may call
     user_functions: tuple[str, ...]   # functions that are not known built-ins (lower-case, qualified if written so)
+    # Calls whose verdict depends on what the engine resolves them to (issue 18), judged against the
+    # connection's functions.Catalog by verdict(): PostgreSQL: (schema, name) of calls unqualified or
+    # qualified pg_catalog; MySQL/MariaDB: ('', name) of every name written as a call, unqualified (any stored
+    # function of that name in the connection's database could answer it).
+    calls: tuple[tuple[str, str], ...] = ()
+    side: tuple[str, ...] = ()        # side-channel built-ins and MySQL @@variables read (functions.side_channel)
+    explain: bool = False             # EXPLAIN: the engine's estimates come from its statistics
+    describes: bool = False           # only describes tables' shapes (DESCRIBE t, SHOW TABLES, SHOW COLUMNS)
 
 
 # ------------------------------------------------------------------------------------------ statement text
@@ -199,6 +207,9 @@ class _Walk:
         self.table_functions: set[str] = set()
         self.functions: set[str] = set()          # lower-case, 'schema.name' when qualified, not typed built-ins
         self.denied: set[str] = set()
+        self.side: set[str] = set()               # side-channel built-ins, @@variables
+        self.calls: set[tuple[str, str]] = set()  # MySQL: every name written as an unqualified call
+        self.explain = False
         self.nodes = 0
 
     def run(self, root) -> None:
@@ -318,6 +329,8 @@ class _Walk:
         if any(functions.denied(n, self.dialect) for n in names):
             self.denied.add(name)
             return
+        if any(functions.side_channel(n, self.dialect) for n in names):
+            self.side.add(name)
         parent = node.parent
         if isinstance(parent, exp.Dot) and parent.expression is node:
             qualifier = _qualifier(parent)
@@ -369,6 +382,10 @@ def _analyse_reading(text: str, tokens: list, dialect: str, walk: _Walk) -> None
             elif t.value == ")":
                 depth -= 1
     start = _statement_start(sig, dialect)
+    if start:
+        walk.explain = True
+    if dialect == "mysql":
+        _mysql_calls(text, sig, walk)
     k = writes.first_word_index(sig, start)
     if k < 0:
         raise _Uncheckable("no statement after EXPLAIN")
@@ -397,6 +414,77 @@ def _analyse_reading(text: str, tokens: list, dialect: str, walk: _Walk) -> None
         raise _Uncheckable("nested too deep") from None
 
 
+_VARIABLE_SCOPES = frozenset(("global", "session", "local"))
+
+
+def _mysql_calls(text: str, sig: list, walk: _Walk) -> None:
+    """From the significant tokens: every name written as an unqualified call (a name, `quoted` or, under
+    ANSI_QUOTES, "quoted", then '(' - whatever the whitespace or comments between, as a stored function is
+    called), and every @@variable (server settings and diagnostics: @@version, @@global.x, @@warning_count).
+    Names that are keywords or tables in front of '(' only ever meet a stored function of the same name."""
+    n = len(sig)
+    for j, t in enumerate(sig):
+        kind = t.kind
+        if kind == PUNCT:
+            if t.value == "@" and j + 2 < n and sig[j + 1].kind == PUNCT and sig[j + 1].value == "@":
+                k = j + 2
+                if sig[k].kind == WORD and sig[k].value in _VARIABLE_SCOPES and k + 2 < n and \
+                        sig[k + 1].kind == PUNCT and sig[k + 1].value == ".":
+                    k += 2
+                part = sig[k]
+                name = part.value if part.kind == WORD else text[part.start + 1:part.end - 1].lower() \
+                    if part.kind in (QIDENT, STRING) else "?"
+                walk.side.add("@@" + name)
+            continue
+        if kind == WORD:
+            name = t.value
+        elif kind == QIDENT or (kind == STRING and text[t.start] == '"'):
+            name = text[t.start + 1:t.end - 1].lower()
+        else:
+            continue
+        if j + 1 < n and sig[j + 1].kind == PUNCT and sig[j + 1].value == "(" and \
+                not (j and sig[j - 1].kind == PUNCT and sig[j - 1].value == "."):
+            walk.calls.add(("", name))
+
+
+_DESCRIBING = frozenset(("full", "tables", "columns", "fields", "from", "in", "like"))
+
+
+def _describes(tokens: list) -> bool:
+    """Whether a statement only describes tables' shapes, the way a masked key may run it (issue 18): DESCRIBE /
+    DESC / MySQL's EXPLAIN of a table, SHOW [FULL] TABLES, SHOW [FULL] COLUMNS|FIELDS, with names and at most a
+    LIKE pattern - no parenthesis, operator or WHERE (SHOW ... WHERE takes any expression, a subquery too)."""
+    if any(t.kind in (BAD, SEMI, XCOMMENT) for t in tokens):
+        return False
+    sig = lexer.significant(tokens)
+    if not sig or sig[0].kind != WORD:
+        return False
+    first = sig[0].value
+    rest = sig[1:]
+    for t in rest:
+        if t.kind == PUNCT and t.value == ".":
+            continue
+        if t.kind not in (WORD, QIDENT, STRING):
+            return False
+    words = [t.value for t in rest if t.kind == WORD]
+    if first in ("describe", "desc", "explain"):
+        return 1 <= len(rest) <= 5 and not any(w in ("select", "with", "format", "extended", "partitions",
+                                                    "analyze", "for") for w in words)
+    if first != "show":
+        return False
+    if not words or words[0] not in ("tables", "columns", "fields", "full"):
+        return False
+    head = words[1] if words[0] == "full" and len(words) > 1 else words[0]
+    return head in ("tables", "columns", "fields") and not any(w in _NOT_DESCRIBING for w in words)
+
+
+# Words that make a SHOW more than a table's shape (a name spelled like one is refused too: stricter only).
+_NOT_DESCRIBING = frozenset(("where", "status", "index", "indexes", "keys", "variables", "warnings", "errors",
+                             "processlist", "grants", "create", "events", "triggers", "open", "engine", "engines",
+                             "profile", "profiles", "master", "slave", "binlog", "relaylog", "global", "session",
+                             "count", "plugins", "privileges", "table", "function", "procedure"))
+
+
 def _qualify(ref: tuple, default_schema: str) -> str:
     catalog, schema, name = ref
     if catalog:
@@ -414,8 +502,9 @@ def _catalog_reference(ref: tuple, dialect: str, default_schema: str) -> bool:
         # pg_catalog (every name in it starts with pg_) is searched before any schema for unqualified names.
         return schema.startswith("pg_") or (not ref[1] and name.startswith("pg_"))
     if dialect == "sqlite":
-        # pragma_* are eponymous virtual tables: readable without the parentheses of a table function.
-        return name in _SQLITE_CATALOG or name.startswith(("sqlite_", "pragma_"))
+        # pragma_* are eponymous virtual tables: readable without the parentheses of a table function; dbstat
+        # shows every table's pages and payload sizes.
+        return name in _SQLITE_CATALOG or name.startswith(("sqlite_", "pragma_")) or name == "dbstat"
     return False
 
 
@@ -438,6 +527,7 @@ def _access(sql: str, dialect: str, default_schema: str, exact: bool, text_place
         default_schema = default_schema.lower()
     if dialect == "postgres":
         return _postgres_access(sql, default_schema, text_placeholders)
+    tokens = None
     try:
         if len(sql) > MAX_SQL_CHARS:
             raise _Uncheckable("too long")
@@ -461,12 +551,12 @@ def _access(sql: str, dialect: str, default_schema: str, exact: bool, text_place
             if _catalog_reference(ref, dialect, default_schema):
                 raise _Uncheckable("a catalog table")
     except _Uncheckable as why:
-        return Access(str(why), (), (), (), ())
+        return Access(str(why), (), (), (), (), describes=_describes(tokens) if tokens else False)
     except RecursionError:
         return Access("nested too deep", (), (), (), ())
     tables = tuple(sorted({_qualify(r, default_schema) for r in walk.refs}))
     return Access(None, tables, tuple(sorted(walk.table_functions)), tuple(sorted(walk.denied)),
-                  tuple(sorted(walk.functions)))
+                  tuple(sorted(walk.functions)), tuple(sorted(walk.calls)), tuple(sorted(walk.side)), walk.explain)
 
 
 # PostgreSQL statement kinds whose tables can be checked (EXPLAIN is read as the statement it explains).
@@ -488,23 +578,36 @@ def _postgres_access(sql: str, default_schema: str, text_placeholders: bool) -> 
         if _catalog_reference(ref, "postgres", default_schema):
             return Access("a catalog table", (), (), (), ())
     denied: set[str] = set()
+    side: set[str] = set()
     table_functions: set[str] = set()
+    # Calls unqualified or qualified pg_catalog are judged by what they resolve to (verdict(), against the
+    # connection's catalog); a call qualified with any other schema is a user-defined function.
+    calls: set[tuple[str, str]] = set()
     for schema, name in reading.table_functions:
         if functions.denied(name, "postgres"):
             denied.add(name)
-        if schema or name not in functions.GENERATORS:
+        if schema in ("", "pg_catalog") and name in functions.GENERATORS:
+            calls.add((schema, name))
+        else:
             table_functions.add(f"{schema}.{name}" if schema else name)
     user: set[str] = set()
     for schema, name in reading.functions:
         if functions.denied(name, "postgres"):
             denied.add(name)
-        elif schema in ("", "pg_catalog") and (functions.builtin(name, "postgres") or name in functions.GENERATORS):
-            continue            # pg_catalog.f is the built-in f; search_path puts pg_catalog first anyway
+        elif schema not in ("", "pg_catalog"):
+            user.add(f"{schema}.{name}")
+        elif functions.side_channel(name, "postgres"):
+            side.add(name)
         else:
-            user.add(f"{schema}.{name}" if schema else name)
-    denied.update(name for name in reading.syntax_functions if functions.denied(name, "postgres"))
+            calls.add((schema, name))
+    for name in reading.syntax_functions:   # written pg_catalog.<name> by the parser itself
+        if functions.denied(name, "postgres"):
+            denied.add(name)
+        elif functions.side_channel(name, "postgres"):
+            side.add(name)
     tables = tuple(sorted({_qualify(ref, default_schema) for ref in reading.tables}))
-    return Access(None, tables, tuple(sorted(table_functions)), tuple(sorted(denied)), tuple(sorted(user)))
+    return Access(None, tables, tuple(sorted(table_functions)), tuple(sorted(denied)), tuple(sorted(user)),
+                  tuple(sorted(calls)), tuple(sorted(side)), reading.kind == "ExplainStmt")
 
 
 def qualified_grants(allowed_tables: frozenset, default_schema: str) -> frozenset:
@@ -526,13 +629,17 @@ def _table_message(grants: frozenset, forbidden: tuple[str, ...]) -> str:
             + ". Forbidden: " + ", ".join(forbidden) + ".")
 
 
-def verdict(acc: Access, dialect: str, default_schema: str, allowed_tables, allowed_functions=None) -> None:
-    """Raise the contract's 403 for a precomputed Access, or return None (allowed_tables None: unrestricted)."""
+def verdict(acc: Access, dialect: str, default_schema: str, allowed_tables, allowed_functions=None,
+            catalog: functions.Catalog | None = None) -> None:
+    """Raise the contract's 403 for a precomputed Access, or return None (allowed_tables None: unrestricted).
+
+    catalog: what the connection's engine says about function names (functions.Catalog); None where no catalog
+    is at hand (then the hand-written BUILTINS decide, and no shadowing function can be seen)."""
     if allowed_tables is None:
         return
     if acc.failure is not None:
         raise QagError("table_check_failed", CHECK_FAILED)
-    granted_functions = frozenset(f.lower() for f in allowed_functions) if allowed_functions else frozenset()
+    granted_functions = _granted(allowed_functions)
     for name in acc.table_functions:
         if name not in granted_functions:
             raise QagError("table_not_allowed", _TABLE_FUNCTION.format(name))
@@ -540,14 +647,80 @@ def verdict(acc: Access, dialect: str, default_schema: str, allowed_tables, allo
     forbidden = _speedups.get("tables").forbidden(acc.tables, grants)
     if forbidden:
         raise QagError("table_not_allowed", _table_message(grants, forbidden))
+    _functions_verdict(acc, dialect, granted_functions, catalog)
+
+
+def masked_verdict(acc: Access, dialect: str, allowed_functions=None,
+                   catalog: functions.Catalog | None = None) -> None:
+    """Issue 18 for a caller with mask rules and no allowed_tables: nothing that can show a masked value other
+    than through its masked row source - the engine's catalogs and statistics, EXPLAIN's estimates, settings,
+    diagnostics, activity (403 mask_unresolvable), and no function other than the engine's own built-ins unless
+    allowed_functions names it (403 function_not_allowed), as for a table-restricted key."""
+    if acc.failure is not None:
+        if acc.describes:
+            return              # a table's shape: names and types only, no value (SHOW TABLES, DESCRIBE t)
+        if acc.failure == "a catalog table":
+            raise QagError("mask_unresolvable", _MASKED_CATALOG)
+        raise QagError("mask_unresolvable", _MASKED_UNCHECKABLE)
+    if acc.explain:
+        raise QagError("mask_unresolvable", _MASKED_EXPLAIN)
+    granted_functions = _granted(allowed_functions)
+    for name in acc.table_functions:
+        if name not in granted_functions:
+            raise QagError("function_not_allowed", f"This API key may not call {name}(): it is not a known "
+                                                   f"built-in function and allowed_functions doesn't name it")
+    _functions_verdict(acc, dialect, granted_functions, catalog)
+
+
+_MASKED_CATALOG = ("This API key has masked columns, and this statement reads the server's catalog or statistics "
+                   "(which can show masked values), so it isn't allowed")
+_MASKED_UNCHECKABLE = ("This API key has masked columns, and this kind of statement can't be checked for what it "
+                       "reads (the server's settings, statistics, diagnostics and activity can show masked "
+                       "values), so it isn't allowed")
+_MASKED_EXPLAIN = ("This API key has masked columns, and EXPLAIN shows the engine's estimates, which come from "
+                   "its statistics of the raw values, so it isn't allowed")
+
+
+def _granted(allowed_functions) -> frozenset:
+    return frozenset(f.lower() for f in allowed_functions) if allowed_functions else frozenset()
+
+
+def _functions_verdict(acc: Access, dialect: str, granted: frozenset, catalog) -> None:
     if acc.denied:
         name = acc.denied[0]
         raise QagError("function_not_allowed", f"This API key may not call {name}(): it reaches outside the "
                                                f"allowed tables (files, locks, sequences, sessions or server state)")
+    for name in acc.side:
+        if name not in granted:
+            shown = name if name.startswith("@@") else name + "()"
+            raise QagError("function_not_allowed", f"This API key may not read {shown}: the server's settings, "
+                                                   f"statistics, catalogs and activity can show data it may not "
+                                                   f"see, and allowed_functions doesn't name it")
     for name in acc.user_functions:
-        if name not in granted_functions:
+        if name not in granted:
             raise QagError("function_not_allowed", f"This API key may not call {name}(): it is not a known "
                                                    f"built-in function and allowed_functions doesn't name it")
+    if dialect == "mysql":
+        # The walk decided built-ins by name; a stored function of the same name can answer an unqualified call
+        # where the server has no native function of that name (MariaDB 10.11: regexp_like, array_agg, ...).
+        if catalog is not None and acc.calls:
+            for _, name in acc.calls:
+                if name in catalog.shadowed and name not in granted:
+                    raise QagError("function_not_allowed", f"This API key may not call {name}(): a stored "
+                                   f"function of that name exists in the connection's database and could answer "
+                                   f"the call, and allowed_functions doesn't name it")
+        return
+    for schema, name in acc.calls:
+        if functions.allowed_builtin(schema, name, dialect, catalog):
+            continue
+        written = f"{schema}.{name}" if schema else name
+        if written in granted or name in granted:
+            continue
+        if catalog is not None and not schema and name in catalog.shadowed:
+            raise QagError("function_not_allowed", f"This API key may not call {name}(): a function of that name "
+                           f"outside pg_catalog could answer the call, and allowed_functions doesn't name it")
+        raise QagError("function_not_allowed", f"This API key may not call {written}(): it is not a known "
+                                               f"built-in function and allowed_functions doesn't name it")
 
 
 def check_tables(sql: str, dialect: str, default_schema: str, allowed_tables: list[str] | None,
