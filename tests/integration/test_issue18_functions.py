@@ -1,0 +1,177 @@
+"""Issue 18, items 2 and 3, through the real HTTP API against real SQLite, MariaDB and PostgreSQL.
+
+Item 3: functions are allowed by what they resolve to. The fixtures define user functions with built-in names in
+the connection's own schema (PostgreSQL `public.length(integer)`, `public.lower(anyelement)`,
+`public.json_each(text)`, and `other.peek()` in another schema; MariaDB stored `regexp_like`, `array_agg`,
+`lower`), each returning the secret `S3CRET` from a table no key is granted. Item 2: the engine's statistics,
+catalogs, diagnostics, settings and activity are refused to table-restricted and masked keys.
+
+Every case of a kind the engine really answers with the secret has a `plain` premise case (an unrestricted,
+unmasked key gets `S3CRET`), so a refusal can't pass because the fixture is harmless. Cases:
+tests/cases/functions/<dialect>.tsv and tests/cases/side_channels/<dialect>.tsv (README.md beside them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.server import Server
+from tests.services import make_mysql_database, make_pg_database, mysql_admin, pg_admin
+
+pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+CASES = Path(__file__).resolve().parents[1] / "cases"
+SECRET = "S3CRET"
+MASK = [{"column": "customers.email", "action": "hash"}]
+GRANTED = ["length", "other.peek", "current_setting", "pg_read_file", "regexp_like", "load_file", "@@version"]
+DIALECTS = ("postgres", "mysql", "sqlite")
+KINDS = ("functions", "side_channels")
+
+_PG_SETUP = [
+    "CREATE TABLE customers (id int PRIMARY KEY, email text, name text)",
+    "INSERT INTO customers SELECT g, CASE WHEN g <= 40 THEN 'S3CRET@example.com' ELSE 'a' || g || '@x.org' END, "
+    "'name' || g FROM generate_series(1, 100) g",
+    "CREATE TABLE vault (v text)",
+    "INSERT INTO vault VALUES ('S3CRET')",
+    "CREATE FUNCTION public.length(integer) RETURNS text LANGUAGE sql AS $$ SELECT v FROM vault $$",
+    "CREATE FUNCTION public.lower(anyelement) RETURNS text LANGUAGE sql AS $$ SELECT v FROM vault $$",
+    "CREATE FUNCTION public.json_each(text) RETURNS SETOF text LANGUAGE sql AS $$ SELECT v FROM vault $$",
+    "CREATE FUNCTION public.reader() RETURNS text LANGUAGE sql AS $$ SELECT v FROM vault $$",
+    "CREATE SCHEMA other",
+    "CREATE FUNCTION other.peek() RETURNS text LANGUAGE sql AS $$ SELECT v FROM vault $$",
+    "ANALYZE customers",
+]
+_MYSQL_SETUP = [
+    "CREATE TABLE customers (id INT PRIMARY KEY, email VARCHAR(64), name VARCHAR(64), KEY by_email (email))",
+    "INSERT INTO customers SELECT seq, IF(seq <= 40, 'S3CRET@example.com', CONCAT('a', seq, '@x.org')), "
+    "CONCAT('name', seq) FROM seq_1_to_100",
+    "CREATE TABLE vault (v TEXT)",
+    "INSERT INTO vault VALUES ('S3CRET')",
+    "CREATE FUNCTION regexp_like(a TEXT, b TEXT) RETURNS TEXT READS SQL DATA RETURN (SELECT v FROM vault)",
+    "CREATE FUNCTION array_agg(a TEXT) RETURNS TEXT READS SQL DATA RETURN (SELECT v FROM vault)",
+    "CREATE FUNCTION lower(a TEXT) RETURNS TEXT READS SQL DATA RETURN (SELECT v FROM vault)",
+    "CREATE FUNCTION reader() RETURNS TEXT READS SQL DATA RETURN (SELECT v FROM vault)",
+    "ANALYZE TABLE customers PERSISTENT FOR ALL",
+]
+_SQLITE_SETUP = """
+CREATE TABLE customers (id INTEGER PRIMARY KEY, email TEXT, name TEXT);
+CREATE INDEX by_email ON customers (email);
+WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 100)
+INSERT INTO customers SELECT n, CASE WHEN n <= 40 THEN 'S3CRET@example.com' ELSE 'a' || n || '@x.org' END,
+       'name' || n FROM g;
+CREATE TABLE vault (v TEXT);
+INSERT INTO vault VALUES ('S3CRET');
+ANALYZE;
+"""
+
+
+def cases():
+    for kind in KINDS:
+        for dialect in DIALECTS:
+            path = CASES / kind / f"{dialect}.tsv"
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if not line.strip() or line.startswith("#"):
+                    continue
+                name, key, expect, statement = line.split("\t")
+                assert key in ("plain", "restricted", "granted", "masked", "masked_granted"), (path, number)
+                assert expect in ("ok", "leak") or expect.isidentifier(), (path, number)
+                yield pytest.param(dialect, key, expect, statement, id=f"{kind}/{dialect}/{name}")
+
+
+@pytest.fixture(scope="module")
+def pg_db():
+    fields, cleanup = make_pg_database()
+    for statement in _PG_SETUP:
+        _pg_owner(fields, statement)
+    admin = pg_admin()
+    admin.cursor().execute(f'ALTER DATABASE "{fields["database"]}" SET qag.secret = \'S3CRET\'')
+    admin.close()
+    yield fields
+    cleanup()
+
+
+@pytest.fixture(scope="module")
+def mysql_db():
+    fields, cleanup = make_mysql_database()
+    admin = mysql_admin()
+    cur = admin.cursor()
+    cur.execute(f"USE `{fields['database']}`")
+    for statement in _MYSQL_SETUP:
+        cur.execute(statement)
+        if cur.description:
+            cur.fetchall()
+    cur.execute(f"GRANT SELECT ON mysql.column_stats TO '{fields['user']}'@'%'")
+    admin.close()
+    yield fields
+    cleanup()
+
+
+@pytest.fixture(scope="module")
+def srv(pg_db, mysql_db):
+    s = Server(workers=1)
+    s.sqlite_db("side.db", _SQLITE_SETUP)
+    s.connection("sqlite", "side.db")
+    for name, fields in (("mysql", mysql_db), ("postgres", pg_db)):
+        reply = s.post("/api/v1/connections", {"name": name, "db": name, **fields})
+        assert reply.status == 201, reply
+    s.keys = {
+        "plain": s.key("plain", connections="*"),
+        "restricted": s.key("restricted", connections="*", allowed_tables=["customers"]),
+        "granted": s.key("granted", connections="*", allowed_tables=["customers"], allowed_functions=GRANTED),
+        "masked": s.key("masked", connections="*", mask=MASK),
+        "masked_granted": s.key("masked_granted", connections="*", mask=MASK, allowed_functions=["reader"]),
+    }
+    s.databases = {"postgres": pg_db["database"], "mysql": mysql_db["database"], "sqlite": "main"}
+    yield s
+    s.close()
+
+
+@pytest.mark.parametrize("dialect,key,expect,statement", list(cases()))
+def test_case(srv, dialect, key, expect, statement):
+    statement = statement.replace("{db}", srv.databases[dialect])
+    r = srv.post("/execute_sql", {"sql": statement, "connection_name": dialect}, key=srv.keys[key])
+    if expect == "leak":
+        assert r.status == 200 and SECRET.encode() in r.body, r
+    elif expect == "ok":
+        assert r.status == 200 and SECRET.encode() not in r.body, r
+    else:
+        assert r.status == 403 and r.json["code"] == expect, r
+        assert SECRET not in r.json["error"], r
+    # Nothing is lost: the next good request by the same key succeeds.
+    follow = srv.post("/execute_sql", {"sql": "SELECT id FROM customers WHERE id = 1", "connection_name": dialect},
+                      key=srv.keys[key])
+    assert follow.status == 200 and follow.json == [{"id": 1}], follow
+
+
+def _pg_owner(fields: dict, statement: str) -> None:
+    import psycopg2
+    conn = psycopg2.connect(host=fields["host"], port=fields["port"], user=fields["user"],
+                            password=fields["password"], dbname=fields["database"])
+    conn.autocommit = True
+    conn.cursor().execute(statement)
+    conn.close()
+
+
+def test_the_catalog_is_kept_and_read_again_when_connections_change(srv, pg_db):
+    """The PostgreSQL catalog of function names is kept with the backend's schema cache (so a function created
+    after it was read is not seen until it is read again: 60 s at most, 45 s in the background); a change to the
+    connections clears the cache, and the new overload is then seen and refused."""
+    key = srv.keys["restricted"]
+    body = {"sql": "SELECT initcap(name) AS v FROM customers WHERE id = 1", "connection_name": "postgres"}
+    assert srv.post("/execute_sql", body, key=key).status == 200
+    _pg_owner(pg_db, "CREATE FUNCTION public.initcap(integer) RETURNS text LANGUAGE sql AS $$ SELECT v FROM vault $$")
+    try:
+        premise = srv.post("/execute_sql", dict(body, sql="SELECT initcap(5) AS v"), key=srv.keys["plain"])
+        assert premise.status == 200 and SECRET.encode() in premise.body, premise
+        assert srv.post("/execute_sql", body, key=key).status == 200       # the cached catalog, still warm
+        reply = srv.post("/api/v1/connections", {"name": "postgres2", "db": "postgres", **pg_db})
+        assert reply.status == 201, reply
+        for name in ("postgres", "postgres2"):
+            refused = srv.post("/execute_sql", dict(body, connection_name=name), key=key)
+            assert refused.status == 403 and refused.json["code"] == "function_not_allowed", refused
+            assert "initcap" in refused.json["error"]
+    finally:
+        _pg_owner(pg_db, "DROP FUNCTION IF EXISTS public.initcap(integer)")
+        srv.request("DELETE", "/api/v1/connections/postgres2")
