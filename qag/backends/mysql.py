@@ -530,17 +530,7 @@ class MysqlBackend(Backend):
         return self._schemas.get(("functions", _ident(fields), name), lambda: self._read_functions(fields, name))
 
     def _read_functions(self, fields: dict, database: str):
-        key = (_ident(fields), True)
-        link = self._take(key, fields, True)
-        try:
-            found = schema_reader.read_functions(link.cursor, database)
-        except BaseException as exc:
-            self.pool.release(key, link, False)
-            if isinstance(exc, _DRIVER_ERRORS):
-                raise mapped(exc, None, fields.get("password")) from None
-            raise
-        self._give_back(key, link, True, "")
-        return found
+        return self._read_catalog(fields, database, schema_reader.read_functions)
 
     def close_idle(self) -> None:
         self.pool.close_idle()
@@ -548,10 +538,14 @@ class MysqlBackend(Backend):
 
     # --- schema ----------------------------------------------------------------------------------------------
     def _read_schema(self, fields: dict, database: str) -> dict:
+        return self._read_catalog(fields, database, schema_reader.read)
+
+    def _read_catalog(self, fields: dict, database: str, reader):
+        """reader(cursor, database) on a read-only pooled connection; driver failures mapped."""
         key = (_ident(fields), True)
         link = self._take(key, fields, True)
         try:
-            found = schema_reader.read(link.cursor, database)
+            found = reader(link.cursor, database)
         except BaseException as exc:
             self.pool.release(key, link, False)
             if isinstance(exc, _DRIVER_ERRORS):
