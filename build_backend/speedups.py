@@ -35,7 +35,7 @@ def resolve_mode(value: object = None, source: str = "--config-settings speedups
 REQUEST_PATH = ("qag/app.py", "qag/auth.py", "qag/encode.py", "qag/api/_common.py", "qag/api/_usage.py",
                 "qag/api/run.py", "qag/sql/params.py", "qag/sql/prepare.py", "qag/sql/window.py",
                 "qag/http/request.py", "qag/http/response.py", "qag/http/router.py", "qag/backends/base.py",
-                "qag/backends/mysql.py", "qag/backends/_mysql_sql.py", "qag/backends/pool.py",
+                "qag/backends/mysql.py", "qag/backends/_mysql_sql.py", "qag/backends/pool.py", "qag/backends/postgres.py",
                 "qag/backends/registry.py", "qag/cache/metadata.py", "qag/cache/shm.py", "qag/observe/events.py",
                 "qag/observe/history.py", "qag/observe/logs.py", "qag/observe/metrics.py",
                 "qag/observe/observer.py", "qag/policy/grants.py", "qag/policy/guard.py", "qag/policy/masking.py",

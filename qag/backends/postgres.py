@@ -3,31 +3,35 @@
 Every paged call is one flush of a pipeline and one wait for its replies (contract 10.4 keeps one round trip;
 the messages are a deliberate departure, docs/compatibility.md):
 
-    BEGIN [READ ONLY]                                                       ┐
-    [SELECT pg_catalog.set_config('statement_timeout', $1, true)[, ...]]    │ segment 1
-    <the caller's statement, its values bound as $1..$n>                    ┘ Sync
-    ROLLBACK (read-only) | COMMIT (write)                                     Sync
-    DISCARD ALL; SELECT pg_catalog.setseed($1)                                Sync   (the reset, pooled only)
+    SELECT pg_catalog.set_config('transaction_read_only', 'on', true),        ┐
+           [set_config('statement_timeout', $1, true), ...] setseed($n)       │ one segment: one transaction
+    <the caller's statement, its values bound as $1..$n>                       │
+    ROLLBACK (read-only) | COMMIT (write)                                      ┘ Sync
+    DISCARD ALL                                                                  Sync   (the reset, pooled only)
 
 Why this shape:
   - The caller's statement is one Parse message, so the server itself refuses a second statement ("cannot
     insert multiple commands into a prepared statement"), whatever qag's reading of the text said. Its values
     travel as Bind parameters, never as text the server reads as SQL under whatever encoding or
     standard_conforming_strings a session has.
-  - The call runs in an explicit transaction that a read-only call always ends with ROLLBACK, so even what a
-    read-only transaction lets through on PostgreSQL 15 (large-object writes, pg_notify, set_config) is undone.
-    The end is a segment of its own, so it runs even when the statement failed (an error aborts the rest of
-    its segment only).
+  - Everything before a Sync runs as one transaction (the extended protocol commits only at Sync), so the
+    first statement's settings hold for the caller's statement: the read-only access mode (which may be
+    turned on at any point of a transaction, never off after its first query), the time limit and, for a
+    table-restricted or masked call, the search_path, all transaction-local. A read-only call ends with
+    ROLLBACK, so even what a read-only transaction lets through on PostgreSQL 15 (large-object writes,
+    pg_notify, set_config) is undone; a statement that fails aborts the rest, and the Sync rolls it all back.
   - The reset is queued behind the call, before any other caller's bytes can reach the connection, and its
     reply is read when the connection is next taken (it has almost always arrived): no wait of its own.
     DISCARD ALL ends settings of every kind (client_encoding included), roles and session authorization,
     advisory locks, temporary objects, prepared statements, cursors, LISTENs and sequence state
-    (currval/lastval); it keeps the random seed, so a fresh seed from os.urandom follows it.
-  - The time limit and, for a table-restricted or masked call, the search_path are transaction-local
-    (set_config(..., true)), so they end with the call.
+    (currval/lastval). It keeps the random seed, so every call's first statement seeds random() anew
+    (setseed is not transactional): nothing one caller seeded reaches the next.
+  - Four statements and two Syncs a call, the Syncs queued without a flush each (libpq 17's
+    PQsendPipelineSync), so the whole call is one write.
 
-A page of a query whose window can't be put in its SQL (Call.cursor) is read through a server-side cursor in
-the same segment (DECLARE qag_page ...; MOVE; FETCH), so the driver never buffers more than the page.
+A page of a query whose window can't be put in its SQL (Call.cursor) is read through a server-side cursor in an
+explicit transaction in the same segment (BEGIN; ...; DECLARE qag_page ...; MOVE; FETCH; END), so the driver
+never buffers more than the page.
 
 Dead pooled connections, without a round trip (a deliberate departure from contract 10.2's "SELECT 1 after 5 s
 idle"): a reused connection whose socket has anything to read beyond its reset's reply (EOF after the server
@@ -42,9 +46,9 @@ FORWARD <n> FROM qag_stream` in one segment, each further batch one FETCH, ended
 from __future__ import annotations
 
 import os
+import random
 import re
 import select
-import struct
 import threading
 import time
 from collections import OrderedDict
@@ -83,7 +87,7 @@ _SQLSTATE = pq.DiagnosticField.SQLSTATE
 _BEGIN = {True: b"BEGIN READ ONLY", False: b"BEGIN"}
 _END = {True: b"ROLLBACK", False: b"COMMIT"}
 _DISCARD = b"DISCARD ALL"
-_RESEED = b"SELECT pg_catalog.setseed($1)"
+_SEED_SCALE = 2 ** 63        # a seed of 63 random bits, as setseed's [0, 1)
 _UTF8 = b"UTF8"
 _MULTIPLE = "cannot insert multiple commands into a prepared statement"
 _LINE_RE = re.compile(r"^LINE (\d+):", re.MULTILINE)
@@ -117,26 +121,36 @@ def search_path(schema: str) -> str:
     return 'pg_catalog, "' + schema.replace('"', '""') + '", pg_temp'
 
 
-def settings_statement(timeout: float | None, schema: str | None, forced: tuple = ()) -> tuple[bytes, list]:
-    """The one statement that sets a call's transaction-local settings, and its values; (b"", []) for none.
+# The seeds: the random module's generator, seeded from os.urandom and again in each forked worker (cheaper
+# than a system call per call; the seeds are never shown, only the server's random() they start).
+_random_bits = random.getrandbits
+_SETTINGS: dict = {}
+_SETTINGS_MAX = 256          # time limits and schemas are a handful of values; bounded all the same
 
-    forced: (name, value) pairs of session defaults the server has that qag reads differently (see _FORCED)."""
-    names: list[str] = []
-    values: list[bytes] = []
-    ms = timeout_ms(timeout)
-    if ms is not None:
-        names.append("statement_timeout")
-        values.append(str(ms).encode())
-    if schema is not None:
-        names.append("search_path")
-        values.append(search_path(schema).encode())
-    for name, value in forced:
-        names.append(name)
-        values.append(value)
-    if not names:
-        return b"", []
-    calls = ", ".join(f"pg_catalog.set_config('{name}', ${i}, true)" for i, name in enumerate(names, 1))
-    return ("SELECT " + calls).encode(), values
+
+def settings_statement(read_only: bool, timeout: float | None, schema: str | None,
+                       forced: tuple = ()) -> tuple[bytes, list]:
+    """The first statement of a call, and its values: the transaction's access mode, its time limit, search_path
+    and `forced` settings (session defaults of the server that qag reads differently, see _FORCED), all
+    transaction-local, and a new random seed. Built once per distinct set of settings; the seed is new each call."""
+    key = (read_only, timeout, schema, forced)
+    built = _SETTINGS.get(key)
+    if built is None:
+        calls = ["pg_catalog.set_config('transaction_read_only', 'on', true)"] if read_only else []
+        values: list[bytes] = []
+        ms = timeout_ms(timeout)
+        named = [("statement_timeout", str(ms).encode())] if ms is not None else []
+        if schema is not None:
+            named.append(("search_path", search_path(schema).encode()))
+        for name, value in (*named, *forced):
+            values.append(value)
+            calls.append(f"pg_catalog.set_config('{name}', ${len(values)}, true)")
+        calls.append(f"pg_catalog.setseed(${len(values) + 1}::int8 / {_SEED_SCALE}.0)")
+        if len(_SETTINGS) >= _SETTINGS_MAX:
+            _SETTINGS.clear()
+        built = _SETTINGS[key] = (("SELECT " + ", ".join(calls)).encode(), tuple(values))
+    text, values = built
+    return text, [*values, b"%d" % _random_bits(63)]
 
 
 def page_statements(sql: str, skip: int, fetch: int) -> list[str]:
@@ -334,10 +348,9 @@ class _Link:
         _send_sync(self.pg)
 
     def send_reset(self) -> None:
-        """Queue the reset (its own segment): read when the connection is taken again."""
+        """Queue the reset (its own segment: DISCARD ALL can't run inside a transaction block, and on
+        PostgreSQL 17 not after other statements of a pipeline either): read when the connection is taken."""
         self.pg.send_query_params(_DISCARD, None)
-        seed = struct.unpack("<Q", os.urandom(8))[0] / 2.0**64 * 2.0 - 1.0
-        self.pg.send_query_params(_RESEED, [repr(seed).encode()])
         _send_sync(self.pg)
         self.pending = True
 
@@ -517,22 +530,19 @@ class PostgresBackend(Backend):
         return mapped(exc, link.fields, call.timeout, shift)
 
     # --- calls ---------------------------------------------------------------------------------------------
-    def _send_call(self, link: _Link, call: Call, statements: list[str], reset: bool) -> None:
-        """The call's pipeline: BEGIN, its settings, its statements (the caller's one bound), Sync; the end,
-        Sync; then the reset when the connection will be pooled."""
+    @staticmethod
+    def _send_call(link: _Link, call: Call, statements: list[str], reset: bool) -> None:
+        """The call's pipeline: its settings, its statements (the caller's one bound; a cursor's in an explicit
+        transaction), the end, Sync; then the reset when the connection will be pooled. One write."""
         read_only = call.read_only
-        link.send(_BEGIN[read_only])
-        setting, values = settings_statement(call.timeout, call.schema, link.forced)
-        if setting:
-            link.send(setting, values)
-        first = True
-        for sql in statements:
-            if first:
-                link.send_args(sql, call.args)
-                first = False
-            else:
-                link.send(sql.encode())
-        link.sync()
+        explicit = len(statements) > 1
+        if explicit:
+            link.send(_BEGIN[read_only])
+        setting, values = settings_statement(read_only, call.timeout, call.schema, link.forced)
+        link.send(setting, values)
+        link.send_args(statements[0], call.args)
+        for sql in statements[1:]:
+            link.send(sql.encode())
         link.send(_END[read_only])
         link.sync()
         if reset:
@@ -562,10 +572,10 @@ class PostgresBackend(Backend):
             raise self._fail(key, link, exc, call, shift) from None
 
     def _attempt(self, link: _Link, call: Call, statements: list[str], reset: bool, deadline) -> list:
+        """The results of the call's segment, the end's last (raises the first error)."""
         self._send_call(link, call, statements, reset)
         results = link.segment(deadline)
-        ending = link.segment(deadline)
-        error = _first_error(results) or _first_error(ending)
+        error = _first_error(results)
         if error is not None:
             raise error
         return results
@@ -576,7 +586,7 @@ class PostgresBackend(Backend):
         statements = (page_statements(call.sql, call.skip, call.fetch) if call.cursor else [call.sql])
         link, results = self._exchange(key, fields, call, statements)
         try:
-            result = results[-1] if results else None
+            result = results[-2] if len(results) >= 2 else None      # the caller's (or the cursor's FETCH)
             if result is None or result.status != _TUPLES:
                 columns, rows = [], []
             else:
@@ -600,10 +610,9 @@ class PostgresBackend(Backend):
         link, reused = self._take(key, fields)
         deadline = None if not call.timeout else time.monotonic() + call.timeout + REPLY_MARGIN
         try:
-            link.send(_BEGIN[True])
-            setting, values = settings_statement(call.timeout, call.schema, link.forced)
-            if setting:
-                link.send(setting, values)
+            link.send(_BEGIN[True])        # a cursor outlives a Sync only in an explicit transaction
+            setting, values = settings_statement(True, call.timeout, call.schema, link.forced)
+            link.send(setting, values)
             declare, fetch = stream_statements(call.sql, first_n)
             link.send_args(declare, call.args)
             link.send(fetch.encode())
@@ -629,7 +638,7 @@ class PostgresBackend(Backend):
         try:
             self._send_call(link, call, ["SELECT 1"], False)
             deadline = time.monotonic() + call.timeout + REPLY_MARGIN
-            error = _first_error(link.segment(deadline)) or _first_error(link.segment(deadline))
+            error = _first_error(link.segment(deadline))
             if error is not None:
                 raise error
         except BaseException as exc:

@@ -94,8 +94,10 @@ def test_the_server_refuses_a_second_statement_past_the_guard(backend, db, read_
 
 def test_a_commit_inside_a_read_only_call_cannot_open_a_writable_one(backend, db):
     b = backend()
-    for text in ("COMMIT", "COMMIT AND CHAIN", "ROLLBACK AND CHAIN", "BEGIN"):
-        run(b, db, text)
+    assert run(b, db, "COMMIT").rows == [] and run(b, db, "BEGIN").rows == []
+    for text in ("COMMIT AND CHAIN", "ROLLBACK AND CHAIN"):   # outside a transaction block the server refuses them
+        with pytest.raises(QagError):
+            run(b, db, text)
     with pytest.raises(QagError) as info:
         run(b, db, "INSERT INTO notes (body) VALUES ('after commit')")
     assert info.value.code == "read_only"
