@@ -6,7 +6,7 @@ the messages are a deliberate departure, docs/compatibility.md):
     SELECT pg_catalog.set_config('transaction_read_only', 'on', true),        ┐
            [set_config('statement_timeout', $1, true), ...] setseed($n)       │ one segment: one transaction
     <the caller's statement, its values bound as $1..$n>                       │
-    ROLLBACK (read-only) | COMMIT (write)                                      ┘ Sync
+    ROLLBACK (read-only; a write commits at the Sync)                          ┘ Sync
     DISCARD ALL                                                                  Sync   (the reset, pooled only)
 
 Why this shape:
@@ -26,7 +26,7 @@ Why this shape:
     advisory locks, temporary objects, prepared statements, cursors, LISTENs and sequence state
     (currval/lastval). It keeps the random seed, so every call's first statement seeds random() anew
     (setseed is not transactional): nothing one caller seeded reaches the next.
-  - Four statements and two Syncs a call, the Syncs queued without a flush each (libpq 17's
+  - At most four statements and two Syncs a call, the Syncs queued without a flush each (libpq 17's
     PQsendPipelineSync), so the whole call is one write.
 
 A page of a query whose window can't be put in its SQL (Call.cursor) is read through a server-side cursor in an
@@ -533,7 +533,9 @@ class PostgresBackend(Backend):
     @staticmethod
     def _send_call(link: _Link, call: Call, statements: list[str], reset: bool) -> None:
         """The call's pipeline: its settings, its statements (the caller's one bound; a cursor's in an explicit
-        transaction), the end, Sync; then the reset when the connection will be pooled. One write."""
+        transaction), ROLLBACK for a read-only call, Sync; then the reset when the connection will be pooled.
+        One write. A write commits at the Sync: an explicit COMMIT would make the server answer in two parts
+        (a second wake-up of the caller's thread per write)."""
         read_only = call.read_only
         explicit = len(statements) > 1
         if explicit:
@@ -543,7 +545,8 @@ class PostgresBackend(Backend):
         link.send_args(statements[0], call.args)
         for sql in statements[1:]:
             link.send(sql.encode())
-        link.send(_END[read_only])
+        if read_only or explicit:
+            link.send(_END[read_only])
         link.sync()
         if reset:
             link.send_reset()
@@ -586,7 +589,10 @@ class PostgresBackend(Backend):
         statements = (page_statements(call.sql, call.skip, call.fetch) if call.cursor else [call.sql])
         link, results = self._exchange(key, fields, call, statements)
         try:
-            result = results[-2] if len(results) >= 2 else None      # the caller's (or the cursor's FETCH)
+            # The caller's result (or the cursor's FETCH): the last, or the one before the END a read-only call
+            # or a cursor's explicit transaction sends.
+            ended = call.read_only or call.cursor
+            result = results[-2 if ended else -1] if len(results) >= (2 if ended else 1) else None
             if result is None or result.status != _TUPLES:
                 columns, rows = [], []
             else:
