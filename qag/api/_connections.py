@@ -245,7 +245,7 @@ class ConnectionHandlers:
         schema = backend.schema(fields, database)
         if not caller.admin and caller.grants.allowed_tables is not None:
             schema = allowed_schema(schema, caller.grants.allowed_tables,
-                                    table_policy.default_schema(backend.dialect, fields))
+                                    table_policy.default_schema(backend.dialect, fields), backend.dialect)
         return json_response(schema)
 
     def databases(self, request, caller):
@@ -267,21 +267,27 @@ def _audited(db: str, active: bool, fields: dict) -> dict:
     return out
 
 
-def allowed_schema(schema: dict, allowed_tables, default_schema: str) -> dict:
-    """The schema route's body for a table-restricted key (contract 6.2): only its allowed tables, and no
-    foreign key pointing at a table outside them. A copy: backends cache and share the schema they return."""
+def allowed_schema(schema: dict, allowed_tables, default_schema: str, dialect: str) -> dict:
+    """The schema route's body for a table-restricted key (contract 6.2): only its allowed tables, names compared
+    as the table policy compares them, and no foreign key pointing at a table outside them. A copy: backends
+    cache and share the schema they return."""
     grants = table_policy.qualified_grants(frozenset(allowed_tables), default_schema)
+    exact = table_policy.names_exact(dialect, default_schema)
+
+    def granted(qualified: str) -> bool:
+        return (qualified if exact else qualified.lower()) in grants
+
     tables = []
     for table in schema.get("tables", ()):
-        own = (table.get("schema") or default_schema).lower()
-        if f"{own}.{table['name'].lower()}" not in grants:
+        own = table.get("schema") or default_schema
+        if not granted(f"{own}.{table['name']}"):
             continue
         columns = []
         for column in table.get("columns", ()):
             fk = column.get("foreign_key")
             if fk is not None:
-                target = fk["table"].lower()
-                if f"{own}.{target}" not in grants and target not in grants:
+                target = fk["table"]      # "table" in the same schema, "schema.table" in another
+                if not granted(target if "." in target else f"{own}.{target}"):
                     column = dict(column, foreign_key=None)
             columns.append(column)
         tables.append(dict(table, columns=columns))

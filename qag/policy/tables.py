@@ -610,6 +610,13 @@ def _postgres_access(sql: str, default_schema: str, text_placeholders: bool) -> 
                   tuple(sorted(calls)), tuple(sorted(side)), reading.kind == "ExplainStmt")
 
 
+def names_exact(dialect: str, default_schema: str) -> bool:
+    """Whether the allow-list compares a catalog's table names as written: on PostgreSQL (the catalog holds names
+    as the server folded them) and on a MySQL/MariaDB server that compares names exactly (ExactSchema); elsewhere
+    they are lower-cased, as qualified_grants lower-cases the grants."""
+    return dialect == "postgres" or _exact(default_schema)
+
+
 def qualified_grants(allowed_tables: frozenset, default_schema: str) -> frozenset:
     """Grants qualified like references: a bare `t` is `<default schema>.t`; qualified grants stay as written.
     Lower-cased, except on a MySQL/MariaDB server that compares names exactly (ExactSchema)."""

@@ -126,6 +126,9 @@ def test_a_grant_for_orders_does_not_cover_ORDERS(server, db):
     # Database names are case-sensitive too: the default database spelled otherwise is another database.
     r = sql(server, f"SELECT what FROM `{db.name.upper()}`.orders", key=lower)
     assert r.status == 403 and r.json["code"] == "table_not_allowed", r
+    # The schema route lists what the key may read, names compared the same way: orders, never ORDERS.
+    listed = server.get("/connections/my/schema", key=lower).json["tables"]
+    assert [t["name"] for t in listed] == ["orders"], listed
     # A CTE name matches case-insensitively on the server, as qag reads it.
     r = sql(server, "WITH ORDERS AS (SELECT 1 AS what) SELECT what FROM orders", key=lower)
     assert r.status == 200 and r.json == [{"what": 1}], r

@@ -212,6 +212,20 @@ def test_http_pages_of_a_compound_query(http):
     assert r.headers["x-has-more"] == "true"
 
 
+@pytest.mark.e2e
+def test_a_quoted_name_is_a_table_of_its_own_for_the_allow_list(http, db):
+    """PostgreSQL compares names as folded: a grant for notes covers notes, never a quoted "Notes"."""
+    server, _ = http
+    owner_sql(db, 'CREATE TABLE IF NOT EXISTS "Notes" (secret text)', """INSERT INTO "Notes" VALUES ('upper')""")
+    reply = server.post("/api/v1/api-keys", {"name": "notes-only", "connections": ["pg"], "allowed_tables": ["notes"]})
+    key = reply.json["secret"]
+    assert sql(server, "SELECT count(*) AS n FROM notes", key=key).status == 200
+    r = sql(server, 'SELECT secret FROM "Notes"', key=key)
+    assert r.status == 403 and r.json["code"] == "table_not_allowed" and b"upper" not in r.body, r
+    listed = [t["name"] for t in server.get("/connections/pg/schema", key=key).json["tables"]]
+    assert listed == ["notes"], listed
+
+
 # ------------------------------------------------------------------------------------------- caller errors
 
 
