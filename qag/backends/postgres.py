@@ -82,6 +82,7 @@ _OK = pq.ExecStatus.COMMAND_OK
 _TUPLES = pq.ExecStatus.TUPLES_OK
 _SYNC = pq.ExecStatus.PIPELINE_SYNC
 _FATAL = pq.ExecStatus.FATAL_ERROR
+_ABORTED = pq.ExecStatus.PIPELINE_ABORTED
 _IDLE = pq.TransactionStatus.IDLE
 _SQLSTATE = pq.DiagnosticField.SQLSTATE
 _BEGIN = {True: b"BEGIN READ ONLY", False: b"BEGIN"}
@@ -362,20 +363,20 @@ class _Link:
     def segment(self, deadline: float | None) -> list:
         """Every result up to the next Sync (errors included, the aborted rest skipped)."""
         pg = self.pg
+        is_busy, get_result = pg.is_busy, pg.get_result      # bound once: the loop runs a dozen times a call
         out = []
         while True:
-            while pg.is_busy():
+            while is_busy():
                 self._wait(deadline)
                 pg.consume_input()
-            result = pg.get_result()
+            result = get_result()
             if result is None:
                 continue
             status = result.status
             if status == _SYNC:
                 return out
-            if status == pq.ExecStatus.PIPELINE_ABORTED:
-                continue
-            out.append(result)
+            if status != _ABORTED:
+                out.append(result)
 
     def _wait(self, deadline: float | None) -> None:
         if deadline is None:
@@ -385,27 +386,12 @@ class _Link:
         if left <= 0 or not self.poll.poll(left * 1000.0):
             raise _Gone()
 
-    def finish_reset(self, block: bool) -> bool:
-        """Read the reset's reply: True when it has been read (failed or not; a failure sets `bad`)."""
-        pg = self.pg
-        if not block:
-            pg.consume_input()
-            # libpq answers is_busy() False only when get_result() won't block; the reply is three results.
-            while not pg.is_busy():
-                result = pg.get_result()
-                if result is None:
-                    continue
-                if result.status == _SYNC:
-                    self.pending = False
-                    return True
-                if result.status not in (_OK, _TUPLES):
-                    self.bad = True
-            return False
+    def finish_reset(self) -> None:
+        """Read the reset's reply (a failure sets `bad`)."""
         for result in self.segment(time.monotonic() + REPLY_MARGIN + CONNECT_TIMEOUT):
             if result.status not in (_OK, _TUPLES):
                 self.bad = True
         self.pending = False
-        return True
 
     def clean(self) -> bool:
         """Whether the connection can be pooled: nothing failed on it and the call left the encoding UTF8 (the
@@ -506,7 +492,7 @@ class PostgresBackend(Backend):
                 return link, False
             try:
                 if link.pending:
-                    link.finish_reset(True)
+                    link.finish_reset()
                 if not link.bad and not link.readable():
                     return link, True
             except (psycopg.Error, OSError, _Gone):
@@ -515,12 +501,8 @@ class PostgresBackend(Backend):
             self.pool.release(key, link, False)
 
     def _give_back(self, key, link: _Link) -> None:
-        """Pool a clean connection (its reset already queued, read now if it has arrived) or close it."""
-        if link.pending and link.clean():
-            try:
-                link.finish_reset(False)
-            except (psycopg.Error, OSError):
-                link.bad = True
+        """Pool a clean connection (its reset queued: read when it is next taken, by then it has arrived) or
+        close it."""
         self.pool.release(key, link, link.clean())
 
     def _fail(self, key, link: _Link, exc: BaseException, call: Call, shift: int = 0) -> QagError:
@@ -538,16 +520,17 @@ class PostgresBackend(Backend):
         (a second wake-up of the caller's thread per write)."""
         read_only = call.read_only
         explicit = len(statements) > 1
+        send = link.pg.send_query_params
         if explicit:
-            link.send(_BEGIN[read_only])
+            send(_BEGIN[read_only], None)
         setting, values = settings_statement(read_only, call.timeout, call.schema, link.forced)
-        link.send(setting, values)
+        send(setting, values)
         link.send_args(statements[0], call.args)
         for sql in statements[1:]:
-            link.send(sql.encode())
+            send(sql.encode(), None)
         if read_only or explicit:
-            link.send(_END[read_only])
-        link.sync()
+            send(_END[read_only], None)
+        _send_sync(link.pg)
         if reset:
             link.send_reset()
         link.flush()
