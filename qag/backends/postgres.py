@@ -83,7 +83,6 @@ _TUPLES = pq.ExecStatus.TUPLES_OK
 _SYNC = pq.ExecStatus.PIPELINE_SYNC
 _FATAL = pq.ExecStatus.FATAL_ERROR
 _ABORTED = pq.ExecStatus.PIPELINE_ABORTED
-_IDLE = pq.TransactionStatus.IDLE
 _SQLSTATE = pq.DiagnosticField.SQLSTATE
 _BEGIN = {True: b"BEGIN READ ONLY", False: b"BEGIN"}
 _END = {True: b"ROLLBACK", False: b"COMMIT"}
