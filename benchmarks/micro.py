@@ -197,22 +197,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--module", choices=("rowjson", "tables", "shmsync", "mask", "all"), default="all",
                         help="which twins to time (default all)")
     args = parser.parse_args(argv)
-    if args.module in ("tables", "all"):
-        print(f"python -m benchmarks.micro --module tables --rounds {args.rounds}")
-        print(f"Python {platform.python_version()} on {platform.machine()}; "
-              f"microseconds per call, median [min-max] of {args.rounds} interleaved rounds")
-        tables_main(args.rounds)
-        if args.module == "tables":
-            return 0
-        print()
-    if args.module in ("mask", "all"):
-        print(f"python -m benchmarks.micro --module mask --rounds {args.rounds}")
-        print(f"Python {platform.python_version()} on {platform.machine()}; "
-              f"microseconds per call, median [min-max] of {args.rounds} interleaved rounds")
-        mask_main(args.rounds)
-        if args.module == "mask":
-            return 0
-        print()
+    for module, run in (("tables", tables_main), ("mask", mask_main)):
+        if args.module in (module, "all"):
+            print(f"python -m benchmarks.micro --module {module} --rounds {args.rounds}")
+            print(f"Python {platform.python_version()} on {platform.machine()}; "
+                  f"microseconds per call, median [min-max] of {args.rounds} interleaved rounds")
+            run(args.rounds)
+            if args.module == module:
+                return 0
+            print()
     if args.module in ("shmsync", "all"):
         print(f"python -m benchmarks.micro --module shmsync --rounds {args.rounds}")
         shmsync_main(args.rounds)
