@@ -37,3 +37,10 @@ def check_probe(reply, expect: dict) -> None:
             assert value == expect["value"], reply
         else:
             assert value != expect["not"], reply
+
+
+def assert_one_connection(keys: dict, session_id) -> None:
+    """The corpora's premise: two calls of one kind (read, write) by two keys share the worker's one pooled
+    connection. `session_id(key)`: the rows of a call by that key that name the session it ran on."""
+    for kind, (a, b) in keys.items():
+        assert session_id(b) == session_id(a), kind

@@ -162,10 +162,7 @@ def state_server(db):
     server = _server(db, QAG_ALLOW_WRITES="1")
     keys = {kind: [_key(server, f"state-{kind}-{i}", allow_writes=kind == "write") for i in (1, 2)]
             for kind in ("read", "write")}
-    # The premise: two calls of one kind by two keys share the worker's one pooled connection.
-    for kind, (a, b) in keys.items():
-        first = sql(server, "SELECT CONNECTION_ID() AS id", key=a).json[0]["id"]
-        assert sql(server, "SELECT CONNECTION_ID() AS id", key=b).json[0]["id"] == first, kind
+    state_cases.assert_one_connection(keys, lambda key: sql(server, "SELECT CONNECTION_ID() AS id", key=key).json)
     yield server, keys
     server.close()
 

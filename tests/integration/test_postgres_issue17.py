@@ -158,10 +158,7 @@ def http(db):
                                                      "allow_writes": kind == "write"})
             assert reply.status == 201, reply
             keys[kind].append(reply.json["secret"])
-    # The premise: two calls of one kind by two keys share the worker's one pooled connection.
-    for kind, (a, b) in keys.items():
-        first = sql(server, "SELECT pg_backend_pid() AS pid", key=a).json[0]["pid"]
-        assert sql(server, "SELECT pg_backend_pid() AS pid", key=b).json[0]["pid"] == first, kind
+    state_cases.assert_one_connection(keys, lambda key: sql(server, "SELECT pg_backend_pid() AS pid", key=key).json)
     yield server, keys
     server.close()
 
