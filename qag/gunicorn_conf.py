@@ -17,9 +17,10 @@ keepalive = 5
 preload_app = False
 accesslog = "-" if _settings.access_log else None
 # The path without the query string unless QAG_ACCESS_LOG_QUERY: parameter values can be personal data.
-access_log_format = ('%(h)s - %(t)s "%(r)s" %(s)s %(b)s %(L)ss rid=%({x-request-id}o)s "%(a)s"'
+# pid= names the worker that answered: with several workers, the one to look at for a request id.
+access_log_format = ('%(h)s - %(t)s "%(r)s" %(s)s %(b)s %(L)ss rid=%({x-request-id}o)s pid=%(p)s "%(a)s"'
                      if _settings.access_log_query else
-                     '%(h)s - %(t)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(L)ss rid=%({x-request-id}o)s "%(a)s"')
+                     '%(h)s - %(t)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(L)ss rid=%({x-request-id}o)s pid=%(p)s "%(a)s"')
 errorlog = "-"
 loglevel = _settings.log_level
 proc_name = "qag"

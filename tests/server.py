@@ -150,6 +150,25 @@ class Server:
     def post(self, path: str, body=None, **kw) -> Reply:
         return self.request("POST", path, body=body, **kw)
 
+    # --- which worker answered -----------------------------------------------------------------------------
+    def worker_of(self, reply: Reply, deadline: float = 10.0) -> int:
+        """The pid of the worker that answered `reply`, from its access-log line (the server must have been
+        started with QAG_ACCESS_LOG=on; lines arrive a little after their responses)."""
+        rid = reply.headers["x-request-id"]
+        pattern = re.compile(r"rid=" + re.escape(rid) + r" pid=<(\d+)>")
+
+        def find():
+            for line in list(self.log):
+                m = pattern.search(line)
+                if m:
+                    return int(m.group(1))
+            return None
+        return wait_for(find, f"the access-log line of request {rid}", deadline)
+
+    def workers_of(self, replies: list[Reply]) -> set[int]:
+        """The pids of the workers that answered any of `replies`."""
+        return {self.worker_of(reply) for reply in replies}
+
     # --- fixtures of data ----------------------------------------------------------------------------------
     def sqlite_db(self, name: str, script: str) -> str:
         """Create a SQLite file in the home (relative path returned) from a SQL script."""

@@ -46,7 +46,6 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-import tempfile
 import threading
 import time
 import weakref
@@ -56,6 +55,7 @@ from typing import Any, Callable
 import msgspec
 
 from .. import _speedups
+from ..hostmem import map_anonymous
 
 MAGIC = int.from_bytes(b"QAGMETA1", "little")
 HEADER = 128
@@ -100,13 +100,7 @@ class Segment:
         shmsync module to use (default: the one QAG_SPEEDUPS selects)."""
         nslots = max(MIN_SLOTS, (int(size) - HEADER) // slot_bytes)
         total = HEADER + nslots * slot_bytes
-        fd = _anonymous_fd()
-        try:
-            os.ftruncate(fd, total)
-            mm = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        except BaseException:
-            os.close(fd)
-            raise
+        mm, fd = map_anonymous(total, "qag-metadata")
         segment = cls(mm, fd, nslots, slot_bytes, twin)
         sync = segment.sync
         sync.store(8, nslots)
@@ -259,19 +253,6 @@ class Segment:
             return True
         finally:
             sync.unlock(LOCK)
-
-
-def _anonymous_fd() -> int:
-    """A file in memory that no path names: memfd, else a /dev/shm (or temp) file unlinked at once."""
-    if hasattr(os, "memfd_create"):
-        try:
-            return os.memfd_create("qag-metadata", os.MFD_CLOEXEC)
-        except OSError:
-            pass
-    where = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    fd, path = tempfile.mkstemp(prefix="qag-metadata-", dir=where)
-    os.unlink(path)
-    return fd
 
 
 # --- the master's segment (gunicorn_conf hooks) ------------------------------------------------------------
