@@ -28,10 +28,12 @@ proc_name = "qag"
 
 # --- hooks: metrics summed across workers, and recording flushed when a worker ends -------------------------
 def on_starting(server):
-    """Master, before any fork: the folder every worker writes its metrics snapshots to, and the host's
-    shared-memory metadata cache that every worker (and every worker restarted later) inherits."""
-    from qag.observe import metrics
+    """Master, before any fork: the folder every worker writes its metrics snapshots to, the segment history
+    reads use to have every worker write its queued runs, and the host's shared-memory metadata cache that every
+    worker (and every worker restarted later) inherits."""
+    from qag.observe import hostflush, metrics
     metrics.start_instance()
+    hostflush.start_instance()
     if _settings.metadata_cache_ttl > 0:
         from qag.cache import shm
         shm.start_instance(_settings.metadata_cache_bytes)
@@ -67,6 +69,7 @@ def child_exit(server, worker):
 
 def on_exit(server):
     from qag.cache import shm
-    from qag.observe import metrics
+    from qag.observe import hostflush, metrics
     metrics.stop_instance()
+    hostflush.stop_instance()
     shm.stop_instance()

@@ -17,6 +17,8 @@ import time
 import weakref
 from typing import Callable
 
+from . import hostflush
+
 log = logging.getLogger("qag")
 
 _RETRIES = 5            # attempts for a batch the store refused (busy, locked) before it counts as failed
@@ -40,8 +42,9 @@ class BatchWriter:
 
     def __init__(self, name: str, write: Callable[[list], None], *, capacity: int, interval: float,
                  wake_at: int = 500, tick: Callable[[], None] | None = None, tick_every: float = 600.0,
-                 retry: tuple[type[BaseException], ...] = ()):
+                 retry: tuple[type[BaseException], ...] = (), host=None):
         self.name = name
+        self._host = host                     # a hostflush.HostFlush: other workers' readers may ask for a write
         self.capacity = capacity
         self.interval = interval
         self.wake_at = max(1, wake_at) if interval > 0 else 1
@@ -107,13 +110,36 @@ class BatchWriter:
         self._running = False
 
     def _loop(self) -> None:
+        host, pid = self._host, os.getpid()
+        slot = host.attach(pid) if host is not None else None
+        try:
+            self._serve(host, slot)
+        finally:
+            if slot is not None:
+                host.detach(slot, pid)
+
+    def _serve(self, host, slot: int | None) -> None:
+        interval = self.interval if self.interval > 0 else 0.05
+        # With readers elsewhere on the host, the thread also looks at their request word between writes.
+        pause = min(interval, hostflush.POLL) if slot is not None else interval
         next_tick = time.monotonic() + min(self._tick_every, 5.0)  # a first sweep soon after start
+        next_write = time.monotonic() + interval
         while not self._closed:
-            self._wake.wait(self.interval if self.interval > 0 else 0.05)
-            self._wake.clear()
+            woke = self._wake.wait(pause)
             if self._closed:
                 break
-            self._drain(final=False)
+            asked = host.wanted(slot) if slot is not None else 0
+            now = time.monotonic()
+            if asked:
+                with self._flush_lock:
+                    self._drain_locked(final=False, until_empty=True)
+                host.ack(slot, asked)
+            elif woke or now >= next_write:
+                self._wake.clear()
+                next_write = now + interval
+                self._drain(final=False)
+            else:
+                continue
             self._log_drops()
             if self._tick is not None and time.monotonic() >= next_tick:
                 next_tick = time.monotonic() + self._tick_every

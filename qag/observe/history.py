@@ -1,7 +1,9 @@
 """Run history and the event log: run records to compact store rows (written in batches), and the read API.
 
-A run record is `(plan, at, ok, rows, duration_ms, serialization_ms, code, error)`, made by the data plane
-(api/run.py) and handed to a BatchWriter; everything else — interning names, sampling, the ad-hoc SQL policy,
+A run record is `(plan, at, ok, rows, duration_ms, serialization_ms, code, error, done_ns)`, made by the data plane
+(api/run.py, through observer.py) and handed to a BatchWriter; `done_ns` (the completion time, Unix nanoseconds)
+orders history across workers and instances, and a read first has every worker of the host write its queue
+(hostflush.py), so a run is readable from any worker once its response is complete; everything else — interning names, sampling, the ad-hoc SQL policy,
 dropping history of a version deleted meanwhile — happens here, on the writer thread. Entries read back follow
 contract 8.1 (key order as listed there), prefixed with query, version and kind (8.3).
 """
@@ -12,18 +14,24 @@ import base64
 import datetime as _dt
 import hashlib
 import json
+import logging
 import random
 import re
 import time
 
 from ..errors import QagError
 from ..http.response import json_response
+from ..store.schema import RUN_COLUMNS
+from . import hostflush
 from .events import BatchWriter
+
+log = logging.getLogger("qag")
 
 SQL_KEEP = 4000          # characters of ad-hoc SQL kept in history
 _TRANSPORTS = {None: "rest", 1: "mcp", 2: "export"}
 _HEX_ID = re.compile(r"[0-9a-f]{12}")
-_CURSOR = re.compile(r"(\d{1,12})\.(\d{1,18})")  # 18 digits: always a 64-bit SQLite integer
+_CURSOR = re.compile(r"c2\.(\d{1,19})\.(\d{1,18})")  # (seq, id); "c2.": a cursor of completion order
+_SEQ = RUN_COLUMNS.index("seq")
 _PRUNE_BATCH = 500
 _PRUNE_EVERY = 600.0     # seconds between sweeps of a worker's writer (contract: every 10 minutes)
 
@@ -42,9 +50,10 @@ class History:
         self.recorded = 0
         self.sampled_out = 0
         self._ids: dict[str, int] = {}
+        self.host = hostflush.shared()
         self.writer = BatchWriter("history", self._write, capacity=settings.history_buffer,
                                   interval=settings.history_flush_interval, tick=self.prune, tick_every=_PRUNE_EVERY,
-                                  retry=store.transient_errors)
+                                  retry=store.transient_errors, host=self.host)
 
     # --- writing (the writer thread) ----------------------------------------------------------------------
     def _write(self, batch: list) -> None:
@@ -66,7 +75,7 @@ class History:
         rows = []
         kept: dict[tuple, list[int]] = {}     # (q, v) -> indexes of rows entering history, oldest first
         sampled = 0
-        for plan, at, ok, n, ms, ser, code, err in batch:
+        for plan, at, ok, n, ms, ser, code, err, done_ns in batch:
             query = plan.query
             if query is not None and current.get((query, plan.version)) != plan.uuid:
                 keep = 0                      # the version was deleted meanwhile: an event, no history
@@ -91,14 +100,14 @@ class History:
             rows.append([int(at), keep, q, plan.version, ids[plan.connection["name"]], ids[plan.key], rid,
                          1 if ok else 0, None, n, None if ms is None else int(ms),
                          None if ser is None else int(ser * 10 + 0.5), None if code is None else ids[code], err,
-                         sql, extra])
+                         sql, extra, done_ns])
         by_count = self.retention_days is None
         if by_count:
             # Runs this batch already pushes out of history go in as events only: no index churn for them.
             for (q, _v), indexes in kept.items():
                 keep_n = self.limit if q is not None else self.adhoc_limit
                 if len(indexes) > keep_n:
-                    indexes.sort(key=lambda i: rows[i][0])
+                    indexes.sort(key=lambda i: rows[i][_SEQ])
                     for i in indexes[:-keep_n]:
                         rows[i][1] = 0
         now = int(time.time())
@@ -135,16 +144,26 @@ class History:
             time.sleep(0.01)  # let request threads and other writers in between batches
 
     # --- reading ------------------------------------------------------------------------------------------
+    def flush_host(self, block: bool = True) -> None:
+        """Every run completed on this host so far is in the store: this worker's queue written here, every other
+        worker's by its writer thread (waited for, at most hostflush.WAIT seconds). block=False: this worker's
+        own queue only unless its writer is idle (see BatchWriter.flush)."""
+        host = self.host
+        number = host.request() if host is not None else 0
+        self.writer.flush(block=block)
+        if host is not None and not host.wait(number):
+            log.warning("history: a read went ahead after %.0f s without every worker's queued runs", hostflush.WAIT)
+
     def stats(self, query: str | None = None) -> dict:
-        """{query: (last_used_at text, {version: run_count})} from stored history, after this worker's queue."""
-        self.writer.flush(block=False)
+        """{query: (last_used_at text, {version: run_count})} from stored history, after every worker's queue."""
+        self.flush_host(block=False)
         return {name: (local_text(last), counts) for name, (last, counts) in self.store.run_stats(query).items()}
 
     def read(self, args: dict, query: str | None, default_limit: int) -> dict:
         where = _filters(args, query)
         limit = _limit(args.get("limit"), default_limit)
         before = _cursor(args["cursor"]) if "cursor" in args else None
-        self.writer.flush()
+        self.flush_host()
         rows = self.store.history(where, before, limit + 1)
         more = len(rows) > limit
         rows = rows[:limit]
@@ -257,7 +276,7 @@ def _limit(text: str | None, default: int) -> int:
 
 
 def _make_cursor(row: dict) -> str:
-    return base64.urlsafe_b64encode(f"{row['at']}.{row['id']}".encode("ascii")).decode("ascii").rstrip("=")
+    return base64.urlsafe_b64encode(f"c2.{row['seq']}.{row['id']}".encode("ascii")).decode("ascii").rstrip("=")
 
 
 def _cursor(text: str) -> tuple[int, int]:

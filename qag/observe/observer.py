@@ -10,6 +10,7 @@ the log writer's queue (logs.py). Background threads per worker do the rest. `cl
 from __future__ import annotations
 
 import atexit
+import time
 import weakref
 
 from .. import _speedups
@@ -17,6 +18,8 @@ from .history import History, HistoryHandlers
 from .logs import LogWriter
 from .metrics import Metrics
 
+# A run's completion time orders history across workers (one clock per host) and instances (clocks kept in step).
+_now_ns = time.time_ns
 QUIET_ENDPOINTS = frozenset({"api.health", "api.metrics_endpoint", "api.livez", "api.readyz"})
 
 _open: "weakref.WeakSet[Observer]" = weakref.WeakSet()
@@ -54,7 +57,7 @@ class Observer:
         conn = plan.connection
         self.metrics.run(conn["name"], conn["db"], True, plan.key, rows, duration_ms / 1000.0, plan.fmt,
                          encode_seconds)
-        self.history.writer.put((plan, at, True, rows, duration_ms, encode_seconds * 1000.0, None, None))
+        self.history.writer.put((plan, at, True, rows, duration_ms, encode_seconds * 1000.0, None, None, _now_ns()))
         self._log_run(plan, at, duration_ms)
 
     def failed(self, plan, at: float, error, rows: int | None = None) -> None:
@@ -62,14 +65,14 @@ class Observer:
         self.metrics.run(conn["name"], conn["db"], False, plan.key, rows or 0, None)
         if plan.stream:
             self.metrics.stream(conn["name"], conn["db"], "error", plan.key)
-        self.history.writer.put((plan, at, False, rows, None, None, error.code, error.message))
+        self.history.writer.put((plan, at, False, rows, None, None, error.code, error.message, _now_ns()))
         self._log_run(plan, at, None)
 
     def streamed(self, plan, at: float, rows: int, truncated: bool) -> None:
         conn = plan.connection
         self.metrics.run(conn["name"], conn["db"], True, plan.key, rows, None)
         self.metrics.stream(conn["name"], conn["db"], "truncated" if truncated else "success", plan.key)
-        self.history.writer.put((plan, at, True, rows, None, None, None, None))
+        self.history.writer.put((plan, at, True, rows, None, None, None, None, _now_ns()))
         self._log_run(plan, at, None)
 
     def _log_run(self, plan, at: float, duration_ms: float | None) -> None:

@@ -159,8 +159,8 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def history(self, where: dict, before: tuple[int, int] | None, limit: int) -> list[dict]:
-        """History rows newest first (at, id), with names resolved; where: kind, query, version, ok, key,
-        since, until (Unix seconds)."""
+        """History rows in completion order, newest first (seq, id), with names resolved; `before` is a (seq, id)
+        cursor; where: kind, query, version, ok, key, since, until (Unix seconds of `at`)."""
 
     @abc.abstractmethod
     def run_stats(self, query: str | None = None) -> dict:

@@ -132,12 +132,23 @@ MIGRATIONS: tuple[tuple[str | dict[str, str], ...], ...] = (
         )""",
         "CREATE INDEX quota_usage_updated ON quota_usage (updated_at)",
     ),
+    (
+        # History in completion order across workers and instances: `seq` is when the run completed, Unix
+        # nanoseconds of the host's clock (qag/observe/observer.py). Runs written before it get their start
+        # second, so they sort as they did; `id` still breaks ties.
+        "ALTER TABLE runs ADD COLUMN seq INTEGER",
+        "UPDATE runs SET seq = at * 1000000000",
+        "DROP INDEX runs_hist",
+        "DROP INDEX runs_hist_at",
+        "CREATE INDEX runs_hist ON runs (q, v, seq) WHERE h = 1",
+        "CREATE INDEX runs_hist_seq ON runs (seq) WHERE h = 1",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
 
 # The columns a run row is written with (qag/observe/history.py builds them), in this order.
-RUN_COLUMNS = ("at", "h", "q", "v", "c", "k", "rid", "ok", "tr", "n", "ms", "ser", "code", "err", "sql", "x")
+RUN_COLUMNS = ("at", "h", "q", "v", "c", "k", "rid", "ok", "tr", "n", "ms", "ser", "code", "err", "sql", "x", "seq")
 
 DIALECTS = ("sqlite", "postgresql")
 

@@ -402,7 +402,7 @@ class SqliteStore(Store):
     def _trim(self, where: str, args: tuple, keep: int, events_since: int) -> None:
         """History beyond the newest `keep` of a version (or of ad-hoc runs) leaves history; a run that is
         also past the event retention goes altogether."""
-        beyond = (f"SELECT id FROM runs WHERE h = 1 AND {where} ORDER BY at DESC, id DESC "
+        beyond = (f"SELECT id FROM runs WHERE h = 1 AND {where} ORDER BY seq DESC, id DESC "
                   f"LIMIT {self._UNLIMITED} OFFSET {int(keep)}")
         self._run(f"DELETE FROM runs WHERE id IN ({beyond}) AND at < ?", args + (events_since,))
         self._run(f"UPDATE runs SET h = 0 WHERE id IN ({beyond})", args)
@@ -440,9 +440,9 @@ class SqliteStore(Store):
             clauses.append("r.at < ?")
             args.append(where["until"])
         if before is not None:
-            clauses.append("(r.at, r.id) < (?, ?)")
+            clauses.append("(r.seq, r.id) < (?, ?)")
             args.extend(before)
-        return self._all(f"{_RUN_SELECT} WHERE {' AND '.join(clauses)} ORDER BY r.at DESC, r.id DESC LIMIT ?",
+        return self._all(f"{_RUN_SELECT} WHERE {' AND '.join(clauses)} ORDER BY r.seq DESC, r.id DESC LIMIT ?",
                          tuple(args) + (int(limit),))
 
     def run_stats(self, query: str | None = None) -> dict:
@@ -555,7 +555,7 @@ def _insert_runs(filled: tuple[bool, ...], count: int) -> str:
 
 
 _RUN_SELECT = ("SELECT r.id, r.at, r.h, qn.name AS query, r.v, cn.name AS connection, kn.name AS key_name, r.rid, "
-               "r.ok, r.tr, r.n, r.ms, r.ser, en.name AS code, r.err, r.sql, r.x FROM runs r "
+               "r.ok, r.tr, r.n, r.ms, r.ser, en.name AS code, r.err, r.sql, r.x, r.seq FROM runs r "
                "LEFT JOIN names qn ON qn.id = r.q LEFT JOIN names cn ON cn.id = r.c LEFT JOIN names kn ON kn.id = r.k "
                "LEFT JOIN names en ON en.id = r.code")
 

@@ -395,6 +395,27 @@ def test_a_store_of_the_previous_schema_is_upgraded_in_place(tmp_path):
     store = SqliteStore(str(tmp_path))
     assert store.get_meta("kept") == "yes" and store.history({}, None, 10) == []
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     conn.close()
     assert store.quota_usage_in([("day", "2026-01-01")]) == []   # step 3: quota counts
+
+
+def test_runs_written_before_the_completion_order_keep_their_order_after_the_upgrade(tmp_path):
+    """Step 4 gives every run already stored its start second as its completion sequence: they read back in
+    the order they had (start second, then id), and after a run written since, which completed later."""
+    from qag.store.schema import MIGRATIONS
+    from qag.store.sqlite import SqliteStore
+    path = tmp_path / "qag.db"
+    conn = sqlite3.connect(path)
+    for step in MIGRATIONS[:3]:
+        for statement in step:
+            conn.execute(statement)
+    conn.execute("INSERT INTO names (id, name) VALUES (1, 'c'), (2, 'k')")
+    for at in (1_700_000_002, 1_700_000_001, 1_700_000_002):
+        conn.execute("INSERT INTO runs (at, h, c, k, ok) VALUES (?, 1, 1, 2, 1)", (at,))
+    conn.execute("PRAGMA user_version = 3")
+    conn.commit()
+    conn.close()
+    store = SqliteStore(str(tmp_path))
+    assert [(r["id"], r["seq"]) for r in store.history({}, None, 10)] == [
+        (3, 1_700_000_002_000_000_000), (1, 1_700_000_002_000_000_000), (2, 1_700_000_001_000_000_000)]
