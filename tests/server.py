@@ -169,6 +169,34 @@ class Server:
         """The pids of the workers that answered any of `replies`."""
         return {self.worker_of(reply) for reply in replies}
 
+    def connections_per_worker(self, workers: int, path: str, rounds: int = 20) -> dict[int, "KeptConnection"]:
+        """{pid: a kept-alive connection that worker serves} for `workers` workers. Calls `path` (a slow call
+        spreads best) concurrently on new connections until every worker has answered one; a kept-alive
+        connection stays with the worker that accepted it."""
+        found: dict[int, KeptConnection] = {}
+        for _ in range(rounds):
+            fresh = [KeptConnection(self) for _ in range(4 * workers)]
+            replies: list = [None] * len(fresh)
+            start = threading.Barrier(len(fresh))
+
+            def call(i: int) -> None:
+                start.wait()
+                replies[i] = fresh[i].get(path)
+            threads = [threading.Thread(target=call, args=(i,)) for i in range(len(fresh))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for conn, reply in zip(fresh, replies):
+                pid = self.worker_of(reply)
+                if pid in found or len(found) == workers:
+                    conn.close()
+                else:
+                    found[pid] = conn
+            if len(found) == workers:
+                return found
+        raise AssertionError(f"only {len(found)} of {workers} workers answered in {rounds} rounds")
+
     # --- fixtures of data ----------------------------------------------------------------------------------
     def sqlite_db(self, name: str, script: str) -> str:
         """Create a SQLite file in the home (relative path returned) from a SQL script."""
@@ -196,6 +224,29 @@ class Server:
         reply = self.post("/api/v1/api-keys", {"name": name, **grants})
         assert reply.status == 201, reply
         return reply.json["secret"]
+
+
+class KeptConnection:
+    """One kept-alive HTTP connection to a server (so every call on it reaches the same worker)."""
+
+    def __init__(self, server: Server):
+        self.server = server
+        self.conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+
+    def request(self, method: str, path: str, *, key: str | None = "admin",
+                headers: dict[str, str] | None = None) -> Reply:
+        all_headers = dict(headers or {})
+        if key is not None:
+            all_headers["X-API-Key"] = self.server.admin_key if key == "admin" else key
+        self.conn.request(method, path, headers=all_headers)
+        response = self.conn.getresponse()
+        return Reply(response.status, response.getheaders(), response.read())
+
+    def get(self, path: str, **kw) -> Reply:
+        return self.request("GET", path, **kw)
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 def q(name: str) -> str:

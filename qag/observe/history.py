@@ -285,7 +285,7 @@ def _cursor(text: str) -> tuple[int, int]:
     except (ValueError, UnicodeDecodeError):
         raw = ""
     m = _CURSOR.fullmatch(raw)
-    if m is None:
+    if m is None or int(m.group(1)) >= 1 << 63:   # beyond a 64-bit store integer: never one given out
         raise QagError("invalid_filter", "cursor is not one this server gave out")
     return int(m.group(1)), int(m.group(2))
 

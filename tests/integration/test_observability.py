@@ -282,6 +282,8 @@ def test_access_log_query_setting():
 def test_history_cursor_beyond_64_bits_is_a_filter_error(make_server):
     import base64
     s = make_server(seed=False)
-    cursor = base64.urlsafe_b64encode(b"1.9999999999999999999").decode().rstrip("=")
-    r = s.get(f"/api/v1/history?cursor={cursor}")
-    assert r.status == 400 and r.json["code"] == "invalid_filter", r
+    for raw in (b"1.9999999999999999999", b"c2.9999999999999999999.1", b"c2.1.9999999999999999999",
+                b"1700000000.5"):   # the last: a cursor of the order by start second, before completion order
+        cursor = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+        r = s.get(f"/api/v1/history?cursor={cursor}")
+        assert r.status == 400 and r.json["code"] == "invalid_filter", (raw, r)
