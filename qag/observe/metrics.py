@@ -2,12 +2,17 @@
 
 Each request thread counts into its own shard (a few dict and list operations, no lock: only that thread writes
 its shard). A worker's snapshot thread sums its shards a few times a second and writes the totals to a file of
-its own in a folder the gunicorn master creates before forking (`start_instance()`, gunicorn_conf.on_starting);
-the file is replaced atomically (write, then rename), so a reader never sees half of one. Whichever worker
-answers GET /metrics sums its live shards, the other workers' files, and `retired.m`, where the master folds
-in the counters of each worker that exits (`retire_worker()`, gunicorn_conf.child_exit) so totals survive
-worker recycling. Gauges are summed over live workers only. Without the master's folder (in-process use) the
-figures are this process's own.
+its own (`w<pid>-<start>.m`) in a folder the gunicorn master creates before forking (`start_instance()`,
+gunicorn_conf.on_starting); the file is replaced atomically (write, then rename), so a reader never sees half of
+one. The master folds the counters of each worker that exits into `retired.m` and lists the file it absorbed
+there before removing it (`retire_worker()`, gunicorn_conf.child_exit), so totals survive worker recycling.
+
+Summed counters never go back, whichever worker answers: GET /metrics first publishes the answering worker's
+own snapshot, then reads only published figures (every worker's file, then `retired.m`, skipping files it says
+it absorbed). Each file only grows, and whatever one reply showed of a worker is in its file for every later
+reply. A worker killed with SIGKILL keeps what it last published (at most a quarter second is lost, never
+shown). Gauges are summed over live workers only. Without the master's folder (in-process use) the figures are
+this process's own.
 
 Labels are bounded: method (known verbs, else OTHER), endpoint (route names), status, key and connection names
 (objects an administrator creates), dialect, format.
@@ -22,6 +27,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import weakref
 
 BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -29,6 +35,7 @@ _NB = len(BOUNDS) + 1
 _METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
 _SNAPSHOT_EVERY = 0.25
 _RETIRED = "retired.m"
+_ABSORBED_KEPT = 256    # names of absorbed worker files retired.m lists
 _FOLDER_PREFIX = "qag-metrics-"
 
 SHARED_DIR: str | None = None   # set in the gunicorn master before fork; workers inherit it
@@ -81,20 +88,29 @@ def _sweep_abandoned(base: str) -> None:
 
 
 def retire_worker(pid: int) -> None:
-    """Fold an exited worker's counters into retired.m (its gauges die with it)."""
+    """Fold an exited worker's counters into retired.m (its gauges die with it): retired.m, naming the file it
+    absorbed, is replaced before the file goes, so a reader counts the worker once, in one or the other."""
     if SHARED_DIR is None:
         return
-    path = os.path.join(SHARED_DIR, f"w{pid}.m")
-    snapshot = _load(path)
-    if snapshot is None:
-        return
-    retired = _load(os.path.join(SHARED_DIR, _RETIRED)) or {"c": {}, "g": {}}
-    _merge(retired["c"], snapshot.get("c", {}))
-    _dump(os.path.join(SHARED_DIR, _RETIRED), retired)
+    prefix = f"w{pid}-"
     try:
-        os.unlink(path)
+        names = [n for n in os.listdir(SHARED_DIR) if n.startswith(prefix) and n.endswith(".m")]
     except OSError:
-        pass
+        return
+    for name in names:
+        path = os.path.join(SHARED_DIR, name)
+        snapshot = _load(path)
+        if snapshot is None:
+            continue
+        retired = _load(os.path.join(SHARED_DIR, _RETIRED)) or {"c": {}, "g": {}}
+        _merge(retired["c"], snapshot.get("c", {}))
+        # Only a reader that loaded the file before it went can still hold it: a short list is enough.
+        retired["a"] = (list(retired.get("a", ())) + [name])[-_ABSORBED_KEPT:]
+        _dump(os.path.join(SHARED_DIR, _RETIRED), retired)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def stop_instance() -> None:
@@ -164,6 +180,7 @@ class Metrics:
         self._gauges = gauges          # callable -> ({counters}, {gauges}) of other parts (pools, buffers)
         self._started = False
         self._pid: int | None = None
+        self._file = ""                # this worker's snapshot file, named when it starts
         self._written = b""
         self._write_lock = threading.Lock()
         self._start_lock = threading.Lock()
@@ -225,6 +242,8 @@ class Metrics:
                 return
             self._started = True
             self._pid = os.getpid()
+            # The start in the name: a later worker that gets the same pid never shares (or loses) this file.
+            self._file = f"w{self._pid}-{time.monotonic_ns()}.m"
             self._stop = threading.Event()
             if SHARED_DIR is not None:
                 threading.Thread(target=self._loop, name="qag-metrics", daemon=True).start()
@@ -236,22 +255,26 @@ class Metrics:
             except Exception:  # a full /dev/shm or a bad stat must not end the snapshots for good
                 logging.getLogger("qag").exception("could not write this worker's metrics snapshot")
 
-    def write_snapshot(self) -> None:
+    def write_snapshot(self) -> bool:
+        """Publish this worker's totals to its file; False when it could not be written."""
+        if not self._started:
+            self._start()
         if SHARED_DIR is None or self._pid != os.getpid():
-            return
-        with self._write_lock:  # the snapshot thread and close(): the later write has the later figures
+            return False
+        with self._write_lock:  # the snapshot thread, a scrape and close(): the later write has the later figures
             data = marshal.dumps(self.snapshot())
             if data == self._written:
-                return  # nothing changed: an idle worker writes nothing
-            path = os.path.join(SHARED_DIR, f"w{os.getpid()}.m")
+                return True  # nothing changed: an idle worker writes nothing
+            path = os.path.join(SHARED_DIR, self._file)
             tmp = f"{path}.tmp"
             try:
                 with open(tmp, "wb") as fh:
                     fh.write(data)
                 os.replace(tmp, path)
                 self._written = data
-            except OSError:  # the master removed the folder (shutting down)
-                pass
+                return True
+            except OSError:  # the master removed the folder (shutting down), or the folder is full
+                return False
 
     def snapshot(self) -> dict:
         """This worker's totals: {"c": counters, "g": gauges}; lists copied first, so no thread's update tears."""
@@ -280,26 +303,36 @@ class Metrics:
         return {"c": c, "g": g}
 
     def instance(self) -> dict:
-        """Totals of every worker of the instance: this one live, the others from their latest snapshots."""
-        mine = self.snapshot()
+        """Totals of every worker of the instance, from published figures only (see the module's docstring)."""
         total = {"c": {}, "g": {}}
-        _merge(total["c"], mine["c"])
-        _merge(total["g"], mine["g"])
-        if SHARED_DIR is not None:
-            own = f"w{os.getpid()}.m"
-            try:
-                names = os.listdir(SHARED_DIR)
-            except OSError:
-                names = []
-            for name in names:
-                if not name.endswith(".m") or name == own:
-                    continue
+        if SHARED_DIR is None or not self.write_snapshot():
+            mine = self.snapshot()   # nothing published to read back: this worker's live figures
+            _merge(total["c"], mine["c"])
+            _merge(total["g"], mine["g"])
+            if SHARED_DIR is None:
+                return total
+            skip = self._file
+        else:
+            skip = None
+        try:
+            names = os.listdir(SHARED_DIR)
+        except OSError:
+            names = []
+        workers = {}
+        for name in names:
+            if name.startswith("w") and name.endswith(".m") and name != skip:
                 snap = _load(os.path.join(SHARED_DIR, name))
-                if snap is None:
-                    continue
+                if snap is not None:
+                    workers[name] = snap
+        # retired.m last: a worker file missing from the listing or gone before it was read was absorbed into
+        # this copy (or a newer one), and one read before it went is skipped when this copy says it absorbed it.
+        retired = _load(os.path.join(SHARED_DIR, _RETIRED)) or {}
+        absorbed = set(retired.get("a", ()))
+        _merge(total["c"], retired.get("c", {}))
+        for name, snap in workers.items():
+            if name not in absorbed:
                 _merge(total["c"], snap.get("c", {}))
-                if name != _RETIRED:
-                    _merge(total["g"], snap.get("g", {}))
+                _merge(total["g"], snap.get("g", {}))
         return total
 
     def close(self) -> None:

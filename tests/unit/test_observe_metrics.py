@@ -99,13 +99,13 @@ def test_workers_are_summed_and_retired_counters_survive(shared):
     other = {"c": {"req": {("GET", "api.run_named_query", 200, "admin"): [2, 0.02] + [0, 2] + [0] * 12},
                    "qry": {}, "ser": {}, "exp": {}},
              "g": {"active": 1, "workers": 1}}
-    metrics._dump(str(shared / "w999999.m"), other)
+    metrics._dump(str(shared / "w999999-1.m"), other)
     gone = {"c": {"req": {("GET", "api.run_named_query", 200, "admin"): [3, 0.03] + [0, 3] + [0] * 12},
                   "qry": {}, "ser": {}, "exp": {}},
             "g": {"active": 5, "workers": 1}}
-    metrics._dump(str(shared / "w999998.m"), gone)
+    metrics._dump(str(shared / "w999998-1.m"), gone)
     metrics.retire_worker(999998)
-    assert not (shared / "w999998.m").exists() and (shared / "retired.m").exists()
+    assert not (shared / "w999998-1.m").exists() and (shared / "retired.m").exists()
     text = render(a.instance(), {}).decode()
     line = 'queryapigate_requests_total{method="GET",endpoint="api.run_named_query",status="200",key="admin"}'
     assert _value(text, line) == 6
@@ -119,7 +119,7 @@ def test_snapshot_is_written_atomically_to_the_shared_folder(shared):
     m.request("GET", "api.health", 200, "-", 0.001)
     m.write_snapshot()
     names = os.listdir(shared)
-    assert names == [f"w{os.getpid()}.m"]
+    assert len(names) == 1 and names[0].startswith(f"w{os.getpid()}-") and names[0].endswith(".m")
     snap = metrics._load(str(shared / names[0]))
     assert snap["c"]["req"][("GET", "api.health", 200, "-")][0] == 1
     m.close()
@@ -147,3 +147,60 @@ def test_start_instance_removes_only_folders_of_masters_that_are_gone(tmp_path, 
     finally:
         metrics.stop_instance()
     assert not os.path.exists(made)
+
+
+_LINE = 'queryapigate_requests_total{method="GET",endpoint="api.run_named_query",status="200",key="admin"}'
+
+
+def _count(m: Metrics) -> float:
+    return _value(render(m.instance(), {}).decode(), _LINE)
+
+
+def test_scrapes_answered_by_different_workers_never_go_back(shared):
+    """Two workers of one instance (two Metrics with their own files) answering scrapes in turn while both
+    count: each answer is at least the one before, since each reads only what was published."""
+    a, b = Metrics(), Metrics()
+    seen = []
+    for i in range(20):
+        counting = a if i % 3 else b
+        for _ in range(i + 1):
+            counting.request("GET", "api.run_named_query", 200, "admin", 0.001)
+        seen.append(_count(a if i % 2 else b))
+    assert seen == sorted(seen) and seen[-1] == sum(range(1, 21))
+    a.close()
+    b.close()
+
+
+def test_a_worker_retired_while_a_scrape_reads_is_counted_once(shared, monkeypatch):
+    """The master folds a gone worker's file into retired.m and removes it between the scrape's reading of that
+    file and of retired.m: the worker's counts are in the answer exactly once, before and after."""
+    gone = {"c": {"req": {("GET", "api.run_named_query", 200, "admin"): [7, 0.07] + [0, 7] + [0] * 12}}, "g": {}}
+    metrics._dump(str(shared / "w999997-5.m"), gone)
+    reader = Metrics()
+    reader.request("GET", "api.run_named_query", 200, "admin", 0.001)
+    assert _count(reader) == 8
+    real_load = metrics._load
+    retiring = []
+
+    def load_then_retire(path):
+        value = real_load(path)
+        if path.endswith("w999997-5.m") and not retiring:
+            retiring.append(path)
+            metrics.retire_worker(999997)   # after this file was read, before retired.m is
+        return value
+    monkeypatch.setattr(metrics, "_load", load_then_retire)
+    assert _count(reader) == 8
+    monkeypatch.setattr(metrics, "_load", real_load)
+    assert not (shared / "w999997-5.m").exists() and _count(reader) == 8
+    reader.close()
+
+
+def test_a_later_worker_with_the_same_pid_keeps_its_own_counts(shared):
+    """Pids are reused: a worker retired under pid P, then a new one under P, are two files, both counted."""
+    old = {"c": {"req": {("GET", "api.run_named_query", 200, "admin"): [4, 0.04] + [0, 4] + [0] * 12}}, "g": {}}
+    metrics._dump(str(shared / f"w{os.getpid()}-1.m"), old)
+    metrics.retire_worker(os.getpid())
+    m = Metrics()
+    m.request("GET", "api.run_named_query", 200, "admin", 0.001)
+    assert _count(m) == 5
+    m.close()
