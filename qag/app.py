@@ -19,6 +19,7 @@ from .http.request import Request
 from .http.response import HeaderPolicy, Response, error_response
 from .http.router import Router
 from .observe import Observer
+from .policy import hostlimits
 from .policy.quotas import Quotas
 from .policy.redislimits import LimitStats, RateLimiter, SlotPool
 from .redisconn import from_settings as redis_from_settings
@@ -56,14 +57,16 @@ class Gateway:
         self.trust_proxy = settings.trust_proxy
         self.server_timing = settings.server_timing
         # Rate limits, max_concurrent slots and quotas: in Redis when configured (shared by every worker and
-        # instance), else counted in this worker (limits) or shared through the store (quotas); see
-        # qag/policy/redislimits.py and quotas.py.
+        # instance), else (and while Redis fails) in the host table every worker of this host counts in (the
+        # gunicorn master's, or a private one in-process); see qag/policy/hostlimits.py, redislimits.py, quotas.py.
         self.rate_limit = settings.rate_limit
         self.limit_stats = LimitStats()
-        self.address_buckets = RateLimiter("client", self.redis, self.limit_stats)
-        self.key_buckets = RateLimiter("key", self.redis, self.limit_stats)
-        self.slots = SlotPool(self.redis, self.limit_stats)
-        self.quotas = Quotas(self.store, self.redis, self.limit_stats, interval=settings.history_flush_interval)
+        self.limit_table = hostlimits.shared(settings.limits_table_entries)
+        self.address_buckets = RateLimiter("client", self.redis, self.limit_stats, table=self.limit_table)
+        self.key_buckets = RateLimiter("key", self.redis, self.limit_stats, table=self.limit_table)
+        self.slots = SlotPool(self.redis, self.limit_stats, table=self.limit_table)
+        self.quotas = Quotas(self.store, self.redis, self.limit_stats, interval=settings.history_flush_interval,
+                             table=self.limit_table)
         self.router = Router()
         self.observe = Observer(self)
         # Saved-query responses with a cache_ttl: in this process, or in Redis when set (qag/cache/response.py).

@@ -37,6 +37,8 @@ def on_starting(server):
     if _settings.metadata_cache_ttl > 0:
         from qag.cache import shm
         shm.start_instance(_settings.metadata_cache_bytes)
+    from qag.policy import hostlimits  # rate limits, max_concurrent slots and quotas of every worker
+    hostlimits.start_instance(_settings.limits_table_entries)
 
 
 def post_worker_init(worker):
@@ -62,9 +64,12 @@ def worker_exit(server, worker):
 
 
 def child_exit(server, worker):
-    """Master, a worker gone: fold its counters into the instance's retired totals."""
+    """Master, a worker gone: fold its counters into the instance's retired totals, and give back the slots and
+    quota reservations it held."""
     from qag.observe import metrics
+    from qag.policy import hostlimits
     metrics.retire_worker(worker.pid)
+    hostlimits.sweep(worker.pid)
 
 
 def on_exit(server):
@@ -73,3 +78,5 @@ def on_exit(server):
     metrics.stop_instance()
     hostflush.stop_instance()
     shm.stop_instance()
+    from qag.policy import hostlimits
+    hostlimits.stop_instance()

@@ -1,6 +1,7 @@
-"""Rate limits and concurrency slots (contract 6.6, 6.7), sans-IO: the caller passes identities and limits, an
-injectable monotonic clock gives the time. Counted in-process, per worker: with several workers each one keeps
-its own buckets and slots. This is the path without Redis and the fallback while Redis fails (redislimits.py)."""
+"""Rate limits and concurrency slots (contract 6.6, 6.7) counted in one process, sans-IO: the caller passes
+identities and limits, an injectable monotonic clock gives the time. The host table (hostlimits.py) counts for
+every worker; these count a worker's calls alone, for an identity the host table has no room for
+(redislimits.py)."""
 
 from __future__ import annotations
 

@@ -1,21 +1,25 @@
 """Quotas (contract 6.8): calls and rows per caller and calendar period (server-local day or month), checked before
-each data call, counted after it, and shared by every worker and instance through the store, or through Redis.
+each data call, counted after it: exact for every worker of a host through the host table (hostlimits.py), across
+instances through Redis when configured; the store keeps every count (the durable record).
 
 A data call *reserves* its call before it runs (so concurrent calls can't all pass the last free one) and settles
 after the response: a 200 keeps the call and adds the page's rows, anything else gives the call back. A stream's
-rows are added as they leave; the call that crosses the row quota completes.
+rows are added as they leave; the call that crosses the row quota completes. A reservation is held by its process:
+if the worker dies before settling (SIGKILL), the call is given back (hostlimits.py).
 
-Without Redis every worker keeps its own unwritten counts and a view of the store's counts. The view of a caller is
-re-read from the store at most once a second (when the caller is next seen); a writer thread per worker adds the
-unwritten counts to the store every QAG_HISTORY_FLUSH_INTERVAL seconds in one transaction. A check sees
-`view + this worker's unwritten counts`, exact for this worker's own calls; another worker's calls reach it within
-its flush interval plus one second. So the workers (and instances) sharing a store together exceed a quota by at
-most what the *other* workers serve in QAG_HISTORY_FLUSH_INTERVAL + 1 s after the quota ran out; never refuse early.
+Without Redis the host table holds each caller's count of the period: seeded from the store when first needed
+(or again after it was evicted, which only happens once the store holds all of it), then counted there by every
+worker. Each worker writes the calls it settled and the rows it served to the store (its writer thread, every
+QAG_HISTORY_FLUSH_INTERVAL seconds, one transaction) and tells the table, which then knows how much of its count
+the store holds. Once a second one worker re-reads the store's counts: what they hold beyond that is other
+instances' (sharing the store without Redis), added to what a check sees. So one host is exact; several instances
+without Redis exceed a quota by at most what the others serve in QAG_HISTORY_FLUSH_INTERVAL + 1 s after it ran out
+(never refuse early). A counter the host table has no room for is checked by the worker alone: the store's counts
+(re-read at most once a second) plus its own.
 
 With Redis the counter is the hash `qag:quota:<workspace>~<caller>:<day:YYYY-MM-DD|month:YYYY-MM>` (fields calls,
 rows, at; 40-day expiry), checked and reserved atomically by one Lua script and seeded from the store when missing,
-so the limit is exact across instances. The store still gets every count (the fallback and the durable record).
-While Redis fails, the store's view plus this worker's counts decide, as without Redis.
+so the limit is exact across instances. While Redis fails, the host table decides, as without Redis.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import weakref
 from typing import Callable
 
 from ..errors import QagError
+from .hostlimits import HostTable
 
 log = logging.getLogger("qag")
 
@@ -105,7 +110,7 @@ class Ticket:
     X-Quota-* headers) and, for a data call, the reserved call to settle once the response is known."""
 
     __slots__ = ("quotas", "key", "per", "calls_limit", "rows_limit", "reset_at", "reset_text", "start_at",
-                 "calls", "rows", "refused", "reserved", "remote", "now")
+                 "calls", "rows", "refused", "reserved", "remote", "host", "now")
 
     def headers(self) -> list[tuple[str, str]]:
         out = [("X-Quota-Reset", self.reset_text)]
@@ -129,12 +134,12 @@ class Ticket:
         if not self.reserved:
             return
         self.reserved = False
-        self.quotas._add(self, 0 if ok else -1, rows if ok else 0)
+        self.quotas._add(self, 0 if ok else -1, rows if ok else 0, stored=1 if ok else 0, settle=True)
 
     def add_rows(self, rows: int) -> None:
         """A stream's rows, counted as they leave."""
         if rows:
-            self.quotas._add(self, 0, rows)
+            self.quotas._add(self, 0, rows, stored=0, settle=False)
 
     def usage(self) -> dict:
         """`usage_this_period` of a key (contract 5.4)."""
@@ -147,21 +152,25 @@ _open: "weakref.WeakSet[Quotas]" = weakref.WeakSet()
 
 
 class Quotas:
-    """One per worker: the counts it has not written yet, its view of the store's counts, its writer thread, and
-    the Redis counters when configured."""
+    """One per worker: the host table's counters (or Redis's), the counts it has not written to the store yet, its
+    writer thread, and for a counter the host table has no room for, its own view of the store's counts."""
 
     def __init__(self, store, redis=None, stats=None, *, interval: float = 1.0, workspace: str = WORKSPACE,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, table: HostTable | None = None):
         self.store = store
         self.redis = redis
         self.stats = stats           # LimitStats: Redis fallbacks are counted with the limiters'
         self.interval = interval
         self.workspace = workspace
         self.clock = clock
+        # Without one given (a Quotas of its own, in tests), a private table: this Quotas is then a host.
+        self.table = table if table is not None else HostTable.create(256)
         self._lock = threading.Lock()        # the dicts below; held for dict operations only
         self._io = threading.Lock()          # store writes and view re-reads, one at a time
-        self._view: dict[tuple, list] = {}       # key -> [calls, rows, read at (monotonic)]
-        self._unwritten: dict[tuple, list] = {}  # key -> [calls, rows, last counted at (Unix)]
+        self._view: dict[tuple, list] = {}       # key -> [calls, rows, read at (monotonic)]: no room in the table
+        self._reserved: dict[tuple, int] = {}    # key -> this worker's unsettled calls counted by itself alone
+        # key -> [calls, rows, last counted at (Unix), calls and rows of those the host table counted]
+        self._unwritten: dict[tuple, list] = {}
         self._in_flight: dict[tuple, list] = {}  # being written by flush()
         self._reserve = self._add_script = None
         self._thread_pid = None
@@ -184,16 +193,16 @@ class Quotas:
         t.quotas, t.key, t.per, t.now = self, (self.workspace, name, per, text), per, now
         t.calls_limit, t.rows_limit = calls_limit, rows_limit
         t.start_at, t.reset_at, t.reset_text = start, reset, local_text(reset)
-        t.refused, t.reserved, t.remote = None, False, False
+        t.refused, t.reserved, t.remote, t.host = None, False, False, False
         result = None
         if self.redis is not None:
             result = self.redis.call(lambda r: self._remote_reserve(r, t, reserve), self._fell_back)
+            t.remote = result is not None
+        if result is None:
+            result = self._host_reserve(t, reserve)
+            t.host = result is not None
         if result is None:
             result = self._local_reserve(t, reserve)
-        else:
-            t.remote = True
-            if result[0] and reserve:
-                self._count_locally(t.key, 1, 0)  # the store keeps every count, Redis or not
         allowed, t.calls, t.rows = result
         if reserve:
             if allowed:
@@ -207,6 +216,60 @@ class Quotas:
             self.stats.fell_back()
         return None
 
+    # --- the host table -------------------------------------------------------------------------------------
+    @staticmethod
+    def host_key(key: tuple) -> str:
+        workspace, caller, per, text = key
+        return f"{workspace}~{caller}:{per}:{text}"
+
+    def _host_reserve(self, t: Ticket, reserve: bool):
+        """Check (and reserve) in the host table: (allowed, calls, rows), or None when it has no room for the
+        counter (or the store could not be read to seed it)."""
+        table, hk = self.table, self.host_key(t.key)
+        limits = (t.calls_limit or 0, t.rows_limit or 0)
+        for _ in range(3):
+            found = table.quota(hk, *limits, reserve, VIEW_MAX_AGE)
+            if found is None:      # not counted on this host yet: seed it from the store
+                seed = self._stored(t.key, pending=True)
+                if seed is None:
+                    return None
+                if table.quota_seed(hk, seed[0], seed[1], t.reset_at):
+                    continue
+            elif found is not False:
+                allowed, calls, rows, reread = found
+                if reread is not None:
+                    stored = self._stored(t.key, pending=False)
+                    if stored is not None:
+                        table.quota_reread(hk, reread, *stored)
+                        if not reserve:  # a view only: show what was just read
+                            found = table.quota(hk, *limits, False, VIEW_MAX_AGE)
+                            if found:
+                                allowed, calls, rows = found[:3]
+                return allowed, calls, rows
+            break
+        if self.stats is not None:
+            self.stats.no_room()
+        return None
+
+    def _stored(self, key: tuple, pending: bool):
+        """The store's counts of key (read without any lock held), with pending=True plus this worker's counts the
+        host table did not count and the store does not hold yet (counted through Redis, or by this worker
+        alone); None when the store can't be read."""
+        try:
+            calls, rows = self.store.quota_counts([key]).get(key, (0, 0))
+        except Exception as exc:
+            self._warn("could not read quota counts (%s); this worker counts alone meanwhile", exc)
+            return None
+        if pending:
+            with self._lock:
+                for table in (self._in_flight, self._unwritten):
+                    v = table.get(key)
+                    if v is not None:
+                        calls += v[0] - v[3]
+                        rows += v[1] - v[4]
+        return calls, rows
+
+    # --- a counter the host table has no room for -----------------------------------------------------------
     def _local_reserve(self, t: Ticket, reserve: bool) -> tuple[int, int, int]:
         key = t.key
         view = self._view.get(key)
@@ -219,12 +282,11 @@ class Quotas:
             if ((t.calls_limit is not None and calls >= t.calls_limit)
                     or (t.rows_limit is not None and rows >= t.rows_limit)):
                 return 0, calls, rows
-            self._bump(key, 1, 0)
-        self._start()
+            self._reserved[key] = self._reserved.get(key, 0) + 1
         return 1, calls + 1, rows
 
     def _total(self, key: tuple) -> tuple[int, int]:
-        calls = rows = 0
+        calls, rows = self._reserved.get(key, 0), 0
         for table in (self._view, self._in_flight, self._unwritten):
             v = table.get(key)
             if v is not None:
@@ -232,27 +294,38 @@ class Quotas:
                 rows += v[1]
         return calls, rows
 
-    def _bump(self, key: tuple, calls: int, rows: int) -> None:
-        u = self._unwritten.get(key)
-        if u is None:
-            self._unwritten[key] = [calls, rows, self.clock()]
-        else:
+    # --- counting -------------------------------------------------------------------------------------------
+    def _count_stored(self, key: tuple, calls: int, rows: int, hosted: bool) -> None:
+        """For the store: a settled call and rows served (hosted: the host table counted them too)."""
+        with self._lock:
+            u = self._unwritten.get(key)
+            if u is None:
+                u = self._unwritten[key] = [0, 0, 0.0, 0, 0]
             u[0] += calls
             u[1] += rows
             u[2] = self.clock()
-
-    def _count_locally(self, key: tuple, calls: int, rows: int) -> None:
-        with self._lock:
-            self._bump(key, calls, rows)
+            if hosted:
+                u[3] += calls
+                u[4] += rows
         self._start()
 
-    def _add(self, t: Ticket, calls: int, rows: int) -> None:
-        if not calls and not rows:
-            return
-        self._count_locally(t.key, calls, rows)
+    def _add(self, t: Ticket, calls: int, rows: int, stored: int, settle: bool) -> None:
+        """calls/rows: what the counter changes by (a given-back call is -1); stored: the calls the store gets."""
+        if not t.remote and not t.host and settle:
+            with self._lock:
+                left = self._reserved.get(t.key, 0) - 1
+                if left > 0:
+                    self._reserved[t.key] = left
+                else:
+                    self._reserved.pop(t.key, None)
+        if stored or rows:
+            self._count_stored(t.key, stored, rows, t.host)
         totals = None
         if t.remote:
-            totals = self.redis.call(lambda r: self._remote_add(r, t, calls, rows), self._fell_back)
+            if calls or rows:
+                totals = self.redis.call(lambda r: self._remote_add(r, t, calls, rows), self._fell_back)
+        elif t.host:
+            totals = self.table.quota_add(self.host_key(t.key), calls, rows, settle)
         if totals is None:
             t.calls += calls
             t.rows += rows
@@ -316,8 +389,9 @@ class Quotas:
 
     # --- /api/v1/usage/quotas -------------------------------------------------------------------------------
     def usage(self) -> list[dict]:
-        """Every caller's counts for the current day and month: stored + this worker's unwritten counts, or
-        Redis's counters where Redis has them."""
+        """Every caller's counts for the current day and month: stored + this worker's unwritten counts, or the
+        host table's where it counts more (other workers' counts not written yet), or Redis's counters where Redis
+        has them."""
         now = self.clock()
         periods = [("day", period("day", now)[0]), ("month", period("month", now)[0])]
         wanted = set(periods)
@@ -327,17 +401,24 @@ class Quotas:
                 row["calls"], row["rows"], row["updated_at"]]
         with self._lock:
             for table in (self._in_flight, self._unwritten):
-                for key, (calls, rows, at) in table.items():
+                for key, (calls, rows, at, _hc, _hr) in table.items():
                     if (key[2], key[3]) not in wanted:
                         continue
                     c = counts.setdefault(key, [0, 0, None])
                     c[0] += calls
                     c[1] += rows
                     c[2] = at if c[2] is None else max(c[2], at)
+        remote = None
         if self.redis is not None and counts:
             keys = sorted(counts)
             remote = self.redis.call(lambda r: self._remote_read(r, keys), self._fell_back)
-            for key, found in zip(keys, remote or ()):
+        if remote is None:
+            for key, c in counts.items():
+                host = self.table.quota_peek(self.host_key(key))
+                if host is not None:
+                    c[0], c[1] = max(c[0], host[0]), max(c[1], host[1])
+        else:
+            for key, found in zip(keys, remote):
                 if found[0] is not None:
                     at = found[2]
                     counts[key] = [int(found[0]), int(found[1] or 0), int(at) if at else counts[key][2]]
@@ -376,27 +457,35 @@ class Quotas:
 
     def flush(self) -> bool:
         """Add this worker's unwritten counts to the store in one transaction; on failure they stay unwritten
-        (still counted here) and are tried again at the next flush."""
+        (still counted here) and are tried again at the next flush. The host table is told before (a re-read
+        that overlaps is not applied) and after (how much of its count the store now holds)."""
         with self._io:
             with self._lock:
                 batch, self._unwritten = self._unwritten, {}
                 self._in_flight = batch
             items = [(*key, v[0], v[1]) for key, v in batch.items() if v[0] or v[1]]
+            hosted = {self.host_key(key): (v[3], v[4]) for key, v in batch.items() if v[3] or v[4]}
+            if hosted:
+                self.table.quota_writing(list(hosted))
             try:
                 if items:
                     self.store.add_quota_usage(items, int(self.clock()))
             except Exception as exc:
+                if hosted:
+                    self.table.quota_writing(list(hosted), {})
                 with self._lock:
                     for key, v in batch.items():
                         u = self._unwritten.get(key)
                         if u is None:
                             self._unwritten[key] = v
                         else:
-                            u[0] += v[0]
-                            u[1] += v[1]
+                            for i in (0, 1, 3, 4):
+                                u[i] += v[i]
                     self._in_flight = {}
                 self._warn("could not write quota counts (%s); kept for the next write", exc)
                 return False
+            if hosted:
+                self.table.quota_writing(list(hosted), hosted)
             with self._lock:
                 for key, v in batch.items():
                     view = self._view.get(key)

@@ -1,10 +1,12 @@
-"""Rate limits and max_concurrent slots shared through Redis (contract 6.6, 6.7, 7.4), with the in-process limiter
-of limits.py as the path without Redis and the fallback while Redis fails.
+"""Rate limits and max_concurrent slots (contract 6.6, 6.7, 7.4): shared through Redis by every instance when
+configured, else (and while Redis fails) by every worker of the host through the host table (hostlimits.py), and
+counted by the worker alone (limits.py) only when the host table has no room.
 
 Each limiter costs a call one Redis round trip at most (EVALSHA of a small Lua script that reads Redis's own clock,
 so every worker and instance agrees on the time). When Redis fails, the process's `SharedRedis` backs off for 5 s
-and logs; meanwhile each process counts alone in its in-process limiter and every such call is counted in
-`LimitStats.fallbacks` (`queryapigate_rate_limit_fallbacks_total`). It goes back to Redis by itself.
+and logs; meanwhile the host's workers count together in the host table and every such call is counted in
+`LimitStats.fallbacks` (`queryapigate_rate_limit_fallbacks_total`). It goes back to Redis by itself. A call the
+host table has no room for is counted in `fallbacks` too, and in `LimitStats.table_full`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import threading
 import time
 
+from .hostlimits import HostTable
 from .limits import Buckets, Slot, Slots
 
 # A token bucket on Redis's clock: hash fields tokens and seen (seconds, fractional). Refills continuously at
@@ -71,13 +74,15 @@ LEASE_UNLIMITED = 3630.0   # ... or this without a time limit
 
 
 class LimitStats:
-    """Counters of the limiters of one worker: rejections (429 rate_limited) and Redis fallbacks."""
+    """Counters of the limiters of one worker: rejections (429 rate_limited), calls not counted in Redis (which
+    failed) or in the host table (`fallbacks`), and of those the ones the host table had no room for."""
 
-    __slots__ = ("rejections", "fallbacks", "_lock")
+    __slots__ = ("rejections", "fallbacks", "table_full", "_lock")
 
     def __init__(self):
         self.rejections = 0
         self.fallbacks = 0
+        self.table_full = 0
         self._lock = threading.Lock()
 
     def rejected(self) -> None:
@@ -88,22 +93,30 @@ class LimitStats:
         with self._lock:
             self.fallbacks += 1
 
+    def no_room(self) -> None:
+        with self._lock:
+            self.fallbacks += 1
+            self.table_full += 1
+
 
 class RateLimiter:
     """Token buckets of one kind (`client` by address, `key` by key name): in Redis when configured, else (and
-    while Redis fails) in this process. `take()` has the signature and results of `Buckets.take`."""
+    while Redis fails) in the host table, or in this process without one (or when it has no room). `take()` has
+    the signature and results of `Buckets.take`."""
 
-    def __init__(self, kind: str, redis, stats: LimitStats, local: Buckets | None = None):
+    def __init__(self, kind: str, redis, stats: LimitStats, local: Buckets | None = None,
+                 table: HostTable | None = None):
         self.kind = kind
         self.redis = redis
         self.stats = stats
         self.local = local if local is not None else Buckets()
+        self.table = table
         self._script = None
 
     def take(self, ident, count: int, period: float) -> tuple[int, int]:
         redis = self.redis
         if redis is None:
-            result = self.local.take(ident, count, period)
+            result = self._host(ident, count, period)
         else:
             key = f"qag:ratelimit:{self.kind}:{count}/{int(period)}:{ident}"
             result = redis.call(lambda r: self._remote(r, key, count, period),
@@ -121,9 +134,18 @@ class RateLimiter:
             return int(tokens), 0
         return 0, max(1, math.ceil((1.0 - tokens) * period / count))
 
+    def _host(self, ident, count: int, period: float) -> tuple[int, int]:
+        table = self.table
+        if table is not None:
+            result = table.take(self.kind, ident, count, period)
+            if result is not None:
+                return result
+            self.stats.no_room()
+        return self.local.take(ident, count, period)
+
     def _fallback(self, ident, count: int, period: float) -> tuple[int, int]:
         self.stats.fell_back()
-        return self.local.take(ident, count, period)
+        return self._host(ident, count, period)
 
 
 class _RedisSlot:
@@ -161,14 +183,33 @@ class _LocalSlot(Slot):
         pass  # an in-process slot lives exactly as long as its request
 
 
-class SlotPool:
-    """max_concurrent slots per key name: leases in Redis when configured, else (and while Redis fails) counted
-    in this process. `acquire()` returns a slot to release, or None when every slot is held."""
+class _HostSlot:
+    """One slot in the host table, held by this process (given back by the master if the process dies)."""
 
-    def __init__(self, redis, stats: LimitStats, local: Slots | None = None):
+    __slots__ = ("table", "name")
+
+    def __init__(self, table: HostTable, name: str):
+        self.table, self.name = table, name
+
+    def renew(self) -> None:
+        pass  # a host slot lives as long as its request, or its process
+
+    def release(self) -> None:
+        table, self.table = self.table, None
+        if table is not None:
+            table.release(self.name)
+
+
+class SlotPool:
+    """max_concurrent slots per key name: leases in Redis when configured, else (and while Redis fails) in the
+    host table, or in this process without one (or when it has no room). `acquire()` returns a slot to release,
+    or None when every slot is held."""
+
+    def __init__(self, redis, stats: LimitStats, local: Slots | None = None, table: HostTable | None = None):
         self.redis = redis
         self.stats = stats
         self.local = local if local is not None else Slots()
+        self.table = table
         self._acquire = None
         self._renew = None
         self._host = os.uname().nodename
@@ -195,6 +236,12 @@ class SlotPool:
         return self._renew
 
     def _local(self, name: str, limit: int):
+        table = self.table
+        if table is not None:
+            took = table.acquire(name, limit)
+            if took is not None:
+                return _HostSlot(table, name) if took else None
+            self.stats.no_room()
         return _LocalSlot(self.local, name) if self.local.acquire(name, limit) else None
 
     def _fallback(self, name: str, limit: int):
