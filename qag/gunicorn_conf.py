@@ -39,6 +39,9 @@ def on_starting(server):
         shm.start_instance(_settings.metadata_cache_bytes)
     from qag.policy import hostlimits  # rate limits, max_concurrent slots and quotas of every worker
     hostlimits.start_instance(_settings.limits_table_entries)
+    if _settings.redis_url is None:  # the response cache's host segment (with Redis it is kept there instead)
+        from qag.cache import hostentries
+        hostentries.start_instance(_settings.response_cache_max_bytes)
 
 
 def post_worker_init(worker):
@@ -73,10 +76,11 @@ def child_exit(server, worker):
 
 
 def on_exit(server):
-    from qag.cache import shm
+    from qag.cache import hostentries, shm
     from qag.observe import hostflush, metrics
     metrics.stop_instance()
     hostflush.stop_instance()
     shm.stop_instance()
     from qag.policy import hostlimits
     hostlimits.stop_instance()
+    hostentries.stop_instance()

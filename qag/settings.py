@@ -277,8 +277,8 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number from 64 to 4194304"),
     Setting("QAG_METADATA_CACHE_BYTES", _int_range(65_536, 1 << 34), 16_777_216, "Size of the host's shared-memory metadata cache (4 KiB a row; memory is only used as rows arrive). A full cache evicts the oldest rows.",
             "a whole number of bytes from 65536"),
-    Setting("QAG_RESPONSE_CACHE_MAX_BYTES", _int_range(1, 1 << 40), 64 << 20, "Bytes of responses (bodies and headers) each worker process keeps in its response cache for saved-query versions with a cache_ttl; beyond it, or beyond 10,000 entries, the least recently used are evicted. A response larger than this is not cached. Default 64 MiB per worker. Not used with QAG_REDIS_URL (the cache is then kept in Redis).",
-            "a whole number of bytes from 1 to 1099511627776"),
+    Setting("QAG_RESPONSE_CACHE_MAX_BYTES", _int_range(1, 1 << 36), 64 << 20, "Bytes of responses (bodies and headers, in 1 KiB blocks) the host's shared-memory response cache holds for every worker of the instance, for saved-query versions with a cache_ttl; beyond it, or beyond 10,000 entries, the least recently used are evicted. A response larger than this is not cached (never an error). Default 64 MiB per host (memory is only used as entries arrive). Not used with QAG_REDIS_URL (the cache is then kept in Redis).",
+            "a whole number of bytes from 1 to 68719476736"),
     Setting("QAG_LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info", "Level of qag's own log lines on stderr.",
             "debug, info, warning or error"),
 )

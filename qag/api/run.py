@@ -214,7 +214,9 @@ class RunHandlers:
         ttl, key = version.get("cache_ttl"), None
         if ttl and self._cacheable(prepared, stream, caller):
             key = cache_key(referenced, version["version"], chosen, values, fmt, page, size,
-                            mask_fingerprint=masking.fingerprint(rules))
+                            mask_fingerprint=masking.fingerprint(rules),
+                            source=(version["sql"], version.get("columns"), row and row.get("db"),
+                                    row and row.get("fields")))
             hit = self.gateway.response_cache.lookup(key, ttl, request.header("If-None-Match"))
             if hit is not None:
                 return hit  # not a run: no history entry, no event, no database

@@ -1,40 +1,44 @@
-"""The response cache (contract 7.1, 7.2): rendered /q responses per saved-query version's `cache_ttl`, kept in a
-per-process LRU bounded by entries and bytes, or in Redis (hash `qag:cache:<key>`) when QAG_REDIS_URL is set.
+"""The response cache (contract 7.1, 7.2): rendered /q responses per saved-query version's `cache_ttl`, kept in
+the host's shared-memory LRU for every worker (qag/cache/hostentries.py), or in Redis (hash `qag:cache:<key>`)
+when QAG_REDIS_URL is set.
 
 The data plane asks `ResponseCache.lookup()` once the call has passed every check before the database and, on a
 miss, hands the rendered 200 to `ResponseCache.store()`. A hit is replayed from here: no store read, no database
-call, no run-history entry or event. With Redis, Redis replaces the local LRU entirely; a Redis failure is a miss
-(and a skipped write), never an error on a run.
+call, no run-history entry or event. With Redis, Redis replaces the host's segment entirely; a Redis failure is a
+miss (and a skipped write), never an error on a run.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import threading
-import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
+import msgspec
+
+from . import hostentries
 from ..errors import QagError
 from ..http.response import Response
 
-MAX_ENTRIES = 10_000          # contract 7.1: at most 10,000 entries per process
+MAX_ENTRIES = 10_000          # contract 7.1: at most 10,000 entries (per host here, where the contract has per process)
 WORKSPACE = "default"         # the only workspace this server has (contract: the key includes it)
 REDIS_PREFIX = "qag:cache:"
 _SCAN_BATCH = 500
-_OVERHEAD = 256               # bytes counted per entry besides its body and headers (key, meta, bookkeeping)
 _NOT_STORED = frozenset({"content-type", "content-length"})
+_encode_head = msgspec.msgpack.Encoder().encode
 
 
 def cache_key(name: str, version: int, connection: str, values: dict, fmt: str, page: int, size: int,
-              mask_fingerprint: str, workspace: str = WORKSPACE) -> str:
+              mask_fingerprint: str, workspace: str = WORKSPACE, source=None) -> str:
     """SHA-256 hex of everything that decides a cached body (contract 7.1), never the API key.
 
     `values` are the RESOLVED parameter values, so `?id=1` and `{"params":{"id":1}}` meet when `id` is a declared
-    int; JSON keeps 1, 1.0, "1" and true apart, so values that may bind differently never share an entry."""
-    canonical = json.dumps([name, version, connection, values, fmt, page, size, mask_fingerprint, workspace],
+    int; JSON keeps 1, 1.0, "1" and true apart, so values that may bind differently never share an entry.
+    `source` is what the body is made from besides: the version's SQL and output columns, the connection's
+    database: a query deleted and made again with other SQL, or a connection pointed elsewhere, never meets the
+    entries of the old one (instances with stores of their own still share entries through Redis)."""
+    canonical = json.dumps([name, version, connection, values, fmt, page, size, mask_fingerprint, workspace, source],
                            sort_keys=True, separators=(",", ":"), default=_tagged)
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -58,84 +62,51 @@ class Entry:
     etag: str                              # quoted
     headers: tuple[tuple[str, str], ...]   # X-Page, X-Page-Size, X-Row-Count, X-Has-More (not Content-Type/-Length)
     meta: dict                             # name, version, connection, format, page, workspace
-    expires: float = 0.0                   # monotonic deadline (local cache only; Redis expires by itself)
-
-    @property
-    def size(self) -> int:
-        """Bytes this entry holds against QAG_RESPONSE_CACHE_MAX_BYTES."""
-        return (len(self.body) + len(self.content_type) + len(self.etag) + _OVERHEAD
-                + sum(len(h) + len(v) for h, v in self.headers))
 
 
-class LocalEntries:
-    """The per-process LRU: at most `max_entries` and `max_bytes`, least recently used evicted first; an entry is
-    dead at store time + TTL on `clock` (monotonic). One short lock around each dict operation."""
+class SharedEntries:
+    """The entries in the host's shared-memory segment (qag/cache/hostentries.py): every worker sees and evicts
+    the same ones; bounded by the segment's bytes and 10,000 entries, least recently used evicted first."""
 
-    def __init__(self, max_bytes: int, max_entries: int = MAX_ENTRIES, clock: Callable[[], float] = time.monotonic):
-        self.max_bytes = max_bytes
-        self.max_entries = max_entries
-        self.clock = clock
-        self.bytes = 0
-        self._entries: OrderedDict[str, Entry] = OrderedDict()
-        self._lock = threading.Lock()
+    def __init__(self, segment: "hostentries.Segment"):
+        self.segment = segment
+
+    @classmethod
+    def for_host(cls, max_bytes: int) -> "SharedEntries":
+        """The gunicorn master's segment in a worker it forked, else a private one for this process."""
+        segment = hostentries.shared()
+        return cls(segment if segment is not None else hostentries.Segment.create(max_bytes, MAX_ENTRIES))
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return self.segment.counts()["entries"]
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the segment's data area in use (whole blocks)."""
+        return self.segment.counts()["bytes"]
 
     def get(self, key: str) -> Entry | None:
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            if entry.expires <= self.clock():
-                self._drop(key)
-                return None
-            self._entries.move_to_end(key)
-            return entry
+        found = self.segment.find(key)
+        return None if found is None else Entry(found.body, found.content_type, found.etag, found.headers, found.meta)
 
     def put(self, key: str, entry: Entry, ttl: int) -> None:
-        size = entry.size
-        if size > self.max_bytes:
-            return  # one response larger than the whole cache would only evict everything else
-        with self._lock:
-            now = self.clock()
-            if key in self._entries:
-                self._drop(key)
-            entries = self._entries
-            entries[key] = _with_expiry(entry, now + ttl)
-            self.bytes += size
-            while len(entries) > self.max_entries or self.bytes > self.max_bytes:
-                self._drop(next(iter(entries)))
+        head = _encode_head([key, entry.content_type, entry.etag, entry.headers, entry.meta])
+        self.segment.put(key, head, entry.body, int(ttl * 1_000_000_000))  # too big: counted, not stored
 
     def live(self) -> list[tuple[str, dict, str, int, float]]:
         """(key, meta, content type, body bytes, seconds left) of every live entry."""
-        with self._lock:
-            now = self.clock()
-            return [(k, e.meta, e.content_type, len(e.body), e.expires - now)
-                    for k, e in self._entries.items() if e.expires > now]
+        return self.segment.live()
 
     def peek(self, key: str) -> Entry | None:
         """A live entry without making it recently used (an administrator looking is not a use)."""
-        with self._lock:
-            entry = self._entries.get(key)
-        return entry if entry is not None and entry.expires > self.clock() else None
+        found = self.segment.find(key, recent=False)
+        return None if found is None else Entry(found.body, found.content_type, found.etag, found.headers, found.meta)
 
     def remove(self, key: str) -> None:
-        with self._lock:
-            if key in self._entries:
-                self._drop(key)
+        self.segment.remove(key)
 
     def clear(self, workspace: str) -> None:
-        with self._lock:
-            for key in [k for k, e in self._entries.items() if e.meta.get("workspace") == workspace]:
-                self._drop(key)
-
-    def _drop(self, key: str) -> None:
-        self.bytes -= self._entries.pop(key).size
-
-
-def _with_expiry(entry: Entry, expires: float) -> Entry:
-    return Entry(entry.body, entry.content_type, entry.etag, entry.headers, entry.meta, expires)
+        self.segment.clear(lambda meta: not isinstance(meta, dict) or meta.get("workspace") != workspace)
 
 
 class RedisEntries:
@@ -226,7 +197,8 @@ def _unavailable():
 
 
 class ResponseCache:
-    """One per worker: the entries (local or Redis), the hit/miss hook for metrics, and the HTTP semantics."""
+    """One per worker: the entries (the host's segment, or Redis), the hit/miss hook for metrics, and the HTTP
+    semantics."""
 
     def __init__(self, entries, on_lookup: Callable[[bool], None] | None = None):
         self.entries = entries
@@ -234,13 +206,15 @@ class ResponseCache:
 
     @classmethod
     def from_settings(cls, settings, redis=None, on_lookup: Callable[[bool], None] | None = None) -> "ResponseCache":
-        entries = RedisEntries(redis) if redis is not None else LocalEntries(settings.response_cache_max_bytes)
+        entries = (RedisEntries(redis) if redis is not None
+                   else SharedEntries.for_host(settings.response_cache_max_bytes))
         return cls(entries, on_lookup)
 
     @property
     def local_count(self) -> int:
-        """Entries held in this process (0 with Redis: those are counted nowhere per process)."""
-        return len(self.entries) if isinstance(self.entries, LocalEntries) else 0
+        """For the entries gauge, which /metrics sums over the workers: the host's count from one worker, 0 from
+        the others (and 0 with Redis: those are counted nowhere on this host)."""
+        return self.entries.segment.reported_entries() if isinstance(self.entries, SharedEntries) else 0
 
     # --- the data plane ---------------------------------------------------------------------------------------
     def lookup(self, key: str, ttl: int, if_none_match: str | None) -> Response | None:

@@ -1,20 +1,29 @@
-"""The response cache without a server: the key function, the LRU (entries, bytes, TTL on an injected clock), and
-the HTTP semantics of a lookup (MISS marking, ETag, 304 only on an exact If-None-Match)."""
+"""The response cache without a server: the key function, the entries kept in a private host segment (entries,
+bytes, TTL on an injected clock; the layout itself: tests/unit/test_hostentries.py), and the HTTP semantics of a
+lookup (MISS marking, ETag, 304 only on an exact If-None-Match)."""
 
 from __future__ import annotations
 
 import hashlib
 
-from qag.cache.response import Entry, LocalEntries, ResponseCache, cache_key, etag_of
+from qag.cache.hostentries import BLOCK, Segment
+from qag.cache.response import Entry, ResponseCache, SharedEntries, cache_key, etag_of
 from qag.http.response import Response
 
 
 class Clock:
+    """Seconds in `now`; the segment reads CLOCK_MONOTONIC-like nanoseconds."""
+
     def __init__(self):
         self.now = 500.0
 
     def __call__(self):
-        return self.now
+        return int(self.now * 1_000_000_000)
+
+
+def private_entries(max_bytes: int, max_entries: int = 10_000, clock=None) -> SharedEntries:
+    """The entries of a private segment (what an in-process Gateway gets)."""
+    return SharedEntries(Segment.create(max_bytes, max_entries, clock=clock or Clock()))
 
 
 BASE = dict(name="films", version=1, connection="lite", values={"id": 1}, fmt="json", page=1, size=10,
@@ -45,7 +54,8 @@ def test_mask_fingerprints_make_different_keys():
 def test_every_component_is_in_the_key():
     base = cache_key(**BASE)
     changes = [{"name": "films.json"}, {"version": 2}, {"connection": "other"}, {"values": {"id": 2}},
-               {"fmt": "csv"}, {"page": 2}, {"size": 11}, {"workspace": "w2"}]
+               {"fmt": "csv"}, {"page": 2}, {"size": 11}, {"workspace": "w2"},
+               {"source": ("SELECT 2", None, "sqlite", {"path": "lite.db"})}]
     keys = {cache_key(**dict(BASE, **change)) for change in changes}
     assert base not in keys and len(keys) == len(changes)
 
@@ -64,7 +74,7 @@ def test_a_non_json_value_is_keyed_by_type_and_repr_not_refused():
 
 # --- the LRU -----------------------------------------------------------------------------------------------------
 def test_lru_evicts_the_least_recently_used_by_entries():
-    lru = LocalEntries(max_bytes=1 << 20, max_entries=3, clock=Clock())
+    lru = private_entries(max_bytes=1 << 20, max_entries=3, clock=Clock())
     for k in "abc":
         lru.put(k, entry(), 60)
     assert lru.get("a") is not None       # a becomes the most recently used
@@ -74,38 +84,39 @@ def test_lru_evicts_the_least_recently_used_by_entries():
 
 
 def test_lru_evicts_by_bytes_and_accounts_exactly():
+    # Bytes are counted in whole blocks of the shared area (this body and its head take two).
     one = entry(b"x" * 1000)
-    lru = LocalEntries(max_bytes=one.size * 2, max_entries=100, clock=Clock())
+    lru = private_entries(max_bytes=4 * BLOCK, max_entries=100, clock=Clock())
     lru.put("a", one, 60)
     lru.put("b", one, 60)
-    assert lru.bytes == one.size * 2 and len(lru) == 2
+    assert lru.bytes == 4 * BLOCK and len(lru) == 2
     lru.put("c", one, 60)
     assert lru.get("a") is None and lru.get("b") is not None and lru.get("c") is not None
-    assert lru.bytes == one.size * 2
+    assert lru.bytes == 4 * BLOCK
     lru.put("c", entry(b"y"), 60)           # replacing an entry gives its bytes back
-    assert lru.bytes == one.size + entry(b"y").size
+    assert lru.bytes == 3 * BLOCK
     lru.remove("b")
     lru.remove("nope")
-    assert lru.bytes == entry(b"y").size and len(lru) == 1
+    assert lru.bytes == BLOCK and len(lru) == 1
 
 
 def test_an_entry_larger_than_the_cache_is_not_stored_and_evicts_nothing():
     small = entry(b"s")
-    lru = LocalEntries(max_bytes=small.size * 3, clock=Clock())
+    lru = private_entries(max_bytes=3 * BLOCK, clock=Clock())
     lru.put("small", small, 60)
-    lru.put("huge", entry(b"h" * (small.size * 3)), 60)
+    lru.put("huge", entry(b"h" * (3 * BLOCK)), 60)
     assert lru.get("huge") is None and lru.get("small") is not None
 
 
 def test_ttl_on_the_injected_clock():
     clock = Clock()
-    lru = LocalEntries(max_bytes=1 << 20, clock=clock)
+    lru = private_entries(max_bytes=1 << 20, clock=clock)
     lru.put("a", entry(), 10)
     clock.now += 9.99
     assert lru.get("a") is not None
     assert [(k, round(left, 2)) for k, _, _, _, left in lru.live()] == [("a", 0.01)]
-    clock.now += 0.01                       # dead at store time + TTL
-    assert lru.get("a") is None and len(lru) == 0 and lru.bytes == 0
+    clock.now += 0.01                       # dead at store time + TTL (its blocks are reused by the next store)
+    assert lru.get("a") is None and lru.live() == []
     lru.put("b", entry(), 5)
     clock.now += 6
     assert lru.live() == [] and lru.peek("b") is None
@@ -113,7 +124,7 @@ def test_ttl_on_the_injected_clock():
 
 def test_a_changed_ttl_applies_to_entries_stored_from_then_on():
     clock = Clock()
-    cache = ResponseCache(LocalEntries(1 << 20, clock=clock))
+    cache = ResponseCache(private_entries(1 << 20, clock=clock))
     key = cache_key(**BASE)
     cache.store(key, Response(200, b"[1]\n", [], "application/json"), 10, {"name": "films"})
     clock.now += 5
@@ -124,7 +135,7 @@ def test_a_changed_ttl_applies_to_entries_stored_from_then_on():
 
 
 def test_clear_is_per_workspace():
-    lru = LocalEntries(max_bytes=1 << 20, clock=Clock())
+    lru = private_entries(max_bytes=1 << 20, clock=Clock())
     lru.put("a", entry(workspace="default"), 60)
     lru.put("b", entry(workspace="other"), 60)
     lru.clear("default")
@@ -134,7 +145,7 @@ def test_clear_is_per_workspace():
 # --- HTTP semantics -------------------------------------------------------------------------------------------
 def test_store_marks_a_miss_and_lookup_replays_a_hit_or_304():
     seen = []
-    cache = ResponseCache(LocalEntries(1 << 20, clock=Clock()), seen.append)
+    cache = ResponseCache(private_entries(1 << 20, clock=Clock()), seen.append)
     key = cache_key(**BASE)
     assert cache.lookup(key, 60, None) is None
     body = b'[{"id":1}]\n'
@@ -156,7 +167,7 @@ def test_store_marks_a_miss_and_lookup_replays_a_hit_or_304():
 
 
 def test_only_complete_200_bodies_are_stored():
-    cache = ResponseCache(LocalEntries(1 << 20, clock=Clock()))
+    cache = ResponseCache(private_entries(1 << 20, clock=Clock()))
     cache.store("k1", Response(500, b"{}", [], "application/json"), 60, {})
     cache.store("k2", Response(200, iter([b"a"]), [], "text/csv"), 60, {})
     assert cache.lookup("k1", 60, None) is None and cache.lookup("k2", 60, None) is None
