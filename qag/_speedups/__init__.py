@@ -19,7 +19,7 @@ from . import request_path
 __all__ = ["MODES", "MODULES", "load", "get", "twin", "mode", "loaded", "summary", "fallbacks"]
 
 MODES = ("auto", "require", "off")
-MODULES = ("httphead", "mysqltime", "respond", "rowjson", "shmsync", "tables")
+MODULES = ("httphead", "mysqltime", "pgpipe", "respond", "rowjson", "shmsync", "tables")
 
 _mode: str | None = None
 _selected: dict[str, ModuleType] = {}

@@ -28,6 +28,10 @@ Why this shape:
     (setseed is not transactional): nothing one caller seeded reaches the next.
   - At most four statements and two Syncs a call, the Syncs queued without a flush each (libpq 17's
     PQsendPipelineSync), so the whole call is one write.
+  - The pipeline is driven by the selected twin of qag._speedups.pgpipe: the compiled one calls libpq itself with
+    the interpreter lock held and lets go of it only to wait for the socket (once a call, where psycopg's
+    wrappers let go around every send and every PQisBusy: about twenty chances a call for another thread to
+    take the lock); the pure one is psycopg's wrappers. Rows are loaded by psycopg's Transformer with either.
 
 A page of a query whose window can't be put in its SQL (Call.cursor) is read through a server-side cursor in an
 explicit transaction in the same segment (BEGIN; ...; DECLARE qag_page ...; MOVE; FETCH; END), so the driver
@@ -45,10 +49,8 @@ FORWARD <n> FROM qag_stream` in one segment, each further batch one FETCH, ended
 
 from __future__ import annotations
 
-import os
 import random
 import re
-import select
 import threading
 import time
 from collections import OrderedDict
@@ -58,6 +60,8 @@ from psycopg import pq
 from psycopg.adapt import PyFormat, Transformer
 from psycopg.types.string import TextLoader
 
+from .. import _speedups
+from .._speedups.pgpipe import Gone as _Gone   # raised by both twins (the compiled one imports it from there)
 from ..errors import QagError
 from ._postgres_schema import SCHEMA_MAX_TABLES, read_functions, read_schema
 from .base import Backend, Call, Result, connection_failed, query_failed, timeout_error
@@ -80,9 +84,7 @@ REPLY_MARGIN = 5.0
 
 _OK = pq.ExecStatus.COMMAND_OK
 _TUPLES = pq.ExecStatus.TUPLES_OK
-_SYNC = pq.ExecStatus.PIPELINE_SYNC
 _FATAL = pq.ExecStatus.FATAL_ERROR
-_ABORTED = pq.ExecStatus.PIPELINE_ABORTED
 _SQLSTATE = pq.DiagnosticField.SQLSTATE
 _BEGIN = {True: b"BEGIN READ ONLY", False: b"BEGIN"}
 _END = {True: b"ROLLBACK", False: b"COMMIT"}
@@ -222,10 +224,6 @@ class _ServerError(Exception):
         self.text = text
 
 
-class _Gone(Exception):
-    """The server did not answer within the call's time limit and margin."""
-
-
 def _server_error(result) -> _ServerError:
     state = result.error_field(_SQLSTATE)
     text = (result.error_message or b"").decode("utf-8", "replace").strip()
@@ -278,47 +276,16 @@ def mapped(exc: BaseException, fields: dict, timeout: float | None, shift: int =
 # ---------------------------------------------------------------- one connection
 
 
-def _sync_without_flush():
-    """libpq 17's PQsendPipelineSync (a Sync queued, not sent) from the libpq psycopg loaded, or None.
-
-    PQpipelineSync, the one psycopg wraps, also flushes: a call of three segments would be three sends instead
-    of one. psycopg 3.3 does not wrap the newer function, so it is called through ctypes on the same library."""
-    try:
-        import ctypes
-        import glob
-
-        import psycopg_binary  # noqa: F401 - psycopg's own wheel, which ships libpq beside it
-        folder = os.path.join(os.path.dirname(os.path.dirname(psycopg_binary.__file__)), "psycopg_binary.libs")
-        names = sorted(glob.glob(os.path.join(folder, "libpq*.so*")))
-        lib = ctypes.CDLL(names[0] if names else "libpq.so.5")
-        if lib.PQlibVersion() < 170000:
-            return None
-        function = lib.PQsendPipelineSync
-    except (ImportError, OSError, AttributeError, IndexError):
-        return None
-    function.argtypes = (ctypes.c_void_p,)
-    function.restype = ctypes.c_int
-
-    def send_sync(pgconn) -> None:
-        if function(pgconn.pgconn_ptr) != 1:
-            raise psycopg.OperationalError("could not queue a pipeline sync")
-    return send_sync
-
-
-_send_sync = _sync_without_flush() or (lambda pgconn: pgconn.pipeline_sync())
-
-
 class _Link:
     """One server connection in pipeline mode and what qag knows of it."""
 
-    __slots__ = ("conn", "pg", "tx", "poll", "pending", "bad", "forced", "fields")
+    __slots__ = ("conn", "pg", "pipe", "tx", "pending", "bad", "forced", "fields")
 
     def __init__(self, conn: psycopg.Connection, fields: dict):
         self.conn = conn
         self.pg = conn.pgconn
+        self.pipe = _speedups.get("pgpipe").Pipe(self.pg)
         self.tx = Transformer(conn)
-        self.poll = select.poll()
-        self.poll.register(self.pg.socket, select.POLLIN | select.POLLPRI)
         self.pending = False      # a reset was sent and its reply not read yet
         self.bad = False          # something on it failed: never pooled again
         # Session defaults of this server that qag must not run under: each call sets its own for itself.
@@ -327,63 +294,41 @@ class _Link:
         self.fields = fields
 
     def readable(self) -> bool:
-        return bool(self.poll.poll(0))
+        return self.pipe.readable()
 
     def close(self) -> None:
         self.conn.close()
 
     # --- sending --------------------------------------------------------------------------------------------
     def send(self, sql: bytes, values=None, types=None, formats=None) -> None:
-        self.pg.send_query_params(sql, values, types, formats)
+        self.pipe.send(sql, values, types, formats)
 
     def send_args(self, sql: str, args: tuple) -> None:
         if args:
             tx = self.tx
             values = tx.dump_sequence(args, [PyFormat.AUTO] * len(args))
-            self.pg.send_query_params(sql.encode(), values, tx.types, tx.formats)
+            self.pipe.send(sql.encode(), values, tx.types, tx.formats)
         else:
-            self.pg.send_query_params(sql.encode(), None)
+            self.pipe.send(sql.encode())
 
     def sync(self) -> None:
-        _send_sync(self.pg)
+        self.pipe.sync()
 
     def send_reset(self) -> None:
         """Queue the reset (its own segment: DISCARD ALL can't run inside a transaction block, and on
         PostgreSQL 17 not after other statements of a pipeline either): read when the connection is taken."""
-        self.pg.send_query_params(_DISCARD, None)
-        _send_sync(self.pg)
+        self.pipe.send(_DISCARD)
+        self.pipe.sync()
         self.pending = True
 
-    def flush(self) -> None:
-        if self.pg.flush() != 0:   # a blocking connection flushes everything or fails
-            raise psycopg.OperationalError("could not send data to server")
+    def flush(self, deadline: float | None) -> None:
+        """Send everything queued (waiting, until the deadline, while the server has not read a large call)."""
+        self.pipe.flush(deadline)
 
     # --- receiving ------------------------------------------------------------------------------------------
     def segment(self, deadline: float | None) -> list:
         """Every result up to the next Sync (errors included, the aborted rest skipped)."""
-        pg = self.pg
-        is_busy, get_result = pg.is_busy, pg.get_result      # bound once: the loop runs a dozen times a call
-        out = []
-        while True:
-            while is_busy():
-                self._wait(deadline)
-                pg.consume_input()
-            result = get_result()
-            if result is None:
-                continue
-            status = result.status
-            if status == _SYNC:
-                return out
-            if status != _ABORTED:
-                out.append(result)
-
-    def _wait(self, deadline: float | None) -> None:
-        if deadline is None:
-            self.poll.poll()
-            return
-        left = deadline - time.monotonic()
-        if left <= 0 or not self.poll.poll(left * 1000.0):
-            raise _Gone()
+        return self.pipe.segment(deadline)
 
     def finish_reset(self) -> None:
         """Read the reset's reply (a failure sets `bad`)."""
@@ -512,27 +457,28 @@ class PostgresBackend(Backend):
 
     # --- calls ---------------------------------------------------------------------------------------------
     @staticmethod
-    def _send_call(link: _Link, call: Call, statements: list[str], reset: bool) -> None:
+    def _send_call(link: _Link, call: Call, statements: list[str], reset: bool, deadline) -> None:
         """The call's pipeline: its settings, its statements (the caller's one bound; a cursor's in an explicit
         transaction), ROLLBACK for a read-only call, Sync; then the reset when the connection will be pooled.
         One write. A write commits at the Sync: an explicit COMMIT would make the server answer in two parts
         (a second wake-up of the caller's thread per write)."""
         read_only = call.read_only
         explicit = len(statements) > 1
-        send = link.pg.send_query_params
+        pipe = link.pipe
+        send = pipe.send
         if explicit:
-            send(_BEGIN[read_only], None)
+            send(_BEGIN[read_only])
         setting, values = settings_statement(read_only, call.timeout, call.schema, link.forced)
         send(setting, values)
         link.send_args(statements[0], call.args)
         for sql in statements[1:]:
-            send(sql.encode(), None)
+            send(sql.encode())
         if read_only or explicit:
-            send(_END[read_only], None)
-        _send_sync(link.pg)
+            send(_END[read_only])
+        pipe.sync()
         if reset:
             link.send_reset()
-        link.flush()
+        pipe.flush(deadline)
 
     def _exchange(self, key, fields: dict, call: Call, statements: list[str]) -> tuple[_Link, list]:
         """(connection, the results of the call's segment) after the call ran and ended; retries a read once on
@@ -558,7 +504,7 @@ class PostgresBackend(Backend):
 
     def _attempt(self, link: _Link, call: Call, statements: list[str], reset: bool, deadline) -> list:
         """The results of the call's segment, the end's last (raises the first error)."""
-        self._send_call(link, call, statements, reset)
+        self._send_call(link, call, statements, reset, deadline)
         results = link.segment(deadline)
         error = _first_error(results)
         if error is not None:
@@ -605,7 +551,7 @@ class PostgresBackend(Backend):
             link.send_args(declare, call.args)
             link.send(fetch.encode())
             link.sync()
-            link.flush()
+            link.flush(deadline)
             results = link.segment(deadline)
             error = _first_error(results)
             if error is not None:
@@ -624,8 +570,8 @@ class PostgresBackend(Backend):
         link = self.connect(fields)
         call = Call("SELECT 1", (), True, self.settings.query_timeout or 10.0, 1)
         try:
-            self._send_call(link, call, ["SELECT 1"], False)
             deadline = time.monotonic() + call.timeout + REPLY_MARGIN
+            self._send_call(link, call, ["SELECT 1"], False, deadline)
             error = _first_error(link.segment(deadline))
             if error is not None:
                 raise error
@@ -740,10 +686,11 @@ class _Batches:
             n = self._batch if left is None else min(self._batch, left)
             link = self._link
             try:
+                deadline = self._deadline()
                 link.send(fetch_statement(n))
                 link.sync()
-                link.flush()
-                results = link.segment(self._deadline())
+                link.flush(deadline)
+                results = link.segment(deadline)
                 error = _first_error(results)
                 if error is not None:
                     raise error
@@ -770,12 +717,13 @@ class _Batches:
         link = self._link
         backend = self._backend
         try:
+            deadline = self._deadline()
             link.send(_END[True])
             link.sync()
             if backend.pool.idle_limit > 0:
                 link.send_reset()
-            link.flush()
-            if _first_error(link.segment(self._deadline())) is not None:
+            link.flush(deadline)
+            if _first_error(link.segment(deadline)) is not None:
                 link.bad = True
         except BaseException:
             link.bad = True

@@ -1,0 +1,376 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""A PostgreSQL connection's libpq pipeline with libpq called directly: the compiled twin of pgpipe.py (rules there).
+
+The functions are looked up with dlsym through the handle of psycopg's own C `pq` module, so they are those of the
+libpq that module is linked to (psycopg_binary's bundled copy, or the system's for psycopg_c), never another
+copy: PQsendQueryParams, PQsendPipelineSync, PQflush, PQisBusy, PQconsumeInput. They are called with the
+interpreter lock held (each is a few hundred instructions or one non-blocking system call on the non-blocking
+connection), and the lock is let go only around poll() when the socket is not ready yet: once for a call whose
+reply arrives in one piece. Results still come from psycopg's get_result (which keeps the lock), so they are
+psycopg PGresults that its Transformer loads exactly as before.
+
+The import fails, saying why (auto mode then runs the pure twin, and `qag._speedups.fallbacks()` tells), when
+psycopg is installed but the libpq it will load can't be driven this way: its ctypes implementation, a libpq
+before 17 (no PQsendPipelineSync), a missing function. Which pq module psycopg will load is read without importing
+psycopg (a third of a second, and drivers load on first use): the module it has loaded when it is imported already,
+otherwise the one its own rule picks (PSYCOPG_IMPL, else psycopg_c, else psycopg_binary), found and opened the way
+it would be. A Pipe always binds through the module of the PGconn it is given, so a wrong guess can't call another
+libpq. Without psycopg this imports (nothing to drive), as the twins of the other optional drivers do.
+"""
+
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
+from cpython.exc cimport PyErr_CheckSignals
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from libc.errno cimport errno, EINTR
+from libc.math cimport ceil
+from libc.stdint cimport uintptr_t
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+# One exception class and one set of status codes for both twins (the callers catch them whichever runs).
+from qag._speedups.pgpipe import Gone, PIPELINE_ABORTED, PIPELINE_SYNC, _operational_error
+
+__all__ = ["Gone", "Pipe", "PIPELINE_SYNC", "PIPELINE_ABORTED", "LIBPQ"]
+
+cdef extern from "<dlfcn.h>" nogil:
+    ctypedef struct Dl_info:
+        const char *dli_fname
+        void *dli_fbase
+        const char *dli_sname
+        void *dli_saddr
+    void *dlopen(const char *filename, int flags)
+    void *dlsym(void *handle, const char *symbol)
+    char *dlerror()
+    int dladdr(const void *addr, Dl_info *info)
+    int RTLD_NOW
+    int RTLD_LOCAL
+
+cdef extern from "<poll.h>" nogil:
+    struct pollfd:
+        int fd
+        short events
+        short revents
+    int poll(pollfd *fds, unsigned long nfds, int timeout)
+    short POLLIN
+    short POLLPRI
+    short POLLOUT
+
+# libpq's prototypes (its ABI is stable; no headers needed). A PGconn is opaque here.
+ctypedef unsigned int Oid
+ctypedef int (*send_params_f)(void *conn, const char *command, int n, const Oid *types, const char * const *values,
+                              const int *lengths, const int *formats, int result_format) noexcept nogil
+ctypedef int (*conn_f)(void *conn) noexcept nogil
+ctypedef int (*version_f)() noexcept nogil
+
+cdef short _READ = POLLIN | POLLPRI
+cdef short _READ_WRITE = POLLIN | POLLPRI | POLLOUT
+cdef int _SMALL = 16          # parameters passed in stack arrays; more are allocated
+cdef int _SYNC_STATUS = PIPELINE_SYNC
+cdef int _ABORTED_STATUS = PIPELINE_ABORTED
+
+
+cdef class _Libpq:
+    """The libpq functions of one psycopg pq module (found through its handle)."""
+
+    cdef send_params_f send_query_params
+    cdef conn_f send_pipeline_sync
+    cdef conn_f flush
+    cdef conn_f is_busy
+    cdef conn_f consume_input
+    cdef readonly str path       # the libpq file the functions are in
+    cdef readonly int version    # PQlibVersion()
+
+
+cdef void *_symbol(void *handle, str name, str where) except NULL:
+    cdef bytes encoded = name.encode()
+    cdef void *address = dlsym(handle, encoded)
+    if address == NULL:
+        need = " (libpq 17 or later)" if name == "PQsendPipelineSync" else ""
+        raise ImportError(f"the libpq of {where} has no {name}{need}")
+    return address
+
+
+cdef _Libpq _bind(str module_file):
+    """The libpq functions `module_file` (a psycopg C pq module) is linked to; ImportError saying why not."""
+    cdef bytes encoded = os.fsencode(module_file)
+    cdef void *handle = dlopen(encoded, RTLD_NOW | RTLD_LOCAL)
+    cdef const char *error
+    cdef bytes text = b"unknown error"
+    if handle == NULL:
+        error = dlerror()
+        if error != NULL:
+            text = error
+        raise ImportError(f"{module_file} can't be loaded: {text.decode('utf-8', 'replace')}")
+    cdef _Libpq lib = _Libpq()
+    cdef Dl_info info
+    lib.send_query_params = <send_params_f>_symbol(handle, "PQsendQueryParams", module_file)
+    if dladdr(<void *>lib.send_query_params, &info) == 0 or info.dli_fname == NULL:
+        raise ImportError(f"the libpq of {module_file} can't be located")
+    text = info.dli_fname
+    lib.path = os.fsdecode(text)
+    lib.version = (<version_f>_symbol(handle, "PQlibVersion", module_file))()
+    if lib.version < 170000:
+        raise ImportError(f"{lib.path} is libpq {lib.version}; queueing a Sync without sending it needs "
+                          f"PQsendPipelineSync (libpq 17 or later)")
+    lib.send_pipeline_sync = <conn_f>_symbol(handle, "PQsendPipelineSync", module_file)
+    lib.flush = <conn_f>_symbol(handle, "PQflush", module_file)
+    lib.is_busy = <conn_f>_symbol(handle, "PQisBusy", module_file)
+    lib.consume_input = <conn_f>_symbol(handle, "PQconsumeInput", module_file)
+    return lib
+
+
+cdef dict _libs = {}          # pq module file → its _Libpq
+
+
+def _pq_module_files() -> list:
+    """The C pq modules psycopg has loaded or would try, in its order; [] without psycopg (ImportError when
+    psycopg is there but would run its ctypes implementation)."""
+    pq = sys.modules.get("psycopg.pq")
+    if pq is not None:
+        if pq.__impl__ not in ("c", "binary"):
+            raise ImportError(f"psycopg runs its {pq.__impl__} implementation: there is no C libpq binding to drive")
+        return [sys.modules[pq.PGconn.__module__].__file__]
+    if importlib.util.find_spec("psycopg") is None:
+        return []
+    impl = os.environ.get("PSYCOPG_IMPL", "").lower()
+    if impl == "python":
+        raise ImportError("PSYCOPG_IMPL=python: psycopg runs its ctypes implementation, there is no C libpq "
+                          "binding to drive")
+    names = {"": ("psycopg_c", "psycopg_binary"), "c": ("psycopg_c",), "binary": ("psycopg_binary",)}.get(impl)
+    if names is None:
+        raise ImportError(f"PSYCOPG_IMPL={impl!r} names no psycopg implementation")
+    files = []
+    for name in names:
+        spec = importlib.util.find_spec(name)
+        for folder in (spec.submodule_search_locations or ()) if spec is not None else ():
+            for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+                path = os.path.join(folder, "pq" + suffix)
+                if os.path.isfile(path):
+                    files.append(path)
+                    break
+    if not files:
+        raise ImportError("psycopg has neither of its C implementations here (psycopg_c, psycopg_binary): "
+                          "it would run its ctypes one")
+    return files
+
+
+def _predict():
+    """The libpq file of the pq module psycopg runs or will run (bound now), or None without psycopg."""
+    reasons = []
+    for path in _pq_module_files():
+        try:
+            _libs[path] = _bind(path)
+        except ImportError as exc:   # as psycopg does when a module fails to load: the next one
+            reasons.append(str(exc))
+            continue
+        return _libs[path].path
+    if reasons:
+        raise ImportError("; ".join(reasons))
+    return None
+
+
+LIBPQ = _predict()
+
+
+cdef _Libpq _lib_of(pgconn):
+    """The functions of the libpq `pgconn` lives in: those of its own pq module."""
+    path = sys.modules[type(pgconn).__module__].__file__
+    lib = _libs.get(path)
+    if lib is None:
+        lib = _libs[path] = _bind(path)
+    return lib
+
+
+cdef double _monotonic() noexcept nogil:
+    cdef timespec now
+    clock_gettime(CLOCK_MONOTONIC, &now)     # the clock of time.monotonic(), which the deadlines come from
+    return <double>now.tv_sec + <double>now.tv_nsec * 1e-9
+
+
+cdef class Pipe:
+    """One connection's pipeline: queue statements and Syncs, send them, read a segment's results."""
+
+    cdef object _pg
+    cdef object _get_result
+    cdef _Libpq _lib
+    cdef int _fd
+
+    def __init__(self, pgconn):
+        self._lib = _lib_of(pgconn)
+        self._pg = pgconn
+        self._get_result = pgconn.get_result
+        self._fd = pgconn.socket
+
+    cdef void *_conn(self, str closed) except NULL:
+        # Read on every use: psycopg frees the PGconn when its connection is closed and sets this to None.
+        ptr = self._pg.pgconn_ptr
+        if ptr is None:
+            raise _operational_error(closed)
+        return <void *><uintptr_t>ptr
+
+    cdef short _wait(self, object deadline, short events) except -1:
+        """poll() for `events` until one is ready (returns them), releasing the interpreter lock only when the
+        socket is not ready at once; Gone past the deadline."""
+        cdef pollfd fds
+        cdef int rc, timeout = -1
+        cdef double left = 0.0, limit = 0.0
+        cdef bint bounded = deadline is not None
+        if bounded:
+            limit = deadline
+            left = limit - _monotonic()
+            if left <= 0:
+                raise Gone()
+        fds.fd = self._fd
+        fds.events = events
+        fds.revents = 0
+        rc = poll(&fds, 1, 0)
+        while rc <= 0:
+            if rc < 0:
+                if errno != EINTR:
+                    raise OSError(errno, os.strerror(errno))
+                PyErr_CheckSignals()          # a signal handler's exception ends the wait, as in Python's poll
+            if bounded:
+                left = limit - _monotonic()
+                if left <= 0:
+                    raise Gone()
+                timeout = <int>min(ceil(left * 1000.0), 2147483647.0)
+            with nogil:
+                rc = poll(&fds, 1, timeout)
+            if rc == 0:
+                raise Gone()
+        return fds.revents
+
+    cdef int _consume(self, void *conn) except -1:
+        if self._lib.consume_input(conn) != 1:
+            raise _operational_error(f"consuming input failed: {self._pg.get_error_message()}")
+        return 0
+
+    def send(self, bytes sql not None, values=None, types=None, formats=None):
+        cdef void *conn = self._conn("the connection is closed")
+        cdef Py_ssize_t n = 0, i
+        items = type_items = format_items = None
+        if values is not None:
+            items = values if type(values) is list or type(values) is tuple else tuple(values)
+            n = len(items)
+        if types is not None:
+            type_items = types if type(types) is list or type(types) is tuple else tuple(types)
+            if len(type_items) != n:
+                raise ValueError(f"got {n} param_values but {len(type_items)} param_types")
+        if formats is not None:
+            format_items = formats if type(formats) is list or type(formats) is tuple else tuple(formats)
+            if len(format_items) != n:
+                raise ValueError(f"got {n} param_values but {len(format_items)} param_formats")
+        cdef const char *small_values[16]
+        cdef int small_lengths[16]
+        cdef int small_formats[16]
+        cdef Oid small_types[16]
+        cdef const char **cvalues = small_values
+        cdef int *clengths = small_lengths
+        cdef int *cformats = small_formats
+        cdef Oid *ctypes = small_types
+        cdef Py_buffer *views = NULL          # made for the first value that is neither bytes nor bytearray
+        cdef Py_ssize_t held = 0
+        cdef int rc = 0
+        try:
+            if n > _SMALL:
+                cvalues = <const char **>PyMem_Malloc(n * sizeof(char *))
+                clengths = <int *>PyMem_Malloc(n * sizeof(int))
+                cformats = <int *>PyMem_Malloc(n * sizeof(int))
+                ctypes = <Oid *>PyMem_Malloc(n * sizeof(Oid))
+                if cvalues == NULL or clengths == NULL or cformats == NULL or ctypes == NULL:
+                    raise MemoryError()
+            for i in range(n):
+                item = items[i]
+                if item is None:
+                    cvalues[i] = NULL
+                    clengths[i] = 0
+                elif type(item) is bytes:
+                    cvalues[i] = PyBytes_AS_STRING(item)
+                    clengths[i] = <int>PyBytes_GET_SIZE(item)
+                elif type(item) is bytearray:         # what psycopg's C dumpers make
+                    cvalues[i] = PyByteArray_AS_STRING(item)
+                    clengths[i] = <int>PyByteArray_GET_SIZE(item)
+                else:                                 # any other buffer, held until libpq has copied it
+                    if views == NULL:
+                        views = <Py_buffer *>PyMem_Malloc(n * sizeof(Py_buffer))
+                        if views == NULL:
+                            raise MemoryError()
+                    PyObject_GetBuffer(item, &views[held], PyBUF_SIMPLE)
+                    held += 1
+                    cvalues[i] = <const char *>views[held - 1].buf
+                    clengths[i] = <int>views[held - 1].len
+                cformats[i] = format_items[i] if format_items is not None else 0
+                ctypes[i] = type_items[i] if type_items is not None else 0
+            rc = self._lib.send_query_params(conn, sql, <int>n, ctypes if type_items is not None else NULL,
+                                             cvalues if n else NULL, clengths if n else NULL,
+                                             cformats if format_items is not None else NULL, 0)
+        finally:
+            for i in range(held):
+                PyBuffer_Release(&views[i])
+            PyMem_Free(views)
+            if n > _SMALL:
+                PyMem_Free(cvalues)
+                PyMem_Free(clengths)
+                PyMem_Free(cformats)
+                PyMem_Free(ctypes)
+        if not rc:
+            raise _operational_error(f"sending query and params failed: {self._pg.get_error_message()}")
+
+    def sync(self):
+        cdef void *conn = self._conn("the connection is closed")
+        if self._lib.send_pipeline_sync(conn) != 1:
+            raise _operational_error("could not queue a pipeline sync")
+
+    def flush(self, deadline):
+        cdef void *conn = self._conn("flushing failed: the connection is closed")
+        cdef int rc
+        while True:
+            rc = self._lib.flush(conn)
+            if rc == 0:
+                return
+            if rc < 0:
+                raise _operational_error(f"flushing failed: {self._pg.get_error_message()}")
+            # The socket took only part: wait until it takes more, or until the server's replies (which it may
+            # be blocked on sending) can be read into libpq's buffer.
+            if self._wait(deadline, _READ_WRITE) & _READ:
+                self._consume(conn)
+
+    def segment(self, deadline):
+        cdef void *conn = self._conn("the connection is closed")
+        cdef list out = []
+        cdef conn_f is_busy = self._lib.is_busy
+        cdef int status
+        get_result = self._get_result
+        while True:
+            while is_busy(conn):
+                self._wait(deadline, _READ)
+                self._consume(conn)
+            result = get_result()
+            if result is None:
+                continue
+            status = result.status
+            if status == _SYNC_STATUS:
+                return out
+            if status != _ABORTED_STATUS:
+                out.append(result)
+
+    def readable(self):
+        self._conn("the connection is closed")
+        cdef pollfd fds
+        cdef int rc
+        fds.fd = self._fd
+        fds.events = _READ
+        fds.revents = 0
+        rc = poll(&fds, 1, 0)
+        while rc < 0:
+            if errno != EINTR:
+                raise OSError(errno, os.strerror(errno))
+            PyErr_CheckSignals()
+            rc = poll(&fds, 1, 0)
+        return rc > 0

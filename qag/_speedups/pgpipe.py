@@ -1,0 +1,153 @@
+"""A PostgreSQL connection's libpq pipeline, driven through psycopg 3's pq wrappers: the pure twin of _pgpipe.
+
+`Pipe(pgconn)` drives a psycopg `pq.PGconn` that is in pipeline mode and non-blocking (as psycopg opens it).
+Both twins make the same libpq calls in the same order, so they give the same results and raise the same
+exceptions; they differ only in how often the interpreter lock is let go (the compiled twin's reason to be:
+psycopg's wrappers release it around every send and every PQisBusy, about twenty times a qag call, and each
+release lets another thread in; the compiled twin releases it only to wait for the socket).
+
+- `send(sql, values=None, types=None, formats=None)`: queue one statement through the extended protocol
+  (PQsendQueryParams: `values` bytes-like or None per `$n`, `types` their OIDs, `formats` 0 text / 1 binary;
+  results in text). Raises psycopg.OperationalError when libpq refuses it (a closed or broken connection).
+- `sync()`: queue a Sync without sending it (libpq 17's PQsendPipelineSync; with an older libpq the pure twin
+  uses PQpipelineSync, which also sends).
+- `flush(deadline)`: send everything queued, waiting for the socket to take more while the server has not read
+  it yet (reading its replies meanwhile, so neither side can block the other). `deadline` is a
+  `time.monotonic()` value or None (no limit); past it, `Gone`.
+- `segment(deadline)`: the results up to the next Sync, in order, as psycopg `PGresult`s; those of statements
+  the pipeline aborted after an error are left out. Waits for the server as needed; past the deadline, `Gone`;
+  a connection lost meanwhile, psycopg.OperationalError.
+- `readable()`: whether the socket has anything to read now (never waits).
+
+Every method raises psycopg.OperationalError on a connection psycopg has closed.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+
+__all__ = ["Gone", "Pipe", "PIPELINE_SYNC", "PIPELINE_ABORTED"]
+
+# libpq's ExecStatusType values of a Sync's result and of a result the pipeline aborted (stable libpq ABI).
+PIPELINE_SYNC = 10
+PIPELINE_ABORTED = 11
+_READ = select.POLLIN | select.POLLPRI
+_READ_WRITE = _READ | select.POLLOUT
+
+
+class Gone(Exception):
+    """The server did not answer (or take the call's bytes) before the deadline. Both twins raise this class."""
+
+
+def _operational_error(text: str) -> Exception:
+    import psycopg   # imported by whoever made the PGconn; not at this module's import (drivers load on use)
+    return psycopg.OperationalError(text)
+
+
+_SYNC: list = []
+
+
+def _sync_function():
+    """PQsendPipelineSync of the libpq psycopg loaded (called through ctypes), or PGconn.pipeline_sync on a
+    libpq before 17, which flushes too. Found once, on the first Pipe (psycopg is imported by then)."""
+    if _SYNC:
+        return _SYNC[0]
+    import psycopg
+
+    function = None
+    try:
+        import ctypes
+        import glob
+
+        import psycopg_binary  # psycopg's own wheel, which ships libpq beside it
+        folder = os.path.join(os.path.dirname(os.path.dirname(psycopg_binary.__file__)), "psycopg_binary.libs")
+        names = sorted(glob.glob(os.path.join(folder, "libpq*.so*")))
+        lib = ctypes.CDLL(names[0] if names else "libpq.so.5")
+        if lib.PQlibVersion() >= 170000:
+            function = lib.PQsendPipelineSync
+            function.argtypes = (ctypes.c_void_p,)
+            function.restype = ctypes.c_int
+    except (ImportError, OSError, AttributeError):
+        function = None
+
+    if function is None:
+        def sync(pgconn) -> None:
+            pgconn.pipeline_sync()
+    else:
+        def sync(pgconn) -> None:
+            if function(pgconn.pgconn_ptr) != 1:
+                raise psycopg.OperationalError("could not queue a pipeline sync")
+    _SYNC.append(sync)
+    return sync
+
+
+def _wait(poller, deadline: float | None) -> list:
+    """poll() until something is ready, or Gone past the deadline."""
+    if deadline is None:
+        return poller.poll()
+    left = deadline - time.monotonic()
+    ready = poller.poll(left * 1000.0) if left > 0 else None
+    if not ready:
+        raise Gone()
+    return ready
+
+
+class Pipe:
+    """One connection's pipeline: queue statements and Syncs, send them, read a segment's results."""
+
+    __slots__ = ("_pg", "_sync", "_read", "_flush_poll")
+
+    def __init__(self, pgconn):
+        self._pg = pgconn
+        self._sync = _sync_function()
+        self._read = select.poll()
+        self._read.register(pgconn.socket, _READ)
+        self._flush_poll = None      # made on the first flush that has to wait
+
+    def send(self, sql: bytes, values=None, types=None, formats=None) -> None:
+        self._pg.send_query_params(sql, values, types, formats)
+
+    def _open(self):
+        # psycopg's send and flush say so themselves; PQisBusy and PQgetResult on a closed one would answer
+        # "not busy" and "no result" for ever.
+        pg = self._pg
+        if pg.pgconn_ptr is None:
+            raise _operational_error("the connection is closed")
+        return pg
+
+    def sync(self) -> None:
+        self._sync(self._open())
+
+    def flush(self, deadline: float | None) -> None:
+        pg = self._pg
+        while pg.flush():
+            # The socket took only part: wait until it takes more, or until the server's replies (which it may
+            # be blocked on sending) can be read into libpq's buffer.
+            if self._flush_poll is None:
+                self._flush_poll = select.poll()
+                self._flush_poll.register(pg.socket, _READ_WRITE)
+            if any(events & _READ for _, events in _wait(self._flush_poll, deadline)):
+                pg.consume_input()
+
+    def segment(self, deadline: float | None) -> list:
+        pg = self._open()
+        is_busy, get_result = pg.is_busy, pg.get_result      # bound once: the loop runs a dozen times a call
+        out = []
+        while True:
+            while is_busy():
+                _wait(self._read, deadline)
+                pg.consume_input()
+            result = get_result()
+            if result is None:
+                continue
+            status = result.status
+            if status == PIPELINE_SYNC:
+                return out
+            if status != PIPELINE_ABORTED:
+                out.append(result)
+
+    def readable(self) -> bool:
+        self._open()
+        return bool(self._read.poll(0))

@@ -1,0 +1,276 @@
+"""The libpq pipeline twins (qag._speedups pgpipe) on real PostgreSQL connections: same results, same errors.
+
+Each scenario runs once through the pure twin and once through the compiled one, on two connections of the same
+server, and what they return (results by status, rows, SQLSTATE) or raise is compared."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+psycopg = pytest.importorskip("psycopg")
+
+from qag import _speedups  # noqa: E402
+from tests.speedups.conftest import call_outcome  # noqa: E402
+
+_FATAL = psycopg.pq.ExecStatus.FATAL_ERROR
+_SQLSTATE = psycopg.pq.DiagnosticField.SQLSTATE
+
+
+def _open(fields: dict):
+    """A psycopg connection as qag's backend makes them: autocommit, its PGconn in pipeline mode."""
+    conn = psycopg.Connection.connect(host=fields["host"], port=fields["port"], user=fields["user"],
+                                      password=fields["password"], dbname=fields["database"], autocommit=True)
+    conn.pgconn.enter_pipeline_mode()
+    return conn
+
+
+@pytest.fixture
+def connect(pg_db):
+    made = []
+
+    def make():
+        conn = _open(pg_db)
+        made.append(conn)
+        return conn
+
+    yield make
+    for conn in made:
+        conn.close()
+
+
+@pytest.fixture
+def pipes(twin_pair, connect):
+    """(pure Pipe, compiled Pipe), each on a connection of its own, and those connections."""
+    pure, compiled = twin_pair("pgpipe")
+    a, b = connect(), connect()
+    return (pure.Pipe(a.pgconn), compiled.Pipe(b.pgconn)), (a, b)
+
+
+def summary(results: list) -> list:
+    """What a segment's results say: status, rows as text, and a failure's SQLSTATE and message."""
+    out = []
+    for r in results:
+        if r.status == _FATAL:
+            out.append(("error", r.error_field(_SQLSTATE), (r.error_message or b"").split(b"\n")[0]))
+        else:
+            out.append((r.status, [[r.get_value(i, j) for j in range(r.nfields)] for i in range(r.ntuples)]))
+    return out
+
+
+def run(pipe, steps: list, deadline: float | None = None) -> list:
+    """Queue `steps` (("send", sql, values, types, formats) or ("sync",)), flush, read a segment per Sync."""
+    syncs = 0
+    for step in steps:
+        if step[0] == "sync":
+            pipe.sync()
+            syncs += 1
+        else:
+            pipe.send(*step[1:])
+    pipe.flush(deadline)
+    return [summary(pipe.segment(deadline)) for _ in range(syncs)]
+
+
+def both(pair, steps, deadline_in: float | None = 30.0):
+    outcomes = []
+    for pipe in pair:
+        deadline = None if deadline_in is None else time.monotonic() + deadline_in
+        outcomes.append(call_outcome(run, pipe, steps, deadline))
+    return outcomes
+
+
+def test_libpq_is_the_one_psycopg_loaded(twin_pair, connect):
+    _, compiled = twin_pair("pgpipe")
+    connect()
+    with open("/proc/self/maps") as fh:
+        mapped = {os.path.realpath(line.split()[-1]) for line in fh if len(line.split()) >= 6}
+    assert os.path.realpath(compiled.LIBPQ) in mapped         # not a copy of its own: one already in the process
+    if psycopg.pq.__impl__ == "binary":                       # psycopg_binary's bundled libpq, not psycopg2's
+        import psycopg_binary
+        libs = os.path.join(os.path.dirname(os.path.dirname(psycopg_binary.__file__)), "psycopg_binary.libs")
+        bundled = [os.path.realpath(os.path.join(libs, n)) for n in os.listdir(libs) if n.startswith("libpq")]
+        assert [os.path.realpath(compiled.LIBPQ)] == bundled
+
+
+def test_statements_values_and_segments(pipes):
+    pair, _ = pipes
+    steps = [("send", b"SELECT $1::text, $2::text, $3::int4, $4::bytea", [b"abc", bytearray(b"d\xc3\xa9f"), None,
+                                                                       memoryview(b"\x00\x01")], None, None),
+             ("send", b"SELECT n, md5(n::text) FROM generate_series(1, 50) n", None),
+             ("sync",),
+             ("send", b"SELECT $1::int8 + 1", [b"41"], [20], [0]),
+             ("send", b"SELECT 1 WHERE false", None),
+             ("sync",)]
+    pure, compiled = both(pair, steps)
+    assert pure == compiled
+    assert pure[0] == "ok" and pure[1][1] == [(psycopg.pq.ExecStatus.TUPLES_OK, [[b"42"]]), (2, [])]
+
+
+def test_binary_parameters_and_many_of_them(pipes):
+    pair, _ = pipes
+    values = [str(i).encode() for i in range(40)]            # more than the stack arrays hold
+    sql = ("SELECT " + " + ".join(f"${i + 1}::int4" for i in range(40))).encode()
+    steps = [("send", sql, values, [23] * 40, [0] * 40),
+             ("send", b"SELECT $1::int4", [(7).to_bytes(4, "big")], [23], [1]),
+             ("sync",)]
+    pure, compiled = both(pair, steps)
+    assert pure == compiled and pure[1][0] == [(2, [[str(sum(range(40))).encode()]]), (2, [[b"7"]])]
+
+
+def test_an_error_aborts_the_rest_of_its_segment_only(pipes):
+    pair, _ = pipes
+    steps = [("send", b"SELECT 1", None), ("send", b"SELECT 1/0", None), ("send", b"SELECT 2", None), ("sync",),
+             ("send", b"SELECT 1; SELECT 2", None), ("sync",),
+             ("send", b"SELECT 3", None), ("sync",)]
+    pure, compiled = both(pair, steps)
+    assert pure == compiled
+    first, second, third = pure[1]
+    assert [r[0] for r in first] == [2, "error"] and first[1][1] == b"22012"
+    assert second[0][:2] == ("error", b"42601") and third == [(2, [[b"3"]])]
+
+
+def test_refusals_before_anything_is_sent(pipes):
+    pair, _ = pipes
+    for steps in ([("send", b"SELECT $1::text", [b"a"], [25, 25], None)],
+                  [("send", b"SELECT $1::text", [b"a"], None, [0, 0])]):
+        pure, compiled = both(pair, steps)
+        assert pure == compiled and pure[:2] == ("raised", ValueError), pure
+    # A count the statement doesn't take is the server's refusal, and the connection goes on.
+    steps = [("send", b"SELECT $1::text", [b"a", b"b"], None, None), ("sync",), ("send", b"SELECT 5", None), ("sync",)]
+    pure, compiled = both(pair, steps)
+    assert pure == compiled and pure[1][0][0][:2] == ("error", b"08P01") and pure[1][1] == [(2, [[b"5"]])]
+
+
+# Pipelines drawn from a small vocabulary: values of any bytes (text the server may refuse as UTF-8 included),
+# NULLs, failing statements and Syncs in any order.
+STEP = st.one_of(
+    st.tuples(st.just("send"), st.just(b"SELECT $1::text"), st.lists(st.one_of(st.none(), st.binary(max_size=40)),
+                                                                     min_size=1, max_size=1)),
+    st.tuples(st.just("send"), st.sampled_from([b"SELECT 1/0", b"SELECT 'x'::int", b"SELEC 1", b"SELECT 1; SELECT 2",
+                                                b"SELECT n FROM generate_series(1, 3) n", b"ROLLBACK"])),
+    st.just(("sync",)),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(STEP, max_size=8))
+def test_any_pipeline_reads_the_same(pipes, steps):
+    pair, _ = pipes
+    pure, compiled = both(pair, steps + [("sync",)])
+    assert pure == compiled
+
+
+def test_a_large_call_waits_for_the_socket_and_arrives_whole(pipes):
+    pair, _ = pipes
+    big = b"x" * (24 << 20)      # larger than any socket buffer: the flush has to wait for the server to read
+    pure, compiled = both(pair, [("send", b"SELECT length($1::text)", [big]), ("sync",)])
+    assert pure == compiled == ("ok", [[(2, [[str(len(big)).encode()]])]])
+
+
+def test_a_server_that_does_not_read_in_time_is_gone(pipes):
+    pair, conns = pipes
+    big = b"x" * (64 << 20)
+    steps = [("send", b"SELECT pg_sleep(1)", None), ("send", b"SELECT length($1::text)", [big]), ("sync",)]
+    pure, compiled = both(pair, steps, deadline_in=0.3)
+    assert pure == compiled and pure[:2] == ("raised", _speedups.twin("pgpipe", "pure").Gone)
+
+
+def test_a_reply_later_than_the_deadline_is_gone(pipes):
+    pair, _ = pipes
+    pure, compiled = both(pair, [("send", b"SELECT pg_sleep(0.5)", None), ("sync",)], deadline_in=0.1)
+    assert pure == compiled and pure[:2] == ("raised", _speedups.twin("pgpipe", "pure").Gone)
+    for pipe in pair:            # a deadline already past: Gone before any wait
+        assert call_outcome(pipe.segment, time.monotonic() - 1)[:2] == ("raised", pure[1])
+
+
+def test_the_wait_lets_other_threads_run(speedups, connect):
+    """The interpreter lock is released while a segment waits for the server (pg_sleep keeps it waiting)."""
+    pipe = speedups.pgpipe.Pipe(connect().pgconn)
+    seen, stop = [], threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            seen.append(time.monotonic())
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        pipe.send(b"SELECT pg_sleep(0.5)")
+        pipe.sync()
+        start = time.monotonic()
+        pipe.flush(None)
+        pipe.segment(None)
+    finally:
+        stop.set()
+        spinner.join()
+    # The reply can't come before the server slept 0.5 s, so a spinner step inside this window ran during the wait.
+    assert any(start + 0.05 < t < start + 0.45 for t in seen)
+
+
+def test_readable_and_a_connection_the_server_ended(pipes):
+    pair, conns = pipes
+    from tests.services import pg_admin
+    admin = pg_admin()
+    try:
+        for pipe, conn in zip(pair, conns):
+            assert pipe.readable() is False
+            admin.cursor().execute("SELECT pg_terminate_backend(%s)", (conn.pgconn.backend_pid,))
+            assert select.select([conn.pgconn.socket], [], [], 10)[0]   # the FATAL and the EOF have arrived
+            assert pipe.readable() is True
+    finally:
+        admin.close()
+    pure, compiled = both(pair, [("send", b"SELECT 1", None), ("sync",)])
+    assert pure == compiled and pure[:2] == ("raised", psycopg.OperationalError)
+
+
+def test_a_closed_connection_is_refused_by_every_method(pipes):
+    pair, conns = pipes
+    for conn in conns:
+        conn.close()
+    calls = [("send", (b"SELECT 1",)), ("sync", ()), ("flush", (None,)), ("segment", (None,)), ("readable", ())]
+    for name, args in calls:
+        pure, compiled = (call_outcome(getattr(pipe, name), *args) for pipe in pair)
+        assert pure == compiled and pure[:2] == ("raised", psycopg.OperationalError), name
+        assert "the connection is closed" in pure[2]
+
+
+def test_the_backend_runs_the_selected_twin(pg_db):
+    from qag import settings as qag_settings
+    from qag.backends import postgres
+
+    backend = postgres.PostgresBackend(qag_settings.load({}))
+    link = backend.connect(pg_db)
+    try:
+        assert type(link.pipe) is _speedups.get("pgpipe").Pipe
+    finally:
+        link.close()
+
+
+def _in_child(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **env})
+
+
+def test_the_compiled_twin_does_not_import_psycopg(twin_pair):
+    twin_pair("pgpipe")
+    out = _in_child("import sys, qag._speedups._pgpipe as m; print('psycopg' in sys.modules, bool(m.LIBPQ))")
+    assert out.stdout.split() == ["False", "True"], out.stderr
+
+
+def test_auto_falls_back_when_psycopg_runs_its_ctypes_implementation(twin_pair):
+    twin_pair("pgpipe")
+    code = ("from qag import _speedups; _speedups.load('auto'); "
+            "print(_speedups.loaded()['pgpipe']); print(_speedups.fallbacks()['pgpipe'])")
+    out = _in_child(code, PSYCOPG_IMPL="python")
+    kind, reason = out.stdout.splitlines()
+    assert kind == "pure" and "PSYCOPG_IMPL=python" in reason, out.stderr
+    out = _in_child("from qag import _speedups; _speedups.load('require')", PSYCOPG_IMPL="python")
+    assert out.returncode != 0 and "QAG_SPEEDUPS=require" in out.stderr and "pgpipe" in out.stderr
