@@ -193,7 +193,7 @@ class HostTable:
         kind = _HEAD.unpack_from(buf, off)[1]
         if kind == BUCKET:
             _h2, _k, _u, tokens, at, count, per = _BUCKET.unpack_from(buf, off)
-            return 1 if tokens + (now - at) * count / per >= count else 9
+            return 1 if per <= 0 or tokens + (now - at) * count / per >= count else 9   # per 0: never written
         if kind == SLOTS:
             return 2 if _SLOTS.unpack_from(buf, off)[3] <= 0 else 9
         if kind == QUOTA:

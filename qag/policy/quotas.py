@@ -329,6 +329,10 @@ class Quotas:
         if totals is None:
             t.calls += calls
             t.rows += rows
+        elif settle and not calls:
+            # A kept call stays where its reservation put it in the count (so concurrent calls each show their
+            # own X-Quota-Remaining-Calls); its rows are added to the count as it is now.
+            t.rows = totals[1]
         else:
             t.calls, t.rows = totals
 

@@ -1,7 +1,7 @@
 """Contract 6.6 rate limits and 6.7 max_concurrent against real servers (B6.20, B6.21, B6.23, B9.7).
 
-The limiter and the slots are counted in each worker process, so every server here runs QAG_WORKERS=1: with
-several workers a client's requests are spread over them and each worker has its own budget.
+These run on one worker, the contract's own setting; the same behaviours over 4 workers (one host table, and Redis)
+are in test_host_limits.py.
 """
 
 from __future__ import annotations

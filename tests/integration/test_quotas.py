@@ -1,6 +1,6 @@
 """Contract 6.8 quotas against real servers (B6.17, B6.18, B6.19, headers on every route, streams, usage), once with
-one worker and no Redis, once with two workers sharing Redis; then the sharing bound across a 4-worker gunicorn
-without Redis, and exactly the limit with Redis.
+two workers and no Redis (the host table), once with two workers sharing Redis; then exactly the limit across a
+4-worker gunicorn hammered by 8 threads, without Redis and with it.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def quota_server(request):
         from tests.services import redis_url
         s = Server(env={"QAG_REDIS_URL": redis_url()}, workers=2)
     else:
-        s = Server(workers=1)   # without Redis a single worker counts exactly (several: see the bound below)
+        s = Server(workers=2)   # without Redis the host table counts for both workers
     yield _setup(s)
     s.close()
 
@@ -172,21 +172,17 @@ def _hammer(s: Server, key: str, threads: int, seconds: float) -> list[tuple[flo
 FLUSH = 0.5   # QAG_HISTORY_FLUSH_INTERVAL of the 4-worker servers
 
 
-def test_four_workers_share_a_quota_through_the_store_within_the_bound(uniq):
-    """Without Redis: never early, and nothing is allowed once every worker has had time to see the others'
-    counts — QAG_HISTORY_FLUSH_INTERVAL (their write) + 1 s (a worker's re-read), the bound docs promise."""
+def test_four_workers_without_redis_allow_exactly_the_limit(uniq):
+    """Without Redis: the host table counts for every worker, so exactly the limit, and the store gets it."""
     s = _setup(Server(env={"QAG_HISTORY_FLUSH_INTERVAL": str(FLUSH)}, workers=4))
     try:
         limit = 20
         name = uniq("q4")
         key = s.key(name, quota={"calls": limit, "per": "day"})
-        calls = _hammer(s, key, threads=8, seconds=4.0)
-        ok = sorted(c for c in calls if c[2] == 200)
-        assert {c[2] for c in calls} <= {200, 429}
-        assert len(ok) >= limit, "a quota shared through the store never refuses early"
-        reached = sorted(c[1] for c in ok)[limit - 1]               # the limit-th success had its answer
-        late = [c for c in ok if c[0] > reached + FLUSH + 1.0 + 0.5]  # + 0.5 s for scheduling on a busy machine
-        assert not late, (len(ok), late)
+        calls = _hammer(s, key, threads=8, seconds=2.0)
+        ok = [c for c in calls if c[2] == 200]
+        assert {c[2] for c in calls} == {200, 429}
+        assert len(ok) == limit
         assert all(s.get(q("ids"), key=key).status == 429 for _ in range(8))
         time.sleep(FLUSH + 0.5)
         stored = [i for i in s.get("/api/v1/usage/quotas").json["items"] if i["caller"] == name]
