@@ -1,12 +1,15 @@
 """CPU per PostgresBackend.run call, in-process, for whichever qag the running Python imports (a probe).
 
-    python -m benchmarks.pg_backend --calls 3000 [--query account,accounts_page,deposit]
+    python -m benchmarks.pg_backend --calls 3000 [--query account,accounts_page,deposit] [--threads 8]
 
 Run it with each build's own Python (e.g. the harness's venvs for `qag@<ref>` targets under $QAG_BENCH_VENVS),
 from a copy of benchmarks/ outside the checkout so that each imports its own qag, to compare two builds' backend
 layer: one JSON line per query with the request thread's CPU per call (thread_time:
 the database and other threads are not in it), wall time and voluntary context switches per call (a second one
-means the caller waited twice). Needs the pgbench case loaded (`python -m benchmarks.oltp`). Run it under
+means the caller waited twice). With --threads N, N threads share the calls (each its own pooled connection, as a
+worker's threads do) and the line gives the process's CPU per call instead (user + system of every thread, so the
+cost of threads handing the interpreter lock to each other is in it) and its voluntary switches per call. Needs
+the pgbench case loaded (`python -m benchmarks.oltp`). Run it under
 `valgrind --tool=callgrind` with --calls 1 and --calls 2001 for an instruction count that a noisy machine
 doesn't move.
 """
@@ -18,6 +21,7 @@ import json
 import random
 import resource
 import sys
+import threading
 import time
 import types
 
@@ -27,6 +31,32 @@ STATEMENTS = {   # as the gateway renders the pgbench case's queries (benchmarks
                       "LIMIT 101", True),
     "deposit": ("UPDATE pgbench_accounts SET abalance = abalance + 0 WHERE aid = {p} RETURNING aid, abalance", False),
 }
+
+
+def threaded(backend, call, fields: dict, sql: str, read_only: bool, args) -> dict:
+    """--threads: the calls split between that many threads started together; process CPU and switches per call
+    (`call` is the Call class of the qag under test)."""
+    each = max(1, args.calls // args.threads)
+    start = threading.Barrier(args.threads + 1)
+
+    def caller(seed: int) -> None:
+        rng = random.Random(seed)
+        start.wait()
+        for _ in range(each):
+            assert backend.run(fields, call(sql, (rng.randint(1, 999_000),), read_only, 30.0, 101)).rows
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(args.threads)]
+    for t in threads:
+        t.start()
+    start.wait()    # measured from here: every caller is started and waiting at the barrier
+    usage, cpu, wall = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), time.perf_counter()
+    for t in threads:
+        t.join()
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    calls = each * args.threads
+    switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - usage.ru_nvcsw
+    return {"process_cpu_us": round(cpu / calls * 1e6, 1), "wall_us": round(wall / calls * 1e6, 1),
+            "switches": round(switches / calls, 2)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--query", default="account,accounts_page,deposit")
+    parser.add_argument("--threads", type=int, default=1, help="callers at once (default 1: the thread's own CPU)")
     oltp.add_arguments(parser)
     args = parser.parse_args(argv)
     settings = types.SimpleNamespace(pool_size=8, pool_idle_timeout=300.0, pool_max=16, pool_wait=5.0,
@@ -54,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         sql = template.format(p=marker)
         for _ in range(args.warmup):
             backend.run(fields, Call(sql, (rng.randint(1, 999_000),), read_only, 30.0, 101))
+        if args.threads > 1:
+            print(json.dumps({"qag": qag.__file__, "query": name, "threads": args.threads,
+                              **threaded(backend, Call, fields, sql, read_only, args)}), flush=True)
+            continue
         usage, cpu, wall = resource.getrusage(resource.RUSAGE_THREAD), time.thread_time(), time.perf_counter()
         for _ in range(args.calls):
             assert backend.run(fields, Call(sql, (rng.randint(1, 999_000),), read_only, 30.0, 101)).rows
