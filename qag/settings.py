@@ -197,6 +197,8 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number from 1 to 1000000", alias="QUERYAPIGATE_MAX_PAGE_SIZE"),
     Setting("QAG_STREAM_MAX_ROWS", _optional_int(1, None), None, "Row cap for stream=true exports (silently truncates); unset = unbounded.",
             "a positive whole number", alias="QUERYAPIGATE_STREAM_MAX_ROWS"),
+    Setting("QAG_PARQUET_ROW_GROUP", _int_range(100, 1_000_000), 10_000, "Rows per row group of a parquet stream: a stream holds at most this many rows (and their encoding) in memory, however long it is. A paged xlsx, xml, yaml or parquet body is bounded by QAG_MAX_PAGE_SIZE.",
+            "a whole number from 100 to 1000000"),
     Setting("QAG_BIND", _bind, "127.0.0.1:5000", "Address `qag serve` listens on (host:port, port 0 = any free port, or unix:/path).",
             "host:port or unix:/path"),
     Setting("QAG_WORKERS", _int_range(1, 256), 2, "gunicorn worker processes for `qag serve`.",

@@ -210,6 +210,21 @@ def _csv_other(value):
     return str(value)
 
 
+def field_text(value) -> str:
+    """One value as the text of its CSV field (NULL as ""): also the cell text of the xml format (qag/formats.py).
+    Pure-Python only: the compiled twin has no per-value API."""
+    if value is None:
+        return ""
+    kind = type(value)
+    if kind is str:
+        return value
+    if kind is bool:
+        return "True" if value else "False"
+    if kind is int or kind is float:
+        return repr(value)
+    return _csv_other(value)
+
+
 def encode_delimited(columns: list[str], rows: list[tuple], delimiter: str) -> bytes:
     """Header line then one line per row, minimal quoting, CRLF line ends, NULL as an empty field, UTF-8."""
     _check_delimiter(delimiter)

@@ -463,6 +463,8 @@ class RunHandlers:
         if not rows:
             response = Response(200, encode.EMPTY_BODY, headers, "application/json")
         else:
+            if plan.fmt in encode.ATTACHED:
+                headers.append(("Content-Disposition", encode.ATTACHED[plan.fmt]))
             response = Response(200, encode.encode(plan.fmt, columns, rows), headers,
                                 encode.CONTENT_TYPES[plan.fmt])
         encoded = time.perf_counter() - started
@@ -494,7 +496,8 @@ class RunHandlers:
                 batches.close()
                 raise
         headers = [("Content-Disposition", content_disposition(f"{plan.label}.{plan.fmt}"))]
-        return Response(200, _Export(plan, columns, batches, self.observe, at, cap), headers,
+        return Response(200, _Export(plan, columns, batches, self.observe, at, cap, self.settings.parquet_row_group),
+                        headers,
                         encode.CONTENT_TYPES[plan.fmt])
 
 
@@ -525,19 +528,21 @@ class _Export:
     cursor's batches are closed with it, so its connection is released now, and the run is recorded exactly
     once, however it ended."""
 
-    __slots__ = ("plan", "columns", "batches", "observe", "at", "cap", "sent", "recorded", "slot", "meter")
+    __slots__ = ("plan", "columns", "batches", "observe", "at", "cap", "sent", "recorded", "slot", "meter",
+                 "row_group")
 
-    def __init__(self, plan: Plan, columns, batches, observe, at: float, cap: int | None):
+    def __init__(self, plan: Plan, columns, batches, observe, at: float, cap: int | None, row_group: int):
         self.plan, self.columns, self.batches, self.observe, self.at, self.cap = plan, columns, batches, observe, at, cap
+        self.row_group = row_group   # rows per parquet row group: what a parquet stream holds at most
         self.sent = 0
         self.recorded = False
         self.slot = None   # a max_concurrent slot, renewed while sending and released when the run ends
         self.meter = None  # rows as they leave, for the caller's quota (set by the gateway, contract 6.8)
 
     def __iter__(self):
-        fmt, columns, mask = self.plan.fmt, self.columns, self.plan.mask
-        first = True
+        mask = self.plan.mask
         try:
+            encoder = encode.StreamEncoder(self.plan.fmt, self.columns, self.row_group)
             for rows in self.batches:
                 if mask is not None:
                     rows = mask.rows(rows)
@@ -546,10 +551,12 @@ class _Export:
                     self.meter(len(rows))
                 if self.slot is not None:
                     self.slot.renew()
-                yield encode.encode_chunk(fmt, columns, rows, first)
-                first = False
-            if first and fmt != "ndjson":
-                yield encode.encode_chunk(fmt, columns, [], True)
+                body = encoder.chunk(rows)
+                if body:
+                    yield body
+            body = encoder.finish()
+            if body:
+                yield body
         except QagError as error:
             self._record(error)
             raise

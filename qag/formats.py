@@ -1,0 +1,295 @@
+"""The document formats of contract 3.7 (xml, yaml, xlsx, parquet): rows to bytes, with the optional libraries.
+
+Cell values follow the same rules as the other formats (qag/_speedups/rowjson.py), as QueryAPIGate 0.43 was
+observed to write them:
+
+- xml: each value as its CSV field text (`True`, `1.5`, `2024-01-02 03:04:05.123456`, JSON text for json/arrays,
+  bytes as UTF-8 with U+FFFD), `&`, `<` and `>` escaped; NULL and the empty string as an empty element `<c />`;
+  column names with every character outside `[\\w.-]` replaced by `_`, and `_` put first when a name does not
+  start with a letter or `_`. No declaration, no line breaks.
+- yaml: PyYAML's block style, keys in column order, Unicode kept; booleans, numbers (Decimal as a float: NaN as
+  `.nan`), timestamps and dates as YAML scalars; a time of day as its ISO text (QueryAPIGate failed with a 500);
+  json/arrays as their JSON text; bytes as UTF-8 text.
+- xlsx: one sheet named `Sheet`, a header row, then numbers, booleans, dates, times and datetimes (an aware one
+  in UTC, its zone dropped: Excel has none) as typed cells and everything else as text. Text is always written
+  as text, never read as a formula or a link. NaN and infinities, which Excel cannot hold, are empty cells.
+- parquet: one column per result column, typed by its values (bool, int64, double, decimal128(38, s), timestamp
+  [us] with UTC for aware ones, date32, time64[us], strings; bytes as lower-case hex text as QueryAPIGate wrote
+  them); a column whose values mix types, or only NULLs, is text. A stream writes one row group per
+  `row_group` rows, so a stream's memory is bounded by its row group, not by its length.
+
+The libraries are the `formats` extra (PyYAML, XlsxWriter, pyarrow). Without the one a format needs, asking for
+it is `500 format_unavailable`, checked before the database is touched.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib
+import io
+import math
+import re
+from decimal import Decimal
+
+from ._speedups import rowjson as cells   # the pure twin's cell rules: one definition for every format
+from .errors import QagError
+
+CONTENT_TYPES = {
+    "xml": "application/xml; charset=utf-8",
+    "yaml": "application/x-yaml",
+    "xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+    "parquet": "application/vnd.apache.parquet",
+}
+ATTACHED = {"xlsx": "attachment;filename=result.xlsx", "parquet": "attachment;filename=result.parquet"}
+_LIBRARY = {"yaml": ("yaml", "PyYAML"), "xlsx": ("xlsxwriter", "XlsxWriter"), "parquet": ("pyarrow.parquet", "pyarrow")}
+_BINARY = (bytes, bytearray, memoryview)
+
+
+def check_available(fmt: str) -> None:
+    """500 format_unavailable when the library `fmt` needs is not installed (xml needs none)."""
+    needed = _LIBRARY.get(fmt)
+    if needed is None:
+        return
+    try:
+        importlib.import_module(needed[0])
+    except ImportError:
+        raise QagError("format_unavailable", f"The {fmt} format needs the {needed[1]} package: "
+                       "pip install 'qag[formats]'") from None
+
+
+def encode(fmt: str, columns: list[str], rows: list) -> bytes:
+    """A whole page in one of CONTENT_TYPES' formats."""
+    columns = cells.unique_columns(columns)
+    if fmt == "xml":
+        return encode_xml(columns, rows)
+    if fmt == "yaml":
+        return encode_yaml(columns, rows)
+    if fmt == "xlsx":
+        return encode_xlsx(columns, rows)
+    writer = ParquetStream(columns, row_group=max(1, len(rows)))
+    return writer.chunk(rows) + writer.finish()
+
+
+# --- xml -----------------------------------------------------------------------------------------------------
+_NOT_NAME = re.compile(r"[^\w.-]")
+
+
+def xml_name(column: str) -> str:
+    name = _NOT_NAME.sub("_", column)
+    return name if name[:1].isalpha() or name[:1] == "_" else "_" + name
+
+
+def _xml_text(value) -> str:
+    if value is None:
+        return ""
+    text = cells.field_text(value)
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def encode_xml(columns: list[str], rows: list) -> bytes:
+    tags = [xml_name(c) for c in columns]
+    out = ["<data>"]
+    for row in rows:
+        out.append("<item>")
+        for tag, value in zip(tags, row):
+            text = _xml_text(value)
+            out.append(f"<{tag}>{text}</{tag}>" if text else f"<{tag} />")
+        out.append("</item>")
+    out.append("</data>")
+    return "".join(out).encode("utf-8", "replace")
+
+
+# --- yaml ----------------------------------------------------------------------------------------------------
+def _yaml_value(value):
+    kind = type(value)
+    if value is None or kind in (str, int, float, bool, _dt.datetime, _dt.date):
+        return value
+    if isinstance(value, Decimal):
+        return math.nan if value.is_nan() else float(value)
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, (int, float)):
+        return int(value) if isinstance(value, int) else float(value)
+    return cells.field_text(value)   # time, bytes, json, arrays, uuid, intervals: their text
+
+
+def encode_yaml(columns: list[str], rows: list) -> bytes:
+    import yaml
+    documents = [{column: _yaml_value(value) for column, value in zip(columns, row)} for row in rows]
+    return yaml.dump(documents, Dumper=yaml.SafeDumper, sort_keys=False, allow_unicode=True,
+                     default_flow_style=False).encode("utf-8", "replace")
+
+
+# --- xlsx ----------------------------------------------------------------------------------------------------
+def encode_xlsx(columns: list[str], rows: list) -> bytes:
+    import xlsxwriter
+    out = io.BytesIO()
+    # constant_memory: each row is written out as soon as the next begins (the page is bounded anyway).
+    book = xlsxwriter.Workbook(out, {"in_memory": False, "constant_memory": True, "strings_to_formulas": False,
+                                     "strings_to_urls": False, "strings_to_numbers": False})
+    try:
+        sheet = book.add_worksheet("Sheet")
+        stamp = book.add_format({"num_format": "yyyy-mm-dd hh:mm:ss"})
+        day = book.add_format({"num_format": "yyyy-mm-dd"})
+        clock = book.add_format({"num_format": "hh:mm:ss"})
+        for i, column in enumerate(columns):
+            sheet.write_string(0, i, column)
+        for r, row in enumerate(rows, start=1):
+            for i, value in enumerate(row[:len(columns)]):
+                _xlsx_cell(sheet, r, i, value, stamp, day, clock)
+    finally:
+        book.close()
+    return out.getvalue()
+
+
+def _xlsx_cell(sheet, r: int, i: int, value, stamp, day, clock) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool):
+        sheet.write_boolean(r, i, value)
+    elif isinstance(value, (int, float, Decimal)):
+        number = float(value)
+        if math.isfinite(number):
+            sheet.write_number(r, i, number)
+    elif isinstance(value, _dt.datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(_dt.timezone.utc).replace(tzinfo=None)
+        sheet.write_datetime(r, i, value, stamp)
+    elif isinstance(value, _dt.date):
+        sheet.write_datetime(r, i, value, day)
+    elif isinstance(value, _dt.time):
+        sheet.write_datetime(r, i, value.replace(tzinfo=None), clock)
+    else:
+        text = value if type(value) is str else cells.field_text(value)
+        if text:
+            sheet.write_string(r, i, text)   # beyond Excel's 32,767 characters a cell is cut (XlsxWriter)
+
+
+# --- parquet -------------------------------------------------------------------------------------------------
+def _kind(value) -> str | None:
+    """The parquet kind of one value (None for NULL)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, Decimal):
+        return "decimal" if value.is_finite() else "float"
+    if isinstance(value, _dt.datetime):
+        return "timestamptz" if value.tzinfo is not None else "timestamp"
+    if isinstance(value, _dt.date):
+        return "date"
+    if isinstance(value, _dt.time):
+        return "time" if value.tzinfo is None else "text"
+    return "text"
+
+
+def _column_kind(values: list) -> str:
+    kinds = {_kind(v) for v in values} - {None}
+    if len(kinds) == 1:
+        return kinds.pop()
+    if kinds and kinds <= {"int", "float", "decimal"}:
+        return "float" if "float" in kinds else "decimal"
+    return "text"
+
+
+def _text(value) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, _BINARY):
+        return bytes(value).hex()
+    return value if type(value) is str else cells.field_text(value)
+
+
+class ParquetStream:
+    """A parquet file written in pieces: `chunk(rows)` gives the bytes ready so far, `finish()` the rest. The
+    column types are fixed by the first rows written; a later value that doesn't fit its column's type is
+    written as NULL in a numeric or time column and as its text in a text column."""
+
+    def __init__(self, columns: list[str], row_group: int = 10_000):
+        import pyarrow  # noqa: F401 - the format's library, refused up front by check_available
+        self.columns = columns
+        self.row_group = row_group
+        self._sink = io.BytesIO()
+        self._writer = None
+        self._schema = None
+        self._kinds: list[str] = []
+        self._held: list = []
+
+    def chunk(self, rows: list) -> bytes:
+        self._held.extend(rows)
+        while len(self._held) >= self.row_group:
+            group, self._held = self._held[:self.row_group], self._held[self.row_group:]
+            self._write(group)
+        return self._drain()
+
+    def finish(self) -> bytes:
+        if self._held or self._writer is None:
+            self._write(self._held)
+            self._held = []
+        self._writer.close()
+        return self._drain()
+
+    def _drain(self) -> bytes:
+        data = self._sink.getvalue()
+        self._sink.seek(0)
+        self._sink.truncate()
+        return data
+
+    def _write(self, rows: list) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        width = len(self.columns)
+        by_column = [[row[i] if i < len(row) else None for row in rows] for i in range(width)]
+        if self._writer is None:
+            self._kinds = [_column_kind(values) for values in by_column]
+            fields = [pa.field(name, _arrow_type(kind, values)) for name, kind, values
+                      in zip(self.columns, self._kinds, by_column)]
+            self._schema = pa.schema(fields)
+            self._writer = pq.ParquetWriter(self._sink, self._schema)
+        arrays = [_arrow_array(kind, values, field.type) for kind, values, field
+                  in zip(self._kinds, by_column, self._schema)]
+        self._writer.write_table(pa.Table.from_arrays(arrays, schema=self._schema))
+
+
+def _arrow_type(kind: str, values: list):
+    import pyarrow as pa
+    if kind == "decimal":
+        scale = max((-v.as_tuple().exponent for v in values if isinstance(v, Decimal) and v.is_finite()), default=0)
+        return pa.decimal128(38, max(0, min(scale, 37)))
+    return {"bool": pa.bool_(), "int": pa.int64(), "float": pa.float64(), "timestamp": pa.timestamp("us"),
+            "timestamptz": pa.timestamp("us", tz="UTC"), "date": pa.date32(), "time": pa.time64("us")
+            }.get(kind, pa.string())
+
+
+def _fits(kind: str, value) -> bool:
+    got = _kind(value)
+    return got == kind or (kind == "float" and got in ("int", "decimal")) or (kind == "decimal" and got == "int")
+
+
+def _arrow_array(kind: str, values: list, arrow_type):
+    import pyarrow as pa
+    if kind == "text":
+        return pa.array([_text(v) for v in values], type=arrow_type)
+    if kind == "float":
+        values = [float(v) if v is not None and _fits(kind, v) else None for v in values]
+    elif kind == "decimal":
+        values = [_scaled(v, arrow_type.scale) if v is not None and _fits(kind, v) else None for v in values]
+    elif kind == "timestamptz":
+        values = [v.astimezone(_dt.timezone.utc) if _fits(kind, v) else None for v in values]
+    else:
+        values = [v if v is not None and _fits(kind, v) else None for v in values]
+    return pa.array(values, type=arrow_type)
+
+
+def _scaled(value, scale: int):
+    """A Decimal at the column's scale, or None when it doesn't fit 38 digits."""
+    try:
+        exact = Decimal(value).quantize(Decimal(1).scaleb(-scale))
+    except ArithmeticError:
+        return None
+    return exact if len(exact.as_tuple().digits) <= 38 else None
+

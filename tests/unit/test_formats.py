@@ -1,0 +1,72 @@
+"""The document formats (qag/formats.py) on their edges: names, types that mix, values beyond a column's type,
+parquet streams in row groups, and a missing library refused as 500 format_unavailable before anything runs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+import io
+from decimal import Decimal
+
+import pyarrow.parquet as pq
+import pytest
+
+from qag import encode, formats
+from qag.errors import QagError
+
+
+@pytest.mark.parametrize("column, tag", [("1 id", "_1_id"), ("a b<c>", "a_b_c_"), ("é.x-y", "é.x-y"),
+                                         ("_ok", "_ok"), ("-x", "_-x"), ("", "_")])
+def test_xml_names(column, tag):
+    assert formats.xml_name(column) == tag
+
+
+def test_xml_repeated_columns_keep_every_value():
+    assert encode.encode("xml", ["id", "id"], [(1, 2)]) == b"<data><item><id>1</id><id_2>2</id_2></item></data>"
+
+
+def test_yaml_writes_a_time_of_day_as_text_and_decimal_nan_as_nan():
+    body = encode.encode("yaml", ["t", "n", "d"], [(dt.time(3, 4, 5), Decimal("NaN"), Decimal("2.50"))])
+    assert body == b"- t: 03:04:05\n  n: .nan\n  d: 2.5\n"
+
+
+def _read(body: bytes):
+    return pq.read_table(io.BytesIO(body))
+
+
+def test_parquet_columns_that_mix_types_are_text_and_numbers_widen():
+    body = encode.encode("parquet", ["mixed", "num", "nulls"], [(1, 1, None), ("a", 2.5, None), (None, Decimal("3"), None)])
+    table = _read(body)
+    assert [str(f.type) for f in table.schema] == ["string", "double", "string"]
+    assert table.to_pylist() == [{"mixed": "1", "num": 1.0, "nulls": None}, {"mixed": "a", "num": 2.5, "nulls": None},
+                                 {"mixed": None, "num": 3.0, "nulls": None}]
+
+
+def test_parquet_decimals_beyond_38_digits_are_null_not_an_error():
+    body = encode.encode("parquet", ["d"], [(Decimal("1.5"),), (Decimal("9" * 40),)])
+    assert _read(body).to_pylist() == [{"d": Decimal("1.5")}, {"d": None}]
+
+
+def test_a_parquet_stream_keeps_its_first_types_for_later_batches():
+    stream = encode.StreamEncoder("parquet", ["id", "v"], parquet_row_group=2)
+    parts = [stream.chunk([(1, "a")]), stream.chunk([(2, "b"), (3, 4)]), stream.chunk([("x", None)]), stream.finish()]
+    assert parts[0] == b""                                  # one row held: not a row group yet
+    table = pq.ParquetFile(io.BytesIO(b"".join(parts)))
+    assert table.metadata.num_row_groups == 2                # four rows in groups of two
+    assert table.read().to_pylist() == [{"id": 1, "v": "a"}, {"id": 2, "v": "b"}, {"id": 3, "v": "4"},
+                                        {"id": None, "v": None}]
+
+
+@pytest.mark.parametrize("fmt, package", [("yaml", "yaml"), ("xlsx", "xlsxwriter"), ("parquet", "pyarrow.parquet")])
+def test_a_missing_library_is_format_unavailable_when_the_format_is_asked(monkeypatch, fmt, package):
+    real = importlib.import_module
+
+    def refuse(name, *args):
+        if name == package:
+            raise ImportError(f"No module named {name!r}")
+        return real(name, *args)
+    monkeypatch.setattr(formats.importlib, "import_module", refuse)
+    with pytest.raises(QagError) as raised:
+        encode.check_format(fmt.upper())
+    assert raised.value.code == "format_unavailable" and raised.value.status == 500
+    assert encode.check_format("xml") == "xml" and encode.check_format("csv") == "csv"
