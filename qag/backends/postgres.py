@@ -332,10 +332,13 @@ class _Link:
 
     def finish_reset(self) -> None:
         """Read the reset's reply (a failure sets `bad`)."""
-        for result in self.segment(time.monotonic() + REPLY_MARGIN + CONNECT_TIMEOUT):
-            if result.status not in (_OK, _TUPLES):
-                self.bad = True
+        if not self.read_reset(time.monotonic() + REPLY_MARGIN + CONNECT_TIMEOUT):
+            self.bad = True
         self.pending = False
+
+    def read_reset(self, deadline: float | None) -> bool:
+        """Read the reset segment's results, the next on the wire; whether it succeeded."""
+        return all(result.status in (_OK, _TUPLES) for result in self.segment(deadline))
 
     def clean(self) -> bool:
         """Whether the connection can be pooled: nothing failed on it and the call left the encoding UTF8 (the
@@ -382,7 +385,13 @@ def _lost(link: _Link, exc: BaseException) -> bool:
     """Whether a failure means the connection itself is gone (the server ended it), not the statement."""
     if link.pg.status == pq.ConnStatus.BAD:
         return True
+    if isinstance(exc, _ResetFailed):
+        return True
     return isinstance(exc, _ServerError) and (exc.sqlstate.startswith("08") or exc.sqlstate in ("57P01", "57P02"))
+
+
+class _ResetFailed(psycopg.OperationalError):
+    """The reset ahead of a read-only call failed: the call's results were dropped (it is run again elsewhere)."""
 
 
 def _preferred(link: _Link) -> bool:
@@ -426,9 +435,11 @@ class PostgresBackend(Backend):
             raise connection_failed(scrub(_driver_text(exc), fields)) from None
         return link
 
-    def _take(self, key, fields: dict) -> tuple[_Link, bool]:
+    def _take(self, key, fields: dict, defer: bool = False) -> tuple[_Link, bool]:
         """(connection, reused): a pooled one whose reset has been read and that shows no sign of being closed,
-        or a new one."""
+        or a new one. defer: a reset whose reply has not arrived yet is left pending, to be read just before the
+        call's own results (`_attempt`), so a connection given back and taken again at once costs one wait, not
+        two; the server runs the reset before the call's statements either way (one connection, in order)."""
         opener = lambda: self.connect(fields)  # noqa: E731
         while True:
             link, reused = self.pool.acquire(key, opener, _preferred)
@@ -436,6 +447,8 @@ class PostgresBackend(Backend):
                 return link, False
             try:
                 if link.pending:
+                    if defer and not link.readable():
+                        return link, True
                     link.finish_reset()
                 if not link.bad and not link.readable():
                     return link, True
@@ -484,7 +497,9 @@ class PostgresBackend(Backend):
         """(connection, the results of the call's segment) after the call ran and ended; retries a read once on
         a fresh connection when a reused one turns out to be dead. Raises the mapped error (connection closed)."""
         reset = self.pool.idle_limit > 0
-        link, reused = self._take(key, fields)
+        # Only a read-only call runs behind an unread reset: if the reset failed, its results are dropped and it
+        # runs again on a fresh connection (it changed nothing); a write waits for the reset's reply first.
+        link, reused = self._take(key, fields, defer=call.read_only)
         deadline = None if not call.timeout else time.monotonic() + call.timeout + REPLY_MARGIN
         shift = 1 if statements[0].startswith("DECLARE") else 0
         try:
@@ -503,9 +518,15 @@ class PostgresBackend(Backend):
             raise self._fail(key, link, exc, call, shift) from None
 
     def _attempt(self, link: _Link, call: Call, statements: list[str], reset: bool, deadline) -> list:
-        """The results of the call's segment, the end's last (raises the first error)."""
+        """The results of the call's segment, the end's last (raises the first error). A reset left pending by
+        `_take` is on the wire first: its results are read first, and if it failed the call's are dropped."""
+        deferred = link.pending
         self._send_call(link, call, statements, reset, deadline)
+        reset_ok = link.read_reset(deadline) if deferred else True
         results = link.segment(deadline)
+        if not reset_ok:
+            link.bad = True
+            raise _ResetFailed("the connection's reset failed")
         error = _first_error(results)
         if error is not None:
             raise error

@@ -303,3 +303,53 @@ def _constants(text: str):
             return None
         values.append(const["sval"]["sval"])
     return values or None
+
+
+# ------------------------------------------------------------------------------- a reset read behind the call
+
+
+def test_a_read_taken_before_its_reset_reply_arrived_runs_behind_the_reset(backend, db, monkeypatch):
+    """A read-only call on a connection whose reset reply has not arrived yet sends its own segment right behind
+    the reset (one wait for both): the server runs the reset first, so a session lock the previous caller left
+    is gone, on the same server connection."""
+    b = backend(1)
+    first = run(b, db, "SELECT pg_backend_pid() AS pid, pg_advisory_lock(4242) IS NOT NULL AS locked").rows[0]
+    monkeypatch.setattr(pg._Link, "readable", lambda self: False)   # as if the reset reply were still on its way
+    second = run(b, db, "SELECT pg_backend_pid() AS pid, count(*) AS locks FROM pg_locks "
+                        "WHERE locktype = 'advisory' AND pid = pg_backend_pid()").rows[0]
+    assert second == (first[0], 0)
+
+
+def test_a_failed_reset_ahead_of_a_read_drops_its_results_and_runs_it_on_a_fresh_connection(backend, db, monkeypatch):
+    b = backend(1)
+    first_pid = run(b, db, "SELECT pg_backend_pid()").rows[0][0]
+    monkeypatch.setattr(pg._Link, "readable", lambda self: False)
+    failed = []
+    real = pg._Link.read_reset
+
+    def fail_once(self, deadline):
+        ok = real(self, deadline)
+        if not failed:
+            failed.append(ok)
+            return False
+        return ok
+    monkeypatch.setattr(pg._Link, "read_reset", fail_once)
+    pid, n = run(b, db, "SELECT pg_backend_pid(), 7").rows[0]
+    assert failed == [True] and n == 7 and pid != first_pid
+    assert run(b, db, "SELECT pg_backend_pid()").rows[0][0] == pid   # the fresh one is pooled, the failed one gone
+
+
+def test_a_write_waits_for_the_reset_reply_before_it_is_sent(backend, db, monkeypatch):
+    b = backend(1)
+    run(b, db, "SELECT 1")
+    monkeypatch.setattr(pg._Link, "readable", lambda self: False)
+    seen = []
+    real = pg.PostgresBackend._attempt
+
+    def attempt(self, link, call, *args):
+        seen.append(link.pending)
+        return real(self, link, call, *args)
+    monkeypatch.setattr(pg.PostgresBackend, "_attempt", attempt)
+    run(b, db, "INSERT INTO notes (body) VALUES ('after a reset')", read_only=False)
+    run(b, db, "SELECT 1")
+    assert seen == [False, True]   # the write found its reset read; the read went behind the write's reset
