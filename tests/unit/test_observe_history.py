@@ -155,7 +155,7 @@ def test_b8_10_failed_runs_keep_their_code_and_refusals_before_the_database_are_
     assert app.call("POST", "/execute_sql", {"sql": "DELETE FROM t", "connection_name": "lite"})[0] == 403
     # Refused before the database step: parameters, paging, format, unknown query, no key: not runs.
     assert app.run("films", "n=3&page=0")[0] == 400
-    assert app.run("films", "n=3&format=xml")[0] == 400
+    assert app.run("films", "n=3&format=toml")[0] == 400
     assert app.run("nope")[0] == 404
     assert app.run("films", key=None)[0] == 401
     items = app.history()[2]["items"]
