@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from .. import encode
 from ..backends.base import Call, resolve_fields
-from ..cache.response import cache_key
+from ..cache.response import cache_key, source_of
 from ..errors import QagError
 from ..http.response import Response
 from ..policy import grants as policy
@@ -215,8 +215,7 @@ class RunHandlers:
         if ttl and self._cacheable(prepared, stream, caller):
             key = cache_key(referenced, version["version"], chosen, values, fmt, page, size,
                             mask_fingerprint=masking.fingerprint(rules),
-                            source=(version["sql"], version.get("columns"), row and row.get("db"),
-                                    row and row.get("fields")))
+                            source=source_of(version, row))
             hit = self.gateway.response_cache.lookup(key, ttl, request.header("If-None-Match"))
             if hit is not None:
                 return hit  # not a run: no history entry, no event, no database

@@ -84,7 +84,7 @@ def key_hash(key: str) -> int:
 
 
 class Found:
-    """One entry as read from the segment."""
+    """One entry as read from the segment (with the fields of response.Entry, so a hit replays it as it is)."""
 
     __slots__ = ("key", "content_type", "etag", "headers", "meta", "body", "expires_ns", "body_len", "seq")
 
@@ -117,7 +117,7 @@ class Segment:
         self._data = self._next + 8 * self.nblocks
         self._view = memoryview(mm)
         self._array = struct.Struct(f"<{n}Q")  # one word array (hash, used, expires) read at once
-        self._local: dict[str, tuple[int, Found]] = {}
+        self._local: dict[str, tuple[int, int, Found]] = {}  # key -> (slot, its record's offset, entry)
         self._local_bytes = 0
         self._close_fd = weakref.finalize(self, os.close, fd)
 
@@ -157,8 +157,8 @@ class Segment:
         now = self.clock()
         mine = self._local.get(key)
         if mine is not None:
-            i, found = mine
-            if self.sync.load(self._records + RECORD * i) == found.seq and found.expires_ns > now:
+            i, record, found = mine
+            if self.sync.load(record) == found.seq and found.expires_ns > now:
                 if recent:
                     self._touch(i)
                 return found
@@ -182,14 +182,16 @@ class Segment:
         if len(local) >= LOCAL_ENTRIES or self._local_bytes + found.body_len > LOCAL_BYTES:
             local.clear()  # bounded: start over (every entry is one shared-memory read away)
             self._local_bytes = 0
-        local[key] = (i, found)
+        local[key] = (i, self._records + RECORD * i, found)
         self._local_bytes += found.body_len
 
     def _touch(self, i: int) -> None:
-        store = self.sync.store
-        tick = self.sync.load(TICK) + 1
-        store(TICK, tick)
-        store(self._used + 8 * i, tick)
+        sync = self.sync
+        tick = sync.load(TICK)
+        used = self._used + 8 * i
+        if sync.load(used) != tick:  # already the most recent: nothing to move (a repeated hit)
+            sync.store(TICK, tick + 1)
+            sync.store(used, tick + 1)
 
     def _read(self, i: int, h: int, now: int, body: bool) -> Found | None:
         base = self._records + RECORD * i

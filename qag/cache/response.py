@@ -35,9 +35,10 @@ def cache_key(name: str, version: int, connection: str, values: dict, fmt: str, 
 
     `values` are the RESOLVED parameter values, so `?id=1` and `{"params":{"id":1}}` meet when `id` is a declared
     int; JSON keeps 1, 1.0, "1" and true apart, so values that may bind differently never share an entry.
-    `source` is what the body is made from besides: the version's SQL and output columns, the connection's
-    database: a query deleted and made again with other SQL, or a connection pointed elsewhere, never meets the
-    entries of the old one (instances with stores of their own still share entries through Redis)."""
+    `source` is what the body is made from besides (source_of: the version's SQL and output columns, the
+    connection's database): a query deleted and made again with other SQL, or a connection pointed elsewhere,
+    never meets the entries of the old one (instances with stores of their own still share entries through
+    Redis, the source being the same)."""
     canonical = json.dumps([name, version, connection, values, fmt, page, size, mask_fingerprint, workspace, source],
                            sort_keys=True, separators=(",", ":"), default=_tagged)
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
@@ -46,6 +47,31 @@ def cache_key(name: str, version: int, connection: str, values: dict, fmt: str, 
 def _tagged(value) -> dict:
     # Resolved values are JSON types today; anything else keeps its type in the key rather than failing the call.
     return {"\x00type": type(value).__name__, "repr": repr(value)}
+
+
+_SOURCES: dict[tuple[int, int], tuple[dict, object, str]] = {}
+_SOURCES_MAX = 4096
+
+
+def source_of(version: dict, connection: dict | None) -> str:
+    """What a cached body is made from besides the call's inputs - the version's SQL and output columns, the
+    connection's database and fields - as a digest for cache_key's `source`.
+
+    The rows come from the metadata cache, which hands every call the same objects while they are unchanged
+    (and never changes them in place), so the digest is worked out once per pair of rows: the memo holds the
+    rows themselves, so an id is never taken for another row's."""
+    memo = (id(version), id(connection))
+    known = _SOURCES.get(memo)
+    if known is not None and known[0] is version and known[1] is connection:
+        return known[2]
+    text = json.dumps([version.get("sql"), version.get("columns"), connection and connection.get("db"),
+                       connection and connection.get("fields")], sort_keys=True, separators=(",", ":"),
+                      default=_tagged)
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    if len(_SOURCES) >= _SOURCES_MAX:
+        _SOURCES.clear()  # bounded: start over
+    _SOURCES[memo] = (version, connection, digest)
+    return digest
 
 
 def etag_of(body: bytes) -> str:
@@ -70,6 +96,9 @@ class SharedEntries:
 
     def __init__(self, segment: "hostentries.Segment"):
         self.segment = segment
+        # A hit is the segment's own lookup: what it returns has Entry's fields (body, content_type, etag,
+        # headers, meta), so nothing is built per hit.
+        self.get: Callable[[str], "hostentries.Found | None"] = segment.find
 
     @classmethod
     def for_host(cls, max_bytes: int) -> "SharedEntries":
@@ -85,10 +114,6 @@ class SharedEntries:
         """Bytes of the segment's data area in use (whole blocks)."""
         return self.segment.counts()["bytes"]
 
-    def get(self, key: str) -> Entry | None:
-        found = self.segment.find(key)
-        return None if found is None else Entry(found.body, found.content_type, found.etag, found.headers, found.meta)
-
     def put(self, key: str, entry: Entry, ttl: int) -> None:
         head = _encode_head([key, entry.content_type, entry.etag, entry.headers, entry.meta])
         self.segment.put(key, head, entry.body, int(ttl * 1_000_000_000))  # too big: counted, not stored
@@ -97,10 +122,9 @@ class SharedEntries:
         """(key, meta, content type, body bytes, seconds left) of every live entry."""
         return self.segment.live()
 
-    def peek(self, key: str) -> Entry | None:
+    def peek(self, key: str) -> "hostentries.Found | None":
         """A live entry without making it recently used (an administrator looking is not a use)."""
-        found = self.segment.find(key, recent=False)
-        return None if found is None else Entry(found.body, found.content_type, found.etag, found.headers, found.meta)
+        return self.segment.find(key, recent=False)
 
     def remove(self, key: str) -> None:
         self.segment.remove(key)

@@ -16,11 +16,11 @@ Layout (little-endian, 8-byte words):
     index    entries words at +64: h1 of the entry in that place (0 = free)
     entries  ENTRY bytes each, after the index: h2, kind, used_at, then by kind
              bucket  tokens (f64), refilled at (f64), count, period (f64)
-             slots   held, then SLOT_PIDS pid words
+             slots   held, then SLOT_PIDS holder pids (u32) and as many counts (u32)
              quota   calls, rows, base_calls, base_rows, other_calls, other_rows, read_at (f64), flushing,
-                     flush_deadline (f64), reset_at (f64, Unix), then QUOTA_PIDS pid words
+                     flush_deadline (f64), reset_at (f64, Unix), then QUOTA_PIDS holder pids and counts (u32)
 
-A pid word is pid | count << 32: how many slots (or reserved, unsettled quota calls) that process holds, so the
+A holder is a pid and how many slots (or reserved, unsettled quota calls) that process holds, so the
 holds of a process that died (SIGKILL) are given back: when a key is at its limit, dead holders are looked for
 (a kill(pid, 0) each), and the master sweeps a dead worker's pid from every entry (`sweep`, from child_exit).
 
@@ -60,20 +60,32 @@ FLUSH_GRACE = 30.0   # seconds after which a flush that never reported back (its
 
 _HEAD = struct.Struct("<Qqd")                    # h2, kind, used_at
 _BUCKET = struct.Struct("<Qqdddqd")              # + tokens, refilled at, count, period
-_SLOTS = struct.Struct(f"<Qqdq{SLOT_PIDS}Q")     # + held, pid words
-_QUOTA = struct.Struct(f"<Qqdqqqqqqdqdd{QUOTA_PIDS}Q")
-_Q_PIDS = 13                                     # index of the first pid word in a quota entry
+_SLOTS = struct.Struct(f"<Qqdq{SLOT_PIDS}I{SLOT_PIDS}I")     # + held, holders' pids, their counts
+_QUOTA = struct.Struct(f"<Qqdqqqqqqdqdd{QUOTA_PIDS}I{QUOTA_PIDS}I")
+_Q_PIDS = 13                                     # index of the first holder pid in a quota entry
 _S_PIDS = 4
 _INDEX = struct.Struct(f"<{PROBE}Q")
 _WORD = struct.Struct("<Q")
-_MASK32 = 0xFFFFFFFF
+_I64 = struct.Struct("<q")
+_U32 = struct.Struct("<I")
+_HOLDERS = struct.Struct(f"<{SLOT_PIDS}I")
+_pid = [os.getpid()]   # this process's pid, kept current across forks (a call saves asking the kernel)
+os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
+_IDENTITIES: dict = {}      # (kind, name) -> (h1, h2): the hash is a third of a limiter step's cost
+_IDENTITIES_MAX = 4096
 
 
 def identity(kind: str, name: str) -> tuple[int, int]:
     """(h1, h2) of an entry: 128 bits of blake2b; h1 is never 0 (0 marks a free place)."""
-    digest = hashlib.blake2b(f"{kind}\x00{name}".encode("utf-8", "surrogatepass"), digest_size=16).digest()
-    h1, h2 = struct.unpack("<QQ", digest)
-    return h1 | 1, h2
+    found = _IDENTITIES.get((kind, name))
+    if found is None:
+        digest = hashlib.blake2b(f"{kind}\x00{name}".encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        h1, h2 = struct.unpack("<QQ", digest)
+        found = (h1 | 1, h2)
+        if len(_IDENTITIES) >= _IDENTITIES_MAX:
+            _IDENTITIES.clear()   # many client addresses: start over rather than track recency
+        _IDENTITIES[(kind, name)] = found
+    return found
 
 
 def _alive(pid: int) -> bool:
@@ -86,39 +98,41 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _take_hold(words: list, first: int, count: int, pid: int) -> bool:
-    """Add one hold of `pid` to the pid words words[first:first + count]; False when every word is taken."""
-    free = -1
-    for i in range(first, first + count):
-        w = words[i]
-        if w & _MASK32 == pid:
-            words[i] = w + (1 << 32)
-            return True
-        if w == 0 and free < 0:
-            free = i
-    if free < 0:
-        return False
-    words[free] = pid | 1 << 32
+def _take_hold(e: list, first: int, count: int, pid: int) -> bool:
+    """Add one hold of `pid` to the holders e[first:first + count] (counts after them); False when all are taken."""
+    pids = e[first:first + count]
+    try:
+        i = pids.index(pid)
+    except ValueError:
+        try:
+            i = pids.index(0)
+        except ValueError:
+            return False
+        e[first + i] = pid
+    e[first + count + i] += 1
     return True
 
 
-def _drop_hold(words: list, first: int, count: int, pid: int) -> bool:
-    for i in range(first, first + count):
-        w = words[i]
-        if w & _MASK32 == pid:
-            words[i] = 0 if w >> 32 <= 1 else w - (1 << 32)
-            return True
-    return False
+def _drop_hold(e: list, first: int, count: int, pid: int) -> bool:
+    try:
+        i = e[first:first + count].index(pid)
+    except ValueError:
+        return False
+    n = e[first + count + i] - 1
+    e[first + count + i] = n
+    if n <= 0:
+        e[first + i] = e[first + count + i] = 0
+    return True
 
 
-def _reclaim(words: list, first: int, count: int, dead=None) -> int:
-    """Clear the pid words of dead processes (or of the one pid `dead`); how many holds they had."""
+def _reclaim(e: list, first: int, count: int, dead=None) -> int:
+    """Clear the holders that died (or the one pid `dead`); how many holds they had."""
     freed = 0
     for i in range(first, first + count):
-        w = words[i]
-        if w and ((w & _MASK32) == dead if dead is not None else not _alive(w & _MASK32)):
-            freed += w >> 32
-            words[i] = 0
+        pid = e[i]
+        if pid and (pid == dead if dead is not None else not _alive(pid)):
+            freed += e[i + count]
+            e[i] = e[i + count] = 0
     return freed
 
 
@@ -200,7 +214,7 @@ class HostTable:
             e = _QUOTA.unpack_from(buf, off)
             if wall > e[12] + 60:
                 return 3
-            held = any(e[_Q_PIDS:])
+            held = any(e[_Q_PIDS:_Q_PIDS + QUOTA_PIDS])
             return 3 if not held and e[3] == e[5] and e[4] == e[6] and e[10] <= 0 else 9
         return 1
 
@@ -250,9 +264,14 @@ class HostTable:
     # --- max_concurrent slots (contract 6.7) -------------------------------------------------------------
     def acquire(self, name: str, limit: int):
         """Take one of name's `limit` slots for this process: True, False when all are held (by live processes),
-        None when the table (or the entry's pid words) has no room."""
+        None when the table (or the entry's holders) has no room."""
+        took = self.acquire_at(name, limit)
+        return took if took is None or took is False else True
+
+    def acquire_at(self, name: str, limit: int):
+        """As acquire(), but a taken slot is answered by where its entry is, for release(name, at)."""
         h1, h2 = identity("s", name)
-        pid = os.getpid()
+        pid = _pid[0]
         sync, buf = self.sync, self._buf
         sync.lock(LOCK)
         try:
@@ -265,7 +284,7 @@ class HostTable:
             if found:
                 e = list(_SLOTS.unpack_from(buf, off))
             else:
-                e = [h2, SLOTS, now, 0] + [0] * SLOT_PIDS
+                e = [h2, SLOTS, now, 0] + [0] * (2 * SLOT_PIDS)
             if e[3] >= limit:
                 e[3] -= _reclaim(e, _S_PIDS, SLOT_PIDS)   # holders that died
                 if e[3] >= limit:
@@ -281,25 +300,36 @@ class HostTable:
             _SLOTS.pack_into(buf, off, *e)
             if not found:
                 self._claim(place, h1)
-            return True
+            return off, h2
         finally:
             sync.unlock(LOCK)
 
-    def release(self, name: str) -> None:
-        """Give back one slot of name held by this process."""
-        h1, h2 = identity("s", name)
-        pid = os.getpid()
+    def release(self, name: str, at: tuple | None = None) -> None:
+        """Give back one slot of name held by this process; `at` (from acquire_at) saves looking for its entry,
+        which stays where it is while a slot of it is held. Writes only the words that change."""
+        pid = _pid[0]
         sync, buf = self.sync, self._buf
         sync.lock(LOCK)
         try:
-            place, found = self._find(h1, h2, 0.0, 0.0, insert=False)
-            if not found:
+            if at is not None and _WORD.unpack_from(buf, at[0])[0] == at[1]:
+                off = at[0]
+            else:
+                h1, h2 = identity("s", name)
+                place, found = self._find(h1, h2, 0.0, 0.0, insert=False)
+                if not found:
+                    return
+                off = self._data + place * ENTRY
+            try:
+                i = _HOLDERS.unpack_from(buf, off + 32).index(pid)
+            except ValueError:
                 return
-            off = self._data + place * ENTRY
-            e = list(_SLOTS.unpack_from(buf, off))
-            if _drop_hold(e, _S_PIDS, SLOT_PIDS, pid):
-                e[3] -= 1
-                _SLOTS.pack_into(buf, off, *e)
+            count_at = off + 32 + 4 * SLOT_PIDS + 4 * i
+            n = _U32.unpack_from(buf, count_at)[0] - 1
+            if n <= 0:
+                _U32.pack_into(buf, off + 32 + 4 * i, 0)
+                n = 0
+            _U32.pack_into(buf, count_at, n)
+            _I64.pack_into(buf, off + 24, _I64.unpack_from(buf, off + 24)[0] - 1)
         finally:
             sync.unlock(LOCK)
 
@@ -324,7 +354,7 @@ class HostTable:
         the store's counts (then `quota_reread`); None when the entry does not exist yet (read the store, then
         `quota_seed`); False when there is no room for it. Limits: 0 = none."""
         h1, h2 = identity("q", key)
-        pid = os.getpid()
+        pid = _pid[0]
         sync, buf = self.sync, self._buf
         sync.lock(LOCK)
         try:
@@ -341,14 +371,14 @@ class HostTable:
             calls, rows = e[3] + e[7], e[4] + e[8]
             allowed = 1
             if reserve:
-                if calls_limit and calls >= calls_limit and any(e[_Q_PIDS:]):
+                if calls_limit and calls >= calls_limit and any(e[_Q_PIDS:_Q_PIDS + QUOTA_PIDS]):
                     freed = _reclaim(e, _Q_PIDS, QUOTA_PIDS)   # reservations of processes that died: give back
                     e[3] -= freed
                     calls -= freed
                 if (calls_limit and calls >= calls_limit) or (rows_limit and rows >= rows_limit):
                     allowed = 0
                 else:
-                    # A reservation without a free pid word is counted all the same; only its give-back on a
+                    # A reservation without a free holder place is counted all the same; only its give-back on a
                     # SIGKILL of its worker would be lost.
                     _take_hold(e, _Q_PIDS, QUOTA_PIDS, pid)
                     e[3] += 1
@@ -374,7 +404,7 @@ class HostTable:
                 self._no_room()
                 return False
             _QUOTA.pack_into(buf, self._data + place * ENTRY, h2, QUOTA, now, calls, rows, calls, rows, 0, 0, now,
-                             0, 0.0, reset_at, *([0] * QUOTA_PIDS))
+                             0, 0.0, reset_at, *([0] * (2 * QUOTA_PIDS)))
             self._claim(place, h1)
             return True
         finally:
@@ -403,7 +433,7 @@ class HostTable:
         """Add to a counter (a given-back call is -1); settle=True also ends this process's reservation.
         Returns (calls, rows) as a check would see them, or None when the counter is gone."""
         h1, h2 = identity("q", key)
-        pid = os.getpid()
+        pid = _pid[0]
         sync, buf = self.sync, self._buf
         sync.lock(LOCK)
         try:

@@ -186,10 +186,10 @@ class _LocalSlot(Slot):
 class _HostSlot:
     """One slot in the host table, held by this process (given back by the master if the process dies)."""
 
-    __slots__ = ("table", "name")
+    __slots__ = ("table", "name", "at")
 
-    def __init__(self, table: HostTable, name: str):
-        self.table, self.name = table, name
+    def __init__(self, table: HostTable, name: str, at: tuple):
+        self.table, self.name, self.at = table, name, at
 
     def renew(self) -> None:
         pass  # a host slot lives as long as its request, or its process
@@ -197,7 +197,7 @@ class _HostSlot:
     def release(self) -> None:
         table, self.table = self.table, None
         if table is not None:
-            table.release(self.name)
+            table.release(self.name, self.at)
 
 
 class SlotPool:
@@ -238,9 +238,9 @@ class SlotPool:
     def _local(self, name: str, limit: int):
         table = self.table
         if table is not None:
-            took = table.acquire(name, limit)
+            took = table.acquire_at(name, limit)
             if took is not None:
-                return _HostSlot(table, name) if took else None
+                return _HostSlot(table, name, took) if took else None
             self.stats.no_room()
         return _LocalSlot(self.local, name) if self.local.acquire(name, limit) else None
 
