@@ -7,6 +7,7 @@ import secrets
 import time
 
 from . import _speedups
+from .api.catalog import CatalogHandlers
 from .api.manage import ManageHandlers
 from .api.ops import OpsHandlers
 from .api.run import RunHandlers
@@ -74,7 +75,8 @@ class Gateway:
         self.run = RunHandlers(self)
         self.manage = ManageHandlers(self)
         self.ops = OpsHandlers(self)
-        for handlers in (self.run, self.manage, self.ops, self.observe):
+        self.catalog = CatalogHandlers(self)
+        for handlers in (self.run, self.manage, self.ops, self.catalog, self.observe):
             handlers.register(self.router)
 
     def close(self) -> None:

@@ -96,6 +96,7 @@ class ConnectionHandlers:
         add("POST", "/api/v1/connections/<name>/test", self.test_saved, "v1.test_saved_connection", admin=True)
         # The data plane's schema route (contract 11): any caller granted the connection.
         add("GET", "/connections/<name>/schema", self.runtime_schema, "api.connection_schema")
+        add("GET", "/connections/<name>/table_ddl", self.table_ddl, "api.connection_table_ddl")
 
     # --- views -----------------------------------------------------------------------------
     def _item(self, row: dict) -> dict:
@@ -248,6 +249,30 @@ class ConnectionHandlers:
                                     table_policy.default_schema(backend.dialect, fields), backend.dialect)
         return json_response(schema)
 
+    def table_ddl(self, request, caller, name):
+        """One table's CREATE statement (contract 11): a table a restricted key may not read is as missing as one
+        that does not exist."""
+        if not caller.admin:
+            check_connection(caller.grants, name)
+        table = request.args.get("table")
+        if not table:
+            raise QagError("table_required", "table is required")
+        row = self._existing(name)
+        backend = self.gateway.backends.get(row["db"])
+        fields = resolve_fields(row["fields"], os.environ)
+        if not backend.has_table_ddl:
+            raise QagError("unsupported_operation", f"Showing a table's DDL isn't supported for '{row['db']}' "
+                                                    f"connections")
+        ddl = None
+        restricted = not caller.admin and caller.grants.allowed_tables is not None
+        default = table_policy.default_schema(backend.dialect, fields)
+        if not restricted or granted_tables(caller.grants.allowed_tables, default,
+                                            backend.dialect)(f"{default}.{table}"):
+            ddl = backend.table_ddl(fields, table)
+        if ddl is None:
+            raise QagError("table_not_found", f"{table!r} is not a table on {name!r}")
+        return json_response({"ddl": ddl})
+
     def databases(self, request, caller):
         db, fields = self._unsaved_or_saved(request)
         names = self.gateway.backends.get(db).databases(resolve_fields(fields, os.environ))
@@ -267,16 +292,23 @@ def _audited(db: str, active: bool, fields: dict) -> dict:
     return out
 
 
-def allowed_schema(schema: dict, allowed_tables, default_schema: str, dialect: str) -> dict:
-    """The schema route's body for a table-restricted key (contract 6.2): only its allowed tables, names compared
-    as the table policy compares them, and no foreign key pointing at a table outside them. A copy: backends
-    cache and share the schema they return."""
+def granted_tables(allowed_tables, default_schema: str, dialect: str):
+    """granted("schema.table") for a table-restricted key: names compared as the table policy compares them
+    (contract 6.2)."""
     grants = table_policy.qualified_grants(frozenset(allowed_tables), default_schema)
     exact = table_policy.names_exact(dialect, default_schema)
 
     def granted(qualified: str) -> bool:
         return (qualified if exact else qualified.lower()) in grants
 
+    return granted
+
+
+def allowed_schema(schema: dict, allowed_tables, default_schema: str, dialect: str) -> dict:
+    """The schema route's body for a table-restricted key (contract 6.2): only its allowed tables, names compared
+    as the table policy compares them, and no foreign key pointing at a table outside them. A copy: backends
+    cache and share the schema they return."""
+    granted = granted_tables(allowed_tables, default_schema, dialect)
     tables = []
     for table in schema.get("tables", ()):
         own = table.get("schema") or default_schema

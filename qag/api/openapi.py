@@ -335,6 +335,21 @@ def _generic_paths() -> dict:
                      "content": {"text/event-stream": {"schema": _STR}}}}, errors=("400", "401", "503"),
             params=[_query_filter(n, f"Only events with this {n}") for n in ("type", "kind", "query", "connection",
                                                                                 "status")])},
+        "/catalog": {"get": _op(
+            "catalog", "The saved queries this caller may run, with their parameters, and the caller's grants",
+            "Operations", {"200": _json("Catalog", _obj({"queries": _arr({"type": "object"}),
+                                                         "caller": {"type": "object"}}, ["queries", "caller"]))},
+            errors=("401",))},
+        "/connections/{name}/schema": {"get": _op(
+            "connectionSchema", "Tables and columns of a connection the caller is granted", "Operations",
+            {"200": _json("Schema", _obj({"tables": _arr({"type": "object"}), "truncated": _BOOL}))},
+            params=[conn, _query_filter("database", "Admin only: another database on the same server")],
+            errors=("400", "401", "403", "404", "502"))},
+        "/connections/{name}/table_ddl": {"get": _op(
+            "connectionTableDdl", "The CREATE statement of one table (MySQL/MariaDB and SQLite)", "Operations",
+            {"200": _json("DDL", _obj({"ddl": _STR}, ["ddl"]))},
+            params=[conn, dict(_query_filter("table", "The table, as the database names it"), required=True)],
+            errors=("400", "401", "403", "404", "502"))},
         # --- connections ---
         "/api/v1/connections": {
             "get": _op("listConnections", "List connections", C, {"200": _json("Connections",

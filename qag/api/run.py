@@ -118,7 +118,8 @@ class RunHandlers:
         return resolver
 
     def listable_queries(self, caller) -> list[dict]:
-        """Published saved queries the caller may run, for /openapi.json (one rule with /q: policy.listable)."""
+        """Published saved queries the caller may run, for /openapi.json and /catalog (one rule with /q:
+        policy.listable); `version` is the published version's row."""
         out = []
         for q in self.store.list_queries():
             version = next((v for v in q["versions"] if v["version"] == q["published"]), None)
@@ -129,7 +130,8 @@ class RunHandlers:
                 continue
             out.append({"name": q["name"], "description": version.get("description"),
                         "connection_name": version.get("connection_name"),
-                        "parameters": version.get("parameters") or {}, "placeholders": version.get("placeholders", [])})
+                        "parameters": version.get("parameters") or {}, "placeholders": version.get("placeholders", []),
+                        "collection": q["collection"], "version": version})
         return out
 
     # --- GET/POST /q/<name> ------------------------------------------------------------------
@@ -206,7 +208,7 @@ class RunHandlers:
         # 7-8. streaming and paging; 10. the connection itself.
         stream, page, size = self._paging(args, caller, fmt)
         connection = self._connection(chosen, row)
-        writes = self._writes_allowed(caller, name) and not stream
+        writes = self.writes_allowed(caller, name) and not stream
         # The version's mask applies to every caller, administrators included (contract 6.3).
         rules = masking.effective(version.get("mask"), None if caller.admin else caller.grants.mask)
         # 9. the response cache (contract 7.1): every check above passed, the database not yet touched. The key
@@ -259,7 +261,7 @@ class RunHandlers:
         connection = self._connection(chosen, self.store.get_connection(chosen))
         if body.get("database") is not None and connection["db"] == "sqlite":
             raise QagError("unsupported_operation", "Switching databases isn't supported for 'sqlite' connections")
-        writes = self._writes_allowed(caller, None) and not stream
+        writes = self.writes_allowed(caller, None) and not stream
         prepared = prepare(sql, connection["db"], text_placeholders=False)
         plan = Plan(connection, prepared, params, not writes, timeout, fmt, page, size, stream, chosen,
                     not rules, request.request_id, caller.label, None, None, None, sql,
@@ -296,7 +298,7 @@ class RunHandlers:
             raise QagError("invalid_paging", "page is too large")
         return False, page, size
 
-    def _writes_allowed(self, caller, query_name: str | None) -> bool:
+    def writes_allowed(self, caller, query_name: str | None) -> bool:
         if not self.settings.allow_writes:
             return False
         return caller.admin or policy.may_write(caller.grants, query_name=query_name)

@@ -50,6 +50,29 @@ def read(cursor, database: str) -> dict:
     return {"tables": tables, "truncated": truncated}
 
 
+def read_ddl(cursor, database: str, table: str) -> str | None:
+    """SHOW CREATE of one table or view of `database`, None when there is none. The caller's name is only ever a
+    bound value: the catalog finds the table (exactly, or as the server folds names when lower_case_table_names
+    is set), and the statement names the table as the catalog spells it, quoted."""
+    cursor.execute("SELECT TABLE_NAME, @@lower_case_table_names FROM information_schema.TABLES "
+                   "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s", (database, table))
+    rows = cursor.page(0, 0)
+    cursor.finish()
+    names = [r[0] for r in rows if r[0] == table]
+    if not names and rows and int(rows[0][1]) != 0:
+        names = [r[0] for r in rows if r[0].lower() == table.lower()]
+    if len(names) != 1:
+        return None
+    cursor.execute(f"SHOW CREATE TABLE {_quoted(database)}.{_quoted(names[0])}")
+    found = cursor.page(0, 0)
+    cursor.finish()
+    return found[0][1] if found else None
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
 def read_functions(cursor, database: str):
     """functions.Catalog (issue 18) on a buffered qag cursor: stored functions of `database` and loadable
     functions (mysql.func, when the connection's user may read it), lower-case. MySQL/MariaDB list no native

@@ -83,6 +83,13 @@ class Backend:
         """{"tables": [...], "truncated": bool} as contract 5.2's schema route."""
         raise NotImplementedError
 
+    has_table_ddl = False   # table_ddl() is there (contract 11: MySQL and SQLite)
+
+    def table_ddl(self, fields: dict, table: str) -> str | None:
+        """The CREATE statement of one table of the connection's database (contract 11), None when there is no
+        such table. `table` never reaches the SQL text."""
+        raise NotImplementedError
+
     def close_idle(self) -> None:
         """Close pooled idle connections (a connection was changed through the API)."""
 

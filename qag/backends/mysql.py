@@ -522,6 +522,15 @@ class MysqlBackend(Backend):
         found = self._schemas.get((_ident(fields), name), lambda: self._read_schema(fields, name))
         return copy.deepcopy(found)
 
+    has_table_ddl = True
+
+    def table_ddl(self, fields: dict, table: str) -> str | None:
+        database = fields.get("database")
+        if not database:
+            raise QagError("invalid_request", "This connection names no database")
+        return self._read_catalog(fields, str(database),
+                                  lambda cursor, name: schema_reader.read_ddl(cursor, name, table))
+
     def functions(self, fields: dict, schema=None):
         """policy.functions.Catalog for the connection's database (issue 18): the names of its stored functions
         and of the server's loadable functions, which could answer an unqualified call; kept in the schema cache

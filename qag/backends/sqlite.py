@@ -398,6 +398,23 @@ def read_schema(path: str, max_tables: int = 1000) -> dict:
     return {"tables": tables, "truncated": len(objects) > max_tables}
 
 
+def read_ddl(path: str, table: str) -> str | None:
+    """The CREATE statement of one table or view, named exactly (`table` is only ever a bound value); None when
+    the file has no such table."""
+    try:
+        conn, _ = _open(path, True)
+    except sqlite3.Error as exc:
+        raise connection_failed(str(exc)) from None
+    try:
+        row = conn.execute("SELECT sql FROM sqlite_master WHERE type IN ('table', 'view') AND name = ? "
+                           "AND name NOT LIKE 'sqlite_%'", (table,)).fetchone()
+    except sqlite3.Error as exc:
+        raise query_failed(str(exc)) from None
+    finally:
+        conn.close()
+    return None if row is None else row[0]
+
+
 def stream(path: str, call: Call, batch: int, cap: int | None):
     """(columns, batches): the first batch is read now, so errors before the first row are normal errors.
 
@@ -479,3 +496,8 @@ class SqliteBackend(Backend):
         if database is not None:
             raise QagError("invalid_request", "Switching databases isn't supported for 'sqlite' connections")
         return read_schema(self.path(fields))
+
+    has_table_ddl = True
+
+    def table_ddl(self, fields: dict, table: str) -> str | None:
+        return read_ddl(self.path(fields), table)

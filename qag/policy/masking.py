@@ -158,7 +158,7 @@ class MaskPlan:
     `source` (a SourceMask) is the statement rewritten so that the engine reads masked tables through masked
     derived tables: then the values arrive masked, and rows() only drops the columns `drop` removes."""
 
-    __slots__ = ("width", "actions", "sources", "changed", "source", "_keep", "_funcs", "_all_kept")
+    __slots__ = ("width", "names", "actions", "sources", "changed", "source", "_keep", "_funcs", "_all_kept")
 
     def __init__(self, outputs, rules: tuple, hasher: Hasher, at_source: SourceMask | None = None):
         actions, sources = [], []
@@ -171,6 +171,7 @@ class MaskPlan:
             actions.append(best)
             sources.append(None if where is None else f"{where.table}.{where.column}")
         self.width = len(outputs)
+        self.names = tuple(out.name for out in outputs)   # as traced (lower-cased where the dialect folds them)
         self.actions = tuple(actions)
         self.sources = tuple(sources)
         self.changed = any(a in CHANGING for a in actions) or at_source is not None

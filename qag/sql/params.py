@@ -424,6 +424,19 @@ def display_rule(spec: Any) -> dict:
     return rule
 
 
+def catalog_rules(stored: Any) -> dict:
+    """A version's stored `parameters` as /catalog shows them (contract 11): each parameter's whole rule record,
+    every field present, set or not (`embed` and `from_claim` are QueryAPIGate's; qag has neither)."""
+    if not isinstance(stored, dict):
+        return {}
+    out = {}
+    for name, spec in stored.items():
+        rule = _parse_lenient(spec)
+        out[name] = {field: getattr(rule, field) for field in _Rule.__slots__ if field != "_check"}
+        out[name].update(embed=False, from_claim=None)
+    return out
+
+
 def display(stored: Any) -> dict:
     """A version's stored `parameters` map as {name: ParameterRule}."""
     if not isinstance(stored, dict):

@@ -126,7 +126,8 @@ class TestGeneric:
         ("/api/v1/api-keys", {"get", "post"}), ("/api/v1/api-keys/{name}", {"get", "patch", "delete"}),
         ("/api/v1/api-keys/{name}/rotate", {"post"}), ("/api/v1/api-keys/{name}/previous", {"delete"}),
         ("/api/v1/roles", {"get", "post"}), ("/api/v1/roles/{name}", {"get", "patch", "delete"}),
-        ("/api/v1/me", {"get"}),
+        ("/api/v1/me", {"get"}), ("/catalog", {"get"}), ("/connections/{name}/schema", {"get"}),
+        ("/connections/{name}/table_ddl", {"get"}),
     ])
     def test_routes_documented(self, path, methods):
         item = build_openapi("0.1.0", [])["paths"][path]
