@@ -8,6 +8,7 @@ import time
 
 from . import _speedups
 from .api.catalog import CatalogHandlers
+from .api.events import EventsHandlers
 from .api.manage import ManageHandlers
 from .api.ops import OpsHandlers
 from .api.run import RunHandlers
@@ -76,7 +77,8 @@ class Gateway:
         self.manage = ManageHandlers(self)
         self.ops = OpsHandlers(self)
         self.catalog = CatalogHandlers(self)
-        for handlers in (self.run, self.manage, self.ops, self.catalog, self.observe):
+        self.events = EventsHandlers(self)
+        for handlers in (self.run, self.manage, self.ops, self.catalog, self.events, self.observe):
             handlers.register(self.router)
 
     def close(self) -> None:

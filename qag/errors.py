@@ -74,6 +74,7 @@ ERRORS: dict[str, tuple[int, str, str]] = {
     "connection_failed": (502, "Could not connect to the database", "database unreachable"),
     "upstream_failed": (502, "Upstream failed", "generic 502"),
     "unavailable": (503, "Service unavailable", "generic 503"),
+    "too_many_streams": (503, "Too many open event streams", "`GET /events` beyond `QAG_EVENTS_MAX_STREAMS` open streams in the worker (`Retry-After: 5`)"),
     "query_timeout": (504, "The query exceeded the time limit and was cancelled", "statement time limit exceeded"),
 }
 

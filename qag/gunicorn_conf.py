@@ -1,6 +1,7 @@
 """gunicorn settings from qag's settings: `gunicorn -c python:qag.gunicorn_conf 'qag.app:create_app()'`."""
 
 import gc
+import signal
 
 from qag.settings import load as _load
 
@@ -31,9 +32,10 @@ def on_starting(server):
     """Master, before any fork: the folder every worker writes its metrics snapshots to, the segment history
     reads use to have every worker write its queued runs, and the host's shared-memory metadata cache that every
     worker (and every worker restarted later) inherits."""
-    from qag.observe import hostflush, metrics
+    from qag.observe import hostflush, live, metrics
     metrics.start_instance()
     hostflush.start_instance()
+    live.start_instance(_settings.events_ring_bytes)   # live run events from any worker to any worker's streams
     if _settings.metadata_cache_ttl > 0:
         from qag.cache import shm
         shm.start_instance(_settings.metadata_cache_bytes)
@@ -50,6 +52,7 @@ def post_worker_init(worker):
     observe = getattr(getattr(worker, "wsgi", None), "observe", None)
     if observe is not None:
         observe.logs.install()
+        _end_streams_on_term(observe.live)
     # What start-up built (modules, sqlglot's tables, the app) lives as long as the worker: out of the
     # collector's generations, full collections don't walk it again. A call allocates a few hundred containers
     # that die by reference count, so collecting young objects every 700 allocations (Python's default) ran
@@ -57,6 +60,19 @@ def post_worker_init(worker):
     gc.collect()
     gc.freeze()
     gc.set_threshold(10_000, 20, 20)
+
+
+def _end_streams_on_term(live):
+    """A graceful stop (SIGTERM, and a reload's) ends the worker's /events streams at once: a stream has no end of
+    its own, and the worker would otherwise wait the whole graceful timeout for it."""
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_term(sig, frame):
+        live.stop()
+        if callable(previous):
+            previous(sig, frame)
+
+    signal.signal(signal.SIGTERM, on_term)
 
 
 def worker_exit(server, worker):
@@ -77,9 +93,10 @@ def child_exit(server, worker):
 
 def on_exit(server):
     from qag.cache import hostentries, shm
-    from qag.observe import hostflush, metrics
+    from qag.observe import hostflush, live, metrics
     metrics.stop_instance()
     hostflush.stop_instance()
+    live.stop_instance()
     shm.stop_instance()
     from qag.policy import hostlimits
     hostlimits.stop_instance()

@@ -269,6 +269,12 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number from 10 to 10000000"),
     Setting("QAG_EVENTS_RETENTION_HOURS", _int_range(1, 87_600), 24, "Hours the event log keeps every run (swept in the background in small batches).",
             "a whole number of hours from 1 to 87600", alias="QUERYAPIGATE_EVENTS_RETENTION_HOURS"),
+    Setting("QAG_EVENTS_MAX_STREAMS", _optional_int(0, 10_000), None, "Open GET /events streams per worker process (each holds one of its QAG_THREADS request threads); one more is refused with 503 too_many_streams; 0 turns the route off; unset = min(4, QAG_THREADS / 2).",
+            "a whole number from 0 to 10000", alias="QUERYAPIGATE_EVENTS_MAX_STREAMS"),
+    Setting("QAG_EVENTS_KEEPALIVE", _seconds_max(3600.0), 15.0, "Seconds without an event after which a GET /events stream sends a `: keepalive` comment (and notices a client that went away).",
+            "a number of seconds from 0 to 3600 (0 = every second)"),
+    Setting("QAG_EVENTS_RING_BYTES", _int_range(65_536, 1 << 30), 4 << 20, "Bytes of the host's shared-memory ring that carries live run events from the worker that served a run to the GET /events streams of every worker; runs are put there only while a stream is open. A stream whose pump was overtaken by this many bytes of events loses the overtaken ones.",
+            "a whole number of bytes from 65536 to 1073741824"),
     Setting("QAG_REDIS_URL", _redis_url, None, "Redis shared by every worker and instance: rate limits, slots and quotas counted there, the response cache kept there, configuration changes published there. When it fails the host's workers count rate limits, slots and quotas together (QAG_LIMITS_TABLE_ENTRIES), response-cache lookups are misses, and Redis is retried after 5 s. Unset = no Redis.",
             "a redis://, rediss:// or unix:// URL", alias="QUERYAPIGATE_REDIS_URL", secret=True),
     Setting("QAG_METADATA_CACHE_TTL", _seconds(True), 60.0, "Seconds the key, saved-query and connection rows every call needs are reused from the host's shared-memory cache; 0 = read the store on every call (a non-number is refused at startup, where QueryAPIGate silently turned the cache off). Changes through this instance are seen at once, other instances' within about a second (the store is polled; at once with QAG_REDIS_URL): the TTL only bounds a change nothing announced, so the default is on.",
@@ -352,6 +358,8 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         values["bind"] = _bind(bind, Setting("QUERYAPIGATE_HOST/QUERYAPIGATE_PORT", _bind, None, "", "host and port"))
     if values["pool_size"] is None:
         values["pool_size"] = values["threads"]
+    if values["events_max_streams"] is None:
+        values["events_max_streams"] = min(4, values["threads"] // 2)
     if values["home"] is None:
         values["home"] = os.getcwd()
     values["home"] = os.path.abspath(values["home"])

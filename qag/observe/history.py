@@ -116,6 +116,23 @@ class History:
         self.recorded += sum(len(indexes) for indexes in kept.values())
         self.sampled_out += sampled
 
+    def live_event(self, record) -> tuple[list, bytes]:
+        """A queued run record as its live event (contract 8.4, the payload the event log keeps) and the fields
+        /events filters on: [key name, status, kind, query, connection]."""
+        plan, at, ok, n, ms, ser, code, err, _done = record
+        sql = extra = None
+        if plan.query is None:
+            sql, extra = self._adhoc(plan)
+        if ok and plan.masked:
+            extra = _with_masked(extra, plan.masked)
+        connection = plan.connection["name"]
+        payload = event({"query": plan.query, "v": plan.version, "at": int(at), "connection": connection,
+                         "rid": plan.request_id, "key_name": plan.key, "tr": None, "x": extra, "ok": ok, "n": n,
+                         "ms": None if ms is None else int(ms), "ser": None if ser is None else int(ser * 10 + 0.5),
+                         "err": err, "code": code, "sql": sql})
+        meta = [plan.key, "success" if ok else "error", payload["kind"], plan.query, connection]
+        return meta, json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
+
     def _adhoc(self, plan) -> tuple[str | None, str]:
         extra: dict = {"p": sorted(plan.values) if isinstance(plan.values, dict) else []}
         if plan.database is not None:

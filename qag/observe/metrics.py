@@ -453,6 +453,12 @@ def render(total: dict, speedups: dict[str, str]) -> bytes:
               (), {(): cache.get("miss", 0)})
     t.gauge("queryapigate_cache_entries", "Response-cache entries held in the workers' memory (0 when kept in Redis).",
             g.get("cache_entries", 0))
+    events = c.get("events", {})
+    t.gauge("queryapigate_events_streams", "Open GET /events streams.", g.get("events_streams", 0))
+    t.counter("queryapigate_events_delivered_total", "Run events handed to GET /events streams.", (),
+              {(): events.get("delivered", 0)})
+    t.counter("qag_events_dropped_streams_total", "GET /events streams dropped because their client fell the "
+              "host's whole event ring (QAG_EVENTS_RING_BYTES) behind.", (), {(): events.get("dropped_streams", 0)})
     t.gauge("qag_pool_idle_connections", "Idle pooled data connections by database type.", None, ("db",),
             {(db,): v[0] for db, v in pools.items()})
     t.gauge("qag_pool_active_connections", "Pooled data connections in use by database type.", None, ("db",),

@@ -15,6 +15,7 @@ import weakref
 
 from .. import _speedups
 from .history import History, HistoryHandlers
+from .live import LiveEvents
 from .logs import LogWriter
 from .metrics import Metrics
 
@@ -35,6 +36,7 @@ class Observer:
         self.logs = LogWriter(settings)
         self.metrics = Metrics(self._more)
         self.handlers = HistoryHandlers(gateway, self.history)
+        self.live = LiveEvents(settings.events_ring_bytes, settings.events_max_streams)
         self.log_requests = settings.log_requests
         self.slow_ms = settings.slow_query_threshold * 1000.0 if settings.slow_query_threshold else None
         self._closed = False
@@ -57,7 +59,10 @@ class Observer:
         conn = plan.connection
         self.metrics.run(conn["name"], conn["db"], True, plan.key, rows, duration_ms / 1000.0, plan.fmt,
                          encode_seconds)
-        self.history.writer.put((plan, at, True, rows, duration_ms, encode_seconds * 1000.0, None, None, _now_ns()))
+        record = (plan, at, True, rows, duration_ms, encode_seconds * 1000.0, None, None, _now_ns())
+        self.history.writer.put(record)
+        if self.live.listening():
+            self._publish(record)
         self._log_run(plan, at, duration_ms)
 
     def failed(self, plan, at: float, error, rows: int | None = None) -> None:
@@ -65,15 +70,25 @@ class Observer:
         self.metrics.run(conn["name"], conn["db"], False, plan.key, rows or 0, None)
         if plan.stream:
             self.metrics.stream(conn["name"], conn["db"], "error", plan.key)
-        self.history.writer.put((plan, at, False, rows, None, None, error.code, error.message, _now_ns()))
+        record = (plan, at, False, rows, None, None, error.code, error.message, _now_ns())
+        self.history.writer.put(record)
+        if self.live.listening():
+            self._publish(record)
         self._log_run(plan, at, None)
 
     def streamed(self, plan, at: float, rows: int, truncated: bool) -> None:
         conn = plan.connection
         self.metrics.run(conn["name"], conn["db"], True, plan.key, rows, None)
         self.metrics.stream(conn["name"], conn["db"], "truncated" if truncated else "success", plan.key)
-        self.history.writer.put((plan, at, True, rows, None, None, None, None, _now_ns()))
+        record = (plan, at, True, rows, None, None, None, None, _now_ns())
+        self.history.writer.put(record)
+        if self.live.listening():
+            self._publish(record)
         self._log_run(plan, at, None)
+
+    def _publish(self, record) -> None:
+        """A run's live event, for the host's /events streams (only while one is open: listening())."""
+        self.live.publish(*self.history.live_event(record))
 
     def _log_run(self, plan, at: float, duration_ms: float | None) -> None:
         if not self.logs.enabled:
@@ -117,6 +132,9 @@ class Observer:
         cache = getattr(self.gateway, "response_cache", None)
         if cache is not None:
             gauges["cache_entries"] = cache.local_count
+        live = self.live
+        counters["events"] = {"delivered": live.delivered, "dropped_streams": live.dropped_streams}
+        gauges["events_streams"] = live.open_streams
         return counters, gauges
 
     def scrape(self) -> bytes:
@@ -128,6 +146,7 @@ class Observer:
         if self._closed:
             return
         self._closed = True
+        self.live.stop()
         self.history.writer.close()
         self.metrics.close()
         self.logs.close()

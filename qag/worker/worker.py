@@ -403,6 +403,7 @@ class QagWorker(base.Worker):
             self.alive = False
             os.write(self.PIPE[1], b".")
         env = wsgi.environ(req, conn.base, conn.client, conn.server)
+        env["gunicorn.socket"] = conn.sock   # as gthread gives it: a long stream bounds its own send buffer
         resp = wsgi.Response(conn.sock, req, self.client_timeout,
                              req.keep_alive and self.alive and self.keepalive > 0, self.sort_fields)
         result = None
