@@ -1,17 +1,23 @@
-"""A cached saved query over HTTP, two git refs side by side: python -m benchmarks.host_cache --before REF --after REF.
+"""Host-wide state's cost over HTTP, two git refs side by side: python -m benchmarks.host_cache --before REF --after REF.
 
-Each ref is checked out in a temporary git worktree and served by `qag serve` from it (PYTHONPATH; the compiled
-twins of this checkout are copied in), with 1 and 2 workers: four servers, each on its own demo home with the
-`customer` call's version at `cache_ttl` 600 (so every call after the first is a hit). In interleaved rounds (the
-order of the servers reversed every other round) wrk drives each server for --seconds, and the workers' CPU (the
-master's process tree, less the master) is read around it. Prints worker CPU µs per call and calls/s, median
-[min-max] per server.
+Each ref is installed in a virtual environment of its own, every module it compiles compiled (benchmarks.refs,
+built once per commit), and served by that environment's `qag serve` with 1 and 2 workers: four servers, each on
+its own demo home made by the ref's own code. --call picks
+what every call is:
+
+- `cached`: the `customer` call with its version at `cache_ttl` 600 (every call after the first is a hit);
+- `governed`: the `customer` call (no cache) by a key with a rate limit, `max_concurrent` and a call quota, each
+  far above what a run reaches, so every call passes through the bucket, a slot and a quota reservation and none
+  is refused.
+
+In interleaved rounds (the order of the servers reversed every other round) wrk drives each server for --seconds,
+and the workers' CPU (the master's process tree, less the master) is read around it. Prints worker CPU µs per
+call and calls/s, median [min-max] per server.
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import shutil
@@ -21,26 +27,26 @@ import subprocess
 import sys
 import tempfile
 import threading
+import urllib.request
 
-from .cache_calls import CALLS, _patch, _prepare_elsewhere, _wrk
+from .cache_calls import CALLS, _patch, _wrk
 from .measure import _stat, loadavg, tree_cpu
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _worktree(ref: str) -> str:
-    path = tempfile.mkdtemp(prefix="qag-bench-ref-")
-    subprocess.run(["git", "-C", ROOT, "worktree", "add", "-q", "--detach", path, ref], check=True)
-    for built in glob.glob(os.path.join(ROOT, "qag", "_speedups", "*.so")):
-        shutil.copy(built, os.path.join(path, "qag", "_speedups"))
-    return path
+from .refs import venv_python
 
 
-def _serve(home: str, admin_key: str, tree: str, workers: int) -> tuple[subprocess.Popen, str]:
+def _prepare_with(python: str, home: str) -> dict:
+    """The demo home built by the ref's own code, in a child process (see cache_calls._prepare_elsewhere)."""
+    code = ("import json, sys; from qag import demo; from qag.cli import _Admin; from qag.settings import load; "
+            "h = sys.argv[1]; print(json.dumps(demo.prepare_home(h, False, _Admin(load({'QAG_HOME': h})).call)))")
+    done = subprocess.run([python, "-c", code, home], capture_output=True, text=True, check=True, cwd=home)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _serve(home: str, admin_key: str, python: str, workers: int) -> tuple[subprocess.Popen, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("QAG_", "QUERYAPIGATE_"))}
     env.update({"QAG_HOME": home, "QAG_API_KEY": admin_key, "QAG_BIND": "127.0.0.1:0", "QAG_ACCESS_LOG": "off",
-                "QAG_LOG_REQUESTS": "off", "QAG_WORKERS": str(workers), "PYTHONPATH": tree})
-    proc = subprocess.Popen([sys.executable, "-m", "qag", "serve"], env=env, stdout=subprocess.PIPE,
+                "QAG_LOG_REQUESTS": "off", "QAG_WORKERS": str(workers)})
+    proc = subprocess.Popen([python, "-m", "qag", "serve"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=home)
     found: list[str] = []
     ready = threading.Event()
@@ -61,6 +67,17 @@ def _serve(home: str, admin_key: str, tree: str, workers: int) -> tuple[subproce
     return proc, found[0]
 
 
+def _governed_key(base: str, admin_key: str) -> str:
+    """A key scoped as the demo's, with a bucket, slots and a quota that never refuse in a run."""
+    request = urllib.request.Request(
+        f"{base}/api/v1/api-keys", method="POST",
+        data=json.dumps({"name": "governed", "rate_limit": "100000000/minute", "max_concurrent": 1000,
+                         "quota": {"calls": 100_000_000, "per": "day"}}).encode(),
+        headers={"X-API-Key": admin_key, "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        return json.loads(reply.read())["secret"]
+
+
 def _worker_cpu(master: int) -> float:
     own = _stat(master)
     return tree_cpu(master) - (own[1] / os.sysconf("SC_CLK_TCK") if own else 0.0)
@@ -73,20 +90,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=int, default=5)
     parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--call", choices=("cached", "governed"), default="cached")
     args = parser.parse_args()
     name, query, key_name = CALLS["customer (1 row, scoped key)"]
-    trees = {ref: _worktree(ref) for ref in (args.before, args.after)}
+    pythons = {ref: venv_python(ref) for ref in (args.before, args.after)}
     servers, homes = {}, []
     try:
-        for ref, tree in trees.items():
+        for ref, python in pythons.items():
             for workers in (1, 2):
                 home = tempfile.mkdtemp(prefix="qag-bench-host-")
                 homes.append(home)
-                os.environ["PYTHONPATH"] = tree  # the demo home built by the ref's own code (its store schema)
-                keys = _prepare_elsewhere(home)
-                proc, base = _serve(home, keys["admin_key"], tree, workers)
-                _patch(base, keys["admin_key"], name, 600)
-                servers[(ref, workers)] = (proc, f"{base}/q/{name}?{query}", keys[key_name])
+                keys = _prepare_with(python, home)
+                proc, base = _serve(home, keys["admin_key"], python, workers)
+                if args.call == "cached":
+                    _patch(base, keys["admin_key"], name, 600)
+                    key = keys[key_name]
+                else:
+                    key = _governed_key(base, keys["admin_key"])
+                servers[(ref, workers)] = (proc, f"{base}/q/{name}?{query}", key)
         results = {label: {"cpu": [], "rps": []} for label in servers}
         for r in range(args.rounds):
             for label in (list(servers) if r % 2 == 0 else list(reversed(servers))):
@@ -97,19 +118,17 @@ def main() -> None:
                 cpu = _worker_cpu(proc.pid) - before
                 results[label]["cpu"].append(cpu / (rps * args.seconds) * 1e6)
                 results[label]["rps"].append(rps)
-        print(f"cached customer call, wrk -t1 -c{args.connections}: median [min–max] of {args.rounds} interleaved "
+        print(f"{args.call} customer call, wrk -t1 -c{args.connections}: median [min–max] of {args.rounds} interleaved "
               f"rounds x {args.seconds} s (load average at the end {loadavg():.1f})")
         for (ref, workers), res in results.items():
             cpu, rps = res["cpu"], res["rps"]
             print(f"  {ref:>10} {workers} worker(s): worker CPU µs/call {statistics.median(cpu):.1f} "
                   f"[{min(cpu):.1f}–{max(cpu):.1f}]   calls/s {statistics.median(rps):.0f} [{min(rps):.0f}–{max(rps):.0f}]")
-        print(json.dumps({"python": sys.version.split()[0], "results": {f"{k[0]}/{k[1]}": v for k, v in results.items()}}))
+        print(json.dumps({"call": args.call, "python": sys.version.split()[0], "results": {f"{k[0]}/{k[1]}": v for k, v in results.items()}}))
     finally:
         for proc, _, _ in servers.values():
             proc.terminate()
             proc.wait(30)
-        for tree in trees.values():
-            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", tree], check=False)
         for home in homes:
             shutil.rmtree(home, ignore_errors=True)
 
