@@ -275,3 +275,25 @@ def test_a_graceful_stop_does_not_wait_for_open_streams(make_server_module):
     for stream in streams:
         assert stream.done.wait(5)
         stream.close()
+
+
+def test_a_hundred_subscribers_on_two_workers_get_exactly_what_they_may_see(make_server_module, uniq):
+    s = make_server_module(env={"QAG_THREADS": "64", "QAG_EVENTS_MAX_STREAMS": "60", "QAG_ACCESS_LOG": "on"})
+    s.query("crowd", "SELECT id FROM t WHERE id = :n", "lite", parameters={"n": {"type": "int"}})
+    alice, bob = s.key(uniq("alice"), connections=["lite"]), s.key(uniq("bob"), connections=["lite"])
+    admins, alices, bobs = _open(s, 50), _open(s, 25, alice), _open(s, 25, bob)
+    try:
+        by_alice = {r.headers["x-request-id"] for r in _calls(s, 10, alice, "crowd")}
+        by_bob = {r.headers["x-request-id"] for r in _calls(s, 10, bob, "crowd")}
+        for stream in admins:
+            wait_for(lambda: by_alice | by_bob <= stream.request_ids(), "an administrator's stream has every run")
+        for stream in alices:
+            wait_for(lambda: by_alice <= stream.request_ids(), "alice's stream has her runs")
+        for stream in bobs:
+            wait_for(lambda: by_bob <= stream.request_ids(), "bob's stream has his runs")
+        assert all(not (st.request_ids() & by_bob) for st in alices)
+        assert all(not (st.request_ids() & by_alice) for st in bobs)
+        assert all(len(st.events) == 20 for st in admins)   # each run once, none twice
+    finally:
+        for stream in admins + alices + bobs:
+            stream.close()
