@@ -164,5 +164,10 @@ def test_0_6_cors(make_server):
     assert other.status == 204 and "access-control-allow-origin" not in other.headers
     unauth = s.get("/api/v1/connections", key=None, headers=origin)
     assert unauth.status == 401 and "X-Request-Id" in unauth.headers["access-control-expose-headers"]
+    # Contract 0.6's list exactly, plus X-Row-Count (a deliberate addition: docs/compatibility.md).
+    exposed = unauth.headers["access-control-expose-headers"].split(", ")
+    assert exposed == ["X-Page", "X-Page-Size", "X-Has-More", "X-Row-Count", "X-RateLimit-Limit",
+                       "X-RateLimit-Remaining", "X-RateLimit-Key-Limit", "X-RateLimit-Key-Remaining", "Retry-After",
+                       "X-Request-Id", "X-Cache", "ETag", "Deprecation", "Link"]
     plain = s.request("OPTIONS", "/api/v1/connections", key=None, headers=origin)
     assert plain.status == 401
