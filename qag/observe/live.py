@@ -248,7 +248,8 @@ class LiveEvents:
     thread per worker that holds streams looks at the ring every POLL seconds and wakes them when it moved."""
 
     def __init__(self, ring_bytes: int, max_streams: int):
-        self.ring = shared() or Ring(ring_bytes)
+        self._ring = shared()          # the master's; a process without one makes its own on its first stream
+        self._ring_bytes = ring_bytes
         self.max_streams = max_streams
         self._streams: set[Stream] = set()
         self._lock = threading.Lock()
@@ -258,9 +259,18 @@ class LiveEvents:
         self.dropped_streams = 0
         self.pid = os.getpid()
 
+    @property
+    def ring(self) -> Ring:
+        if self._ring is None:
+            with self._lock:
+                if self._ring is None:
+                    self._ring = Ring(self._ring_bytes)
+        return self._ring
+
     # --- the request path ----------------------------------------------------------------------------------
     def listening(self) -> bool:
-        return self.ring.listening()
+        ring = self._ring
+        return ring is not None and ring.listening()
 
     def publish(self, meta: list, payload: bytes) -> None:
         """One run's event: meta = [key name, status, kind, query, connection]; payload = its JSON."""
@@ -270,16 +280,17 @@ class LiveEvents:
     # --- streams -------------------------------------------------------------------------------------------
     def open(self, key: str | None, filters: dict) -> Stream | None:
         """A new stream reading from now on, or None when this worker holds max_streams already."""
+        ring = self.ring
         with self._lock:
             if self._stopping or len(self._streams) >= self.max_streams:
                 return None
-            stream = Stream(key, filters, self.ring.end())
+            stream = Stream(key, filters, ring.end())
             self._streams.add(stream)
             if self._waker is None or os.getpid() != self.pid:
                 self.pid = os.getpid()
                 self._waker = threading.Thread(target=self._wake, name="qag-live", daemon=True)
                 self._waker.start()
-        self.ring.listen(self.pid, +1)
+        ring.listen(self.pid, +1)
         return stream
 
     def take(self, stream: Stream) -> list[bytes]:
