@@ -115,6 +115,25 @@ def cmd_serve(args, settings) -> int:
     return serve(settings)
 
 
+def cmd_events(args, settings) -> int:
+    """qag events: the standalone SSE server (contract 8.6) on this home's store."""
+    import asyncio
+    from .auth import Authenticator
+    from .observe.events_server import EventsServer
+    from .store import open_store
+    store = open_store(settings)
+    token = settings.metrics_token.encode("utf-8") if settings.metrics_token is not None else None
+    server = EventsServer(settings, store, Authenticator(store, settings.api_key), token)
+    try:
+        asyncio.run(server.serve(args.host or settings.events_host,
+                                 args.port if args.port is not None else settings.events_port))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        store.close()
+    return 0
+
+
 def cmd_demo(args, settings) -> int:
     from . import demo
     from .server import serve
@@ -209,6 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("version", help="print the version and which speedups are loaded")
 
+    events = sub.add_parser("events", help="serve GET /events to many clients, with every instance's runs and "
+                                           "resume (Last-Event-ID); run beside `qag serve` on the same store")
+    events.add_argument("--host", help="host to listen on (QAG_EVENTS_HOST)")
+    events.add_argument("--port", type=int, help="port to listen on (QAG_EVENTS_PORT)")
+    events.add_argument("--home", help="folder of the store (QAG_HOME)")
+
     store = sub.add_parser("store", help="store maintenance")
     store_actions = store.add_subparsers(dest="action", required=True)
     copy = store_actions.add_parser("copy", help="copy every table into an empty store (SQLite <-> PostgreSQL)")
@@ -268,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(["serve"])
     # Flags become the environment, so gunicorn's workers see exactly what the master validated.
     host, port = getattr(args, "host", None), getattr(args, "port", None)
-    if (host or port) and not getattr(args, "bind", None):
+    if (host or port) and not getattr(args, "bind", None) and command != "events":
         args.bind = f"{host or '127.0.0.1'}:{port if port is not None else 5000}"
     for attr, env in _FLAG_ENV.items():
         value = getattr(args, attr, None)
@@ -277,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load()
         handler = {"serve": cmd_serve, "demo": cmd_demo, "init": cmd_init, "version": cmd_version,
-                   "store": cmd_store}.get(
+                   "store": cmd_store, "events": cmd_events}.get(
             command, cmd_admin)
         return handler(args, settings)
     except SettingsError as exc:

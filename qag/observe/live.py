@@ -230,13 +230,19 @@ class Stream:
         self.dropped = False
 
     def wants(self, meta: list) -> bool:
-        key, status, kind, query, connection = meta
-        if self.key is not None and key != self.key:
-            return False
-        f = self.filters
-        return (f.get("type", "query.run") == "query.run" and ("status" not in f or f["status"] == status)
-                and ("kind" not in f or f["kind"] == kind) and ("query" not in f or f["query"] == query)
-                and ("connection" not in f or f["connection"] == connection))
+        return wanted(meta, self.key, self.filters)
+
+
+def wanted(meta: list, key: str | None, filters: dict) -> bool:
+    """Whether a run's event reaches a stream: meta = [key name, status, kind, query, connection]; `key` None is
+    an administrator (every run), else only that key's runs; filters narrow, never widen (contract 8.5)."""
+    run_key, status, kind, query, connection = meta
+    if key is not None and run_key != key:
+        return False
+    f = filters
+    return (f.get("type", "query.run") == "query.run" and ("status" not in f or f["status"] == status)
+            and ("kind" not in f or f["kind"] == kind) and ("query" not in f or f["query"] == query)
+            and ("connection" not in f or f["connection"] == connection))
 
 
 class LiveEvents:

@@ -163,6 +163,14 @@ class Store(abc.ABC):
         cursor; where: kind, query, version, ok, key, since, until (Unix seconds of `at`)."""
 
     @abc.abstractmethod
+    def events_after(self, after_id: int, limit: int) -> list[dict]:
+        """Event-log rows with an id above `after_id`, lowest id first (contract 8.6)."""
+
+    @abc.abstractmethod
+    def last_event_id(self) -> int:
+        """The highest event id so far (0 for none)."""
+
+    @abc.abstractmethod
     def run_stats(self, query: str | None = None) -> dict:
         """{query name: (last run at, {version: history entries})}, for one query or all."""
 

@@ -445,6 +445,16 @@ class SqliteStore(Store):
         return self._all(f"{_RUN_SELECT} WHERE {' AND '.join(clauses)} ORDER BY r.seq DESC, r.id DESC LIMIT ?",
                          tuple(args) + (int(limit),))
 
+    def events_after(self, after_id: int, limit: int) -> list[dict]:
+        """Event-log rows (every run, in history or not) with an id above `after_id`, lowest id first: the
+        standalone events server's tail and a client's resume (contract 8.6)."""
+        return self._all(f"{_RUN_SELECT} WHERE r.id > ? ORDER BY r.id LIMIT ?", (int(after_id), int(limit)))
+
+    def last_event_id(self) -> int:
+        """The highest event id so far (0 for none)."""
+        rows = self._all("SELECT COALESCE(MAX(id), 0) AS last FROM runs")
+        return int(rows[0]["last"])
+
     def run_stats(self, query: str | None = None) -> dict:
         where, args = ("AND q = (SELECT id FROM names WHERE name = ?)", (query,)) if query is not None else ("", ())
         out: dict = {}

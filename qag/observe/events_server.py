@@ -1,0 +1,317 @@
+"""`qag events`: the standalone Server-Sent Events server for many clients (contract 8.6).
+
+One asyncio process beside `qag serve`. It tails the event log in the store (every worker's and every instance's
+runs) every QAG_EVENTS_POLL_INTERVAL seconds and hands each new event to the clients that may see it: an
+administrator every run, a key its own runs since the key was created, narrowed by the stream's filters (the
+same rule as the main server's GET /events, live.wanted). A client resumes with `Last-Event-ID` (or
+`?last_event_id=`): first every later event it may see, read from the store in pages of 1,000, then live, with no
+gap or repeat. A client more than 1,000 events behind is disconnected (it resumes), a key is checked again every
+60 s (a revoked or expired key's stream is closed), and QAG_EVENTS_MAX_CONNECTIONS bounds the open streams.
+
+On a PostgreSQL store ids are taken before their transaction commits, so a run can appear with an id lower than
+one already sent: the tail reads from a little below its last id and sends what it has not sent yet, so a live
+client gets it (late); a client resuming from an id above it does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import parse_qs
+
+from ..api.events import read_filters
+from ..errors import QagError
+from .history import event
+from .live import wanted
+
+log = logging.getLogger("qag")
+
+PAGE = 1000                # events per store read, and how far a client may fall behind before it is dropped
+KEEPALIVE = 15.0           # seconds without an event before `: keepalive`
+RECHECK = 60.0             # seconds between two checks of a stream's key
+LOOKBACK = 2000            # ids below the last one the tail reads again (PostgreSQL commits out of id order)
+HEAD_LIMIT = 16384         # bytes of a request head
+_SECURITY = (b"X-Content-Type-Options: nosniff\r\nContent-Security-Policy: default-src 'none'; frame-ancestors "
+             b"'none'\r\nReferrer-Policy: no-referrer\r\n")
+_STATUS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+           429: "Too Many Requests", 503: "Service Unavailable"}
+
+
+def _meta(row: dict) -> list:
+    return [row["key_name"], "success" if row["ok"] else "error", "saved" if row["query"] is not None else "adhoc",
+            row["query"], row["connection"]]
+
+
+def _since(created_at: str | None) -> int:
+    """A key's created_at (the server's local time, as the store writes it) as Unix seconds. Unreadable: now, so
+    a key whose age is unknown sees nothing from before this stream rather than another key's past."""
+    try:
+        return int(time.mktime(time.strptime(created_at[:19], "%Y-%m-%d %H:%M:%S")))
+    except (TypeError, ValueError):
+        return int(time.time())
+
+
+class Client:
+    """One stream: who it is, what it asked for, its queue and where it has read to."""
+
+    __slots__ = ("key", "since", "filters", "queue", "floor", "live", "writer", "header", "peer")
+
+    def __init__(self, caller, since: int, filters: dict, floor: int, writer, header: str | None, peer):
+        self.key = None if caller.admin else caller.name
+        self.since = since          # Unix seconds of the key's creation (0: an administrator)
+        self.filters = filters
+        self.queue: asyncio.Queue = asyncio.Queue(PAGE)
+        self.floor = floor         # the highest id covered by the stream's start or its replay
+        self.live = False
+        self.writer = writer
+        self.header, self.peer = header, peer
+
+    def may_see(self, row: dict) -> bool:
+        return row["at"] >= self.since and wanted(_meta(row), self.key, self.filters)
+
+
+class EventsServer:
+    def __init__(self, settings, store, authenticator, metrics_token: bytes | None = None):
+        self.settings = settings
+        self.store = store
+        self.auth = authenticator
+        self.metrics_token = metrics_token
+        self.max_connections = settings.events_max_connections
+        self.interval = max(settings.events_poll_interval, 0.05)   # 0 means "as often as is sensible"
+        self.clients: set[Client] = set()
+        self.tail_last = 0
+        self._sent: collections.OrderedDict = collections.OrderedDict()   # ids the tail has handed out lately
+        self._pool = ThreadPoolExecutor(4, thread_name_prefix="qag-events-store")
+        self.delivered = self.replayed = self.slow_disconnects = 0
+
+    async def _store(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    # --- the tail -----------------------------------------------------------------------------------------
+    async def tail(self) -> None:
+        self.tail_last = await self._store(self.store.last_event_id)
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self._tail_once()
+            except Exception:   # the store down or busy: try again next time, streams stay open
+                log.warning("events server: reading the event log failed", exc_info=True)
+
+    async def _tail_once(self) -> None:
+        after = max(0, self.tail_last - LOOKBACK)
+        while True:
+            rows = await self._store(self.store.events_after, after, PAGE)
+            for row in rows:
+                rid = row["id"]
+                after = rid
+                if rid in self._sent:
+                    continue
+                self._sent[rid] = None
+                if len(self._sent) > 4 * LOOKBACK:
+                    self._sent.popitem(last=False)
+                self.tail_last = max(self.tail_last, rid)
+                self._hand_out(row)
+            if len(rows) < PAGE:
+                return
+
+    def _hand_out(self, row: dict) -> None:
+        frame = None
+        for client in list(self.clients):
+            if not client.live or row["id"] <= client.floor:
+                continue   # before the client's stream began, or already sent by its replay
+            if not client.may_see(row):
+                continue
+            if frame is None:
+                frame = _frame(row)
+            try:
+                client.queue.put_nowait(frame)
+            except asyncio.QueueFull:
+                self.slow_disconnects += 1
+                self.clients.discard(client)
+                client.writer.close()
+
+    # --- HTTP ---------------------------------------------------------------------------------------------
+    async def handle(self, reader, writer) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ConnectionError):
+            writer.close()
+            return
+        try:
+            method, target, headers = _parse(head)
+        except ValueError:
+            await _answer(writer, 400, {"error": "Bad request"})
+            return
+        path, _, query = target.partition("?")
+        args = {k: v[0] for k, v in parse_qs(query, keep_blank_values=True).items()}
+        if path not in ("/events", "/health", "/metrics"):
+            await _answer(writer, 404, {"error": "Not found"})
+        elif method != "GET":
+            await _answer(writer, 405, {"error": "Method not allowed"}, b"Allow: GET\r\n")
+        elif path == "/health":
+            await _answer(writer, 200, {"status": "ok", "connections": len(self.clients),
+                                        "delivered": self.delivered})
+        elif path == "/metrics":
+            await self._metrics(writer, headers)
+        else:
+            await self._events(writer, headers, args)
+
+    async def _metrics(self, writer, headers: dict) -> None:
+        if self.metrics_token is not None:
+            scheme, _, presented = headers.get("authorization", "").strip().partition(" ")
+            caller = await self._store(self.auth.authenticate, headers.get("x-api-key"), None)
+            ok = (caller is not None and caller.admin and caller.via != "open") or (
+                scheme.lower() == "bearer" and presented.strip().encode("utf-8", "replace") == self.metrics_token)
+            if not ok:
+                await _answer(writer, 401, {"error": "Unauthorized"})
+                return
+        lines = [
+            "# HELP queryapigate_events_streams Open event streams.", "# TYPE queryapigate_events_streams gauge",
+            f"queryapigate_events_streams {len(self.clients)}",
+            "# HELP queryapigate_events_delivered_total Events sent live.",
+            "# TYPE queryapigate_events_delivered_total counter",
+            f"queryapigate_events_delivered_total {self.delivered}",
+            "# HELP queryapigate_events_replayed_total Events sent on resume (Last-Event-ID).",
+            "# TYPE queryapigate_events_replayed_total counter",
+            f"queryapigate_events_replayed_total {self.replayed}",
+            "# HELP queryapigate_events_slow_disconnects_total Clients disconnected for falling 1000 events behind.",
+            "# TYPE queryapigate_events_slow_disconnects_total counter",
+            f"queryapigate_events_slow_disconnects_total {self.slow_disconnects}",
+        ]
+        body = ("\n".join(lines) + "\n").encode()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+                     b"Content-Length: %d\r\nConnection: close\r\n%s\r\n%s" % (len(body), _SECURITY, body))
+        await _close(writer)
+
+    async def _events(self, writer, headers: dict, args: dict) -> None:
+        key_header = headers.get("x-api-key")
+        peer = (writer.get_extra_info("peername") or (None,))[0]
+        caller = await self._store(self.auth.authenticate, key_header, peer)
+        if caller is None:
+            await _answer(writer, 401, {"error": "Unauthorized"})
+            return
+        try:
+            filters = read_filters(args)
+        except QagError as error:
+            await _answer(writer, error.status, {"error": error.message, "code": error.code})
+            return
+        if len(self.clients) >= self.max_connections:
+            await _answer(writer, 503, {"error": "Too many open event streams - try again in a few seconds",
+                                        "code": "too_many_streams", "retry_after": 5}, b"Retry-After: 5\r\n")
+            return
+        resume = headers.get("last-event-id", args.get("last_event_id"))
+        resume_id = int(resume) if resume is not None and resume.strip().isdigit() else None
+        since = 0
+        if not caller.admin:
+            row = await self._store(self.store.get_key, caller.name)
+            since = _since(row and row.get("created_at"))
+        client = Client(caller, since, filters, self.tail_last if resume_id is None else resume_id, writer,
+                        key_header, peer)
+        self.clients.add(client)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                     b"X-Accel-Buffering: no\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n" + _SECURITY
+                     + b"\r\n" + _chunk(b"retry: 3000\n\n"))
+        try:
+            await writer.drain()
+            if resume_id is not None:
+                await self._replay(client)
+            client.live = True
+            await self._stream(client)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self.clients.discard(client)
+            writer.close()
+
+    async def _replay(self, client: Client) -> None:
+        """Every event after the client's id that it may see, then live without a gap: the client turns live only
+        once it has read as far as the tail has handed out (nothing awaited between that check and going live)."""
+        while True:
+            rows = await self._store(self.store.events_after, client.floor, PAGE)
+            frames = []
+            for row in rows:
+                client.floor = row["id"]
+                if client.may_see(row):
+                    frames.append(_frame(row))
+            if frames:
+                self.replayed += len(frames)
+                client.writer.write(_chunk(b"".join(frames)))
+                await client.writer.drain()
+            if len(rows) < PAGE and client.floor >= self.tail_last:
+                return
+
+    async def _stream(self, client: Client) -> None:
+        checked = time.monotonic()
+        writer = client.writer
+        while client in self.clients:
+            try:
+                frames = [await asyncio.wait_for(client.queue.get(), KEEPALIVE)]
+            except asyncio.TimeoutError:
+                writer.write(_chunk(b": keepalive\n\n"))
+            else:
+                while not client.queue.empty():
+                    frames.append(client.queue.get_nowait())
+                self.delivered += len(frames)
+                writer.write(_chunk(b"".join(frames)))
+            await writer.drain()
+            if time.monotonic() - checked >= RECHECK:
+                checked = time.monotonic()
+                if await self._store(self.auth.authenticate, client.header, client.peer) is None:
+                    return   # revoked, expired or deactivated: the stream ends
+
+    # --- running ------------------------------------------------------------------------------------------
+    async def serve(self, host: str, port: int, ready=None) -> None:
+        server = await asyncio.start_server(self.handle, host, port, limit=HEAD_LIMIT)
+        tail = asyncio.create_task(self.tail())
+        bound = server.sockets[0].getsockname()
+        print(f"qag events: listening at http://{bound[0]}:{bound[1]}", flush=True)
+        if ready is not None:
+            ready(bound)
+        try:
+            async with server:
+                await server.serve_forever()
+        finally:
+            tail.cancel()
+
+
+def _frame(row: dict) -> bytes:
+    payload = json.dumps(event(row), separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
+    return b"id: %d\ndata: %s\n\n" % (row["id"], payload)
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def _parse(head: bytes) -> tuple[str, str, dict]:
+    lines = head.decode("latin-1").split("\r\n")
+    method, target, version = lines[0].split(" ")
+    if not version.startswith("HTTP/1."):
+        raise ValueError(version)
+    headers = {}
+    for line in lines[1:]:
+        if line:
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise ValueError(line)
+            headers[name.strip().lower()] = value.strip()
+    return method, target, headers
+
+
+async def _answer(writer, status: int, body: dict, extra: bytes = b"") -> None:
+    data = json.dumps(body).encode()
+    writer.write(b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n"
+                 b"%s%s\r\n%s" % (status, _STATUS[status].encode(), len(data), extra, _SECURITY, data))
+    await _close(writer)
+
+
+async def _close(writer) -> None:
+    try:
+        await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    writer.close()
