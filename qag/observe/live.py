@@ -9,7 +9,9 @@ a slow or stuck client never holds up a run or another client, and one that fall
 
 Ring layout (8-byte little-endian words): +0 magic, +8 the mutex (qag/_speedups/shmsync), +16 the sequence number
 of the next record, +24 where it goes, +32 the sequence number of the oldest record kept, +40 where it is, +48
-streams open on the host, +56 the data size, +64 SLOTS slots of 16 bytes (a worker's pid and its open streams, so
+streams open on the host, +56 the data size, +64 the pid of the worker relaying other instances' events from
+Redis (live_redis.py; 0 = none), +72 this instance's random id, +80 SLOTS slots of 16 bytes (a worker's pid and its
+open streams, so
 a worker that dies does not leave the host publishing for nobody), then the data: records of a 16-byte head
 (sequence number, length) and the bytes, 8-aligned; a head with sequence WRAP (or too little room for a head)
 means "continue at the start". Writing evicts the oldest records it needs room for; a reader that was overtaken
@@ -29,7 +31,7 @@ from .. import _speedups
 from ..hostmem import map_anonymous
 
 MAGIC = int.from_bytes(b"QAGLIVE1", "little")
-LOCK, NEXT_SEQ, HEAD, TAIL_SEQ, TAIL, LISTENERS, DATA_SIZE, SLOTS = 8, 16, 24, 32, 40, 48, 56, 64
+LOCK, NEXT_SEQ, HEAD, TAIL_SEQ, TAIL, LISTENERS, DATA_SIZE, RELAY, INSTANCE, SLOTS = 8, 16, 24, 32, 40, 48, 56, 64, 72, 80
 NSLOTS = 256
 DATA = SLOTS + NSLOTS * 16
 WRAP = (1 << 64) - 1
@@ -60,6 +62,7 @@ class Ring:
         store(NEXT_SEQ, 1)
         store(TAIL_SEQ, 1)
         store(DATA_SIZE, data_bytes)
+        store(INSTANCE, int.from_bytes(os.urandom(8), "little") | 1)
         store(0, MAGIC)
         self._close_fd = weakref.finalize(self, os.close, self.fd)
 
@@ -106,6 +109,33 @@ class Ring:
             else:
                 total += max(0, change)   # no slot: counted, never given back by a sweep (publishes for nobody)
             sync.store(LISTENERS, total)
+        finally:
+            sync.unlock(LOCK)
+
+    @property
+    def instance(self) -> int:
+        """This instance's random id (one ring per instance): how its own events are told from others' in Redis."""
+        return self.sync.load(INSTANCE)
+
+    def claim_relay(self, pid: int) -> bool:
+        """Become the host's relay of other instances' events (True), unless a live process already is."""
+        sync = self.sync
+        sync.lock(LOCK)
+        try:
+            holder = sync.load(RELAY)
+            if holder == pid or holder == 0 or not _alive(holder):
+                sync.store(RELAY, pid)
+                return True
+            return False
+        finally:
+            sync.unlock(LOCK)
+
+    def release_relay(self, pid: int) -> None:
+        sync = self.sync
+        sync.lock(LOCK)
+        try:
+            if sync.load(RELAY) == pid:
+                sync.store(RELAY, 0)
         finally:
             sync.unlock(LOCK)
 
@@ -253,10 +283,11 @@ class LiveEvents:
     stream the ring overtook (its client fell QAG_EVENTS_RING_BYTES behind) is dropped and counted. One waker
     thread per worker that holds streams looks at the ring every POLL seconds and wakes them when it moved."""
 
-    def __init__(self, ring_bytes: int, max_streams: int):
+    def __init__(self, ring_bytes: int, max_streams: int, relay=None):
         self._ring = shared()          # the master's; a process without one makes its own on its first stream
         self._ring_bytes = ring_bytes
         self.max_streams = max_streams
+        self.relay = relay             # live_redis.Relay with QAG_REDIS_URL: events to and from other instances
         self._streams: set[Stream] = set()
         self._lock = threading.Lock()
         self._waker: threading.Thread | None = None
@@ -275,13 +306,19 @@ class LiveEvents:
 
     # --- the request path ----------------------------------------------------------------------------------
     def listening(self) -> bool:
+        """A stream is open on this host, or (with Redis) on another instance."""
         ring = self._ring
-        return ring is not None and ring.listening()
+        relay = self.relay
+        return (ring is not None and ring.listening()) or (relay is not None and relay.remote_listeners)
 
     def publish(self, meta: list, payload: bytes) -> None:
         """One run's event: meta = [key name, status, kind, query, connection]; payload = its JSON."""
-        self.ring.publish(json.dumps(meta, separators=(",", ":")).encode("utf-8", "surrogatepass") + b"\n"
-                          + payload)
+        record = json.dumps(meta, separators=(",", ":")).encode("utf-8", "surrogatepass") + b"\n" + payload
+        ring = self._ring
+        if ring is not None and ring.listening():
+            ring.publish(record)
+        if self.relay is not None and self.relay.remote_listeners:
+            self.relay.offer(self.ring.instance, record)
 
     # --- streams -------------------------------------------------------------------------------------------
     def open(self, key: str | None, filters: dict) -> Stream | None:
@@ -297,6 +334,8 @@ class LiveEvents:
                 self._waker = threading.Thread(target=self._wake, name="qag-live", daemon=True)
                 self._waker.start()
         ring.listen(self.pid, +1)
+        if self.relay is not None:
+            self.relay.host_listens(ring)
         return stream
 
     def take(self, stream: Stream) -> list[bytes]:

@@ -36,7 +36,11 @@ class Observer:
         self.logs = LogWriter(settings)
         self.metrics = Metrics(self._more)
         self.handlers = HistoryHandlers(gateway, self.history)
-        self.live = LiveEvents(settings.events_ring_bytes, settings.events_max_streams)
+        relay = None
+        if settings.redis_url:
+            from .live_redis import Relay
+            relay = Relay(settings.redis_url)
+        self.live = LiveEvents(settings.events_ring_bytes, settings.events_max_streams, relay)
         self.log_requests = settings.log_requests
         self.slow_ms = settings.slow_query_threshold * 1000.0 if settings.slow_query_threshold else None
         self._closed = False

@@ -297,3 +297,33 @@ def test_a_hundred_subscribers_on_two_workers_get_exactly_what_they_may_see(make
     finally:
         for stream in admins + alices + bobs:
             stream.close()
+
+
+def test_with_redis_every_instances_runs_reach_every_instances_streams_once(make_server_module):
+    from tests.services import redis_url
+    url = redis_url()
+    one = make_server_module(env={"QAG_REDIS_URL": url})
+    two = make_server_module(env={"QAG_REDIS_URL": url})
+    for s in (one, two):
+        s.query("ev_films", "SELECT id, name FROM t WHERE id <= :n ORDER BY id", "lite",
+                parameters={"n": {"type": "int", "default": 2}})
+    (on_one,), (on_two,) = _open(one, 1), _open(two, 1)
+    try:
+        # The relays subscribe and announce themselves, and every worker looks at the announcement once a second:
+        # until then a run stays on its own host (live only). Batches until one crosses whole, both ways.
+        def a_batch_crosses() -> bool:
+            batch = {r.headers["x-request-id"] for r in _calls(one, 4) + _calls(two, 4)}
+            time.sleep(1.0)
+            return batch <= on_one.request_ids() and batch <= on_two.request_ids()
+        wait_for(a_batch_crosses, "the relays running", 40)
+        from_one = {r.headers["x-request-id"] for r in _calls(one, 6)}
+        from_two = {r.headers["x-request-id"] for r in _calls(two, 6)}
+        for stream in (on_one, on_two):
+            wait_for(lambda: from_one | from_two <= stream.request_ids(), "both instances' runs on each stream")
+        time.sleep(0.5)
+        for stream in (on_one, on_two):
+            ids = [e["entry"]["request_id"] for e in stream.events if e["entry"]["request_id"] in from_one | from_two]
+            assert len(ids) == len(set(ids)) == 12, "an event came twice"
+    finally:
+        on_one.close()
+        on_two.close()
