@@ -65,11 +65,15 @@ def in_process(home: str, keys: dict, rounds: int, calls: int) -> dict:
     return out
 
 
-def _serve(home: str, admin_key: str) -> tuple[subprocess.Popen, str]:
+def _serve(home: str, admin_key: str, python: str = sys.executable,
+           workers: int | None = None) -> tuple[subprocess.Popen, str]:
+    """`qag serve` of `python`'s qag on `home` (its default workers unless given), and its base URL."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("QAG_", "QUERYAPIGATE_"))}
     env.update({"QAG_HOME": home, "QAG_API_KEY": admin_key, "QAG_BIND": "127.0.0.1:0", "QAG_ACCESS_LOG": "off",
                 "QAG_LOG_REQUESTS": "off"})
-    proc = subprocess.Popen([sys.executable, "-m", "qag", "serve"], env=env, stdout=subprocess.PIPE,
+    if workers is not None:
+        env["QAG_WORKERS"] = str(workers)
+    proc = subprocess.Popen([python, "-m", "qag", "serve"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=home)
     found: list[str] = []
     ready = threading.Event()
@@ -108,13 +112,13 @@ def _wrk(url: str, key: str, connections: int, seconds: int) -> float:
     return float(_RPS.search(done.stdout).group(1))
 
 
-def _prepare_elsewhere(home: str) -> dict:
+def _prepare_elsewhere(home: str, python: str = sys.executable) -> dict:
     """The demo home built by a child process: this process never opens a store the server uses (two stores of
     one file in one process, one opened while the other is live, lose SQLite's POSIX locks, and the server's
     processes then write over a WAL this process still maps - a malformed store)."""
     code = ("import json, sys; from qag import demo; from qag.cli import _Admin; from qag.settings import load; "
             "h = sys.argv[1]; print(json.dumps(demo.prepare_home(h, False, _Admin(load({'QAG_HOME': h})).call)))")
-    done = subprocess.run([sys.executable, "-c", code, home], capture_output=True, text=True, check=True)
+    done = subprocess.run([python, "-c", code, home], capture_output=True, text=True, check=True, cwd=home)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

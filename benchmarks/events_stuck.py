@@ -27,7 +27,7 @@ import sys
 import tempfile
 import threading
 
-from .host_cache import _prepare_with, _serve
+from .cache_calls import _prepare_elsewhere, _serve
 
 _LATENCY = re.compile(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", re.M)
 _RPS = re.compile(r"Requests/sec:\s+([\d.]+)")
@@ -82,7 +82,7 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=8)
     args = parser.parse_args()
     home = tempfile.mkdtemp(prefix="qag-bench-events-")
-    keys = _prepare_with(sys.executable, home)
+    keys = _prepare_elsewhere(home)
     admin = keys["admin_key"]
     proc, base = _serve(home, admin, sys.executable, 2)
     host, port = base.split("//")[1].split(":")

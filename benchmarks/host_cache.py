@@ -21,50 +21,14 @@ import argparse
 import json
 import os
 import shutil
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import urllib.request
 
-from .cache_calls import CALLS, _patch, _wrk
+from .cache_calls import CALLS, _patch, _prepare_elsewhere, _serve, _wrk
 from .measure import _stat, loadavg, tree_cpu
 from .refs import venv_python
-
-
-def _prepare_with(python: str, home: str) -> dict:
-    """The demo home built by the ref's own code, in a child process (see cache_calls._prepare_elsewhere)."""
-    code = ("import json, sys; from qag import demo; from qag.cli import _Admin; from qag.settings import load; "
-            "h = sys.argv[1]; print(json.dumps(demo.prepare_home(h, False, _Admin(load({'QAG_HOME': h})).call)))")
-    done = subprocess.run([python, "-c", code, home], capture_output=True, text=True, check=True, cwd=home)
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _serve(home: str, admin_key: str, python: str, workers: int) -> tuple[subprocess.Popen, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("QAG_", "QUERYAPIGATE_"))}
-    env.update({"QAG_HOME": home, "QAG_API_KEY": admin_key, "QAG_BIND": "127.0.0.1:0", "QAG_ACCESS_LOG": "off",
-                "QAG_LOG_REQUESTS": "off", "QAG_WORKERS": str(workers)})
-    proc = subprocess.Popen([python, "-m", "qag", "serve"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=home)
-    found: list[str] = []
-    ready = threading.Event()
-
-    def pump():
-        for line in proc.stdout:
-            m = re.search(r"Listening at: (http://[\d.]+:\d+)", line)
-            if m and not found:
-                found.append(m.group(1))
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    ready.wait(60)
-    if not found:
-        proc.kill()
-        raise RuntimeError("qag serve did not start")
-    return proc, found[0]
 
 
 def _governed_key(base: str, admin_key: str) -> str:
@@ -100,7 +64,7 @@ def main() -> None:
             for workers in (1, 2):
                 home = tempfile.mkdtemp(prefix="qag-bench-host-")
                 homes.append(home)
-                keys = _prepare_with(python, home)
+                keys = _prepare_elsewhere(home, python)
                 proc, base = _serve(home, keys["admin_key"], python, workers)
                 if args.call == "cached":
                     _patch(base, keys["admin_key"], name, 600)

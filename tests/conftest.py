@@ -108,6 +108,21 @@ def make_server():
         s.close()
 
 
+@pytest.fixture(scope="module")
+def make_module_server():
+    """make_server's servers, kept for the whole test module (seeded like `server`)."""
+    started: list[Server] = []
+
+    def start(**kw) -> Server:
+        s = _seeded(Server(**kw))
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.close()
+
+
 @pytest.fixture(scope="session")
 def mysql_db():
     """Fields of a fresh MySQL/MariaDB database and its owning user (dropped at the end of the session)."""

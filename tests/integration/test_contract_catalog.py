@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import _seeded
-from tests.server import Server, q
+from tests.server import q
 from tests.services import mysql_admin
 
 pytestmark = pytest.mark.e2e
@@ -17,9 +16,9 @@ _RECORD = ("type", "required", "has_default", "default", "enum", "min", "max", "
 
 
 @pytest.fixture(scope="module")
-def cat(make_server_module):
+def cat(make_module_server):
     """A server with a server-wide rate limit, a second connection and queries in two collections."""
-    s = make_server_module(env={"QAG_RATE_LIMIT": "5000/minute"})
+    s = make_module_server(env={"QAG_RATE_LIMIT": "5000/minute"})
     s.sqlite_db("other.db", "CREATE TABLE o (id INTEGER PRIMARY KEY);")
     s.connection("other", "other.db")
     s.query("c_films", "SELECT id, name FROM t WHERE id > :n ORDER BY id", "lite", collection="films",
@@ -30,21 +29,6 @@ def cat(make_server_module):
     s.query("c_free", "SELECT 1 AS one", None)
     s.query("c_draft", "SELECT 2 AS two", "lite", publish=False)
     return s
-
-
-@pytest.fixture(scope="module")
-def make_server_module():
-    """make_server's servers, kept for the module."""
-    started: list[Server] = []
-
-    def start(**kw) -> Server:
-        s = _seeded(Server(**kw))
-        started.append(s)
-        return s
-
-    yield start
-    for s in started:
-        s.close()
 
 
 def _names(reply) -> set[str]:
@@ -202,7 +186,7 @@ def test_table_ddl_on_mariadb_names_only_what_the_catalog_has(server, mysql_db, 
         for bad in ("nope", "film`; DROP TABLE film; --", "film' OR '1'='1", "mysql.user", f"{db}.film", "film "):
             reply = _ddl(server, name, bad)
             assert reply.status == 404 and reply.json["code"] == "table_not_found", (bad, reply)
-        cur.execute(f"SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = 'film'",
+        cur.execute("SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = 'film'",
                     (db,))
         assert cur.fetchone()[0] == 1
         key = server.key(uniq("myddl"), connections=[name], allowed_tables=["film"])

@@ -82,29 +82,13 @@ def _open(server, count: int, key="admin", params: str = "") -> list[Subscriber]
 
 
 @pytest.fixture(scope="module")
-def ev(make_server_module):
-    s = make_server_module(env={"QAG_ACCESS_LOG": "on", "QAG_EVENTS_MAX_STREAMS": "4", "QAG_THREADS": "8",
+def ev(make_module_server):
+    s = make_module_server(env={"QAG_ACCESS_LOG": "on", "QAG_EVENTS_MAX_STREAMS": "4", "QAG_THREADS": "8",
                                 "QAG_EVENTS_KEEPALIVE": "0.5"})
     s.query("ev_films", "SELECT id, name FROM t WHERE id <= :n ORDER BY id", "lite",
             parameters={"n": {"type": "int", "default": 2}})
     s.query("ev_other", "SELECT 1 AS one", "lite")
     return s
-
-
-@pytest.fixture(scope="module")
-def make_server_module():
-    from tests.conftest import _seeded
-    from tests.server import Server
-    started = []
-
-    def start(**kw):
-        s = _seeded(Server(**kw))
-        started.append(s)
-        return s
-
-    yield start
-    for s in started:
-        s.close()
 
 
 def _calls(server, n: int, key="admin", name="ev_films") -> list:
@@ -223,8 +207,8 @@ def test_keepalive_comments_when_nothing_happens(ev):
         s.close()
 
 
-def test_a_client_that_stops_reading_holds_up_no_run_and_no_other_stream_and_is_dropped(make_server_module):
-    s = make_server_module(env={"QAG_EVENTS_MAX_STREAMS": "4", "QAG_EVENTS_RING_BYTES": "524288"})
+def test_a_client_that_stops_reading_holds_up_no_run_and_no_other_stream_and_is_dropped(make_server):
+    s = make_server(env={"QAG_EVENTS_MAX_STREAMS": "4", "QAG_EVENTS_RING_BYTES": "524288"})
     stuck = socket.socket()
     stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # before connecting: a small window
     stuck.connect((s.host, s.port))
@@ -265,8 +249,8 @@ def test_a_client_that_stops_reading_holds_up_no_run_and_no_other_stream_and_is_
         reader.close()
 
 
-def test_a_graceful_stop_does_not_wait_for_open_streams(make_server_module):
-    s = make_server_module(env={"QAG_GRACEFUL_TIMEOUT": "60", "QAG_EVENTS_MAX_STREAMS": "2"})
+def test_a_graceful_stop_does_not_wait_for_open_streams(make_server):
+    s = make_server(env={"QAG_GRACEFUL_TIMEOUT": "60", "QAG_EVENTS_MAX_STREAMS": "2"})
     streams = _open(s, 3)
     started = time.monotonic()
     s.proc.terminate()
@@ -277,8 +261,8 @@ def test_a_graceful_stop_does_not_wait_for_open_streams(make_server_module):
         stream.close()
 
 
-def test_a_hundred_subscribers_on_two_workers_get_exactly_what_they_may_see(make_server_module, uniq):
-    s = make_server_module(env={"QAG_THREADS": "64", "QAG_EVENTS_MAX_STREAMS": "60", "QAG_ACCESS_LOG": "on"})
+def test_a_hundred_subscribers_on_two_workers_get_exactly_what_they_may_see(make_server, uniq):
+    s = make_server(env={"QAG_THREADS": "64", "QAG_EVENTS_MAX_STREAMS": "60", "QAG_ACCESS_LOG": "on"})
     s.query("crowd", "SELECT id FROM t WHERE id = :n", "lite", parameters={"n": {"type": "int"}})
     alice, bob = s.key(uniq("alice"), connections=["lite"]), s.key(uniq("bob"), connections=["lite"])
     admins, alices, bobs = _open(s, 50), _open(s, 25, alice), _open(s, 25, bob)
@@ -299,11 +283,11 @@ def test_a_hundred_subscribers_on_two_workers_get_exactly_what_they_may_see(make
             stream.close()
 
 
-def test_with_redis_every_instances_runs_reach_every_instances_streams_once(make_server_module):
+def test_with_redis_every_instances_runs_reach_every_instances_streams_once(make_server):
     from tests.services import redis_url
     url = redis_url()
-    one = make_server_module(env={"QAG_REDIS_URL": url})
-    two = make_server_module(env={"QAG_REDIS_URL": url})
+    one = make_server(env={"QAG_REDIS_URL": url})
+    two = make_server(env={"QAG_REDIS_URL": url})
     for s in (one, two):
         s.query("ev_films", "SELECT id, name FROM t WHERE id <= :n ORDER BY id", "lite",
                 parameters={"n": {"type": "int", "default": 2}})

@@ -102,22 +102,6 @@ def pair(make_module_server):
     events.close()
 
 
-@pytest.fixture(scope="module")
-def make_module_server():
-    from tests.conftest import _seeded
-    from tests.server import Server
-    started = []
-
-    def start(**kw):
-        s = _seeded(Server(**kw))
-        started.append(s)
-        return s
-
-    yield start
-    for s in started:
-        s.close()
-
-
 def _runs(server, n: int, key="admin") -> list[str]:
     ids = []
     for i in range(n):
