@@ -21,6 +21,7 @@ from .http.request import Request
 from .http.response import HeaderPolicy, Response, error_response
 from .http.router import Router
 from .observe import Observer
+from .observe.outages import OutageLog
 from .policy import hostlimits
 from .policy.quotas import Quotas
 from .policy.redislimits import LimitStats, RateLimiter, SlotPool
@@ -31,6 +32,7 @@ from .store.base import Store
 from .store.sqlite import store_paths
 
 log = logging.getLogger("qag")
+STORE_RETRY_AFTER = 2   # seconds a caller is told to wait while the store is unavailable
 
 # Never counted by the server-wide rate limit (contract 6.6), besides every OPTIONS and the Console pages.
 _RATE_EXEMPT = frozenset({"/health", "/livez", "/readyz", "/metrics"})
@@ -45,11 +47,13 @@ class Gateway:
         _speedups.load(settings.speedups)
         self.settings = settings
         self.store = store if store is not None else open_store(settings)
+        self.store_unavailable = self.store.unavailable
         self.redis = redis_from_settings(settings)  # None without QAG_REDIS_URL (qag/redisconn.py)
         # The per-call reads (key, saved query, connection) from the host's metadata cache; every change made
         # through either view is announced to every worker and instance (qag/cache/metadata.py).
         self.metadata = metadata_store(self.store, settings, self.redis)
         self.store = self.metadata.fresh()
+        self.outages = OutageLog()
         self.store_files = store_paths(settings.home)
         self.backends = Backends(settings, self.store_files)
         self.secret = self._server_secret()
@@ -108,10 +112,20 @@ class Gateway:
             response = self.handle(request, origin)
         except QagError as error:
             response = error_response(error, request.request_id)
-        except Exception:
-            log.exception("unexpected error on %s %s (request %s)", request.method, request.path, request.request_id,
-                          extra={"request_id": request.request_id, "key": environ.get("qag.key", "-")})
-            response = error_response(QagError("internal_error"), request.request_id)
+        except Exception as exc:
+            reason = self.store_unavailable(exc)
+            if reason is None:
+                log.exception("unexpected error on %s %s (request %s)", request.method, request.path,
+                              request.request_id,
+                              extra={"request_id": request.request_id, "key": environ.get("qag.key", "-")})
+                error = QagError("internal_error")
+            else:
+                # The store is down, unreachable or locked: nothing was let in (an unknown key never is) and a
+                # refused write was rolled back with its transaction.
+                error = QagError("unavailable", "The metadata store is unavailable - try again shortly",
+                                 retry_after=STORE_RETRY_AFTER)
+                self.outages.note("the store", error, reason)
+            response = error_response(error, request.request_id)
         limit_headers = environ.get("qag.limit_headers")
         if limit_headers:
             response.headers += limit_headers

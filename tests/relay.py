@@ -1,4 +1,6 @@
-"""A TCP relay for tests: adds a fixed delay to the server's replies and counts the client's request turns.
+"""A TCP relay for tests: adds a delay to the server's replies, counts the client's request turns, and makes the
+faults of a network path on demand: cut (close both ways), reset (RST to the client), black-hole (hold every byte,
+both ways, connections stay open: what a dropped route looks like to both ends) and refuse new connections.
 
 A "turn" is a burst of client bytes that follows server bytes (or starts the conversation): one round trip the
 client waited for. Each chunk from the server is forwarded `delay` seconds after it arrived, so a reply split
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import socket
+import struct
 import threading
 import time
 
@@ -29,6 +32,8 @@ class Relay:
         self.port = self._listener.getsockname()[1]
         self._closed = False
         self.refusing = False  # down(): new connections are closed at once, as if the server had stopped
+        self._flowing = threading.Event()   # cleared by blackhole(): nothing is forwarded until restore()
+        self._flowing.set()
         self._sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -45,6 +50,7 @@ class Relay:
     def close(self) -> None:
         """Stop accepting (new connections are refused) and break the open ones."""
         self._closed = True
+        self._flowing.set()   # let held pumps run into the closed sockets and end
         # shutdown() first: close() alone leaves a socket that a thread is blocked in accept() on still listening.
         try:
             self._listener.shutdown(socket.SHUT_RDWR)
@@ -66,6 +72,23 @@ class Relay:
                 s.close()
             except OSError:
                 pass
+
+    def reset_connections(self) -> None:
+        """Reset every open connection: the client side gets a TCP RST (SO_LINGER 0), the server side a close."""
+        sockets, self._sockets = list(self._sockets), []
+        for s in sockets:
+            try:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                s.close()
+            except OSError:
+                pass
+
+    def blackhole(self) -> None:
+        """Hold every byte in both directions (open connections and new ones) until restore()."""
+        self._flowing.clear()
+
+    def restore(self) -> None:
+        self._flowing.set()
 
     def down(self) -> None:
         """Stop the upstream as seen through the relay: break open connections and refuse new ones until up()."""
@@ -105,6 +128,7 @@ class Relay:
                 data = client.recv(65536)
                 if not data:
                     break
+                self._flowing.wait()
                 with self._lock:
                     if state["last"] == "server":
                         self.turns += 1
@@ -135,6 +159,7 @@ class Relay:
                             cond.wait(wait)
                             continue
                         heapq.heappop(pending)
+                    self._flowing.wait()
                     client.sendall(data)
             except OSError:
                 pass

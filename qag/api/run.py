@@ -14,6 +14,7 @@ from ..backends.base import Call, resolve_fields
 from ..cache.response import cache_key, source_of
 from ..errors import QagError
 from ..http.response import Response
+from ..observe.outages import OutageLog
 from ..policy import grants as policy
 from ..policy.guard import check as guard_check
 from ..policy.keyfields import normalise_mask
@@ -100,6 +101,7 @@ class RunHandlers:
         self.observe = gateway.observe
         self._resolvers: OrderedDict[str, object] = OrderedDict()
         self.masking = masking.Masking(self.store, self.settings)
+        self.outages = OutageLog()
 
     def register(self, router) -> None:
         router.add("GET POST", "/q/<name>", self.run_named, "api.run_named_query")
@@ -438,7 +440,7 @@ class RunHandlers:
         # Windowed: LIMIT/OFFSET are in the SQL (clamped to the author's own limit); otherwise skip and slice.
         skip = 0 if rendered.windowed else offset
         call = Call(rendered.sql, rendered.args, plan.read_only, plan.timeout, plan.size + 1, skip,
-                    functions=functions)
+                    functions=functions, connection=connection["name"])
         if skip or not rendered.windowed:
             # A query whose window isn't in its SQL (a compound or parenthesised SELECT on PostgreSQL): the
             # engine pages it with a cursor when it can, so the driver never buffers more than the page.
@@ -448,6 +450,7 @@ class RunHandlers:
         try:
             result = backend.run(fields, call)
         except QagError as error:
+            self.outages.note(f"connection {connection['name']!r}", error)
             self.usage.record(connection["name"], caller.name if not caller.admin else None, False, 0, 0.0)
             if not plan.show_detail:
                 error.extras.pop("detail", None)
@@ -482,11 +485,13 @@ class RunHandlers:
             cap = min(cap, int(caller.grants.max_rows)) if cap else int(caller.grants.max_rows)
         prepared, values, functions = self._statement(plan)
         rendered = render(prepared, values, backend.style, None, 0)
-        call = Call(rendered.sql, rendered.args, True, plan.timeout, 0, functions=functions)
+        call = Call(rendered.sql, rendered.args, True, plan.timeout, 0, functions=functions,
+                    connection=plan.connection["name"])
         _pin_names(call, plan, restricted, fields)
         try:
             columns, batches = backend.stream(fields, call, _STREAM_BATCH, cap)
         except QagError as error:
+            self.outages.note(f"connection {plan.connection['name']!r}", error)
             if not plan.show_detail:
                 error.extras.pop("detail", None)
             raise

@@ -28,6 +28,8 @@ class Call:
     # qag's own one-argument functions the statement calls (SQLite: masking at the source registers them on the
     # call's connection, and its authorizer allows them): (name, function) pairs.
     functions: tuple = ()
+    # The saved connection's name: what the pool's waiting gauge is labelled with ("" for calls of no name).
+    connection: str = ""
 
 
 @dataclass(slots=True)
@@ -39,10 +41,22 @@ class Result:
     duration_ms: float
 
 
+# Seconds a client is told to wait (Retry-After) when the database or the path to it is unavailable.
+RETRY_AFTER = 2
+
+
 def timeout_error(limit: float) -> QagError:
     shown = int(limit) if float(limit).is_integer() else limit
     return QagError("query_timeout", f"The query exceeded the time limit of {shown} seconds and was cancelled",
                     timeout=shown)
+
+
+def network_timeout(limit: float) -> QagError:
+    """504 for a call whose reply never came by its deadline (the path to the database stopped answering, not a
+    slow statement, which the server itself cancels): worth trying again shortly."""
+    error = timeout_error(limit)
+    error.extras["retry_after"] = RETRY_AFTER
+    return error
 
 
 def query_failed(detail: str) -> QagError:
@@ -50,7 +64,8 @@ def query_failed(detail: str) -> QagError:
 
 
 def connection_failed(detail: str) -> QagError:
-    return QagError("connection_failed", "Could not connect to the database", detail=detail)
+    return QagError("connection_failed", "Could not connect to the database", detail=detail,
+                    retry_after=RETRY_AFTER)
 
 
 class Backend:

@@ -19,6 +19,10 @@ What one call costs on the wire, and why it is safe:
 * The time limit rides on the statement (see _mysql_sql): MariaDB `SET STATEMENT max_statement_time = s FOR`,
   MySQL the MAX_EXECUTION_TIME hint, so nothing a query sets for its session outlives it.
 * Read-write calls use autocommit connections: the statement commits in its own round trip.
+* A call never waits on the network past its time limit + watchdog.NETWORK_MARGIN: the pool wait and the connect
+  timeout are cut to what is left of it, and the watchdog shuts the socket of a call still blocked at its
+  deadline (a black-holed path: the server's own limit can't help when its answer never arrives), answers 504,
+  drops the idle connections of the same settings (same path) and sends KILL QUERY from a fresh connection.
 * A connection that raised is closed, never reused. An idle connection whose socket turns readable without a
   pending reply has been closed by the server (restart, KILL, wait_timeout) and is discarded when taken: no
   ping, no extra round trip.
@@ -30,6 +34,7 @@ log line to the per-call path (the pool's own lock guards list operations only).
 from __future__ import annotations
 
 import copy
+import math
 import re
 import select
 import time
@@ -45,8 +50,9 @@ from .. import _speedups
 from ..errors import QagError
 from . import _mysql_schema as schema_reader
 from . import _mysql_sql as statements
-from .base import Backend, Call, Result, connection_failed, query_failed, timeout_error
+from .base import Backend, Call, Result, connection_failed, network_timeout, query_failed, timeout_error
 from .pool import Pool
+from .watchdog import WATCHDOG, deadline_of, tcp_keepalive
 
 CONNECT_TIMEOUT = 10
 
@@ -99,16 +105,17 @@ def _port(value) -> int:
     return port
 
 
-def connect_args(fields: dict, read_only: bool) -> dict:
+def connect_args(fields: dict, read_only: bool, timeout: float = CONNECT_TIMEOUT) -> dict:
     """mysqlclient's connect() arguments for a connection's fields (contract 10.3's driver fields only).
 
     TLS: ssl_ca/ssl_cert/ssl_key go in `ssl`; any of them requires TLS; ssl_verify_cert → VERIFY_CA,
     ssl_verify_identity → VERIFY_IDENTITY; ssl_disabled turns TLS off. Never the multi-statements flag, never
-    LOCAL INFILE; utf8mb4; 10 s connect timeout.
+    LOCAL INFILE; utf8mb4; a connect timeout of `timeout` seconds, at most 10 (whole seconds: the driver's unit,
+    rounded up). It also bounds the wait for the server's greeting.
     """
     args = {"host": str(fields.get("host") or "127.0.0.1"), "port": _port(fields.get("port")),
             "user": str(fields.get("user") or ""), "password": str(fields.get("password") or ""),
-            "database": str(fields.get("database") or ""), "connect_timeout": CONNECT_TIMEOUT,
+            "database": str(fields.get("database") or ""), "connect_timeout": max(1, math.ceil(min(timeout, CONNECT_TIMEOUT))),
             "charset": "utf8mb4", "multi_statements": False, "local_infile": 0,
             # Read-only connections live in explicit transactions; read-write ones commit each statement.
             "autocommit": None if read_only else True}
@@ -247,15 +254,17 @@ def _execute(conn, sql: str, args, skip: int, count: int) -> tuple[list, list]:
 class _Link:
     """One pooled server connection and what qag knows about its state."""
 
-    __slots__ = ("conn", "cursor", "poll", "pending", "arrived", "mariadb", "with_hint", "session_ms", "renews",
-                 "read_only_variable", "names")
+    __slots__ = ("conn", "fd", "thread_id", "cursor", "poll", "pending", "arrived", "mariadb", "with_hint",
+                 "session_ms", "renews", "read_only_variable", "names")
 
     def __init__(self, conn, mariadb: bool, with_hint: bool, renews: bool, read_only_variable: str | None,
                  names: schema_reader.ServerNames | None = None):
         self.conn = conn
+        self.fd = conn.fileno()
+        self.thread_id = conn.thread_id()   # the server's id of this session, for KILL QUERY
         self.cursor = _Cursor(conn)
         self.poll = select.poll()
-        self.poll.register(conn.fileno(), select.POLLIN)
+        self.poll.register(self.fd, select.POLLIN)
         self.pending = False        # a ROLLBACK AND CHAIN was sent and its reply not read yet
         self.arrived = False        # its socket was readable when the pool last looked (_preferred)
         self.mariadb = mariadb
@@ -352,16 +361,20 @@ class MysqlBackend(Backend):
         self.pool.release(key, link, True)
 
     # --- connections ---------------------------------------------------------------------------------------
-    def _open(self, fields: dict, read_only: bool) -> _Link:
+    def _open(self, fields: dict, read_only: bool, deadline: float | None = None) -> _Link:
         password = fields.get("password")
+        timeout = CONNECT_TIMEOUT if deadline is None else _left(deadline)
         try:
-            conn = MySQLdb.connect(**connect_args(fields, read_only), conv=_conversions())
+            conn = MySQLdb.connect(**connect_args(fields, read_only, timeout), conv=_conversions())
         except _DRIVER_ERRORS as exc:
             # Whatever refused it (unreachable, login or database refused): qag could not connect.
             error = mapped(exc, None, password)
             if error.code != "connection_failed":
                 error = connection_failed(_detail(exc, password))
             raise error from None
+        fd = conn.fileno()
+        tcp_keepalive(fd)
+        token = WATCHDOG.arm(fd, deadline) if deadline is not None else 0
         try:
             version = conn.get_server_info()
             mariadb = "mariadb" in version.lower()
@@ -382,22 +395,27 @@ class MysqlBackend(Backend):
             if with_hint is None:
                 with_hint = self._with_hint[version] = _hint_works_in_with(cursor)
             cursor.close()
-            return _Link(conn, mariadb, with_hint, read_only and not mariadb, variable, names)
         except _DRIVER_ERRORS as exc:
+            cut = token and WATCHDOG.disarm(token)
             conn.close()
-            raise mapped(exc, None, password) from None
+            raise (_Overdue() if cut else mapped(exc, None, password)) from None
+        if token and WATCHDOG.disarm(token):
+            conn.close()
+            raise _Overdue()
+        return _Link(conn, mariadb, with_hint, read_only and not mariadb, variable, names)
 
-    def _take(self, key, fields: dict, read_only: bool, sql: str = "") -> _Link:
-        """A connection ready for a statement: pooled (its renewal reply read, alive) or new.
+    def _take(self, key, fields: dict, read_only: bool, sql: str = "", deadline: float | None = None,
+              label: str = "") -> _Link:
+        """A connection ready for a statement: pooled (its renewal reply read, alive) or new, by the deadline.
 
         A statement that reads what earlier statements left on a session (FOUND_ROWS(), SHOW WARNINGS, ...: see
         _session_use) gets a connection opened for it, never a pooled one, so it sees only its own session's
         state; it is closed after the call (_LEAVES)."""
-        opener = lambda: self._open(fields, read_only)  # noqa: E731
+        opener = lambda: self._open(fields, read_only, deadline)  # noqa: E731
         if sql and _session_use(sql) & _READS:
-            return self.pool.acquire(key, opener, _never, 1 << 62)[0]
+            return self.pool.acquire(key, opener, _never, 1 << 62, deadline, label)[0]
         while True:
-            link, reused = self.pool.acquire(key, opener, _preferred, self._grow)
+            link, reused = self.pool.acquire(key, opener, _preferred, self._grow, deadline, label)
             if not reused:
                 return link
             try:
@@ -405,13 +423,18 @@ class MysqlBackend(Backend):
                     link.pending = False
                     if not link.arrived:   # as the pool saw it a moment ago: no second poll for a metric
                         self.renewal_waits += 1
-                    link.conn.read_query_result()
+                        _read_renewal(link, deadline)
+                    else:
+                        link.conn.read_query_result()
                     if not link.readable():
                         return link
                 elif not link.arrived:
                     return link   # nothing pending and its socket quiet when the pool looked (_preferred)
             except _DRIVER_ERRORS:
                 pass
+            except _Overdue:
+                self.pool.release(key, link, False)
+                raise
             # Dead (closed by the server) or its renewal failed: close it and take another.
             self.pool.release(key, link, False)
 
@@ -450,20 +473,37 @@ class MysqlBackend(Backend):
     def run(self, fields: dict, call: Call) -> Result:
         read_only = call.read_only
         key = (_ident(fields), read_only)
-        link = self._take(key, fields, read_only, call.sql)
+        deadline = deadline_of(call.timeout)
+        try:
+            link = self._take(key, fields, read_only, call.sql, deadline, call.connection)
+        except _Overdue:
+            raise network_timeout(call.timeout) from None
         started = time.perf_counter()
         sent = call.sql
+        token = WATCHDOG.arm(link.fd, deadline, _kill_query, (fields, link.thread_id)) if deadline else 0
         try:
             sent = self._prepare(link, call.sql, call.timeout)
             columns, rows = _execute(link.conn, sent, call.args, call.skip, call.fetch)
         except BaseException as exc:
+            if token and WATCHDOG.disarm(token):
+                self._cut(key, link)
+                raise network_timeout(call.timeout) from None
             self.pool.release(key, link, False)
             if isinstance(exc, _DRIVER_ERRORS):
                 raise mapped(exc, call.timeout, fields.get("password"), sent, call.sql) from None
             raise
         elapsed = (time.perf_counter() - started) * 1000.0
-        self._give_back(key, link, read_only, call.sql)
+        if token and WATCHDOG.disarm(token):
+            self._cut(key, link)   # the reply was read whole just as its socket was cut: answered, not pooled
+        else:
+            self._give_back(key, link, read_only, call.sql)
         return Result(columns, rows, elapsed)
+
+    def _cut(self, key, link: _Link) -> None:
+        """A connection the watchdog cut: closed, and the idle ones of the same settings with it (they share the
+        network path that stopped answering; a dead one would hold its next call until that call's deadline)."""
+        self.pool.release(key, link, False)
+        self.pool.close_idle(key)
 
     def stream(self, fields: dict, call: Call, batch: int, cap: int | None):
         """(columns, batches) from an unbuffered cursor on a read-only connection; the first batch is read now.
@@ -472,20 +512,31 @@ class MysqlBackend(Backend):
         that stops early (row cap, client gone, error) closes it instead of reading the rest.
         """
         key = (_ident(fields), True)
-        link = self._take(key, fields, True, call.sql)
+        deadline = deadline_of(call.timeout)
+        try:
+            link = self._take(key, fields, True, call.sql, deadline, call.connection)
+        except _Overdue:
+            raise network_timeout(call.timeout) from None
         cursor = MySQLdb.cursors.SSCursor(link.conn)
         first_size = batch if cap is None else min(batch, cap)
         sent = call.sql
+        token = WATCHDOG.arm(link.fd, deadline, _kill_query, (fields, link.thread_id)) if deadline else 0
         try:
             sent = self._prepare(link, call.sql, call.timeout)
             cursor.execute(sent, call.args or None)
             columns = [d[0] for d in cursor.description] if cursor.description else []
             first = list(cursor.fetchmany(first_size)) if columns and first_size > 0 else []
         except BaseException as exc:
+            if token and WATCHDOG.disarm(token):
+                self._cut(key, link)
+                raise network_timeout(call.timeout) from None
             self.pool.release(key, link, False)
             if isinstance(exc, _DRIVER_ERRORS):
                 raise mapped(exc, call.timeout, fields.get("password"), sent, call.sql) from None
             raise
+        if token and WATCHDOG.disarm(token):
+            self._cut(key, link)
+            raise network_timeout(call.timeout)
         done = not columns or len(first) < first_size
         return columns, _Batches(self, key, link, cursor, first, batch, cap, done, call.sql, call.timeout,
                                  fields.get("password"))
@@ -568,6 +619,40 @@ def _never(link) -> bool:
     return False
 
 
+class _Overdue(Exception):
+    """The call's deadline passed while its connection was being opened or readied (answered 504)."""
+
+
+def _left(deadline: float) -> float:
+    """Seconds left before the deadline; _Overdue when none are."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise _Overdue()
+    return left
+
+
+def _read_renewal(link: _Link, deadline: float | None) -> None:
+    """Read a renewal reply that had not arrived when the pool looked, bounded by the call's deadline (a cut
+    makes the read fail: the connection is then dropped like any dead one)."""
+    token = WATCHDOG.arm(link.fd, deadline) if deadline is not None else 0
+    try:
+        link.conn.read_query_result()
+    finally:
+        if token and WATCHDOG.disarm(token):
+            raise _Overdue()
+
+
+def _kill_query(fields: dict, thread_id: int) -> None:
+    """Stop a statement whose call was cut (the watchdog's cancel): KILL QUERY from a fresh, short-lived
+    connection. MariaDB's max_statement_time and MySQL's hint already stop most; this covers the rest (a MySQL
+    write) where the server can still be reached."""
+    conn = MySQLdb.connect(**connect_args(fields, False, 2))
+    try:
+        conn.query(b"KILL QUERY %d" % thread_id)
+    finally:
+        conn.close()
+
+
 def _probe(backend_ref):
     def probe(fields: dict) -> None:
         backend = backend_ref()
@@ -612,12 +697,19 @@ class _Batches:
             self.close()
             raise StopIteration
         size = self._batch if self._left is None else min(self._batch, self._left)
+        # Each batch's read is bounded like the call's first: a path that stops answering mid-stream is cut.
+        deadline = deadline_of(self._timeout)
+        token = WATCHDOG.arm(self._link.fd, deadline) if deadline else 0
         try:
             rows = list(self._cursor.fetchmany(size))
         except _DRIVER_ERRORS as exc:
             # Raised, not swallowed: the run is recorded as failed and the body ends incomplete.
+            cut = token and WATCHDOG.disarm(token)
             self.close()
-            raise mapped(exc, self._timeout, self._password) from None
+            raise (network_timeout(self._timeout) if cut else mapped(exc, self._timeout, self._password)) from None
+        if token and WATCHDOG.disarm(token):
+            self.close()
+            raise network_timeout(self._timeout)
         if len(rows) < size:
             self._done = True
         if self._left is not None:

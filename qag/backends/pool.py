@@ -23,7 +23,8 @@ class Pool:
     idle_limit: idle connections kept per key (0 = no pooling: every call opens and closes).
     idle_timeout: seconds an idle connection may wait before it is closed instead of reused.
     max_open: optional cap on connections (idle + in use) per key in this worker; callers beyond it wait up to
-    `wait` seconds, then get 503 with Retry-After rather than hang.
+    `wait` seconds (or until their call's deadline, if sooner), then get 503 with Retry-After rather than hang.
+    Callers waiting now are counted by label (the connection's name): a gauge that rises and falls.
     """
 
     def __init__(self, *, idle_limit: int, idle_timeout: float, max_open: int | None = None, wait: float = 5.0,
@@ -40,7 +41,8 @@ class Pool:
         self._lock = threading.RLock()
         self._freed = threading.Condition(self._lock)
         self._waiting = 0       # callers waiting on _freed now: with none, a release has no one to notify
-        self.waits = 0          # callers that had to wait for the cap (a metric later)
+        self.waiting: dict[str, int] = {}   # the same, by label (connection name): the waiting gauge
+        self.waits = 0          # callers that had to wait for the cap (a metric)
 
     @classmethod
     def from_settings(cls, settings, close: Callable[[Any], None] = lambda conn: conn.close()) -> "Pool":
@@ -49,13 +51,14 @@ class Pool:
                    max_open=settings.pool_max, wait=settings.pool_wait, close=close)
 
     def acquire(self, key: Hashable, open_conn: Callable[[], Any],
-                prefer: Callable[[Any], bool] | None = None, grow_below: int = 0) -> tuple[Any, bool]:
+                prefer: Callable[[Any], bool] | None = None, grow_below: int = 0,
+                deadline: float | None = None, label: str = "") -> tuple[Any, bool]:
         """(connection, reused) — an idle one when there is one (preferring `prefer(conn)`), else a new one.
 
         grow_below: when no idle connection is preferred and fewer than this many are open for the key, open a
         new one instead of reusing one that isn't (MySQL: an idle connection whose renewal reply is still on
         its way would make the caller wait for it). Keep it at most idle_limit, or the extra ones are closed
-        again on release.
+        again on release. deadline: the call's (monotonic); a wait for the cap ends by then at the latest.
         """
         stale: list[Any] = []
         try:
@@ -66,15 +69,17 @@ class Pool:
                     return slot.conn, True
                 if self.max_open is not None and self._open.get(key, 0) >= self.max_open:
                     self.waits += 1
-                    deadline = time.monotonic() + self.wait
+                    until = time.monotonic() + self.wait
+                    if deadline is not None and deadline < until:
+                        until = deadline
                     while True:
                         slot = self._take_idle(key, prefer, stale)
                         if slot is not None:
                             return slot.conn, True
                         if self._open.get(key, 0) < self.max_open:
                             break
-                        left = deadline - time.monotonic()
-                        if left <= 0 or not self._wait_freed(left):
+                        left = until - time.monotonic()
+                        if left <= 0 or not self._wait_freed(left, label):
                             slot = self._take_idle(key, prefer, stale)   # freed as the wait ran out
                             if slot is not None:
                                 return slot.conn, True
@@ -91,13 +96,15 @@ class Pool:
             self._forget(key)
             raise
 
-    def _wait_freed(self, seconds: float) -> bool:
+    def _wait_freed(self, seconds: float, label: str) -> bool:
         """Wait (holding the lock) until a connection is freed or `seconds` pass; False on timeout."""
         self._waiting += 1
+        self.waiting[label] = self.waiting.get(label, 0) + 1
         try:
             return self._freed.wait(seconds)
         finally:
             self._waiting -= 1
+            self.waiting[label] -= 1
 
     def _notify(self) -> None:
         # Condition.notify is Python code that costs about as much as the rest of a release: skipped when
@@ -147,13 +154,16 @@ class Pool:
             self._open[key] -= 1
             self._notify()
 
-    def close_idle(self) -> None:
-        """Close every idle connection (a connection's settings changed: new calls must use the new ones)."""
+    def close_idle(self, key: Hashable | None = None) -> None:
+        """Close every idle connection (a connection's settings changed: new calls must use the new ones), or
+        those of one key (their network path stopped answering)."""
         with self._lock:
-            closing = [slot.conn for idle in self._idle.values() for slot in idle]
-            for key, idle in self._idle.items():
-                self._open[key] -= len(idle)
-            self._idle.clear()
+            keys = list(self._idle) if key is None else [key] if key in self._idle else []
+            closing = []
+            for each in keys:
+                idle = self._idle.pop(each)
+                closing += [slot.conn for slot in idle]
+                self._open[each] -= len(idle)
             self._freed.notify_all()
         for conn in closing:
             self._safe_close(conn)
@@ -161,7 +171,8 @@ class Pool:
     def stats(self) -> dict[str, int]:
         with self._lock:
             idle = sum(len(v) for v in self._idle.values())
-            return {"idle": idle, "active": sum(self._open.values()) - idle, "waits": self.waits}
+            return {"idle": idle, "active": sum(self._open.values()) - idle, "waits": self.waits,
+                    "waiting": {label: n for label, n in self.waiting.items() if label}}
 
     def _safe_close(self, conn: Any) -> None:
         try:

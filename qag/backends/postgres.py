@@ -49,6 +49,7 @@ FORWARD <n> FROM qag_stream` in one segment, each further batch one FETCH, ended
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import threading
@@ -64,8 +65,9 @@ from .. import _speedups
 from .._speedups.pgpipe import Gone as _Gone   # raised by both twins (the compiled one imports it from there)
 from ..errors import QagError
 from ._postgres_schema import SCHEMA_MAX_TABLES, read_functions, read_schema
-from .base import Backend, Call, Result, connection_failed, query_failed, timeout_error
+from .base import Backend, Call, Result, connection_failed, network_timeout, query_failed, timeout_error
 from .pool import Pool
+from .watchdog import KEEPALIVE_COUNT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, USER_TIMEOUT_MS, deadline_of
 
 __all__ = ["PostgresBackend", "read_schema", "SCHEMA_MAX_TABLES"]
 
@@ -78,9 +80,6 @@ MASK = "********"
 SCHEMA_TTL = 60.0           # a schema older than this is read again before it is served
 SCHEMA_REFRESH = 45.0       # ... and one older than this is served while a background thread reads it again
 SCHEMA_CACHE_SIZE = 64      # schemas kept per backend (per connection settings and database)
-# How long past its own time limit a call may wait for the server's reply before the connection is given up
-# (the server cancels at the limit; this only covers a network that stopped answering).
-REPLY_MARGIN = 5.0
 
 _OK = pq.ExecStatus.COMMAND_OK
 _TUPLES = pq.ExecStatus.TUPLES_OK
@@ -191,6 +190,10 @@ def connect_args(fields: dict) -> dict:
         args["dbname"] = str(database)
     args["connect_timeout"] = CONNECT_TIMEOUT
     args["client_encoding"] = "UTF8"
+    # A peer that vanished while the connection idles (or serves a call without a time limit) is noticed in
+    # about a minute: keepalive probes after 30 s of silence, and unacknowledged data given up after 60 s.
+    args.update(keepalives=1, keepalives_idle=KEEPALIVE_IDLE, keepalives_interval=KEEPALIVE_INTERVAL,
+                keepalives_count=KEEPALIVE_COUNT, tcp_user_timeout=USER_TIMEOUT_MS)
     return args
 
 
@@ -249,7 +252,7 @@ def mapped(exc: BaseException, fields: dict, timeout: float | None, shift: int =
     if isinstance(exc, QagError):
         return exc
     if isinstance(exc, _Gone):
-        return timeout_error(timeout) if timeout else connection_failed("The server stopped answering")
+        return network_timeout(timeout) if timeout else connection_failed("The server stopped answering")
     if isinstance(exc, _ServerError):
         state, text = exc.sqlstate, scrub(_own_lines(exc.text, shift), fields)
         if state == "57014":                     # query_canceled: the statement time limit
@@ -330,9 +333,9 @@ class _Link:
         """Every result up to the next Sync (errors included, the aborted rest skipped)."""
         return self.pipe.segment(deadline)
 
-    def finish_reset(self) -> None:
-        """Read the reset's reply (a failure sets `bad`)."""
-        if not self.read_reset(time.monotonic() + REPLY_MARGIN + CONNECT_TIMEOUT):
+    def finish_reset(self, deadline: float | None) -> None:
+        """Read the reset's reply by the call's deadline (a failure sets `bad`)."""
+        if not self.read_reset(deadline if deadline is not None else time.monotonic() + CONNECT_TIMEOUT):
             self.bad = True
         self.pending = False
 
@@ -420,11 +423,18 @@ class PostgresBackend(Backend):
 
     # --- connections -------------------------------------------------------------------------------------
     @staticmethod
-    def connect(fields: dict) -> _Link:
+    def connect(fields: dict, deadline: float | None = None) -> _Link:
         """A new connection in pipeline mode; any failure to open one is 502 connection_failed (password
-        scrubbed): a login the server refuses, a server that is down, a database that is missing."""
+        scrubbed): a login the server refuses, a server that is down, a database that is missing. With a call's
+        deadline, the connect timeout is what is left of it (whole seconds, at least 2: libpq's rule)."""
+        args = connect_args(fields)
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Gone()
+            args["connect_timeout"] = max(2, min(CONNECT_TIMEOUT, math.ceil(left)))
         try:
-            conn = psycopg.Connection.connect(autocommit=True, context=_adapters(), **connect_args(fields))
+            conn = psycopg.Connection.connect(autocommit=True, context=_adapters(), **args)
         except Exception as exc:  # OperationalError, or a driver refusal of the options (ProgrammingError)
             raise connection_failed(scrub(_driver_text(exc), fields)) from None
         try:
@@ -435,21 +445,22 @@ class PostgresBackend(Backend):
             raise connection_failed(scrub(_driver_text(exc), fields)) from None
         return link
 
-    def _take(self, key, fields: dict, defer: bool = False) -> tuple[_Link, bool]:
+    def _take(self, key, fields: dict, defer: bool = False, deadline: float | None = None,
+              label: str = "") -> tuple[_Link, bool]:
         """(connection, reused): a pooled one whose reset has been read and that shows no sign of being closed,
         or a new one. defer: a reset whose reply has not arrived yet is left pending, to be read just before the
         call's own results (`_attempt`), so a connection given back and taken again at once costs one wait, not
         two; the server runs the reset before the call's statements either way (one connection, in order)."""
-        opener = lambda: self.connect(fields)  # noqa: E731
+        opener = lambda: self.connect(fields, deadline)  # noqa: E731
         while True:
-            link, reused = self.pool.acquire(key, opener, _preferred)
+            link, reused = self.pool.acquire(key, opener, _preferred, 0, deadline, label)
             if not reused:
                 return link, False
             try:
                 if link.pending:
                     if defer and not link.readable():
                         return link, True
-                    link.finish_reset()
+                    link.finish_reset(deadline)
                 if not link.bad and not link.readable():
                     return link, True
             except (psycopg.Error, OSError, _Gone):
@@ -466,6 +477,10 @@ class PostgresBackend(Backend):
         """The error for a call that failed; its connection is closed, never pooled again."""
         link.bad = True
         self.pool.release(key, link, False)
+        if isinstance(exc, _Gone):
+            # No answer by the deadline: the idle connections of the same settings share the path that stopped
+            # answering; a dead one would hold its next call until that call's deadline.
+            self.pool.close_idle(key)
         return mapped(exc, link.fields, call.timeout, shift)
 
     # --- calls ---------------------------------------------------------------------------------------------
@@ -499,8 +514,11 @@ class PostgresBackend(Backend):
         reset = self.pool.idle_limit > 0
         # Only a read-only call runs behind an unread reset: if the reset failed, its results are dropped and it
         # runs again on a fresh connection (it changed nothing); a write waits for the reset's reply first.
-        link, reused = self._take(key, fields, defer=call.read_only)
-        deadline = None if not call.timeout else time.monotonic() + call.timeout + REPLY_MARGIN
+        deadline = deadline_of(call.timeout)
+        try:
+            link, reused = self._take(key, fields, call.read_only, deadline, call.connection)
+        except _Gone:
+            raise network_timeout(call.timeout) from None
         shift = 1 if statements[0].startswith("DECLARE") else 0
         try:
             try:
@@ -510,7 +528,10 @@ class PostgresBackend(Backend):
                     raise
             link.bad = True
             self.pool.release(key, link, False)
-            link, reused = self._take(key, fields)
+            try:
+                link, reused = self._take(key, fields, False, deadline, call.connection)
+            except _Gone:
+                raise network_timeout(call.timeout) from None
             return link, self._attempt(link, call, statements, reset, deadline)
         except QagError:
             raise
@@ -562,8 +583,11 @@ class PostgresBackend(Backend):
         read = Call(call.sql, call.args, True, call.timeout, 0, schema=call.schema, tables=call.tables)
         batch = max(1, int(batch))
         first_n = batch if cap is None else max(0, min(batch, cap))
-        link, reused = self._take(key, fields)
-        deadline = None if not call.timeout else time.monotonic() + call.timeout + REPLY_MARGIN
+        deadline = deadline_of(call.timeout)
+        try:
+            link, reused = self._take(key, fields, False, deadline, call.connection)
+        except _Gone:
+            raise network_timeout(call.timeout) from None
         try:
             link.send(_BEGIN[True])        # a cursor outlives a Sync only in an explicit transaction
             setting, values = settings_statement(True, call.timeout, call.schema, link.forced)
@@ -591,7 +615,7 @@ class PostgresBackend(Backend):
         link = self.connect(fields)
         call = Call("SELECT 1", (), True, self.settings.query_timeout or 10.0, 1)
         try:
-            deadline = time.monotonic() + call.timeout + REPLY_MARGIN
+            deadline = deadline_of(call.timeout)
             self._send_call(link, call, ["SELECT 1"], False, deadline)
             error = _first_error(link.segment(deadline))
             if error is not None:
@@ -693,7 +717,7 @@ class _Batches:
 
     def _deadline(self) -> float | None:
         timeout = self._call.timeout
-        return None if not timeout else time.monotonic() + timeout + REPLY_MARGIN
+        return deadline_of(timeout)
 
     def __next__(self) -> list:
         if self._done:

@@ -21,7 +21,8 @@ from . import hostflush
 
 log = logging.getLogger("qag")
 
-_RETRIES = 5            # attempts for a batch the store refused (busy, locked) before it counts as failed
+_RETRIES = 30           # attempts (one an interval) for a batch the store refused (busy, locked, down) before it
+                        # counts as failed: a store outage of about half a minute loses no record
 _DROP_LOG_EVERY = 60.0  # seconds between "buffer full" log lines
 
 _writers: "weakref.WeakSet[BatchWriter]" = weakref.WeakSet()
@@ -42,7 +43,7 @@ class BatchWriter:
 
     def __init__(self, name: str, write: Callable[[list], None], *, capacity: int, interval: float,
                  wake_at: int = 500, tick: Callable[[], None] | None = None, tick_every: float = 600.0,
-                 retry: tuple[type[BaseException], ...] = (), host=None):
+                 retry: Callable[[BaseException], object] = lambda exc: False, host=None):
         self.name = name
         self._host = host                     # a hostflush.HostFlush: other workers' readers may ask for a write
         self.capacity = capacity
@@ -164,18 +165,26 @@ class BatchWriter:
                     break
             if not batch:
                 return
+            if len(batch) > self.capacity:
+                # Held across failed writes while new records kept coming: still at most `capacity`, oldest first
+                # out, as the queue itself.
+                with self._drop_lock:
+                    self.dropped += len(batch) - self.capacity
+                del batch[:len(batch) - self.capacity]
             try:
                 self._write(batch)
-            except self._retry as exc:
-                self._attempts += 1
-                if self._attempts < _RETRIES and not final:
-                    self._held = batch
-                    log.warning("%s: store busy, %d records held for the next write (%s)",
-                                self.name, len(batch), exc)
-                    return
-                self._lost(batch, exc)
             except Exception as exc:
-                self._lost(batch, exc)
+                if not self._retry(exc):
+                    self._lost(batch, exc)
+                else:
+                    self._attempts += 1
+                    if self._attempts < _RETRIES and not final:
+                        self._held = batch
+                        if self._attempts == 1:   # once an outage, not once an interval
+                            log.warning("%s: store unavailable, %d records held for the next write (%s)",
+                                        self.name, len(batch), exc)
+                        return
+                    self._lost(batch, exc)
             else:
                 self._attempts = 0
                 self.written += len(batch)

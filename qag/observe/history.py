@@ -53,7 +53,7 @@ class History:
         self.host = hostflush.shared()
         self.writer = BatchWriter("history", self._write, capacity=settings.history_buffer,
                                   interval=settings.history_flush_interval, tick=self.prune, tick_every=_PRUNE_EVERY,
-                                  retry=store.transient_errors, host=self.host)
+                                  retry=store.unavailable, host=self.host)
 
     # --- writing (the writer thread) ----------------------------------------------------------------------
     def _write(self, batch: list) -> None:

@@ -465,6 +465,9 @@ def render(total: dict, speedups: dict[str, str]) -> bytes:
             {(db,): v[1] for db, v in pools.items()})
     t.counter("qag_pool_waits_total", "Callers that waited for a connection under QAG_POOL_MAX.", ("db",),
               {(db,): n for db, n in c.get("pool_waits", {}).items()})
+    t.gauge("qag_pool_waiting_callers", "Callers waiting now for a data connection under QAG_POOL_MAX, by saved "
+            "connection (a connection appears once a caller has waited for it).", None, ("connection",),
+            {(name,): n for name, n in g.get("pool_waiting", {}).items()})
     t.gauge("qag_history_buffer_capacity", "Runs the workers may queue in all before the oldest are dropped.",
             g.get("history_capacity", 0))
     t.counter("qag_log_lines_dropped_total", "Log lines dropped because a worker's log queue was full.", (),

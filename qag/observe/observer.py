@@ -119,6 +119,7 @@ class Observer:
         if stats is not None:
             counters["rate_limit"] = {"rejections": stats.rejections, "fallbacks": stats.fallbacks}
         pools: dict = {}
+        waiting: dict = {}
         # The backends this worker has loaded (a driver is imported on first use only).
         for db, backend in list(getattr(self.gateway.backends, "_backends", {}).items()):
             pool = getattr(backend, "pool", None)
@@ -127,7 +128,10 @@ class Observer:
             stats = pool.stats()
             pools[db] = [stats["idle"], stats["active"]]
             counters["pool_waits"][db] = stats["waits"]
-        gauges = {"history_pending": writer.pending, "history_capacity": writer.capacity, "pools": pools}
+            for name, n in stats["waiting"].items():
+                waiting[name] = waiting.get(name, 0) + n
+        gauges = {"history_pending": writer.pending, "history_capacity": writer.capacity, "pools": pools,
+                  "pool_waiting": waiting}
         metadata = getattr(self.gateway, "metadata", None)
         if metadata is not None:
             more_c, more_g = metadata.cache_stats()

@@ -14,8 +14,11 @@ class StoreError(RuntimeError):
 class Store(abc.ABC):
     """Rows in, rows out: dicts with JSON fields already decoded. No HTTP, no policy."""
 
-    # Errors that mean "busy, try again later" (a batch writer holds its batch and retries).
-    transient_errors: tuple[type[BaseException], ...] = ()
+    def unavailable(self, exc: BaseException) -> str | None:
+        """Why the store can't be used now when `exc` says so (down, unreachable, locked past its wait: a 503
+        with Retry-After, never a 500; a batch writer holds its batch and tries again), with no password in it;
+        None for any other failure."""
+        return str(exc) if isinstance(exc, StoreError) else None
 
     # --- lifecycle -------------------------------------------------------------------------
     @abc.abstractmethod

@@ -196,7 +196,6 @@ class PostgresStore(SqliteStore):
 
     def __init__(self, url: str, audit_limit: int = 500, pool_size: int = 8):
         psycopg2 = _driver()
-        self.transient_errors = (psycopg2.OperationalError,)  # lost connection, deadlock, serialisation
         self.audit_limit = audit_limit
         self.url = url
         self.path = None  # no file: the SQLite-only helpers must not be used
@@ -209,6 +208,14 @@ class PostgresStore(SqliteStore):
 
     def describe(self) -> str:
         return redact(self.url)
+
+    def unavailable(self, exc: BaseException) -> str | None:
+        psycopg2 = _driver()
+        # OperationalError: the server is down or restarting, the connection was lost, a lock wait ran out.
+        # InterfaceError: a connection psycopg2 already knows is closed.
+        if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)):
+            return driver_text(exc, self.url).splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return super().unavailable(exc)
 
     # --- plumbing --------------------------------------------------------------------------
     def _tx(self):

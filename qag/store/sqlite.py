@@ -61,7 +61,6 @@ class SqliteStore(Store):
     Its SQL is written to run on PostgreSQL too (`?` placeholders aside): store/postgres.py reuses every method
     that is not plumbing. Keep new methods portable, or override them there."""
 
-    transient_errors: tuple[type[BaseException], ...] = (sqlite3.OperationalError,)  # busy/locked: retry later
     _UNLIMITED = "-1"  # LIMIT with no limit (PostgreSQL: ALL)
 
     def __init__(self, home: str, audit_limit: int = 500):
@@ -99,6 +98,16 @@ class SqliteStore(Store):
 
     def describe(self) -> str:
         return self.path
+
+    # What SQLite says when the file is locked past the busy timeout, can't be opened or written, or the disk
+    # failed: the store is unavailable, not broken.
+    _UNAVAILABLE_TEXT = ("locked", "busy", "unable to open", "disk i/o", "readonly database", "disk is full")
+
+    def unavailable(self, exc: BaseException) -> str | None:
+        if isinstance(exc, sqlite3.OperationalError):
+            text = str(exc)
+            return text if any(part in text.lower() for part in self._UNAVAILABLE_TEXT) else None
+        return super().unavailable(exc)
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)

@@ -187,7 +187,7 @@ def test_one_connect_and_one_cursor_for_pooled_calls(db, monkeypatch):
     assert len(connects) == 1 and len(seen) == 1
     assert backend.pool.stats()["idle"] == 1
     backend.close_idle()
-    assert backend.pool.stats() == {"idle": 0, "active": 0, "waits": 0}
+    assert backend.pool.stats() == {"idle": 0, "active": 0, "waits": 0, "waiting": {}}
 
 
 def test_b10_7_data_committed_elsewhere_is_visible_to_a_pooled_connection(db):
@@ -459,15 +459,15 @@ def test_stream_gives_its_connection_back_only_when_drained(db):
     columns, batches = backend.stream(db.fields, read("SELECT n FROM big ORDER BY n", timeout=10, fetch=0), 1000, None)
     assert columns == ["n"] and backend.pool.stats()["active"] == 1
     sizes = [len(b) for b in batches]
-    assert sizes == [1000, 1000, 1000] and backend.pool.stats() == {"idle": 1, "active": 0, "waits": 0}
+    assert sizes == [1000, 1000, 1000] and backend.pool.stats() == {"idle": 1, "active": 0, "waits": 0, "waiting": {}}
     # A capped stream stops with rows unread: its connection (the pooled one) is closed, not pooled again.
     columns, batches = backend.stream(db.fields, read("SELECT n FROM big ORDER BY n", fetch=0), 1000, 1500)
-    assert [len(b) for b in batches] == [1000, 500] and backend.pool.stats() == {"idle": 0, "active": 0, "waits": 0}
+    assert [len(b) for b in batches] == [1000, 500] and backend.pool.stats() == {"idle": 0, "active": 0, "waits": 0, "waiting": {}}
     # So does one the caller drops before the end (a client that went away).
     columns, batches = backend.stream(db.fields, read("SELECT n FROM big ORDER BY n", fetch=0), 1000, None)
     assert len(next(batches)) == 1000 and backend.pool.stats()["active"] == 1
     del batches
-    assert backend.pool.stats() == {"idle": 0, "active": 0, "waits": 0}
+    assert backend.pool.stats() == {"idle": 0, "active": 0, "waits": 0, "waiting": {}}
     with pytest.raises(QagError) as info:
         backend.stream(db.fields, read("SELECT n FROM no_such_table", fetch=0), 1000, None)
     assert info.value.code == "query_failed"

@@ -124,7 +124,7 @@ def test_four_pooled_calls_share_one_backend(backend, db):
 def test_pool_size_zero_opens_a_connection_per_call(backend, db):
     b = backend(QAG_POOL_SIZE="0")
     assert len({pid(b, db) for _ in range(3)}) == 3
-    assert b.pool.stats() == {"idle": 0, "active": 0, "waits": 0}
+    assert b.pool.stats() == {"idle": 0, "active": 0, "waits": 0, "waiting": {}}
 
 
 def test_read_and_write_calls_use_separate_connections(backend, db):

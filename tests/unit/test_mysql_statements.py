@@ -259,6 +259,9 @@ class _FakeConn:
         self.warnings = 0
         self.result = None
 
+    def thread_id(self):
+        return 7
+
     def get_server_info(self):
         return self.version
 
@@ -459,7 +462,7 @@ def test_a_connection_that_raised_is_closed(fake, monkeypatch):
     with pytest.raises(QagError) as info:
         backend.run(FIELDS, _read("SELECT 2", 1))
     assert info.value.code == "query_timeout" and log[-1] == "close"
-    assert backend.pool.stats() == {"idle": 0, "active": 0, "waits": 0}
+    assert backend.pool.stats() == {"idle": 0, "active": 0, "waits": 0, "waiting": {}}
 
 
 @pytest.mark.parametrize("sql,leaves", [

@@ -79,7 +79,8 @@ def test_a_full_buffer_drops_the_oldest_and_counts_exactly_across_threads():
 
 def test_a_busy_store_holds_the_batch_and_writes_it_later():
     sink = Sink()
-    w = BatchWriter("t", sink.write, capacity=100, interval=3600, retry=(sqlite3.OperationalError,))
+    w = BatchWriter("t", sink.write, capacity=100, interval=3600,
+                    retry=lambda exc: isinstance(exc, sqlite3.OperationalError))
     sink.fail_with = sqlite3.OperationalError("database is locked")
     w.put(1)
     w.flush()

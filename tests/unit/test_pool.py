@@ -33,7 +33,7 @@ def test_most_recently_used_first_and_idle_limit():
     assert a.closed and not b.closed and not c.closed   # the oldest idle one is closed beyond the limit
     got, reused = pool.acquire("k", Conn)
     assert got is c and reused
-    assert pool.stats() == {"idle": 1, "active": 1, "waits": 0}
+    assert pool.stats() == {"idle": 1, "active": 1, "waits": 0, "waiting": {}}
 
 
 def test_keys_do_not_share_connections():
@@ -109,13 +109,13 @@ def test_a_connection_freed_as_the_wait_runs_out_is_handed_out_not_lost():
     pool = Pool(idle_limit=4, idle_timeout=60, max_open=1, wait=30)
     a, _ = pool.acquire("k", Conn)
 
-    def wait_runs_out(seconds):
+    def wait_runs_out(seconds, label):
         pool.release("k", a)   # freed at the last moment, after the wait timed out
         return False
 
     pool._wait_freed = wait_runs_out
     assert pool.acquire("k", Conn) == (a, True)
-    assert pool.stats() == {"idle": 0, "active": 1, "waits": 1}
+    assert pool.stats() == {"idle": 0, "active": 1, "waits": 1, "waiting": {}}
 
 
 def test_open_cap_counts_a_failed_open_as_closed():

@@ -59,7 +59,8 @@ def test_connect_args_pass_only_driver_fields():
               "sslmode": "require", "unknown": "x", "sslcert": ""}
     assert pg.connect_args(fields) == {"host": "h", "port": "5433", "user": "u", "password": "p", "dbname": "d",
                                        "sslmode": "require", "connect_timeout": pg.CONNECT_TIMEOUT,
-                                       "client_encoding": "UTF8"}
+                                       "client_encoding": "UTF8", "keepalives": 1, "keepalives_idle": 30,
+                                       "keepalives_interval": 10, "keepalives_count": 3, "tcp_user_timeout": 60000}
 
 
 def test_pool_key_covers_every_field_and_the_access_mode():

@@ -1,0 +1,315 @@
+"""Faults under a steady load: a database path that black-holes, resets, slows down or goes away; a store that
+stops or is locked; pool pressure. Real gunicorn (two workers), real MariaDB/PostgreSQL behind tests/relay.
+
+For each fault the suite checks what docs/deployment.md's fault table promises: the statuses and codes of every
+failed call (each with Retry-After), the longest call against its time limit + the documented margin, the time to
+recover once the fault ends, the same worker pids before and after (nothing crashed), and for writes that none
+was lost or applied twice.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import threading
+import time
+
+import pytest
+
+from qag.backends.watchdog import NETWORK_MARGIN
+from tests.relay import Relay
+from tests.server import Server, q, wait_for
+
+pytestmark = pytest.mark.e2e
+
+LIMIT = 2            # the calls' time limit (?timeout=) in seconds
+# Slack on top of limit + margin for the watchdog's tick, a connect timeout rounded up to whole seconds and a
+# loaded test machine.
+SLACK = 1.0
+LOAD_THREADS = 4
+
+
+def worker_pids(server: Server) -> set[int]:
+    pid = server.proc.pid
+    with open(f"/proc/{pid}/task/{pid}/children") as fh:
+        return {int(p) for p in fh.read().split()}
+
+
+class Load:
+    """LOAD_THREADS callers calling `path` back to back; every reply kept as (started, seconds, status, code,
+    Retry-After)."""
+
+    def __init__(self, server: Server, path: str, threads: int = LOAD_THREADS, method: str = "GET", body=None):
+        self.server, self.path, self.method, self.body = server, path, method, body
+        self.replies: list[tuple[float, float, int, str | None, str | None]] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._call, daemon=True) for _ in range(threads)]
+
+    def __enter__(self) -> "Load":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(30)
+
+    def _call(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            r = self.server.request(self.method, self.path, body=self.body)
+            code = r.json.get("code") if r.status >= 400 and r.body.startswith(b"{") else None
+            self.replies.append((started, time.monotonic() - started, r.status, code, r.headers.get("retry-after")))
+
+    def failures(self) -> list[tuple]:
+        return [r for r in self.replies if r[2] != 200]
+
+    def after(self, moment: float) -> list[tuple]:
+        return [r for r in self.replies if r[0] >= moment]
+
+
+def recovery(load: Load, restored: float) -> float:
+    """Seconds from the end of the fault to the first call (started after it) of an unbroken run of successes."""
+    later = sorted(load.after(restored))
+    assert later, "no call after the fault ended"
+    first_good = None
+    for started, _, status, _, _ in later:
+        if status == 200 and first_good is None:
+            first_good = started
+        elif status != 200:
+            first_good = None
+    assert first_good is not None, f"calls still failing after the fault: {later[-5:]}"
+    return first_good - restored
+
+
+def assert_clean_refusals(failures: list[tuple], codes: set[str]) -> None:
+    for started, seconds, status, code, retry_after in failures:
+        assert status in (502, 503, 504) and code in codes, (status, code)
+        assert retry_after is not None and int(retry_after) > 0, (status, code)
+
+
+@pytest.fixture(scope="module")
+def fault_server():
+    s = Server(env={"QAG_ALLOW_WRITES": "1"}, workers=2, threads=4)
+    yield s
+    s.close()
+
+
+def _via_relay(request, server: Server, uniq, db: str, relay: Relay) -> tuple[str, dict]:
+    fields = dict(request.getfixturevalue("mysql_db" if db == "mysql" else "pg_db"))
+    name = uniq("via")
+    reply = server.post("/api/v1/connections", {"name": name, "db": db, **fields, "host": "127.0.0.1",
+                                                 "port": relay.port})
+    assert reply.status == 201, reply
+    return name, fields
+
+
+def _upstream(request, db: str) -> tuple[str, int]:
+    fields = request.getfixturevalue("mysql_db" if db == "mysql" else "pg_db")
+    return fields["host"], int(fields["port"])
+
+
+@pytest.mark.parametrize("db", ["mysql", "postgres"])
+def test_black_hole_bounds_every_call_and_the_pool_recovers(request, fault_server, uniq, db):
+    server = fault_server
+    with Relay(*_upstream(request, db)) as relay:
+        connection, fields = _via_relay(request, server, uniq, db, relay)
+        fast = uniq("fast")
+        server.query(fast, "SELECT 1 AS v", connection)
+        pids = worker_pids(server)
+        with Load(server, q(fast) + f"?timeout={LIMIT}") as load:
+            time.sleep(1.0)
+            relay.blackhole()
+            time.sleep(LIMIT + NETWORK_MARGIN + 2.0)   # long enough for calls to run into their deadline
+            relay.restore()
+            restored = time.monotonic()
+            time.sleep(2.5)
+        failures = load.failures()
+        assert failures, "the black hole refused no call"
+        assert_clean_refusals(failures, {"query_timeout", "connection_failed", "unavailable"})
+        longest = max(seconds for _, seconds, _, _, _ in load.replies)
+        assert longest <= LIMIT + NETWORK_MARGIN + SLACK, longest
+        assert recovery(load, restored) < 2.0
+        assert worker_pids(server) == pids
+    pattern = re.compile(rf"WARNING qag.database .*connection '{connection}' unavailable: 50[24]")
+    wait_for(lambda: pattern.search("".join(server.log)), "the outage's warning in the log")
+    log = "".join(server.log)
+    assert "Traceback" not in log and fields["password"] not in log
+
+
+@pytest.mark.parametrize("db", ["mysql", "postgres"])
+def test_reset_slow_and_stopped_database_paths(request, fault_server, uniq, db):
+    server = fault_server
+    with Relay(*_upstream(request, db)) as relay:
+        connection, fields = _via_relay(request, server, uniq, db, relay)
+        fast = uniq("fast")
+        server.query(fast, "SELECT 1 AS v", connection)
+        pids = worker_pids(server)
+        with Load(server, q(fast) + f"?timeout={LIMIT}") as load:
+            time.sleep(0.5)
+            relay.reset_connections()           # RST on every open connection
+            time.sleep(0.5)
+            relay.delay = 0.3                   # a slow path: slower calls, none refused
+            slow_from = time.monotonic()
+            time.sleep(1.0)
+            slow_to = time.monotonic()
+            relay.delay = LIMIT + 3.0           # slower than the limit: refused by the deadline
+            time.sleep(LIMIT + NETWORK_MARGIN + 1.0)
+            relay.delay = 0.0
+            relay.down()                        # the server stops: refused at once
+            down_from = time.monotonic()
+            time.sleep(1.5)
+            relay.up()
+            restored = time.monotonic()
+            time.sleep(2.0)
+        assert_clean_refusals(load.failures(), {"query_timeout", "connection_failed", "unavailable"})
+        slow = [r for r in load.replies if slow_from + 0.5 <= r[0] and r[0] + r[1] <= slow_to]
+        assert slow and all(r[2] == 200 and r[1] >= 0.3 for r in slow), slow
+        refused_down = [r for r in load.replies if down_from + 0.2 <= r[0] < restored - 0.2]
+        assert refused_down and all(r[2] == 502 and r[3] == "connection_failed" for r in refused_down)
+        assert max(r[1] for r in refused_down) < 1.0
+        longest = max(seconds for _, seconds, _, _, _ in load.replies)
+        assert longest <= LIMIT + NETWORK_MARGIN + SLACK, longest
+        assert recovery(load, restored) < 2.0
+        assert worker_pids(server) == pids
+    log = "".join(server.log)
+    assert "Traceback" not in log and fields["password"] not in log
+    # At most one warning a second per connection and worker, whatever the load.
+    warned = re.findall(rf"WARNING qag.database .*connection '{connection}' unavailable", log)
+    assert 1 <= len(warned) <= 2 * (LIMIT + NETWORK_MARGIN + 6), len(warned)
+
+
+@pytest.mark.parametrize("db", ["mysql", "postgres"])
+def test_writes_are_never_lost_or_applied_twice_across_faults(request, fault_server, uniq, db):
+    server = fault_server
+    table = uniq("w")
+    create = f"CREATE TABLE {table} (id INTEGER NOT NULL)"   # no key: a write applied twice would show
+    with Relay(*_upstream(request, db)) as relay:
+        connection, fields = _via_relay(request, server, uniq, db, relay)
+        assert server.post("/execute_sql", {"sql": create, "connection_name": connection}).status == 200
+        insert, count = uniq("ins"), uniq("cnt")
+        server.query(insert, f"INSERT INTO {table} (id) VALUES (:id)", connection)
+        server.query(count, f"SELECT id, COUNT(*) AS n FROM {table} GROUP BY id ORDER BY id", connection)
+        answered: dict[int, int] = {}
+        ids = iter(range(1, 1_000_000))
+        lock = threading.Lock()
+        stop = threading.Event()
+
+        def writer():
+            while not stop.is_set():
+                with lock:
+                    n = next(ids)
+                r = server.post(q(insert) + f"?timeout={LIMIT}", {"params": {"id": n}})
+                answered[n] = r.status
+        threads = [threading.Thread(target=writer) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for fault in (relay.cut, relay.reset_connections, relay.blackhole):
+            time.sleep(0.7)
+            fault()
+            if fault == relay.blackhole:
+                time.sleep(LIMIT + NETWORK_MARGIN + 0.5)
+                relay.restore()
+        time.sleep(1.0)
+        stop.set()
+        for t in threads:
+            t.join(30)
+        stored: dict[int, int] = {}
+        for page in range(1, 1000):
+            reply = server.get(q(count) + f"?page_size=1000&page={page}")
+            assert reply.status == 200, reply
+            stored.update((row["id"], row["n"]) for row in reply.json)
+            if reply.headers["x-has-more"] == "false":
+                break
+        assert all(n == 1 for n in stored.values()), {i: n for i, n in stored.items() if n != 1}
+        ok = {i for i, status in answered.items() if status == 200}
+        assert ok and ok <= set(stored), sorted(ok - set(stored))[:10]
+        assert all(status in (200, 502, 503, 504) for status in answered.values())
+
+
+def test_pool_waiting_gauge_rises_and_falls(request, make_server, uniq):
+    fields = request.getfixturevalue("mysql_db")
+    server = make_server(env={"QAG_POOL_MAX": "1", "QAG_POOL_WAIT": "10"}, workers=1, threads=4)
+    name = uniq("capped")
+    assert server.post("/api/v1/connections", {"name": name, "db": "mysql", **fields}).status == 201
+    slow = uniq("slow")
+    server.query(slow, "SELECT SLEEP(1.5) AS s", name)
+
+    def waiting() -> float | None:
+        text = server.get("/metrics").body.decode()
+        m = re.search(rf'^qag_pool_waiting_callers{{connection="{name}"}} (\S+)$', text, re.M)
+        return float(m.group(1)) if m else None
+
+    callers = [threading.Thread(target=server.get, args=(q(slow),)) for _ in range(3)]
+    for t in callers:
+        t.start()
+    assert wait_for(lambda: waiting() == 2 or None, "two callers waiting", 5.0)
+    for t in callers:
+        t.join(30)
+    assert waiting() == 0
+
+
+@pytest.fixture
+def store_relay(pg_store_db):
+    from tests.services import pg_schema_url
+    from urllib.parse import urlsplit
+    url, cleanup = pg_schema_url(pg_store_db)
+    parts = urlsplit(url)
+    relay = Relay(parts.hostname, parts.port or 5432)
+    yield relay, parts._replace(netloc=parts.netloc.replace(f":{parts.port}", f":{relay.port}")).geturl()
+    relay.close()
+    cleanup()
+
+
+def test_store_down_answers_503_lets_known_keys_in_and_leaves_nothing_half_done(make_server, uniq, store_relay):
+    relay, url = store_relay
+    server = make_server(env={"QAG_DATABASE_URL": url}, workers=2)
+    name = uniq("k")
+    key = server.key(name, queries=["one"])
+    server.query("one", "SELECT 1 AS v", "lite")
+    for _ in range(8):   # both workers have the key and the query cached
+        assert server.get(q("one"), key=key).status == 200
+    pids = worker_pids(server)
+    relay.down()
+    try:
+        unknown = server.get(q("one"), key="not-a-key-of-this-server")
+        read = server.get("/api/v1/queries")
+        refused_name = uniq("new")
+        write = server.post("/api/v1/queries", {"name": refused_name, "description": "d", "sql": "SELECT 2 AS v",
+                                                "connection_name": "lite", "publish": True})
+        known = [server.get(q("one"), key=key) for _ in range(6)]
+    finally:
+        relay.up()
+    for reply in (unknown, read, write):
+        assert reply.status == 503 and reply.json["code"] == "unavailable", reply
+        assert int(reply.headers["retry-after"]) > 0
+    assert all(r.status == 200 for r in known), known
+    # After the outage: the refused write left nothing, everything answers again, nothing crashed.
+    wait_for(lambda: server.get("/api/v1/queries").status == 200 or None, "the store answering again", 10.0)
+    assert server.get(f"/api/v1/queries/{refused_name}").status == 404
+    assert server.get(q("one"), key="not-a-key-of-this-server").status == 401
+    assert worker_pids(server) == pids
+    wait_for(lambda: "WARNING qag.database" in "".join(server.log) or None, "the outage's warning in the log")
+    log = "".join(server.log)
+    assert "Traceback" not in log and "the store unavailable: 503 unavailable" in log
+
+
+def test_locked_sqlite_store_answers_503_then_recovers(make_server, uniq):
+    server = make_server()
+    holder = sqlite3.connect(os.path.join(server.home, "qag.db"), timeout=1, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        started = time.monotonic()
+        refused = server.post("/api/v1/queries", {"name": uniq("locked"), "description": "d", "sql": "SELECT 1 AS v",
+                                                  "connection_name": "lite"})
+        waited = time.monotonic() - started
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert refused.status == 503 and refused.json["code"] == "unavailable", refused
+    assert int(refused.headers["retry-after"]) > 0 and waited < 10
+    assert server.post("/api/v1/queries", {"name": uniq("after"), "description": "d", "sql": "SELECT 1 AS v",
+                                           "connection_name": "lite"}).status == 201
+    assert "Traceback" not in "".join(server.log)
