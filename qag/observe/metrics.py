@@ -408,8 +408,9 @@ def _group(series: dict, pick, count_i: int, sum_i: int, first_bucket: int) -> d
     return out
 
 
-def render(total: dict, speedups: dict[str, str]) -> bytes:
-    """Prometheus text format 0.0.4 of an instance's totals (see Metrics.instance)."""
+def render(total: dict, speedups: dict[str, str], build: dict | None = None, process: dict | None = None) -> bytes:
+    """Prometheus text format 0.0.4 of an instance's totals (see Metrics.instance); `build` is the build-info
+    labels (version, speedups mode, worker class), `process` the instance's process figures (observe/process)."""
     c, g = total["c"], total["g"]
     req, qry, ser, exp = c.get("req", {}), c.get("qry", {}), c.get("ser", {}), c.get("exp", {})
     t = _Text()
@@ -459,10 +460,6 @@ def render(total: dict, speedups: dict[str, str]) -> bytes:
               {(): events.get("delivered", 0)})
     t.counter("qag_events_dropped_streams_total", "GET /events streams dropped because their client fell the "
               "host's whole event ring (QAG_EVENTS_RING_BYTES) behind.", (), {(): events.get("dropped_streams", 0)})
-    t.gauge("qag_pool_idle_connections", "Idle pooled data connections by database type.", None, ("db",),
-            {(db,): v[0] for db, v in pools.items()})
-    t.gauge("qag_pool_active_connections", "Pooled data connections in use by database type.", None, ("db",),
-            {(db,): v[1] for db, v in pools.items()})
     t.counter("qag_pool_waits_total", "Callers that waited for a connection under QAG_POOL_MAX.", ("db",),
               {(db,): n for db, n in c.get("pool_waits", {}).items()})
     t.gauge("qag_pool_waiting_callers", "Callers waiting now for a data connection under QAG_POOL_MAX, by saved "
@@ -483,4 +480,15 @@ def render(total: dict, speedups: dict[str, str]) -> bytes:
     t.gauge("qag_workers", "Worker processes whose figures are in this scrape.", g.get("workers", 1))
     t.gauge("qag_speedups_loaded", "Which twin of each hot-path module runs (1 = loaded).", None,
             ("module", "twin"), {(m, twin): 1 for m, twin in speedups.items()})
+    if build:
+        names = tuple(sorted(build))
+        t.gauge("qag_build_info", "The running qag: version, QAG_SPEEDUPS mode and worker class (always 1).", None,
+                names, {tuple(build[n] for n in names): 1})
+    if process:
+        t.counter("process_cpu_seconds_total", "CPU time of the instance's running processes (master and workers).",
+                  (), {(): round(process["cpu"], 2)})
+        t.gauge("process_resident_memory_bytes", "Resident memory of the instance's processes.", process["rss"])
+        t.gauge("process_open_fds", "Open file descriptors of the instance's processes.", process["fds"])
+        t.gauge("process_start_time_seconds", "Start time of the instance (its master) since the Unix epoch.",
+                round(process["start"], 2))
     return ("\n".join(t.lines) + "\n").encode("utf-8")

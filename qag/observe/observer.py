@@ -13,7 +13,7 @@ import atexit
 import time
 import weakref
 
-from .. import _speedups
+from .. import __version__, _speedups
 from .history import History, HistoryHandlers
 from .live import LiveEvents
 from .logs import LogWriter
@@ -146,8 +146,12 @@ class Observer:
         return counters, gauges
 
     def scrape(self) -> bytes:
-        from .metrics import render
-        return render(self.metrics.instance(), _speedups.loaded())
+        from . import metrics, process
+        settings = self.gateway.settings
+        build = {"version": __version__, "speedups": settings.speedups,
+                 "worker_class": settings.worker_class if metrics.SHARED_DIR is not None else "none"}
+        figures = process.figures(process.instance_pids(metrics.SHARED_DIR is not None))
+        return metrics.render(self.metrics.instance(), _speedups.loaded(), build, figures)
 
     # --- shutdown -----------------------------------------------------------------------------------------
     def close(self) -> None:
