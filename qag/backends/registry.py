@@ -9,11 +9,24 @@ from ..errors import QagError
 from .base import Backend
 from .sqlite import SqliteBackend
 
-# db type → (module, class, the package a user installs for it)
+# db type → (module, class, what a user installs for it)
 _OPTIONAL = {
-    "mysql": ("qag.backends.mysql", "MysqlBackend", "qag[mysql]"),
-    "postgres": ("qag.backends.postgres", "PostgresBackend", "qag[postgres]"),
+    "mysql": ("qag.backends.mysql", "MysqlBackend",
+              "pip install 'qag[mysql]', after the MySQL client headers (Debian/Ubuntu: apt-get install "
+              "build-essential pkg-config default-libmysqlclient-dev; other platforms: README, 'Installing')"),
+    "postgres": ("qag.backends.postgres", "PostgresBackend", "pip install 'qag[postgres]'"),
 }
+
+
+def missing_driver(db: str) -> str | None:
+    """What to install when `db`'s driver can't be imported here (one line); None when it can or needs none."""
+    if db not in _OPTIONAL:
+        return None
+    try:
+        importlib.import_module(_OPTIONAL[db][0])
+    except ImportError as exc:
+        return f"the driver for '{db}' connections is missing ({exc}): {_OPTIONAL[db][2]}"
+    return None
 
 
 class Backends:
@@ -37,8 +50,8 @@ class Backends:
                 try:
                     module = importlib.import_module(module_name)
                 except ImportError as exc:
-                    raise QagError("driver_missing", f"The driver for '{db}' is not installed "
-                                                     f"(pip install {package})", detail=str(exc)) from None
+                    raise QagError("driver_missing", f"The driver for '{db}' is not installed: {package}",
+                                   detail=str(exc)) from None
                 backend = getattr(module, class_name)(self.settings)
                 self._backends[db] = backend
         return backend
