@@ -41,7 +41,7 @@ def wrk(url: str, config_path: str, connections: int, seconds: float, threads: i
     threads = max(1, min(threads, connections))
     cmd = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{max(1, round(seconds))}s", "--timeout", "10s",
            "-s", SCRIPT, url, "--", config_path]
-    env = dict(os.environ, QAG_WRK_MODE="open" if rate else "closed")
+    env = dict(os.environ, QAG_BENCH_WRK_MODE="open" if rate else "closed")
     if rate:
         cmd.append(f"{rate / threads:.3f}")
     if pin:

@@ -6,12 +6,14 @@ import argparse
 import json
 import os
 import secrets
+import shutil
 import sys
 from urllib.parse import quote
 
 from . import __version__
 from .errors import QagError
 from .settings import SettingsError, load
+from .store import StoreOpenError
 
 # `qag init` seeds these inactive templates, to be edited and activated (passwords by reference, never stored).
 INIT_TEMPLATES = (
@@ -93,9 +95,12 @@ def cmd_store(args, settings) -> int:
         _err("store copy needs --to (a postgresql:// URL or a folder) or QAG_DATABASE_URL")
         return CLI_USAGE_ERROR
     # Only a store that exists already is read: a mistyped --from must not create an empty one.
-    source = (open_store(settings, url=source_text) if is_url(source_text)
-              else open_store(settings, home=sqlite_home(source_text)))
-    target = open_store(settings, url=target_text) if is_url(target_text) else open_store(settings, home=target_text)
+    source_from = "--from" if args.source is not None else "QAG_HOME"
+    target_from = "--to" if args.target is not None else "QAG_DATABASE_URL"
+    source = (open_store(settings, url=source_text, setting=source_from) if is_url(source_text)
+              else open_store(settings, home=sqlite_home(source_text), setting=source_from))
+    target = (open_store(settings, url=target_text, setting=target_from) if is_url(target_text)
+              else open_store(settings, home=target_text, setting=target_from))
     if source.describe() == target.describe():
         _err("the source and the target are the same store")
         return CLI_USAGE_ERROR
@@ -137,10 +142,16 @@ def cmd_events(args, settings) -> int:
 def cmd_demo(args, settings) -> int:
     from . import demo
     from .server import serve
-    home = os.path.abspath(args.home or os.environ.get("QAG_DEMO_HOME") or "demo-home")
+    home = os.path.abspath(args.home or settings.demo_home)
     demo_settings = settings.with_overrides(home=home, api_key=None)
     print("qag demo: preparing the demo home (first run generates ~90,000 rows)...", file=sys.stderr)
-    keys = demo.prepare_home(home, args.reset, _Admin(demo_settings).call)
+    if args.reset and os.path.isdir(home):
+        # Before any store is opened there: one opened first would be deleted under the admin writing to it.
+        shutil.rmtree(home)
+    from .store import open_store
+    # Opened once here so a home that cannot be made is refused naming where it came from, not QAG_HOME.
+    open_store(demo_settings, home=home, setting="--home" if args.home else "QAG_DEMO_HOME").close()
+    keys = demo.prepare_home(home, False, _Admin(demo_settings).call)
     os.environ["QAG_HOME"] = home
     os.environ["QAG_API_KEY"] = keys["admin_key"]
     for alias in ("QUERYAPIGATE_HOME", "QUERYAPIGATE_API_KEY", "QAG_API_KEY_FILE", "QUERYAPIGATE_API_KEY_FILE"):
@@ -305,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                    "store": cmd_store, "events": cmd_events}.get(
             command, cmd_admin)
         return handler(args, settings)
-    except SettingsError as exc:
+    except (SettingsError, StoreOpenError) as exc:
         _err(str(exc))
         return CLI_USAGE_ERROR
     except QagError as exc:

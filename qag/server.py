@@ -33,7 +33,12 @@ class _Server(BaseApplication):
 def check_startup(settings: Settings) -> None:
     """Fail in the master, once, with one line, rather than in every worker: speedups mode and store schema."""
     from . import _speedups
+    from .settings import unused_aliases
     from .store import open_store
+    ignored = unused_aliases()
+    if ignored:
+        print(f"qag: warning: {', '.join(ignored)}: QueryAPIGate setting(s) qag does not implement, ignored "
+              f"(docs/configuration.md)", file=sys.stderr, flush=True)
     _speedups.load(settings.speedups)
     store = open_store(settings)  # migrated here, once, before any worker starts
     try:

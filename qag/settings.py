@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 FLAG_ON = ("1", "true", "yes", "on")
 FLAG_OFF = ("0", "false", "no", "off")
+# QAG_* names qag's own tests, benchmarks and build read; no qag process does, so none of them is a setting.
+ALLOWED_PREFIXES = ("QAG_TEST_", "QAG_BENCH_", "QAG_BUILD_")
+# QueryAPIGate's serve command reads these two; load() makes them QAG_BIND.
+_BIND_PARTS = ("QUERYAPIGATE_HOST", "QUERYAPIGATE_PORT")
 
 
 class SettingsError(ValueError):
@@ -85,6 +90,10 @@ def _seconds_max(hi: float):
 
 def _text(text: str, s: Setting) -> str:
     return text
+
+
+def _text_or_default(text: str, s: Setting) -> str:
+    return text if text.strip() else s.default  # an empty folder would mean the current directory
 
 
 def _nonempty_secret(text: str, s: Setting) -> str:
@@ -295,6 +304,8 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number of bytes from 65536"),
     Setting("QAG_RESPONSE_CACHE_MAX_BYTES", _int_range(1, 1 << 36), 64 << 20, "Bytes of responses (bodies and headers, in 1 KiB blocks) the host's shared-memory response cache holds for every worker of the instance, for saved-query versions with a cache_ttl; beyond it, or beyond 10,000 entries, the least recently used are evicted. A response larger than this is not cached (never an error). Default 64 MiB per host (memory is only used as entries arrive). Not used with QAG_REDIS_URL (the cache is then kept in Redis).",
             "a whole number of bytes from 1 to 68719476736"),
+    Setting("QAG_DEMO_HOME", _text_or_default, "demo-home", "Folder of `qag demo`'s home (store and example data); `qag demo --home` wins. Relative to the current directory.",
+            "a folder path"),
     Setting("QAG_LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info", "Level of qag's own log lines on stderr.",
             "debug, info, warning or error"),
 )
@@ -346,12 +357,51 @@ def _raw(s: Setting, env: Mapping[str, str]) -> tuple[str | None, str | None]:
     return (found[0][1], found[0][0]) if found else (None, None)
 
 
+def _known_names() -> set[str]:
+    """Every environment name a setting answers to: name, alias and, for secrets, their NAME_FILE forms."""
+    names = set(_BIND_PARTS)
+    for s in SETTINGS:
+        for name in filter(None, (s.name, s.alias)):
+            names.add(name)
+            if s.secret:
+                names.add(f"{name}_FILE")
+    return names
+
+
+def _closest(name: str, known: set[str]) -> str | None:
+    """The known name closest to `name`, compared without the QAG_ or QUERYAPIGATE_ prefix every name shares (else
+    any short typo looks like QAG_HOME); a QAG_ name wins over its alias, QueryAPIGate's host and port are QAG_BIND."""
+    by_rest: dict[str, str] = {}
+    for n in sorted(known, key=lambda n: not n.startswith("QAG_")):
+        by_rest.setdefault(n.split("_", 1)[1], "QAG_BIND" if n in _BIND_PARTS else n)
+    close = difflib.get_close_matches(name.split("_", 1)[1], sorted(by_rest), n=1)
+    return by_rest[close[0]] if close else None
+
+
+def unused_aliases(env: Mapping[str, str] | None = None) -> list[str]:
+    """QUERYAPIGATE_* names qag does not read (QueryAPIGate settings it does not implement): warned about, never
+    refused, so a deployment switching over keeps its environment."""
+    env = os.environ if env is None else env
+    known = _known_names()
+    return sorted(n for n in env if n.startswith("QUERYAPIGATE_") and n not in known)
+
+
 def load(env: Mapping[str, str] | None = None) -> Settings:
     """Read and validate every setting; raises SettingsError with one line on the first bad one."""
     env = os.environ if env is None else env
     for name in env:
         if name.startswith("SQL2API_"):
             raise SettingsError(f"leftover setting {name} -> QUERYAPIGATE_{name[len('SQL2API_'):]} (or QAG_{name[len('SQL2API_'):]}); rename it")
+    known = _known_names()
+    unknown = sorted(n for n in env if n.startswith("QAG_") and n not in known and not n.startswith(ALLOWED_PREFIXES))
+    if unknown:
+        # A typo would otherwise leave the setting at its default without a word.
+        name, close = unknown[0], _closest(unknown[0], known)
+        if name.endswith("_FILE") and name[:-len("_FILE")] in known:
+            hint = f"only secrets have a _FILE form: set {name[:-len('_FILE')]} itself"
+        else:
+            hint = f"did you mean {close}?" if close else "see docs/configuration.md"
+        raise SettingsError(f"{name} is not a qag setting; {hint}")
     values: dict[str, Any] = {}
     for s in SETTINGS:
         raw, source = _raw(s, env)
@@ -384,7 +434,12 @@ def generate_markdown() -> str:
         "qag is configured with environment variables only. Each `QAG_*` name also answers to the",
         "`QUERYAPIGATE_*` name of QueryAPIGate 0.43 where one exists (setting both is refused). Settings marked",
         "*secret* also accept `NAME_FILE`, the path of a file holding the value (one trailing newline removed).",
-        "An invalid value stops startup with one line naming the setting and what it accepts.",
+        "An invalid value stops startup with one line naming the setting and what it accepts. So does an unknown",
+        "`QAG_*` name (a typo such as `QAG_WORKER`), naming the closest setting; names starting with",
+        ", ".join(f"`{p}`" for p in ALLOWED_PREFIXES[:-1]) + f" or `{ALLOWED_PREFIXES[-1]}` are left alone "
+        "(qag's tests, benchmarks and build read them). An unknown",
+        "`QUERYAPIGATE_*` name (a QueryAPIGate setting qag does not implement) is ignored, with a warning from",
+        "`qag serve`.",
         "",
         "| setting | alias | default | accepted | meaning |",
         "|---|---|---|---|---|",

@@ -1,7 +1,7 @@
 -- wrk script of qag's benchmark harness (benchmarks/run.py writes the config, starts wrk, reads the JSON line).
 --
 --   wrk -s benchmarks/lua/bench.lua URL -- <config.lua> [rate per thread]
---   QAG_WRK_MODE=closed|open (environment; open defines delay(), which wrk only looks for once at load)
+--   QAG_BENCH_WRK_MODE=closed|open (environment; open defines delay(), which wrk only looks for once at load)
 --
 -- Every request carries an X-Request-Id that the gateway echoes (contract 0.4), so each reply is matched to
 -- its request: non-2xx replies are counted, and a 2xx reply must begin with the key-space values that were
@@ -24,7 +24,7 @@ local function now_us()
   return tonumber(ts.tv_sec) * 1e6 + tonumber(ts.tv_nsec) / 1e3
 end
 
-local MODE = os.getenv("QAG_WRK_MODE") or "closed"
+local MODE = os.getenv("QAG_BENCH_WRK_MODE") or "closed"
 local threads = {}
 local thread_count = 0
 

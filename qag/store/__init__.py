@@ -5,18 +5,76 @@
 
 from __future__ import annotations
 
+import os
+import re
+import sqlite3
+
 from .base import Store, StoreError
 
 
-def open_store(settings, *, url: str | None = None, home: str | None = None) -> Store:
-    """The configured store (migrated on open). url/home override the settings (qag store copy)."""
+class StoreOpenError(StoreError):
+    """The store cannot be opened: one line naming the setting, what went wrong and what to do (exit status 2)."""
+
+
+# libpq's words for why a connection failed (its own and the server's; a localised server falls through to the
+# driver's text), and what the operator should do about each.
+_PG_FAILURES = (
+    (re.compile(r'database ".*" does not exist', re.I), "create the database or fix its name in the URL"),
+    (re.compile(r'role ".*" does not exist|authentication failed|no password supplied|pg_hba\.conf', re.I),
+     "check the user and password (and the server's pg_hba.conf)"),
+    (re.compile(r"connection refused|could not translate host name|timeout expired|no route to host|"
+                r"network is unreachable|could not connect", re.I),
+     "start the server or fix host/port in the URL"),
+)
+
+
+def open_store(settings, *, url: str | None = None, home: str | None = None, setting: str | None = None) -> Store:
+    """The configured store (migrated on open). url/home override the settings (qag store copy), `setting` names
+    where they came from in the message of a store that cannot be opened (StoreOpenError)."""
     url = url if url is not None else (settings.database_url if home is None else None)
     if url:
         from .postgres import PostgresStore
-        # One connection per request thread at most, plus the history writer, usage and key-touch threads.
-        return PostgresStore(url, settings.audit_log_limit, pool_size=settings.threads + 4)
+        try:
+            # One connection per request thread at most, plus the history writer, usage and key-touch threads.
+            return PostgresStore(url, settings.audit_log_limit, pool_size=settings.threads + 4)
+        except StoreError as exc:
+            raise StoreOpenError(_postgres_failure(setting or "QAG_DATABASE_URL", url, exc)) from None
     from .sqlite import SqliteStore
-    return SqliteStore(home if home is not None else settings.home, settings.audit_log_limit)
+    folder = home if home is not None else settings.home
+    try:
+        return SqliteStore(folder, settings.audit_log_limit)
+    except (OSError, sqlite3.Error, StoreError) as exc:
+        raise StoreOpenError(_sqlite_failure(setting or "QAG_HOME", folder, exc)) from None
 
 
-__all__ = ["Store", "StoreError", "open_store"]
+def _postgres_failure(setting: str, url: str, exc: StoreError) -> str:
+    from .postgres import driver_text, redact
+    cause = exc.__context__  # the driver's error the store's message wraps, when it is one
+    if cause is None or not type(cause).__module__.startswith("psycopg2"):
+        return f"{setting}: {exc}"  # the store's own words (a newer schema): they say what to do
+    text = driver_text(cause, url)  # libpq can quote the password: scrubbed
+    # "connection to server at ..., port ... failed: FATAL:  ...": the host and port are in the URL shown.
+    reason = re.sub(r"^.*? failed:\s*(FATAL:\s*)?", "", (text.splitlines() or [type(cause).__name__])[0])
+    todo = next((todo for pattern, todo in _PG_FAILURES if pattern.search(text)), "check the URL and the server")
+    return f"{setting} {redact(url)}: {reason}; {todo}"
+
+
+def _sqlite_failure(setting: str, folder: str, exc: BaseException) -> str:
+    from .sqlite import STORE_FILE
+    if isinstance(exc, OSError):
+        reason = exc.strerror or str(exc)
+        if os.path.basename(str(exc.filename)) == STORE_FILE:
+            return (f"{setting} {folder}: cannot create the store qag.db there ({reason}); make the folder writable "
+                    f"for this user, or set {setting} to another folder")
+        if os.path.exists(folder) and not os.path.isdir(folder):
+            return f"{setting} {folder} is a file, not a folder; set {setting} to a folder"
+        return (f"{setting} {folder}: cannot create the folder ({reason}); create it, or set {setting} to a folder "
+                f"this user can write")
+    cause = exc if isinstance(exc, sqlite3.Error) else exc.__context__
+    if isinstance(cause, sqlite3.Error):
+        return (f"{setting} {folder}: cannot open the store qag.db there ({cause}); restore the file, or set "
+                f"{setting} to another folder")
+    return f"{setting}: {exc}"  # the store's own words (a newer schema): they say what to do
+
+
+__all__ = ["Store", "StoreError", "StoreOpenError", "open_store"]

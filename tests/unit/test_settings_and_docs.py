@@ -86,3 +86,37 @@ def test_settings_read_as_attributes_and_unknown_names_refused():
         s.not_a_setting
     with pytest.raises(Exception):   # frozen: settings are read, never assigned
         s.query_timeout = 1.0
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("QAG_WORKER", "QAG_WORKER is not a qag setting; did you mean QAG_WORKERS?"),
+    ("QAG_DATABSE_URL", "QAG_DATABSE_URL is not a qag setting; did you mean QAG_DATABASE_URL?"),
+    ("QAG_API_KEYS_FILE", "QAG_API_KEYS_FILE is not a qag setting; did you mean QAG_API_KEY_FILE?"),
+    ("QAG_PORT", "QAG_PORT is not a qag setting; did you mean QAG_BIND?"),
+    ("QAG_FOO", "QAG_FOO is not a qag setting; see docs/configuration.md"),
+    ("QAG_HOME_FILE", "QAG_HOME_FILE is not a qag setting; only secrets have a _FILE form: set QAG_HOME itself"),
+])
+def test_unknown_qag_names_are_refused_naming_the_closest_setting(name, expected):
+    with pytest.raises(SettingsError) as raised:
+        load({"QAG_HOME": "/tmp", name: "4"})
+    assert str(raised.value) == expected and "\n" not in expected
+
+
+def test_names_qag_reads_elsewhere_are_accepted(tmp_path):
+    f = tmp_path / "url"
+    f.write_text("postgresql://u@127.0.0.1/db\n")
+    s = load({"QAG_HOME": "/tmp", "QAG_TEST_STORE": "postgresql", "QAG_TEST_PG_HOST": "h", "QAG_BENCH_PG_USER": "u",
+              "QAG_BENCH_WRK_MODE": "open", "QAG_BUILD_SPEEDUPS": "require", "QAG_DATABASE_URL_FILE": str(f),
+              "QUERYAPIGATE_HOST": "127.0.0.1", "QUERYAPIGATE_PORT": "5001", "QAG_DEMO_HOME": "/tmp/demo"})
+    assert (s.bind, s.demo_home, s.database_url) == ("127.0.0.1:5001", "/tmp/demo", "postgresql://u@127.0.0.1/db")
+    assert load({}).demo_home == load({"QAG_DEMO_HOME": ""}).demo_home == "demo-home"
+    assert all(p.startswith("QAG_") and p.endswith("_") for p in settings.ALLOWED_PREFIXES)
+    assert all(f"`{p}`" in settings.generate_markdown() for p in settings.ALLOWED_PREFIXES)
+
+
+def test_unknown_queryapigate_names_are_ignored_and_listed():
+    env = {"QUERYAPIGATE_DEBUG": "1", "QUERYAPIGATE_WORKERS": "4", "QUERYAPIGATE_THREADS": "3",
+           "QUERYAPIGATE_API_KEY_FILE": "/nonexistent", "QUERYAPIGATE_PORT": "5001"}
+    assert settings.unused_aliases(env) == ["QUERYAPIGATE_DEBUG", "QUERYAPIGATE_WORKERS"]
+    del env["QUERYAPIGATE_API_KEY_FILE"]
+    assert load(env).threads == 3   # QueryAPIGate names qag lacks stop nothing
