@@ -1,6 +1,7 @@
 """gunicorn settings from qag's settings: `gunicorn -c python:qag.gunicorn_conf 'qag.app:create_app()'`."""
 
 import gc
+import os
 import signal
 
 from qag.settings import load as _load
@@ -22,6 +23,11 @@ accesslog = "-" if _settings.access_log else None
 access_log_format = ('%(h)s - %(t)s "%(r)s" %(s)s %(b)s %(L)ss rid=%({x-request-id}o)s pid=%(p)s "%(a)s"'
                      if _settings.access_log_query else
                      '%(h)s - %(t)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(L)ss rid=%({x-request-id}o)s pid=%(p)s "%(a)s"')
+# gunicorn's control socket (gunicornc) is the instance's own, in its home: at gunicorn's default path
+# ($HOME/.gunicorn/gunicorn.ctl) a second instance on the host would replace the first one's. A home whose path is
+# too long for a Unix socket address gets none.
+control_socket = os.path.join(_settings.home, "gunicorn.ctl")
+control_socket_disable = len(control_socket.encode()) > 100
 errorlog = "-"
 loglevel = _settings.log_level
 proc_name = "qag"

@@ -10,7 +10,8 @@ from .settings import Settings
 
 _CONFIG_NAMES = ("bind", "workers", "threads", "worker_class", "timeout", "graceful_timeout", "keepalive",
                  "preload_app", "accesslog", "access_log_format", "errorlog", "loglevel", "proc_name",
-                 "on_starting", "post_worker_init", "worker_exit", "child_exit", "on_exit")
+                 "on_starting", "post_worker_init", "worker_exit", "child_exit", "on_exit", "control_socket",
+                 "control_socket_disable")
 
 
 class _Server(BaseApplication):
@@ -45,10 +46,20 @@ def check_startup(settings: Settings) -> None:
         if settings.database_url and store.get_meta("server_secret") is None and _sqlite_store_in_use(settings.home):
             print(f"qag: warning: the PostgreSQL store is empty while {settings.home} holds a SQLite store with data; "
                   f"to move it, stop qag and run `qag store copy` (docs/deployment.md)", file=sys.stderr, flush=True)
+        _warn_missing_drivers(store)
     finally:
         store.close()
     twins = ", ".join(f"{name}={kind}" for name, kind in sorted(_speedups.summary().items()))
     print(f"qag: store {store.describe()}; speedups ({settings.speedups}): {twins}", file=sys.stderr, flush=True)
+
+
+def _warn_missing_drivers(store) -> None:
+    """One line per database type whose saved connections can't run here: the driver isn't installed."""
+    from .backends.registry import missing_driver
+    for db in sorted({row["db"] for row in store.list_connections()}):
+        line = missing_driver(db)
+        if line:
+            print(f"qag: warning: {line}", file=sys.stderr, flush=True)
 
 
 def _sqlite_store_in_use(home: str) -> bool:

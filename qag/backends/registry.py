@@ -9,12 +9,13 @@ from ..errors import QagError
 from .base import Backend
 from .sqlite import SqliteBackend
 
-# db type → (module, class, what a user installs for it)
+# db type → (module, class, what a user installs for it, the driver's own module)
 _OPTIONAL = {
     "mysql": ("qag.backends.mysql", "MysqlBackend",
               "pip install 'qag[mysql]', after the MySQL client headers (Debian/Ubuntu: apt-get install "
-              "build-essential pkg-config default-libmysqlclient-dev; other platforms: README, 'Installing')"),
-    "postgres": ("qag.backends.postgres", "PostgresBackend", "pip install 'qag[postgres]'"),
+              "build-essential pkg-config default-libmysqlclient-dev; other platforms: README, 'Installing')",
+              "MySQLdb"),
+    "postgres": ("qag.backends.postgres", "PostgresBackend", "pip install 'qag[postgres]'", "psycopg"),
 }
 
 
@@ -23,7 +24,7 @@ def missing_driver(db: str) -> str | None:
     if db not in _OPTIONAL:
         return None
     try:
-        importlib.import_module(_OPTIONAL[db][0])
+        importlib.import_module(_OPTIONAL[db][3])   # the driver alone: no backend state in a process that forks
     except ImportError as exc:
         return f"the driver for '{db}' connections is missing ({exc}): {_OPTIONAL[db][2]}"
     return None
@@ -43,7 +44,7 @@ class Backends:
             return backend
         if db not in _OPTIONAL:
             raise QagError("unsupported_database", f"Connections of type '{db}' are not supported")
-        module_name, class_name, package = _OPTIONAL[db]
+        module_name, class_name, package, _ = _OPTIONAL[db]
         with self._lock:
             backend = self._backends.get(db)
             if backend is None:

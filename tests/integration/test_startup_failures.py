@@ -106,3 +106,27 @@ def test_the_demo_names_where_its_home_came_from(tmp_path):
                               text=True, timeout=30)
         assert done.returncode == 2 and done.stderr.splitlines()[-1] == \
             f"qag: {named} {tmp_path / 'file'} is a file, not a folder; set {named} to a folder"
+
+
+def test_a_missing_driver_is_said_once_at_startup(tmp_path):
+    """A store with a MySQL connection on a machine where mysqlclient can't load (a stand-in MySQLdb that fails to
+    import, first on the path): the startup check names what to install, in one line."""
+    fake = tmp_path / "path" / "MySQLdb"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('libmysqlclient.so.21: cannot open shared object file')\n")
+    home = tmp_path / "home"
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("QAG_", "QUERYAPIGATE_"))}
+    full.update({"QAG_HOME": str(home), "PYTHONPATH": str(tmp_path / "path")})
+    added = subprocess.run([sys.executable, "-m", "qag", "connections", "add", "--db", "mysql", "--host", "db",
+                            "--database", "shop", "--user", "u", "shop"], env=full, capture_output=True, text=True,
+                           timeout=30)
+    assert added.returncode == 0, added.stderr
+    checked = subprocess.run([sys.executable, "-c", "from qag.server import check_startup; from qag.settings "
+                              "import load; check_startup(load())"], env=full, capture_output=True, text=True,
+                             timeout=30)
+    assert checked.returncode == 0, checked.stderr
+    warned = [line for line in checked.stderr.splitlines() if "warning" in line]
+    assert warned == ["qag: warning: the driver for 'mysql' connections is missing (libmysqlclient.so.21: cannot "
+                      "open shared object file): pip install 'qag[mysql]', after the MySQL client headers "
+                      "(Debian/Ubuntu: apt-get install build-essential pkg-config default-libmysqlclient-dev; other "
+                      "platforms: README, 'Installing')"]

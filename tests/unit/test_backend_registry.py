@@ -16,7 +16,7 @@ def no_mysql_driver(monkeypatch):
     real = importlib.import_module
 
     def import_module(name, *args):
-        if name == "qag.backends.mysql":
+        if name in ("qag.backends.mysql", "MySQLdb"):
             raise ImportError("No module named 'MySQLdb'")
         return real(name, *args)
     monkeypatch.setattr(registry.importlib, "import_module", import_module)
