@@ -1,4 +1,4 @@
-"""The `qag` command: serve, demo, init, version, store copy, and connections/queries/keys administration."""
+"""The `qag` command: serve, demo, init, version, config, check, store copy, and connections/queries/keys administration."""
 
 from __future__ import annotations
 
@@ -115,6 +115,73 @@ def cmd_store(args, settings) -> int:
     return 0
 
 
+def _shown(setting, value) -> str:
+    """A setting's value as `qag config` prints it: secrets masked, passwords out of URLs."""
+    if value is None or value == ():
+        return "unset"
+    if setting.name in ("QAG_DATABASE_URL", "QAG_REDIS_URL"):
+        from .store.postgres import redact
+        return redact(value)   # where the store is helps; only the password is the secret
+    if setting.secret:
+        return "********"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (tuple, list)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def cmd_config(args, settings) -> int:
+    """qag config: every setting's effective value and where it came from (a flag, a variable, the default)."""
+    from .settings import sources
+    flags = {env: f"--{attr}" for attr, env in _FLAG_ENV.items() if getattr(args, "flags_set", {}).get(attr)}
+    rows = [(s.name, _shown(s, settings.values[s.attr]),
+             flags.get(s.name) or source or ("derived" if s.default is None and settings.values[s.attr] is not None
+                                             else "default"))
+            for s, source in sources()]
+    if args.json:
+        print(json.dumps({name: {"value": value, "from": source} for name, value, source in rows}, indent=2))
+        return 0
+    width = max(len(name) for name, _, _ in rows)
+    for name, value, source in rows:
+        print(f"{name:<{width}}  {value}  ({source})")
+    return 0
+
+
+def cmd_check(args, settings) -> int:
+    """qag check: the settings (already loaded), the store opened as `qag serve` opens it, and every active saved
+    connection tested with a fresh connection; one line each, exit 0 when all pass, 1 otherwise."""
+    from .backends.base import resolve_fields
+    from .backends.registry import Backends
+    from .server import check_startup
+    from .store import open_store
+    from .store.sqlite import store_paths
+    check_startup(settings)
+    store = open_store(settings)
+    try:
+        rows = store.list_connections()
+    finally:
+        store.close()
+    backends = Backends(settings, store_paths(settings.home))
+    failed = 0
+    for row in rows:
+        name, db = row["name"], row["db"]
+        if not row.get("active", True):
+            print(f"skip  {name} ({db}): inactive")
+            continue
+        try:
+            elapsed = backends.get(db).test(resolve_fields(row["fields"], os.environ))
+        except QagError as exc:
+            failed += 1
+            print(f"FAIL  {name} ({db}): {exc.status} {exc.code}: {exc.extras.get('detail') or exc.message}")
+            continue
+        print(f"ok    {name} ({db}) {elapsed:.1f} ms")
+    backends.close_idle()
+    print(f"qag check: settings ok, store ok, {len(rows) - failed} of {len(rows)} connections ok"
+          if not failed else f"qag check: {failed} of {len(rows)} connections failed", file=sys.stderr)
+    return CLI_OPERATION_ERROR if failed else 0
+
+
 def cmd_serve(args, settings) -> int:
     from .server import serve
     return serve(settings)
@@ -142,6 +209,11 @@ def cmd_events(args, settings) -> int:
 def cmd_demo(args, settings) -> int:
     from . import demo
     from .server import serve
+    from .server import bind_problem
+    problem = bind_problem(settings.bind, "qag demo")
+    if problem is not None:   # before the first run's minutes of preparation, not after
+        _err(problem)
+        return CLI_USAGE_ERROR
     home = os.path.abspath(args.home or settings.demo_home)
     demo_settings = settings.with_overrides(home=home, api_key=None)
     print("qag demo: preparing the demo home (first run generates ~90,000 rows)...", file=sys.stderr)
@@ -157,15 +229,18 @@ def cmd_demo(args, settings) -> int:
     for alias in ("QUERYAPIGATE_HOME", "QUERYAPIGATE_API_KEY", "QAG_API_KEY_FILE", "QUERYAPIGATE_API_KEY_FILE"):
         os.environ.pop(alias, None)
     final = load()
-    host, _, port = final.bind.rpartition(":")
-    print(demo.banner(f"http://{host}:{port}", keys, home), file=sys.stderr, flush=True)
-    return serve(final)
+    # The banner comes when the server listens, with its real port (--bind 127.0.0.1:0 too); a taken port is
+    # said before it, once.
+    return serve(final, lambda url: demo.banner(url, keys, home), "qag demo")
 
 
 def _grant_list(text: str | None):
     if text is None:
         return None
     return "*" if text.strip() == "*" else [p.strip() for p in text.split(",") if p.strip()]
+
+
+_SINGULAR = {"connections": "connection", "queries": "query", "keys": "key"}
 
 
 def cmd_admin(args, settings) -> int:
@@ -182,7 +257,7 @@ def cmd_admin(args, settings) -> int:
         return 0
     if action == "remove":
         admin.call("DELETE", target, {"reason": args.reason} if resource == "connections" else None)
-        print(f"removed {resource[:-1]} '{args.name}'", file=sys.stderr)
+        print(f"removed {_SINGULAR[resource]} '{args.name}'", file=sys.stderr)
         return 0
     if resource == "connections":
         body = {"name": args.name, "db": args.db}
@@ -211,7 +286,7 @@ def cmd_admin(args, settings) -> int:
         print(f"API key '{args.name}' created. Its secret is shown once; store it now:", file=sys.stderr)
         print(created["secret"])
     else:
-        print(f"created {resource[:-1]} '{args.name}'", file=sys.stderr)
+        print(f"created {_SINGULAR[resource]} '{args.name}'", file=sys.stderr)
     return 0
 
 
@@ -221,7 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"qag {__version__}")
     sub = parser.add_subparsers(dest="command")
 
-    serve = sub.add_parser("serve", help="run the gateway under gunicorn (the default command)")
+    serve = sub.add_parser("serve", help="run the gateway under gunicorn (the default command)",
+                           epilog="Every setting is an environment variable (QAG_*, or QueryAPIGate's QUERYAPIGATE_* "
+                                  "names): see docs/configuration.md, and `qag config` for the values in effect.")
     serve.add_argument("--bind", help="host:port to listen on (QAG_BIND)")
     serve.add_argument("--host", help="host to listen on (with --port; QAG_BIND wins when both are given)")
     serve.add_argument("--port", type=int, help="port to listen on")
@@ -238,6 +315,12 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--home", help="folder of the store (QAG_HOME)")
 
     sub.add_parser("version", help="print the version and which speedups are loaded")
+    config = sub.add_parser("config", help="print every setting's effective value (secrets masked) and its source")
+    config.add_argument("--json", action="store_true", help="as a JSON object")
+    config.add_argument("--home", help="folder of the store (QAG_HOME)")
+    check = sub.add_parser("check", help="validate the settings, open the store and test every connection "
+                                         "(exit 0 when all pass, 1 otherwise)")
+    check.add_argument("--home", help="folder of the store (QAG_HOME)")
 
     events = sub.add_parser("events", help="serve GET /events to many clients, with every instance's runs and "
                                            "resume (Last-Event-ID); run beside `qag serve` on the same store")
@@ -306,19 +389,22 @@ def main(argv: list[str] | None = None) -> int:
     host, port = getattr(args, "host", None), getattr(args, "port", None)
     if (host or port) and not getattr(args, "bind", None) and command != "events":
         args.bind = f"{host or '127.0.0.1'}:{port if port is not None else 5000}"
+    args.flags_set = {}
     for attr, env in _FLAG_ENV.items():
         value = getattr(args, attr, None)
         if value is not None and not (command == "demo" and attr == "home"):
             os.environ[env] = str(value)
+            args.flags_set[attr] = True
     try:
         settings = load()
         handler = {"serve": cmd_serve, "demo": cmd_demo, "init": cmd_init, "version": cmd_version,
-                   "store": cmd_store, "events": cmd_events}.get(
+                   "store": cmd_store, "events": cmd_events, "config": cmd_config, "check": cmd_check}.get(
             command, cmd_admin)
         return handler(args, settings)
     except (SettingsError, StoreOpenError) as exc:
         _err(str(exc))
-        return CLI_USAGE_ERROR
+        # `qag check` answers 0 or 1 only (PostgREST's --ready): a readiness probe reads the status alone.
+        return CLI_OPERATION_ERROR if command == "check" else CLI_USAGE_ERROR
     except QagError as exc:
         _err(f"{exc.message} ({exc.code})")
         return CLI_OPERATION_ERROR

@@ -52,6 +52,20 @@ def on_starting(server):
         hostentries.start_instance(_settings.response_cache_max_bytes)
 
 
+# What the master prints once every listener is bound (qag.server.serve sets it: the demo's banner), given the
+# base URL with the real port, also when the bind asked for port 0.
+ready_banner = None
+
+
+def when_ready(server):
+    """Master, listening: say where, with the port the kernel gave."""
+    import sys
+    urls = [str(listener) for listener in server.LISTENERS]   # http://host:port, or unix:/path
+    print(f"qag: listening on {', '.join(urls)}", file=sys.stderr, flush=True)
+    if ready_banner is not None and urls:
+        print(ready_banner(urls[0]), file=sys.stderr, flush=True)
+
+
 def post_worker_init(worker):
     """Worker, its gateway built: qag's log lines go through the worker's log writer thread, and the garbage
     collector is set for a server's allocation pattern."""

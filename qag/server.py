@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import socket
 import sys
 
 from gunicorn.app.base import BaseApplication
@@ -10,7 +12,8 @@ from .settings import Settings
 
 _CONFIG_NAMES = ("bind", "workers", "threads", "worker_class", "timeout", "graceful_timeout", "keepalive",
                  "preload_app", "accesslog", "access_log_format", "errorlog", "loglevel", "proc_name",
-                 "on_starting", "post_worker_init", "worker_exit", "child_exit", "on_exit", "control_socket",
+                 "on_starting", "when_ready", "post_worker_init", "worker_exit", "child_exit", "on_exit",
+                 "control_socket",
                  "control_socket_disable")
 
 
@@ -81,16 +84,49 @@ def _sqlite_store_in_use(home: str) -> bool:
         return False
 
 
-def serve(settings: Settings) -> int:
+def bind_problem(bind: str, command: str = "qag serve") -> str | None:
+    """One line when `bind` can't be listened on (its port taken, its address not this machine's), found by
+    binding it as gunicorn will; None when it can (or names a Unix socket, or port 0: any free port)."""
+    if bind.startswith("unix:"):
+        return None
+    host, _, port = bind.rpartition(":")
+    host = host.strip("[]")
+    if int(port) == 0:
+        return None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as gunicorn binds: TIME_WAIT is no reason
+        try:
+            probe.bind((host, int(port)))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return (f"QAG_BIND {bind}: the port is in use by another process; pick another, e.g. "
+                        f"{command} --bind {host}:{int(port) + 1} (or --bind {host}:0 for any free port)")
+            if exc.errno == errno.EACCES:
+                return f"QAG_BIND {bind}: ports below 1024 need privileges; pick a port from 1024 up"
+            return f"QAG_BIND {bind}: can't listen there ({exc.strerror}); use an address of this machine"
+    return None
+
+
+def serve(settings: Settings, banner=None, command: str = "qag serve") -> int:
+    """Run the gateway; `banner(base_url)` is printed once it listens (the real port, also for port 0)."""
+    problem = bind_problem(settings.bind, command)
+    if problem is not None:
+        print(f"qag: {problem}", file=sys.stderr)
+        return 2
     try:
         check_startup(settings)
     except (ImportError, RuntimeError, ValueError) as exc:
         print(f"qag: {exc}", file=sys.stderr)
         return 2
     from . import gunicorn_conf
+    gunicorn_conf.ready_banner = banner
     options = {name: getattr(gunicorn_conf, name) for name in _CONFIG_NAMES}
-    if settings.api_key is None and not settings.bind.startswith(("127.", "localhost", "[::1]", "unix:")):
-        print("qag: warning: listening beyond this machine without QAG_API_KEY; open mode answers local callers "
-              "only, and no one can administer the server once a scoped key exists", file=sys.stderr)
+    if settings.api_key is None:
+        local = settings.bind.startswith(("127.", "localhost", "[::1]", "unix:"))
+        print("qag: open mode (no QAG_API_KEY): " + (
+            "only callers on this machine are answered; set QAG_API_KEY to serve others" if local else
+            "listening beyond this machine, but only local callers are answered, and no one can administer the "
+            "server once a scoped key exists; set QAG_API_KEY"), file=sys.stderr)
     _Server(options).run()
     return 0

@@ -116,9 +116,10 @@ def _bind(text: str, s: Setting) -> str:
     if value.startswith("unix:"):
         return value
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536 or not host:
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
         raise SettingsError(f"{s.name} must be {s.accepted}, not {text!r}")
-    return value
+    # ":5000" (or ":0", any free port) is this machine only, as qag's default: never every interface by accident.
+    return value if host else f"127.0.0.1:{int(port)}"
 
 
 def _rate(text: str, s: Setting) -> float:
@@ -208,7 +209,7 @@ SETTINGS: tuple[Setting, ...] = (
             "a positive whole number", alias="QUERYAPIGATE_STREAM_MAX_ROWS"),
     Setting("QAG_PARQUET_ROW_GROUP", _int_range(100, 1_000_000), 10_000, "Rows per row group of a parquet stream: a stream holds at most this many rows (and their encoding) in memory, however long it is. A paged xlsx, xml, yaml or parquet body is bounded by QAG_MAX_PAGE_SIZE.",
             "a whole number from 100 to 1000000"),
-    Setting("QAG_BIND", _bind, "127.0.0.1:5000", "Address `qag serve` listens on (host:port, port 0 = any free port, or unix:/path).",
+    Setting("QAG_BIND", _bind, "127.0.0.1:5000", "Address `qag serve` listens on (host:port, port 0 = any free port, :port = 127.0.0.1:port, or unix:/path); a port in use stops startup with one line.",
             "host:port or unix:/path"),
     Setting("QAG_WORKERS", _int_range(1, 256), 2, "gunicorn worker processes for `qag serve`.",
             "a whole number from 1 to 256"),
@@ -422,6 +423,13 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         values["home"] = os.getcwd()
     values["home"] = os.path.abspath(values["home"])
     return Settings(values)
+
+
+def sources(env: Mapping[str, str] | None = None) -> list[tuple[Setting, str | None]]:
+    """Each setting with the variable its value came from (NAME, its alias, NAME_FILE), None for its default;
+    `qag config` shows them. Call after load() accepted the same environment."""
+    env = os.environ if env is None else env
+    return [(s, _raw(s, env)[1]) for s in SETTINGS]
 
 
 def generate_markdown() -> str:

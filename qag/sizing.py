@@ -24,6 +24,11 @@ import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 
+# What `qag size` assumes for a figure the user did not give: qag's own worker CPU per saved-query call, measured
+# side by side on one pinned core (docs/performance.md), and a typical load of quick queries on a nearby database.
+MEASURED_CPU_US = 380.0
+DEFAULT_RATE = 1000.0
+DEFAULT_QUERY_MS = 1.0
 MAX_THREADS = 256   # QAG_THREADS' upper bound
 MAX_WORKERS = 256   # QAG_WORKERS' upper bound
 
@@ -151,15 +156,16 @@ def cpu_from_results(path: str, target: str | None, case: str | None) -> tuple[f
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="qag size", description=__doc__.splitlines()[0])
-    p.add_argument("--rate", type=float, required=True, help="calls per second wanted")
-    p.add_argument("--query-ms", type=float, required=True, help="database time per call, ms")
+    p.add_argument("--rate", type=float, help=f"calls per second wanted (default {DEFAULT_RATE:g})")
+    p.add_argument("--query-ms", type=float, help=f"database time per call, ms (default {DEFAULT_QUERY_MS:g})")
     p.add_argument("--rtt-ms", type=float, default=0.1, help="network round trip gateway↔database, ms (default 0.1)")
     p.add_argument("--round-trips", type=float, default=1.0, help="waits on the database per call (default 1)")
     p.add_argument("--threads", type=int, help="fix the threads per worker (default: computed)")
     p.add_argument("--cores", type=int, help="cores for the gateway (default: this machine's)")
     p.add_argument("--headroom", type=float, default=0.7, help="fraction of capacity to plan for (default 0.7)")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--cpu-us", type=float, help="gateway CPU per call, µs (e.g. from docs/performance.md)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--cpu-us", type=float, help=f"gateway CPU per call, µs (default {MEASURED_CPU_US:g}, qag's "
+                                                  f"measured figure in docs/performance.md)")
     src.add_argument("--results", help="a benchmark results file (JSON lines): use its median qag gateway CPU")
     p.add_argument("--target", help="with --results: only this target's blocks")
     p.add_argument("--case", help="with --results: only this case's blocks")
@@ -171,12 +177,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     source = "given"
+    defaulted = [f"--{name.replace('_', '-')} {value:g}" for name, value in
+                 (("rate", DEFAULT_RATE), ("query_ms", DEFAULT_QUERY_MS)) if getattr(args, name) is None]
+    rate = DEFAULT_RATE if args.rate is None else args.rate
+    query_ms = DEFAULT_QUERY_MS if args.query_ms is None else args.query_ms
     try:
         cpu = args.cpu_us
-        if cpu is None:
+        if cpu is None and args.results is None:
+            cpu, source = MEASURED_CPU_US, "qag's measured default, docs/performance.md"
+        elif cpu is None:
             cpu, names = cpu_from_results(args.results, args.target, args.case)
             source = f"measured: median of {names} in {args.results}"
-        result = plan(args.rate, cpu, args.query_ms, args.rtt_ms, args.threads, args.cores, args.round_trips,
+        result = plan(rate, cpu, query_ms, args.rtt_ms, args.threads, args.cores, args.round_trips,
                       args.headroom)
     except (OSError, ValueError) as exc:
         print(f"qag size: {exc}", file=sys.stderr)
@@ -184,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({**asdict(result), "cpu_source": source}, indent=1))
         return 0 if result.feasible else 1
+    if defaulted:
+        print(f"No figures of your own for {', '.join(d.split()[0] for d in defaulted)}: assuming "
+              f"{', '.join(defaulted)} (give yours for a plan of your load).")
     print(f"Gateway CPU per call: {cpu:g} µs ({source}).")
     for line in result.reasoning:
         print(f"- {line}")

@@ -263,21 +263,22 @@ def check_demo(command: list[str], home: str) -> None:
     lines: list[str] = []
     try:
         port = None
+        curl = re.compile(r"curl -s -H 'X-API-Key: ([^']+)' '([^']+)'")
         deadline = time.monotonic() + 120
-        while port is None and time.monotonic() < deadline:
+        # The banner comes once the server listens, after gunicorn's "Listening at" line.
+        while len(curl.findall("".join(lines))) < 3 and time.monotonic() < deadline:
             line = proc.stderr.readline()
             if not line:
                 break
             lines.append(line)
             m = _LISTENING.search(line)
-            port = m.group(2) if m else None
+            port = port or (m.group(2) if m else None)
         text = "".join(lines)
         assert port, text
-        curls = re.findall(r"curl -s -H 'X-API-Key: ([^']+)' '([^']+)'", text)
+        curls = curl.findall(text)
         assert len(curls) == 3, text
         for key, url in curls:
-            # The banner prints the bind address as given; port 0 means "the one gunicorn picked".
-            url = url.replace("127.0.0.1:0", f"127.0.0.1:{port}")
+            assert f"127.0.0.1:{port}/" in url, (url, port)   # the banner names the port port 0 became
             with urllib.request.urlopen(urllib.request.Request(url, headers={"X-API-Key": key}), timeout=30) as r:
                 body = r.read()
             assert r.status == 200 and len(body) > 20 and b"No results" not in body, (url, body)
