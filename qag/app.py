@@ -36,6 +36,7 @@ STORE_RETRY_AFTER = 2   # seconds a caller is told to wait while the store is un
 
 # Never counted by the server-wide rate limit (contract 6.6), besides every OPTIONS and the Console pages.
 _RATE_EXEMPT = frozenset({"/health", "/livez", "/readyz", "/metrics"})
+_OPERATOR_PATHS = _RATE_EXEMPT   # what the admin listener (QAG_ADMIN_BIND) serves
 # Routes whose calls a quota checks before and counts after (contract 0.1 step 7, 6.8).
 _DATA_ENDPOINTS = frozenset({"api.run_named_query", "api.execute_sql_endpoint"})
 
@@ -62,6 +63,7 @@ class Gateway:
         self.max_body = settings.max_body_bytes
         self.trust_proxy = settings.trust_proxy
         self.server_timing = settings.server_timing
+        self.admin_listener = None   # with QAG_ADMIN_BIND: the admin listener's address (serve_admin_on)
         # Rate limits, max_concurrent slots and quotas: in Redis when configured (shared by every worker and
         # instance), else (and while Redis fails) in the host table every worker of this host counts in (the
         # gunicorn master's, or a private one in-process); see qag/policy/hostlimits.py, redislimits.py, quotas.py.
@@ -155,6 +157,8 @@ class Gateway:
     def handle(self, request: Request, origin: str | None) -> Response:
         """Contract 0.1: preflight, authentication, route, open-access guard, admin check, handler."""
         environ = request.environ
+        if self.admin_listener is not None:
+            self._check_listener(environ)
         if (request.method == "OPTIONS" and self.headers.cors_enabled()
                 and request.header("Access-Control-Request-Method")):
             environ["qag.endpoint"] = "preflight"
@@ -197,6 +201,21 @@ class Gateway:
         if route.admin and not caller.admin:
             raise QagError("admin_only")
         return route.handler(request, caller, **params)
+
+    def serve_admin_on(self, address) -> None:
+        """QAG_ADMIN_BIND: requests accepted on `address` (the admin listener's) may reach the operator routes
+        only, and /metrics only through it."""
+        self.admin_listener = address
+
+    def _check_listener(self, environ: dict) -> None:
+        # The accepted socket's local address names the listener (one getsockname, only with QAG_ADMIN_BIND).
+        local = environ["gunicorn.socket"].getsockname()
+        admin = self.admin_listener
+        on_admin = local == admin if isinstance(admin, str) else local[1] == admin[1]
+        path = environ.get("PATH_INFO", "")
+        refused = path not in _OPERATOR_PATHS if on_admin else path == "/metrics"
+        if refused:
+            raise QagError("not_found")
 
     def _limit_address(self, request: Request) -> None:
         """Contract 6.6: one token of the client address's bucket (before authentication: 401s count too)."""

@@ -8,7 +8,8 @@ from qag.settings import load as _load
 
 _settings = _load()
 
-bind = [_settings.bind]
+# The admin listener second: post_worker_init finds it at that place among the worker's sockets.
+bind = [_settings.bind] + ([_settings.admin_bind] if _settings.admin_bind else [])
 workers = _settings.workers
 threads = _settings.threads
 worker_class = "qag.worker.QagWorker" if _settings.worker_class == "qag" else "gthread"
@@ -61,7 +62,8 @@ def when_ready(server):
     """Master, listening: say where, with the port the kernel gave."""
     import sys
     urls = [str(listener) for listener in server.LISTENERS]   # http://host:port, or unix:/path
-    print(f"qag: listening on {', '.join(urls)}", file=sys.stderr, flush=True)
+    admin = f"; operator routes (QAG_ADMIN_BIND) on {urls[1]}" if len(urls) > 1 else ""
+    print(f"qag: listening on {urls[0] if urls else '?'}{admin}", file=sys.stderr, flush=True)
     if ready_banner is not None and urls:
         print(ready_banner(urls[0]), file=sys.stderr, flush=True)
 
@@ -69,7 +71,10 @@ def when_ready(server):
 def post_worker_init(worker):
     """Worker, its gateway built: qag's log lines go through the worker's log writer thread, and the garbage
     collector is set for a server's allocation pattern."""
-    observe = getattr(getattr(worker, "wsgi", None), "observe", None)
+    gateway = getattr(worker, "wsgi", None)
+    if _settings.admin_bind and gateway is not None and len(worker.sockets) > 1:
+        gateway.serve_admin_on(worker.sockets[1].getsockname())
+    observe = getattr(gateway, "observe", None)
     if observe is not None:
         observe.logs.install()
         _end_streams_on_term(observe.live)

@@ -84,7 +84,7 @@ def _sqlite_store_in_use(home: str) -> bool:
         return False
 
 
-def bind_problem(bind: str, command: str = "qag serve") -> str | None:
+def bind_problem(bind: str, command: str = "qag serve", setting: str = "QAG_BIND") -> str | None:
     """One line when `bind` can't be listened on (its port taken, its address not this machine's), found by
     binding it as gunicorn will; None when it can (or names a Unix socket, or port 0: any free port)."""
     if bind.startswith("unix:"):
@@ -99,18 +99,20 @@ def bind_problem(bind: str, command: str = "qag serve") -> str | None:
         try:
             probe.bind((host, int(port)))
         except OSError as exc:
+            pick = f"--bind {host}" if setting == "QAG_BIND" else f"{setting}={host}"
             if exc.errno == errno.EADDRINUSE:
-                return (f"QAG_BIND {bind}: the port is in use by another process; pick another, e.g. "
-                        f"{command} --bind {host}:{int(port) + 1} (or --bind {host}:0 for any free port)")
+                return (f"{setting} {bind}: the port is in use by another process; pick another, e.g. "
+                        f"{command} {pick}:{int(port) + 1} (or {pick}:0 for any free port)")
             if exc.errno == errno.EACCES:
-                return f"QAG_BIND {bind}: ports below 1024 need privileges; pick a port from 1024 up"
-            return f"QAG_BIND {bind}: can't listen there ({exc.strerror}); use an address of this machine"
+                return f"{setting} {bind}: ports below 1024 need privileges; pick a port from 1024 up"
+            return f"{setting} {bind}: can't listen there ({exc.strerror}); use an address of this machine"
     return None
 
 
 def serve(settings: Settings, banner=None, command: str = "qag serve") -> int:
     """Run the gateway; `banner(base_url)` is printed once it listens (the real port, also for port 0)."""
-    problem = bind_problem(settings.bind, command)
+    problem = bind_problem(settings.bind, command) or (
+        bind_problem(settings.admin_bind, command, "QAG_ADMIN_BIND") if settings.admin_bind else None)
     if problem is not None:
         print(f"qag: {problem}", file=sys.stderr)
         return 2

@@ -122,6 +122,10 @@ def _bind(text: str, s: Setting) -> str:
     return value if host else f"127.0.0.1:{int(port)}"
 
 
+def _optional_bind(text: str, s: Setting) -> str | None:
+    return None if text.strip() == "" else _bind(text, s)
+
+
 def _rate(text: str, s: Setting) -> float:
     try:
         value = float(text.strip())
@@ -210,6 +214,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("QAG_PARQUET_ROW_GROUP", _int_range(100, 1_000_000), 10_000, "Rows per row group of a parquet stream: a stream holds at most this many rows (and their encoding) in memory, however long it is. A paged xlsx, xml, yaml or parquet body is bounded by QAG_MAX_PAGE_SIZE.",
             "a whole number from 100 to 1000000"),
     Setting("QAG_BIND", _bind, "127.0.0.1:5000", "Address `qag serve` listens on (host:port, port 0 = any free port, :port = 127.0.0.1:port, or unix:/path); a port in use stops startup with one line.",
+            "host:port or unix:/path"),
+    Setting("QAG_ADMIN_BIND", _optional_bind, None, "A second address, for operators only, that serves /metrics, /livez, /readyz and /health and nothing else; while it is set, QAG_BIND answers 404 for /metrics. Unset = everything on QAG_BIND, where /metrics is public unless QAG_METRICS_TOKEN is set (the contract's default) and names every API key and connection.",
             "host:port or unix:/path"),
     Setting("QAG_WORKERS", _int_range(1, 256), 2, "gunicorn worker processes for `qag serve`.",
             "a whole number from 1 to 256"),

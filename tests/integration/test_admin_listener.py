@@ -1,0 +1,48 @@
+"""QAG_ADMIN_BIND: /metrics only on the operators' listener, which serves nothing but the operator routes."""
+
+from __future__ import annotations
+
+import http.client
+import re
+
+import pytest
+
+from tests.server import q, wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def _get(port: int, path: str, key: str | None = None) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path, headers={"X-API-Key": key} if key else {})
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("worker_class", ["qag", "gthread"])
+def test_metrics_move_to_the_admin_listener(make_server, worker_class):
+    server = make_server(env={"QAG_ADMIN_BIND": "127.0.0.1:0", "QAG_WORKER_CLASS": worker_class})
+    line = wait_for(lambda: next((l for l in server.log if l.startswith("qag: listening on")), None), "the line")
+    m = re.match(r"qag: listening on http://127\.0\.0\.1:(\d+); operator routes \(QAG_ADMIN_BIND\) on "
+                 r"http://127\.0\.0\.1:(\d+)$", line.strip())
+    assert m, line
+    api, admin = int(m.group(1)), int(m.group(2))
+    assert api == server.port and admin != api
+    # The API listener: everything but /metrics (public there by the contract's default, so it moves).
+    assert _get(api, "/metrics") == 404
+    assert _get(api, "/metrics", server.admin_key) == 404
+    assert [_get(api, p) for p in ("/health", "/livez", "/readyz")] == [200, 200, 200]
+    assert server.get(q("customers")).status in (200, 404)
+    # The admin listener: the operator routes, nothing else.
+    assert _get(admin, "/metrics") == 200
+    assert [_get(admin, p) for p in ("/health", "/livez", "/readyz")] == [200, 200, 200]
+    for path in ("/api/v1/queries", "/q/customers", "/openapi.json", "/docs", "/"):
+        assert _get(admin, path, server.admin_key) == 404, path
+
+
+def test_without_admin_bind_metrics_stay_on_the_api_port(server):
+    assert server.get("/metrics", key=None).status == 200
