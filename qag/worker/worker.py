@@ -23,6 +23,11 @@ from .poller import STOP, make_poller
 
 
 _DRAIN_SECONDS = 2.0   # how long a refused body is discarded before the connection is closed
+# A stopping worker (reload, SIGTERM, max_requests) gives an idle kept-alive connection this long (at most its
+# keep-alive deadline) for a last request, answered with Connection: close; a long keepalive must not stall the stop.
+_STOP_IDLE_SECONDS = 1.0
+# How long a connection the stopping worker half-closed discards what still arrives before it is closed.
+_STOP_DRAIN_SECONDS = 1.0
 
 
 class _Access:
@@ -134,7 +139,7 @@ class QagWorker(base.Worker):
             if now >= next_sweep:
                 self._sweep(time.monotonic())
                 next_sweep = now + 0.25
-        self._shutdown(sel)
+        self._shutdown(sel, bases)
 
     def _poll(self, sel, bases, timeout: float) -> None:
         for data in sel.select(timeout):
@@ -158,26 +163,24 @@ class QagWorker(base.Worker):
             if type(conn) is _Closed:
                 self.conns.discard(conn.conn)
                 continue
-            if not self.alive and not conn.parser.partial:
-                self._close(conn)
-                continue
             if not conn.draining:
                 conn.started = conn.parser.partial
                 conn.deadline = now + (self.client_timeout if conn.started else self.keepalive)
             conn.in_app = False
             self.poller.rearm(conn)
 
-    def _accept(self, listener, server_base) -> None:
+    def _accept(self, listener, server_base) -> int:
+        """Accept up to 32 queued connections; how many were taken (fewer: the queue is empty)."""
         server, base_env = server_base
-        for _ in range(32):
+        for taken in range(32):
             try:
                 sock, client = listener.accept()
             except (BlockingIOError, InterruptedError):
-                return
+                return taken
             except OSError as exc:
                 if exc.errno in (errno.ECONNABORTED, errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     self.log.warning("accept failed: %s", exc)
-                    return
+                    return taken
                 raise
             sock.setblocking(False)
             if sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -187,6 +190,7 @@ class QagWorker(base.Worker):
             conn.deadline = time.monotonic() + self.keepalive
             self.conns.add(conn)
             self.poller.add(conn)
+        return 32
 
     def _readable(self, conn: _Conn) -> None:
         """Selector thread (fallback): read; queue the connection to the pool when a request is complete."""
@@ -254,7 +258,8 @@ class QagWorker(base.Worker):
 
     def _sweep(self, now: float) -> None:
         """Close connections past their deadline: idle keep-alive ones, and clients too slow to send a request."""
-        for conn in [c for c in self.conns if c.deadline < now and not c.in_app]:
+        # list(): a C-level copy, taken whole; pool threads remove closed connections from the set meanwhile
+        for conn in [c for c in list(self.conns) if c.deadline < now and not c.in_app]:
             # (a connection in a pool thread is skipped: its own send timeout applies)
             self._close_idle(conn)
 
@@ -284,29 +289,86 @@ class QagWorker(base.Worker):
         except OSError:
             pass
 
-    def _shutdown(self, sel) -> None:
-        """Stop accepting, close idle connections, let in-flight and half-read requests finish within the grace."""
+    def _shutdown(self, sel, bases) -> None:
+        """The graceful stop (a reload, SIGTERM, max_requests): no request taken is dropped, no client is reset.
+
+        What the kernel already queued on the listener is accepted, then this worker's copy of the listener is
+        closed: on a reload or a recycle the master's copy stays open and the other workers go on accepting; on a
+        stop the listener is gone once the last worker closes it, so a late client is refused at once instead of
+        queued for the whole stop and reset at its end. In-flight and half-read requests finish within the
+        graceful timeout; a request arriving on a kept-alive connection is answered with Connection: close; an
+        idle connection gets _STOP_IDLE_SECONDS (at most its keep-alive) for a last request, then a lingering
+        close (_stop_sweep)."""
         for listener in self.sockets:
             try:
                 sel.unlisten(listener)
             except (KeyError, ValueError, OSError):
                 pass
-        deadline = time.monotonic() + self.cfg.graceful_timeout
-        bases = {}
-        while time.monotonic() < deadline:
-            for conn in list(self.conns):
-                if not conn.in_app and not conn.parser.partial:
-                    self._close_idle(conn)
-            if not self.conns:
-                break
+        max_conns = self.cfg.worker_connections
+        for listener in self.sockets:
+            try:
+                while len(self.conns) < max_conns and self._accept(listener, bases[listener]) == 32:
+                    pass
+            except OSError:
+                pass
+            listener.close()
+        now = time.monotonic()
+        idle_until = now + _STOP_IDLE_SECONDS
+        deadline = now + self.cfg.graceful_timeout
+        while self.conns and time.monotonic() < deadline:
             self.notify()
-            self._poll(sel, bases, 0.2)
-            self._sweep(time.monotonic())
+            self._poll(sel, bases, 0.1)
+            self._stop_sweep(time.monotonic(), idle_until)
         for _ in range(self.cfg.threads):
             self.jobs.put(None)
         sel.stop()
-        for listener in self.sockets:
-            listener.close()
+
+    def _stop_sweep(self, now: float, idle_until: float) -> None:
+        """Stopping: half-close each connection whose time is up (an idle one at idle_until at the latest), close
+        each half-closed one whose drain is over. The deadlines are only read here: pool threads write them."""
+        for conn in list(self.conns):
+            if conn.in_app:
+                continue
+            due = conn.deadline if conn.started or conn.draining else min(conn.deadline, idle_until)
+            if due < now:
+                self._linger_close(conn, now, idle_until)
+
+    def _linger_close(self, conn: _Conn, now: float, idle_until: float) -> None:
+        """Selector thread, stopping: a lingering close. Closing a socket whose receive buffer holds bytes makes the
+        kernel send a reset, which can destroy a response the client has not read yet; so the connection is
+        half-closed (the client reads every response, then EOF) and what still arrives is discarded until the
+        client closes or _STOP_DRAIN_SECONDS pass. Under the lock no pool thread reads it meanwhile."""
+        with conn.lock:
+            if conn.in_app or conn.closed:
+                return
+            if not conn.draining:
+                if (conn.deadline if conn.started else min(conn.deadline, idle_until)) >= now:
+                    return   # a pool thread answered on it and re-armed it since the sweep looked
+                try:
+                    pending = conn.sock.recv(1, socket.MSG_PEEK)
+                except (BlockingIOError, InterruptedError):
+                    pending = None
+                except OSError:
+                    pending = b""
+                if pending:
+                    return   # a request is arriving: it is read and answered (with Connection: close) first
+                if pending is None and self._half_close(conn, _STOP_DRAIN_SECONDS):
+                    return
+            conn.closed = True   # the client closed, the drain is over, or the socket is gone
+        self.poller.remove(conn)
+        self._close(conn)
+
+    def _half_close(self, conn: _Conn, seconds: float) -> bool:
+        """Send FIN after what was answered and discard what still arrives for `seconds` (conn.draining: _read
+        drops it, the sweep closes the connection at its deadline); False when the socket is already gone."""
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            conn.draining = False
+            return False
+        conn.draining = True
+        conn.deadline = time.monotonic() + seconds
+        return True
 
     def handle_exit(self, sig, frame):
         # SIGTERM: finish what is in flight (the signal's wakeup fd makes select() return)
@@ -360,16 +422,17 @@ class QagWorker(base.Worker):
             except wsgi.ClientGone:
                 pass
             keep = False
-        keep = keep and not conn.parser.dead and (self.alive or conn.parser.partial)
+        # A response that promised keep-alive keeps its connection even when the worker began to stop while it was
+        # answered: the client may already be sending its next request, and a close would answer that with a
+        # reset. The stop sweep waits a little for that request, which is answered with Connection: close.
+        keep = keep and not conn.parser.dead
         if conn.draining and conn.refusal is None:
             # The client may still be sending the body we refused: closing now would reset the connection and
             # could destroy the 413 before it is read. Half-close, discard what comes for a short while.
-            try:
-                conn.sock.shutdown(socket.SHUT_WR)
-                conn.deadline = time.monotonic() + _DRAIN_SECONDS
-                keep = True
-            except OSError:
-                conn.draining = False
+            keep = self._half_close(conn, _DRAIN_SECONDS)
+        elif not keep and not self.alive:
+            # Stopping: a lingering close too (a client may have sent more than it was answered).
+            keep = self._half_close(conn, _STOP_DRAIN_SECONDS)
         if self.poller.followers:
             if keep:
                 if not conn.draining:
