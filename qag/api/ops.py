@@ -1,4 +1,4 @@
-"""Operations routes: /health, /livez, /readyz, /metrics, /openapi.json, /docs, / and /favicon.ico."""
+"""Operations routes: /health, /livez, /readyz, /metrics, /openapi.json, /docs (api/docs), / and /favicon.ico."""
 
 from __future__ import annotations
 
@@ -11,28 +11,13 @@ import threading
 from .. import __version__
 from ..errors import QagError
 from ..http.response import Response, json_response
+from .docs import DocsPage
 from .openapi import build_openapi
 
 log = logging.getLogger("qag")
 
 _READY_TIMEOUT = 2.0  # seconds each readiness check may take
 _METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-_DOCS_HTML = """<!doctype html>
-<html><head><meta charset="utf-8"><title>qag API</title>
-<link rel="stylesheet" href="https://unpkg.com/swagger-ui-dist@5/swagger-ui.css"></head>
-<body><div id="ui"></div>
-<script src="https://unpkg.com/swagger-ui-dist@5/swagger-ui-bundle.js"></script>
-<script>
-window.ui = SwaggerUIBundle({url: "/openapi.json", dom_id: "#ui", persistAuthorization: false,
-  requestInterceptor: function (r) { var k = sessionStorage.getItem("qag-key"); if (k) r.headers["X-API-Key"] = k; return r; }});
-</script>
-<p style="font-family:sans-serif">API key for "Try it out" (kept in this tab only):
-<input id="key" type="password" oninput="sessionStorage.setItem('qag-key', this.value)"></p>
-</body></html>
-"""
-_DOCS_CSP = ("default-src 'none'; script-src 'unsafe-inline' https://unpkg.com; style-src https://unpkg.com; "
-             "img-src data: https://unpkg.com; connect-src 'self'; frame-ancestors 'none'")
 
 
 def local_zone() -> tuple[str | None, str]:
@@ -72,7 +57,7 @@ class OpsHandlers:
         router.add("GET", "/readyz", self.readyz, "api.readyz", public=True, wants_caller=True)
         router.add("GET", "/metrics", self.metrics, "api.metrics_endpoint", public=True, wants_caller=True)
         router.add("GET", "/openapi.json", self.openapi, "api.openapi_spec", public=True, wants_caller=True)
-        router.add("GET", "/docs", self.docs, "api.docs", public=True)
+        DocsPage().register(router)
         router.add("GET", "/", self.root, "api.index", public=True)
         router.add("GET", "/favicon.ico", self.favicon, "api.favicon", public=True)
 
@@ -116,11 +101,6 @@ class OpsHandlers:
         # Anonymous callers and wrong keys see the generic routes only (contract 9.3).
         queries = self.gateway.run.listable_queries(caller) if caller is not None else []
         return json_response(build_openapi(__version__, queries))
-
-    def docs(self, request, caller):
-        return Response(200, _DOCS_HTML.encode("utf-8"),
-                        [("Content-Security-Policy", _DOCS_CSP), ("Referrer-Policy", "same-origin")],
-                        "text/html; charset=utf-8")
 
     def root(self, request, caller):
         return Response(302, b"", [("Location", "/docs")])

@@ -10,6 +10,7 @@ import venv
 
 import pytest
 
+from qag.api import docs
 from tests.server import check_demo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -42,4 +43,9 @@ def test_wheel_from_sdist_installs_and_runs_compiled(tmp_path):
     where = run(python, "-c", "import qag, qag._speedups._rowjson as r; print(qag.__file__, r.__file__)",
                 cwd=str(tmp_path), env=clean_env)
     assert str(env_dir) in where.stdout and ".so" in where.stdout
+    # /docs is served from the package: every file the page loads, and Swagger UI's licence, are in the wheel.
+    assets = run(python, "-c", "from qag.api import docs; s = docs.STATIC; print(sum(1 for r, _ in docs.FILES.values()"
+                 " if (s / r).stat().st_size), (s / 'swagger_ui' / 'LICENSE').is_file(), s)",
+                 cwd=str(tmp_path), env=clean_env)
+    assert assets.stdout.split()[:2] == [str(len(docs.FILES)), "True"] and str(env_dir) in assets.stdout, assets.stdout
     check_demo([str(env_dir / "bin" / "qag")], str(tmp_path / "demo"))
