@@ -15,6 +15,10 @@ from .store.base import Store
 log = logging.getLogger("qag")
 
 _TOUCH_INTERVAL = 60.0  # seconds between last_used_at writes per key and secret
+# RFC 9110 11.6.1: a 401 names how to authenticate. No registered scheme carries a key in a header of its own, so
+# this follows what API gateways send for one (Azure API Management: a scheme with the header's name and
+# type="header"; Kong: `Key realm=...`), with the parameter names of the OpenAPI document's apiKey scheme.
+API_KEY_CHALLENGE = 'ApiKey realm="qag", name="X-API-Key", in="header"'
 
 
 class Caller:
@@ -67,6 +71,8 @@ class Authenticator:
         self._admin = admin_key.encode("utf-8") if admin_key is not None else None
         self._admin_caller = Caller("admin", True, "break-glass")
         self._touched: dict[tuple[str, bool], float] = {}
+        # The headers of a 401: one WWW-Authenticate per scheme this server accepts (a Bearer one joins with OIDC).
+        self.challenges: tuple[tuple[str, str], ...] = (("WWW-Authenticate", API_KEY_CHALLENGE),)
 
     def auth_required(self) -> bool:
         """Open mode only while no admin key is configured and no scoped key is stored."""

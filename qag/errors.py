@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from http import HTTPStatus
+
 # code: (status, default message, when it is used). docs/errors.md is generated from this table.
 ERRORS: dict[str, tuple[int, str, str]] = {
     "invalid_request": (400, "Invalid request", "generic 400 (page or version not an integer, ...)"),
@@ -107,6 +109,33 @@ class QagError(Exception):
         body["request_id"] = request_id
         return body
 
+    def problem(self, request_id: str) -> dict:
+        """The RFC 9457 body (application/problem+json): type, title, status, detail, then the envelope's members
+        but `error` (it is `detail`), in the envelope's order.
+
+        qag has no public address to mint problem-type URIs under, so `type` is about:blank and `title` the
+        status phrase (RFC 9457 4.2.1); the stable problem type is `code`, as in the envelope. No `instance`:
+        `request_id` identifies the occurrence and is no URI. The envelope's `detail` (the driver's own text)
+        would collide with the RFC's member and is `driver_detail` here."""
+        # Made from the envelope, so a member the envelope gains is never missing here.
+        envelope = self.envelope(request_id)
+        body = {"type": "about:blank", "title": _phrase(self.status), "status": self.status,
+                "detail": envelope.pop("error")}
+        for name, value in envelope.items():
+            body[_PROBLEM_RENAMED.get(name, name)] = value
+        return body
+
+
+# Envelope extras whose names RFC 9457 gives another meaning, as problem details carry them.
+_PROBLEM_RENAMED = {"detail": "driver_detail"}
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
 
 def generate_markdown() -> str:
     """docs/errors.md, generated from ERRORS; a test keeps the file in step."""
@@ -117,6 +146,16 @@ def generate_markdown() -> str:
         "",
         "Every error is a JSON object `{\"error\": <message>, \"code\": <code>, ...extras, \"request_id\": <id>}`.",
         "The `code` is the stable contract; messages are human text.",
+        "",
+        "A request with `Accept: application/problem+json` (named, with q > 0, and liked at least as much as",
+        "`application/json`) gets the error as RFC 9457 problem details instead, with that content type:",
+        "`{\"type\": \"about:blank\", \"title\": <HTTP status phrase>, \"status\": <status>, \"detail\": <message>,",
+        "\"code\": <code>, ...extras, \"request_id\": <id>}`; the extra `detail` (the database driver's text) is",
+        "`driver_detail` there. `*/*` and `application/*` keep the object above, byte for byte. These errors carry",
+        "`Vary: Accept`; a `401` carries `WWW-Authenticate: ApiKey realm=\"qag\", name=\"X-API-Key\", in=\"header\"`",
+        "(`Bearer realm=\"metrics\"` on `/metrics`), a `405` an `Allow` header with the methods the path takes. The",
+        "refusals of qag's worker before the app (`malformed_http`, `request_line_too_long`, `expectation_failed`,",
+        "`header_fields_too_large`) are always the object above.",
         "",
         "| code | status | default message | when |",
         "|---|---|---|---|",

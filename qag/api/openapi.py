@@ -7,6 +7,7 @@ import re
 from typing import Any
 from urllib.parse import quote
 
+from qag.auth import API_KEY_CHALLENGE
 from qag.sql.params import normalise
 
 __all__ = ["build_openapi", "OPENAPI_VERSION", "FORMATS"]
@@ -111,6 +112,10 @@ def _schemas() -> dict:
     return {
         "Error": _obj({"error": _STR, "code": _STR, "errors": _obj({}, extra=_STR), "detail": _STR,
                        "retry_after": _NUM, "request_id": _STR}, ["error", "code", "request_id"]),
+        # RFC 9457, for a request with Accept: application/problem+json; the same members but error (= detail).
+        "Problem": _obj({"type": {"const": "about:blank"}, "title": _STR, "status": _INT, "detail": _STR,
+                         "code": _STR, "errors": _obj({}, extra=_STR), "driver_detail": _STR, "retry_after": _NUM,
+                         "request_id": _STR}, ["type", "title", "status", "detail", "code", "request_id"]),
         "Empty": _obj({"message": {"const": "No results returned"}}, ["message"]),
         "Rows": _arr({"type": "object"}),
         "ParameterRule": _obj(rule_properties, ["type", "required"]),
@@ -171,7 +176,12 @@ def _schemas() -> dict:
 
 
 def _components() -> dict:
-    errors = {"Error": {"description": "Error", "content": {"application/json": {"schema": _ref("Error")}}}}
+    content = {"application/json": {"schema": _ref("Error")},
+               "application/problem+json": {"schema": _ref("Problem")}}
+    errors = {"Error": {"description": "Error (RFC 9457 problem details with Accept: application/problem+json)",
+                        "content": content},
+              "Unauthorized": {"description": "No valid credential", "content": content,
+                               "headers": {"WWW-Authenticate": {"schema": _STR, "description": API_KEY_CHALLENGE}}}}
     path_names = {
         "Name": "Saved-query name (URL-encoded)", "ConnectionName": "Connection name", "KeyName": "API key name",
         "RoleName": "Role name",
@@ -197,7 +207,8 @@ def _components() -> dict:
 # Query-string arguments of a run (contract 3.1, 3.6-3.8, 10.5); shared by /q and /execute_sql.
 _RUN_PARAMETERS = {
     "Format": {"name": "format", "in": "query", "description": "Output format (case-insensitive); wins over the "
-               "body's", "schema": {"type": "string", "enum": FORMATS, "default": "json"}},
+               "body's. Without it, Accept chooses by media type (text/csv, ...), else json",
+               "schema": {"type": "string", "enum": FORMATS, "default": "json"}},
     "Page": {"name": "page", "in": "query", "schema": {"type": "integer", "minimum": 1, "default": 1}},
     "PageSize": {"name": "page_size", "in": "query", "description": "At most the server's maximum page size",
                  "schema": {"type": "integer", "minimum": 1, "default": 10}},
@@ -213,7 +224,8 @@ _RUN_REFS = [{"$ref": f"#/components/parameters/{key}"} for key in _RUN_PARAMETE
 # --- Responses ---
 
 def _errors(*statuses: str) -> dict:
-    return {status: {"$ref": "#/components/responses/Error"} for status in statuses}
+    return {status: {"$ref": "#/components/responses/" + ("Unauthorized" if status == "401" else "Error")}
+            for status in statuses}
 
 
 def _json(description: str, schema: dict, headers: dict | None = None) -> dict:
@@ -507,7 +519,9 @@ def _static(version: str) -> dict:
     return {
         "openapi": OPENAPI_VERSION,
         "info": {"title": "qag", "version": version,
-                 "description": "Saved SQL queries as HTTP APIs (compatible with QueryAPIGate 0.43)."},
+                 "description": "Saved SQL queries as HTTP APIs (compatible with QueryAPIGate 0.43). Errors are "
+                                "JSON objects (RFC 9457 problem details with Accept: application/problem+json); a "
+                                "method a path does not take is 405 with an Allow header."},
         "security": [{}, {"ApiKey": []}],
         "paths": _generic_paths(),
         "components": _components(),

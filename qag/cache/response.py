@@ -25,7 +25,9 @@ MAX_ENTRIES = 10_000          # contract 7.1: at most 10,000 entries (per host h
 WORKSPACE = "default"         # the only workspace this server has (contract: the key includes it)
 REDIS_PREFIX = "qag:cache:"
 _SCAN_BATCH = 500
-_NOT_STORED = frozenset({"content-type", "content-length"})
+# Vary is the call's own: the key holds the format, but whether Accept chose it (and so whether the answer varies
+# with Accept) differs between calls that share the entry (`?format=csv` and `Accept: text/csv`).
+_NOT_STORED = frozenset({"content-type", "content-length", "vary"})
 _encode_head = msgspec.msgpack.Encoder().encode
 
 

@@ -7,12 +7,14 @@ from http import HTTPStatus
 from typing import Iterable
 
 from ..errors import QagError
+from .negotiate import PROBLEM_JSON, wants_problem
 
 _STATUS_LINES = {s.value: f"{s.value} {s.phrase}" for s in HTTPStatus}
 _API_CSP = ("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'")
 _NOSNIFF = ("X-Content-Type-Options", "nosniff")
 _NO_REFERRER = ("Referrer-Policy", "no-referrer")
 _NO_STORE = ("Cache-Control", "no-store")
+VARY_ACCEPT = ("Vary", "Accept")
 _CORS_EXPOSE = ("X-Page, X-Page-Size, X-Has-More, X-Row-Count, X-RateLimit-Limit, X-RateLimit-Remaining, "
                 "X-RateLimit-Key-Limit, X-RateLimit-Key-Remaining, Retry-After, X-Request-Id, X-Cache, ETag, "
                 "Deprecation, Link")
@@ -49,8 +51,14 @@ def json_response(value, status: int = 200, headers: list[tuple[str, str]] | Non
     return Response(status, json_bytes(value), headers, "application/json")
 
 
-def error_response(error: QagError, request_id: str) -> Response:
-    response = json_response(error.envelope(request_id), error.status, list(error.headers))
+def error_response(error: QagError, request_id: str, accept: str | None = None) -> Response:
+    """The contract's envelope, or RFC 9457 problem details when Accept asks for them by name (Accept is read only
+    here, on the way out of a refusal: a call that succeeds never parses it for this)."""
+    if accept is not None and wants_problem(accept):
+        response = Response(error.status, json_bytes(error.problem(request_id)), list(error.headers), PROBLEM_JSON)
+    else:
+        response = json_response(error.envelope(request_id), error.status, list(error.headers))
+    response.headers.append(VARY_ACCEPT)  # the body's shape depends on Accept
     if "retry_after" in error.extras and not response.has_header("Retry-After"):
         response.headers.append(("Retry-After", str(error.extras["retry_after"])))
     return response

@@ -37,17 +37,18 @@ class Router:
         routes.sort(key=lambda r: tuple(seg.startswith("<") for seg in r.template))
 
     def match(self, segments: list[str], method: str) -> tuple[Route, dict[str, Any]]:
-        """The route and its path variables; QagError 404 or 405 when nothing fits."""
-        path_matched = False
+        """The route and its path variables; QagError 404, or 405 with the Allow header (RFC 9110 15.5.6) naming
+        every method some route of this path takes."""
+        allowed: set[str] | None = None
         for route in self._by_length.get(len(segments), ()):
             params = _bind(route.template, segments)
             if params is None:
                 continue
             if method in route.methods or (method == "HEAD" and "GET" in route.methods):
                 return route, params
-            path_matched = True
-        if path_matched:
-            raise QagError("method_not_allowed")
+            allowed = set(route.methods) if allowed is None else allowed | route.methods
+        if allowed is not None:
+            raise QagError("method_not_allowed", headers=[("Allow", allow_header(allowed))])
         raise QagError("not_found")
 
     def lookup_public(self, segments: list[str]) -> Route | None:
@@ -56,6 +57,19 @@ class Router:
             if _bind(route.template, segments) is not None:
                 return route
         return None
+
+
+_METHOD_ORDER = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+def allow_header(methods: set[str] | frozenset[str]) -> str:
+    """The Allow value for a route's methods: HEAD wherever GET is (match() answers it), in a fixed order. No
+    OPTIONS: only a CORS preflight is answered (when CORS is on), a plain OPTIONS is a 405 like any other."""
+    names = set(methods)
+    if "GET" in names:
+        names.add("HEAD")
+    ordered = [m for m in _METHOD_ORDER if m in names]
+    return ", ".join(ordered + sorted(names.difference(_METHOD_ORDER)))
 
 
 def _bind(template: tuple[str, ...], segments: list[str]) -> dict[str, Any] | None:

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs
 
 from ..api.events import read_filters
+from ..auth import API_KEY_CHALLENGE
 from ..errors import QagError
 from .history import event
 from .live import wanted
@@ -37,6 +38,10 @@ LOOKBACK = 2000            # ids below the last one the tail reads again (Postgr
 HEAD_LIMIT = 16384         # bytes of a request head
 _SECURITY = (b"X-Content-Type-Options: nosniff\r\nContent-Security-Policy: default-src 'none'; frame-ancestors "
              b"'none'\r\nReferrer-Policy: no-referrer\r\n")
+# A 401 says how to authenticate (RFC 9110 11.6.1): the gateway's key challenge, and on /metrics the gateway's
+# /metrics challenge (contract 9.2).
+_KEY_CHALLENGE = b"WWW-Authenticate: " + API_KEY_CHALLENGE.encode("ascii") + b"\r\n"
+_METRICS_CHALLENGE = b'WWW-Authenticate: Bearer realm="metrics"\r\n'
 _STATUS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
            429: "Too Many Requests", 503: "Service Unavailable"}
 
@@ -167,7 +172,7 @@ class EventsServer:
             ok = (caller is not None and caller.admin and caller.via != "open") or (
                 scheme.lower() == "bearer" and presented.strip().encode("utf-8", "replace") == self.metrics_token)
             if not ok:
-                await _answer(writer, 401, {"error": "Unauthorized"})
+                await _answer(writer, 401, {"error": "Unauthorized"}, _METRICS_CHALLENGE)
                 return
         lines = [
             "# HELP queryapigate_events_streams Open event streams.", "# TYPE queryapigate_events_streams gauge",
@@ -192,7 +197,7 @@ class EventsServer:
         peer = (writer.get_extra_info("peername") or (None,))[0]
         caller = await self._store(self.auth.authenticate, key_header, peer)
         if caller is None:
-            await _answer(writer, 401, {"error": "Unauthorized"})
+            await _answer(writer, 401, {"error": "Unauthorized"}, _KEY_CHALLENGE)
             return
         try:
             filters = read_filters(args)

@@ -119,9 +119,12 @@ def test_routes_health_and_refusals(pair):
         {"error": "Not found"}
     status, headers, _ = events.request("POST", "/events")
     assert status == 405 and headers["allow"] == "GET"
-    status, _, body = events.request("GET", "/events", key=None)
+    challenge = 'ApiKey realm="qag", name="X-API-Key", in="header"'
+    status, headers, body = events.request("GET", "/events", key=None)
     assert status == 401 and json.loads(body) == {"error": "Unauthorized"}
-    assert events.request("GET", "/events", key="wrong")[0] == 401
+    assert headers["www-authenticate"] == challenge
+    status, headers, _ = events.request("GET", "/events", key="wrong")
+    assert status == 401 and headers["www-authenticate"] == challenge
     status, _, body = events.request("GET", "/events?status=failed")
     assert status == 400 and json.loads(body)["code"] == "invalid_filter"
     status, headers, body = events.request("GET", "/metrics", key=None)
