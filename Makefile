@@ -27,7 +27,7 @@ test: system-deps $(FULL)
 
 # System packages for the whole suite: a C compiler for the speedups, pkg-config and the MySQL client
 # library that mysqlclient builds against, libpq and wrk for the benchmark harness's smoke test, venv
-# support. Installed only when missing.
+# support, headless Chromium for the /docs page test. Installed only when missing.
 system-deps:
 	@missing=""; \
 	command -v cc >/dev/null 2>&1 || missing="$$missing gcc libc6-dev"; \
@@ -36,6 +36,7 @@ system-deps:
 	  || missing="$$missing default-libmysqlclient-dev"; \
 	pkg-config --exists libpq 2>/dev/null || missing="$$missing libpq-dev"; \
 	command -v wrk >/dev/null 2>&1 || missing="$$missing wrk"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	$(PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing system packages:$$missing"; \
