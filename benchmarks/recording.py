@@ -63,7 +63,7 @@ def parts_cost(app, call, spec, keys, rounds: int) -> None:
     for i in range(2000):
         call(path, make_query(i), keys[key_name])
     on.history.writer.put = real_put
-    lines = [("req", time.time(), "0123456789ab", "scoped", "GET", path, 200, 0.3) for _ in range(2000)]
+    lines = [("req", time.time(), "0123456789ab", "scoped", "GET", path, 200, 0.3, None) for _ in range(2000)]
     lines += [("exec", r[1], r[0], r[0].sql) for r in captured]
     sink = BatchWriter("bench", lambda batch: None, capacity=10 ** 7, interval=3600)
     figures: dict[str, list[float]] = {"history write (per run)": [], "log lines (2 per call)": [],

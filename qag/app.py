@@ -22,6 +22,7 @@ from .http.response import HeaderPolicy, Response, error_response
 from .http.router import Router
 from .observe import Observer
 from .observe.outages import OutageLog
+from .observe.stages import Stages
 from .policy import hostlimits
 from .policy.quotas import Quotas
 from .policy.redislimits import LimitStats, RateLimiter, SlotPool
@@ -77,6 +78,7 @@ class Gateway:
                              table=self.limit_table)
         self.router = Router()
         self.observe = Observer(self)
+        self.tracing = self.observe.tracing   # None unless tracing is on (QAG_OTEL): a call then pays `is None` checks
         # Saved-query responses with a cache_ttl: in this process, or in Redis when set (qag/cache/response.py).
         self.response_cache = ResponseCache.from_settings(settings, self.redis, self.observe.metrics.cache)
         self.run = RunHandlers(self)
@@ -109,11 +111,14 @@ class Gateway:
         request = Request(environ, self.max_body, self.trust_proxy)
         origin = environ.get("HTTP_ORIGIN")
         if self.server_timing:
-            environ["qag.timing"] = {}
+            environ["qag.timing"] = Stages()
+        trace = None
+        if self.tracing is not None:   # the root span, and stage marks that keep their times for the stage spans
+            trace = environ["qag.timing"] = self.tracing.begin(environ)
         try:
             response = self.handle(request, origin)
         except QagError as error:
-            response = error_response(error, request.request_id)
+            response = error_response(error, request.request_id, environ.get("HTTP_ACCEPT"))
         except Exception as exc:
             reason = self.store_unavailable(exc)
             if reason is None:
@@ -127,7 +132,7 @@ class Gateway:
                 error = QagError("unavailable", "The metadata store is unavailable - try again shortly",
                                  retry_after=STORE_RETRY_AFTER)
                 self.outages.note("the store", error, reason)
-            response = error_response(error, request.request_id)
+            response = error_response(error, request.request_id, environ.get("HTTP_ACCEPT"))
         limit_headers = environ.get("qag.limit_headers")
         if limit_headers:
             response.headers += limit_headers
@@ -144,9 +149,14 @@ class Gateway:
             body = [body]
         start_response(response.status_line, headers)
         elapsed = time.perf_counter() - started
+        # The request line is stamped when the request ends, as it is queued: a worker's lines (its runs' lines,
+        # stamped as they happen) come out in time order.
         self.observe.request(request.method, environ.get("qag.endpoint", "unmatched"), response.status,
                              environ.get("qag.key", "-"), elapsed, request.request_id,
-                             request.path or environ.get("PATH_INFO", ""), time.time() - elapsed)
+                             request.path or environ.get("PATH_INFO", ""), time.time(),
+                             None if trace is None else trace.trace_id)
+        if trace is not None:
+            self.tracing.end(trace, request, response, environ)
         if request.method == "HEAD":
             close = getattr(body, "close", None)
             if close is not None:  # a stream nobody will read: release its connection now
@@ -176,7 +186,7 @@ class Gateway:
             # An unknown route is not public: without a credential the caller learns nothing about it.
             caller = self.auth.authenticate(request.header("X-API-Key"), request.peer)
             if caller is None:
-                raise QagError("unauthorized", "Unauthorized") from None
+                raise QagError("unauthorized", "Unauthorized", headers=list(self.auth.challenges)) from None
             environ["qag.key"] = caller.label
             self._limits(caller, environ, False)
             raise
@@ -195,7 +205,7 @@ class Gateway:
         if route.public:
             return route.handler(request, caller, **params)
         if caller is None:
-            raise QagError("unauthorized", "Unauthorized")
+            raise QagError("unauthorized", "Unauthorized", headers=list(self.auth.challenges))
         if caller.via == "open":
             self._guard_open_mode(request, origin)
         if route.admin and not caller.admin:
@@ -295,8 +305,8 @@ class Gateway:
 
 def server_timing(timing: dict) -> str:
     """The Server-Timing header: the stages this request went through, in milliseconds."""
-    return ", ".join(f"{name};dur={timing[name] * 1000:.3f}" for name in ("auth", "bind", "policy", "query", "encode")
-                     if name in timing)
+    return ", ".join(f"{name};dur={timing[name] * 1000:.3f}"
+                     for name in ("auth", "bind", "policy", "cache", "query", "encode") if name in timing)
 
 
 def create_app(settings: Settings | None = None, store: Store | None = None) -> Gateway:

@@ -38,7 +38,9 @@ class _Admin:
     def __init__(self, settings):
         from .app import Gateway
         from .auth import Caller
-        self.gateway = Gateway(settings)
+        # It calls handlers, never a request: no tracing, so no exporter thread (nor OpenTelemetry imported in `qag
+        # demo`'s process, which goes on to be the gunicorn master that forks the workers).
+        self.gateway = Gateway(settings.with_overrides(otel="off"))
         self.caller = Caller("cli", True, "cli")
 
     def call(self, method: str, path: str, body: dict | None = None, query: str = ""):

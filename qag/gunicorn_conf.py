@@ -4,6 +4,7 @@ import gc
 import os
 import signal
 
+from qag.observe import gunicorn_log as _gunicorn_log
 from qag.settings import load as _load
 
 _settings = _load()
@@ -30,6 +31,9 @@ access_log_format = ('%(h)s - %(t)s "%(r)s" %(s)s %(b)s %(L)ss rid=%({x-request-
 control_socket = os.path.join(_settings.home, "gunicorn.ctl")
 control_socket_disable = len(control_socket.encode()) > 100
 errorlog = "-"
+# gunicorn's own lines in qag's shape (JSON under QAG_JSON_LOGS) and with UTF-8 paths (qag/observe/gunicorn_log.py).
+logger_class = "qag.observe.gunicorn_log.Logger"
+_gunicorn_log.JSON = _settings.json_logs
 loglevel = _settings.log_level
 proc_name = "qag"
 

@@ -241,7 +241,7 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number of bytes from 1 to 1073741824"),
     Setting("QAG_SPEEDUPS", _choice("auto", "require", "off"), "auto", "Which twin of the hot-path modules (qag/_speedups and the request path compiled from its own source) runs: compiled when present and built from the current source (auto), compiled or refuse to start (require), pure Python (off). Read when qag is imported: a process cannot switch its request path later.",
             "auto, require or off"),
-    Setting("QAG_ACCESS_LOG", _flag, True, "gunicorn's access log on stdout (path without the query string).",
+    Setting("QAG_ACCESS_LOG", _flag, False, "gunicorn's access log on stdout (path without the query string). Off by default, unlike QueryAPIGate: qag's own request line (QAG_LOG_REQUESTS) says the same once per request, with the key.",
             "1/true/yes/on or 0/false/no/off", alias="QUERYAPIGATE_ACCESS_LOG"),
     Setting("QAG_CORS_ORIGINS", _origins, (), "Comma list of browser origins allowed by CORS, or *; unset = CORS off.",
             "a comma-separated list of origins, or *", alias="QUERYAPIGATE_CORS_ORIGINS"),
@@ -257,14 +257,18 @@ SETTINGS: tuple[Setting, ...] = (
             "1/true/yes/on or 0/false/no/off", alias="QUERYAPIGATE_ACCESS_LOG_QUERY"),
     Setting("QAG_LOG_REQUESTS", _flag, True, "A log line per request (not /health, /livez, /readyz, /metrics) and per executed query; off keeps warnings and errors only.",
             "1/true/yes/on or 0/false/no/off", alias="QUERYAPIGATE_LOG_REQUESTS"),
+    Setting("QAG_LOG_STATEMENTS", _flag, False, "Also a line per executed statement (`Executing on <connection> (<dialect>), limit=... offset=... timeout=...: <sql>`, as QueryAPIGate wrote under QUERYAPIGATE_LOG_REQUESTS); off by default, so a request is one line. Needs QAG_LOG_REQUESTS.",
+            "1/true/yes/on or 0/false/no/off"),
     Setting("QAG_JSON_LOGS", _flag, False, "qag's log lines as JSON objects (time, level, logger, request_id, key, message and structured extras).",
             "1/true/yes/on or 0/false/no/off", alias="QUERYAPIGATE_JSON_LOGS"),
     Setting("QAG_LOG_BUFFER", _int_range(100, 10_000_000), 10_000, "Log lines queued per worker for its writer thread; beyond it the oldest are dropped and counted (qag_log_lines_dropped_total).",
             "a whole number from 100 to 10000000"),
     Setting("QAG_SLOW_QUERY_THRESHOLD", _seconds(True), 1.0, "Seconds of database time after which a run is logged as a slow-query warning; 0 = off.",
             "a number of seconds >= 0", alias="QUERYAPIGATE_SLOW_QUERY_THRESHOLD"),
-    Setting("QAG_SERVER_TIMING", _flag, False, "Add a Server-Timing header (auth, bind, policy, query, encode durations) to responses.",
+    Setting("QAG_SERVER_TIMING", _flag, False, "Add a Server-Timing header (auth, bind, policy, cache, query, encode durations) to responses.",
             "1/true/yes/on or 0/false/no/off"),
+    Setting("QAG_OTEL", _choice("auto", "on", "off"), "auto", "OpenTelemetry tracing: continue an incoming W3C traceparent, a span per request and per stage (auth, bind, policy, cache, database, encode) exported over OTLP/HTTP, the trace id in log lines and run history. auto = on when OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set; on = always (default endpoint http://localhost:4318); OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none turns it off. Configured by the standard OTEL_* variables (service name, endpoint, headers, sampler, batching). Needs pip install 'qag[otel]'; off, nothing of OpenTelemetry is imported.",
+            "auto, on or off"),
     Setting("QAG_METRICS_TOKEN", _token, None, "Bearer token /metrics requires (the admin key also works); unset = /metrics is public.",
             "text of at least 16 characters", alias="QUERYAPIGATE_METRICS_TOKEN", secret=True),
     Setting("QAG_MASK_KEY", _nonempty_secret, None, "HMAC key of the `hash` masking action; unset = a random key generated once and kept in the store (shared by every instance using it).",
@@ -425,17 +429,57 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         values["pool_size"] = values["threads"]
     if values["events_max_streams"] is None:
         values["events_max_streams"] = min(4, values["threads"] // 2)
+    values["otel"] = _tracing(values["otel"], env)
     if values["home"] is None:
         values["home"] = os.getcwd()
     values["home"] = os.path.abspath(values["home"])
     return Settings(values)
 
 
+def _tracing(mode: str, env: Mapping[str, str]) -> str:
+    """QAG_OTEL resolved to "on" or "off" with the OTEL_* variables the SDK reads; what "on" needs is checked now,
+    in one line, rather than in every worker. Only package metadata is read: nothing of OpenTelemetry is imported
+    (the gunicorn master forks its workers from this process)."""
+    if mode == "off" or env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return "off"
+    exporter = env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
+    if exporter == "none":
+        return "off"
+    if mode == "auto" and not (env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
+        return "off"
+    why = "QAG_OTEL=on" if mode == "on" else "OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set (QAG_OTEL=auto)"
+    if exporter not in ("otlp", "otlp_proto_http"):
+        raise SettingsError(f"OTEL_TRACES_EXPORTER={exporter!r}: qag exports traces over OTLP/HTTP only (otlp or none)")
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        protocol = env.get(name, "").strip()
+        if protocol:
+            if protocol != "http/protobuf":
+                raise SettingsError(f"{name}={protocol!r}: qag exports OTLP over HTTP (http/protobuf, the "
+                                    f"collector's port 4318), not {protocol}")
+            break
+    from importlib import metadata
+    for package in ("opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"):
+        try:
+            metadata.version(package)
+        except metadata.PackageNotFoundError:
+            raise SettingsError(f"tracing is on ({why}) but {package} is not installed: pip install 'qag[otel]', "
+                                f"or set QAG_OTEL=off") from None
+    return "on"
+
+
 def sources(env: Mapping[str, str] | None = None) -> list[tuple[Setting, str | None]]:
     """Each setting with the variable its value came from (NAME, its alias, NAME_FILE), None for its default;
     `qag config` shows them. Call after load() accepted the same environment."""
     env = os.environ if env is None else env
-    return [(s, _raw(s, env)[1]) for s in SETTINGS]
+    out = []
+    for s in SETTINGS:
+        source = _raw(s, env)[1]
+        if s.name == "QAG_OTEL" and source is None and _tracing("auto", env) == "on":
+            # auto turned tracing on: say which of the SDK's variables did.
+            source = next(n for n in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+                          if env.get(n))
+        out.append((s, source))
+    return out
 
 
 def generate_markdown() -> str:

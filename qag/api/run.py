@@ -13,7 +13,8 @@ from .. import encode
 from ..backends.base import Call, resolve_fields
 from ..cache.response import cache_key, source_of
 from ..errors import QagError
-from ..http.response import Response
+from ..http.negotiate import format_for
+from ..http.response import VARY_ACCEPT, Response
 from ..observe.outages import OutageLog
 from ..policy import grants as policy
 from ..policy.guard import check as guard_check
@@ -55,7 +56,7 @@ class Plan:
     uuid: str | None
     sql: str            # the statement as written (saved or ad-hoc)
     database: str | None = None
-    timing: dict | None = None  # Server-Timing durations (seconds), when QAG_SERVER_TIMING is on
+    timing: dict | None = None  # the request's stage marks (observe/stages.py): QAG_SERVER_TIMING or QAG_OTEL on
     # Column masking (policy/masking): the effective rules, the traced plan, what history records.
     rules: tuple = ()
     mask: object = None
@@ -197,7 +198,7 @@ class RunHandlers:
             if not isinstance(given, dict):
                 raise QagError("invalid_body", f"{field} must be a JSON object")
             values.update(given)
-        fmt, timeout = self._format_and_timeout(args, body, caller)
+        fmt, timeout, negotiated = self._format_and_timeout(request, args, body, caller)
         # 5. declared parameter rules, 6. text placeholders.
         if timing is not None:
             mark = time.perf_counter()
@@ -220,8 +221,14 @@ class RunHandlers:
             key = cache_key(referenced, version["version"], chosen, values, fmt, page, size,
                             mask_fingerprint=masking.fingerprint(rules),
                             source=source_of(version, row))
+            if timing is not None:
+                mark = time.perf_counter()
             hit = self.gateway.response_cache.lookup(key, ttl, request.header("If-None-Match"))
+            if timing is not None:
+                timing["cache"] = time.perf_counter() - mark
             if hit is not None:
+                if negotiated:
+                    hit.headers.append(VARY_ACCEPT)  # never stored with the entry: the key has the format
                 return hit  # not a run: no history entry, no event, no database
         plan = Plan(connection, prepared, values, not writes, timeout, fmt, page, size, stream,
                     request_name(request), caller.admin and not rules, request.request_id,
@@ -229,8 +236,14 @@ class RunHandlers:
                     rules=rules)
         response = self._execute(plan, caller, writes, version)
         if key is not None:
+            if timing is not None:
+                mark = time.perf_counter()
             self.gateway.response_cache.store(key, response, ttl, {"name": name, "version": version["version"],
                                                                    "connection": chosen, "format": fmt, "page": page})
+            if timing is not None:
+                timing["cache"] = timing["cache"] + time.perf_counter() - mark
+        if negotiated:
+            response.headers.append(VARY_ACCEPT)
         return response
 
     # --- POST /execute_sql -------------------------------------------------------------------
@@ -256,7 +269,7 @@ class RunHandlers:
             params = {}
         if not isinstance(params, dict):
             raise QagError("invalid_body", "params must be a JSON object")
-        fmt, timeout = self._format_and_timeout(request.args, body, caller)
+        fmt, timeout, negotiated = self._format_and_timeout(request, request.args, body, caller)
         adhoc_mask = normalise_mask(body["mask"]) if body.get("mask") is not None else None
         rules = masking.effective(None if caller.admin else caller.grants.mask, adhoc_mask)
         stream, page, size = self._paging(request.args, caller, fmt)
@@ -268,15 +281,29 @@ class RunHandlers:
         plan = Plan(connection, prepared, params, not writes, timeout, fmt, page, size, stream, chosen,
                     not rules, request.request_id, caller.label, None, None, None, sql,
                     body.get("database"), request.environ.get("qag.timing"), rules=rules)
-        return self._execute(plan, caller, writes, None)
+        response = self._execute(plan, caller, writes, None)
+        if negotiated:
+            response.headers.append(VARY_ACCEPT)
+        return response
 
     # --- shared steps --------------------------------------------------------------------------
-    def _format_and_timeout(self, args: dict, body: dict, caller) -> tuple[str, float | None]:
-        fmt = encode.check_format(args["format"] if "format" in args else body.get("format", "json"))
+    def _format_and_timeout(self, request, args: dict, body: dict, caller) -> tuple[str, float | None, bool]:
+        """(format, time limit, whether the format depends on Accept). A `format` argument (query string, then
+        body) always wins; without one the format is the one Accept asks for by media type, else json (contract
+        3.7), and the response says `Vary: Accept`."""
+        if "format" in args:
+            fmt, negotiated = encode.check_format(args["format"]), False
+        elif "format" in body:
+            fmt, negotiated = encode.check_format(body["format"]), False
+        else:
+            accept = request.environ.get("HTTP_ACCEPT")
+            # No Accept, or most clients' `*/*`: json without a call (the common case costs two comparisons).
+            fmt = "json" if accept is None or accept == "*/*" else _negotiated_format(accept)
+            negotiated = True
         requested = _timeout_value(args["timeout"] if "timeout" in args else body.get("timeout"))
         limits = [t for t in (self.settings.query_timeout or None, requested,
                               None if caller.admin else caller.grants.query_timeout) if t]
-        return fmt, (min(limits) if limits else None)
+        return fmt, (min(limits) if limits else None), negotiated
 
     def _paging(self, args: dict, caller, fmt: str) -> tuple[bool, int, int]:
         stream = args.get("stream", "").strip().lower() in _STREAM_WORDS
@@ -447,14 +474,20 @@ class RunHandlers:
             reading = prepared.reading
             call.cursor = reading is not None and reading.query
         _pin_names(call, plan, restricted, fields)
+        if timing is not None:
+            mark = time.perf_counter()
         try:
             result = backend.run(fields, call)
         except QagError as error:
+            if timing is not None:
+                timing.failed("query", mark, error)   # the trace's database span ends with the error
             self.outages.note(f"connection {connection['name']!r}", error)
             self.usage.record(connection["name"], caller.name if not caller.admin else None, False, 0, 0.0)
             if not plan.show_detail:
                 error.extras.pop("detail", None)
             raise
+        if timing is not None:
+            timing["query"] = result.duration_ms / 1000.0   # marked as it ends: the trace's database span
         columns, rows = result.columns, result.rows[:plan.size]
         has_more = len(result.rows) > plan.size
         if plan.mask is not None:
@@ -473,7 +506,6 @@ class RunHandlers:
                                 encode.CONTENT_TYPES[plan.fmt])
         encoded = time.perf_counter() - started
         if timing is not None:
-            timing["query"] = result.duration_ms / 1000.0
             timing["encode"] = encoded
         self.observe.done(plan, at, len(rows), result.duration_ms, encoded)
         return response
@@ -505,6 +537,21 @@ class RunHandlers:
         return Response(200, _Export(plan, columns, batches, self.observe, at, cap, self.settings.parquet_row_group),
                         headers,
                         encode.CONTENT_TYPES[plan.fmt])
+
+
+def _negotiated_format(accept: str) -> str:
+    """The format Accept asks for when no `format` is given, else json (negotiate.format_for). A format this server
+    can't write (its package missing) is not offered: the next one liked more than JSON, or JSON, rather than a
+    500 the caller never asked for by name."""
+    return format_for(accept, _writable) or "json"
+
+
+def _writable(fmt: str) -> bool:
+    try:
+        encode.check_format(fmt)
+    except QagError:
+        return False
+    return True
 
 
 def _pin_names(call: Call, plan: Plan, restricted: tuple[str, frozenset] | None, fields: dict) -> None:

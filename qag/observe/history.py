@@ -47,6 +47,7 @@ class History:
         self.sample_rate = settings.history_sample_rate
         self.adhoc_sql = settings.history_adhoc_sql
         self.events_hours = settings.events_retention_hours
+        self.tracing = settings.otel == "on"   # runs carry their request's trace id (contract 8.1 trace_id)
         self.recorded = 0
         self.sampled_out = 0
         self._ids: dict[str, int] = {}
@@ -72,6 +73,7 @@ class History:
         current = self.store.version_uuids(versions) if versions else {}
         rate = self.sample_rate
         hex_id = _HEX_ID.fullmatch
+        tracing = self.tracing
         rows = []
         kept: dict[tuple, list[int]] = {}     # (q, v) -> indexes of rows entering history, oldest first
         sampled = 0
@@ -97,10 +99,15 @@ class History:
                 extra = _with_masked(extra, plan.masked)
             if keep:
                 kept.setdefault((q, plan.version), []).append(len(rows))
+            trace = None
+            if tracing:
+                trace = getattr(plan.timing, "trace_id", None)   # 32 hex digits, kept as 16 bytes (text on PostgreSQL)
+                if trace is not None:
+                    trace = bytes.fromhex(trace)
             rows.append([int(at), keep, q, plan.version, ids[plan.connection["name"]], ids[plan.key], rid,
                          1 if ok else 0, None, n, None if ms is None else int(ms),
                          None if ser is None else int(ser * 10 + 0.5), None if code is None else ids[code], err,
-                         sql, extra, done_ns])
+                         sql, extra, done_ns, trace])
         by_count = self.retention_days is None
         if by_count:
             # Runs this batch already pushes out of history go in as events only: no index churn for them.
@@ -127,7 +134,9 @@ class History:
             extra = _with_masked(extra, plan.masked)
         connection = plan.connection["name"]
         payload = event({"query": plan.query, "v": plan.version, "at": int(at), "connection": connection,
-                         "rid": plan.request_id, "key_name": plan.key, "tr": None, "x": extra, "ok": ok, "n": n,
+                         "rid": plan.request_id, "key_name": plan.key, "tr": None,
+                         "trace": getattr(plan.timing, "trace_id", None) if self.tracing else None,
+                         "x": extra, "ok": ok, "n": n,
                          "ms": None if ms is None else int(ms), "ser": None if ser is None else int(ser * 10 + 0.5),
                          "err": err, "code": code, "sql": sql})
         meta = [plan.key, "success" if ok else "error", payload["kind"], plan.query, connection]
@@ -195,6 +204,9 @@ def entry(row: dict) -> dict:
            "executed_at": local_text(row["at"]), "connection_name": row["connection"],
            "request_id": row["rid"].hex() if isinstance(row["rid"], bytes) else row["rid"],
            "key_name": row["key_name"], "transport": _TRANSPORTS.get(row["tr"], "rest")}
+    trace = row.get("trace")
+    if trace is not None:
+        out["trace_id"] = trace.hex() if isinstance(trace, bytes) else trace
     extra = json.loads(row["x"]) if row["x"] else {}
     if "d" in extra:
         out["database"] = extra["d"]

@@ -2,8 +2,9 @@
 (plain or JSON lines, with the request id) and writes them in batches. No request thread formats a line, takes
 the logging module's handler lock, or waits on a write.
 
-Plain: `<time> <LEVEL> qag [<request_id> key=<key>]: <message>` (line breaks escaped).
-JSON:  {"time", "level", "logger", "request_id", "key", "message", ...structured extras}.
+Plain: `<time> <LEVEL> qag [<request_id> key=<key>]: <message>` (line breaks escaped); with tracing on (QAG_OTEL)
+a request's and a run's lines say `[<request_id> key=<key> trace=<trace id>]`.
+JSON:  {"time", "level", "logger", "request_id", "key", ["trace_id",] "message", ...structured extras}.
 """
 
 from __future__ import annotations
@@ -90,11 +91,11 @@ class LogWriter:
     def _line(self, item: tuple) -> str:
         kind = item[0]
         if kind == "req":
-            _, at, rid, key, method, path, status, ms = item
+            _, at, rid, key, method, path, status, ms, trace = item
             message = f"{method} {path} -> {status} in {ms:.1f}ms"
             extras = {"method": method, "path": path, "status": status,
                       "duration_ms": round(ms, 1)} if self.json else None
-            return self._format(at, "INFO", "qag", rid, key, message, extras)
+            return self._format(at, "INFO", "qag", rid, key, message, extras, trace)
         if kind == "exec":
             _, at, plan, sql = item
             timeout = plan.timeout if plan.timeout is not None else 0
@@ -105,13 +106,14 @@ class LogWriter:
                        f"timeout={float(timeout)}: {sql}")
             extras = {"connection": conn["name"], "dialect": conn["db"], "limit": limit, "offset": offset,
                       "timeout": timeout} if self.json else None
-            return self._format(at, "INFO", "qag", plan.request_id, plan.key, message, extras)
+            return self._format(at, "INFO", "qag", plan.request_id, plan.key, message, extras, _trace_of(plan))
         if kind == "slow":
             _, at, plan, ms = item
             conn = plan.connection
             return self._format(at, "WARNING", "qag", plan.request_id, plan.key,
                                 f"Slow query on {conn['name']} ({conn['db']}): {ms:.0f} ms",
-                                {"connection": conn["name"], "dialect": conn["db"], "duration_ms": round(ms)})
+                                {"connection": conn["name"], "dialect": conn["db"], "duration_ms": round(ms)},
+                                _trace_of(plan))
         record: logging.LogRecord = item[1]
         message = record.getMessage()
         if record.exc_info:
@@ -119,11 +121,15 @@ class LogWriter:
         return self._format(record.created, record.levelname, record.name, getattr(record, "request_id", None),
                             getattr(record, "key", None), message, None)
 
-    def _format(self, at: float, level: str, logger: str, rid, key, message: str, extras: dict | None) -> str:
+    def _format(self, at: float, level: str, logger: str, rid, key, message: str, extras: dict | None,
+                trace: str | None = None) -> str:
         if self.json:
             moment = _dt.datetime.fromtimestamp(at).astimezone()
             out = {"time": moment.isoformat(timespec="milliseconds"), "level": level, "logger": logger,
-                   "request_id": rid, "key": key, "message": message}
+                   "request_id": rid, "key": key}
+            if trace is not None:
+                out["trace_id"] = trace
+            out["message"] = message
             if extras:
                 out.update(extras)
             return json.dumps(out, separators=(",", ":"), ensure_ascii=False, default=str) + "\n"
@@ -135,4 +141,9 @@ class LogWriter:
         if "\n" in message or "\r" in message:
             message = message.replace("\r", "\\r").replace("\n", "\\n")
         return (f"{self._stamp}{_MILLISECONDS[milli - second * 1000]} {level} {logger} [{rid or '-'} "
-                f"key={key or '-'}]: {message}\n")
+                f"key={key or '-'}{'' if trace is None else ' trace=' + trace}]: {message}\n")
+
+
+def _trace_of(plan) -> str | None:
+    """A run's trace id: its request's stages hold it when tracing is on (observe/tracing.TracedStages)."""
+    return getattr(plan.timing, "trace_id", None)

@@ -42,7 +42,13 @@ class Observer:
             relay = Relay(settings.redis_url)
         self.live = LiveEvents(settings.events_ring_bytes, settings.events_max_streams, relay)
         self.log_requests = settings.log_requests
+        self.log_statements = settings.log_requests and settings.log_statements   # one line a request by default
         self.slow_ms = settings.slow_query_threshold * 1000.0 if settings.slow_query_threshold else None
+        # OpenTelemetry (QAG_OTEL): its packages are imported here, in the worker, and only when tracing is on.
+        self.tracing = None
+        if settings.otel == "on":
+            from .tracing import Tracing
+            self.tracing = Tracing(gateway)
         self._closed = False
         _open.add(self)
 
@@ -51,10 +57,10 @@ class Observer:
 
     # --- hot path -----------------------------------------------------------------------------------------
     def request(self, method: str, endpoint: str, status: int, key: str, seconds: float, request_id: str,
-                path: str, at: float) -> None:
+                path: str, at: float, trace_id: str | None = None) -> None:
         self.metrics.request(method, endpoint, status, key, seconds)
         if self.log_requests and self.logs.enabled and endpoint not in QUIET_ENDPOINTS:
-            self.logs.put(("req", at, request_id, key, method, path, status, seconds * 1000.0))
+            self.logs.put(("req", at, request_id, key, method, path, status, seconds * 1000.0, trace_id))
 
     def begin(self) -> None:
         self.metrics.begin()
@@ -65,6 +71,8 @@ class Observer:
                          encode_seconds)
         record = (plan, at, True, rows, duration_ms, encode_seconds * 1000.0, None, None, _now_ns())
         self.history.writer.put(record)
+        if self.tracing is not None and plan.timing is not None:
+            plan.timing.ran(plan, rows, None)   # the database span's attributes
         if self.live.listening():
             self._publish(record)
         self._log_run(plan, at, duration_ms)
@@ -76,6 +84,8 @@ class Observer:
             self.metrics.stream(conn["name"], conn["db"], "error", plan.key)
         record = (plan, at, False, rows, None, None, error.code, error.message, _now_ns())
         self.history.writer.put(record)
+        if self.tracing is not None and plan.timing is not None:
+            plan.timing.ran(plan, rows, error)
         if self.live.listening():
             self._publish(record)
         self._log_run(plan, at, None)
@@ -97,7 +107,7 @@ class Observer:
     def _log_run(self, plan, at: float, duration_ms: float | None) -> None:
         if not self.logs.enabled:
             return
-        if self.log_requests:
+        if self.log_statements:
             self.logs.put(("exec", at, plan, self._logged_sql(plan)))
         if duration_ms is not None and self.slow_ms is not None and duration_ms >= self.slow_ms:
             self.logs.put(("slow", at, plan, duration_ms))
@@ -161,6 +171,8 @@ class Observer:
         self.live.stop()
         self.history.writer.close()
         self.metrics.close()
+        if self.tracing is not None:
+            self.tracing.close()   # before the log writer: what the SDK says while it exports goes to qag's lines
         self.logs.close()
 
 

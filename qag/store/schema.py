@@ -143,12 +143,19 @@ MIGRATIONS: tuple[tuple[str | dict[str, str], ...], ...] = (
         "CREATE INDEX runs_hist ON runs (q, v, seq) WHERE h = 1",
         "CREATE INDEX runs_hist_seq ON runs (seq) WHERE h = 1",
     ),
+    (
+        # The run's trace id (contract 8.1 `trace_id`, QAG_OTEL): as `rid`, compact bytes on SQLite (16, from 32
+        # hex digits; a TEXT column keeps a BLOB as it is given) and the hex text on PostgreSQL (COPY writes bytes
+        # as hex). NULL while tracing is off, so a row without it costs nothing more.
+        "ALTER TABLE runs ADD COLUMN trace TEXT",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
 
 # The columns a run row is written with (qag/observe/history.py builds them), in this order.
-RUN_COLUMNS = ("at", "h", "q", "v", "c", "k", "rid", "ok", "tr", "n", "ms", "ser", "code", "err", "sql", "x", "seq")
+RUN_COLUMNS = ("at", "h", "q", "v", "c", "k", "rid", "ok", "tr", "n", "ms", "ser", "code", "err", "sql", "x", "seq",
+               "trace")
 
 DIALECTS = ("sqlite", "postgresql")
 

@@ -544,6 +544,7 @@ def _pack_rid(value):
 # instructions per row). 256 rows of 16 values stay far below SQLite's variable limit.
 _RUN_CHUNKS = (256, 128, 64, 32, 16, 8, 4, 2, 1)
 _RID = RUN_COLUMNS.index("rid")
+_TRACE = RUN_COLUMNS.index("trace")
 _is_set = functools.partial(operator.is_not, None)
 
 
@@ -555,14 +556,16 @@ def _run_segments(rows: list[tuple]) -> Iterator[tuple[tuple[bool, ...], list]]:
     """Consecutive runs that fill the same columns (so ids keep the batch's order), as (filled, their values
     flattened). A run leaves most columns NULL, their default: leaving them out of the INSERT keeps them off
     Python's sqlite3 adapter lookup (about 3k instructions per value), which it takes for None and bytes but not
-    for int, float, str or bytearray. So a binary request id goes in as a bytearray: the same BLOB."""
+    for int, float, str or bytearray. So a binary request id (or trace id) goes in as a bytearray: the same BLOB."""
     for filled, segment in itertools.groupby(rows, _filled_columns):
         values: list = []
         for row in segment:
             values.extend(itertools.compress(row, filled))
-        if filled[_RID]:
-            width, at = sum(filled), sum(filled[:_RID])
-            values[at::width] = [bytearray(v) if type(v) is bytes else v for v in values[at::width]]
+        width = sum(filled)
+        for column in (_RID, _TRACE):
+            if filled[column]:
+                at = sum(filled[:column])
+                values[at::width] = [bytearray(v) if type(v) is bytes else v for v in values[at::width]]
         yield filled, values
 
 
@@ -574,7 +577,7 @@ def _insert_runs(filled: tuple[bool, ...], count: int) -> str:
 
 
 _RUN_SELECT = ("SELECT r.id, r.at, r.h, qn.name AS query, r.v, cn.name AS connection, kn.name AS key_name, r.rid, "
-               "r.ok, r.tr, r.n, r.ms, r.ser, en.name AS code, r.err, r.sql, r.x, r.seq FROM runs r "
+               "r.ok, r.tr, r.n, r.ms, r.ser, en.name AS code, r.err, r.sql, r.x, r.seq, r.trace FROM runs r "
                "LEFT JOIN names qn ON qn.id = r.q LEFT JOIN names cn ON cn.id = r.c LEFT JOIN names kn ON kn.id = r.k "
                "LEFT JOIN names en ON en.id = r.code")
 

@@ -253,7 +253,7 @@ def test_server_timing_header(make_server, server, uniq):
 
 
 def test_json_log_lines_carry_the_request_id(make_server, uniq):
-    s = make_server(env={"QAG_JSON_LOGS": "1"})
+    s = make_server(env={"QAG_JSON_LOGS": "1", "QAG_LOG_STATEMENTS": "1"})
     name = uniq("logged")
     s.query(name, "SELECT 1 AS one", "lite")
     s.get(q(name), headers={"X-Request-Id": "json-line-1"})

@@ -395,7 +395,8 @@ def test_a_store_of_the_previous_schema_is_upgraded_in_place(tmp_path):
     store = SqliteStore(str(tmp_path))
     assert store.get_meta("kept") == "yes" and store.history({}, None, 10) == []
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+    assert "trace" in [column[1] for column in conn.execute("PRAGMA table_info(runs)")]   # step 5: trace ids
     conn.close()
     assert store.quota_usage_in([("day", "2026-01-01")]) == []   # step 3: quota counts
 

@@ -22,7 +22,7 @@ def _writer(**env) -> tuple[LogWriter, io.StringIO]:
 
 def test_plain_request_line_names_request_and_key():
     w, out = _writer()
-    w.put(("req", 0.0, "abc123", "admin", "GET", "/q/films", 200, 2.14))
+    w.put(("req", 0.0, "abc123", "admin", "GET", "/q/films", 200, 2.14, None))
     w.close()
     line = out.getvalue()
     assert line.endswith(" INFO qag [abc123 key=admin]: GET /q/films -> 200 in 2.1ms\n")
@@ -34,7 +34,7 @@ def test_plain_lines_carry_local_time_to_the_millisecond(monkeypatch):
     try:
         w, out = _writer()
         for at in (1_700_000_000.0421, 1_700_000_000.999, 1_700_000_001.0, 1_700_000_061.5):
-            w.put(("req", at, "r", "k", "GET", "/", 200, 1.0))
+            w.put(("req", at, "r", "k", "GET", "/", 200, 1.0, None))
         w.close()
         stamps = [line.split(" INFO ")[0] for line in out.getvalue().splitlines()]
         assert stamps == ["2023-11-14 22:13:20,042", "2023-11-14 22:13:20,999", "2023-11-14 22:13:21,000",
@@ -46,7 +46,7 @@ def test_plain_lines_carry_local_time_to_the_millisecond(monkeypatch):
 
 def test_json_lines_carry_structured_fields():
     w, out = _writer(QAG_JSON_LOGS="1")
-    w.put(("req", 1_700_000_000.5, "rid-1", "partner", "POST", "/execute_sql", 500, 7.5))
+    w.put(("req", 1_700_000_000.5, "rid-1", "partner", "POST", "/execute_sql", 500, 7.5, None))
     logging.getLogger("qag").warning("two\nlines", extra={"request_id": "rid-2", "key": "-"})
     w.close()
     first, second = [json.loads(line) for line in out.getvalue().splitlines()]
@@ -68,8 +68,19 @@ def test_plain_lines_escape_line_breaks_and_exceptions_are_one_line():
     assert text.count("\n") == 1 and "failed\\nbadly" in text and "RuntimeError: boom" in text
 
 
-def test_requests_and_runs_are_logged_with_their_request_id(tmp_path):
+def test_a_request_is_one_line_by_default(tmp_path):
     app = App(str(tmp_path))
+    out = io.StringIO()
+    app.gateway.observe.logs.install(out)
+    app.query("films")
+    app.run("films", headers={"X-Request-Id": "one-line"})
+    app.gateway.close()
+    lines = [line for line in out.getvalue().splitlines() if "one-line" in line]
+    assert len(lines) == 1 and "GET /q/films -> 200 in " in lines[0]
+
+
+def test_requests_and_runs_are_logged_with_their_request_id(tmp_path):
+    app = App(str(tmp_path), QAG_LOG_STATEMENTS="on")
     out = io.StringIO()
     app.gateway.observe.logs.install(out)
     app.query("films")
@@ -96,7 +107,7 @@ def test_log_requests_off_keeps_warnings(tmp_path):
 
 
 def test_adhoc_sql_hash_mode_keeps_the_text_out_of_logs(tmp_path):
-    app = App(str(tmp_path), QAG_HISTORY_ADHOC_SQL="hash")
+    app = App(str(tmp_path), QAG_HISTORY_ADHOC_SQL="hash", QAG_LOG_STATEMENTS="on")
     out = io.StringIO()
     app.gateway.observe.logs.install(out)
     app.call("POST", "/execute_sql", {"sql": "SELECT 'secret' AS s", "connection_name": "lite"})

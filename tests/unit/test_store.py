@@ -142,14 +142,16 @@ def test_run_rows_keep_awkward_text_and_request_ids(make_store):
     ids = store.name_ids({"q", "c", "k", "code"})
     store.create_query("q", None, {"uuid": "u", "created_at": "c", "last_modified_at": "m", "sql": "x"}, True)
     awkward = "tab\there\nline\r\\N back\\slash é 😀 %s ?"
+    trace = bytes.fromhex("0af7651916cd43dd8448eb211c80319c")
     rows = [(1000, 1, ids["q"], 1, ids["c"], ids["k"], bytes.fromhex("0123456789ab"), 0, None, None, 5, 12,
-             ids["code"], awkward, None, None, 1000),
+             ids["code"], awkward, None, None, 1000, trace),
             (1001, 1, None, None, ids["c"], ids["k"], "not-hex\tid", 1, 2, 7, None, None, None, None, awkward, "{}",
-             1001)]
+             1001, None)]
     store.add_runs(rows, limit=50, adhoc_limit=50, by_count=True, events_since=0)
     old, new = store.events(0, 10)
     assert (old["err"], old["code"], old["query"]) == (awkward, "code", "q")
     assert old["rid"] in (bytes.fromhex("0123456789ab"), "0123456789ab")
+    assert old["trace"] in (trace, trace.hex()) and new["trace"] is None   # 16 bytes on SQLite, hex on PostgreSQL
     assert (new["sql"], new["rid"], new["tr"], new["x"], new["query"]) == (awkward, "not-hex\tid", 2, "{}", None)
     assert [r["id"] for r in store.history({}, None, 10)] == [new["id"], old["id"]]
 
@@ -163,11 +165,11 @@ def test_run_batches_keep_every_value_in_order_whatever_their_size_and_empty_col
     store.create_query("q", None, {"uuid": "u", "created_at": "c", "last_modified_at": "m", "sql": "x"}, True)
     shapes = [
         lambda at: (at, 1, ids["q"], 3, ids["c"], ids["k"], (at % 2**48).to_bytes(6, "big"), 1, None, at % 7,
-                    at % 100, at % 10, None, None, None, None, at * 10**9),
+                    at % 100, at % 10, None, None, None, None, at * 10**9, at.to_bytes(16, "big")),
         lambda at: (at, 0, ids["q"], 3, ids["c"], ids["k"], f"rid-{at}", 0, 1, None, None, None, ids["code"],
-                    f"failed {at}", None, '{"p":[]}', at * 10**9),
+                    f"failed {at}", None, '{"p":[]}', at * 10**9, None),
         lambda at: (at, 1, None, None, ids["c"], ids["k"], None, 1, 2, 0, 4, None, None, None, f"SELECT {at}", "{}",
-                    at * 10**9 + 1),
+                    at * 10**9 + 1, (at * 7).to_bytes(16, "big")),
     ]
     rows, at = [], 1000
     for index, size in enumerate(sizes):
@@ -179,13 +181,14 @@ def test_run_batches_keep_every_value_in_order_whatever_their_size_and_empty_col
     assert [r["id"] for r in stored] == sorted(r["id"] for r in stored)
     names = {ids[name]: name for name in ids}
     for row, got in zip(rows, stored):
-        at, h, q, v, c, k, rid, ok, tr, n, ms, ser, code, err, sql, x, seq = row
+        at, h, q, v, c, k, rid, ok, tr, n, ms, ser, code, err, sql, x, seq, trace = row
         assert (got["at"], got["h"], got["v"], got["ok"], got["tr"], got["n"], got["ms"], got["ser"], got["seq"]) == \
             (at, h, v, ok, tr, n, ms, ser, seq)
         assert (got["query"], got["connection"], got["key_name"], got["code"]) == \
             (names.get(q), "c", "k", names.get(code))
         assert (got["err"], got["sql"], got["x"]) == (err, sql, x)
         assert got["rid"] == rid or (isinstance(rid, bytes) and got["rid"] == rid.hex())
+        assert got["trace"] == trace or (trace is not None and got["trace"] == trace.hex())
 
 
 def test_history_is_trimmed_per_version_and_sweeps_go_in_batches(make_store):
@@ -193,8 +196,8 @@ def test_history_is_trimmed_per_version_and_sweeps_go_in_batches(make_store):
     ids = store.name_ids({"q", "c", "k"})
     store.create_query("q", None, {"uuid": "u", "created_at": "c", "last_modified_at": "m", "sql": "x"}, True)
     for start in range(0, 30, 10):
-        rows = [(100 + i, 1, ids["q"], 1, ids["c"], ids["k"], None, 1, None, 1, 1, 1, None, None, None, None, i)
-                for i in range(start, start + 10)]
+        rows = [(100 + i, 1, ids["q"], 1, ids["c"], ids["k"], None, 1, None, 1, 1, 1, None, None, None, None, i,
+                 None) for i in range(start, start + 10)]
         store.add_runs(rows, limit=7, adhoc_limit=7, by_count=True, events_since=0)
     assert [r["at"] for r in store.history({"query": "q"}, None, 100)] == list(range(129, 122, -1))
     assert len(store.events(0, 100)) == 30
@@ -423,8 +426,8 @@ def test_migration_text_with_question_marks_and_percents_runs_as_written(pg_stor
 def test_a_nul_character_never_costs_the_batch(make_store):
     store = make_store()
     ids = store.name_ids({"c", "k"})
-    rows = [(1000 + i, 1, None, None, ids["c"], ids["k"], None, 1, None, 1, None, None, None, None, sql, None, i)
-            for i, sql in enumerate(["SELECT 1\x00", "SELECT 2"])]
+    rows = [(1000 + i, 1, None, None, ids["c"], ids["k"], None, 1, None, 1, None, None, None, None, sql, None, i,
+             None) for i, sql in enumerate(["SELECT 1\x00", "SELECT 2"])]
     store.add_runs(rows, limit=50, adhoc_limit=50, by_count=True, events_since=0)
     assert [r["sql"] for r in store.events(0, 10)] in (["SELECT 1\x00", "SELECT 2"], ["SELECT 1\ufffd", "SELECT 2"])
 
@@ -448,7 +451,7 @@ def test_runs_written_inside_an_administrative_transaction_still_take_the_runs_l
         with store.transaction():
             store.set_meta("x", "1")
             store.add_runs([(1, 1, None, None, ids["c"], ids["k"], None, 1, None, 1, None, None, None, None, "s",
-                             None, 1)], limit=5, adhoc_limit=5, by_count=True, events_since=0)
+                             None, 1, None)], limit=5, adhoc_limit=5, by_count=True, events_since=0)
             with other.cursor() as cur:
                 cur.execute("SELECT pg_try_advisory_xact_lock(%s)", (_LOCK_RUNS,))
                 assert cur.fetchone()[0] is False  # held until the outer transaction ends
