@@ -211,6 +211,8 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number from 1 to 1000000", alias="QUERYAPIGATE_MAX_PAGE_SIZE"),
     Setting("QAG_STREAM_MAX_ROWS", _optional_int(1, None), None, "Row cap for stream=true exports (silently truncates); unset = unbounded.",
             "a positive whole number", alias="QUERYAPIGATE_STREAM_MAX_ROWS"),
+    Setting("QAG_MCP_MAX_ROWS", _int_range(1, 1_000_000), 200, "Rows one MCP tool call returns at most (a key's max_rows and QAG_MAX_PAGE_SIZE narrow it); the result says when it was cut.",
+            "a whole number from 1 to 1000000", alias="QUERYAPIGATE_MCP_MAX_ROWS"),
     Setting("QAG_PARQUET_ROW_GROUP", _int_range(100, 1_000_000), 10_000, "Rows per row group of a parquet stream: a stream holds at most this many rows (and their encoding) in memory, however long it is. A paged xlsx, xml, yaml or parquet body is bounded by QAG_MAX_PAGE_SIZE.",
             "a whole number from 100 to 1000000"),
     Setting("QAG_BIND", _bind, "127.0.0.1:5000", "Address `qag serve` listens on (host:port, port 0 = any free port, :port = 127.0.0.1:port, or unix:/path); a port in use stops startup with one line.",

@@ -60,6 +60,7 @@ class Plan:
     rules: tuple = ()
     mask: object = None
     masked: list | None = None
+    transport: int | None = None  # history's `tr`: None REST, 1 MCP (qag/api/mcp.py), 2 export
 
 
 def _positive_int(text: str, what: str) -> int:
@@ -210,7 +211,8 @@ class RunHandlers:
         # 7-8. streaming and paging; 10. the connection itself.
         stream, page, size = self._paging(args, caller, fmt)
         connection = self._connection(chosen, row)
-        writes = self.writes_allowed(caller, name) and not stream
+        # A tool call (qag/api/mcp.py) is read-only whatever the key may write: agent writes are outside the contract.
+        writes = self.writes_allowed(caller, name) and not stream and not getattr(request, "read_only", False)
         # The version's mask applies to every caller, administrators included (contract 6.3).
         rules = masking.effective(version.get("mask"), None if caller.admin else caller.grants.mask)
         # 9. the response cache (contract 7.1): every check above passed, the database not yet touched. The key
@@ -226,7 +228,7 @@ class RunHandlers:
         plan = Plan(connection, prepared, values, not writes, timeout, fmt, page, size, stream,
                     request_name(request), caller.admin and not rules, request.request_id,
                     caller.label, name, version["version"], version["uuid"], version["sql"], timing=timing,
-                    rules=rules)
+                    rules=rules, transport=getattr(request, "transport", None))
         response = self._execute(plan, caller, writes, version)
         if key is not None:
             self.gateway.response_cache.store(key, response, ttl, {"name": name, "version": version["version"],
@@ -263,11 +265,12 @@ class RunHandlers:
         connection = self._connection(chosen, self.store.get_connection(chosen))
         if body.get("database") is not None and connection["db"] == "sqlite":
             raise QagError("unsupported_operation", "Switching databases isn't supported for 'sqlite' connections")
-        writes = self.writes_allowed(caller, None) and not stream
+        writes = self.writes_allowed(caller, None) and not stream and not getattr(request, "read_only", False)
         prepared = prepare(sql, connection["db"], text_placeholders=False)
         plan = Plan(connection, prepared, params, not writes, timeout, fmt, page, size, stream, chosen,
                     not rules, request.request_id, caller.label, None, None, None, sql,
-                    body.get("database"), request.environ.get("qag.timing"), rules=rules)
+                    body.get("database"), request.environ.get("qag.timing"), rules=rules,
+                    transport=getattr(request, "transport", None))
         return self._execute(plan, caller, writes, None)
 
     # --- shared steps --------------------------------------------------------------------------

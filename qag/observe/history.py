@@ -98,7 +98,7 @@ class History:
             if keep:
                 kept.setdefault((q, plan.version), []).append(len(rows))
             rows.append([int(at), keep, q, plan.version, ids[plan.connection["name"]], ids[plan.key], rid,
-                         1 if ok else 0, None, n, None if ms is None else int(ms),
+                         1 if ok else 0, plan.transport, n, None if ms is None else int(ms),
                          None if ser is None else int(ser * 10 + 0.5), None if code is None else ids[code], err,
                          sql, extra, done_ns])
         by_count = self.retention_days is None
@@ -127,7 +127,8 @@ class History:
             extra = _with_masked(extra, plan.masked)
         connection = plan.connection["name"]
         payload = event({"query": plan.query, "v": plan.version, "at": int(at), "connection": connection,
-                         "rid": plan.request_id, "key_name": plan.key, "tr": None, "x": extra, "ok": ok, "n": n,
+                         "rid": plan.request_id, "key_name": plan.key, "tr": plan.transport, "x": extra, "ok": ok,
+                         "n": n,
                          "ms": None if ms is None else int(ms), "ser": None if ser is None else int(ser * 10 + 0.5),
                          "err": err, "code": code, "sql": sql})
         meta = [plan.key, "success" if ok else "error", payload["kind"], plan.query, connection]
