@@ -1,4 +1,4 @@
-"""POST /mcp: the Model Context Protocol over Streamable HTTP; a caller's saved queries as its tools, run by /q's pipeline."""
+"""POST /mcp: the Model Context Protocol over Streamable HTTP; saved queries as tools, run through /q's pipeline."""
 
 from __future__ import annotations
 
@@ -127,6 +127,9 @@ class McpHandlers:
             return Response(202)   # a notification (notifications/initialized, cancelled, ...): nothing to answer
         try:
             self._check_version_header(request, method)
+        except RpcError as error:
+            return _error_response(400, ident, error)   # the transport says 400 for a revision it doesn't speak
+        try:
             result = self._dispatch(request, caller, method, params or {})
         except RpcError as error:
             return _error_response(200, ident, error)
@@ -150,8 +153,8 @@ class McpHandlers:
             return
         asked = request.header("MCP-Protocol-Version")
         if asked is not None and asked not in PROTOCOL_VERSIONS:
-            raise RpcError(INVALID_REQUEST, f"Unsupported MCP-Protocol-Version {asked!r}", "unsupported_protocol_version",
-                           supported=list(PROTOCOL_VERSIONS))
+            raise RpcError(INVALID_REQUEST, f"Unsupported MCP-Protocol-Version {asked!r}",
+                           "unsupported_protocol_version", supported=list(PROTOCOL_VERSIONS))
 
     def _dispatch(self, request, caller, method: str, params: dict) -> dict:
         if method == "initialize":
