@@ -213,6 +213,8 @@ SETTINGS: tuple[Setting, ...] = (
             "a positive whole number", alias="QUERYAPIGATE_STREAM_MAX_ROWS"),
     Setting("QAG_MCP_MAX_ROWS", _int_range(1, 1_000_000), 200, "Rows one MCP tool call returns at most (a key's max_rows and QAG_MAX_PAGE_SIZE narrow it); the result says when it was cut.",
             "a whole number from 1 to 1000000", alias="QUERYAPIGATE_MCP_MAX_ROWS"),
+    Setting("QAG_MCP_API_KEY", _nonempty_secret, None, "The key `qag mcp` (MCP over stdio) calls with: its tools, grants and limits are this key's; unset = QAG_API_KEY (the admin key), or open mode.",
+            "an API key (sk_...)", secret=True),
     Setting("QAG_PARQUET_ROW_GROUP", _int_range(100, 1_000_000), 10_000, "Rows per row group of a parquet stream: a stream holds at most this many rows (and their encoding) in memory, however long it is. A paged xlsx, xml, yaml or parquet body is bounded by QAG_MAX_PAGE_SIZE.",
             "a whole number from 100 to 1000000"),
     Setting("QAG_BIND", _bind, "127.0.0.1:5000", "Address `qag serve` listens on (host:port, port 0 = any free port, :port = 127.0.0.1:port, or unix:/path); a port in use stops startup with one line.",

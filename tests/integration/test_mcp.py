@@ -280,3 +280,39 @@ def test_transport_edges(srv):
 
 def test_no_internal_errors_logged(srv):
     assert not [line for line in srv.log if "unexpected error" in line or "Traceback" in line]
+
+
+# --- qag mcp (stdio) ----------------------------------------------------------------------------------------------
+
+def test_stdio_serves_the_keys_tools_through_the_same_pipeline(srv, uniq):
+    import os
+    import sys
+
+    from mcp import StdioServerParameters
+    name = uniq("stdio")
+    key = srv.key(name, connections=[], queries=["by_id"], mask=MASK)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("QAG_", "QUERYAPIGATE_"))}
+    env.update({"QAG_HOME": srv.home, "QAG_API_KEY": srv.admin_key, "QAG_MCP_API_KEY": key,
+                "QAG_MCP_MAX_ROWS": str(CAP), "QAG_HISTORY_FLUSH_INTERVAL": "0"})
+    if srv.database_url:
+        env["QAG_DATABASE_URL"] = srv.database_url
+    params = StdioServerParameters(command=sys.executable, args=["-m", "qag", "mcp"], env=env, cwd=srv.home)
+
+    async def work(client):
+        names = sorted(t.name for t in (await client.list_tools()).tools)
+        result = await client.call_tool("by_id", {"id": 2})
+        try:
+            await client.call_tool("by_id", {"id": "two"})
+            bad = None
+        except MCPError as error:
+            bad = error
+        return names, result, bad
+    async def main():
+        async with Client(params) as client:
+            return await work(client)
+    names, result, bad = run(main())
+    assert names == ["by_id"]
+    assert result.structured_content == {"rows": [{"id": 2, "name": "row 2"}], "truncated": False}
+    assert bad is not None and bad.code == -32602 and bad.error.data["code"] == "param_invalid"
+    entry = next(e for e in history(srv, "by_id") if e["key_name"] == name)
+    assert entry["transport"] == "mcp" and entry["status"] == "success"
