@@ -6,14 +6,12 @@ import asyncio
 import json
 
 import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
 
-mcp = pytest.importorskip("mcp")
-from mcp import Client  # noqa: E402
-from mcp.client.streamable_http import streamable_http_client  # noqa: E402
-from mcp.shared._httpx_utils import create_mcp_http_client  # noqa: E402
-from mcp.shared.exceptions import MCPError  # noqa: E402
-
-from tests.server import q  # noqa: E402
+from tests.server import q
 
 pytestmark = pytest.mark.e2e
 
