@@ -239,6 +239,7 @@ class McpHandlers:
 
     def _list_tables(self, caller, arguments: dict) -> dict:
         connection = _text_argument(arguments, "connection_name")
+        _refuse_unknown(arguments, ("connection_name",))
         try:
             schema = self.gateway.manage.connections.schema_for(caller, connection, None)
         except QagError as error:
@@ -252,9 +253,7 @@ class McpHandlers:
         values = arguments.get("params")
         if values is not None and not isinstance(values, dict):
             raise RpcError(INVALID_PARAMS, "params must be a JSON object", "invalid_arguments")
-        unknown = sorted(set(arguments) - {"sql", "connection_name", "params"})
-        if unknown:
-            raise RpcError(INVALID_PARAMS, f"Unknown argument(s): {', '.join(unknown)}", "invalid_arguments")
+        _refuse_unknown(arguments, ("sql", "connection_name", "params"))
         call = ToolCall(request, connection, {"sql": sql, "connection_name": connection, "params": values or {}},
                         self.row_cap(caller))
         return self._data_call(request, caller, lambda: self.run.execute_sql(call, caller))
@@ -305,6 +304,12 @@ def _text_argument(arguments: dict, name: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise RpcError(INVALID_PARAMS, f"{name} must be non-empty text", "invalid_arguments")
     return value
+
+
+def _refuse_unknown(arguments: dict, known: tuple) -> None:
+    unknown = sorted(set(arguments) - set(known))
+    if unknown:
+        raise RpcError(INVALID_PARAMS, f"Unknown argument(s): {', '.join(unknown)}", "invalid_arguments")
 
 
 def _tool_error(error: QagError) -> dict:

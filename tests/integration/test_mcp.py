@@ -227,6 +227,13 @@ def test_unknown_tool_and_wrong_arguments_are_invalid_params(srv, uniq):
     assert r.json["error"]["code"] == -32602 and r.json["error"]["data"]["code"] == "invalid_arguments"
     r = rpc(srv, {"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {"arguments": {}}}, key=key)
     assert r.json["error"]["code"] == -32602
+    for name, arguments in (("execute_sql", {"connection_name": "lite", "sql": "SELECT 1", "page": 2}),
+                            ("execute_sql", {"connection_name": "lite", "sql": 1}),
+                            ("execute_sql", {"connection_name": "lite", "sql": "SELECT :a", "params": [1]}),
+                            ("list_tables", {"connection_name": "lite", "database": "other"}),
+                            ("list_tables", {})):
+        error = rpc_error(srv, srv.admin_key, name, arguments)
+        assert error.code == -32602 and error.error.data["code"] == "invalid_arguments", (name, arguments)
 
 
 @pytest.mark.parametrize("raw, status, code, data_code", [
@@ -314,3 +321,35 @@ def test_stdio_serves_the_keys_tools_through_the_same_pipeline(srv, uniq):
     assert bad is not None and bad.code == -32602 and bad.error.data["code"] == "param_invalid"
     entry = next(e for e in history(srv, "by_id") if e["key_name"] == name)
     assert entry["transport"] == "mcp" and entry["status"] == "success"
+
+
+def test_metrics_and_live_events_see_mcp_runs(srv, uniq):
+    import time
+
+    from tests.integration.test_contract_events import Subscriber
+    name = uniq("watched")
+    key = srv.key(name, connections=[], queries=["by_id"])
+    stream = Subscriber(srv, params="?query=by_id")
+    try:
+        assert stream.status == 200, stream.body
+        time.sleep(0.3)   # the stream is registered before the run
+        assert not call(srv, key, "by_id", {"id": 5}).is_error
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(e["entry"]["key_name"] == name for e in stream.events):
+            time.sleep(0.05)
+        event = next(e for e in stream.events if e["entry"]["key_name"] == name)
+        assert event["source"] == "mcp" and event["entry"]["transport"] == "mcp"
+        assert event["entry"]["status"] == "success" and event["entry"]["rows"] == 1
+    finally:
+        stream.close()
+
+    def counted() -> bool:   # each worker publishes its counts a little after its requests
+        lines = srv.get("/metrics").body.decode().splitlines()
+        return (any('endpoint="api.mcp"' in line and f'key="{name}"' in line and 'status="200"' in line
+                    for line in lines if line.startswith("queryapigate_requests_total"))
+                and any(f'key="{name}"' in line and 'status="success"' in line
+                        for line in lines if line.startswith("queryapigate_queries_total")))
+    deadline = time.monotonic() + 10
+    while not counted():
+        assert time.monotonic() < deadline, "the MCP request and run never reached /metrics"
+        time.sleep(0.2)
