@@ -353,3 +353,51 @@ def test_metrics_and_live_events_see_mcp_runs(srv, uniq):
     while not counted():
         assert time.monotonic() < deadline, "the MCP request and run never reached /metrics"
         time.sleep(0.2)
+
+
+# --- MariaDB and PostgreSQL ---------------------------------------------------------------------------------------
+
+def _seed_server_db(dialect, fields, table):
+    """A table of three people in the session's MariaDB or PostgreSQL database (shared: the name is this test's)."""
+    rows = [(1, "ann@example.com", "Ann"), (2, "bob@example.com", "Bob"), (3, "cy@example.com", "Cy")]
+    if dialect == "mysql":
+        from tests.services import mysql_admin
+        conn = mysql_admin()
+        cur = conn.cursor()
+        cur.execute(f"USE `{fields['database']}`")
+        cur.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY, email VARCHAR(100), name VARCHAR(40))")
+        cur.executemany(f"INSERT INTO {table} VALUES (%s, %s, %s)", rows)
+        conn.commit()
+    else:
+        import psycopg2
+        conn = psycopg2.connect(host=fields["host"], port=fields["port"], user=fields["user"],
+                                password=fields["password"], dbname=fields["database"], connect_timeout=5)
+        conn.autocommit = True
+        cur = conn.cursor()
+        cur.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, email text, name text)")
+        cur.executemany(f"INSERT INTO {table} VALUES (%s, %s, %s)", rows)
+    conn.close()
+
+
+@pytest.mark.parametrize("dialect", ["mysql", "postgres"])
+def test_tools_on_mariadb_and_postgresql(srv, dialect, request, uniq):
+    fields = request.getfixturevalue("mysql_db" if dialect == "mysql" else "pg_db")
+    table = uniq("mcp_people_").replace("-", "_")
+    _seed_server_db(dialect, fields, table)
+    connection = uniq(f"mcp_{dialect}")
+    assert srv.post("/api/v1/connections", {"name": connection, "db": dialect, **fields}).status == 201
+    query = uniq("people")
+    srv.query(query, f"SELECT id, email, name FROM {table} WHERE id >= :low ORDER BY id", connection,
+              parameters={"low": {"type": "integer"}})
+    masked = srv.key(uniq("m"), connections=[], queries=[query], mask=[{"column": f"{table}.email", "action": "mask"}])
+    result = call(srv, masked, query, {"low": 2})
+    rest = srv.get(q(query) + "?low=2", key=masked)
+    assert rest.status == 200 and result.structured_content == {"rows": rest.json, "truncated": False}
+    assert [r["name"] for r in rest.json] == ["Bob", "Cy"] and rest.json[0]["email"] != "bob@example.com"
+    narrow = srv.key(uniq("n"), connections=[connection], allowed_tables=["nothing_here"])
+    refused = call(srv, narrow, "execute_sql", {"connection_name": connection, "sql": f"SELECT * FROM {table}"})
+    assert refused.is_error and refused.structured_content["code"] == "table_not_allowed"
+    wide = srv.key(uniq("w"), connections=[connection])
+    ok = call(srv, wide, "execute_sql", {"connection_name": connection,
+                                         "sql": f"SELECT name FROM {table} WHERE id = :id", "params": {"id": 3}})
+    assert ok.structured_content == {"rows": [{"name": "Cy"}], "truncated": False}
