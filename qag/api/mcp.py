@@ -91,9 +91,8 @@ class McpHandlers:
     def post(self, request, caller):
         try:
             raw = request.body()
-        except QagError as error:   # too large, or unreadable: the message was never seen
-            code = INVALID_REQUEST
-            return _error_response(error.status, None, RpcError(code, error.message, error.code))
+        except QagError as error:   # too large (413, before reading), or unreadable: the message was never seen
+            return _error_response(error.status, None, RpcError(INVALID_REQUEST, error.message, error.code))
         try:
             message = json.loads(raw)
             _refuse_lone_surrogates(message)

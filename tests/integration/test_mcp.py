@@ -216,7 +216,8 @@ def test_quota_counts_tool_calls(srv, uniq):
 def test_unknown_tool_and_wrong_arguments_are_invalid_params(srv, uniq):
     key = srv.key(uniq("bad"), connections=[], queries=["by_id", "hidden"])
     for name, arguments, code in (("nope", {}, "unknown_tool"), ("hidden", {}, "unknown_tool"),
-                                  ("all_rows", {}, "unknown_tool"), ("execute_sql", {"sql": "SELECT 1"}, "unknown_tool"),
+                                  ("all_rows", {}, "unknown_tool"),
+                                  ("execute_sql", {"sql": "SELECT 1"}, "unknown_tool"),
                                   ("by_id", {"id": "x"}, "param_invalid"), ("by_id", {"id": 0}, "param_invalid"),
                                   ("by_id", {}, "param_required")):
         error = rpc_error(srv, key, name, arguments)
