@@ -211,7 +211,7 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number from 1 to 1000000", alias="QUERYAPIGATE_MAX_PAGE_SIZE"),
     Setting("QAG_STREAM_MAX_ROWS", _optional_int(1, None), None, "Row cap for stream=true exports (silently truncates); unset = unbounded.",
             "a positive whole number", alias="QUERYAPIGATE_STREAM_MAX_ROWS"),
-    Setting("QAG_MCP_MAX_ROWS", _int_range(1, 1_000_000), 200, "Rows one MCP tool call returns at most (a key's max_rows and QAG_MAX_PAGE_SIZE narrow it); the result says when it was cut.",
+    Setting("QAG_MCP_MAX_ROWS", _int_range(1, 1_000_000), 200, "Rows one MCP tool call returns at most (a key's max_rows narrows it; QAG_MAX_PAGE_SIZE doesn't apply); the result says when it was cut.",
             "a whole number from 1 to 1000000", alias="QUERYAPIGATE_MCP_MAX_ROWS"),
     Setting("QAG_MCP_API_KEY", _nonempty_secret, None, "The key `qag mcp` (MCP over stdio) calls with: its tools, grants and limits are this key's; unset = QAG_API_KEY (the admin key), or open mode.",
             "an API key (sk_...)", secret=True),

@@ -56,7 +56,7 @@ class ToolCall:
     """What RunHandlers reads of a request, for one tools/call: the arguments as a POST body's `params`, the
     MCP row cap as page_size, read-only, and the transport history records."""
 
-    __slots__ = ("environ", "method", "args", "request_id", "segments", "_body")
+    __slots__ = ("environ", "method", "args", "request_id", "segments", "page_ceiling", "_body")
     transport = TRANSPORT_MCP
     read_only = True
 
@@ -64,6 +64,7 @@ class ToolCall:
         self.environ = request.environ
         self.method = "POST"
         self.args = {"page_size": str(page_size)}
+        self.page_ceiling = page_size   # MCP_MAX_ROWS is a ceiling of its own, not QAG_MAX_PAGE_SIZE's
         self.request_id = request.request_id
         self.segments = [name]
         self._body = body
@@ -202,8 +203,9 @@ class McpHandlers:
         return out
 
     def row_cap(self, caller) -> int:
-        """MCP_MAX_ROWS, narrowed by the page-size ceiling (RunHandlers._paging narrows it by the key's max_rows)."""
-        cap = min(self.settings.mcp_max_rows, self.settings.max_page_size)
+        """MCP_MAX_ROWS narrowed by the key's max_rows (contract 6.7's effective_limits.max_rows.mcp); independent of
+        QAG_MAX_PAGE_SIZE, as QueryAPIGate's is."""
+        cap = self.settings.mcp_max_rows
         if not caller.admin and caller.grants.max_rows:
             cap = min(cap, int(caller.grants.max_rows))
         return cap

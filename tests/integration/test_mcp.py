@@ -133,6 +133,16 @@ def test_results_are_capped_by_mcp_max_rows_and_key_max_rows(srv, uniq):
     assert listed == 2
 
 
+def test_mcp_max_rows_is_independent_of_the_rest_page_ceiling(make_server):
+    s = make_server(env={"QAG_MCP_MAX_ROWS": "12", "QAG_MAX_PAGE_SIZE": "4"})
+    s.query("ids", "SELECT id FROM t ORDER BY id", "lite")
+    assert s.get(q("ids") + "?page_size=12").json["code"] == "invalid_paging"
+    result = call(s, s.admin_key, "ids", {})
+    assert result.structured_content["rows"] == [{"id": i} for i in range(1, 13)]
+    sql = call(s, s.admin_key, "execute_sql", {"connection_name": "lite", "sql": "SELECT id FROM t ORDER BY id"})
+    assert len(sql.structured_content["rows"]) == 12 and sql.structured_content["truncated"] is True
+
+
 def key_name_of(srv, secret):
     return srv.get("/catalog", key=secret).json["caller"]["name"]
 
