@@ -10,6 +10,7 @@ from . import _speedups
 from .api.catalog import CatalogHandlers
 from .api.events import EventsHandlers
 from .api.manage import ManageHandlers
+from .api.mcp import McpHandlers, gateway_error as mcp_error
 from .api.ops import OpsHandlers
 from .api.run import RunHandlers
 from .auth import Authenticator, Caller, is_loopback
@@ -86,7 +87,8 @@ class Gateway:
         self.ops = OpsHandlers(self)
         self.catalog = CatalogHandlers(self)
         self.events = EventsHandlers(self)
-        for handlers in (self.run, self.manage, self.ops, self.catalog, self.events, self.observe):
+        self.mcp = McpHandlers(self)
+        for handlers in (self.run, self.manage, self.ops, self.catalog, self.events, self.mcp, self.observe):
             handlers.register(self.router)
 
     def close(self) -> None:
@@ -118,7 +120,7 @@ class Gateway:
         try:
             response = self.handle(request, origin)
         except QagError as error:
-            response = error_response(error, request.request_id, environ.get("HTTP_ACCEPT"))
+            response = self._error_response(error, request)
         except Exception as exc:
             reason = self.store_unavailable(exc)
             if reason is None:
@@ -132,7 +134,7 @@ class Gateway:
                 error = QagError("unavailable", "The metadata store is unavailable - try again shortly",
                                  retry_after=STORE_RETRY_AFTER)
                 self.outages.note("the store", error, reason)
-            response = error_response(error, request.request_id, environ.get("HTTP_ACCEPT"))
+            response = self._error_response(error, request)
         limit_headers = environ.get("qag.limit_headers")
         if limit_headers:
             response.headers += limit_headers
@@ -163,6 +165,12 @@ class Gateway:
                 close()
             return [b""]
         return body
+
+    def _error_response(self, error: QagError, request: Request) -> Response:
+        # An MCP client reads JSON-RPC, not the envelope: /mcp's refusals before its handler ran are JSON-RPC errors.
+        if request.environ.get("PATH_INFO") == "/mcp":
+            return mcp_error(error, request.request_id, self.auth.challenges)
+        return error_response(error, request.request_id, request.environ.get("HTTP_ACCEPT"))
 
     def handle(self, request: Request, origin: str | None) -> Response:
         """Contract 0.1: preflight, authentication, route, open-access guard, admin check, handler."""

@@ -208,6 +208,37 @@ def cmd_events(args, settings) -> int:
     return 0
 
 
+def cmd_mcp(args, settings) -> int:
+    """qag mcp: the MCP server over stdio, one JSON-RPC message a line, each answered by the gateway's own POST /mcp
+    (so a stdio tool call has /mcp's auth, grants, limits, quota and history) as the QAG_MCP_API_KEY caller."""
+    import io
+    from .app import create_app
+    app = create_app(settings)
+    key = settings.mcp_api_key or settings.api_key
+    out = sys.stdout.buffer
+    try:
+        for line in sys.stdin.buffer:
+            if not line.strip():
+                continue
+            # A loopback peer addressing localhost: what open mode (no key anywhere) lets in.
+            environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/mcp", "QUERY_STRING": "", "SERVER_NAME": "localhost",
+                       "SERVER_PORT": "0", "SERVER_PROTOCOL": "HTTP/1.1", "HTTP_HOST": "localhost",
+                       "REMOTE_ADDR": "127.0.0.1", "CONTENT_TYPE": "application/json",
+                       "CONTENT_LENGTH": str(len(line)), "wsgi.input": io.BytesIO(line), "wsgi.url_scheme": "http",
+                       "wsgi.errors": sys.stderr}
+            if key:
+                environ["HTTP_X_API_KEY"] = key
+            body = b"".join(app(environ, lambda status, headers, exc_info=None: None))
+            if body.strip():   # 202 (a notification) has no answer; stdout carries nothing but messages
+                out.write(body.rstrip(b"\n") + b"\n")
+                out.flush()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        app.close()
+    return 0
+
+
 def cmd_demo(args, settings) -> int:
     from . import demo
     from .server import serve
@@ -317,6 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--home", help="folder of the store (QAG_HOME)")
 
     sub.add_parser("version", help="print the version and which speedups are loaded")
+    sub.add_parser("mcp", help="serve MCP over stdio (for an agent that starts qag itself) as QAG_MCP_API_KEY: "
+                               "the same tools and governance as /mcp")
     config = sub.add_parser("config", help="print every setting's effective value (secrets masked) and its source")
     config.add_argument("--json", action="store_true", help="as a JSON object")
     config.add_argument("--home", help="folder of the store (QAG_HOME)")
@@ -400,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load()
         handler = {"serve": cmd_serve, "demo": cmd_demo, "init": cmd_init, "version": cmd_version,
-                   "store": cmd_store, "events": cmd_events, "config": cmd_config, "check": cmd_check}.get(
+                   "store": cmd_store, "events": cmd_events, "config": cmd_config, "check": cmd_check,
+                   "mcp": cmd_mcp}.get(
             command, cmd_admin)
         return handler(args, settings)
     except (SettingsError, StoreOpenError) as exc:

@@ -235,7 +235,10 @@ class ConnectionHandlers:
         return json_response({"elapsed_ms": round(elapsed, 3)})
 
     def runtime_schema(self, request, caller, name):
-        database = request.args.get("database")
+        return json_response(self.schema_for(caller, name, request.args.get("database")))
+
+    def schema_for(self, caller, name: str, database: str | None) -> dict:
+        """A connection's tables and columns as this caller may see them (the schema route, MCP's list_tables)."""
         if not caller.admin:
             check_connection(caller.grants, name)
             if database is not None:
@@ -247,7 +250,7 @@ class ConnectionHandlers:
         if not caller.admin and caller.grants.allowed_tables is not None:
             schema = allowed_schema(schema, caller.grants.allowed_tables,
                                     table_policy.default_schema(backend.dialect, fields), backend.dialect)
-        return json_response(schema)
+        return schema
 
     def table_ddl(self, request, caller, name):
         """One table's CREATE statement (contract 11): a table a restricted key may not read is as missing as one

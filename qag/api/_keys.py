@@ -75,7 +75,8 @@ class KeyHandlers:
             "previous_last_used_at": row["previous_last_used_at"], "example": row["example"],
             "usage": self.gateway.run.usage.key(row["name"]),
             "effective_limits": effective_limits(Grants.from_stored(grants), server_timeout=s.query_timeout,
-                                                 max_page_size=s.max_page_size, stream_max_rows=s.stream_max_rows),
+                                                 max_page_size=s.max_page_size, stream_max_rows=s.stream_max_rows,
+                                                 mcp_max_rows=s.mcp_max_rows),
             "usage_this_period": self._period_usage(row["name"], grants.get("quota")),
         })
         return out

@@ -570,15 +570,21 @@ def _operation_ids(name: str, taken: set) -> tuple[str, str]:
     return base, base + "_post"
 
 
-def _saved_query_path(query: dict, taken: set) -> tuple[str, dict]:
-    name = query["name"]
+def params_schema(query: dict) -> dict:
+    """The JSON Schema of a saved query's `params` object: its POST body's `params` here, its MCP tool's
+    inputSchema (qag/api/mcp.py)."""
+    properties, required, _ = _placeholder_schemas(query)
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = required
+    return schema
+
+
+def _placeholder_schemas(query: dict) -> tuple[dict, list, list]:
+    """(JSON-body properties, required names, query-string parameters) of a saved query's placeholders."""
     declared = query.get("parameters") or {}
     if not isinstance(declared, dict):
         declared = {}
-    default_connection = query.get("connection_name") or None
-    summary = query.get("description") or f"Run the saved query {name}"
-    get_id, post_id = _operation_ids(name, taken)
-
     query_params: list[dict] = []
     properties: dict[str, dict] = {}
     required: list[str] = []
@@ -606,6 +612,15 @@ def _saved_query_path(query: dict, taken: set) -> tuple[str, dict]:
         if "example" in rule:
             entry["example"] = rule["example"]
         query_params.append(entry)
+    return properties, required, query_params
+
+
+def _saved_query_path(query: dict, taken: set) -> tuple[str, dict]:
+    name = query["name"]
+    default_connection = query.get("connection_name") or None
+    summary = query.get("description") or f"Run the saved query {name}"
+    get_id, post_id = _operation_ids(name, taken)
+    properties, required, query_params = _placeholder_schemas(query)
 
     connection_schema: dict[str, Any] = {"type": "string"}
     if default_connection:
@@ -615,11 +630,11 @@ def _saved_query_path(query: dict, taken: set) -> tuple[str, dict]:
     version = {"name": "version", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 1},
                "description": "Version number (default: the published one)"}
     description = f"Runs the saved query '{name}'."
-    params_schema: dict[str, Any] = {"type": "object", "properties": properties}
+    params: dict[str, Any] = {"type": "object", "properties": properties}
     if required:
-        params_schema["required"] = required
+        params["required"] = required
     body = {"type": "object", "properties": {
-        "params": params_schema, "connection_name": connection_schema, "version": {"type": "integer", "minimum": 1},
+        "params": params, "connection_name": connection_schema, "version": {"type": "integer", "minimum": 1},
         "format": {"type": "string", "enum": FORMATS}, "timeout": {"type": "number", "exclusiveMinimum": 0}}}
     if required or not default_connection:
         body["required"] = (["params"] if required else []) + ([] if default_connection else ["connection_name"])

@@ -61,6 +61,7 @@ class Plan:
     rules: tuple = ()
     mask: object = None
     masked: list | None = None
+    transport: int | None = None  # history's `tr`: None REST, 1 MCP (qag/api/mcp.py), 2 export
 
 
 def _positive_int(text: str, what: str) -> int:
@@ -209,9 +210,10 @@ class RunHandlers:
         prepared = prepare(version["sql"], row["db"] if row else "sqlite")
         check_text_values(prepared, values)
         # 7-8. streaming and paging; 10. the connection itself.
-        stream, page, size = self._paging(args, caller, fmt)
+        stream, page, size = self._paging(args, caller, fmt, request.page_ceiling)
         connection = self._connection(chosen, row)
-        writes = self.writes_allowed(caller, name) and not stream
+        # A tool call (qag/api/mcp.py) is read-only whatever the key may write: agent writes are outside the contract.
+        writes = self.writes_allowed(caller, name) and not stream and not request.read_only
         # The version's mask applies to every caller, administrators included (contract 6.3).
         rules = masking.effective(version.get("mask"), None if caller.admin else caller.grants.mask)
         # 9. the response cache (contract 7.1): every check above passed, the database not yet touched. The key
@@ -233,7 +235,7 @@ class RunHandlers:
         plan = Plan(connection, prepared, values, not writes, timeout, fmt, page, size, stream,
                     request_name(request), caller.admin and not rules, request.request_id,
                     caller.label, name, version["version"], version["uuid"], version["sql"], timing=timing,
-                    rules=rules)
+                    rules=rules, transport=request.transport)
         response = self._execute(plan, caller, writes, version)
         if key is not None:
             if timing is not None:
@@ -272,15 +274,16 @@ class RunHandlers:
         fmt, timeout, negotiated = self._format_and_timeout(request, request.args, body, caller)
         adhoc_mask = normalise_mask(body["mask"]) if body.get("mask") is not None else None
         rules = masking.effective(None if caller.admin else caller.grants.mask, adhoc_mask)
-        stream, page, size = self._paging(request.args, caller, fmt)
+        stream, page, size = self._paging(request.args, caller, fmt, request.page_ceiling)
         connection = self._connection(chosen, self.store.get_connection(chosen))
         if body.get("database") is not None and connection["db"] == "sqlite":
             raise QagError("unsupported_operation", "Switching databases isn't supported for 'sqlite' connections")
-        writes = self.writes_allowed(caller, None) and not stream
+        writes = self.writes_allowed(caller, None) and not stream and not request.read_only
         prepared = prepare(sql, connection["db"], text_placeholders=False)
         plan = Plan(connection, prepared, params, not writes, timeout, fmt, page, size, stream, chosen,
                     not rules, request.request_id, caller.label, None, None, None, sql,
-                    body.get("database"), request.environ.get("qag.timing"), rules=rules)
+                    body.get("database"), request.environ.get("qag.timing"), rules=rules,
+                    transport=request.transport)
         response = self._execute(plan, caller, writes, None)
         if negotiated:
             response.headers.append(VARY_ACCEPT)
@@ -305,7 +308,8 @@ class RunHandlers:
                               None if caller.admin else caller.grants.query_timeout) if t]
         return fmt, (min(limits) if limits else None), negotiated
 
-    def _paging(self, args: dict, caller, fmt: str) -> tuple[bool, int, int]:
+    def _paging(self, args: dict, caller, fmt: str, ceiling: int | None = None) -> tuple[bool, int, int]:
+        """(stream, page, size); `ceiling` replaces QAG_MAX_PAGE_SIZE for an MCP call, capped by MCP_MAX_ROWS."""
         stream = args.get("stream", "").strip().lower() in _STREAM_WORDS
         if stream:
             if fmt not in encode.STREAM_FORMATS:
@@ -319,8 +323,9 @@ class RunHandlers:
         size = _positive_int(args["page_size"], "page_size") if "page_size" in args else 10
         if page < 1 or size < 1:
             raise QagError("invalid_paging", "page and page_size must be positive")
-        if size > self.settings.max_page_size:
-            raise QagError("invalid_paging", f"page_size must not exceed {self.settings.max_page_size}")
+        ceiling = ceiling or self.settings.max_page_size
+        if size > ceiling:
+            raise QagError("invalid_paging", f"page_size must not exceed {ceiling}")
         if not caller.admin and caller.grants.max_rows:
             size = min(size, int(caller.grants.max_rows))
         if (page - 1) * size > _MAX_OFFSET:

@@ -64,6 +64,10 @@ class Request:
 
     __slots__ = ("environ", "method", "path", "segments", "args", "request_id", "peer", "max_body",
                  "_body", "_json", "https")
+    # What the run handlers ask of every request; an MCP tool call (qag/api/mcp.py ToolCall) says otherwise.
+    transport = None       # history's `tr`: REST
+    read_only = False      # writes as the caller's grants allow
+    page_ceiling = None    # page_size up to QAG_MAX_PAGE_SIZE
 
     def __init__(self, environ: dict, max_body: int, trust_proxy: int = 0):
         self.environ = environ

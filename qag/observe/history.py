@@ -105,7 +105,7 @@ class History:
                 if trace is not None:
                     trace = bytes.fromhex(trace)
             rows.append([int(at), keep, q, plan.version, ids[plan.connection["name"]], ids[plan.key], rid,
-                         1 if ok else 0, None, n, None if ms is None else int(ms),
+                         1 if ok else 0, plan.transport, n, None if ms is None else int(ms),
                          None if ser is None else int(ser * 10 + 0.5), None if code is None else ids[code], err,
                          sql, extra, done_ns, trace])
         by_count = self.retention_days is None
@@ -134,7 +134,7 @@ class History:
             extra = _with_masked(extra, plan.masked)
         connection = plan.connection["name"]
         payload = event({"query": plan.query, "v": plan.version, "at": int(at), "connection": connection,
-                         "rid": plan.request_id, "key_name": plan.key, "tr": None,
+                         "rid": plan.request_id, "key_name": plan.key, "tr": plan.transport,
                          "trace": getattr(plan.timing, "trace_id", None) if self.tracing else None,
                          "x": extra, "ok": ok, "n": n,
                          "ms": None if ms is None else int(ms), "ser": None if ser is None else int(ser * 10 + 0.5),
