@@ -20,6 +20,7 @@ from ..policy.guard import check as guard_check
 from ..policy.keyfields import normalise_mask
 from ..policy import masking
 from ..policy import tables as table_policy
+from ..bearer import claim
 from ..sql.params import compile_rules
 from ..sql.prepare import check_text_values, prepare, render
 from ._common import valid_query_name
@@ -88,6 +89,41 @@ def _timeout_value(value) -> float | None:
     if not math.isfinite(seconds) or seconds <= 0:
         raise QagError("invalid_timeout", "timeout must be a positive number of seconds")
     return seconds
+
+
+def bind_claims(bound: tuple, caller, values: dict) -> dict:
+    """Fill each `from_claim` parameter from the caller's verified token claims; the request has no say in them,
+    so `WHERE owner = :me` with `"me": {"from_claim": "sub"}` only ever returns the signed-in user's rows.
+
+    A signed-in user gets each value from the token (sending one anyway: 400 param_from_claim; a token without
+    the claim: 403 claim_missing). The admin key (and open mode) has no token and supplies them as ordinary
+    parameters, for testing and server-side use. A scoped key can't run the query (403 sign_in_required): letting
+    it choose the value would defeat the binding. A require_claim_binding role runs only queries that bind one."""
+    if caller.claim_binding and not bound:
+        raise QagError("claim_binding_required", "This role runs only saved queries that take a parameter from the "
+                                                 "sign-in token, and this one doesn't (require_claim_binding)")
+    if not bound:
+        return values
+    claims = caller.claims
+    if claims is None:
+        if caller.admin:
+            return values
+        raise QagError("sign_in_required", f"This query takes {', '.join(sorted(b[0] for b in bound))} from a "
+                                           "signed-in user's token - call it with `Authorization: Bearer <token>`")
+    sent = sorted(name for name, _, _ in bound if name in values)
+    if sent:
+        raise QagError("param_from_claim", f"{', '.join(sent)} {'comes' if len(sent) == 1 else 'come'} from the "
+                                           "sign-in token and can't be set by the request", params=sent)
+    values = dict(values)
+    for name, claim_name, type_name in bound:
+        value = claim(claims, claim_name)
+        if value is None or isinstance(value, (dict, list)):
+            # The claim's name is the saved query's (not secret); its value is never echoed.
+            raise QagError("claim_missing", f"The sign-in token has no usable '{claim_name}' claim")
+        if type_name in (None, "string") and isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = str(value)  # a numeric user id bound to a text column
+        values[name] = value
+    return values
 
 
 class RunHandlers:
@@ -201,7 +237,8 @@ class RunHandlers:
         # 5. declared parameter rules, 6. text placeholders.
         if timing is not None:
             mark = time.perf_counter()
-        values = self._resolver(version).resolve(values)
+        resolver = self._resolver(version)
+        values = resolver.resolve(bind_claims(resolver.claim_bound, caller, values))
         if timing is not None:
             timing["bind"] = time.perf_counter() - mark
         row = self.store.get_connection(chosen)
@@ -235,6 +272,10 @@ class RunHandlers:
 
     # --- POST /execute_sql -------------------------------------------------------------------
     def execute_sql(self, request, caller):
+        if caller.claim_binding:
+            # Ad-hoc SQL binds nothing to the token (its role has no connection grant either: policy/keyfields.py).
+            raise QagError("claim_binding_required", "This role runs only saved queries that take a parameter from "
+                                                     "the sign-in token (require_claim_binding)")
         body = request.json_object(lenient_content_type=False, invalid_message="Request body must be a JSON object")
         if body is None:
             raise QagError("invalid_body", "Request body must be a JSON object")
