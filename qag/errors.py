@@ -55,6 +55,8 @@ ERRORS: dict[str, tuple[int, str, str]] = {
     "claim_binding_required": (403, "This role runs only saved queries that take a parameter from the sign-in token", "a `require_claim_binding` role runs ad-hoc SQL or a saved query without a `from_claim` parameter"),
     "sign_in_required": (403, "This query takes parameters from a signed-in user's token", "a scoped API key runs a saved query with `from_claim` parameters (the admin key supplies them itself)"),
     "claim_missing": (403, "The sign-in token has no usable claim for a parameter", "a `from_claim` parameter's claim is missing, or an object or list"),
+    "row_security_saved_only": (403, "Signed-in users run only saved queries on a connection with row security", "a bearer caller's `/execute_sql` on a `row_security` connection (its own statement could set the claims or role itself)"),
+    "row_security_unmapped": (403, "This role has no database role on this connection", "a bearer caller whose role is missing from the `row_security` connection's `db_roles`"),
     "forbidden": (403, "Only .json files inside the saved_sql folder can be accessed", "`/q/<name>` with an invalid saved-query name"),
     "query_not_found": (404, "Saved query not found", "saved query does not exist"),
     "version_not_found": (404, "Version not found", "version does not exist (or is a draft, for non-admins)"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -253,7 +254,9 @@ class RunHandlers:
         # 9. the response cache (contract 7.1): every check above passed, the database not yet touched. The key
         # holds the fingerprint of the effective mask rules: callers with different rules never share an entry.
         ttl, key = version.get("cache_ttl"), None
-        if ttl and self._cacheable(prepared, stream, caller):
+        # Row security decides per signed-in user inside the database: such a response is nobody else's.
+        per_user = caller.claims is not None and row is not None and row["fields"].get("row_security") is True
+        if ttl and not per_user and self._cacheable(prepared, stream, caller):
             key = cache_key(referenced, version["version"], chosen, values, fmt, page, size,
                             mask_fingerprint=masking.fingerprint(rules),
                             source=source_of(version, row))
@@ -488,6 +491,7 @@ class RunHandlers:
             reading = prepared.reading
             call.cursor = reading is not None and reading.query
         _pin_names(call, plan, restricted, fields)
+        call.identity = row_security(caller, fields, plan.query)
         try:
             result = backend.run(fields, call)
         except QagError as error:
@@ -529,6 +533,7 @@ class RunHandlers:
         call = Call(rendered.sql, rendered.args, True, plan.timeout, 0, functions=functions,
                     connection=plan.connection["name"])
         _pin_names(call, plan, restricted, fields)
+        call.identity = row_security(caller, fields, plan.query)
         try:
             columns, batches = backend.stream(fields, call, _STREAM_BATCH, cap)
         except QagError as error:
@@ -546,6 +551,28 @@ class RunHandlers:
         return Response(200, _Export(plan, columns, batches, self.observe, at, cap, self.settings.parquet_row_group),
                         headers,
                         encode.CONTENT_TYPES[plan.fmt])
+
+
+def row_security(caller, fields: dict, query: str | None) -> tuple | None:
+    """A connection with `row_security` (PostgreSQL): a signed-in caller's (claims JSON, database role) for the
+    backend to set in the call's transaction; None for API keys and the admin key (no claims are set).
+
+    Only saved queries: an ad-hoc statement of the caller's own could call set_config itself and act as another
+    user or role within the same transaction. With `db_roles`, a caller whose qag role has no database role is
+    refused rather than run with the connection user's own rights (often the table owner's, which bypass RLS)."""
+    if fields.get("row_security") is not True or caller.claims is None:
+        return None
+    if query is None:
+        raise QagError("row_security_saved_only")
+    roles = fields.get("db_roles")
+    db_role = None
+    if roles:
+        db_role = roles.get(caller.role)
+        if db_role is None:
+            raise QagError("row_security_unmapped", f"Role '{caller.role}' has no database role on this connection "
+                                                    "(db_roles)")
+    claims = json.dumps(caller.claims, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return claims, (db_role.encode("utf-8") if db_role is not None else None)
 
 
 def _pin_names(call: Call, plan: Plan, restricted: tuple[str, frozenset] | None, fields: dict) -> None:
