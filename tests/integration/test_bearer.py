@@ -334,3 +334,13 @@ def test_shared_secret_server(make_server, tmp_path, issuer):
     r = s.get("/api/v1/me", key=None, headers={"Authorization": f"Bearer {rs}"})
     assert r.status == 401 and r.json["code"] == "token_algorithm"
     assert secret not in "\n".join(s.log)
+
+
+def test_openapi_declares_the_bearer_scheme_and_lists_for_the_signed_in_user(oidc, issuer):
+    anonymous = oidc.get("/openapi.json", key=None).json
+    assert anonymous["components"]["securitySchemes"]["BearerAuth"] == {
+        "type": "http", "scheme": "bearer", "bearerFormat": "JWT",
+        "description": "A signed-in user's token (QAG_JWT_*); its role claim picks the grants"}
+    assert {"BearerAuth": []} in anonymous["security"]
+    mine = call(oidc, issuer.token(), "/openapi.json").json
+    assert "/q/mine" in mine["paths"] and '"me"' not in json.dumps(mine["paths"]["/q/mine"])
