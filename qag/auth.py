@@ -10,7 +10,7 @@ import json
 import logging
 import time
 
-from .bearer import TokenVerifier, bearer_token, challenge, claim
+from .bearer import TokenVerifier, bearer_token, challenge, claim, refusal
 from .errors import QagError
 from .policy.grants import Grants, expired, grants_from_json, ip_allowed
 from .store.base import Store
@@ -131,7 +131,9 @@ class Authenticator:
             raise
         user = claim(claims, self._user_claim)
         if isinstance(user, bool) or not isinstance(user, (str, int)) or str(user) == "":
-            raise QagError("token_claims", headers=list(self.challenges))
+            refused = refusal("token_claims", "The bearer token lacks a required claim")
+            refused.headers = [("WWW-Authenticate", API_KEY_CHALLENGE)] + refused.headers
+            raise refused
         names: list[str] = []
         if self._role_claim:
             value = claim(claims, self._role_claim)

@@ -130,3 +130,28 @@ def test_the_cache_is_bounded_and_respects_exp():
     with pytest.raises(Exception) as caught:
         v.verify(short)
     assert caught.value.code == "token_expired"
+
+
+def test_unreachable_issuer_is_503_then_known_keys_survive_an_outage():
+    from qag.bearer import KeySet
+    from qag.errors import QagError
+
+    calls = []
+
+    def down(url):
+        calls.append(url)
+        raise OSError("connection refused")
+
+    keys = KeySet(None, "https://id.example", 0.0, fetch=down)
+    with pytest.raises(QagError) as caught:
+        keys.get("k1")
+    assert caught.value.code == "jwks_unavailable" and caught.value.status == 503
+    assert calls == ["https://id.example/.well-known/openid-configuration"]
+
+    # Discovery must name the issuer it was fetched for.
+    documents = {"https://id.example/.well-known/openid-configuration": {"issuer": "https://other.example",
+                                                                         "jwks_uri": "https://id.example/k"}}
+    keys = KeySet(None, "https://id.example", 0.0, fetch=lambda url: documents[url])
+    with pytest.raises(QagError) as caught:
+        keys.get("k1")
+    assert caught.value.code == "jwks_unavailable"
