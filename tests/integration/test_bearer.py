@@ -120,7 +120,8 @@ def oidc(issuer, make_module_server):
             parameters={"t": {"type": "int", "from_claim": "app.tenant"}})
     for body in ({"name": "reader", "connections": [], "queries": ["titles", "mine", "tenant_docs"]},
                  {"name": "limited", "connections": [], "queries": ["titles"], "rate_limit": "2/minute"},
-                 {"name": "bound", "connections": [], "queries": ["titles", "mine"], "require_claim_binding": True}):
+                 {"name": "bound", "connections": [], "queries": ["titles", "mine"], "require_claim_binding": True},
+                 {"name": "quota", "connections": [], "queries": ["titles"], "quota": {"calls": 1, "per": "day"}}):
         assert s.post("/api/v1/roles", body).status == 201
     return s
 
@@ -236,6 +237,15 @@ def test_rate_limits_count_per_subject(oidc, issuer, uniq):
     statuses = [call(oidc, issuer.token(sub=alice, role="limited")).status for _ in range(3)]
     assert statuses == [200, 200, 429]
     assert call(oidc, issuer.token(sub=bob, role="limited")).status == 200
+
+
+def test_quotas_count_per_subject(oidc, issuer, uniq):
+    alice, bob = uniq("alice"), uniq("bob")
+    first = call(oidc, issuer.token(sub=alice, role="quota"))
+    assert first.status == 200 and first.headers["x-quota-remaining-calls"] == "0"
+    r = call(oidc, issuer.token(sub=alice, role="quota"))
+    assert r.status == 429 and r.json["code"] == "quota_exceeded"
+    assert call(oidc, issuer.token(sub=bob, role="quota")).status == 200
 
 
 def test_history_and_metrics_name_the_subject_not_the_token(oidc, issuer, uniq):
