@@ -353,3 +353,9 @@ def test_openapi_declares_the_bearer_scheme_and_lists_for_the_signed_in_user(oid
     assert {"BearerAuth": []} in anonymous["security"]
     mine = call(oidc, issuer.token(), "/openapi.json").json
     assert "/q/mine" in mine["paths"] and '"me"' not in json.dumps(mine["paths"]["/q/mine"])
+
+
+def test_public_routes_answer_a_bad_token_as_anyone(oidc, issuer):
+    r = call(oidc, "not-a-jwt", "/openapi.json")
+    assert r.status == 200 and "/q/mine" not in r.json["paths"]
+    assert call(oidc, issuer.token(exp=int(time.time()) - 600), "/health").status == 200
