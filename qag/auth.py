@@ -72,7 +72,8 @@ def now_text() -> str:
 
 
 class Authenticator:
-    """Turns the X-API-Key header into a Caller (or None); every failure looks the same to the caller."""
+    """Turns the X-API-Key header into a Caller (or None), every failure looking the same to the caller; or, when
+    configured and no key is sent, a bearer token into a signed-in user's Caller (a bad token says why)."""
 
     def __init__(self, store: Store, admin_key: str | None, settings=None):
         self.store = store
@@ -130,7 +131,10 @@ class Authenticator:
             error.headers = [("WWW-Authenticate", API_KEY_CHALLENGE)] + error.headers
             raise
         user = claim(claims, self._user_claim)
-        if isinstance(user, bool) or not isinstance(user, (str, int)) or str(user) == "":
+        # The subject names the caller in logs, history, metrics and limit keys: printable and bounded, so a
+        # token can't forge a log line or grow a key without end.
+        if (isinstance(user, bool) or not isinstance(user, (str, int)) or str(user) == "" or len(str(user)) > 255
+                or not str(user).isprintable()):
             refused = refusal("token_claims", "The bearer token lacks a required claim")
             refused.headers = [("WWW-Authenticate", API_KEY_CHALLENGE)] + refused.headers
             raise refused

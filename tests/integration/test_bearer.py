@@ -163,6 +163,7 @@ def test_no_credential_names_both_schemes(oidc):
     ("hs_with_public_key", "token_algorithm"),
     ("alg_not_the_keys", "token_algorithm"),
     ("no_subject", "token_claims"),
+    ("subject_forging_a_log_line", "token_claims"),
 ])
 def test_bad_tokens_are_401_with_a_code_and_a_bearer_challenge(oidc, issuer, case, code):
     now = int(time.time())
@@ -192,6 +193,7 @@ def test_bad_tokens_are_401_with_a_code_and_a_bearer_challenge(oidc, issuer, cas
         "alg_not_the_keys": lambda: jwt.encode({"iss": issuer.url, "aud": AUDIENCE, "sub": "a", "exp": now + 60},
                                                issuer.keys["k1"][1], algorithm="RS256", headers={"kid": "k-ec"}),
         "no_subject": lambda: issuer.token(sub=None),
+        "subject_forging_a_log_line": lambda: issuer.token(sub="alice\n127.0.0.1 - admin GET /api/v1/api-keys"),
     }[case]()
     r = call(oidc, token)
     assert r.status == 401, (case, r)
