@@ -53,7 +53,7 @@ $(CORE): $(BIN)/python $(SOURCES)
 	touch $@
 
 $(FULL): $(BIN)/python $(SOURCES)
-	$(BIN)/python -m pip install -q -e '.[test,mysql,postgres,redis,formats,otel]'
+	$(BIN)/python -m pip install -q -e '.[test,mysql,postgres,redis,formats,otel,jwt]'
 	touch $@ $(CORE)
 
 # This platform's wheel, compiled or failed: never a silently pure one. It is then installed into a clean
@@ -64,7 +64,7 @@ wheel: system-deps $(FULL)
 	$(BIN)/python -m pip wheel -q --no-deps -w dist -C speedups=require .
 	$(BIN)/python -m venv $(WHEEL_VENV)
 	$(WHEEL_VENV)/bin/python -m pip install -q --upgrade pip
-	$(WHEEL_VENV)/bin/python -m pip install -q "$$(ls dist/qag-*.whl)[test,mysql,postgres,redis,formats,otel]"
+	$(WHEEL_VENV)/bin/python -m pip install -q "$$(ls dist/qag-*.whl)[test,mysql,postgres,redis,formats,otel,jwt]"
 	mkdir -p $(WHEEL_TESTS)
 	cp -r tests docs benchmarks $(WHEEL_TESTS)/
 	find $(WHEEL_TESTS) -name __pycache__ -prune -exec rm -rf {} +

@@ -60,7 +60,7 @@ class Gateway:
         self.store_files = store_paths(settings.home)
         self.backends = Backends(settings, self.store_files)
         self.secret = self._server_secret()
-        self.auth = Authenticator(self.metadata, settings.api_key)
+        self.auth = Authenticator(self.metadata, settings.api_key, settings)
         self.headers = HeaderPolicy(settings.cors_origins, settings.hsts_max_age)
         self.max_body = settings.max_body_bytes
         self.trust_proxy = settings.trust_proxy
@@ -135,6 +135,9 @@ class Gateway:
                                  retry_after=STORE_RETRY_AFTER)
                 self.outages.note("the store", error, reason)
             response = self._error_response(error, request)
+        if response.status == 401 and not response.has_header("WWW-Authenticate"):
+            # RFC 9110 11.6.1: a 401 names every scheme this server accepts (a bad token's names what failed).
+            response.headers += self.auth.challenges
         limit_headers = environ.get("qag.limit_headers")
         if limit_headers:
             response.headers += limit_headers
@@ -192,7 +195,8 @@ class Gateway:
             route, params = self.router.match(request.segments, request.method)
         except QagError:
             # An unknown route is not public: without a credential the caller learns nothing about it.
-            caller = self.auth.authenticate(request.header("X-API-Key"), request.peer)
+            caller = self.auth.authenticate(request.header("X-API-Key"), request.peer,
+                                            request.header("Authorization"))
             if caller is None:
                 raise QagError("unauthorized", "Unauthorized", headers=list(self.auth.challenges)) from None
             environ["qag.key"] = caller.label
@@ -204,7 +208,13 @@ class Gateway:
         timing = environ.get("qag.timing")
         if timing is not None:
             mark = time.perf_counter()
-        caller = self.auth.authenticate(request.header("X-API-Key"), request.peer)
+        try:
+            caller = self.auth.authenticate(request.header("X-API-Key"), request.peer,
+                                            request.header("Authorization"))
+        except QagError:
+            if not route.public:
+                raise
+            caller = None   # a public route answers a bad token as it answers a wrong key: as for anyone
         if timing is not None:
             timing["auth"] = time.perf_counter() - mark
         if caller is not None:

@@ -6,9 +6,12 @@ import datetime as _dt
 import hashlib
 import hmac
 import ipaddress
+import json
 import logging
 import time
 
+from .bearer import TokenVerifier, bearer_token, challenge, claim, refusal
+from .errors import QagError
 from .policy.grants import Grants, expired, grants_from_json, ip_allowed
 from .store.base import Store
 
@@ -22,16 +25,21 @@ API_KEY_CHALLENGE = 'ApiKey realm="qag", name="X-API-Key", in="header"'
 
 
 class Caller:
-    """An authenticated caller. name: 'admin', the key's name, or None in open mode."""
+    """An authenticated caller. name: 'admin', the key's name, `jwt:<subject>` for a signed-in user, or None in
+    open mode; claims, role and claim_binding only for a signed-in user."""
 
-    __slots__ = ("name", "admin", "via", "grants", "key")
+    __slots__ = ("name", "admin", "via", "grants", "key", "claims", "role", "claim_binding")
 
-    def __init__(self, name: str | None, admin: bool, via: str, grants: Grants | None = None, key: dict | None = None):
+    def __init__(self, name: str | None, admin: bool, via: str, grants: Grants | None = None, key: dict | None = None,
+                 claims: dict | None = None, role: str | None = None, claim_binding: bool = False):
         self.name = name
         self.admin = admin
         self.via = via
         self.grants = grants
         self.key = key
+        self.claims = claims
+        self.role = role
+        self.claim_binding = claim_binding
 
     @property
     def label(self) -> str:
@@ -64,22 +72,38 @@ def now_text() -> str:
 
 
 class Authenticator:
-    """Turns the X-API-Key header into a Caller (or None); every failure looks the same to the caller."""
+    """Turns the X-API-Key header into a Caller (or None), every failure looking the same to the caller; or, when
+    configured and no key is sent, a bearer token into a signed-in user's Caller (a bad token says why)."""
 
-    def __init__(self, store: Store, admin_key: str | None):
+    def __init__(self, store: Store, admin_key: str | None, settings=None):
         self.store = store
         self._admin = admin_key.encode("utf-8") if admin_key is not None else None
         self._admin_caller = Caller("admin", True, "break-glass")
         self._touched: dict[tuple[str, bool], float] = {}
-        # The headers of a 401: one WWW-Authenticate per scheme this server accepts (a Bearer one joins with OIDC).
+        # Signed-in users (QAG_JWT_*): None unless configured.
+        self.tokens = None
+        if settings is not None and getattr(settings, "jwt_mode", None):
+            self.tokens = TokenVerifier(settings)
+            self._role_claim = settings.jwt_role_claim
+            self._fixed_role = settings.jwt_role
+            self._user_claim = settings.jwt_user_claim
+        self._role_grants: dict[str, Grants] = {}
+        # The headers of a 401: one WWW-Authenticate per scheme this server accepts.
         self.challenges: tuple[tuple[str, str], ...] = (("WWW-Authenticate", API_KEY_CHALLENGE),)
+        if self.tokens is not None:
+            self.challenges += (("WWW-Authenticate", challenge()),)
 
     def auth_required(self) -> bool:
-        """Open mode only while no admin key is configured and no scoped key is stored."""
-        return self._admin is not None or self.store.count_keys() > 0
+        """Open mode only while no admin key is configured, no bearer tokens are and no scoped key is stored."""
+        return self._admin is not None or self.tokens is not None or self.store.count_keys() > 0
 
-    def authenticate(self, header: str | None, peer: str | None) -> Caller | None:
+    def authenticate(self, header: str | None, peer: str | None, authorization: str | None = None) -> Caller | None:
         if header is None:
+            # X-API-Key, when present, decides alone: a wrong key never falls back to a token (contract 1.1).
+            if authorization is not None and self.tokens is not None:
+                token = bearer_token(authorization)
+                if token is not None:
+                    return self._signed_in(token, peer)
             return None if self.auth_required() else OPEN
         # WSGI gives header bytes as latin-1 text; a non-ASCII value never matches any key.
         if not header.isascii():
@@ -96,6 +120,54 @@ class Authenticator:
             return None
         self._touch(row["name"], previous)
         return Caller(row["name"], False, "key", grants, row)
+
+    def _signed_in(self, token: str, peer: str | None) -> Caller | None:
+        """The Caller of a bearer token: verified claims (cached by the token's hash), then the role they name
+        (a cached row). Raises QagError 401 token_* with both challenges for a bad token, 403 token_role for a good
+        token naming no role."""
+        try:
+            claims = self.tokens.verify(token)
+        except QagError as error:
+            error.headers = [("WWW-Authenticate", API_KEY_CHALLENGE)] + error.headers
+            raise
+        user = claim(claims, self._user_claim)
+        # The subject names the caller in logs, history, metrics and limit keys: printable and bounded, so a
+        # token can't forge a log line or grow a key without end.
+        if (isinstance(user, bool) or not isinstance(user, (str, int)) or str(user) == "" or len(str(user)) > 255
+                or not str(user).isprintable()):
+            refused = refusal("token_claims", "The bearer token lacks a required claim")
+            refused.headers = [("WWW-Authenticate", API_KEY_CHALLENGE)] + refused.headers
+            raise refused
+        names: list[str] = []
+        if self._role_claim:
+            value = claim(claims, self._role_claim)
+            if isinstance(value, str):
+                names.append(value)
+            elif isinstance(value, list):
+                names += [v for v in value if isinstance(v, str)]
+        if self._fixed_role:
+            names.append(self._fixed_role)
+        for name in names:
+            row = self.store.get_role(name)
+            if row is not None:
+                break
+        else:
+            raise QagError("token_role", headers=[("WWW-Authenticate", challenge("insufficient_scope"))])
+        grants = self._grants_of(row)
+        if not ip_allowed(grants.ips, peer):
+            return None
+        return Caller(f"jwt:{user}", False, "jwt", grants, None, claims, row["name"],
+                      bool(row.get("require_claim_binding")))
+
+    def _grants_of(self, row: dict) -> Grants:
+        """A role's Grants, compiled once per distinct stored grants (a role edit gives new text, so a new entry)."""
+        text = json.dumps(row["grants"], sort_keys=True)
+        grants = self._role_grants.get(text)
+        if grants is None:
+            if len(self._role_grants) > 256:
+                self._role_grants.clear()
+            grants = self._role_grants[text] = Grants.from_stored(row["grants"])
+        return grants
 
     @staticmethod
     def _valid(row: dict, previous: bool, grants: Grants, peer: str | None) -> bool:

@@ -197,7 +197,7 @@ def cmd_events(args, settings) -> int:
     from .store import open_store
     store = open_store(settings)
     token = settings.metrics_token.encode("utf-8") if settings.metrics_token is not None else None
-    server = EventsServer(settings, store, Authenticator(store, settings.api_key), token)
+    server = EventsServer(settings, store, Authenticator(store, settings.api_key, settings), token)
     try:
         asyncio.run(server.serve(args.host or settings.events_host,
                                  args.port if args.port is not None else settings.events_port))

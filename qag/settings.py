@@ -191,6 +191,33 @@ def _database_url(text: str, s: Setting) -> str | None:
     return url
 
 
+def _optional_text(text: str, s: Setting) -> str | None:
+    return text.strip() or None
+
+
+def _csv(text: str, s: Setting) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _jwt_secret(text: str, s: Setting) -> str:
+    # A short HMAC secret can be brute-forced offline from any one token it signed.
+    if len(text.encode("utf-8")) < 32:
+        raise SettingsError(f"{s.name} must be at least 32 bytes long")
+    return text
+
+
+def _jwks_url(text: str, s: Setting) -> str | None:
+    url = text.strip()
+    if url == "":
+        return None
+    lowered = url.lower()
+    # Keys fetched over plain HTTP could be swapped in transit; loopback is for tests and sidecars.
+    if not (lowered.startswith("https://") or lowered.startswith(("http://127.0.0.1", "http://localhost",
+                                                                     "http://[::1]"))):
+        raise SettingsError(f"{s.name} must be {s.accepted}")
+    return url
+
+
 def _origins(text: str, s: Setting) -> tuple[str, ...]:
     items = [o.strip().rstrip("/").lower() for o in text.split(",")]
     return tuple(o for o in items if o)
@@ -319,6 +346,28 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number of bytes from 65536"),
     Setting("QAG_RESPONSE_CACHE_MAX_BYTES", _int_range(1, 1 << 36), 64 << 20, "Bytes of responses (bodies and headers, in 1 KiB blocks) the host's shared-memory response cache holds for every worker of the instance, for saved-query versions with a cache_ttl; beyond it, or beyond 10,000 entries, the least recently used are evicted. A response larger than this is not cached (never an error). Default 64 MiB per host (memory is only used as entries arrive). Not used with QAG_REDIS_URL (the cache is then kept in Redis).",
             "a whole number of bytes from 1 to 68719476736"),
+    Setting("QAG_JWT_SECRET", _jwt_secret, None, "Accept `Authorization: Bearer <JWT>` signed with this shared secret (HS256/384/512; at least 32 bytes). Set this or QAG_JWT_JWKS_URL / QAG_JWT_ISSUER, not both. Needs `pip install 'qag[jwt]'`.",
+            "text of at least 32 bytes", alias="QUERYAPIGATE_JWT_SECRET", secret=True),
+    Setting("QAG_JWT_JWKS_URL", _jwks_url, None, "Accept bearer tokens signed by the keys published at this JWKS URL (RS/PS/ES/EdDSA); unset with QAG_JWT_ISSUER set = the issuer's OIDC discovery document names it. Keys are cached and fetched again for an unknown `kid` (at most once per QAG_JWT_JWKS_REFRESH_INTERVAL).",
+            "an https:// URL (http:// only for localhost or 127.0.0.1)", alias="QUERYAPIGATE_JWT_JWKS_URL"),
+    Setting("QAG_JWT_ISSUER", _optional_text, None, "The `iss` every bearer token must carry; with no QAG_JWT_SECRET or QAG_JWT_JWKS_URL, also where the OIDC discovery document is read (<issuer>/.well-known/openid-configuration). Required with asymmetric keys.",
+            "the issuer's URL as it appears in `iss`", alias="QUERYAPIGATE_JWT_ISSUER"),
+    Setting("QAG_JWT_AUDIENCE", _csv, (), "Accepted `aud` values (comma-separated); a token must name one. Required with asymmetric keys; optional with a secret.",
+            "a comma-separated list", alias="QUERYAPIGATE_JWT_AUDIENCE"),
+    Setting("QAG_JWT_ALGORITHMS", _csv, (), "Signature algorithms accepted; default HS256 with a secret, RS256, ES256 and EdDSA with keys. A secret takes only HS*, keys only asymmetric ones (no HS/RS confusion); `none` is never accepted.",
+            "a comma-separated list", alias="QUERYAPIGATE_JWT_ALGORITHMS"),
+    Setting("QAG_JWT_ROLE", _optional_text, None, "The role every signed-in user gets when QAG_JWT_ROLE_CLAIM names none that exists.",
+            "a role name", alias="QUERYAPIGATE_JWT_ROLE"),
+    Setting("QAG_JWT_ROLE_CLAIM", _optional_text, None, "The claim naming a signed-in user's role (a string, or a list: the first existing role wins); dotted names reach into objects (`app_metadata.role`).",
+            "a claim name", alias="QUERYAPIGATE_JWT_ROLE_CLAIM"),
+    Setting("QAG_JWT_USER_CLAIM", _text_or_default, "sub", "The claim identifying the signed-in user: history, events and rate limits and quotas name the caller `jwt:<value>`.",
+            "a claim name", alias="QUERYAPIGATE_JWT_USER_CLAIM"),
+    Setting("QAG_JWT_LEEWAY", _seconds_max(300.0), 30.0, "Seconds of clock skew allowed on `exp`, `nbf` and `iat`.",
+            "seconds from 0 to 300"),
+    Setting("QAG_JWT_JWKS_REFRESH_INTERVAL", _seconds_max(3600.0), 30.0, "Least seconds between two fetches of the JWKS caused by tokens with an unknown `kid` (so made-up key ids can't make qag hammer the issuer); the keys are also fetched again after an hour.",
+            "seconds from 0 to 3600"),
+    Setting("QAG_JWT_CACHE_ENTRIES", _int_range(0, 1_000_000), 10_000, "Verified tokens remembered per worker (by their SHA-256, until their `exp`) so a token seen before is not verified again; 0 = verify every call.",
+            "a whole number from 0 to 1000000"),
     Setting("QAG_DEMO_HOME", _text_or_default, "demo-home", "Folder of `qag demo`'s home (store and example data); `qag demo --home` wins. Relative to the current directory.",
             "a folder path"),
     Setting("QAG_LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info", "Level of qag's own log lines on stderr.",
@@ -429,6 +478,7 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         # QueryAPIGate's serve defaults: QUERYAPIGATE_HOST / QUERYAPIGATE_PORT make up the bind address.
         bind = f"{env.get('QUERYAPIGATE_HOST', '127.0.0.1').strip()}:{env.get('QUERYAPIGATE_PORT', '5000').strip()}"
         values["bind"] = _bind(bind, Setting("QUERYAPIGATE_HOST/QUERYAPIGATE_PORT", _bind, None, "", "host and port"))
+    _check_jwt(values)
     if values["pool_size"] is None:
         values["pool_size"] = values["threads"]
     if values["events_max_streams"] is None:
@@ -469,6 +519,45 @@ def _tracing(mode: str, env: Mapping[str, str]) -> str:
             raise SettingsError(f"tracing is on ({why}) but {package} is not installed: pip install 'qag[otel]', "
                                 f"or set QAG_OTEL=off") from None
     return "on"
+
+
+_SYMMETRIC = ("HS256", "HS384", "HS512")
+_ASYMMETRIC = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
+
+
+def _check_jwt(values: dict) -> None:
+    """Bearer-token settings that would make checking tokens unsafe or impossible stop startup: a gateway that
+    fails open on a misconfiguration is worse than one that does not start."""
+    secret, jwks, issuer = values["jwt_secret"], values["jwt_jwks_url"], values["jwt_issuer"]
+    keyed = jwks is not None or (secret is None and issuer is not None)
+    named = [n for n in ("jwt_audience", "jwt_algorithms", "jwt_role", "jwt_role_claim") if values[n]]
+    if secret is None and not keyed:
+        if named:
+            raise SettingsError("QAG_JWT_* settings are set but none of QAG_JWT_SECRET, QAG_JWT_JWKS_URL or "
+                                "QAG_JWT_ISSUER is: bearer tokens could not be verified")
+        values["jwt_mode"] = None
+        return
+    if secret is not None and jwks is not None:
+        raise SettingsError("set QAG_JWT_SECRET or QAG_JWT_JWKS_URL, not both")
+    try:
+        import jwt  # noqa: F401  (refused now rather than on the first token)
+    except ImportError:
+        raise SettingsError("bearer tokens are configured but PyJWT is missing: pip install 'qag[jwt]'") from None
+    allowed = _SYMMETRIC if secret is not None else _ASYMMETRIC
+    algorithms = values["jwt_algorithms"] or (("HS256",) if secret is not None else ("RS256", "ES256", "EdDSA"))
+    wrong = [a for a in algorithms if a not in allowed]
+    if wrong:
+        # Mixing the families is the classic algorithm confusion: a public key taken as an HMAC secret.
+        raise SettingsError(f"QAG_JWT_ALGORITHMS may only list {', '.join(allowed)} with "
+                            f"{'QAG_JWT_SECRET' if secret is not None else 'signing keys'}, not {', '.join(wrong)}")
+    if keyed and (issuer is None or not values["jwt_audience"]):
+        # A provider signs tokens for every application it serves: without both, another app's tokens pass here.
+        raise SettingsError("bearer tokens from an issuer's keys need QAG_JWT_ISSUER and QAG_JWT_AUDIENCE set")
+    if values["jwt_role"] is None and values["jwt_role_claim"] is None:
+        raise SettingsError("bearer tokens need QAG_JWT_ROLE (the role every signed-in user gets) and/or "
+                            "QAG_JWT_ROLE_CLAIM (a claim naming one)")
+    values["jwt_algorithms"] = tuple(algorithms)
+    values["jwt_mode"] = "secret" if secret is not None else "keys"
 
 
 def sources(env: Mapping[str, str] | None = None) -> list[tuple[Setting, str | None]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 from ..auth import now_text
 from ..backends.base import resolve_fields
@@ -51,6 +52,26 @@ def _fields_from_body(body: dict) -> dict:
     if "password" in fields and fields["password"] is not None and not isinstance(fields["password"], str):
         raise QagError("invalid_body", "password must be text")
     return fields
+
+
+_DB_ROLE = re.compile(r"[A-Za-z_][A-Za-z0-9_$-]{0,62}")
+
+
+def _check_row_security(db: str, fields: dict) -> None:
+    """The `row_security` and `db_roles` options (signed-in users' claims and database role, run.row_security):
+    PostgreSQL only, since only it can take them per transaction; refused elsewhere rather than ignored."""
+    if "row_security" not in fields and "db_roles" not in fields:
+        return
+    if db != "postgres":
+        raise QagError("invalid_body", "row_security and db_roles are PostgreSQL options (docs/security.md says "
+                                       "what MariaDB/MySQL can do instead)")
+    if not isinstance(fields.get("row_security", False), bool):
+        raise QagError("invalid_body", "row_security must be true or false")
+    roles = fields.get("db_roles")
+    if roles is not None:
+        if not isinstance(roles, dict) or not all(isinstance(k, str) and isinstance(v, str) and _DB_ROLE.fullmatch(v)
+                                                  for k, v in roles.items()):
+            raise QagError("invalid_body", "db_roles must map qag role names to database role names")
 
 
 def _check_db(db) -> str:
@@ -127,6 +148,7 @@ class ConnectionHandlers:
         return row
 
     def _check_target(self, db: str, fields: dict) -> None:
+        _check_row_security(db, fields)
         if db == "sqlite" and fields.get("database"):
             path = os.path.realpath(os.path.join(self.gateway.settings.home, str(fields["database"])))
             if path in self.gateway.store_files:

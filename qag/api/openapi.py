@@ -593,6 +593,9 @@ def _placeholder_schemas(query: dict) -> tuple[dict, list, list]:
         if placeholder in seen:
             continue
         seen.add(placeholder)
+        spec = declared.get(placeholder)
+        if isinstance(spec, dict) and spec.get("from_claim"):
+            continue  # filled from the caller's bearer token; a request that sends it is refused
         if placeholder in declared:
             rule = normalise(declared[placeholder])
             must = rule["required"] and "default" not in rule
@@ -652,12 +655,22 @@ def _saved_query_path(query: dict, taken: set) -> tuple[str, dict]:
     return "/q/" + quote(name, safe=""), item
 
 
-def build_openapi(version: str, queries: list[dict]) -> dict:
+BEARER_SCHEME = {"type": "http", "scheme": "bearer", "bearerFormat": "JWT",
+                 "description": "A signed-in user's token (QAG_JWT_*); its role claim picks the grants"}
+
+
+def build_openapi(version: str, queries: list[dict], bearer: bool = False) -> dict:
     """The OpenAPI 3.1 document: generic routes plus one path per query in `queries` (already filtered by the
     caller to what it may see). Each query: name, description, connection_name, parameters (stored form) and
-    placeholders (names the SQL uses, in order). Nested parts are shared with a cache: serialise, don't mutate."""
+    placeholders (names the SQL uses, in order). Nested parts are shared with a cache: serialise, don't mutate.
+    `bearer`: the server takes bearer tokens, so the BearerAuth scheme is declared beside ApiKey."""
     static = _static(version)
     document = dict(static)
+    if bearer:
+        components = dict(static["components"])
+        components["securitySchemes"] = {**components["securitySchemes"], "BearerAuth": BEARER_SCHEME}
+        document["components"] = components
+        document["security"] = [*static["security"], {"BearerAuth": []}]
     if not queries:
         return document
     paths = dict(static["paths"])

@@ -100,7 +100,7 @@ class OpsHandlers:
     def openapi(self, request, caller):
         # Anonymous callers and wrong keys see the generic routes only (contract 9.3).
         queries = self.gateway.run.listable_queries(caller) if caller is not None else []
-        return json_response(build_openapi(__version__, queries))
+        return json_response(build_openapi(__version__, queries, self.gateway.auth.tokens is not None))
 
     def root(self, request, caller):
         return Response(302, b"", [("Location", "/docs")])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -21,6 +22,7 @@ from ..policy.guard import check as guard_check
 from ..policy.keyfields import normalise_mask
 from ..policy import masking
 from ..policy import tables as table_policy
+from ..bearer import claim
 from ..sql.params import compile_rules
 from ..sql.prepare import check_text_values, prepare, render
 from ._common import valid_query_name
@@ -90,6 +92,41 @@ def _timeout_value(value) -> float | None:
     if not math.isfinite(seconds) or seconds <= 0:
         raise QagError("invalid_timeout", "timeout must be a positive number of seconds")
     return seconds
+
+
+def bind_claims(bound: tuple, caller, values: dict) -> dict:
+    """Fill each `from_claim` parameter from the caller's verified token claims; the request has no say in them,
+    so `WHERE owner = :me` with `"me": {"from_claim": "sub"}` only ever returns the signed-in user's rows.
+
+    A signed-in user gets each value from the token (sending one anyway: 400 param_from_claim; a token without
+    the claim: 403 claim_missing). The admin key (and open mode) has no token and supplies them as ordinary
+    parameters, for testing and server-side use. A scoped key can't run the query (403 sign_in_required): letting
+    it choose the value would defeat the binding. A require_claim_binding role runs only queries that bind one."""
+    if caller.claim_binding and not bound:
+        raise QagError("claim_binding_required", "This role runs only saved queries that take a parameter from the "
+                                                 "sign-in token, and this one doesn't (require_claim_binding)")
+    if not bound:
+        return values
+    claims = caller.claims
+    if claims is None:
+        if caller.admin:
+            return values
+        raise QagError("sign_in_required", f"This query takes {', '.join(sorted(b[0] for b in bound))} from a "
+                                           "signed-in user's token - call it with `Authorization: Bearer <token>`")
+    sent = sorted(name for name, _, _ in bound if name in values)
+    if sent:
+        raise QagError("param_from_claim", f"{', '.join(sent)} {'comes' if len(sent) == 1 else 'come'} from the "
+                                           "sign-in token and can't be set by the request", params=sent)
+    values = dict(values)
+    for name, claim_name, type_name in bound:
+        value = claim(claims, claim_name)
+        if value is None or isinstance(value, (dict, list)):
+            # The claim's name is the saved query's (not secret); its value is never echoed.
+            raise QagError("claim_missing", f"The sign-in token has no usable '{claim_name}' claim")
+        if type_name in (None, "string") and isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = str(value)  # a numeric user id bound to a text column
+        values[name] = value
+    return values
 
 
 class RunHandlers:
@@ -203,7 +240,8 @@ class RunHandlers:
         # 5. declared parameter rules, 6. text placeholders.
         if timing is not None:
             mark = time.perf_counter()
-        values = self._resolver(version).resolve(values)
+        resolver = self._resolver(version)
+        values = resolver.resolve(bind_claims(resolver.claim_bound, caller, values))
         if timing is not None:
             timing["bind"] = time.perf_counter() - mark
         row = self.store.get_connection(chosen)
@@ -219,7 +257,9 @@ class RunHandlers:
         # 9. the response cache (contract 7.1): every check above passed, the database not yet touched. The key
         # holds the fingerprint of the effective mask rules: callers with different rules never share an entry.
         ttl, key = version.get("cache_ttl"), None
-        if ttl and self._cacheable(prepared, stream, caller):
+        # Row security decides per signed-in user inside the database: such a response is nobody else's.
+        per_user = caller.claims is not None and row is not None and row["fields"].get("row_security") is True
+        if ttl and not per_user and self._cacheable(prepared, stream, caller):
             key = cache_key(referenced, version["version"], chosen, values, fmt, page, size,
                             mask_fingerprint=masking.fingerprint(rules),
                             source=source_of(version, row))
@@ -250,6 +290,10 @@ class RunHandlers:
 
     # --- POST /execute_sql -------------------------------------------------------------------
     def execute_sql(self, request, caller):
+        if caller.claim_binding:
+            # Ad-hoc SQL binds nothing to the token (its role has no connection grant either: policy/keyfields.py).
+            raise QagError("claim_binding_required", "This role runs only saved queries that take a parameter from "
+                                                     "the sign-in token (require_claim_binding)")
         body = request.json_object(lenient_content_type=False, invalid_message="Request body must be a JSON object")
         if body is None:
             raise QagError("invalid_body", "Request body must be a JSON object")
@@ -479,6 +523,7 @@ class RunHandlers:
             reading = prepared.reading
             call.cursor = reading is not None and reading.query
         _pin_names(call, plan, restricted, fields)
+        call.identity = row_security(caller, fields, plan.query)
         if timing is not None:
             mark = time.perf_counter()
         try:
@@ -525,6 +570,7 @@ class RunHandlers:
         call = Call(rendered.sql, rendered.args, True, plan.timeout, 0, functions=functions,
                     connection=plan.connection["name"])
         _pin_names(call, plan, restricted, fields)
+        call.identity = row_security(caller, fields, plan.query)
         try:
             columns, batches = backend.stream(fields, call, _STREAM_BATCH, cap)
         except QagError as error:
@@ -557,6 +603,28 @@ def _writable(fmt: str) -> bool:
     except QagError:
         return False
     return True
+
+
+def row_security(caller, fields: dict, query: str | None) -> tuple | None:
+    """A connection with `row_security` (PostgreSQL): a signed-in caller's (claims JSON, database role) for the
+    backend to set in the call's transaction; None for API keys and the admin key (no claims are set).
+
+    Only saved queries: an ad-hoc statement of the caller's own could call set_config itself and act as another
+    user or role within the same transaction. With `db_roles`, a caller whose qag role has no database role is
+    refused rather than run with the connection user's own rights (often the table owner's, which bypass RLS)."""
+    if fields.get("row_security") is not True or caller.claims is None:
+        return None
+    if query is None:
+        raise QagError("row_security_saved_only")
+    roles = fields.get("db_roles")
+    db_role = None
+    if roles:
+        db_role = roles.get(caller.role)
+        if db_role is None:
+            raise QagError("row_security_unmapped", f"Role '{caller.role}' has no database role on this connection "
+                                                    "(db_roles)")
+    claims = json.dumps(caller.claims, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return claims, (db_role.encode("utf-8") if db_role is not None else None)
 
 
 def _pin_names(call: Call, plan: Plan, restricted: tuple[str, frozenset] | None, fields: dict) -> None:

@@ -30,6 +30,9 @@ class Call:
     functions: tuple = ()
     # The saved connection's name: what the pool's waiting gauge is labelled with ("" for calls of no name).
     connection: str = ""
+    # Row security passthrough (PostgreSQL, a connection's `row_security` option): a signed-in caller's verified
+    # claims as JSON bytes and the database role to act as (or None), set for this call's transaction only.
+    identity: tuple | None = None
 
 
 @dataclass(slots=True)

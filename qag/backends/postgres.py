@@ -130,11 +130,18 @@ _SETTINGS_MAX = 256          # time limits and schemas are a handful of values; 
 
 
 def settings_statement(read_only: bool, timeout: float | None, schema: str | None,
-                       forced: tuple = ()) -> tuple[bytes, list]:
+                       forced: tuple = (), identity: tuple | None = None) -> tuple[bytes, list]:
     """The first statement of a call, and its values: the transaction's access mode, its time limit, search_path
     and `forced` settings (session defaults of the server that qag reads differently, see _FORCED), all
-    transaction-local, and a new random seed. Built once per distinct set of settings; the seed is new each call."""
-    key = (read_only, timeout, schema, forced)
+    transaction-local, and a new random seed. Built once per distinct set of settings; the seed is new each call.
+
+    `identity` (claims JSON, database role or None) adds request.jwt.claims and role, transaction-local like the
+    rest (set_config(..., true) is SET LOCAL): the database's row-security policies see the signed-in user, in the
+    same round trip, and the Sync's end of the transaction (or DISCARD ALL) takes both away. Both travel as bound
+    values, so neither a claim nor a role name is ever read as SQL."""
+    named_identity = () if identity is None else (("request.jwt.claims", identity[0]),) + (
+        (("role", identity[1]),) if identity[1] is not None else ())
+    key = (read_only, timeout, schema, forced, tuple(name for name, _ in named_identity))
     built = _SETTINGS.get(key)
     if built is None:
         calls = ["pg_catalog.set_config('transaction_read_only', 'on', true)"] if read_only else []
@@ -146,12 +153,14 @@ def settings_statement(read_only: bool, timeout: float | None, schema: str | Non
         for name, value in (*named, *forced):
             values.append(value)
             calls.append(f"pg_catalog.set_config('{name}', ${len(values)}, true)")
-        calls.append(f"pg_catalog.setseed(${len(values) + 1}::int8 / {_SEED_SCALE}.0)")
+        for offset, (name, _) in enumerate(named_identity, start=len(values) + 1):
+            calls.append(f"pg_catalog.set_config('{name}', ${offset}, true)")   # values: per call, below
+        calls.append(f"pg_catalog.setseed(${len(values) + len(named_identity) + 1}::int8 / {_SEED_SCALE}.0)")
         if len(_SETTINGS) >= _SETTINGS_MAX:
             _SETTINGS.clear()
         built = _SETTINGS[key] = (("SELECT " + ", ".join(calls)).encode(), tuple(values))
     text, values = built
-    return text, [*values, b"%d" % _random_bits(63)]
+    return text, [*values, *(value for _, value in named_identity), b"%d" % _random_bits(63)]
 
 
 def page_statements(sql: str, skip: int, fetch: int) -> list[str]:
@@ -496,7 +505,7 @@ class PostgresBackend(Backend):
         send = pipe.send
         if explicit:
             send(_BEGIN[read_only])
-        setting, values = settings_statement(read_only, call.timeout, call.schema, link.forced)
+        setting, values = settings_statement(read_only, call.timeout, call.schema, link.forced, call.identity)
         send(setting, values)
         link.send_args(statements[0], call.args)
         for sql in statements[1:]:
@@ -580,7 +589,8 @@ class PostgresBackend(Backend):
 
     def stream(self, fields: dict, call: Call, batch: int, cap: int | None):
         key = pool_key(fields, True)
-        read = Call(call.sql, call.args, True, call.timeout, 0, schema=call.schema, tables=call.tables)
+        read = Call(call.sql, call.args, True, call.timeout, 0, schema=call.schema, tables=call.tables,
+                    identity=call.identity)
         batch = max(1, int(batch))
         first_n = batch if cap is None else max(0, min(batch, cap))
         deadline = deadline_of(call.timeout)
@@ -590,7 +600,7 @@ class PostgresBackend(Backend):
             raise network_timeout(call.timeout) from None
         try:
             link.send(_BEGIN[True])        # a cursor outlives a Sync only in an explicit transaction
-            setting, values = settings_statement(True, call.timeout, call.schema, link.forced)
+            setting, values = settings_statement(True, read.timeout, read.schema, link.forced, read.identity)
             link.send(setting, values)
             declare, fetch = stream_statements(call.sql, first_n)
             link.send_args(declare, call.args)

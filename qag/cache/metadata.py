@@ -118,6 +118,10 @@ class MetadataStore:
     def get_connection(self, name: str):
         return self._cached("c" + name, self.inner.get_connection, (name,), None)
 
+    def get_role(self, name: str):
+        # A signed-in user's role is read on each bearer call (qag/auth.py): cached like a key row.
+        return self._cached("r" + name, self.inner.get_role, (name,), None)
+
     def _cached(self, key: str, read, args: tuple, convert, cacheable=None):
         if self._tx.depth:
             return read(*args)
@@ -262,7 +266,7 @@ def _publish(client, message: str) -> None:
 
 
 class FreshView:
-    """A MetadataStore whose three cached reads go to the store too; everything else is the MetadataStore's."""
+    """A MetadataStore whose cached reads go to the store too; everything else is the MetadataStore's."""
 
     def __init__(self, store: MetadataStore):
         self._store = store
@@ -275,6 +279,9 @@ class FreshView:
 
     def get_connection(self, name: str):
         return self._store.inner.get_connection(name)
+
+    def get_role(self, name: str):
+        return self._store.inner.get_role(name)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)

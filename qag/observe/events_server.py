@@ -24,7 +24,6 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs
 
 from ..api.events import read_filters
-from ..auth import API_KEY_CHALLENGE
 from ..errors import QagError
 from .history import event
 from .live import wanted
@@ -38,11 +37,11 @@ LOOKBACK = 2000            # ids below the last one the tail reads again (Postgr
 HEAD_LIMIT = 16384         # bytes of a request head
 _SECURITY = (b"X-Content-Type-Options: nosniff\r\nContent-Security-Policy: default-src 'none'; frame-ancestors "
              b"'none'\r\nReferrer-Policy: no-referrer\r\n")
-# A 401 says how to authenticate (RFC 9110 11.6.1): the gateway's key challenge, and on /metrics the gateway's
-# /metrics challenge (contract 9.2).
-_KEY_CHALLENGE = b"WWW-Authenticate: " + API_KEY_CHALLENGE.encode("ascii") + b"\r\n"
+# A 401 says how to authenticate (RFC 9110 11.6.1): on /events the gateway's challenges (Authenticator.challenges:
+# the key's, and Bearer when tokens are configured), on /metrics the gateway's /metrics challenge (contract 9.2).
 _METRICS_CHALLENGE = b'WWW-Authenticate: Bearer realm="metrics"\r\n'
-_STATUS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+_STATUS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+           405: "Method Not Allowed",
            429: "Too Many Requests", 503: "Service Unavailable"}
 
 
@@ -63,9 +62,10 @@ def _since(created_at: str | None) -> int:
 class Client:
     """One stream: who it is, what it asked for, its queue and where it has read to."""
 
-    __slots__ = ("key", "since", "filters", "queue", "floor", "live", "writer", "header", "peer")
+    __slots__ = ("key", "since", "filters", "queue", "floor", "live", "writer", "header", "peer", "authorization")
 
-    def __init__(self, caller, since: int, filters: dict, floor: int, writer, header: str | None, peer):
+    def __init__(self, caller, since: int, filters: dict, floor: int, writer, header: str | None, peer,
+                 authorization: str | None = None):
         self.key = None if caller.admin else caller.name
         self.since = since          # Unix seconds of the key's creation (0: an administrator)
         self.filters = filters
@@ -74,6 +74,7 @@ class Client:
         self.live = False
         self.writer = writer
         self.header, self.peer = header, peer
+        self.authorization = authorization   # a signed-in user's bearer token, checked again like a key
 
     def may_see(self, row: dict) -> bool:
         return row["at"] >= self.since and wanted(_meta(row), self.key, self.filters)
@@ -194,10 +195,17 @@ class EventsServer:
 
     async def _events(self, writer, headers: dict, args: dict) -> None:
         key_header = headers.get("x-api-key")
+        authorization = headers.get("authorization")
         peer = (writer.get_extra_info("peername") or (None,))[0]
-        caller = await self._store(self.auth.authenticate, key_header, peer)
+        try:
+            caller = await self._store(self.auth.authenticate, key_header, peer, authorization)
+        except QagError as refused:   # a bad bearer token: its code and challenges, as the gateway answers it
+            extra = b"".join(f"{name}: {value}\r\n".encode("latin-1", "replace") for name, value in refused.headers)
+            await _answer(writer, refused.status, {"error": refused.message, "code": refused.code}, extra)
+            return
         if caller is None:
-            await _answer(writer, 401, {"error": "Unauthorized"}, _KEY_CHALLENGE)
+            await _answer(writer, 401, {"error": "Unauthorized"}, b"".join(
+                f"{name}: {value}\r\n".encode("ascii") for name, value in self.auth.challenges))
             return
         try:
             filters = read_filters(args)
@@ -211,11 +219,13 @@ class EventsServer:
         resume = headers.get("last-event-id", args.get("last_event_id"))
         resume_id = int(resume) if resume is not None and resume.strip().isdigit() else None
         since = 0
-        if not caller.admin:
+        if caller.via == "jwt":
+            since = int(time.time())   # a signed-in user has no creation date: its own runs from now on
+        elif not caller.admin:
             row = await self._store(self.store.get_key, caller.name)
             since = _since(row and row.get("created_at"))
         client = Client(caller, since, filters, self.tail_last if resume_id is None else resume_id, writer,
-                        key_header, peer)
+                        key_header, peer, authorization if caller.via == "jwt" else None)
         self.clients.add(client)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
                      b"X-Accel-Buffering: no\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n" + _SECURITY
@@ -265,7 +275,12 @@ class EventsServer:
             await writer.drain()
             if time.monotonic() - checked >= RECHECK:
                 checked = time.monotonic()
-                if await self._store(self.auth.authenticate, client.header, client.peer) is None:
+                try:
+                    still = await self._store(self.auth.authenticate, client.header, client.peer,
+                                              client.authorization)
+                except QagError:
+                    still = None   # a signed-in user's token expired
+                if still is None:
                     return   # revoked, expired or deactivated: the stream ends
 
     # --- running ------------------------------------------------------------------------------------------

@@ -14,10 +14,11 @@ __all__ = ["validate_definitions", "display", "display_rule", "normalise", "comp
 # Both the short and the JSON type names are accepted on input (case-insensitive); the JSON ones are stored.
 _TYPE_NAMES = {"int": "integer", "integer": "integer", "float": "number", "number": "number",
                "str": "string", "string": "string", "bool": "boolean", "boolean": "boolean"}
-# `embed` and `from_claim` belong to features qag does not have (embeddings, JWT); accepting them silently
-# would store a rule qag cannot honour (a from_claim value must never come from the request), so they are refused.
-_RULE_KEYS = ("default", "description", "enum", "example", "max", "max_length", "min", "min_length", "pattern",
-              "required", "type")
+# `embed` belongs to a feature qag does not have (embeddings): accepting it silently would store a rule qag cannot
+# honour, so it is refused. `from_claim` names the sign-in token claim a parameter's value comes from (qag/bearer.py).
+_RULE_KEYS = ("default", "description", "enum", "example", "from_claim", "max", "max_length", "min", "min_length",
+              "pattern", "required", "type")
+_MAX_CLAIM_NAME = 200
 _RULE_KEY_SET = frozenset(_RULE_KEYS)
 _NAME = re.compile(r"[A-Za-z_]\w*")  # used with fullmatch: `$` would also accept a trailing newline
 _MAX_PATTERN_LENGTH = 500
@@ -136,7 +137,7 @@ class _Rule:
     """One parameter's normalised definition."""
 
     __slots__ = ("type", "required", "has_default", "default", "enum", "min", "max", "min_length", "max_length",
-                 "pattern", "description", "has_example", "example", "_check")
+                 "pattern", "description", "has_example", "example", "from_claim", "_check")
 
     def __init__(self, type_name: str | None = None) -> None:
         self.type = type_name
@@ -152,6 +153,7 @@ class _Rule:
         self.description: str | None = None
         self.has_example = False
         self.example: Any = None
+        self.from_claim: str | None = None
         self._check: Callable[[Any], Any] | None = None
 
     def checker(self) -> Callable[[Any], Any]:
@@ -237,6 +239,8 @@ class _Rule:
                 out[key] = value
         if self.has_example:
             out["example"] = self.example
+        if self.from_claim is not None:
+            out["from_claim"] = self.from_claim
         return out
 
 
@@ -330,6 +334,14 @@ def _parse(spec: Any) -> _Rule:
             rule.enum = [coerce(v) for v in values]
         except _Bad as error:
             raise _Bad(f"has an 'enum' value that {error}") from None
+    if spec.get("from_claim") is not None:
+        claim = spec["from_claim"]
+        if not isinstance(claim, str) or not claim.strip() or len(claim) > _MAX_CLAIM_NAME:
+            raise _Bad(f"'from_claim' must be a claim name (text of 1 to {_MAX_CLAIM_NAME} characters)")
+        if "default" in spec:
+            # The value comes from the token or the call is refused: a default would stand in for a missing claim.
+            raise _Bad("cannot have both 'from_claim' and a 'default'")
+        rule.from_claim = claim
     if "default" in spec:
         if spec.get("required") is True:
             raise _Bad("cannot be both 'required' and have a 'default'")
@@ -351,20 +363,15 @@ def _parse(spec: Any) -> _Rule:
 def _parse_lenient(spec: Any) -> _Rule:
     """Run-time reading: a stored definition that no longer parses degrades to untyped and required, so a query
     saved by an older version (or edited behind the API) keeps running instead of failing every call."""
-    if isinstance(spec, dict) and spec.get("from_claim"):
-        # QueryAPIGate fills such a value from the caller's sign-in token, which qag does not have. Degrading it to
-        # an ordinary parameter would let the request choose a value meant to identify the caller: fail closed.
-        rule = _Rule(None)
-        rule._check = _refuse_claim
-        return rule
     try:
         return _parse(spec)
     except Exception:  # noqa: BLE001 - stored data may be anything; any failure means "unusable"
-        return _Rule(None)
-
-
-def _refuse_claim(value: Any) -> Any:
-    raise _Bad("comes from a sign-in token claim, which this server does not support")
+        rule = _Rule(None)
+        if isinstance(spec, dict) and spec.get("from_claim"):
+            # Degrading a claim-bound rule to an ordinary parameter would let the request choose a value meant to
+            # identify the caller: it stays claim-bound (an unusable claim name simply finds no claim).
+            rule.from_claim = str(spec["from_claim"])
+        return rule
 
 
 # --- Public: definitions (management API) ---
@@ -426,14 +433,14 @@ def display_rule(spec: Any) -> dict:
 
 def catalog_rules(stored: Any) -> dict:
     """A version's stored `parameters` as /catalog shows them (contract 11): each parameter's whole rule record,
-    every field present, set or not (`embed` and `from_claim` are QueryAPIGate's; qag has neither)."""
+    every field present, set or not (`embed` is QueryAPIGate's; qag does not have it)."""
     if not isinstance(stored, dict):
         return {}
     out = {}
     for name, spec in stored.items():
         rule = _parse_lenient(spec)
-        out[name] = {field: getattr(rule, field) for field in _Rule.__slots__ if field != "_check"}
-        out[name].update(embed=False, from_claim=None)
+        out[name] = {field: getattr(rule, field) for field in _Rule.__slots__ if field not in ("_check", "from_claim")}
+        out[name].update(embed=False, from_claim=rule.from_claim)
     return out
 
 
@@ -449,11 +456,14 @@ def display(stored: Any) -> dict:
 class Resolver:
     """A version's declared parameters compiled for run time; build once per version with compile_rules()."""
 
-    __slots__ = ("_plan", "names")
+    __slots__ = ("_plan", "names", "claim_bound")
 
-    def __init__(self, plan: tuple[tuple[str, bool, bool, Any, Callable[[Any], Any]], ...]) -> None:
+    def __init__(self, plan: tuple[tuple[str, bool, bool, Any, Callable[[Any], Any]], ...],
+                 claim_bound: tuple[tuple[str, str, str | None], ...] = ()) -> None:
         self._plan = plan
         self.names = tuple(entry[0] for entry in plan)
+        # (parameter, claim name, declared type) of every `from_claim` parameter: filled by the run handler.
+        self.claim_bound = claim_bound
 
     def __bool__(self) -> bool:
         return bool(self._plan)
@@ -507,10 +517,12 @@ def compile_rules(stored: Any, used_names: Collection[str] | None = None) -> Res
     the SQL does not use are dropped now instead of being skipped on every call."""
     if not isinstance(stored, dict):
         return Resolver(())
-    plan = []
+    plan, bound = [], []
     for name, spec in stored.items():
         if used_names is not None and name not in used_names:
             continue
         rule = _parse_lenient(spec)
         plan.append((name, rule.required, rule.has_default, rule.default, rule.checker()))
-    return Resolver(tuple(plan))
+        if rule.from_claim is not None:
+            bound.append((name, rule.from_claim, rule.type))
+    return Resolver(tuple(plan), tuple(bound))

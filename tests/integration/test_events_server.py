@@ -246,3 +246,37 @@ def test_a_malformed_request_is_refused_and_the_server_goes_on(pair, head):
             reply += chunk
     assert reply == b"" or reply.startswith(b"HTTP/1.1 400 "), reply[:100]
     assert events.request("GET", "/health", key=None)[0] == 200
+
+
+def test_signed_in_users_stream_their_own_runs(make_module_server, uniq):
+    """Issue 23: `qag events` takes bearer tokens as the gateway does; a user sees only its own runs."""
+    import jwt as pyjwt
+    secret = "e" * 40
+    env = {"QAG_JWT_SECRET": secret, "QAG_JWT_ROLE": "ev_reader", "QAG_HISTORY_FLUSH_INTERVAL": "0.05"}
+    server = make_module_server(env=env)
+    assert server.post("/api/v1/roles", {"name": "ev_reader", "connections": ["lite"]}).status == 201
+    server.query("es_jwt", "SELECT 1 AS one", "lite")
+    events = EventsProcess(server, QAG_JWT_SECRET=secret, QAG_JWT_ROLE="ev_reader")
+    alice, bob = uniq("alice"), uniq("bob")
+
+    def bearer(sub, exp=300):
+        token = pyjwt.encode({"sub": sub, "exp": int(time.time()) + exp}, secret, algorithm="HS256")
+        return {"Authorization": f"Bearer {token}"}
+
+    try:
+        status, headers, body = events.request("GET", "/events", key=None, headers=bearer(alice, exp=-600))
+        assert status == 401 and json.loads(body)["code"] == "token_expired"
+        assert 'error="invalid_token"' in headers["www-authenticate"]
+        stream = Stream(events, key=None, headers=bearer(alice))
+        assert stream.status == 200
+        try:
+            mine = [server.get(q("es_jwt"), key=None, headers=bearer(alice)).headers["x-request-id"] for _ in range(2)]
+            theirs = server.get(q("es_jwt"), key=None, headers=bearer(bob)).headers["x-request-id"]
+            wait_for(lambda: set(mine) <= set(stream.request_ids()), "alice's runs")
+            time.sleep(0.3)
+            assert theirs not in stream.request_ids()
+            assert {e["entry"]["key_name"] for _, e in stream.items} == {f"jwt:{alice}"}
+        finally:
+            stream.close()
+    finally:
+        events.close()

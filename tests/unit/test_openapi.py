@@ -297,3 +297,24 @@ def test_any_query_list_gives_a_well_formed_document(query_names, placeholders):
     for name in query_names:
         assert document["paths"]["/q/" + re.sub(" ", "%20", name).replace("é", "%C3%A9")]["get"]["operationId"] \
             .startswith("run_")
+
+
+class TestBearer:
+    def test_bearer_scheme_only_when_configured(self):
+        plain = build_openapi("1.0.0", [])
+        assert "BearerAuth" not in plain["components"]["securitySchemes"]
+        document = build_openapi("1.0.0", [], bearer=True)
+        assert document["components"]["securitySchemes"]["BearerAuth"]["scheme"] == "bearer"
+        assert document["components"]["securitySchemes"]["ApiKey"]["name"] == "X-API-Key"
+        assert document["security"] == [{}, {"ApiKey": []}, {"BearerAuth": []}]
+        assert_well_formed(document)
+        # The cached static document is not changed by a bearer build.
+        assert build_openapi("1.0.0", [])["security"] == [{}, {"ApiKey": []}]
+
+    def test_claim_bound_parameters_are_not_inputs(self):
+        query = {"name": "mine", "description": None, "connection_name": "c",
+                 "parameters": {"me": {"type": "string", "required": True, "from_claim": "sub"},
+                                "q": {"type": "string", "required": True}},
+                 "placeholders": ["me", "q"]}
+        text = json.dumps(build_openapi("1.0.0", [query], bearer=True)["paths"]["/q/mine"])
+        assert '"q"' in text and '"me"' not in text

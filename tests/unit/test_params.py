@@ -72,7 +72,7 @@ class TestDefinitions:
         assert one_definition_error(5) == "must be a type name such as 'int' or an object of rules"
         assert one_definition_error(["int"]) == "must be a type name such as 'int' or an object of rules"
 
-    @pytest.mark.parametrize("key", ["from_claim", "embed", "nullable", "minimum"])
+    @pytest.mark.parametrize("key", ["embed", "nullable", "minimum"])
     def test_unknown_rule_keys_refused(self, key):
         message = one_definition_error({"type": "str", key: "x"})
         assert message.startswith(f"has unknown rule(s): {key} (allowed: ")
@@ -338,12 +338,15 @@ class TestResolvePresence:
         assert resolver.resolve({"a": "1"}) == {"a": "1"}
         assert compile_rules("garbage").resolve({}) == {}
 
-    def test_stored_token_claim_parameter_fails_closed(self):
-        # a QueryAPIGate definition filled from a JWT claim must never take its value from the request
-        rules = {"tenant": {"type": "int", "from_claim": "tenant_id"}}
-        assert problems(rules, {}) == {"tenant": "is required"}
-        assert problems(rules, {"tenant": "7"}) == {
-            "tenant": "comes from a sign-in token claim, which this server does not support"}
+    def test_claim_bound_parameters_are_listed_for_the_run_handler(self):
+        resolver = compile_rules({"tenant": {"type": "int", "from_claim": "tenant_id"}, "q": "str"})
+        assert resolver.claim_bound == (("tenant", "tenant_id", "integer"),)
+        assert compile_rules({"q": "str"}).claim_bound == ()
+
+    def test_unusable_claim_bound_rule_stays_claim_bound(self):
+        # degrading it to an ordinary parameter would let the request choose a value meant to identify the caller
+        resolver = compile_rules({"tenant": {"type": "uuid", "from_claim": "tenant_id"}})
+        assert resolver.claim_bound == (("tenant", "tenant_id", None),)
 
     def test_unusable_stored_rule_degrades_to_untyped_required(self):
         resolver = compile_rules({"a": {"type": "uuid"}, "b": {"type": "int", "min": "x"}})
@@ -562,3 +565,17 @@ def test_valid_definitions_are_json_and_stable(rules):
     for rule in stored.values():
         for value in (rule.get("default"), rule.get("example")):
             assert not (isinstance(value, float) and not math.isfinite(value))
+
+
+class TestFromClaim:
+    def test_from_claim_is_stored_and_shown(self):
+        assert normalise({"type": "str", "from_claim": "sub"}) == {"type": "string", "required": True,
+                                                                    "from_claim": "sub"}
+
+    @pytest.mark.parametrize("claim", ["", "  ", 5, ["sub"], "x" * 201])
+    def test_from_claim_must_be_a_claim_name(self, claim):
+        assert one_definition_error({"type": "str", "from_claim": claim}).startswith("'from_claim' must be a claim name")
+
+    def test_from_claim_with_a_default_is_refused(self):
+        assert one_definition_error({"type": "str", "from_claim": "sub", "default": "x"}) == (
+            "cannot have both 'from_claim' and a 'default'")

@@ -1,0 +1,221 @@
+"""Signed-in users: `Authorization: Bearer <JWT>` verified (shared secret or an OIDC issuer's keys) into claims."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+import urllib.request
+from collections import OrderedDict
+from typing import Any
+
+from .errors import QagError
+
+log = logging.getLogger("qag")
+
+_MAX_TOKEN_LENGTH = 16_384      # larger than any real ID or access token; refused before any parsing
+_KEYS_LIFESPAN = 3600.0         # seconds a fetched JWKS is trusted before it is fetched again anyway
+_FETCH_TIMEOUT = 5.0
+_MAX_DOCUMENT_BYTES = 1 << 20
+REALM = "qag"
+
+# PyJWT's refusals → (code, what the caller is told). Never the token's contents: only which check failed.
+_REASONS = {
+    "ExpiredSignatureError": ("token_expired", "The bearer token has expired"),
+    "ImmatureSignatureError": ("token_not_yet_valid", "The bearer token is not valid yet"),
+    "InvalidIssuerError": ("token_issuer", "The bearer token was not issued by the configured issuer"),
+    "InvalidAudienceError": ("token_audience", "The bearer token was not issued for this API"),
+    "MissingRequiredClaimError": ("token_claims", "The bearer token lacks a required claim"),
+    "InvalidSignatureError": ("token_signature", "The bearer token's signature does not verify"),
+    "InvalidAlgorithmError": ("token_algorithm", "The bearer token's algorithm is not accepted"),
+    "DecodeError": ("token_malformed", "The bearer token is not a well-formed JWT"),
+}
+
+
+def challenge(error: str | None = None, description: str | None = None) -> str:
+    """A WWW-Authenticate value for the Bearer scheme (RFC 6750 3)."""
+    value = f'Bearer realm="{REALM}"'
+    if error:
+        value += f', error="{error}"'
+    if description:
+        value += f', error_description="{description}"'
+    return value
+
+
+def refusal(code: str, message: str, status_error: str = "invalid_token") -> QagError:
+    """A 401 for a bad token, naming what failed in the Bearer challenge as well as in the code."""
+    return QagError(code, message, headers=[("WWW-Authenticate", challenge(status_error, message))])
+
+
+def bearer_token(authorization: str) -> str | None:
+    """The token of an `Authorization: Bearer ...` value (scheme case-insensitive), or None for another scheme."""
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return token.strip()
+
+
+def claim(claims: dict, name: str) -> Any:
+    """A claim by name, or, for a dotted name that is not itself a claim, by path (`app_metadata.role`):
+    namespaced claims (`https://example.com/role`) contain dots too, so the exact name wins."""
+    if name in claims:
+        return claims[name]
+    value: Any = claims
+    for part in name.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def _fetch_json(url: str) -> dict:
+    request = urllib.request.Request(url, headers={"Accept": "application/json", "User-Agent": "qag"})
+    with urllib.request.urlopen(request, timeout=_FETCH_TIMEOUT) as response:  # noqa: S310 - URL from settings
+        body = response.read(_MAX_DOCUMENT_BYTES + 1)
+    if len(body) > _MAX_DOCUMENT_BYTES:
+        raise ValueError("document too large")
+    document = json.loads(body)
+    if not isinstance(document, dict):
+        raise ValueError("not a JSON object")
+    return document
+
+
+class KeySet:
+    """An issuer's signing keys by `kid`: fetched on first use, again after an hour, and again for an unknown
+    `kid` (a rotation) but at most once per `refresh_interval`, so tokens with made-up key ids cost nothing."""
+
+    def __init__(self, jwks_url: str | None, issuer: str | None, refresh_interval: float, fetch=_fetch_json):
+        self.jwks_url = jwks_url
+        self.issuer = issuer
+        self.refresh_interval = refresh_interval
+        self._fetch = fetch
+        self._keys: dict[str, Any] = {}
+        self._fetched_at = -float("inf")
+        self._tried_at = -float("inf")
+        self._lock = threading.Lock()
+        self.fetches = 0
+
+    def _jwks_location(self) -> str:
+        if self.jwks_url is not None:
+            return self.jwks_url
+        # OIDC discovery (OpenID Connect Discovery 1.0 4): the document lives under the issuer's own URL.
+        document = self._fetch(self.issuer.rstrip("/") + "/.well-known/openid-configuration")
+        uri = document.get("jwks_uri")
+        if not isinstance(uri, str) or not uri.lower().startswith(("https://", "http://127.0.0.1", "http://localhost")):
+            raise ValueError("the discovery document has no usable jwks_uri")
+        if document.get("issuer") != self.issuer:
+            # Discovery 4.3: the document must name the issuer it was fetched for.
+            raise ValueError("the discovery document names another issuer")
+        return uri
+
+    def _refresh(self) -> None:
+        from jwt import PyJWK
+        document = self._fetch(self._jwks_location())
+        keys = {}
+        for entry in document.get("keys") or ():
+            if not isinstance(entry, dict) or entry.get("use", "sig") != "sig" or not isinstance(entry.get("kid"), str):
+                continue
+            try:
+                # The JWK's own `alg`, when it names one, is the only algorithm that key may verify.
+                keys[entry["kid"]] = (PyJWK(entry), entry.get("alg"))
+            except Exception:  # noqa: BLE001 - a key type this PyJWT can't use is skipped, not fatal
+                continue
+        self._keys = keys
+        self._fetched_at = time.monotonic()
+        self.fetches += 1
+
+    def get(self, kid: str):
+        """(PyJWK, its alg or None) for `kid`; raises QagError token_unknown_key, or jwks_unavailable when the issuer can't be read
+        and no key is known."""
+        now = time.monotonic()
+        key = self._keys.get(kid)
+        if key is not None and now - self._fetched_at < _KEYS_LIFESPAN:
+            return key
+        with self._lock:
+            key = self._keys.get(kid)
+            stale = now - self._fetched_at >= _KEYS_LIFESPAN
+            if (key is None or stale) and now - self._tried_at >= self.refresh_interval:
+                self._tried_at = now
+                try:
+                    self._refresh()
+                except Exception as exc:  # noqa: BLE001 - network, JSON, discovery: one line, keep the old keys
+                    log.warning("could not read the bearer-token signing keys: %s", type(exc).__name__)
+                    if not self._keys:
+                        raise QagError("jwks_unavailable", retry_after=5) from None
+                key = self._keys.get(kid)
+        if key is None:
+            raise refusal("token_unknown_key", "The bearer token was signed with a key this API does not know")
+        return key
+
+
+class TokenVerifier:
+    """Checks bearer tokens against the settings; a token verified before is taken from a bounded cache by its
+    SHA-256 until its `exp` (no signature check, no key lookup)."""
+
+    def __init__(self, settings, fetch=_fetch_json):
+        self.secret = settings.jwt_secret
+        self.algorithms = list(settings.jwt_algorithms)
+        self.issuer = settings.jwt_issuer
+        self.audience = list(settings.jwt_audience) or None
+        self.leeway = settings.jwt_leeway
+        self.keys = None
+        if settings.jwt_mode == "keys":
+            self.keys = KeySet(settings.jwt_jwks_url, settings.jwt_issuer, settings.jwt_jwks_refresh_interval, fetch)
+        self.max_entries = settings.jwt_cache_entries
+        self._seen: OrderedDict[bytes, tuple[float, dict]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def verify(self, token: str) -> dict:
+        """The verified claims of `token`; raises QagError (401 token_*) naming the failed check."""
+        if not token or len(token) > _MAX_TOKEN_LENGTH or not token.isascii():
+            raise refusal("token_malformed", "The bearer token is not a well-formed JWT")
+        digest = hashlib.sha256(token.encode("ascii")).digest()
+        now = time.time()
+        found = self._seen.get(digest)
+        if found is not None:
+            if now <= found[0] + self.leeway:
+                return found[1]
+            with self._lock:
+                self._seen.pop(digest, None)
+        claims = self._decode(token)
+        if self.max_entries:
+            with self._lock:
+                self._seen[digest] = (float(claims["exp"]), claims)
+                while len(self._seen) > self.max_entries:
+                    self._seen.popitem(last=False)   # oldest first: a bounded table, whatever callers send
+        return claims
+
+    def _decode(self, token: str) -> dict:
+        import jwt
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.InvalidTokenError:
+            raise refusal("token_malformed", "The bearer token is not a well-formed JWT") from None
+        alg = header.get("alg")
+        # Checked before any key is chosen: `none`, and an HS token where keys are public (or the reverse), never
+        # reach a verifier.
+        if not isinstance(alg, str) or alg not in self.algorithms:
+            raise refusal("token_algorithm", "The bearer token's algorithm is not accepted")
+        if self.keys is not None:
+            kid = header.get("kid")
+            if not isinstance(kid, str):
+                raise refusal("token_unknown_key", "The bearer token names no signing key (kid)")
+            jwk, key_alg = self.keys.get(kid)
+            if key_alg is not None and key_alg != alg:
+                raise refusal("token_algorithm", "The bearer token's algorithm is not the one of its key")
+            key = jwk.key
+        else:
+            key = self.secret
+        try:
+            claims = jwt.decode(token, key, algorithms=[alg], audience=self.audience, issuer=self.issuer,
+                                leeway=self.leeway,
+                                options={"require": ["exp"], "verify_aud": self.audience is not None})
+        except jwt.PyJWTError as exc:  # InvalidKeyError too: an ES token for an RSA key is a bad signature
+            code, message = next((_REASONS[c.__name__] for c in type(exc).__mro__ if c.__name__ in _REASONS),
+                                 ("token_signature", "The bearer token's signature does not verify"))
+            raise refusal(code, message) from None
+        if not isinstance(claims.get("exp"), (int, float)) or isinstance(claims.get("exp"), bool):
+            raise refusal("token_claims", "The bearer token lacks a required claim")
+        return claims

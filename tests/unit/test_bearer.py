@@ -1,0 +1,157 @@
+"""Bearer tokens in-process: settings checks, the verified-token cache, and a warm call with no store read."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import jwt
+import pytest
+
+from qag.settings import SettingsError, load
+
+SECRET = "x" * 40
+
+
+def settings(tmp_path, **env):
+    return load({"QAG_HOME": str(tmp_path), **env})
+
+
+class TestSettings:
+    def test_secret_alone_means_hs256(self, tmp_path):
+        s = settings(tmp_path, QAG_JWT_SECRET=SECRET, QAG_JWT_ROLE="r")
+        assert s.jwt_mode == "secret" and s.jwt_algorithms == ("HS256",)
+
+    def test_off_by_default(self, tmp_path):
+        assert settings(tmp_path).jwt_mode is None
+
+    @pytest.mark.parametrize("env, words", [
+        ({"QAG_JWT_SECRET": "short", "QAG_JWT_ROLE": "r"}, "at least 32 bytes"),
+        ({"QAG_JWT_SECRET": SECRET, "QAG_JWT_ROLE": "r", "QAG_JWT_ALGORITHMS": "RS256"}, "may only list HS256"),
+        ({"QAG_JWT_SECRET": SECRET, "QAG_JWT_ROLE": "r", "QAG_JWT_ALGORITHMS": "none"}, "may only list"),
+        ({"QAG_JWT_ISSUER": "https://id.example", "QAG_JWT_AUDIENCE": "a", "QAG_JWT_ROLE": "r",
+          "QAG_JWT_ALGORITHMS": "HS256"}, "may only list RS256"),
+        ({"QAG_JWT_ISSUER": "https://id.example", "QAG_JWT_ROLE": "r"}, "QAG_JWT_AUDIENCE"),
+        ({"QAG_JWT_JWKS_URL": "http://id.example/jwks", "QAG_JWT_ISSUER": "x", "QAG_JWT_AUDIENCE": "a",
+          "QAG_JWT_ROLE": "r"}, "https://"),
+        ({"QAG_JWT_SECRET": SECRET}, "QAG_JWT_ROLE"),
+        ({"QAG_JWT_AUDIENCE": "a"}, "none of QAG_JWT_SECRET"),
+        ({"QAG_JWT_SECRET": SECRET, "QAG_JWT_JWKS_URL": "https://id.example/jwks", "QAG_JWT_ROLE": "r"}, "not both"),
+    ])
+    def test_unsafe_or_impossible_settings_stop_startup(self, tmp_path, env, words):
+        with pytest.raises(SettingsError) as caught:
+            settings(tmp_path, **env)
+        assert words in str(caught.value)
+        assert SECRET not in str(caught.value)
+
+    def test_queryapigate_names_and_the_file_form(self, tmp_path):
+        path = tmp_path / "secret"
+        path.write_text(SECRET + "\n")
+        s = settings(tmp_path, QUERYAPIGATE_JWT_SECRET_FILE=str(path), QUERYAPIGATE_JWT_ROLE="r",
+                     QUERYAPIGATE_JWT_AUDIENCE="a, b")
+        assert s.jwt_secret == SECRET and s.jwt_role == "r" and s.jwt_audience == ("a", "b")
+
+
+class Counting:
+    """A store whose reads are counted by method name."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name):
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        def counted(*args, **kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return attr(*args, **kwargs)
+        return counted
+
+
+def test_a_warm_bearer_call_reads_nothing_from_the_store_and_verifies_once(tmp_path, monkeypatch):
+    from qag import bearer
+    from qag.app import create_app
+
+    app = create_app(settings(tmp_path, QAG_JWT_SECRET=SECRET, QAG_JWT_ROLE_CLAIM="role", QAG_API_KEY="adm" * 8))
+
+    def call(path, token=None, key=None, method="GET", body=None):
+        environ = {"REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": "", "REMOTE_ADDR": "127.0.0.1",
+                   "wsgi.input": io.BytesIO(json.dumps(body).encode() if body else b"")}
+        if body:
+            environ.update(CONTENT_TYPE="application/json", CONTENT_LENGTH=str(len(environ["wsgi.input"].getvalue())))
+        if token:
+            environ["HTTP_AUTHORIZATION"] = f"Bearer {token}"
+        if key:
+            environ["HTTP_X_API_KEY"] = key
+        seen = {}
+        out = b"".join(app(environ, lambda status, headers: seen.update(status=status)))
+        return int(seen["status"].split()[0]), out
+
+    status, _ = call("/api/v1/roles", key="adm" * 8, method="POST", body={"name": "r", "connections": []})
+    assert status == 201
+    decoded = []
+    real = bearer.TokenVerifier._decode
+    monkeypatch.setattr(bearer.TokenVerifier, "_decode", lambda self, t: decoded.append(1) or real(self, t))
+    token = jwt.encode({"sub": "u1", "role": "r", "exp": int(time.time()) + 60}, SECRET, algorithm="HS256")
+    counting = Counting(app.metadata.inner)
+    app.metadata.inner = counting
+    # /catalog needs a caller and reads no saved query for an empty grant: only authentication's reads remain.
+    assert call("/catalog", token)[0] == 200       # cold: verified, role read once
+    assert decoded == [1] and counting.calls.get("get_role") == 1
+    counting.calls.clear()
+    assert call("/catalog", token)[0] == 200       # warm
+    assert decoded == [1]
+    assert "get_role" not in counting.calls and "count_keys" not in counting.calls
+    # An expired token in the cache is verified again (and refused), not served from it.
+    old = jwt.encode({"sub": "u1", "role": "r", "exp": int(time.time()) - 120}, SECRET, algorithm="HS256")
+    status, body = call("/catalog", old)
+    assert status == 401 and json.loads(body)["code"] == "token_expired"
+
+
+def test_the_cache_is_bounded_and_respects_exp():
+    from qag.bearer import TokenVerifier
+
+    class S:
+        jwt_secret, jwt_algorithms, jwt_issuer, jwt_audience = SECRET, ("HS256",), None, ()
+        jwt_leeway, jwt_mode, jwt_cache_entries, jwt_jwks_url, jwt_jwks_refresh_interval = 0, "secret", 3, None, 1
+
+    v = TokenVerifier(S())
+    now = int(time.time())
+    tokens = [jwt.encode({"sub": str(i), "exp": now + 60}, SECRET, algorithm="HS256") for i in range(5)]
+    for t in tokens:
+        assert v.verify(t)["exp"] == now + 60
+    assert len(v._seen) == 3
+    short = jwt.encode({"sub": "s", "exp": now + 1}, SECRET, algorithm="HS256")
+    v.verify(short)
+    time.sleep(2.1)
+    with pytest.raises(Exception) as caught:
+        v.verify(short)
+    assert caught.value.code == "token_expired"
+
+
+def test_unreachable_issuer_is_503_then_known_keys_survive_an_outage():
+    from qag.bearer import KeySet
+    from qag.errors import QagError
+
+    calls = []
+
+    def down(url):
+        calls.append(url)
+        raise OSError("connection refused")
+
+    keys = KeySet(None, "https://id.example", 0.0, fetch=down)
+    with pytest.raises(QagError) as caught:
+        keys.get("k1")
+    assert caught.value.code == "jwks_unavailable" and caught.value.status == 503
+    assert calls == ["https://id.example/.well-known/openid-configuration"]
+
+    # Discovery must name the issuer it was fetched for.
+    documents = {"https://id.example/.well-known/openid-configuration": {"issuer": "https://other.example",
+                                                                         "jwks_uri": "https://id.example/k"}}
+    keys = KeySet(None, "https://id.example", 0.0, fetch=lambda url: documents[url])
+    with pytest.raises(QagError) as caught:
+        keys.get("k1")
+    assert caught.value.code == "jwks_unavailable"
