@@ -252,5 +252,6 @@ def test_the_segment_survives_a_crashed_worker_and_leaves_nothing_behind(make_se
     server.stop()
     assert not os.path.exists(f"/proc/{master}")
     assert not any(os.path.exists(f"/proc/{w}") for w in now)
-    leftover = _shm_listing() - before
+    # Only what this server made: another qag on the machine (a parallel test run) may come and go meanwhile.
+    leftover = {n for n in _shm_listing() - before if not re.search(r"-\d+-", n) or f"-{master}-" in n}
     assert not leftover, leftover
