@@ -4,6 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 CORE := $(VENV)/.qag-core
 FULL := $(VENV)/.qag-full
+TOOLS := $(VENV)/.qag-build-tools
 # The fast end-to-end contract tests, run a second time with the pure-Python twins (QAG_SPEEDUPS=off, which
 # also selects the worker's pure-Python HTTP parser) and a third time on gunicorn's gthread worker.
 E2E_PURE := $(wildcard tests/integration/test_contract_*.py) tests/integration/test_bad_input.py
@@ -16,9 +17,11 @@ SOURCES := pyproject.toml setup.py $(wildcard build_backend/*.py) $(wildcard qag
 
 .PHONY: demo test system-deps wheel clean
 
-# The demo needs nothing but Python: the speedups compile when a compiler is there, else a banner says so.
-demo: $(CORE)
-	$(BIN)/qag demo
+# The demo serves at once on the pure-Python twins while the compiled modules build beside their sources in
+# the background (every core, a line each), then restarts on them (build_backend/demo.py). Without a C
+# compiler a banner says so and the demo goes on in pure Python.
+demo: $(CORE) $(TOOLS)
+	$(BIN)/python -m build_backend demo -- $(BIN)/qag demo
 
 test: system-deps $(FULL)
 	QAG_SPEEDUPS=require $(BIN)/python -m pytest -q -p no:cacheprovider tests
@@ -48,12 +51,19 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(CORE): $(BIN)/python $(SOURCES)
-	$(BIN)/python -m pip install -q -e .
+# pyproject.toml's build requirements, for the in-place builds that run outside pip.
+$(TOOLS): $(BIN)/python
+	$(BIN)/python -m pip install -q 'setuptools>=64' wheel 'Cython>=3'
 	touch $@
 
-$(FULL): $(BIN)/python $(SOURCES)
-	$(BIN)/python -m pip install -q -e '.[test,mysql,postgres,redis,formats,otel,jwt]'
+# pip installs qag (seconds); the compiled modules are built in place, where their progress shows.
+$(CORE): $(BIN)/python $(SOURCES)
+	QAG_BUILD_SPEEDUPS=off $(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(FULL): $(BIN)/python $(TOOLS) $(SOURCES)
+	QAG_BUILD_SPEEDUPS=off $(BIN)/python -m pip install -q -e '.[test,mysql,postgres,redis,formats,otel,jwt]'
+	$(BIN)/python -m build_backend inplace --speedups require
 	touch $@ $(CORE)
 
 # This platform's wheel, compiled or failed: never a silently pure one. It is then installed into a clean
@@ -74,4 +84,4 @@ wheel: system-deps $(FULL)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
-	find qag \( -name '*.so' -o -name '*.source-sha256' -o -name '*.c' \) -delete
+	find qag \( -name '*.so' -o -name '*.source-sha256' -o -name '*.c' -o -name '*.partial' \) -delete

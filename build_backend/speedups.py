@@ -8,6 +8,8 @@ import os
 import sys
 import sysconfig
 import tempfile
+import threading
+import time
 
 import setuptools  # noqa: F401  (first, so `distutils` below is setuptools' copy on every Python)
 from setuptools import Extension
@@ -17,6 +19,10 @@ MODES = ("auto", "require", "off")
 ENV = "QAG_BUILD_SPEEDUPS"
 SPEEDUPS_DIR = os.path.join("qag", "_speedups")
 CYTHON_BUILD_DIR = os.path.join("build", "cython")
+# Set by `python -m build_backend` to a descriptor on the terminal: the build's own lines go there while the
+# tools' output (Cython, the compiler's commands and warnings) goes to a log. Unset (pip, `python -m build`):
+# stderr, which pip shows with -v.
+MESSAGES_FD = "QAG_BUILD_MESSAGES_FD"
 
 
 def resolve_mode(value: object = None, source: str = "--config-settings speedups") -> str:
@@ -108,10 +114,77 @@ def cannot_compile() -> str | None:
     return None
 
 
+_say_lock = threading.Lock()
+
+
+def say(text: str) -> None:
+    """Lines for the person building: on $QAG_BUILD_MESSAGES_FD when set, else stderr; whole, from any thread."""
+    data = (text.rstrip("\n") + "\n").encode("utf-8", "replace")
+    fd = os.environ.get(MESSAGES_FD, "")
+    with _say_lock:
+        if fd.isdigit():
+            try:
+                os.write(int(fd), data)
+                return
+            except OSError:   # the runner is gone: stderr still reaches a log or pip -v
+                pass
+        print(text.rstrip("\n"), file=sys.stderr, flush=True)
+
+
+def out_of_date(sources: list[str], target: str) -> bool:
+    """Whether build_ext will compile `target` from `sources` (its test: a missing target, or a source missing
+    or newer)."""
+    if not os.path.exists(target):
+        return True
+    built = os.path.getmtime(target)
+    return any(not os.path.exists(src) or os.path.getmtime(src) > built for src in sources)
+
+
+def module_sources(root: str = ".") -> dict[str, str]:
+    """{module: its source under `root`} for every module the build compiles (extensions() without the mode)."""
+    pyx = sorted(glob.glob(os.path.join(root, SPEEDUPS_DIR, "_*.pyx")))
+    modules = {"qag._speedups." + os.path.basename(path)[:-4]: path for path in pyx}
+    modules.update((path[:-3].replace("/", "."), os.path.join(root, path)) for path in REQUEST_PATH)
+    return modules
+
+
+def current_builds(root: str = ".") -> set[str]:
+    """The modules whose build beside its source under `root` is the one qag would run: a request-path module's
+    with the digest of its source as it is now (qag/_speedups/request_path.py's test), a .pyx's newer than it."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    current = set()
+    for name, source in module_sources(root).items():
+        stem = os.path.join(os.path.dirname(source), name.rpartition(".")[2])
+        built = stem + suffix
+        if not os.path.exists(built) or not os.path.exists(source):
+            continue
+        if source.endswith(".py"):
+            try:
+                with open(stem + DIGEST_SUFFIX, encoding="ascii") as fh:
+                    recorded = fh.read().strip()
+                with open(source, "rb") as fh:
+                    fresh = recorded == hashlib.sha256(fh.read()).hexdigest()
+            except OSError:
+                fresh = False
+        else:
+            fresh = not out_of_date([source], built)
+        if fresh:
+            current.add(name)
+    return current
+
+
+def _modules(count: int) -> str:
+    return f"{count} module{'' if count == 1 else 's'}"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 60 else f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
+
+
 def banner(reason: str) -> None:
     """Tell, on stderr and hard to miss, that this build is pure Python and why."""
     rule = "*" * 78
-    print("\n".join((
+    say("\n".join((
         rule,
         "qag: the compiled speedups (qag/_speedups) were NOT built; this build is pure Python.",
         f"  why: {reason}",
@@ -120,33 +193,43 @@ def banner(reason: str) -> None:
         "  then rebuild. To make this an error instead: QAG_BUILD_SPEEDUPS=require",
         "  (pip: -C speedups=require).",
         rule,
-    )), file=sys.stderr, flush=True)
+    )))
 
 
 class BuildSpeedups(build_ext):
-    """build_ext that cythonizes first and, in auto mode, reports and skips what cannot be compiled."""
+    """build_ext that cythonizes first, compiles on every core with a line per module, and, in auto mode, reports
+    and skips what cannot be compiled."""
+
+    def _jobs(self) -> int:
+        if not self.parallel or self.parallel is True:
+            return os.cpu_count() or 1
+        return max(1, int(self.parallel))
 
     def run(self) -> None:
         if not self.extensions:
             return super().run()
-        if not self.parallel:
-            self.parallel = os.cpu_count() or 1   # some thirty modules: compile them side by side
+        # Some forty modules: translated and compiled side by side (-j N, `python -m build_backend inplace -j N`).
+        self.parallel = self._jobs()
         mode = resolve_mode()
-        reason = cython_missing()
+        # Probed once here too (the PEP 517 backend did already): an in-place build without a compiler would
+        # otherwise fail module by module, a banner each.
+        reason = cannot_compile()
         if reason is None:
             from Cython.Build import cythonize
 
             pyx = [ext for ext in self.extensions if not hasattr(ext, "qag_source")]
             py = [ext for ext in self.extensions if hasattr(ext, "qag_source")]
+            started = time.monotonic()
             try:
-                threads = os.cpu_count() or 1
-                translated = (cythonize(pyx, build_dir=CYTHON_BUILD_DIR, nthreads=threads,
+                translated = (cythonize(pyx, build_dir=CYTHON_BUILD_DIR, nthreads=self.parallel,
                                         compiler_directives={"language_level": 3})
-                              + (cythonize(py, build_dir=CYTHON_BUILD_DIR, nthreads=threads,
+                              + (cythonize(py, build_dir=CYTHON_BUILD_DIR, nthreads=self.parallel,
                                            compiler_directives=_PY_DIRECTIVES) if py else []))
             except Exception as exc:  # Cython reports its errors above and raises CompileError
                 reason = f"Cython could not translate {SPEEDUPS_DIR} or the request path: {exc}"
             else:
+                say(f"qag build: C sources of {_modules(len(translated))} ready (Cython, "
+                    f"{_duration(time.monotonic() - started)})")
                 # Only the sources change: setuptools has already set up its own state on these objects.
                 c_sources = {ext.name: ext.sources for ext in translated}
                 for ext in self.extensions:
@@ -157,14 +240,70 @@ class BuildSpeedups(build_ext):
             return None
         return super().run()
 
+    def build_extensions(self) -> None:
+        # Here the targets are build_lib's (setuptools copies them beside the sources afterwards), the files
+        # build_ext itself compares with the sources to skip what is up to date.
+        self._todo = {ext.name for ext in self.extensions
+                      if self.force or out_of_date(list(ext.sources) + list(ext.depends),
+                                                   self.get_ext_fullpath(ext.name))}
+        self._done = self._failed = 0
+        self._count_lock = threading.Lock()
+        # Largest C first: the long compiles start at once and the short ones fill the cores around them, so
+        # the build does not end on one core compiling the biggest module alone.
+        self.extensions.sort(key=lambda ext: -sum(os.path.getsize(src) for src in ext.sources
+                                                  if os.path.exists(src)))
+        for ext in self.extensions:
+            # What a build killed mid-link left (SIGTERM gives no chance to clean up): never packed into a wheel.
+            leftover = self.get_ext_fullpath(ext.name) + ".partial"
+            if os.path.exists(leftover):
+                os.remove(leftover)
+        link = getattr(self.compiler, "link_shared_object", None)
+        if link is not None:
+            def link_whole(objects, output_filename, *args, **kwargs):
+                # Linked beside, then renamed: a build stopped mid-link (Ctrl-C on `make demo`) leaves no
+                # truncated module that the next build would take as up to date by its mtime.
+                partial = output_filename + ".partial"
+                try:
+                    link(objects, partial, *args, **kwargs)
+                except BaseException:
+                    if os.path.exists(partial):
+                        os.remove(partial)
+                    raise
+                os.replace(partial, output_filename)
+            self.compiler.link_shared_object = link_whole
+        started = time.monotonic()
+        if self._todo:
+            say(f"qag build: compiling {len(self._todo)} of {_modules(len(self.extensions))}, "
+                f"{min(self.parallel, len(self._todo))} at a time")
+        else:
+            say(f"qag build: all {len(self.extensions)} compiled modules are up to date")
+        super().build_extensions()
+        if self._todo:
+            failed = f", {self._failed} failed" if self._failed else ""
+            say(f"qag build: {_modules(self._done - self._failed)} compiled{failed} in "
+                f"{_duration(time.monotonic() - started)}")
+
     def build_extension(self, ext: Extension) -> None:
+        started = time.monotonic()
         try:
             super().build_extension(ext)
         except Exception as exc:  # the compiler's own output is already above
+            self._progress(ext, "FAILED")
             self._give_up(resolve_mode(), f"compiling {ext.name} failed: {exc}")
             return
         if hasattr(ext, "qag_source"):
             write_digest(ext, self.get_ext_fullpath(ext.name))
+        self._progress(ext, _duration(time.monotonic() - started))
+
+    def _progress(self, ext: Extension, what: str) -> None:
+        """One line per module compiled (none for one that was up to date), counted across the threads."""
+        if ext.name not in getattr(self, "_todo", ()):
+            return
+        with self._count_lock:
+            self._done += 1
+            self._failed += what == "FAILED"
+            total = len(self._todo)
+            say(f"qag build: [{self._done:>{len(str(total))}}/{total}] {ext.name} ({what})")
 
     # An in-place or editable build copies each build back beside its source (setuptools' build_ext); the
     # digest files must travel with them.
@@ -179,6 +318,16 @@ class BuildSpeedups(build_ext):
         yield from super()._get_output_mapping()
         if self.inplace:
             yield from self._digest_pairs()
+
+    def copy_file(self, infile, outfile, *args, **kwargs):
+        # Beside the sources a server or a test run may import a module at any moment, also while a build
+        # copies (`make demo` starts on the pure twins while it builds): a new file appears whole, by rename,
+        # and one already loaded keeps its own inode.
+        partial = outfile + ".partial"
+        _, copied = super().copy_file(infile, partial, *args, **kwargs)
+        if os.path.exists(partial):
+            os.replace(partial, outfile)
+        return outfile, copied
 
     def copy_extensions_to_source(self) -> None:
         super().copy_extensions_to_source()

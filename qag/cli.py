@@ -249,7 +249,9 @@ def cmd_demo(args, settings) -> int:
         return CLI_USAGE_ERROR
     home = os.path.abspath(args.home or settings.demo_home)
     demo_settings = settings.with_overrides(home=home, api_key=None)
-    print("qag demo: preparing the demo home (first run generates ~90,000 rows)...", file=sys.stderr)
+    if args.reset or not os.path.exists(os.path.join(home, demo.KEYS_FILE)):
+        # Not on make demo's restart onto the compiled build (build_backend/demo.py): the home is there already.
+        print("qag demo: preparing the demo home (first run generates ~90,000 rows)...", file=sys.stderr)
     if args.reset and os.path.isdir(home):
         # Before any store is opened there: one opened first would be deleted under the admin writing to it.
         shutil.rmtree(home)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import subprocess
 import sys
 import venv
@@ -28,7 +29,13 @@ def run(*args, **kw):
 def test_wheel_from_sdist_installs_and_runs_compiled(tmp_path):
     dist = tmp_path / "dist"
     # python -m build makes the sdist, then builds the wheel from that sdist (not from the tree).
-    run(sys.executable, "-m", "build", "--outdir", str(dist), "-C", "speedups=require", ROOT)
+    built = run(sys.executable, "-m", "build", "--outdir", str(dist), "-C", "speedups=require", ROOT)
+    # The wheel's build says what it does, a line per module compiled (pip shows these with -v).
+    said = built.stdout + built.stderr
+    plan = re.search(r"qag build: compiling (\d+) of (\d+) modules, (\d+) at a time", said)
+    assert plan and plan.group(1) == plan.group(2), said[-3000:]
+    assert int(plan.group(3)) == min(os.cpu_count() or 1, int(plan.group(1)))
+    assert len(re.findall(r"qag build: \[ *\d+/%s\] qag\.\S+ \(" % plan.group(1), said)) == int(plan.group(1))
     wheel = glob.glob(str(dist / "qag-*.whl"))
     assert len(wheel) == 1 and "none-any" not in wheel[0], wheel
     env_dir = tmp_path / "venv"
