@@ -65,14 +65,16 @@ def in_process(home: str, keys: dict, rounds: int, calls: int) -> dict:
     return out
 
 
-def _serve(home: str, admin_key: str, python: str = sys.executable,
-           workers: int | None = None) -> tuple[subprocess.Popen, str]:
-    """`qag serve` of `python`'s qag on `home` (its default workers unless given), and its base URL."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("QAG_", "QUERYAPIGATE_"))}
+def _serve(home: str, admin_key: str, python: str = sys.executable, workers: int | None = None,
+           extra: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """`qag serve` of `python`'s qag on `home` (its default workers unless given; `extra` environment on top),
+    and its base URL. Nothing of the caller's QAG_*, QUERYAPIGATE_* or OTEL_* environment reaches it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("QAG_", "QUERYAPIGATE_", "OTEL_"))}
     env.update({"QAG_HOME": home, "QAG_API_KEY": admin_key, "QAG_BIND": "127.0.0.1:0", "QAG_ACCESS_LOG": "off",
                 "QAG_LOG_REQUESTS": "off"})
     if workers is not None:
         env["QAG_WORKERS"] = str(workers)
+    env.update(extra or {})
     proc = subprocess.Popen([python, "-m", "qag", "serve"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=home)
     found: list[str] = []
@@ -92,7 +94,7 @@ def _serve(home: str, admin_key: str, python: str = sys.executable,
     ready.wait(60)
     if not found:
         proc.kill()
-        raise RuntimeError("qag serve did not start")
+        raise RuntimeError("qag serve did not start:\n" + "".join(proc.log[-40:]))
     return proc, found[0]
 
 

@@ -38,13 +38,14 @@ import sys
 import tempfile
 import threading
 
+from .cache_calls import _serve as cache_serve
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 CALLS = {
     "customer (1 row, scoped key)": ("/q/customer", "id={n}", 5000, "scoped_key"),
     "orders_by_status (page of 100)": ("/q/orders_by_status", "status=paid&page_size=100&page={n}", 20, "admin_key"),
 }
-_LISTENING = re.compile(r"Listening at: http://([\d.]+):(\d+)")
 _RPS = re.compile(r"Requests/sec:\s+([\d.]+)")
 _REQUESTS = re.compile(r"(\d+) requests in")
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -167,29 +168,11 @@ def in_process(modes: dict, rounds: int, calls: int) -> tuple[dict, dict]:
 
 
 def _serve(tree: str, home: str, admin_key: str, extra: dict, workers: int) -> tuple[subprocess.Popen, str]:
-    env = _env(tree, {"QAG_HOME": home, "QAG_API_KEY": admin_key, "QAG_BIND": "127.0.0.1:0", "QAG_ACCESS_LOG": "off",
-                      "QAG_LOG_REQUESTS": "off", "QAG_WORKERS": str(workers), "QAG_THREADS": "8", **extra})
-    proc = subprocess.Popen([sys.executable, "-m", "qag", "serve"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=home)
-    found: list[str] = []
-    ready = threading.Event()
-    proc.log = []
-
-    def pump():
-        for line in proc.stdout:
-            proc.log.append(line)
-            m = _LISTENING.search(line)
-            if m and not found:
-                found.append(f"http://{m.group(1)}:{m.group(2)}")
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    ready.wait(60)
-    if not found:
-        proc.kill()
-        raise RuntimeError("qag serve did not start:\n" + "".join(proc.log[-40:]))
-    return proc, found[0]
+    """`tree`'s qag serving `home` (cache_calls' server, with that tree first on the path)."""
+    own = {"PYTHONPATH": tree, "QAG_THREADS": "8"}
+    if "QAG_SPEEDUPS" in os.environ:
+        own["QAG_SPEEDUPS"] = os.environ["QAG_SPEEDUPS"]
+    return cache_serve(home, admin_key, sys.executable, workers, {**own, **extra})
 
 
 def _server_cpu(pid: int) -> float:

@@ -113,6 +113,14 @@ def _via_relay(request, server: Server, uniq, db: str, relay: Relay) -> tuple[st
     return name, fields
 
 
+def _fast_query_via(request, server: Server, uniq, db: str, relay: Relay) -> tuple[str, dict, str]:
+    """(connection, its fields, a saved `SELECT 1`) through the relay: what every load drill calls."""
+    connection, fields = _via_relay(request, server, uniq, db, relay)
+    fast = uniq("fast")
+    server.query(fast, "SELECT 1 AS v", connection)
+    return connection, fields, fast
+
+
 def _upstream(request, db: str) -> tuple[str, int]:
     fields = request.getfixturevalue("mysql_db" if db == "mysql" else "pg_db")
     return fields["host"], int(fields["port"])
@@ -122,9 +130,7 @@ def _upstream(request, db: str) -> tuple[str, int]:
 def test_black_hole_bounds_every_call_and_the_pool_recovers(request, fault_server, uniq, db):
     server = fault_server
     with Relay(*_upstream(request, db)) as relay:
-        connection, fields = _via_relay(request, server, uniq, db, relay)
-        fast = uniq("fast")
-        server.query(fast, "SELECT 1 AS v", connection)
+        connection, fields, fast = _fast_query_via(request, server, uniq, db, relay)
         pids = worker_pids(server)
         with Load(server, q(fast) + f"?timeout={LIMIT}") as load:
             time.sleep(1.0)
@@ -152,9 +158,7 @@ def test_black_hole_bounds_every_call_and_the_pool_recovers(request, fault_serve
 def test_reset_slow_and_stopped_database_paths(request, fault_server, uniq, db):
     server = fault_server
     with Relay(*_upstream(request, db)) as relay:
-        connection, fields = _via_relay(request, server, uniq, db, relay)
-        fast = uniq("fast")
-        server.query(fast, "SELECT 1 AS v", connection)
+        connection, fields, fast = _fast_query_via(request, server, uniq, db, relay)
         pids = worker_pids(server)
         with Load(server, q(fast) + f"?timeout={LIMIT}") as load:
             time.sleep(0.5)
