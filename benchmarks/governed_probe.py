@@ -69,6 +69,8 @@ def _gateway(home: str, args):
     env = {"QAG_HOME": home, "QAG_API_KEY": "adm_" + "0" * 48, "QAG_HISTORY_FLUSH_INTERVAL": "60", "QAG_OTEL": "off"}
     if args.server_limit:
         env["QAG_RATE_LIMIT"] = "100000000/minute"
+    if os.environ.get("QAG_SPEEDUPS"):
+        env["QAG_SPEEDUPS"] = os.environ["QAG_SPEEDUPS"]
     gateway = Gateway(load(env))
     call = _admin_call(gateway)
     if args.what != "admission":

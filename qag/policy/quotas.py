@@ -109,8 +109,8 @@ class Ticket:
     """One request's view of its caller's quota: the period, the limits, the counts after this call (for the
     X-Quota-* headers) and, for a data call, the reserved call to settle once the response is known."""
 
-    __slots__ = ("quotas", "key", "per", "calls_limit", "rows_limit", "reset_at", "reset_text", "start_at",
-                 "calls", "rows", "refused", "reserved", "remote", "host", "now")
+    __slots__ = ("quotas", "key", "host_key", "per", "calls_limit", "rows_limit", "reset_at", "reset_text",
+                 "start_at", "calls", "rows", "refused", "reserved", "remote", "host", "now")
 
     def headers(self) -> list[tuple[str, str]]:
         out = [("X-Quota-Reset", self.reset_text)]
@@ -148,6 +148,13 @@ class Ticket:
                 "rows_limit": self.rows_limit}
 
 
+class _Period:
+    """A caller's current period (Quotas._period): valid for start <= now < reset in the zone it was made in."""
+
+    __slots__ = ("start", "reset", "zone", "start_at", "reset_text", "key", "host_key")
+
+
+_PERIODS_MAX = 4096
 _open: "weakref.WeakSet[Quotas]" = weakref.WeakSet()
 
 
@@ -173,6 +180,8 @@ class Quotas:
         self._unwritten: dict[tuple, list] = {}
         self._in_flight: dict[tuple, list] = {}  # being written by flush()
         self._reserve = self._add_script = None
+        # (caller, per) -> _Period: the period's texts and times and the caller's keys, for calls within it
+        self._periods: dict[tuple, _Period] = {}
         self._thread_pid = None
         self._stop = threading.Event()
         self._closed = False
@@ -183,24 +192,81 @@ class Quotas:
     def begin(self, name: str, quota, *, reserve: bool) -> Ticket | None:
         """The caller's ticket (None when `quota` sets no limit). reserve=True (a data call): check and, when
         allowed, reserve one call; `ticket.refused` then names the exhausted quota ('calls'/'rows') or is None."""
+        t = self._ticket(name, quota)
+        if t is None:
+            return None
+        self._decide(t, reserve, None)
+        return t
+
+    def admit(self, name: str, quota, reserve: bool, limiter, count: int, period: float):
+        """A call's key bucket (`limiter`, a RateLimiter, at count per period) then its quota, as
+        `limiter.take(name, count, period)` followed by `begin(name, quota, reserve=reserve and not refused)`:
+        (ticket or None, (left, retry_after)). Counted in the host table, both are one critical section."""
+        t = self._ticket(name, quota)
+        if t is None:
+            return None, limiter.take(name, count, period)
+        taken = None
+        if self.redis is None and limiter.redis is None and limiter.table is self.table:
+            found = self.table.admit(limiter.kind, name, count, period, t.host_key, t.calls_limit or 0,
+                                     t.rows_limit or 0, reserve, VIEW_MAX_AGE)
+            if found is not None:
+                left, retry, quota_found = found
+                taken = (left, retry)
+                if retry:
+                    limiter.stats.rejected()
+                if quota_found:      # else not counted here yet (seeded now) or no room: as begin() goes on
+                    self._decide(t, reserve and not retry, quota_found)
+                    return t, taken
+        if taken is None:
+            taken = limiter.take(name, count, period)
+        self._decide(t, reserve and not taken[1], None)
+        return t, taken
+
+    def _ticket(self, name: str, quota) -> Ticket | None:
         calls_limit, rows_limit = _limit(quota.get("calls")), _limit(quota.get("rows"))
         if calls_limit is None and rows_limit is None:
             return None
         per = "month" if quota.get("per") == "month" else "day"
         now = self.clock()
-        text, start, reset = period(per, now)
+        p = self._periods.get((name, per))
+        if p is None or not p.start <= now < p.reset or p.zone is not time.tzname:
+            p = self._period(name, per, now)
         t = Ticket()
-        t.quotas, t.key, t.per, t.now = self, (self.workspace, name, per, text), per, now
+        t.quotas, t.key, t.host_key, t.per, t.now = self, p.key, p.host_key, per, now
         t.calls_limit, t.rows_limit = calls_limit, rows_limit
-        t.start_at, t.reset_at, t.reset_text = start, reset, local_text(reset)
+        t.start_at, t.reset_at, t.reset_text = p.start_at, p.reset, p.reset_text
         t.refused, t.reserved, t.remote, t.host = None, False, False, False
+        return t
+
+    def _period(self, name: str, per: str, now: float) -> "_Period":
+        """The caller's period holding `now`, kept for the calls up to its end: period() is a function of the local
+        date alone, which stays the same from now until reset; a new zone (time.tzset()) starts over."""
+        p = _Period()
+        p.zone = time.tzname
+        text, p.start_at, p.reset = period(per, now)
+        p.start = now
+        p.reset_text = local_text(p.reset)
+        p.key = (self.workspace, name, per, text)
+        p.host_key = self.host_key(p.key)
+        periods = self._periods
+        if len(periods) >= _PERIODS_MAX:
+            periods.clear()   # many callers: start over rather than track recency
+        periods[(name, per)] = p
+        return p
+
+    def _decide(self, t: Ticket, reserve: bool, found) -> None:
+        """The counts and the verdict of a ticket: `found` is the host table's answer when already asked."""
         result = None
-        if self.redis is not None:
-            result = self.redis.call(lambda r: self._remote_reserve(r, t, reserve), self._fell_back)
-            t.remote = result is not None
-        if result is None:
-            result = self._host_reserve(t, reserve)
-            t.host = result is not None
+        if found is not None:
+            result = self._host_result(t, reserve, found)
+            t.host = True
+        else:
+            if self.redis is not None:
+                result = self.redis.call(lambda r: self._remote_reserve(r, t, reserve), self._fell_back)
+                t.remote = result is not None
+            if result is None:
+                result = self._host_reserve(t, reserve)
+                t.host = result is not None
         if result is None:
             result = self._local_reserve(t, reserve)
         allowed, t.calls, t.rows = result
@@ -208,8 +274,7 @@ class Quotas:
             if allowed:
                 t.reserved = True
             else:
-                t.refused = "calls" if calls_limit is not None and t.calls >= calls_limit else "rows"
-        return t
+                t.refused = "calls" if t.calls_limit is not None and t.calls >= t.calls_limit else "rows"
 
     def _fell_back(self):
         if self.stats is not None:
@@ -225,7 +290,7 @@ class Quotas:
     def _host_reserve(self, t: Ticket, reserve: bool):
         """Check (and reserve) in the host table: (allowed, calls, rows), or None when it has no room for the
         counter (or the store could not be read to seed it)."""
-        table, hk = self.table, self.host_key(t.key)
+        table, hk = self.table, t.host_key
         limits = (t.calls_limit or 0, t.rows_limit or 0)
         for _ in range(3):
             found = table.quota(hk, *limits, reserve, VIEW_MAX_AGE)
@@ -236,20 +301,25 @@ class Quotas:
                 if table.quota_seed(hk, seed[0], seed[1], t.reset_at):
                     continue
             elif found is not False:
-                allowed, calls, rows, reread = found
-                if reread is not None:
-                    stored = self._stored(t.key, pending=False)
-                    if stored is not None:
-                        table.quota_reread(hk, reread, *stored)
-                        if not reserve:  # a view only: show what was just read
-                            found = table.quota(hk, *limits, False, VIEW_MAX_AGE)
-                            if found:
-                                allowed, calls, rows = found[:3]
-                return allowed, calls, rows
+                return self._host_result(t, reserve, found)
             break
         if self.stats is not None:
             self.stats.no_room()
         return None
+
+    def _host_result(self, t: Ticket, reserve: bool, found: tuple):
+        """(allowed, calls, rows) from the host table's answer, after re-reading the store when it asks for it."""
+        allowed, calls, rows, reread = found
+        if reread is not None:
+            stored = self._stored(t.key, pending=False)
+            if stored is not None:
+                table = self.table
+                table.quota_reread(t.host_key, reread, *stored)
+                if not reserve:  # a view only: show what was just read
+                    found = table.quota(t.host_key, t.calls_limit or 0, t.rows_limit or 0, False, VIEW_MAX_AGE)
+                    if found:
+                        allowed, calls, rows = found[:3]
+        return allowed, calls, rows
 
     def _stored(self, key: tuple, pending: bool):
         """The store's counts of key (read without any lock held), with pending=True plus this worker's counts the
@@ -325,7 +395,7 @@ class Quotas:
             if calls or rows:
                 totals = self.redis.call(lambda r: self._remote_add(r, t, calls, rows), self._fell_back)
         elif t.host:
-            totals = self.table.quota_add(self.host_key(t.key), calls, rows, settle)
+            totals = self.table.quota_add(t.host_key, calls, rows, settle)
         if totals is None:
             t.calls += calls
             t.rows += rows
@@ -438,7 +508,8 @@ class Quotas:
 
     # --- the writer thread ----------------------------------------------------------------------------------
     def _start(self) -> None:
-        if self._thread_pid == os.getpid() or self._closed:
+        # _thread_pid is None until the writer starts, and again in a forked child (_after_fork): one test a call.
+        if self._thread_pid is not None or self._closed:
             return
         with self._lock:
             if self._thread_pid == os.getpid():
