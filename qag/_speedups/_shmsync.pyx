@@ -1,9 +1,12 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
-"""Shared-memory synchronisation for the metadata cache: the compiled twin of shmsync.py (rules in its docstring).
+"""Shared-memory synchronisation for the host's shared state: the compiled twin of shmsync.py (rules in its
+docstring).
 
 Words are read and written with C11-style atomics (GCC/Clang __atomic builtins): acquire loads, release stores,
 a compare-and-swap mutex holding the owner's pid, and seqlock copies fenced on both sides, so they are correct
-on weakly ordered processors too. Waiting for the mutex releases the GIL.
+on weakly ordered processors too. Waiting for the mutex releases the GIL. The host table's `Table` does each
+operation as one critical section in C: the entries are C structs of the table's little-endian layout, the clocks
+are read with clock_gettime (the same clocks as time.monotonic and time.time) unless a test injects its own.
 """
 
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABLE, PyBUF_SIMPLE

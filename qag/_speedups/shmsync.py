@@ -1,4 +1,5 @@
-"""Shared-memory synchronisation for the metadata cache: the pure-Python twin of the compiled _shmsync.
+"""Shared-memory synchronisation for the host's shared state (the metadata cache, the response cache, the host
+table of limits): the pure-Python twin of the compiled _shmsync.
 
 `Sync(buf, fd)` works on a writable buffer (an mmap of a shared segment) of 64-bit words, all offsets in bytes
 and 8-aligned. Both twins give the same results and raise the same exceptions:
@@ -15,6 +16,11 @@ and 8-aligned. Both twins give the same results and raise the same exceptions:
   new, even sequence.
 - `read(seq_off, data_off, length)`: a lock-free seqlock read: `(sequence, bytes)` when the sequence was even
   and unchanged across the copy, else None (a write was in progress or happened meanwhile: retry or give up).
+- `Table(sync, entries, clock, wall)`: the host table of rate-limit buckets, max_concurrent slots and quota counts
+  (qag/policy/hostlimits.py documents the layout and the rules) on the buffer of `sync`: every operation is one
+  critical section under the mutex at TABLE_LOCK (take, admit, acquire, release, quota, ...). The compiled twin
+  reads and writes the entries as C structs and never leaves C inside the lock (unless a test injects a clock);
+  this one packs them with `struct`. Both leave the same bytes and give the same answers.
 
 Any offset or length outside the buffer, or a misaligned word, raises ValueError; nothing reads or writes out
 of bounds. The pure twin relies on CPython reading and writing an aligned 8-byte word in one instruction and on
