@@ -56,9 +56,9 @@ class TokenTarget(NamedTuple):
 
 
 def audience_key(value: str) -> str:
-    """An `aud` value as compared: an http(s) URL with scheme and host lower-cased, a default port dropped, an empty
-    path as "/" and no fragment (RFC 3986 6.2.2-6.2.3; clients send RFC 8707 resource indicators in that form);
-    any other text as it is."""
+    """An `aud` value as compared: an http(s) URL with scheme and host lower-cased, a default port dropped and an
+    empty path as "/" (RFC 3986 6.2.2-6.2.3: the same URL however a client spells it, as the MCP SDK lower-cases
+    its RFC 8707 resource indicator); any other text as it is."""
     if not value[:8].lower().startswith(("http://", "https://")):
         return value
     try:
@@ -70,7 +70,7 @@ def audience_key(value: str) -> str:
     default = ":443" if scheme == "https" else ":80"
     if netloc.endswith(default):
         netloc = netloc[:-len(default)]
-    return urlunsplit((scheme, netloc, parts.path or "/", parts.query, ""))
+    return urlunsplit((scheme, netloc, parts.path or "/", parts.query, parts.fragment))
 
 
 def token_scopes(claims: dict) -> set[str]:
