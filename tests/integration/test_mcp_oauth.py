@@ -47,7 +47,7 @@ class AuthServer:
         self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         self.requests: list[str] = []           # "METHOD path" of every request, in order
         self.authorizations: list[dict] = []    # the /authorize parameters seen
-        self.token_requests: list[dict] = []    # the /token form fields seen (no secrets in them: PKCE, no client secret)
+        self.token_requests: list[dict] = []    # the /token form fields seen (PKCE: no client secret in them)
         self.codes: dict[str, dict] = {}
         server = self
 
@@ -327,7 +327,8 @@ def test_the_resource_audience_is_good_at_mcp_only(srv, auth_server):
     r = srv.get(q("by_id") + "?id=1", key=None,
                 headers={"Authorization": f"Bearer {auth_server.token(aud=srv.resource, scope=SCOPE)}"})
     assert r.status == 401 and r.json["code"] == "token_audience"
-    ok = srv.get(q("by_id") + "?id=1", key=None, headers={"Authorization": f"Bearer {auth_server.token(aud=REST_AUDIENCE)}"})
+    ok = srv.get(q("by_id") + "?id=1", key=None,
+                 headers={"Authorization": f"Bearer {auth_server.token(aud=REST_AUDIENCE)}"})
     assert ok.status == 200, ok
     # The same token, cached after a REST call, is still judged by /mcp's audience rule (and the other way round).
     both = auth_server.token(aud=REST_AUDIENCE, scope=SCOPE)
