@@ -49,17 +49,19 @@ def _modules() -> set[str]:
 
 
 def _module_path(text: str) -> str | None:
-    """'qag/app.py' or 'qag.api.run' as a module file path, else None."""
+    """'qag/app.py', 'qag.api.run' or a path relative to qag/ ('api/run.py') as a module file path, else None."""
     if re.fullmatch(r"qag(/\w+)+\.pyx?", text):
         return text
     if re.fullmatch(r"qag(\.\w+)+", text):
         return text.replace(".", "/") + ".py"
+    if re.fullmatch(r"\w+(/\w+)*\.py", text):
+        return "qag/" + text
     return None
 
 
 def _request_path_list() -> tuple[str, set[str]]:
     """(where, the request-path modules compiled from their own source): the first module-level tuple or list of
-    qag module names found in COMPILED_LISTS."""
+    qag module names, qag/app.py among them, found in COMPILED_LISTS."""
     for relative in COMPILED_LISTS:
         path = os.path.join(ROOT, relative)
         if not os.path.exists(path):
@@ -70,7 +72,7 @@ def _request_path_list() -> tuple[str, set[str]]:
                 continue
             items = [e.value for e in value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
             paths = [_module_path(item) for item in items]
-            if len(items) == len(value.elts) and all(paths):
+            if len(items) == len(value.elts) and all(paths) and "qag/app.py" in paths:
                 return relative, set(paths)
     raise AssertionError(f"no list of compiled request-path modules found in {' or '.join(COMPILED_LISTS)}")
 
