@@ -4,6 +4,7 @@ each response checked (server errors, documented statuses, content types, respon
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
@@ -28,6 +29,7 @@ class Outcome:
     """Failures found by one run: (method path, check, status, title) → how many cases, and one example each."""
 
     calls: int = 0
+    statuses: dict = field(default_factory=dict)
     failures: dict = field(default_factory=dict)
     examples: dict = field(default_factory=dict)
 
@@ -45,12 +47,20 @@ class Outcome:
 def _dependencies_hold(case, operation: dict) -> bool:
     """The documented dependencies between parameters (x-qag-dependencies): a case that breaks one is not a
     schema-valid request, so it is not sent."""
-    query = case.query or {}
+    query = {**(case.path_parameters or {}), **(case.query or {})}
     body = case.body if isinstance(case.body, dict) else {}
     for rule in operation.get("x-qag-dependencies", ()):
+        if "keys-of" in rule:
+            # Every declared name must be a placeholder (:name or {name}) of the SQL beside it.
+            keys = body.get(rule["keys-of"]) or {}
+            text = body.get(rule["placeholders-of"])
+            if keys and not (isinstance(text, str) and all(
+                    re.search(rf"(?::{re.escape(k)}\b|{{{re.escape(k)}}})", text) for k in keys)):
+                return False
+            continue
         when = rule["if"]
         present = query.get(when["parameter"], body.get(when["parameter"]))
-        if present is None or str(present).strip().lower() not in when["in"]:
+        if present is None or ("in" in when and str(present).strip().lower() not in when["in"]):
             continue
         for name, allowed in rule.get("then", {}).items():
             value = query.get(name, body.get(name))
@@ -102,6 +112,8 @@ def fuzz(base_url: str, headers: dict, document: dict, *, max_examples: int = 25
             _local_only(case)
             response = case.call(base_url=base_url, session=session, headers=headers, timeout=20)
             outcome.calls += 1
+            seen = outcome.statuses.setdefault(f"{method} {path}", {})
+            seen[response.status_code] = seen.get(response.status_code, 0) + 1
             try:
                 case.validate_response(response, checks=CHECKS, headers=headers)
             except FailureGroup as group:
@@ -126,3 +138,8 @@ def _example(case, response) -> str:
 
 def q(name: str) -> str:
     return "/q/" + quote(name, safe="")
+
+
+def statuses(outcome: Outcome) -> str:
+    """Which statuses each operation answered: a run whose every answer is a 404 proves little."""
+    return "\n".join(f"  {op}: {dict(sorted(seen.items()))}" for op, seen in sorted(outcome.statuses.items()))

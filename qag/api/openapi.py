@@ -172,6 +172,7 @@ class View:
     adhoc: bool = True
     connections: tuple | None = None      # None: any name (the unit tests' document)
     ddl_connections: tuple | None = None
+    switchable: tuple | None = None      # connections whose server has other databases (not SQLite)
     collections: tuple | None = None
     roles: tuple | None = None
     formats: tuple = tuple(FORMATS)
@@ -277,7 +278,9 @@ _MEDIA = {"json": "application/json", "ndjson": "application/x-ndjson", "csv": "
 def _rows_response(view: View) -> dict:
     content = {"application/json": {"schema": {"oneOf": [_ref("Rows"), _ref("Empty")]}}}
     for fmt in view.formats:
-        if fmt != "json":
+        if fmt == "yaml":   # a YAML reader reads the rows back as JSON would
+            content[_MEDIA[fmt]] = {"schema": _ref("Rows")}
+        elif fmt != "json":
             content[_MEDIA[fmt]] = {"schema": _STR}
     return {"description": "One page of rows (X-Has-More says whether another follows), or {\"message\": \"No "
                            "results returned\"} as JSON whatever the format when the page is empty; with stream, the "
@@ -502,12 +505,17 @@ def _data_paths(view: View) -> dict:
         name = {"name": "name", "in": "path", "required": True, "description": "A connection this caller may use",
                 "schema": _names(view.connections, _STR)}
         params = [name]
-        if view.admin:
-            params.append(_query_filter("database", "Another database on the same server (MySQL, PostgreSQL)"))
+        extensions = {}
+        if view.admin and (view.switchable is None or view.switchable):
+            params.append(_query_filter("database", "Administrators: another database on the same server (MySQL, "
+                                                    "PostgreSQL connections only)"))
+            if view.switchable is not None:
+                extensions["dependencies"] = [{"if": {"parameter": "database"},
+                                               "then": {"name": list(view.switchable)}}]
         paths["/connections/{name}/schema"] = {"get": _op(
             "connectionSchema", "Tables and columns of a connection the caller may use", "Operations",
             {"200": _json("Schema", _obj({"tables": _arr({"type": "object"}), "truncated": _BOOL}))},
-            params=params, errors=("400", "401", "403", "404", "429", "502", "503"))}
+            params=params, errors=("400", "401", "403", "404", "429", "502", "503"), **extensions)}
     if view.ddl_connections is None or view.ddl_connections:
         name = {"name": "name", "in": "path", "required": True, "description": "A MySQL/MariaDB or SQLite "
                 "connection this caller may use", "schema": _names(view.ddl_connections, _STR)}

@@ -122,9 +122,10 @@ class OpsHandlers:
             usable = [r for r in rows if may_use_connection(caller.grants, r["name"])]
         names = tuple(sorted(r["name"] for r in usable))
         ddl = tuple(sorted(r["name"] for r in usable if self._has_ddl(r["db"])))
+        switchable = tuple(sorted(r["name"] for r in usable if r["db"] != "sqlite"))
         if caller.admin:
             store = gateway.store
-            return View(admin=True, adhoc=True, connections=names, ddl_connections=ddl,
+            return View(admin=True, adhoc=True, connections=names, ddl_connections=ddl, switchable=switchable,
                         collections=tuple(sorted(store.collections())),
                         roles=tuple(sorted(r["name"] for r in store.list_roles())), formats=formats,
                         page_size=settings.max_page_size, events=events)

@@ -9,7 +9,7 @@ import pytest
 from openapi_spec_validator import validate
 
 from tests.conftest import SEED
-from tests.openapi_fuzz import fuzz, q
+from tests.openapi_fuzz import fuzz, q, statuses
 from tests.server import Server
 
 pytestmark = pytest.mark.e2e
@@ -65,11 +65,14 @@ def _headers(key: str | None) -> dict:
 
 def test_scoped_key_document_holds_under_fuzzing(seeded):
     server, keys = seeded
+    summaries = []
     for name in ("scoped", "adhoc"):
         document = _document(server, keys[name])
         outcome = fuzz(_url(server), _headers(keys[name]), document, max_examples=EXAMPLES)
         print(name, outcome.summary())
-        assert outcome.count == 0, outcome.summary()
+        if outcome.count:
+            summaries.append(f"{name}: {outcome.summary()}")
+    assert not summaries, "\n".join(summaries)
 
 
 def test_anonymous_document_holds_under_fuzzing(seeded):
@@ -88,6 +91,82 @@ def test_admin_document_holds_under_fuzzing():
         document = _document(server, server.admin_key)
         outcome = fuzz(_url(server), _headers(server.admin_key), document, max_examples=EXAMPLES)
         print("admin", outcome.summary())
+        print(statuses(outcome))
         assert outcome.count == 0, outcome.summary()
     finally:
         server.close()
+
+
+# --- the document itself, per caller ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("who", ["admin", "scoped", "adhoc", "everything", "anonymous", "wrong"])
+def test_every_callers_document_is_valid_openapi(seeded, who):
+    server, keys = seeded
+    key = {"admin": server.admin_key, "anonymous": None, "wrong": "sk_wrong"}.get(who, keys.get(who))
+    document = _document(server, key)
+    validate(document)   # openapi-spec-validator: OpenAPI 3.1 and its JSON Schema dialect
+    assert document["openapi"] == "3.1.0" and document["info"]["title"] == "qag"
+    assert {"/health", "/livez", "/readyz", "/openapi.json"} <= set(document["paths"])
+
+
+def test_anonymous_callers_see_the_public_routes_only(seeded):
+    server, _ = seeded
+    for key in (None, "sk_wrong"):
+        paths = set(_document(server, key)["paths"])
+        assert paths == {"/health", "/livez", "/readyz", "/openapi.json", "/metrics"}, paths
+
+
+def test_a_scoped_key_sees_its_data_plane_and_no_admin_route(seeded):
+    server, keys = seeded
+    scoped = set(_document(server, keys["scoped"])["paths"])
+    assert not [p for p in scoped if p.startswith("/api/")]
+    assert {q("by_id"), q("typed"), q("all rows"), "/catalog", "/events"} <= scoped
+    # Queries it may not run, ad-hoc SQL and the schema routes need what it lacks: a connection grant.
+    assert not {q("floating"), q("draft only"), "/q/{name}", "/execute_sql", "/connections/{name}/schema",
+                "/connections/{name}/table_ddl"} & scoped
+    adhoc = _document(server, keys["adhoc"])
+    assert {"/execute_sql", "/connections/{name}/schema"} <= set(adhoc["paths"])
+    name = adhoc["paths"]["/connections/{name}/schema"]["get"]["parameters"][0]
+    assert name["schema"]["enum"] == ["lite"]
+    everything = _document(server, keys["everything"])
+    name = everything["paths"]["/connections/{name}/schema"]["get"]["parameters"][0]
+    assert name["schema"]["enum"] == ["lite", "other"]
+    admin = _document(server, server.admin_key)
+    assert "/api/v1/api-keys" in admin["paths"] and "/q/{name}" in admin["paths"]
+
+
+def _concrete_calls(document: dict, path: str, item: dict):
+    """One call per listed operation with the values the document itself offers (enums, defaults, examples)."""
+    for method, operation in item.items():
+        if method == "parameters":
+            continue
+        values, query = {}, {}
+        for parameter in [*item.get("parameters", []), *operation.get("parameters", [])]:
+            if "$ref" in parameter:
+                parameter = document["components"]["parameters"][parameter["$ref"].rsplit("/", 1)[1]]
+            schema = parameter["schema"]
+            value = (schema.get("enum") or [None])[0] if "enum" in schema else schema.get("default")
+            if parameter["in"] == "path":
+                values[parameter["name"]] = value
+            elif parameter.get("required") and parameter["in"] == "query":
+                query[parameter["name"]] = value if value is not None else {"integer": 1}.get(schema.get("type"), "t")
+        yield method.upper(), path.format(**values), query, operation
+
+
+def test_nothing_listed_for_a_scoped_key_answers_404_or_403(seeded):
+    server, keys = seeded
+    for name in ("scoped", "adhoc", "everything"):
+        document = _document(server, keys[name])
+        for path, item in document["paths"].items():
+            if path == "/events":
+                continue   # a stream that never ends; tests/integration/test_events_server.py covers it
+            for method, concrete, query, operation in _concrete_calls(document, path, item):
+                body = None
+                if "requestBody" in operation:
+                    body = {"sql": "SELECT 1 AS one", "connection_name": "lite"} if path == "/execute_sql" else {}
+                    if path.startswith("/q/") and path != "/q/{name}":
+                        body = {"params": {"id": 3, "n": 1, "s": "a", "b": True, "plain": "x"}}
+                if path.startswith("/q/") and method == "GET":
+                    query.update({"id": 3, "n": 1, "s": "a", "b": "true", "plain": "x"})
+                reply = server.request(method, concrete, key=keys[name], body=body, params=query or None)
+                assert reply.status not in (403, 404), (name, method, concrete, reply)
