@@ -402,9 +402,9 @@ def _connection_input(create: bool) -> dict:
 
 def _version_input(create: bool, validate: bool = False) -> dict:
     properties: dict[str, Any] = {
-        "description": {"type": "string", "pattern": shapes.NOT_BLANK},
+        "description": {"type": "string", "minLength": 1, "pattern": shapes.NOT_BLANK},
         "author": _STR, "tags": {"anyOf": [_arr(_STR), _STR]}, "query_type": {"enum": ["sql"]},
-        "sql": {"type": "string", "pattern": shapes.NOT_BLANK},
+        "sql": {"type": "string", "minLength": 1, "pattern": shapes.NOT_BLANK},
         "connection_name": _null(_STR),
         "parameters": _null(_obj({}, extra=_ref("ParameterRuleInput"), propertyNames={"pattern": shapes.anchored(
             r"[A-Za-z_]\w*")}, description="Every name must be a placeholder (:name) of sql")),
