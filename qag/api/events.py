@@ -7,9 +7,7 @@ import time
 
 from ..errors import QagError
 from ..http.response import Response
-
-_KINDS = ("saved", "adhoc")
-_STATUSES = ("success", "error")
+from .shapes import HISTORY_KINDS as _KINDS, RUN_STATUSES as _STATUSES
 _FILTERS = ("type", "kind", "query", "connection", "status")
 STREAM_HEADERS = (("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no"))
 # The kernel's send buffer of a stream's socket: a client that stops reading blocks its stream's thread (and so is
