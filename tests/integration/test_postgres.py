@@ -563,3 +563,25 @@ def test_role_and_advisory_locks_do_not_reach_the_next_caller(backend, db):
         assert cur.fetchone()[0] == 0
     finally:
         admin.close()
+
+
+def test_calls_draw_no_warning_from_the_server(backend, db, monkeypatch):
+    """No call makes the server warn: a warning is also a line in the server's own log, one per call under load
+    (a read-only call's ROLLBACK outside an explicit block drew "there is no transaction in progress" every time)."""
+    notices = []
+    connect = pg.PostgresBackend.connect
+
+    def watched(fields, deadline=None):
+        link = connect(fields, deadline)
+        link.conn.add_notice_handler(lambda diag: notices.append((diag.severity, diag.message_primary)))
+        return link
+
+    monkeypatch.setattr(pg.PostgresBackend, "connect", staticmethod(watched))
+    b = backend()
+    for _ in range(3):
+        assert read(b, db, "SELECT 1 AS one").rows == [(1,)]
+    assert read(b, db, "(SELECT n FROM pgt_big) UNION ALL (SELECT 0) ORDER BY 1", size=5, page=2).rows
+    assert read(b, db, "SELECT 2 AS two", read_only=False).rows == [(2,)]
+    columns, batches = b.stream(db, Call("SELECT n FROM pgt_big ORDER BY n", (), True, None, 0), 100, 250)
+    assert sum(len(rows) for rows in batches) == 250
+    assert notices == []

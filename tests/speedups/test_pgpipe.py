@@ -274,3 +274,18 @@ def test_auto_falls_back_when_psycopg_runs_its_ctypes_implementation(twin_pair):
     assert kind == "pure" and "PSYCOPG_IMPL=python" in reason, out.stderr
     out = _in_child("from qag import _speedups; _speedups.load('require')", PSYCOPG_IMPL="python")
     assert out.returncode != 0 and "QAG_SPEEDUPS=require" in out.stderr and "pgpipe" in out.stderr
+
+
+def test_readable_sends_what_a_flush_made_due(pipes):
+    """A flush's statements reach the server even when the next thing asked is readable(), not segment() (the
+    compiled twin sends them inside the next segment's wait; readable() must send them first, never waiting)."""
+    pair, _ = pipes
+    for pipe in pair:
+        pipe.send(b"SELECT 41 + 1")
+        pipe.sync()
+        pipe.flush(time.monotonic() + 30)
+        give_up = time.monotonic() + 30
+        while not pipe.readable():          # the reply can only come if the statement was sent
+            assert time.monotonic() < give_up, type(pipe).__module__
+            time.sleep(0.005)
+        assert summary(pipe.segment(time.monotonic() + 30)) == [(psycopg.pq.ExecStatus.TUPLES_OK, [[b"42"]])]
