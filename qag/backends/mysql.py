@@ -583,7 +583,7 @@ class MysqlBackend(Backend):
                                   lambda cursor, name: schema_reader.read_ddl(cursor, name, table))
 
     def functions(self, fields: dict, schema=None):
-        """policy.functions.Catalog for the connection's database (issue 18): the names of its stored functions
+        """sql.functions.Catalog for the connection's database (issue 18): the names of its stored functions
         and of the server's loadable functions, which could answer an unqualified call; kept in the schema cache
         (read once per connection settings, refreshed in the background)."""
         name = str(fields.get("database") or "")

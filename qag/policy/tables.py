@@ -10,8 +10,7 @@ from sqlglot import exp
 
 from qag import _speedups
 from qag.errors import QagError
-from qag.policy import functions
-from qag.sql import lexer, writes
+from qag.sql import functions, lexer, writes
 from qag.sql.lexer import BAD, COMMENT, NUMBER, PARAM, PUNCT, QIDENT, SEMI, STRING, TEXT, WORD, WS, XCOMMENT
 
 DIALECTS = ("mysql", "postgres", "sqlite")

@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from qag.errors import QagError
-from qag.policy import functions
-from qag.sql import lexer, pgread, window, writes
+from qag.sql import functions, lexer, pgread, window, writes
 from qag.sql.lexer import BAD, PARAM, PUNCT, SEMI, STRING, TEXT, WORD, WS, XCOMMENT, Token
 from qag.sql.window import OwnWindow
 
