@@ -395,19 +395,15 @@ class RunHandlers:
         with mask rules and no allowed_tables gets issue 18's checks (no catalogs, statistics, settings,
         diagnostics or activity; functions by what they resolve to) and None.
 
-        What the statement uses is computed once per prepared statement and default schema (kept on the
-        Prepared, itself cached per SQL), so a warm call parses nothing."""
+        What the statement uses is read once per prepared statement and default schema (Prepared.uses), so a
+        warm call parses nothing."""
         grants = caller.grants
         if caller.admin or (grants.allowed_tables is None and not plan.rules):
             return None
         prepared = plan.prepared
         dialect = prepared.dialect
         schema = table_policy.default_schema(dialect, fields)
-        key = ("tables", schema)
-        acc = prepared._plans.get(key)
-        if acc is None:
-            acc = table_policy.access(prepared.sql, dialect, schema, text_placeholders=plan.query is not None)
-            prepared._plans[key] = acc        # a race only computes the same analysis twice
+        acc = prepared.uses(schema)
         restricted = grants.allowed_tables is not None
         catalog = self._function_catalog(plan, fields, schema if restricted else None, acc)
         if not restricted:
