@@ -106,6 +106,44 @@ class Prepared:
             self._uses[default_schema] = found     # a race only reads twice
         return found
 
+    def traceable_sql(self) -> str:
+        """The statement for sqlglot's column lineage as qag's tokenizer reads it the engine's way: comments
+        blanked (so sqlglot can't read them otherwise), each placeholder a constant (it binds a value, never a
+        column). Executable comments (MySQL `/*! */`, MariaDB `/*M! */`) and unreadable text raise
+        lineage.Unresolvable: what runs would differ from what is traced."""
+        from qag.sql.lineage import Unresolvable  # noqa: PLC0415 - sqlglot's optimizer loads with masking, not with every statement
+        if self.unreadable is not None:
+            raise Unresolvable("the statement can't be read")
+        out = []
+        sql = self.sql
+        # {name} is read as a placeholder here whatever text_placeholders says (masking always has).
+        for token in lexer.tokenize(sql, self.dialect):
+            kind = token.kind
+            if kind == lexer.COMMENT:
+                out.append(" ")
+            elif kind in (PARAM, TEXT):
+                out.append("0")
+            elif kind in (XCOMMENT, BAD):
+                raise Unresolvable("an executable comment's columns can't be traced" if kind == XCOMMENT
+                                   else "the statement can't be read")
+            else:
+                out.append(sql[token.start:token.end])
+        return "".join(out)
+
+    def table_references(self) -> list[tuple[int, int, str, str, bool, bool]]:
+        """(start, end, schema as written or '', table, has an alias, named like a CTE of the statement) of every
+        table reference in the text, as the engine reads it (qag.sql.references), for masking at the source.
+        Raises lineage.Unresolvable where a reference can't be located for certain."""
+        from qag.sql import references  # noqa: PLC0415 - loads with masking, not with every statement
+        # {name} is read as a placeholder here whatever text_placeholders says (masking always has).
+        return references.find(self.sql, lexer.tokenize(self.sql, self.dialect), self.dialect)
+
+    def lineage(self, schema) -> tuple:
+        """The result columns in order, each with the source columns it is computed from, against a connection's
+        schema (lineage.Schema). Raises lineage.Unresolvable; a statement without a result has no columns."""
+        from qag.sql.lineage import trace  # noqa: PLC0415 - sqlglot's optimizer loads with masking, not with every statement
+        return trace(self.traceable_sql(), schema)
+
     def _plan(self, style: str, cut: bool) -> tuple:
         key = (style, cut)
         plan = self._plans.get(key)
