@@ -130,6 +130,13 @@ class Prepared:
                 out.append(sql[token.start:token.end])
         return "".join(out)
 
+    def text_placeholders_written(self, write) -> str:
+        """The statement's text with each {name} placeholder written as write(name), for another reader (sqlglot,
+        in qag.sql.flow) to parse; everything else as written."""
+        sql = self.sql
+        return "".join(write(t.value) if t.kind == TEXT else sql[t.start:t.end]
+                       for t in lexer.tokenize(sql, self.dialect, text_placeholders=self.text_placeholders))
+
     def table_references(self) -> list[tuple[int, int, str, str, bool, bool]]:
         """(start, end, schema as written or '', table, has an alias, named like a CTE of the statement) of every
         table reference in the text, as the engine reads it (qag.sql.references), for masking at the source.
