@@ -11,7 +11,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from .. import encode
-from ..backends.base import Call, resolve_fields
+from ..backends.base import Call, default_schema, resolve_fields
 from ..cache.response import cache_key, source_of
 from ..errors import QagError
 from ..http.negotiate import format_for
@@ -402,7 +402,7 @@ class RunHandlers:
             return None
         prepared = plan.prepared
         dialect = prepared.dialect
-        schema = table_policy.default_schema(dialect, fields)
+        schema = default_schema(dialect, fields)
         acc = prepared.uses(schema)
         restricted = grants.allowed_tables is not None
         catalog = self._function_catalog(plan, fields, schema if restricted else None, acc)

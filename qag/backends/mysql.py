@@ -597,6 +597,13 @@ class MysqlBackend(Backend):
         self._schemas.clear()
 
     # --- schema ----------------------------------------------------------------------------------------------
+    def fresh_schema(self, fields: dict, database: str | None = None) -> dict:
+        """schema(), read now (see Backend.fresh_schema); no tables when the connection names no database."""
+        name = database if database is not None else fields.get("database")
+        if not name:
+            return {"tables": [], "truncated": False}
+        return self._read_schema(fields, str(name))
+
     def _read_schema(self, fields: dict, database: str) -> dict:
         return self._read_catalog(fields, database, schema_reader.read)
 

@@ -387,13 +387,4 @@ def default_schema(dialect: str, fields: dict, database: str | None) -> str | No
 def read_schema(backend, fields: dict, database: str | None) -> dict:
     """A fresh read of the connection's tables and columns (this module caches; the backends' own caches for the
     schema routes would add their age to ours)."""
-    dialect = backend.dialect
-    if dialect == "mysql":
-        name = database if database is not None else fields.get("database")
-        if not name:
-            return {"tables": [], "truncated": False}
-        return backend._read_schema(fields, str(name))
-    if dialect == "postgres":
-        from ..backends.postgres import read_schema as read_pg  # noqa: PLC0415 - driver modules load on use
-        return read_pg(backend, dict(fields, database=database) if database is not None else fields)
-    return backend.schema(fields, database)
+    return backend.fresh_schema(fields, database)

@@ -7,7 +7,7 @@ import functools
 from qag import _speedups
 from qag.errors import QagError
 from qag.sql import functions
-from qag.sql.access import DIALECTS, Access, ExactSchema, is_exact
+from qag.sql.access import DIALECTS, Access, is_exact
 from qag.sql.prepare import prepare
 
 CACHE_SIZE = 1024
@@ -150,24 +150,3 @@ def check_tables(sql: str, dialect: str, default_schema: str, allowed_tables: li
                                                   f"checks are not supported for '{dialect}' connections")
     verdict(prepare(sql, canonical).uses(default_schema), canonical, default_schema, allowed_tables,
             allowed_functions)
-
-
-def default_schema(dialect: str, fields: dict) -> str:
-    """The schema an unqualified name resolves to on a connection (contract 6.2), lower-case.
-
-    MySQL/MariaDB: the connection's database, read the way its server reads names: lower_case_table_names 1
-    or 2 compare names case-insensitively (lower-case, as the contract says); 0 (Linux's default) compares
-    them exactly, so the schema is an ExactSchema, as written, and a grant for `orders` covers `orders` only,
-    never a distinct table `ORDERS`. The server's setting is read when a connection is opened (cached per
-    connection settings, so no round trip per call); before any is open, one is opened through the backend,
-    and without a backend names are compared exactly (the stricter reading)."""
-    if dialect == "mysql":
-        from qag.backends import _mysql_schema
-        database = str(fields.get("database") or "")
-        names = _mysql_schema.server_names(fields)
-        if names is None or names.names_exact:
-            return ExactSchema(database)
-        return database.lower()
-    if dialect == "postgres":
-        return str(fields.get("schema") or "public").lower()
-    return "main"

@@ -11,6 +11,7 @@ import sqlite3
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from qag.backends.base import Backend
 from qag.errors import QagError
 from qag.policy import masking
 from qag.sql.lineage import Schema, Unresolvable, trace
@@ -163,7 +164,7 @@ class _Settings:
     mask_key = "k"
 
 
-class _Backend:
+class _Backend(Backend):
     dialect = "sqlite"
 
     def __init__(self):
