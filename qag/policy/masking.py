@@ -283,7 +283,7 @@ class Masking:
             compiled = traced
         else:
             try:
-                compiled = MaskPlan(traced, rules, self.hasher(), _at_source(prepared, schema, rules))
+                compiled = MaskPlan(traced, rules, self.hasher(), at_source(prepared, schema, rules))
             except Unresolvable as why:
                 compiled = _Refusal(str(why))
         with self._lock:
@@ -345,7 +345,7 @@ class Masking:
         return schema
 
 
-def _at_source(prepared, schema: Schema, rules: tuple) -> SourceMask | None:
+def at_source(prepared, schema: Schema, rules: tuple) -> SourceMask | None:
     """The statement with each table that has a masked column read through masked values (_source_mask), or
     None when it reads none. Raises Unresolvable where that can't be shown to cover the statement."""
     def columns(schema_name: str, table: str):
