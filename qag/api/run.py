@@ -516,8 +516,7 @@ class RunHandlers:
         if skip or not rendered.windowed:
             # A query whose window isn't in its SQL (a compound or parenthesised SELECT on PostgreSQL): the
             # engine pages it with a cursor when it can, so the driver never buffers more than the page.
-            reading = prepared.reading
-            call.cursor = reading is not None and reading.query
+            call.cursor = prepared.cursor_pageable
         _pin_names(call, plan, restricted, fields)
         call.identity = row_security(caller, fields, plan.query)
         if timing is not None:

@@ -87,6 +87,13 @@ class Prepared:
     def executable_comment(self) -> bool:
         return writes.EXECUTABLE_COMMENT in self.write_ops
 
+    @property
+    def cursor_pageable(self) -> bool:
+        """PostgreSQL's own parser reads a query (SELECT, VALUES, a set operation): the engine can page it with a
+        cursor, so the driver never buffers more than the page."""
+        reading = self.reading
+        return reading is not None and reading.query
+
     def uses(self, default_schema) -> access.Access:
         """What the statement uses - its tables qualified with default_schema, table functions and functions -
         for the table and function checks (contract 6.2, issue 18). Read once per default schema and kept here
