@@ -1,4 +1,4 @@
-"""What every backend takes (a Call) and gives back (a Result), and the errors it maps driver failures to."""
+"""What every backend takes (a Call) and gives back (a Result), its driver errors, a connection's default schema."""
 
 from __future__ import annotations
 
