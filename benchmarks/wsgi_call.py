@@ -19,7 +19,7 @@ import time
 
 from qag import _speedups, demo
 from qag.app import create_app
-from qag.cli import _Admin
+from qag.testing import Client
 from qag.settings import load
 
 CALLS = {
@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--compare", choices=("twins", "cache"), default="twins")
     args = parser.parse_args()
     home = args.home or tempfile.mkdtemp(prefix="qag-bench-")
-    keys = demo.prepare_home(home, False, _Admin(load({"QAG_HOME": home})).call)
+    keys = demo.prepare_home(home, False, Client(load({"QAG_HOME": home})).manage)
     env = {"QAG_HOME": home, "QAG_API_KEY": keys["admin_key"]}
     app = create_app(load(env))
     if args.compare == "cache":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -142,8 +143,25 @@ def _token(text: str, s: Setting) -> str:
     return text
 
 
+# The contract's rate-limit syntax, for QAG_RATE_LIMIT and a key's or role's rate_limit grant (qag/policy).
+RATE_LIMIT_RE = re.compile(r"^\s*(\d+)\s*/\s*(second|minute|hour|day)s?\s*$", re.IGNORECASE)
+PERIOD_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+
+
+def parse_rate_limit(text: str) -> tuple[int, int]:
+    """'60/minute' → (60, 60); ValueError unless the contract's rate-limit syntax with a count ≥ 1."""
+    if not isinstance(text, str):
+        raise ValueError("a rate limit is a string like '60/minute'")
+    match = RATE_LIMIT_RE.match(text)
+    if match is None:
+        raise ValueError(f"not a rate limit: {text!r}")
+    count = int(match.group(1))
+    if count < 1:
+        raise ValueError(f"a rate limit needs a positive count: {text!r}")
+    return count, PERIOD_SECONDS[match.group(2).lower()]
+
+
 def _rate_limit(text: str, s: Setting) -> tuple[int, int] | None:
-    from .policy.grants import parse_rate_limit
     if text.strip() == "":
         return None
     try:

@@ -7,7 +7,7 @@ import logging
 
 from .. import __version__
 from ..errors import QagError
-from ..http.request import _refuse_lone_surrogates
+from ..http.request import refuse_lone_surrogates
 from ..http.response import Response, json_bytes
 from ..policy import grants as policy
 from .mcp_oauth import ProtectedResource
@@ -108,7 +108,7 @@ class McpHandlers:
             return _error_response(error.status, None, RpcError(INVALID_REQUEST, error.message, error.code))
         try:
             message = json.loads(raw)
-            _refuse_lone_surrogates(message)
+            refuse_lone_surrogates(message)
         except QagError as error:
             return _error_response(400, None, RpcError(PARSE_ERROR, error.message, "parse_error"))
         except (ValueError, RecursionError):

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from .. import encode
-from ..backends.base import Call, resolve_fields
+from ..backends.base import Call, default_schema, resolve_fields
 from ..cache.response import cache_key, source_of
 from ..errors import QagError
 from ..http.negotiate import format_for
@@ -415,19 +415,15 @@ class RunHandlers:
         with mask rules and no allowed_tables gets issue 18's checks (no catalogs, statistics, settings,
         diagnostics or activity; functions by what they resolve to) and None.
 
-        What the statement uses is computed once per prepared statement and default schema (kept on the
-        Prepared, itself cached per SQL), so a warm call parses nothing."""
+        What the statement uses is read once per prepared statement and default schema (Prepared.uses), so a
+        warm call parses nothing."""
         grants = caller.grants
         if caller.admin or (grants.allowed_tables is None and not plan.rules):
             return None
         prepared = plan.prepared
         dialect = prepared.dialect
-        schema = table_policy.default_schema(dialect, fields)
-        key = ("tables", schema)
-        acc = prepared._plans.get(key)
-        if acc is None:
-            acc = table_policy.access(prepared.sql, dialect, schema, text_placeholders=plan.query is not None)
-            prepared._plans[key] = acc        # a race only computes the same analysis twice
+        schema = default_schema(dialect, fields)
+        acc = prepared.uses(schema)
         restricted = grants.allowed_tables is not None
         catalog = self._function_catalog(plan, fields, schema if restricted else None, acc)
         if not restricted:
@@ -540,8 +536,7 @@ class RunHandlers:
         if skip or not rendered.windowed:
             # A query whose window isn't in its SQL (a compound or parenthesised SELECT on PostgreSQL): the
             # engine pages it with a cursor when it can, so the driver never buffers more than the page.
-            reading = prepared.reading
-            call.cursor = reading is not None and reading.query
+            call.cursor = prepared.cursor_pageable
         _pin_names(call, plan, restricted, fields)
         call.identity = row_security(caller, fields, plan.query)
         if timing is not None:

@@ -659,9 +659,13 @@ class PostgresBackend(Backend):
             fields = dict(fields, database=database)
         return self._cached(pool_key(fields, True), lambda: read_schema(self, fields))
 
+    def fresh_schema(self, fields: dict, database: str | None = None) -> dict:
+        """schema(), read now (see Backend.fresh_schema)."""
+        return read_schema(self, dict(fields, database=database) if database is not None else fields)
+
     def functions(self, fields: dict, schema: str):
         """The function names a restricted or masked call's pinned search_path (pg_catalog, "<schema>",
-        pg_temp) can resolve to (policy.functions.Catalog), kept with the schemas: read once per connection
+        pg_temp) can resolve to (sql.functions.Catalog), kept with the schemas: read once per connection
         settings and schema, refreshed in the background like them."""
         return self._cached(("functions", schema, pool_key(fields, True)),
                             lambda: read_functions(self, fields, schema))

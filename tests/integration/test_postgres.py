@@ -1,7 +1,7 @@
 """PostgreSQL connections against the real server on this machine (contract 10.2, 10.4, 10.5, B10.7, B10.8).
 
 Connection behaviour is driven through PostgresBackend directly; HTTP behaviour through a real qag server.
-Round trips are counted by tests/relay.py (turns per call), never timed in an assertion.
+Round trips are counted by qag/testing.py's Relay (turns per call), never timed in an assertion.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from qag.backends import postgres as pg
 from qag.backends.base import Call
 from qag.errors import QagError
 from qag.sql.prepare import prepare, render
-from tests.relay import Relay
+from qag.testing import Relay
 from tests.server import q
 from tests.services import pg_admin
 
@@ -535,7 +535,7 @@ def test_one_round_trip_per_call_through_a_delaying_relay(backend, db, capsys):
             direct.close()
             b.close_idle()
     with capsys.disabled():
-        print(f"\nPostgreSQL single caller, back to back, through tests/relay.py (median of 30, min-max), "
+        print(f"\nPostgreSQL single caller, back to back, through qag/testing.py's Relay (median of 30, min-max), "
               f"delay 0 vs {delay * 1000:.0f} ms per server reply:")
         for name, by_delay in measured.items():
             (_, m0, _, _), (t1, m1, low, high) = by_delay[0.0], by_delay[delay]

@@ -1,4 +1,4 @@
-"""qag.policy.tables: the tables and functions a statement uses (contract 6.2) and the verdict for a key."""
+"""What a statement uses (Prepared.uses, qag/sql/access.py) and the verdict for a key (qag/policy/tables.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qag.errors import QagError
-from qag.policy.tables import CHECK_FAILED, access, check_tables
+from qag.policy.tables import CHECK_FAILED, check_tables
+from qag.sql.prepare import prepare
 
 DEFAULT = {"mysql": "crm", "postgres": "public", "sqlite": "main"}
 DIALECTS = tuple(DEFAULT)
@@ -22,7 +23,7 @@ def code(sql, dialect="sqlite", allowed=("t",), functions=None):
 
 
 def tables(sql, dialect="postgres"):
-    acc = access(sql, dialect, DEFAULT[dialect])
+    acc = prepare(sql, dialect).uses(DEFAULT[dialect])
     assert acc.failure is None, acc.failure
     return acc.tables
 
@@ -60,7 +61,7 @@ def test_dialects_and_default_schemas():
         ("billing.v", "crm.t", "crm.u")
     assert tables("DELETE t1 FROM t1 JOIN t2 ON t1.a = t2.a", "mysql") == ("crm.t1", "crm.t2")
     assert tables("SELECT * FROM `Odd Name` JOIN [x] JOIN \"y\"", "sqlite") == ("main.odd name", "main.x", "main.y")
-    assert access("SELECT * FROM t", "mysql", "CRM").tables == ("crm.t",)
+    assert prepare("SELECT * FROM t", "mysql").uses("CRM").tables == ("crm.t",)
     # MySQL "5--1" is 5 - -1, not a comment hiding the rest of the line.
     assert tables("SELECT 5--1 FROM secret", "mysql") == ("crm.secret",)
     # A reading without backslash escapes (NO_BACKSLASH_ESCAPES) counts too.
