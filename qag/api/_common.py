@@ -9,7 +9,7 @@ import json
 from ..auth import now_text
 from ..errors import QagError
 from ..http.response import Response, json_response
-from .shapes import COLLECTION_NAME, CONNECTION_NAME, QUERY_NAME  # noqa: F401 (the names' one description)
+from ..shapes import COLLECTION_NAME, CONNECTION_NAME, QUERY_NAME  # noqa: F401 (the names' one description)
 
 
 _VALID_QUERY_NAMES: set[str] = set()   # names judged valid already: every call of a saved query checks its name

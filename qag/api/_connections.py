@@ -12,7 +12,7 @@ from ..http.response import json_response
 from ..policy import tables as table_policy
 from ..policy.grants import check_connection
 from ._common import CONNECTION_NAME, audit, body_object, check_if_match, keyed_digest, no_content, with_etag
-from .shapes import DIRECT_FIELDS, SUPPORTED_DB
+from ..shapes import DIRECT_FIELDS, SUPPORTED_DB
 SERVER_OWNED = ("name", "created_at", "updated_at", "usage", "example")
 MASKED_PASSWORD = "********"
 

@@ -12,7 +12,7 @@ from ..http.response import json_response
 from ..policy.grants import GRANT_FIELDS, Grants, effective_limits, expired
 from ..policy.keyfields import (normalise_key_create, normalise_key_patch, normalise_role_create,
                                 normalise_role_patch)
-from . import shapes
+from .. import shapes
 from ._common import audit, body_object, check_if_match, no_content, refuse_unknown, with_etag
 
 _NO_STORE = [("Cache-Control", "no-store")]

@@ -13,7 +13,7 @@ from ..sql import params as param_rules
 from ..sql.flow import flow, tables
 from ..sql.prepare import prepare
 from ..sql.writes import read_only_message
-from . import shapes
+from .. import shapes
 from ._common import (COLLECTION_NAME, audit, body_object, check_if_match, no_content, refuse_unknown,
                       valid_query_name, with_etag)
 

@@ -1,5 +1,5 @@
 """The /openapi.json document (OpenAPI 3.1), per caller: what this caller may call on this server, with request
-shapes taken from qag/api/shapes.py (the validators' own limits), plus one path per saved query it may run."""
+shapes taken from qag/shapes.py (the validators' own limits), plus one path per saved query it may run."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from urllib.parse import quote
 from qag.auth import API_KEY_CHALLENGE
 from qag.sql.params import normalise
 
-from . import shapes
+from .. import shapes
 
 __all__ = ["build_openapi", "params_schema", "View", "OPENAPI_VERSION", "FORMATS"]
 

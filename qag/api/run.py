@@ -25,7 +25,7 @@ from ..policy import tables as table_policy
 from ..bearer import claim
 from ..sql.params import compile_rules
 from ..sql.prepare import check_text_values, prepare, render
-from . import shapes
+from .. import shapes
 from ._common import valid_query_name
 from ._usage import Usage
 

@@ -6,7 +6,7 @@ import ipaddress
 from datetime import date
 from typing import Collection, Mapping
 
-from qag.api import shapes
+from qag import shapes
 from qag.errors import QagError
 from qag.policy.grants import ALL, GRANT_FIELDS, key_grant_defaults, parse_rate_limit
 
@@ -18,7 +18,7 @@ CLAIM_BINDING_MESSAGE = ("A role with require_claim_binding reaches saved querie
                          "connections: [] (its users run only queries that bind their token)")
 
 # fullmatch everywhere: `$` would let a trailing newline into a name. The patterns, ranges and choices are
-# qag/api/shapes.py's, which /openapi.json publishes.
+# qag/shapes.py's, which /openapi.json publishes.
 _NAME_RE = shapes.KEY_NAME
 _COLLECTION_RE = shapes.COLLECTION_NAME
 _MASK_COLUMN_RE = shapes.MASK_COLUMN

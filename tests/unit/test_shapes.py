@@ -1,4 +1,4 @@
-"""qag/api/shapes.py: its small schema reader agrees with a real JSON Schema validator on the fragments the
+"""qag/shapes.py: its small schema reader agrees with a real JSON Schema validator on the fragments the
 validators use, so what /openapi.json publishes is what the validators accept."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 jsonschema = pytest.importorskip("jsonschema")
 
-from qag.api import shapes  # noqa: E402
+from qag import shapes  # noqa: E402
 
 FRAGMENTS = {
     "grace_minutes": shapes.GRACE_MINUTES, "max_concurrent": shapes.MAX_CONCURRENT, "max_rows": shapes.MAX_ROWS,
