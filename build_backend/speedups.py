@@ -45,7 +45,7 @@ REQUEST_PATH = ("qag/app.py", "qag/auth.py", "qag/encode.py", "qag/api/_common.p
                 "qag/backends/registry.py", "qag/cache/metadata.py", "qag/cache/shm.py", "qag/observe/events.py",
                 "qag/observe/history.py", "qag/observe/logs.py", "qag/observe/metrics.py",
                 "qag/observe/observer.py", "qag/policy/grants.py", "qag/policy/guard.py", "qag/policy/masking.py",
-                "qag/worker/http11.py", "qag/worker/parser.py", "qag/worker/poller.py", "qag/worker/wsgi.py",
+                "qag/http11.py", "qag/worker/parser.py", "qag/worker/poller.py", "qag/worker/wsgi.py",
                 "qag/store/sqlite.py", "qag/worker/worker.py")
 DIGEST_SUFFIX = ".source-sha256"   # as qag/_speedups/request_path.py reads it (nothing here imports qag)
 # Annotations stay documentation: Cython would otherwise take `environ: dict` as "exactly a dict".

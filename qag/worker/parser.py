@@ -9,7 +9,7 @@ import os
 from collections import deque
 
 from .. import _speedups
-from .http11 import HttpError, Limits, Request, add_header, bad, check_line, headers_done
+from ..http11 import HttpError, Limits, Request, add_header, bad, check_line, headers_done
 
 try:
     import httptools

@@ -17,7 +17,7 @@ from gunicorn.workers import base
 
 from .. import _speedups
 from . import wsgi
-from .http11 import HttpError, Limits, Request
+from ..http11 import HttpError, Limits, Request
 from .parser import parser_class
 from .poller import STOP, make_poller
 

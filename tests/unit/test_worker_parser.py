@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from qag.worker import parser as parser_mod
 from qag.worker._parser_pure import Parser as PureParser
-from qag.worker.http11 import HttpError, Limits
+from qag.http11 import HttpError, Limits
 
 REQUIRE = os.environ.get("QAG_SPEEDUPS", "").strip().lower() == "require"
 
