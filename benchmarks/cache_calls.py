@@ -47,7 +47,6 @@ def set_ttl(call, name: str, ttl: int | None) -> None:
 
 def in_process(home: str, keys: dict, rounds: int, calls: int) -> dict:
     app = create_app(load({"QAG_HOME": home, "QAG_API_KEY": keys["admin_key"], "QAG_LOG_REQUESTS": "off"}))
-    _speedups.load("auto")
     admin = _Admin(load({"QAG_HOME": home})).call
     out = {}
     for label, (name, query, key_name) in CALLS.items():

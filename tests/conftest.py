@@ -31,20 +31,17 @@ _counter = itertools.count(1)
 INSTALLED = os.environ.get("QAG_TEST_INSTALLED") == "1"
 
 
-def pytest_addoption(parser):
-    parser.addoption("--speedups", choices=("auto", "require", "off"), default=None,
-                     help="which twin of qag/_speedups the run uses, in-process and in every server it starts "
-                          "(sets QAG_SPEEDUPS); require: a missing compiled module fails the run instead of skipping")
-
-
 def pytest_configure(config):
     config.addinivalue_line("markers", "e2e: talks HTTP to a real gunicorn-served qag")
-    chosen = config.getoption("--speedups")
-    if chosen is not None:
-        os.environ["QAG_SPEEDUPS"] = chosen   # servers started by tests inherit it
-        if chosen == "require":
-            from qag import _speedups
-            _speedups.load("require")          # fails the run now when a compiled module is missing
+    # QAG_SPEEDUPS is read once, when qag is imported (qag/_speedups): the run and every server it starts (they
+    # inherit the environment) run compiled or pure by it. Under require, a build that can't run fails the run
+    # now, in one line, rather than test by test.
+    from qag import _speedups
+    if _speedups.mode() == "require":
+        try:
+            _speedups.check()
+        except _speedups.SpeedupsError as exc:
+            raise pytest.UsageError(str(exc)) from None
     if INSTALLED:
         import qag
         where = Path(qag.__file__).resolve()

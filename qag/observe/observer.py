@@ -158,7 +158,7 @@ class Observer:
     def scrape(self) -> bytes:
         from . import metrics, process
         settings = self.gateway.settings
-        build = {"version": __version__, "speedups": settings.speedups,
+        build = {"version": __version__, "speedups": _speedups.mode(),
                  "worker_class": settings.worker_class if metrics.SHARED_DIR is not None else "none"}
         figures = process.figures(process.instance_pids(metrics.SHARED_DIR is not None))
         return metrics.render(self.metrics.instance(), _speedups.loaded(), build, figures)
