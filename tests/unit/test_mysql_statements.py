@@ -10,15 +10,16 @@ from __future__ import annotations
 import socket
 from types import SimpleNamespace
 
-import MySQLdb
 import pytest
 
-from qag.backends import _mysql_sql as s
-from qag.backends import mysql as mysql_backend
-from qag.backends.base import Call
-from qag.backends.mysql import MysqlBackend, connect_args, mapped
-from qag.errors import QagError
-from qag.sql.prepare import prepare, render
+MySQLdb = pytest.importorskip("MySQLdb", reason="the mysql extra (pip install 'qag[mysql]')")
+
+from qag.backends import _mysql_sql as s  # noqa: E402  (after the skip: qag.backends.mysql imports MySQLdb)
+from qag.backends import mysql as mysql_backend  # noqa: E402
+from qag.backends.base import Call  # noqa: E402
+from qag.backends.mysql import MysqlBackend, connect_args, mapped  # noqa: E402
+from qag.errors import QagError  # noqa: E402
+from qag.sql.prepare import prepare, render  # noqa: E402
 
 
 def rendered(sql: str, values: dict | None = None, fetch: int | None = 6, offset: int = 0) -> str:
