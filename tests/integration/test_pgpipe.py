@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 psycopg = pytest.importorskip("psycopg")
 
 from qag import _speedups  # noqa: E402
-from tests.speedups.conftest import call_outcome, required  # noqa: E402
+from tests.speedups.conftest import call_outcome, required, speedups, twin_pair  # noqa: E402, F401  (fixtures)
 
 _FATAL = psycopg.pq.ExecStatus.FATAL_ERROR
 _SQLSTATE = psycopg.pq.DiagnosticField.SQLSTATE
