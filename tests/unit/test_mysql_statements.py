@@ -324,11 +324,13 @@ def fake(monkeypatch):
     log: list[str] = []
     connects: list[dict] = []
     state = {"version": "8.0.36", "probe_warnings": 0}
+    made: list[_FakeConn] = []
 
     def connect(**kwargs):
         connects.append(kwargs)
         log.append("connect")
-        return _FakeConn(log, state["version"], state["probe_warnings"], kwargs)
+        made.append(_FakeConn(log, state["version"], state["probe_warnings"], kwargs))
+        return made[-1]
 
     monkeypatch.setattr(mysql_backend.MySQLdb, "connect", connect)
     # The backend calls the driver's C query on its connection object; these connections answer through theirs.
@@ -339,7 +341,10 @@ def fake(monkeypatch):
         return MysqlBackend(SimpleNamespace(pool_size=pool_size, pool_idle_timeout=300.0, pool_max=None,
                                             pool_wait=5.0))
 
-    return make, log, connects
+    yield make, log, connects
+    for conn in made:   # the pools are never closed here: their socket pairs are (a warning is an error)
+        conn.ours.close()
+        conn.theirs.close()
 
 
 FACTS = mysql_backend.schema_reader.FACTS_QUERY
