@@ -173,7 +173,7 @@ def main() -> None:
               f"interleaved rounds x {args.seconds} s")
         for label, results in over_http(args.rounds, args.seconds, args.connections).items():
             print(f"  {label:34} {_cells(results, '.0f')}")
-    print(json.dumps({"python": sys.version.split()[0], "loaded": _speedups.loaded(), "home": home}))
+    print(json.dumps({"python": sys.version.split()[0], "loaded": _speedups.choices(), "home": home}))
 
 
 if __name__ == "__main__":

@@ -98,7 +98,7 @@ def main() -> None:
     for label, by_side in results.items():
         cells = [f"{t}: {statistics.median(v):.1f} [{min(v):.1f}–{max(v):.1f}]" for t, v in by_side.items()]
         print(f"  {label:34} " + "   ".join(cells))
-    print(json.dumps({"python": sys.version.split()[0], "mode": _speedups.mode(), "loaded": _speedups.loaded()}))
+    print(json.dumps({"python": sys.version.split()[0], "mode": _speedups.mode(), "loaded": _speedups.choices()}))
 
 
 if __name__ == "__main__":

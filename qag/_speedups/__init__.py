@@ -28,7 +28,7 @@ from types import ModuleType
 from . import compiled
 
 __all__ = ["MODES", "MODULES", "SpeedupsError", "select", "mode", "kind", "check", "get", "twin", "choices",
-           "loaded", "fallbacks", "builds"]
+           "fallbacks", "builds", "decide"]
 
 MODES = ("auto", "require", "off")
 MODULES = compiled.twins()   # the twin pairs: get(NAME), twin(NAME, kind)
@@ -214,11 +214,6 @@ def choices() -> dict[str, str]:
     s = _selected()
     _load_twins(s)
     return {"request_path": s.kind, **s.twin_kinds, "http_parser": s.kind}
-
-
-def loaded() -> dict[str, str]:
-    """choices(), under the name the metrics and benchmarks use."""
-    return choices()
 
 
 def fallbacks() -> dict[str, str]:

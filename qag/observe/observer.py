@@ -161,7 +161,7 @@ class Observer:
         build = {"version": __version__, "speedups": _speedups.mode(),
                  "worker_class": settings.worker_class if metrics.SHARED_DIR is not None else "none"}
         figures = process.figures(process.instance_pids(metrics.SHARED_DIR is not None))
-        return metrics.render(self.metrics.instance(), _speedups.loaded(), build, figures)
+        return metrics.render(self.metrics.instance(), _speedups.choices(), build, figures)
 
     # --- shutdown -----------------------------------------------------------------------------------------
     def close(self) -> None:
