@@ -37,18 +37,20 @@ test: system-deps $(FULL) unit-bare
 # QAG_TEST_REQUIRE_SERVICES passes through: in CI a unit test that reached for a service would fail, not skip.
 unit-bare: $(BARE_VENV)/.qag-bare
 	rm -rf $(BARE_TREE) && mkdir -p $(BARE_TREE)
-	git ls-files -z --cached --others --exclude-standard | tar -c --null -T - --ignore-failed-read -f - | tar -x -C $(BARE_TREE)
+	git ls-files -z --cached --others --exclude-standard \
+	  | tar -c --null -T - --ignore-failed-read -f - | tar -x -C $(BARE_TREE)
 	cd $(BARE_TREE) && env -u PYTHONPATH QAG_SPEEDUPS=off $(abspath $(BARE_VENV))/bin/python -m pytest -q \
 	  -p no:cacheprovider tests/unit tests/speedups
 
 $(BARE_VENV)/.qag-bare: pyproject.toml
 	rm -rf $(BARE_VENV)
 	$(PYTHON) -m venv $(BARE_VENV)
-	$(PYTHON) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
+	$(PYTHON) -c 'import tomllib as t; print("\n".join(t.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
 	  > $(BARE_VENV)/requirements.txt
 	$(BARE_VENV)/bin/python -m pip install -q -r $(BARE_VENV)/requirements.txt pytest hypothesis
 	# qag itself is the tree's copy, as an editable install would have it (a child python finds it too), unbuilt.
-	echo "$(abspath $(BARE_TREE))" > "$$($(BARE_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/qag-tree.pth"
+	echo "$(abspath $(BARE_TREE))" > \
+	  "$$($(BARE_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/qag-tree.pth"
 	touch $@
 
 # System packages for the whole suite: a C compiler for the speedups, pkg-config and the MySQL client

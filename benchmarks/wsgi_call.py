@@ -4,8 +4,9 @@ Builds the demo home once (in a temporary folder unless --home is given), then t
 through `Gateway.__call__` in a pure process (QAG_SPEEDUPS=off) and a compiled one (QAG_SPEEDUPS=require, when
 every build is current) in interleaved rounds, each round a fresh child process (a process runs compiled or pure
 as a whole: qag/_speedups), and prints the median process CPU per call with its min–max range. `--compare cache`
-instead compares, in this process, the metadata cache on (the default TTL) and off (QAG_METADATA_CACHE_TTL=0). It measures qag's own work per call — parsing, auth, store
-reads, checks, the SQLite call, encoding — not gunicorn's HTTP handling.
+instead compares, in this process, the metadata cache on (the default TTL) and off (QAG_METADATA_CACHE_TTL=0).
+It measures qag's own work per call — parsing, auth, store reads, checks, the SQLite call, encoding — not
+gunicorn's HTTP handling.
 """
 
 from __future__ import annotations

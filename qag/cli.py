@@ -351,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     init = sub.add_parser("init", help="create a home with an empty store and a masking key")
     init.add_argument("--home", help="folder of the store (QAG_HOME)")
 
-    sub.add_parser("version", help="print the version and, for each compiled module, whether its build or its source runs")
+    sub.add_parser("version", help="print the version and which twin of each compiled module runs")
     sub.add_parser("mcp", help="serve MCP over stdio (for an agent that starts qag itself) as QAG_MCP_API_KEY: "
                                "the same tools and governance as /mcp")
     config = sub.add_parser("config", help="print every setting's effective value (secrets masked) and its source")

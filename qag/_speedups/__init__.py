@@ -27,10 +27,9 @@ from types import ModuleType
 
 from . import compiled
 
-__all__ = ["MODES", "MODULES", "SpeedupsError", "select", "mode", "kind", "check", "get", "twin", "choices",
+__all__ = ["MODULES", "SpeedupsError", "select", "mode", "kind", "check", "get", "twin", "choices",
            "fallbacks", "builds", "decide"]
 
-MODES = ("auto", "require", "off")
 MODULES = compiled.twins()   # the twin pairs: get(NAME), twin(NAME, kind)
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the folder holding qag/
 _REBUILD = "rebuild with `python -m build_backend inplace` (a source tree) or `pip install .`"

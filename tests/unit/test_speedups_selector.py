@@ -140,7 +140,8 @@ def test_a_stale_build_runs_pure_with_a_warning_under_auto_and_is_refused_under_
     assert loaded.stdout.strip().endswith("app.py"), loaded.stderr
     require = _qag(root, "require", "-m", "qag", "version")
     assert require.returncode != 0 and require.stdout == ""
-    assert require.stderr.count("\n") == 1 and require.stderr.startswith("qag: QAG_SPEEDUPS=require but "), require.stderr
+    assert require.stderr.count("\n") == 1, require.stderr
+    assert require.stderr.startswith("qag: QAG_SPEEDUPS=require but "), require.stderr
     assert "qag.app: stale" in require.stderr
 
 
