@@ -47,7 +47,6 @@ def set_ttl(call, name: str, ttl: int | None) -> None:
 
 def in_process(home: str, keys: dict, rounds: int, calls: int) -> dict:
     app = create_app(load({"QAG_HOME": home, "QAG_API_KEY": keys["admin_key"], "QAG_LOG_REQUESTS": "off"}))
-    _speedups.load("auto")
     admin = Client(load({"QAG_HOME": home})).manage
     out = {}
     for label, (name, query, key_name) in CALLS.items():
@@ -174,7 +173,7 @@ def main() -> None:
               f"interleaved rounds x {args.seconds} s")
         for label, results in over_http(args.rounds, args.seconds, args.connections).items():
             print(f"  {label:34} {_cells(results, '.0f')}")
-    print(json.dumps({"python": sys.version.split()[0], "loaded": _speedups.loaded(), "home": home}))
+    print(json.dumps({"python": sys.version.split()[0], "loaded": _speedups.choices(), "home": home}))
 
 
 if __name__ == "__main__":

@@ -125,7 +125,7 @@ def main() -> None:
         wsgi_get(app, path, query, key)
 
     print(f"qag in-process cost of recording: median [min–max] of {args.rounds} interleaved rounds x {args.calls} "
-          f"calls (home {home}; speedups {_speedups.loaded()})")
+          f"calls (home {home}; speedups {_speedups.choices()})")
     for label, (path, make_query, key_name) in CALLS.items():
         cpu: dict[str, list[float]] = {"off": [], "on": []}
         rate: dict[str, list[float]] = {"off": [], "on": []}
@@ -178,7 +178,7 @@ def main() -> None:
           f"(file size); by part, bytes per call: "
           + ", ".join(f"{p} {(parts1[p] - parts0[p]) / n:.1f}" for p in parts))
     app.close()
-    print(json.dumps({"python": os.sys.version.split()[0], "loaded": _speedups.loaded()}))
+    print(json.dumps({"python": os.sys.version.split()[0], "loaded": _speedups.choices()}))
 
 
 def disk_pg(app, on, call, spec, keys, n: int, url: str) -> None:

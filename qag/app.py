@@ -47,7 +47,7 @@ class Gateway:
     """One gateway per worker process: settings, store, authenticator, routes."""
 
     def __init__(self, settings: Settings, store: Store | None = None):
-        _speedups.load(settings.speedups)
+        _speedups.check()   # under QAG_SPEEDUPS=require, refuses a process that could not run compiled
         self.settings = settings
         self.store = store if store is not None else open_store(settings)
         self.store_unavailable = self.store.unavailable

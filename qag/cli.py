@@ -9,7 +9,7 @@ import secrets
 import shutil
 import sys
 
-from . import __version__
+from .version import __version__
 from .errors import QagError
 from .settings import SettingsError, load
 from .store import StoreOpenError
@@ -37,9 +37,11 @@ def _print(value) -> None:
 # --- commands --------------------------------------------------------------------------------------------
 def cmd_version(args, settings) -> int:
     from . import _speedups
-    _speedups.load(settings.speedups)
-    loaded = ", ".join(f"{name}={twin}" for name, twin in sorted(_speedups.summary().items()))
-    print(f"qag {__version__} (speedups: {loaded})")
+    warning = _speedups.check()   # refuses under QAG_SPEEDUPS=require, in one line, unless all is compiled
+    chosen = ", ".join(f"{name}={kind}" for name, kind in _speedups.choices().items())
+    print(f"qag {__version__} (speedups {_speedups.mode()}: {chosen})")
+    if warning:
+        _err(f"warning: {warning}")
     return 0
 
 
@@ -324,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     init = sub.add_parser("init", help="create a home with an empty store and a masking key")
     init.add_argument("--home", help="folder of the store (QAG_HOME)")
 
-    sub.add_parser("version", help="print the version and which speedups are loaded")
+    sub.add_parser("version", help="print the version and which twin of each compiled module runs")
     sub.add_parser("mcp", help="serve MCP over stdio (for an agent that starts qag itself) as QAG_MCP_API_KEY: "
                                "the same tools and governance as /mcp")
     config = sub.add_parser("config", help="print every setting's effective value (secrets masked) and its source")

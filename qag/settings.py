@@ -333,7 +333,7 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number of seconds from 1 to 3600"),
     Setting("QAG_MAX_BODY_BYTES", _int_range(1, 1 << 30), 1_048_576, "Largest request body; a larger one is refused with 413 before it is read.",
             "a whole number of bytes from 1 to 1073741824"),
-    Setting("QAG_SPEEDUPS", _choice("auto", "require", "off"), "auto", "Which twin of the hot-path modules (qag/_speedups and the request path compiled from its own source) runs: compiled when present and built from the current source (auto), compiled or refuse to start (require), pure Python (off). Read when qag is imported: a process cannot switch its request path later.",
+    Setting("QAG_SPEEDUPS", _choice("auto", "require", "off"), "auto", "Whether qag's compiled modules (qag/_speedups/compiled.py lists them) or their pure-Python twins run, all of one kind: compiled when every build is present and built from the current source, else pure with a warning at startup (auto); compiled or refuse to start (require); pure (off). `qag version` names each choice, the HTTP parser included. Read once, when qag is imported.",
             "auto, require or off"),
     Setting("QAG_ACCESS_LOG", _flag, False, "gunicorn's access log on stdout (path without the query string). Off by default, unlike QueryAPIGate: qag's own request line (QAG_LOG_REQUESTS) says the same once per request, with the key.",
             "1/true/yes/on or 0/false/no/off", alias="QUERYAPIGATE_ACCESS_LOG"),
@@ -638,6 +638,17 @@ def _check_mcp_oauth(values: dict) -> None:
     if named and values["jwt_mode"] is None:
         raise SettingsError(f"{', '.join(named)} set but bearer tokens are not configured: /mcp verifies OAuth tokens "
                             f"with QAG_JWT_ISSUER (or QAG_JWT_JWKS_URL / QAG_JWT_SECRET) and QAG_JWT_AUDIENCE")
+
+
+def value(name: str, env: Mapping[str, str] | None = None) -> Any:
+    """One setting's value, read and checked as load() reads it (SettingsError otherwise), without the others:
+    for what must be decided before load() can run (QAG_SPEEDUPS, when qag is imported)."""
+    env = os.environ if env is None else env
+    s = next(s for s in SETTINGS if s.name == name)
+    raw, source = _raw(s, env)
+    if raw is None:
+        return s.default
+    return s.parse(raw, s if source in (s.name, None) else Setting(source, s.parse, s.default, s.doc, s.accepted))
 
 
 def sources(env: Mapping[str, str] | None = None) -> list[tuple[Setting, str | None]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 
-from .. import __version__
+from ..version import __version__
 from ..errors import QagError
 from ..http.request import refuse_lone_surrogates
 from ..http.response import Response, json_bytes

@@ -8,7 +8,8 @@ import logging
 import os
 import threading
 
-from .. import __version__, encode
+from .. import encode
+from ..version import __version__
 from ..errors import QagError
 from ..http.response import Response, json_response
 from ..policy.grants import may_use_connection

@@ -1,19 +1,19 @@
 """The documentation's maps stay true to the tree (issue 25.3).
 
 - docs/architecture.md's code map names every module under qag/ (and every .pyx twin) under its package's line,
-  and marks [c] exactly the compiled ones: the request path's modules built from their own source (the build's
-  list, wherever it lives: qag/_speedups/request_path.py or build_backend/speedups.py) and the .pyx twins;
+  and marks [c] exactly the compiled ones: those of the one list, qag/_speedups/compiled.py;
 - docs/architecture.md stays a page a newcomer reads in ten minutes (at most MAX_LINES lines, none very long);
 - every contract section ("contract 3.10", "contract's 7.1", "contract 6.6, 6.7") and behaviour ("B6.5") cited in
   the code, the tests (their data files too), the benchmarks or the docs resolves in docs/contract-index.md;
 - every docs/*.md a document links to or names exists, and a link's #anchor names a heading of its target.
 
-Reads files only: no qag import, no service.
+Reads files only (compiled.py is loaded by its path, as the build loads it): no qag import, no service.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import re
 
@@ -27,7 +27,6 @@ MAX_LINES = 150
 MAX_WIDTH = 160
 COMPILED_MARK = "[c]"
 # Where the list of request-path modules compiled from their own .py may live (the first that has one wins).
-COMPILED_LISTS = ("qag/_speedups/request_path.py", "build_backend/speedups.py")
 CITING_DIRS = ("qag", "tests", "benchmarks", "build_backend", "docs")
 CITING_SUFFIXES = (".py", ".pyx", ".lua", ".tsv", ".md")
 
@@ -59,29 +58,22 @@ def _module_path(text: str) -> str | None:
     return None
 
 
-def _request_path_list() -> tuple[str, set[str]]:
-    """(where, the request-path modules compiled from their own source): the first module-level tuple or list of
-    qag module names, qag/app.py among them, found in COMPILED_LISTS."""
-    for relative in COMPILED_LISTS:
-        path = os.path.join(ROOT, relative)
-        if not os.path.exists(path):
-            continue
-        for node in ast.parse(_read(path)).body:
-            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
-            if not isinstance(value, (ast.Tuple, ast.List)) or len(value.elts) < 2:
-                continue
-            items = [e.value for e in value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
-            paths = [_module_path(item) for item in items]
-            if len(items) == len(value.elts) and all(paths) and "qag/app.py" in paths:
-                return relative, set(paths)
-    raise AssertionError(f"no list of compiled request-path modules found in {' or '.join(COMPILED_LISTS)}")
+def _load_compiled_list() -> tuple:
+    path = os.path.join(ROOT, "qag", "_speedups", "compiled.py")
+    spec = importlib.util.spec_from_file_location("qag_compiled_list", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.COMPILED
+
+
+COMPILED = _load_compiled_list()
 
 
 def _compiled() -> set[str]:
-    where, listed = _request_path_list()
-    missing = sorted(p for p in listed if not os.path.exists(os.path.join(ROOT, p)))
-    assert not missing, f"{where} lists modules that don't exist: {missing}"
-    return listed | {m for m in _modules() if m.endswith(".pyx")}
+    """Every compiled module, from the one list (qag/_speedups/compiled.py)."""
+    missing = sorted(p for p in COMPILED if not os.path.exists(os.path.join(ROOT, p)))
+    assert not missing, f"qag/_speedups/compiled.py lists modules that don't exist: {missing}"
+    return set(COMPILED)
 
 
 def _code_map() -> tuple[dict[str, bool], list[str]]:
@@ -133,9 +125,9 @@ def test_code_map_marks_exactly_the_compiled_modules():
     assert not stale, f"marked {COMPILED_MARK} in docs/architecture.md but not compiled: {stale}"
 
 
-def test_compiled_list_is_found():
-    where, listed = _request_path_list()
-    assert "qag/app.py" in listed and "qag/api/run.py" in listed, (where, sorted(listed))
+def test_compiled_list_names_the_request_path_and_the_twins():
+    assert {"qag/app.py", "qag/api/run.py"} <= set(COMPILED)
+    assert {m for m in _modules() if m.endswith(".pyx")} <= set(COMPILED)
 
 
 def test_architecture_stays_short():
