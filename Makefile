@@ -9,13 +9,19 @@ TOOLS := $(VENV)/.qag-build-tools
 # also selects the worker's pure-Python HTTP parser) and a third time on gunicorn's gthread worker.
 E2E_PURE := $(wildcard tests/integration/test_contract_*.py) tests/integration/test_bad_input.py
 WHEEL_VENV := build/wheel-venv
+# The unit tier's bare run (issue 25.5): a virtual environment with qag's base dependencies, pytest and hypothesis
+# only (no optional driver, no Cython), made once and kept while pyproject.toml is unchanged, and a copy of the
+# tree without any build in it (git's files: no .so, no digest), so the run is what a machine without a compiler
+# and without services gets.
+BARE_VENV := build/bare-venv
+BARE_TREE := build/bare-tree
 WHEEL_TESTS := build/wheel-tests
 # Every qag/ module: the request path's are compiled too (build_backend/speedups.py REQUEST_PATH); a build older
 # than its source is never run (the source is), so an edit means a rebuild to keep the speed.
 SOURCES := pyproject.toml setup.py $(wildcard build_backend/*.py) $(wildcard qag/_speedups/*.pyx) \
 	$(wildcard qag/*.py qag/*/*.py)
 
-.PHONY: demo test system-deps wheel clean
+.PHONY: demo test unit-bare system-deps wheel clean
 
 # The demo serves at once on the pure-Python twins while the compiled modules build beside their sources in
 # the background (every core, a line each), then restarts on them (build_backend/demo.py). Without a C
@@ -23,10 +29,29 @@ SOURCES := pyproject.toml setup.py $(wildcard build_backend/*.py) $(wildcard qag
 demo: $(CORE) $(TOOLS)
 	$(BIN)/python -m build_backend demo -- $(BIN)/qag demo
 
-test: system-deps $(FULL)
+test: system-deps $(FULL) unit-bare
 	QAG_SPEEDUPS=require $(BIN)/python -m pytest -q -p no:cacheprovider tests
 	QAG_SPEEDUPS=off $(BIN)/python -m pytest -q -p no:cacheprovider -m e2e $(E2E_PURE)
 	QAG_WORKER_CLASS=gthread $(BIN)/python -m pytest -q -p no:cacheprovider -m e2e $(E2E_PURE)
+
+# QAG_TEST_REQUIRE_SERVICES passes through: in CI a unit test that reached for a service would fail, not skip.
+unit-bare: $(BARE_VENV)/.qag-bare
+	rm -rf $(BARE_TREE) && mkdir -p $(BARE_TREE)
+	git ls-files -z --cached --others --exclude-standard \
+	  | tar -c --null -T - --ignore-failed-read -f - | tar -x -C $(BARE_TREE)
+	cd $(BARE_TREE) && env -u PYTHONPATH QAG_SPEEDUPS=off $(abspath $(BARE_VENV))/bin/python -m pytest -q \
+	  -p no:cacheprovider tests/unit tests/speedups
+
+$(BARE_VENV)/.qag-bare: pyproject.toml
+	rm -rf $(BARE_VENV)
+	$(PYTHON) -m venv $(BARE_VENV)
+	$(PYTHON) -c 'import tomllib as t; print("\n".join(t.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
+	  > $(BARE_VENV)/requirements.txt
+	$(BARE_VENV)/bin/python -m pip install -q -r $(BARE_VENV)/requirements.txt pytest hypothesis
+	# qag itself is the tree's copy, as an editable install would have it (a child python finds it too), unbuilt.
+	echo "$(abspath $(BARE_TREE))" > \
+	  "$$($(BARE_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/qag-tree.pth"
+	touch $@
 
 # System packages for the whole suite: a C compiler for the speedups, pkg-config and the MySQL client
 # library that mysqlclient builds against, libpq and wrk for the benchmark harness's smoke test, venv

@@ -28,7 +28,7 @@ import urllib.request
 
 from qag import _speedups, demo
 from qag.app import create_app
-from qag.cli import _Admin
+from qag.testing import Client
 from qag.settings import load
 
 from .wsgi_call import wsgi_get
@@ -47,8 +47,7 @@ def set_ttl(call, name: str, ttl: int | None) -> None:
 
 def in_process(home: str, keys: dict, rounds: int, calls: int) -> dict:
     app = create_app(load({"QAG_HOME": home, "QAG_API_KEY": keys["admin_key"], "QAG_LOG_REQUESTS": "off"}))
-    _speedups.load("auto")
-    admin = _Admin(load({"QAG_HOME": home})).call
+    admin = Client(load({"QAG_HOME": home})).manage
     out = {}
     for label, (name, query, key_name) in CALLS.items():
         results: dict[str, list[float]] = {"off": [], "on": []}
@@ -118,8 +117,8 @@ def _prepare_elsewhere(home: str, python: str = sys.executable) -> dict:
     """The demo home built by a child process: this process never opens a store the server uses (two stores of
     one file in one process, one opened while the other is live, lose SQLite's POSIX locks, and the server's
     processes then write over a WAL this process still maps - a malformed store)."""
-    code = ("import json, sys; from qag import demo; from qag.cli import _Admin; from qag.settings import load; "
-            "h = sys.argv[1]; print(json.dumps(demo.prepare_home(h, False, _Admin(load({'QAG_HOME': h})).call)))")
+    code = ("import json, sys; from qag import demo; from qag.testing import Client; from qag.settings import load; "
+            "h = sys.argv[1]; print(json.dumps(demo.prepare_home(h, False, Client(load({'QAG_HOME': h})).manage)))")
     done = subprocess.run([python, "-c", code, home], capture_output=True, text=True, check=True, cwd=home)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -165,7 +164,7 @@ def main() -> None:
     parser.add_argument("--skip-http", action="store_true")
     args = parser.parse_args()
     home = args.home or tempfile.mkdtemp(prefix="qag-bench-")
-    keys = demo.prepare_home(home, False, _Admin(load({"QAG_HOME": home})).call)
+    keys = demo.prepare_home(home, False, Client(load({"QAG_HOME": home})).manage)
     print(f"in-process CPU per call, µs: median [min–max] of {args.rounds} interleaved rounds x {args.calls} calls")
     for label, results in in_process(home, keys, args.rounds, args.calls).items():
         print(f"  {label:34} {_cells(results, '.1f')}")
@@ -174,7 +173,7 @@ def main() -> None:
               f"interleaved rounds x {args.seconds} s")
         for label, results in over_http(args.rounds, args.seconds, args.connections).items():
             print(f"  {label:34} {_cells(results, '.0f')}")
-    print(json.dumps({"python": sys.version.split()[0], "loaded": _speedups.loaded(), "home": home}))
+    print(json.dumps({"python": sys.version.split()[0], "loaded": _speedups.choices(), "home": home}))
 
 
 if __name__ == "__main__":

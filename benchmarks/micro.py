@@ -164,7 +164,7 @@ def mask_main(rounds: int) -> None:
     """Microseconds to trace a masked statement, and to rewrite it for masking at the source (both once per
     statement and rule set, then kept with the plan), per dialect, in alternating order."""
     from qag.policy import masking
-    from qag.policy._trace import Schema, trace
+    from qag.sql.lineage import Schema
     from qag.sql.prepare import prepare
 
     columns = [{"name": n, "type": t} for n, t in (("aid", "integer"), ("bid", "integer"), ("abalance", "integer"),
@@ -179,8 +179,8 @@ def mask_main(rounds: int) -> None:
                                      "columns": columns}]}, dialect, default)
         for label, sql in statements.items():
             prepared = prepare(sql, dialect)
-            times = measure_calls({"trace": lambda: trace(masking.traceable_sql(prepared), schema),
-                                   "rewrite": lambda: masking._at_source(prepared, schema, rules)}, rounds,
+            times = measure_calls({"trace": lambda: prepared.lineage(schema),
+                                   "rewrite": lambda: masking.at_source(prepared, schema, rules)}, rounds,
                                   same_work=False)
             print(f"{dialect:9} {label:9} {summary(times['trace']):>26} {summary(times['rewrite']):>26}", flush=True)
 

@@ -23,7 +23,7 @@ import time
 from benchmarks.wsgi_call import wsgi_get
 from qag import _speedups, demo
 from qag.app import create_app
-from qag.cli import _Admin
+from qag.testing import Client
 from qag.settings import load
 
 CALLS = {
@@ -111,7 +111,7 @@ def main() -> None:
     args = parser.parse_args()
     home = args.home or tempfile.mkdtemp(prefix="qag-bench-")
     store_env = {"QAG_DATABASE_URL": args.database_url} if args.database_url else {}
-    keys = demo.prepare_home(home, False, _Admin(load({"QAG_HOME": home, **store_env})).call)
+    keys = demo.prepare_home(home, False, Client(load({"QAG_HOME": home, **store_env})).manage)
     app = create_app(load({"QAG_HOME": home, "QAG_API_KEY": keys["admin_key"], **store_env}))
     devnull = open(os.devnull, "w")
     app.observe.logs.install(devnull)
@@ -125,7 +125,7 @@ def main() -> None:
         wsgi_get(app, path, query, key)
 
     print(f"qag in-process cost of recording: median [min–max] of {args.rounds} interleaved rounds x {args.calls} "
-          f"calls (home {home}; speedups {_speedups.loaded()})")
+          f"calls (home {home}; speedups {_speedups.choices()})")
     for label, (path, make_query, key_name) in CALLS.items():
         cpu: dict[str, list[float]] = {"off": [], "on": []}
         rate: dict[str, list[float]] = {"off": [], "on": []}
@@ -178,7 +178,7 @@ def main() -> None:
           f"(file size); by part, bytes per call: "
           + ", ".join(f"{p} {(parts1[p] - parts0[p]) / n:.1f}" for p in parts))
     app.close()
-    print(json.dumps({"python": os.sys.version.split()[0], "loaded": _speedups.loaded()}))
+    print(json.dumps({"python": os.sys.version.split()[0], "loaded": _speedups.choices()}))
 
 
 def disk_pg(app, on, call, spec, keys, n: int, url: str) -> None:

@@ -3,7 +3,7 @@
     python -m benchmarks.rtt --case tpcc --target qag --target queryapigate
     python -m benchmarks.rtt --case pgbench --delays 0,2,5,10 --calls 40
 
-A delaying relay (tests/relay.py) sits between each gateway and the database: every chunk the database sends
+A delaying relay (qag.testing.Relay, shared with the tests) sits between each gateway and the database: every chunk the database sends
 is held `delay` ms. Each gateway gets a second connection through the relay, and one caller runs the case's
 single-row query on it (admin key, `connection_name=`) at each delay. The slope of the median latency against
 the delay is the number of waits on the database per call; the same measurement with the Python driver
@@ -16,18 +16,16 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import statistics
 import sys
 import time
+
+from qag.testing import Relay
 
 from . import run as harness
 from . import targets
 from .workload import fill
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-from tests.relay import Relay  # noqa: E402  (the repository's delaying relay, shared with the tests)
 
 PROBE = {"tpcc": "customer", "pgbench": "account"}
 

@@ -74,7 +74,7 @@ DEFAULTS = {"mysql": {"port": 3306, "user": "root"}}
 
 
 def _relay_child(host: str, port: int, delay: float, pipe) -> None:
-    from tests.relay import Relay
+    from qag.testing import Relay
     relay = Relay(host, port, delay=delay)
     pipe.send(relay.port)
     while True:
@@ -91,7 +91,7 @@ def _relay_child(host: str, port: int, delay: float, pipe) -> None:
 
 
 class RelayProcess:
-    """tests/relay.py's Relay in a child process: port, reset(), count() → (turns, connections), close()."""
+    """qag.testing.Relay in a child process: port, reset(), count() → (turns, connections), close()."""
 
     def __init__(self, host: str, port: int, delay: float):
         self._pipe, child = multiprocessing.Pipe()

@@ -123,8 +123,8 @@ def _env(tree: str, extra: dict) -> dict:
 def _prepare(tree: str) -> tuple[str, dict]:
     """A demo home made by `tree`'s own qag (each tree migrates its store to its own schema)."""
     home = tempfile.mkdtemp(prefix="qag-bench-tracing-")
-    code = ("import json, sys; from qag import demo; from qag.cli import _Admin; from qag.settings import load; "
-            "h = sys.argv[1]; print(json.dumps(demo.prepare_home(h, False, _Admin(load({'QAG_HOME': h})).call)))")
+    code = ("import json, sys; from qag import demo; from qag.testing import Client; from qag.settings import load; "
+            "h = sys.argv[1]; print(json.dumps(demo.prepare_home(h, False, Client(load({'QAG_HOME': h})).manage)))")
     done = subprocess.run([sys.executable, "-c", code, home], capture_output=True, text=True, check=True, cwd=home,
                           env=_env(tree, {}))
     return home, json.loads(done.stdout.strip().splitlines()[-1])

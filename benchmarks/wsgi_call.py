@@ -1,10 +1,12 @@
 """CPU per call of the WSGI app in-process (no HTTP server): python -m benchmarks.wsgi_call.
 
 Builds the demo home once (in a temporary folder unless --home is given), then times saved-query calls
-through `Gateway.__call__` with the pure and the compiled twins in interleaved rounds, and prints the median
-process CPU per call with its min–max range. `--compare cache` instead compares the metadata cache on (the
-default TTL) and off (QAG_METADATA_CACHE_TTL=0), both with the twins QAG_SPEEDUPS selects. It measures qag's own work per call — parsing, auth, store
-reads, checks, the SQLite call, encoding — not gunicorn's HTTP handling.
+through `Gateway.__call__` in a pure process (QAG_SPEEDUPS=off) and a compiled one (QAG_SPEEDUPS=require, when
+every build is current) in interleaved rounds, each round a fresh child process (a process runs compiled or pure
+as a whole: qag/_speedups), and prints the median process CPU per call with its min–max range. `--compare cache`
+instead compares, in this process, the metadata cache on (the default TTL) and off (QAG_METADATA_CACHE_TTL=0).
+It measures qag's own work per call — parsing, auth, store reads, checks, the SQLite call, encoding — not
+gunicorn's HTTP handling.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import io
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
 from qag import _speedups, demo
 from qag.app import create_app
-from qag.cli import _Admin
+from qag.testing import Client
 from qag.settings import load
 
 CALLS = {
@@ -38,40 +42,64 @@ def wsgi_get(app, path: str, query: str, key: str) -> None:
     assert status[0].startswith("200"), status
 
 
+def timed_calls(app, keys: dict, calls: int) -> dict[str, float]:
+    """{call label: process CPU µs per call} over `calls` calls of each (after one call that warms it)."""
+    out = {}
+    for label, (path, make_query, key_name) in CALLS.items():
+        wsgi_get(app, path, make_query(0), keys[key_name])
+        start = time.process_time()
+        for i in range(calls):
+            wsgi_get(app, path, make_query(i), keys[key_name])
+        out[label] = (time.process_time() - start) / calls * 1e6
+    return out
+
+
+def in_child(home: str, keys: dict, calls: int, mode: str) -> dict[str, float]:
+    """timed_calls() in a fresh process under QAG_SPEEDUPS=mode."""
+    out = subprocess.run([sys.executable, "-m", "benchmarks.wsgi_call", "--home", home, "--calls", str(calls),
+                          "--child", json.dumps(keys)], env=dict(os.environ, QAG_SPEEDUPS=mode),
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--home", help="demo home to use (default: a fresh temporary one)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=2000, help="calls per round and twin")
     parser.add_argument("--compare", choices=("twins", "cache"), default="twins")
+    parser.add_argument("--child", help=argparse.SUPPRESS)   # the keys: time the calls in this process, print JSON
     args = parser.parse_args()
     home = args.home or tempfile.mkdtemp(prefix="qag-bench-")
-    keys = demo.prepare_home(home, False, _Admin(load({"QAG_HOME": home})).call)
+    if args.child:
+        keys = json.loads(args.child)
+        app = create_app(load({"QAG_HOME": home, "QAG_API_KEY": keys["admin_key"]}))
+        print(json.dumps(timed_calls(app, keys, args.calls)))
+        return
+    keys = demo.prepare_home(home, False, Client(load({"QAG_HOME": home})).manage)
     env = {"QAG_HOME": home, "QAG_API_KEY": keys["admin_key"]}
-    app = create_app(load(env))
     if args.compare == "cache":
-        apps = {"cache on": app, "cache off": create_app(load(dict(env, QAG_METADATA_CACHE_TTL="0")))}
-        twins = list(apps)
+        apps = {"cache on": create_app(load(env)),
+                "cache off": create_app(load(dict(env, QAG_METADATA_CACHE_TTL="0")))}
+        sides = list(apps)
     else:
         apps = {}
-        twins = ["pure"] + (["compiled"] if "rowjson" not in _speedups.fallbacks() else [])
-    selected = _speedups.mode()
-
+        sides = ["pure"] + (["compiled"] if not _speedups.builds() else [])
     print(f"qag in-process CPU per call, µs: median [min–max] of {args.rounds} interleaved rounds "
           f"x {args.calls} calls (home {home})")
-    for label, (path, make_query, key_name) in CALLS.items():
-        results: dict[str, list[float]] = {t: [] for t in twins}
-        for r in range(args.rounds):
-            for twin in (twins if r % 2 == 0 else twins[::-1]):
-                target = apps.get(twin, app)
-                _speedups.load(selected if apps else "off" if twin == "pure" else "require")
-                start = time.process_time()
-                for i in range(args.calls):
-                    wsgi_get(target, path, make_query(i), keys[key_name])
-                results[twin].append((time.process_time() - start) / args.calls * 1e6)
-        cells = [f"{t}: {statistics.median(v):.1f} [{min(v):.1f}–{max(v):.1f}]" for t, v in results.items()]
+    results: dict[str, dict[str, list[float]]] = {label: {side: [] for side in sides} for label in CALLS}
+    for r in range(args.rounds):
+        for side in (sides if r % 2 == 0 else sides[::-1]):
+            if apps:
+                figures = timed_calls(apps[side], keys, args.calls)
+            else:
+                figures = in_child(home, keys, args.calls, "off" if side == "pure" else "require")
+            for label, micros in figures.items():
+                results[label][side].append(micros)
+    for label, by_side in results.items():
+        cells = [f"{t}: {statistics.median(v):.1f} [{min(v):.1f}–{max(v):.1f}]" for t, v in by_side.items()]
         print(f"  {label:34} " + "   ".join(cells))
-    print(json.dumps({"python": os.sys.version.split()[0], "loaded": _speedups.loaded()}))
+    print(json.dumps({"python": sys.version.split()[0], "mode": _speedups.mode(), "loaded": _speedups.choices()}))
 
 
 if __name__ == "__main__":

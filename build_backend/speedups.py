@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import glob
-import hashlib
+import importlib.util
 import os
 import sys
 import sysconfig
@@ -35,46 +34,42 @@ def resolve_mode(value: object = None, source: str = "--config-settings speedups
     return mode
 
 
-# The request path's own modules, compiled from their .py as they are (Cython's pure-Python mode); the source
-# stays the pure twin, chosen at import by qag/_speedups/request_path.py, which also finds them by the digest
-# file written beside each build. Chosen by profile: what a saved-query call runs, worker included.
-REQUEST_PATH = ("qag/app.py", "qag/auth.py", "qag/encode.py", "qag/api/_common.py", "qag/api/_usage.py",
-                "qag/api/run.py", "qag/sql/params.py", "qag/sql/prepare.py", "qag/sql/window.py",
-                "qag/http/request.py", "qag/http/response.py", "qag/http/router.py", "qag/backends/base.py",
-                "qag/backends/mysql.py", "qag/backends/_mysql_sql.py", "qag/backends/pool.py", "qag/backends/postgres.py",
-                "qag/backends/registry.py", "qag/cache/metadata.py", "qag/cache/shm.py", "qag/observe/events.py",
-                "qag/observe/history.py", "qag/observe/logs.py", "qag/observe/metrics.py",
-                "qag/observe/observer.py", "qag/policy/grants.py", "qag/policy/guard.py", "qag/policy/masking.py",
-                "qag/worker/http11.py", "qag/worker/parser.py", "qag/worker/poller.py", "qag/worker/wsgi.py",
-                "qag/store/sqlite.py", "qag/worker/worker.py")
-DIGEST_SUFFIX = ".source-sha256"   # as qag/_speedups/request_path.py reads it (nothing here imports qag)
+def _load_list():
+    """qag/_speedups/compiled.py, loaded by its path: the one list of compiled modules and the test of a current
+    build, shared with qag's selector (importing qag itself would run that selector)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "qag", "_speedups", "compiled.py")
+    spec = importlib.util.spec_from_file_location("_qag_compiled_list", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+LIST = _load_list()
+DIGEST_SUFFIX = LIST.DIGEST_SUFFIX
 # Annotations stay documentation: Cython would otherwise take `environ: dict` as "exactly a dict".
 _PY_DIRECTIVES = {"language_level": 3, "annotation_typing": False}
 
 
 def extensions(mode: str) -> list[Extension]:
-    """One extension per qag/_speedups/_<name>.pyx (module qag._speedups._<name>) and per request-path module
-    (same name as its .py); none when mode is off."""
+    """One extension per module of qag/_speedups/compiled.py's list; none when mode is off."""
     if mode == "off":
         return []
-    sources = sorted(glob.glob(os.path.join(SPEEDUPS_DIR, "_*.pyx")))
-    exts = [Extension("qag._speedups." + os.path.basename(path)[:-4], [path]) for path in sources]
-    for path in REQUEST_PATH:
-        ext = Extension(path[:-3].replace("/", "."), [path])
+    exts = []
+    for path in LIST.COMPILED:
+        ext = Extension(LIST.module(path), [path])
         ext.qag_source = path   # kept: cythonize replaces the sources with the generated C
         exts.append(ext)
     return exts
 
 
 def digest_path(ext: Extension, built: str) -> str:
-    """Where the digest of a request-path module's source goes: beside its build `built`."""
+    """Where the digest of a compiled module's source goes: beside its build `built`."""
     return os.path.join(os.path.dirname(built), ext.name.rpartition(".")[2] + DIGEST_SUFFIX)
 
 
 def write_digest(ext: Extension, built: str) -> None:
-    """Beside a request-path module's build: the SHA-256 of the source it was built from."""
-    with open(ext.qag_source, "rb") as fh:
-        digest = hashlib.sha256(fh.read()).hexdigest()
+    """Beside a compiled module's build: the SHA-256 of the source it was built from."""
+    digest = LIST.source_digest(ext.qag_source)
     with open(digest_path(ext, built), "w", encoding="ascii") as fh:
         fh.write(digest + "\n")
 
@@ -142,35 +137,13 @@ def out_of_date(sources: list[str], target: str) -> bool:
 
 def module_sources(root: str = ".") -> dict[str, str]:
     """{module: its source under `root`} for every module the build compiles (extensions() without the mode)."""
-    pyx = sorted(glob.glob(os.path.join(root, SPEEDUPS_DIR, "_*.pyx")))
-    modules = {"qag._speedups." + os.path.basename(path)[:-4]: path for path in pyx}
-    modules.update((path[:-3].replace("/", "."), os.path.join(root, path)) for path in REQUEST_PATH)
-    return modules
+    return {LIST.module(path): os.path.join(root, path) for path in LIST.COMPILED}
 
 
 def current_builds(root: str = ".") -> set[str]:
-    """The modules whose build beside its source under `root` is the one qag would run: a request-path module's
-    with the digest of its source as it is now (qag/_speedups/request_path.py's test), a .pyx's newer than it."""
-    suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    current = set()
-    for name, source in module_sources(root).items():
-        stem = os.path.join(os.path.dirname(source), name.rpartition(".")[2])
-        built = stem + suffix
-        if not os.path.exists(built) or not os.path.exists(source):
-            continue
-        if source.endswith(".py"):
-            try:
-                with open(stem + DIGEST_SUFFIX, encoding="ascii") as fh:
-                    recorded = fh.read().strip()
-                with open(source, "rb") as fh:
-                    fresh = recorded == hashlib.sha256(fh.read()).hexdigest()
-            except OSError:
-                fresh = False
-        else:
-            fresh = not out_of_date([source], built)
-        if fresh:
-            current.add(name)
-    return current
+    """The modules whose build beside its source under `root` is one qag would run: present, with the digest of
+    its source as the source is now (the selector's own test, qag/_speedups/compiled.py)."""
+    return {LIST.module(path) for path in LIST.COMPILED if LIST.why_not_current(path, root) is None}
 
 
 def _modules(count: int) -> str:
@@ -217,8 +190,8 @@ class BuildSpeedups(build_ext):
         if reason is None:
             from Cython.Build import cythonize
 
-            pyx = [ext for ext in self.extensions if not hasattr(ext, "qag_source")]
-            py = [ext for ext in self.extensions if hasattr(ext, "qag_source")]
+            py = [ext for ext in self.extensions if getattr(ext, "qag_source", "").endswith(".py")]
+            pyx = [ext for ext in self.extensions if ext not in py]
             started = time.monotonic()
             try:
                 translated = (cythonize(pyx, build_dir=CYTHON_BUILD_DIR, nthreads=self.parallel,
@@ -291,7 +264,7 @@ class BuildSpeedups(build_ext):
             self._progress(ext, "FAILED")
             self._give_up(resolve_mode(), f"compiling {ext.name} failed: {exc}")
             return
-        if hasattr(ext, "qag_source"):
+        if hasattr(ext, "qag_source"):   # every module of the list; the tests' stand-ins have none
             write_digest(ext, self.get_ext_fullpath(ext.name))
         self._progress(ext, _duration(time.monotonic() - started))
 

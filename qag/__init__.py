@@ -1,13 +1,11 @@
 """qag: saved SQL queries served as governed HTTP APIs."""
 
-import os as _os
+from . import _speedups
+from .version import __version__  # noqa: F401 (qag.__version__)
 
-from ._speedups import request_path as _request_path
-
-__version__ = "0.1.0"
-
-# Before any request-path module is imported: QAG_SPEEDUPS decides whether its compiled build or its source runs.
-_request_path.install(_os.environ.get("QAG_SPEEDUPS", "auto"))
+# Before any compiled module is imported: QAG_SPEEDUPS and the builds decide, once, whether this process runs
+# compiled or pure (qag/_speedups/__init__.py).
+_speedups.select()
 
 
 def create_app(*args, **kwargs):

@@ -10,7 +10,7 @@ from . import _speedups
 from .api.catalog import CatalogHandlers
 from .api.events import EventsHandlers
 from .api.manage import ManageHandlers
-from .api.mcp import McpHandlers, gateway_error as mcp_error
+from .api.mcp import McpHandlers
 from .api.ops import OpsHandlers
 from .api.run import RunHandlers
 from .auth import Authenticator, Caller, is_loopback
@@ -47,7 +47,7 @@ class Gateway:
     """One gateway per worker process: settings, store, authenticator, routes."""
 
     def __init__(self, settings: Settings, store: Store | None = None):
-        _speedups.load(settings.speedups)
+        _speedups.check()   # under QAG_SPEEDUPS=require, refuses a process that could not run compiled
         self.settings = settings
         self.store = store if store is not None else open_store(settings)
         self.store_unavailable = self.store.unavailable
@@ -88,6 +88,7 @@ class Gateway:
         self.catalog = CatalogHandlers(self)
         self.events = EventsHandlers(self)
         self.mcp = McpHandlers(self)
+        self.mcp_target = self.mcp.resource.target   # what a bearer token must be issued for at /mcp (RFC 8707)
         for handlers in (self.run, self.manage, self.ops, self.catalog, self.events, self.mcp, self.observe):
             handlers.register(self.router)
 
@@ -172,7 +173,7 @@ class Gateway:
     def _error_response(self, error: QagError, request: Request) -> Response:
         # An MCP client reads JSON-RPC, not the envelope: /mcp's refusals before its handler ran are JSON-RPC errors.
         if request.environ.get("PATH_INFO") == "/mcp":
-            return mcp_error(error, request.request_id, self.auth.challenges)
+            return self.mcp.refusal(error, request, self.auth.challenges)
         return error_response(error, request.request_id, request.environ.get("HTTP_ACCEPT"))
 
     def handle(self, request: Request, origin: str | None) -> Response:
@@ -210,7 +211,8 @@ class Gateway:
             mark = time.perf_counter()
         try:
             caller = self.auth.authenticate(request.header("X-API-Key"), request.peer,
-                                            request.header("Authorization"))
+                                            request.header("Authorization"),
+                                            self.mcp_target if route.endpoint == "api.mcp" else None)
         except QagError:
             if not route.public:
                 raise

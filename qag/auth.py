@@ -10,7 +10,7 @@ import json
 import logging
 import time
 
-from .bearer import TokenVerifier, bearer_token, challenge, claim, refusal
+from .bearer import TokenTarget, TokenVerifier, bearer_token, challenge, claim, refusal, token_scopes
 from .errors import QagError
 from .policy.grants import Grants, expired, grants_from_json, ip_allowed
 from .store.base import Store
@@ -97,13 +97,16 @@ class Authenticator:
         """Open mode only while no admin key is configured, no bearer tokens are and no scoped key is stored."""
         return self._admin is not None or self.tokens is not None or self.store.count_keys() > 0
 
-    def authenticate(self, header: str | None, peer: str | None, authorization: str | None = None) -> Caller | None:
+    def authenticate(self, header: str | None, peer: str | None, authorization: str | None = None,
+                     target: TokenTarget | None = None) -> Caller | None:
+        """The caller, or None; `target`: what a bearer token must have been issued for at this endpoint (/mcp's
+        audiences and scopes), instead of QAG_JWT_AUDIENCE."""
         if header is None:
             # X-API-Key, when present, decides alone: a wrong key never falls back to a token (contract 1.1).
             if authorization is not None and self.tokens is not None:
                 token = bearer_token(authorization)
                 if token is not None:
-                    return self._signed_in(token, peer)
+                    return self._signed_in(token, peer, target)
             return None if self.auth_required() else OPEN
         # WSGI gives header bytes as latin-1 text; a non-ASCII value never matches any key.
         if not header.isascii():
@@ -121,15 +124,20 @@ class Authenticator:
         self._touch(row["name"], previous)
         return Caller(row["name"], False, "key", grants, row)
 
-    def _signed_in(self, token: str, peer: str | None) -> Caller | None:
+    def _signed_in(self, token: str, peer: str | None, target: TokenTarget | None = None) -> Caller | None:
         """The Caller of a bearer token: verified claims (cached by the token's hash), then the role they name
-        (a cached row). Raises QagError 401 token_* with both challenges for a bad token, 403 token_role for a good
-        token naming no role."""
+        (a cached row). Raises QagError 401 token_* with both challenges for a bad token, 403 token_scope for one
+        without the target's scopes, 403 token_role for a good token naming no role."""
         try:
-            claims = self.tokens.verify(token)
+            claims = self.tokens.verify(token, None if target is None else target.audiences)
         except QagError as error:
             error.headers = [("WWW-Authenticate", API_KEY_CHALLENGE)] + error.headers
             raise
+        if target is not None and target.scopes and not token_scopes(claims).issuperset(target.scopes):
+            # RFC 6750 3.1: the scopes the request needs, so a client can ask for them (MCP's step-up authorization).
+            raise QagError("token_scope", headers=[("WWW-Authenticate", challenge(
+                "insufficient_scope", "The bearer token lacks a scope this endpoint requires",
+                " ".join(target.scopes)))])
         user = claim(claims, self._user_claim)
         # The subject names the caller in logs, history, metrics and limit keys: printable and bounded, so a
         # token can't forge a log line or grow a key without end.

@@ -9,7 +9,8 @@ import threading
 import time
 import urllib.request
 from collections import OrderedDict
-from typing import Any
+from typing import Any, NamedTuple
+from urllib.parse import urlsplit, urlunsplit
 
 from .errors import QagError
 
@@ -34,14 +35,55 @@ _REASONS = {
 }
 
 
-def challenge(error: str | None = None, description: str | None = None) -> str:
+def challenge(error: str | None = None, description: str | None = None, scope: str | None = None) -> str:
     """A WWW-Authenticate value for the Bearer scheme (RFC 6750 3)."""
     value = f'Bearer realm="{REALM}"'
     if error:
         value += f', error="{error}"'
     if description:
         value += f', error_description="{description}"'
+    if scope:
+        value += f', scope="{scope}"'
     return value
+
+
+class TokenTarget(NamedTuple):
+    """What a token must have been issued for to be used at one endpoint (/mcp, as an OAuth resource server):
+    `aud` names one of `audiences` (compared as audience_key() gives them), and the token holds every scope."""
+
+    audiences: frozenset
+    scopes: tuple = ()
+
+
+def audience_key(value: str) -> str:
+    """An `aud` value as compared: an http(s) URL with scheme and host lower-cased, a default port dropped and an
+    empty path as "/" (RFC 3986 6.2.2-6.2.3: the same URL however a client spells it, as the MCP SDK lower-cases
+    its RFC 8707 resource indicator); any other text as it is."""
+    if not value[:8].lower().startswith(("http://", "https://")):
+        return value
+    try:
+        parts = urlsplit(value)
+    except ValueError:   # a malformed URL compares as its text
+        return value
+    scheme = parts.scheme.lower()
+    netloc = parts.netloc.lower()
+    default = ":443" if scheme == "https" else ":80"
+    if netloc.endswith(default):
+        netloc = netloc[:-len(default)]
+    return urlunsplit((scheme, netloc, parts.path or "/", parts.query, parts.fragment))
+
+
+def token_scopes(claims: dict) -> set[str]:
+    """The scopes a token grants: `scope` (space-separated, RFC 8693/9068) and `scp` (a list or a string, as some
+    issuers write it)."""
+    found: set[str] = set()
+    for name in ("scope", "scp"):
+        value = claims.get(name)
+        if isinstance(value, str):
+            found.update(value.split())
+        elif isinstance(value, list):
+            found.update(v for v in value if isinstance(v, str))
+    return found
 
 
 def refusal(code: str, message: str, status_error: str = "invalid_token") -> QagError:
@@ -158,7 +200,8 @@ class TokenVerifier:
         self.secret = settings.jwt_secret
         self.algorithms = list(settings.jwt_algorithms)
         self.issuer = settings.jwt_issuer
-        self.audience = list(settings.jwt_audience) or None
+        # Checked by qag, not PyJWT, so an endpoint can name audiences of its own (TokenTarget); None = no check.
+        self.audience = frozenset(audience_key(a) for a in settings.jwt_audience) or None
         self.leeway = settings.jwt_leeway
         self.keys = None
         if settings.jwt_mode == "keys":
@@ -167,24 +210,32 @@ class TokenVerifier:
         self._seen: OrderedDict[bytes, tuple[float, dict]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def verify(self, token: str) -> dict:
-        """The verified claims of `token`; raises QagError (401 token_*) naming the failed check."""
+    def verify(self, token: str, audiences: frozenset | None = None) -> dict:
+        """The verified claims of `token`, its `aud` naming one of `audiences` (default QAG_JWT_AUDIENCE, when set);
+        raises QagError (401 token_*) naming the failed check."""
         if not token or len(token) > _MAX_TOKEN_LENGTH or not token.isascii():
             raise refusal("token_malformed", "The bearer token is not a well-formed JWT")
         digest = hashlib.sha256(token.encode("ascii")).digest()
         now = time.time()
         found = self._seen.get(digest)
+        claims = None
         if found is not None:
             if now <= found[0] + self.leeway:
-                return found[1]
-            with self._lock:
-                self._seen.pop(digest, None)
-        claims = self._decode(token)
-        if self.max_entries:
-            with self._lock:
-                self._seen[digest] = (float(claims["exp"]), claims)
-                while len(self._seen) > self.max_entries:
-                    self._seen.popitem(last=False)   # oldest first: a bounded table, whatever callers send
+                claims = found[1]
+            else:
+                with self._lock:
+                    self._seen.pop(digest, None)
+        if claims is None:
+            claims = self._decode(token)
+            if self.max_entries:
+                with self._lock:
+                    self._seen[digest] = (float(claims["exp"]), claims)
+                    while len(self._seen) > self.max_entries:
+                        self._seen.popitem(last=False)   # oldest first: a bounded table, whatever callers send
+        # The audience is checked on every call, cached or not: one token may be good at one endpoint only.
+        accepted = self.audience if audiences is None else audiences
+        if accepted is not None:
+            _check_audience(claims, accepted)
         return claims
 
     def _decode(self, token: str) -> dict:
@@ -209,9 +260,8 @@ class TokenVerifier:
         else:
             key = self.secret
         try:
-            claims = jwt.decode(token, key, algorithms=[alg], audience=self.audience, issuer=self.issuer,
-                                leeway=self.leeway,
-                                options={"require": ["exp"], "verify_aud": self.audience is not None})
+            claims = jwt.decode(token, key, algorithms=[alg], issuer=self.issuer, leeway=self.leeway,
+                                options={"require": ["exp"], "verify_aud": False})
         except jwt.PyJWTError as exc:  # InvalidKeyError too: an ES token for an RSA key is a bad signature
             code, message = next((_REASONS[c.__name__] for c in type(exc).__mro__ if c.__name__ in _REASONS),
                                  ("token_signature", "The bearer token's signature does not verify"))
@@ -219,3 +269,14 @@ class TokenVerifier:
         if not isinstance(claims.get("exp"), (int, float)) or isinstance(claims.get("exp"), bool):
             raise refusal("token_claims", "The bearer token lacks a required claim")
         return claims
+
+
+def _check_audience(claims: dict, accepted: frozenset) -> None:
+    """PyJWT's audience rule, with audience_key() comparison: `aud` present (else token_claims), a string or a list
+    of strings naming one accepted audience (else token_audience)."""
+    aud = claims.get("aud")
+    if aud is None:
+        raise refusal("token_claims", "The bearer token lacks a required claim")
+    values = [aud] if isinstance(aud, str) else aud if isinstance(aud, list) else ()
+    if not any(isinstance(v, str) and audience_key(v) in accepted for v in values):
+        raise refusal("token_audience", "The bearer token was not issued for this API")

@@ -8,9 +8,8 @@ import os
 import secrets
 import shutil
 import sys
-from urllib.parse import quote
 
-from . import __version__
+from .version import __version__
 from .errors import QagError
 from .settings import SettingsError, load
 from .store import StoreOpenError
@@ -31,33 +30,6 @@ def _err(message: str) -> None:
     print(f"qag: {message}", file=sys.stderr)
 
 
-# --- in-process administration: the same handlers, validation and audit as the HTTP API ----------------
-class _Admin:
-    """Runs management requests in-process as the administrator `cli` (no server, no key needed)."""
-
-    def __init__(self, settings):
-        from .app import Gateway
-        from .auth import Caller
-        # It calls handlers, never a request: no tracing, so no exporter thread (nor OpenTelemetry imported in `qag
-        # demo`'s process, which goes on to be the gunicorn master that forks the workers).
-        self.gateway = Gateway(settings.with_overrides(otel="off"))
-        self.caller = Caller("cli", True, "cli")
-
-    def call(self, method: str, path: str, body: dict | None = None, query: str = ""):
-        import io
-        from .http.request import Request
-        data = json.dumps(body).encode() if body is not None else b""
-        environ = {"REQUEST_METHOD": method, "RAW_URI": quote(path) + (f"?{query}" if query else ""),
-                   "REMOTE_ADDR": "127.0.0.1",
-                   "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(data)),
-                   "wsgi.input": io.BytesIO(data)}
-        request = Request(environ, self.gateway.max_body)
-        request.parse_target()
-        route, params = self.gateway.router.match(request.segments, method)
-        response = route.handler(request, self.caller, **params)
-        return json.loads(response.body) if response.body else None
-
-
 def _print(value) -> None:
     print(json.dumps(value, indent=2, ensure_ascii=False))
 
@@ -65,9 +37,11 @@ def _print(value) -> None:
 # --- commands --------------------------------------------------------------------------------------------
 def cmd_version(args, settings) -> int:
     from . import _speedups
-    _speedups.load(settings.speedups)
-    loaded = ", ".join(f"{name}={twin}" for name, twin in sorted(_speedups.summary().items()))
-    print(f"qag {__version__} (speedups: {loaded})")
+    warning = _speedups.check()   # refuses under QAG_SPEEDUPS=require, in one line, unless all is compiled
+    chosen = ", ".join(f"{name}={kind}" for name, kind in _speedups.choices().items())
+    print(f"qag {__version__} (speedups {_speedups.mode()}: {chosen})")
+    if warning:
+        _err(f"warning: {warning}")
     return 0
 
 
@@ -79,9 +53,10 @@ def cmd_init(args, settings) -> int:
     if store.list_connections():
         print(f"qag: {store.describe()} already has connections - left untouched", file=sys.stderr)
         return 0
-    admin = _Admin(settings)
+    from .testing import Client
+    admin = Client(settings)
     for template in INIT_TEMPLATES:
-        admin.call("POST", "/api/v1/connections", dict(template, active=False))
+        admin.manage("POST", "/api/v1/connections", dict(template, active=False))
     print(f"qag home ready: {store.describe()} (inactive template connections: "
           f"{', '.join(t['name'] for t in INIT_TEMPLATES)})", file=sys.stderr)
     return 0
@@ -258,7 +233,8 @@ def cmd_demo(args, settings) -> int:
     from .store import open_store
     # Opened once here so a home that cannot be made is refused naming where it came from, not QAG_HOME.
     open_store(demo_settings, home=home, setting="--home" if args.home else "QAG_DEMO_HOME").close()
-    keys = demo.prepare_home(home, False, _Admin(demo_settings).call)
+    from .testing import Client
+    keys = demo.prepare_home(home, False, Client(demo_settings).manage)
     os.environ["QAG_HOME"] = home
     os.environ["QAG_API_KEY"] = keys["admin_key"]
     for alias in ("QUERYAPIGATE_HOME", "QUERYAPIGATE_API_KEY", "QAG_API_KEY_FILE", "QUERYAPIGATE_API_KEY_FILE"):
@@ -279,19 +255,20 @@ _SINGULAR = {"connections": "connection", "queries": "query", "keys": "key"}
 
 
 def cmd_admin(args, settings) -> int:
-    admin = _Admin(settings)
+    from .testing import Client
+    admin = Client(settings)
     resource, action = args.command, args.action
     base = {"connections": "/api/v1/connections", "queries": "/api/v1/queries", "keys": "/api/v1/api-keys"}[resource]
     if action == "list":
-        for item in admin.call("GET", base)["items"]:
+        for item in admin.manage("GET", base)["items"]:
             print(item["name"])
         return 0
     target = f"{base}/{args.name}"
     if action == "show":
-        _print(admin.call("GET", target))
+        _print(admin.manage("GET", target))
         return 0
     if action == "remove":
-        admin.call("DELETE", target, {"reason": args.reason} if resource == "connections" else None)
+        admin.manage("DELETE", target, {"reason": args.reason} if resource == "connections" else None)
         print(f"removed {_SINGULAR[resource]} '{args.name}'", file=sys.stderr)
         return 0
     if resource == "connections":
@@ -316,7 +293,7 @@ def cmd_admin(args, settings) -> int:
                 body[field] = value
         if args.expires:
             body["expires_at"] = args.expires
-    created = admin.call("POST", base, body)
+    created = admin.manage("POST", base, body)
     if resource == "keys":
         print(f"API key '{args.name}' created. Its secret is shown once; store it now:", file=sys.stderr)
         print(created["secret"])
@@ -349,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     init = sub.add_parser("init", help="create a home with an empty store and a masking key")
     init.add_argument("--home", help="folder of the store (QAG_HOME)")
 
-    sub.add_parser("version", help="print the version and which speedups are loaded")
+    sub.add_parser("version", help="print the version and which twin of each compiled module runs")
     sub.add_parser("mcp", help="serve MCP over stdio (for an agent that starts qag itself) as QAG_MCP_API_KEY: "
                                "the same tools and governance as /mcp")
     config = sub.add_parser("config", help="print every setting's effective value (secrets masked) and its source")

@@ -52,6 +52,7 @@ ERRORS: dict[str, tuple[int, str, str]] = {
     "mask_unresolvable": (403, "The result columns cannot be traced for masking", "caller has mask rules and the result can't be traced, or the statement reads the engine's catalogs, statistics, settings, diagnostics or activity, or is an EXPLAIN"),
     "store_not_allowed": (403, "A connection may not point at the server's own store", "a connection pointing at the store file"),
     "token_role": (403, "The bearer token names no role of this server", "a valid token whose QAG_JWT_ROLE_CLAIM (and QAG_JWT_ROLE) names no existing role"),
+    "token_scope": (403, "The bearer token lacks a scope this endpoint requires", "a bearer token at `/mcp` without every scope of QAG_MCP_SCOPE (`WWW-Authenticate: Bearer error=\"insufficient_scope\", scope=...`)"),
     "claim_binding_required": (403, "This role runs only saved queries that take a parameter from the sign-in token", "a `require_claim_binding` role runs ad-hoc SQL or a saved query without a `from_claim` parameter"),
     "sign_in_required": (403, "This query takes parameters from a signed-in user's token", "a scoped API key runs a saved query with `from_claim` parameters (the admin key supplies them itself)"),
     "claim_missing": (403, "The sign-in token has no usable claim for a parameter", "a `from_claim` parameter's claim is missing, or an object or list"),

@@ -43,7 +43,9 @@ def check_startup(settings: Settings) -> None:
     if ignored:
         print(f"qag: warning: {', '.join(ignored)}: QueryAPIGate setting(s) qag does not implement, ignored "
               f"(docs/configuration.md)", file=sys.stderr, flush=True)
-    _speedups.load(settings.speedups)
+    warning = _speedups.check()   # refuses under QAG_SPEEDUPS=require, in one line, unless all is compiled
+    if warning:
+        print(f"qag: warning: {warning}", file=sys.stderr, flush=True)
     store = open_store(settings)  # migrated here, once, before any worker starts
     try:
         if settings.database_url and store.get_meta("server_secret") is None and _sqlite_store_in_use(settings.home):
@@ -52,8 +54,8 @@ def check_startup(settings: Settings) -> None:
         _warn_missing_drivers(store)
     finally:
         store.close()
-    twins = ", ".join(f"{name}={kind}" for name, kind in sorted(_speedups.summary().items()))
-    print(f"qag: store {store.describe()}; speedups ({settings.speedups}): {twins}", file=sys.stderr, flush=True)
+    twins = ", ".join(f"{name}={kind}" for name, kind in _speedups.choices().items())
+    print(f"qag: store {store.describe()}; speedups ({_speedups.mode()}): {twins}", file=sys.stderr, flush=True)
 
 
 def _warn_missing_drivers(store) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -142,8 +143,25 @@ def _token(text: str, s: Setting) -> str:
     return text
 
 
+# The contract's rate-limit syntax, for QAG_RATE_LIMIT and a key's or role's rate_limit grant (qag/policy).
+RATE_LIMIT_RE = re.compile(r"^\s*(\d+)\s*/\s*(second|minute|hour|day)s?\s*$", re.IGNORECASE)
+PERIOD_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+
+
+def parse_rate_limit(text: str) -> tuple[int, int]:
+    """'60/minute' → (60, 60); ValueError unless the contract's rate-limit syntax with a count ≥ 1."""
+    if not isinstance(text, str):
+        raise ValueError("a rate limit is a string like '60/minute'")
+    match = RATE_LIMIT_RE.match(text)
+    if match is None:
+        raise ValueError(f"not a rate limit: {text!r}")
+    count = int(match.group(1))
+    if count < 1:
+        raise ValueError(f"a rate limit needs a positive count: {text!r}")
+    return count, PERIOD_SECONDS[match.group(2).lower()]
+
+
 def _rate_limit(text: str, s: Setting) -> tuple[int, int] | None:
-    from .policy.grants import parse_rate_limit
     if text.strip() == "":
         return None
     try:
@@ -218,6 +236,51 @@ def _jwks_url(text: str, s: Setting) -> str | None:
     return url
 
 
+# Characters a URL qag puts inside a quoted WWW-Authenticate parameter or a route may hold: RFC 3986's unreserved,
+# sub-delims and ":" "/" "@" "[" "]": no quote, backslash or space, and no %-escapes (a route is matched decoded).
+_URL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~!$&'()*+,;=:/@[]")
+
+
+def _oauth_url(text: str, s: Setting, what: str) -> str:
+    """An absolute https URL (http only for a loopback host: tests, a local agent) without query, fragment or user
+    information, as RFC 8707 resource indicators and RFC 8414 issuers are."""
+    from urllib.parse import urlsplit
+    url = text.strip()
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port   # .port raises for a port that is no number or out of range
+    except ValueError:
+        host = port = parts = None
+    scheme = parts.scheme.lower() if parts is not None else ""
+    if (parts is None or not set(url) <= _URL_CHARS or scheme not in ("https", "http") or not host
+            or (scheme == "http" and host not in ("localhost", "127.0.0.1", "::1")) or parts.query or parts.fragment
+            or "@" in parts.netloc or port == 0):
+        raise SettingsError(f"{s.name} must be {s.accepted} ({what}), not {text!r}")
+    return url
+
+
+def _resource_url(text: str, s: Setting) -> str | None:
+    if text.strip() == "":
+        return None
+    from .bearer import audience_key
+    # Kept in the form tokens' `aud` is compared in, so the metadata document names exactly what is accepted.
+    return audience_key(_oauth_url(text, s, "the URL agents connect to, /mcp included"))
+
+
+def _auth_servers(text: str, s: Setting) -> tuple[str, ...]:
+    # Issuer identifiers are compared as exact strings by clients (RFC 8414 3.3): kept as written.
+    return tuple(_oauth_url(part, s, "an authorization server's issuer URL") for part in _csv(text, s))
+
+
+def _scopes(text: str, s: Setting) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(part for part in text.replace(",", " ").split() if part))
+    for name in names:
+        # RFC 6749 3.3 scope-token: printable ASCII without space, quote or backslash.
+        if not all(0x21 <= ord(c) <= 0x7E and c not in '"\\' for c in name):
+            raise SettingsError(f"{s.name} must be {s.accepted}, not {text!r}")
+    return names
+
+
 def _origins(text: str, s: Setting) -> tuple[str, ...]:
     items = [o.strip().rstrip("/").lower() for o in text.split(",")]
     return tuple(o for o in items if o)
@@ -270,7 +333,7 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number of seconds from 1 to 3600"),
     Setting("QAG_MAX_BODY_BYTES", _int_range(1, 1 << 30), 1_048_576, "Largest request body; a larger one is refused with 413 before it is read.",
             "a whole number of bytes from 1 to 1073741824"),
-    Setting("QAG_SPEEDUPS", _choice("auto", "require", "off"), "auto", "Which twin of the hot-path modules (qag/_speedups and the request path compiled from its own source) runs: compiled when present and built from the current source (auto), compiled or refuse to start (require), pure Python (off). Read when qag is imported: a process cannot switch its request path later.",
+    Setting("QAG_SPEEDUPS", _choice("auto", "require", "off"), "auto", "Whether qag's compiled modules (qag/_speedups/compiled.py lists them) or their pure-Python twins run, all of one kind: compiled when every build is present and built from the current source, else pure with a warning at startup (auto); compiled or refuse to start (require); pure (off). `qag version` names each choice, the HTTP parser included. Read once, when qag is imported.",
             "auto, require or off"),
     Setting("QAG_ACCESS_LOG", _flag, False, "gunicorn's access log on stdout (path without the query string). Off by default, unlike QueryAPIGate: qag's own request line (QAG_LOG_REQUESTS) says the same once per request, with the key.",
             "1/true/yes/on or 0/false/no/off", alias="QUERYAPIGATE_ACCESS_LOG"),
@@ -368,6 +431,12 @@ SETTINGS: tuple[Setting, ...] = (
             "seconds from 0 to 3600"),
     Setting("QAG_JWT_CACHE_ENTRIES", _int_range(0, 1_000_000), 10_000, "Verified tokens remembered per worker (by their SHA-256, until their `exp`) so a token seen before is not verified again; 0 = verify every call.",
             "a whole number from 0 to 1000000"),
+    Setting("QAG_MCP_RESOURCE_URL", _resource_url, None, "The canonical URL of the MCP endpoint as agents reach it (`https://qag.example.com/mcp`): the `resource` of the OAuth protected-resource metadata (/.well-known/oauth-protected-resource) and an audience bearer tokens at /mcp may carry (RFC 8707), besides QAG_JWT_AUDIENCE. Unset = the metadata names the request's own scheme and Host (X-Forwarded-Proto/-Host only from QAG_TRUST_PROXY proxies) and /mcp accepts QAG_JWT_AUDIENCE only. Needs bearer tokens (QAG_JWT_*).",
+            "an https:// URL (http:// only for localhost, 127.0.0.1 or [::1]) without query or fragment", alias="QUERYAPIGATE_MCP_RESOURCE_URL"),
+    Setting("QAG_MCP_AUTH_SERVER", _auth_servers, (), "The OAuth authorization servers (issuer URLs, comma-separated) the protected-resource metadata names, where an agent gets tokens for /mcp; unset = QAG_JWT_ISSUER when that is an http(s) URL. With neither, the metadata is not served (404). Needs bearer tokens (QAG_JWT_*).",
+            "comma-separated https:// URLs (http:// only for localhost, 127.0.0.1 or [::1])", alias="QUERYAPIGATE_MCP_AUTH_SERVER"),
+    Setting("QAG_MCP_SCOPE", _scopes, (), "OAuth scopes (space- or comma-separated) a bearer token must all hold (its `scope` or `scp` claim) to use /mcp; listed as scopes_supported in the metadata and named in /mcp's Bearer challenges; a token lacking one gets 403 token_scope. Unset = no scope required. Needs bearer tokens (QAG_JWT_*).",
+            "scope names", alias="QUERYAPIGATE_MCP_SCOPE"),
     Setting("QAG_DEMO_HOME", _text_or_default, "demo-home", "Folder of `qag demo`'s home (store and example data); `qag demo --home` wins. Relative to the current directory.",
             "a folder path"),
     Setting("QAG_LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info", "Level of qag's own log lines on stderr.",
@@ -479,6 +548,7 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         bind = f"{env.get('QUERYAPIGATE_HOST', '127.0.0.1').strip()}:{env.get('QUERYAPIGATE_PORT', '5000').strip()}"
         values["bind"] = _bind(bind, Setting("QUERYAPIGATE_HOST/QUERYAPIGATE_PORT", _bind, None, "", "host and port"))
     _check_jwt(values)
+    _check_mcp_oauth(values)
     if values["pool_size"] is None:
         values["pool_size"] = values["threads"]
     if values["events_max_streams"] is None:
@@ -558,6 +628,27 @@ def _check_jwt(values: dict) -> None:
                             "QAG_JWT_ROLE_CLAIM (a claim naming one)")
     values["jwt_algorithms"] = tuple(algorithms)
     values["jwt_mode"] = "secret" if secret is not None else "keys"
+
+
+def _check_mcp_oauth(values: dict) -> None:
+    """/mcp as an OAuth resource server verifies tokens with the QAG_JWT_* settings: without them its settings would
+    do nothing, which stops startup like any setting that can't take effect."""
+    named = [n for n in ("QAG_MCP_RESOURCE_URL", "QAG_MCP_AUTH_SERVER", "QAG_MCP_SCOPE")
+             if values[n[len("QAG_"):].lower()]]
+    if named and values["jwt_mode"] is None:
+        raise SettingsError(f"{', '.join(named)} set but bearer tokens are not configured: /mcp verifies OAuth tokens "
+                            f"with QAG_JWT_ISSUER (or QAG_JWT_JWKS_URL / QAG_JWT_SECRET) and QAG_JWT_AUDIENCE")
+
+
+def value(name: str, env: Mapping[str, str] | None = None) -> Any:
+    """One setting's value, read and checked as load() reads it (SettingsError otherwise), without the others:
+    for what must be decided before load() can run (QAG_SPEEDUPS, when qag is imported)."""
+    env = os.environ if env is None else env
+    s = next(s for s in SETTINGS if s.name == name)
+    raw, source = _raw(s, env)
+    if raw is None:
+        return s.default
+    return s.parse(raw, s if source in (s.name, None) else Setting(source, s.parse, s.default, s.doc, s.accepted))
 
 
 def sources(env: Mapping[str, str] | None = None) -> list[tuple[Setting, str | None]]:

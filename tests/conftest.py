@@ -31,20 +31,17 @@ _counter = itertools.count(1)
 INSTALLED = os.environ.get("QAG_TEST_INSTALLED") == "1"
 
 
-def pytest_addoption(parser):
-    parser.addoption("--speedups", choices=("auto", "require", "off"), default=None,
-                     help="which twin of qag/_speedups the run uses, in-process and in every server it starts "
-                          "(sets QAG_SPEEDUPS); require: a missing compiled module fails the run instead of skipping")
-
-
 def pytest_configure(config):
     config.addinivalue_line("markers", "e2e: talks HTTP to a real gunicorn-served qag")
-    chosen = config.getoption("--speedups")
-    if chosen is not None:
-        os.environ["QAG_SPEEDUPS"] = chosen   # servers started by tests inherit it
-        if chosen == "require":
-            from qag import _speedups
-            _speedups.load("require")          # fails the run now when a compiled module is missing
+    # QAG_SPEEDUPS is read once, when qag is imported (qag/_speedups): the run and every server it starts (they
+    # inherit the environment) run compiled or pure by it. Under require, a build that can't run fails the run
+    # now, in one line, rather than test by test.
+    from qag import _speedups
+    if _speedups.mode() == "require":
+        try:
+            _speedups.check()
+        except _speedups.SpeedupsError as exc:
+            raise pytest.UsageError(str(exc)) from None
     if INSTALLED:
         import qag
         where = Path(qag.__file__).resolve()
@@ -52,6 +49,20 @@ def pytest_configure(config):
         if sys.prefix == sys.base_prefix or prefix not in where.parents:
             raise pytest.UsageError(f"QAG_TEST_INSTALLED=1 but qag was imported from {where}, not from the "
                                     f"virtual environment {prefix}: the tests would not test the installed wheel")
+
+
+_UNIT_TIER = tuple(Path(__file__).parent / tier for tier in ("unit", "speedups"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """A run of the unit tier alone (make test's first step) makes every warning an error: fix it, or ignore it on
+    the test, saying why. Not in a run with the integration tier, whose servers and drivers warn in ways not all
+    checked, and whose leftovers (a pipe, a socket) would be reported in whichever unit test is running then."""
+    def unit(item) -> bool:
+        return item.path.is_relative_to(_UNIT_TIER[0]) or item.path.is_relative_to(_UNIT_TIER[1])
+    if all(unit(item) for item in items):
+        for item in items:
+            item.add_marker(pytest.mark.filterwarnings("error"), append=False)
 
 
 @pytest.fixture

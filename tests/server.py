@@ -89,7 +89,8 @@ class Server:
                     ready.set()
             ready.set()
 
-        threading.Thread(target=pump, daemon=True).start()
+        self._pump = threading.Thread(target=pump, daemon=True)
+        self._pump.start()
         ready.wait(max(0.0, deadline - time.monotonic()))
         if not found:
             self.stop()
@@ -110,6 +111,11 @@ class Server:
     def close(self) -> None:
         """Stop the server and remove its temporary home: tests leave nothing behind."""
         self.stop()
+        pump = getattr(self, "_pump", None)
+        if pump is not None:   # the output pipe ends with the server: closed once read to its end
+            pump.join(10)
+            if not pump.is_alive():
+                self.proc.stdout.close()
         shutil.rmtree(self.home, ignore_errors=True)
         if self._drop_store is not None:
             self._drop_store()

@@ -109,6 +109,15 @@ def redis_url() -> str:
     return REDIS_URL
 
 
+def dead_redis_url() -> str:
+    """A Redis URL where nothing listens (a port that was free a moment ago): connections are refused at once."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"redis://127.0.0.1:{port}/0"
+
+
 def pg_url(fields: dict, schema: str | None = None) -> str:
     """A postgresql:// URL for the fields of make_pg_database(), optionally with a search_path schema."""
     from urllib.parse import quote

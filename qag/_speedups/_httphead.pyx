@@ -7,7 +7,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeLatin1
 from libc.string cimport memcmp
 
-from qag.worker.http11 import Request, add_header, check_line, headers_done
+from qag.http11 import Request, add_header, check_line, headers_done
 
 cdef bint _TCHAR[256]
 cdef int _c

@@ -4,9 +4,12 @@
 The functions are looked up with dlsym through the handle of psycopg's own C `pq` module, so they are those of the
 libpq that module is linked to (psycopg_binary's bundled copy, or the system's for psycopg_c), never another
 copy: PQsendQueryParams, PQsendPipelineSync, PQflush, PQisBusy, PQconsumeInput. They are called with the
-interpreter lock held (each is a few hundred instructions or one non-blocking system call on the non-blocking
-connection), and the lock is let go only around poll() when the socket is not ready yet: once for a call whose
-reply arrives in one piece. Results still come from psycopg's get_result (which keeps the lock), so they are
+interpreter lock held (each is a few hundred instructions), except the system calls of a call's exchange: a flush
+only marks the queue as due, and the next segment sends it, waits for the reply and reads it into libpq's buffer
+with the lock let go once for all three, as psycopg2 does around a whole query. Holding the lock through a send
+or a read made threads queue for it: on one core the kernel often preempts a thread as its system call returns
+(another thread's reply has woken that thread), and a thread preempted holding the lock keeps every other
+waiting (docs/performance-log.md, 2026-12-02). Results still come from psycopg's get_result (which keeps the lock), so they are
 psycopg PGresults that its Transformer loads exactly as before.
 
 The import fails, saying why (auto mode then runs the pure twin, and `qag._speedups.fallbacks()` tells), when
@@ -193,6 +196,68 @@ cdef double _monotonic() noexcept nogil:
     return <double>now.tv_sec + <double>now.tv_nsec * 1e-9
 
 
+# _pump's outcomes other than 0 (done)
+cdef int _INTERRUPTED = 1
+cdef int _LATE = 2
+cdef int _FLUSH_FAILED = 3
+cdef int _CONSUME_FAILED = 4
+cdef int _POLL_FAILED = 5
+
+
+cdef int _poll_until(int fd, short events, bint bounded, double limit, short *revents, int *error) noexcept nogil:
+    """poll() until `events` or the deadline: 0 ready, else an outcome."""
+    cdef pollfd fds
+    cdef int rc, timeout = -1
+    cdef double left
+    fds.fd = fd
+    fds.events = events
+    while True:
+        if bounded:
+            left = limit - _monotonic()
+            if left <= 0:
+                return _LATE
+            timeout = <int>min(ceil(left * 1000.0), 2147483647.0)
+        fds.revents = 0
+        rc = poll(&fds, 1, timeout)
+        if rc > 0:
+            revents[0] = fds.revents
+            return 0
+        if rc == 0:
+            return _LATE
+        if errno == EINTR:
+            return _INTERRUPTED
+        error[0] = errno
+        return _POLL_FAILED
+
+
+cdef int _pump(conn_f flush, conn_f consume_input, void *conn, int fd, int *due, bint bounded, double limit,
+               bint receive, int *error) noexcept nogil:
+    """Without the interpreter lock: send what is due (reading the server's replies meanwhile, so neither side can
+    block the other), then, when `receive`, wait for input and read what has come. 0 when done, else an outcome."""
+    cdef int rc, step
+    cdef short revents = 0
+    while due[0]:
+        rc = flush(conn)
+        if rc == 0:
+            due[0] = 0
+            break
+        if rc < 0:
+            return _FLUSH_FAILED
+        step = _poll_until(fd, _READ_WRITE, bounded, limit, &revents, error)
+        if step:
+            return step
+        if revents & _READ and consume_input(conn) != 1:
+            return _CONSUME_FAILED
+    if not receive:
+        return 0
+    step = _poll_until(fd, _READ, bounded, limit, &revents, error)
+    if step:
+        return step
+    if consume_input(conn) != 1:
+        return _CONSUME_FAILED
+    return 0
+
+
 cdef class Pipe:
     """One connection's pipeline: queue statements and Syncs, send them, read a segment's results."""
 
@@ -200,6 +265,7 @@ cdef class Pipe:
     cdef object _get_result
     cdef _Libpq _lib
     cdef int _fd
+    cdef bint _due          # flush() was asked for and the queue is not all sent yet: segment() sends it first
 
     def __init__(self, pgconn):
         self._lib = _lib_of(pgconn)
@@ -328,18 +394,34 @@ cdef class Pipe:
             raise _operational_error("could not queue a pipeline sync")
 
     def flush(self, deadline):
-        cdef void *conn = self._conn("flushing failed: the connection is closed")
-        cdef int rc
+        """Mark everything queued as due: the next segment() sends it, waiting until the socket takes it all (past
+        the deadline, Gone), inside its one release of the interpreter lock; readable() sends it first too."""
+        self._conn("flushing failed: the connection is closed")
+        self._due = True
+
+    cdef int _exchange(self, void *conn, object deadline, bint receive=True) except -1:
+        """Send what is due, then (`receive`) wait for input and read it into libpq's buffer, the lock let go once
+        for all of it; Gone past the deadline."""
+        cdef int step, error = 0, due = self._due
+        cdef bint bounded = deadline is not None
+        cdef double limit = deadline if bounded else 0.0
         while True:
-            rc = self._lib.flush(conn)
-            if rc == 0:
-                return
-            if rc < 0:
+            with nogil:
+                step = _pump(self._lib.flush, self._lib.consume_input, conn, self._fd, &due, bounded, limit, receive,
+                             &error)
+            self._due = due
+            if step == 0:
+                return 0
+            if step == _INTERRUPTED:
+                PyErr_CheckSignals()          # a signal handler's exception ends the wait, as in Python's poll
+                continue
+            if step == _LATE:
+                raise Gone()
+            if step == _FLUSH_FAILED:
                 raise _operational_error(f"flushing failed: {self._pg.get_error_message()}")
-            # The socket took only part: wait until it takes more, or until the server's replies (which it may
-            # be blocked on sending) can be read into libpq's buffer.
-            if self._wait(deadline, _READ_WRITE) & _READ:
-                self._consume(conn)
+            if step == _CONSUME_FAILED:
+                raise _operational_error(f"consuming input failed: {self._pg.get_error_message()}")
+            raise OSError(error, os.strerror(error))
 
     def segment(self, deadline):
         cdef void *conn = self._conn("the connection is closed")
@@ -348,6 +430,8 @@ cdef class Pipe:
         cdef int status
         get_result = self._get_result
         while True:
+            if self._due:
+                self._exchange(conn, deadline)
             while is_busy(conn):
                 self._wait(deadline, _READ)
                 self._consume(conn)
@@ -361,7 +445,9 @@ cdef class Pipe:
                 out.append(result)
 
     def readable(self):
-        self._conn("the connection is closed")
+        cdef void *conn = self._conn("the connection is closed")
+        if self._due:                 # what a flush made due is sent (never waiting for a reply) before the look
+            self._exchange(conn, None, False)
         cdef pollfd fds
         cdef int rc
         fds.fd = self._fd

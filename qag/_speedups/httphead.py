@@ -8,7 +8,7 @@ a complete head of this grammar, and appends them to `ready`:
 
 with no Content-Length, Transfer-Encoding, Upgrade or Expect field (those frame a body or switch protocols:
 llhttp acts on them itself). That is a subset of what llhttp and the pure parser accept, and each head then goes
-through the same rules as theirs (qag/worker/http11.py: check_line, add_header, headers_done), so limits give
+through the same rules as theirs (qag/http11.py: check_line, add_header, headers_done), so limits give
 the same refusals (HttpError). It returns `(used, dead)`: the bytes taken, and whether the connection ends with
 the last request taken (Connection: close, HTTP/1.0); the caller hands the rest of `data` to llhttp.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from qag.worker.http11 import Request, add_header, check_line, headers_done
+from qag.http11 import Request, add_header, check_line, headers_done
 
 _HEAD = re.compile(rb"(GET|HEAD) (/[\x21\x22\x24-\x7e]*) HTTP/1\.([01])\r\n"
                    rb"((?:[!#$%&'*+\-.0-9A-Z^_`a-z|~]+:[\t\x20-\x7e]*\r\n)*)\r\n")

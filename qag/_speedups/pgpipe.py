@@ -13,7 +13,9 @@ release lets another thread in; the compiled twin releases it only to wait for t
   uses PQpipelineSync, which also sends).
 - `flush(deadline)`: send everything queued, waiting for the socket to take more while the server has not read
   it yet (reading its replies meanwhile, so neither side can block the other). `deadline` is a
-  `time.monotonic()` value or None (no limit); past it, `Gone`.
+  `time.monotonic()` value or None (no limit); past it, `Gone`. The compiled twin only marks the queue as due
+  here and sends it at the next `segment` (or `readable`), so that the send, the wait and the read share one
+  release of the interpreter lock; what either twin returns or raises over a flush and its segment is the same.
 - `segment(deadline)`: the results up to the next Sync, in order, as psycopg `PGresult`s; those of statements
   the pipeline aborted after an error are left out. Waits for the server as needed; past the deadline, `Gone`;
   a connection lost meanwhile, psycopg.OperationalError.

@@ -5,15 +5,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import re
 
 from ..auth import now_text
 from ..errors import QagError
 from ..http.response import Response, json_response
-
-QUERY_NAME = re.compile(r"[\w .\-]{1,100}")
-CONNECTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,99}")
-COLLECTION_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+from ..shapes import COLLECTION_NAME, CONNECTION_NAME, QUERY_NAME  # noqa: F401 (the names' one description)
 
 
 _VALID_QUERY_NAMES: set[str] = set()   # names judged valid already: every call of a saved query checks its name

@@ -6,15 +6,13 @@ import os
 import re
 
 from ..auth import now_text
-from ..backends.base import resolve_fields
+from ..backends.base import default_schema, resolve_fields
 from ..errors import QagError
 from ..http.response import json_response
 from ..policy import tables as table_policy
 from ..policy.grants import check_connection
 from ._common import CONNECTION_NAME, audit, body_object, check_if_match, keyed_digest, no_content, with_etag
-
-SUPPORTED_DB = ("mysql", "postgres", "sqlite")
-DIRECT_FIELDS = ("host", "port", "database", "user", "password")
+from ..shapes import DIRECT_FIELDS, SUPPORTED_DB
 SERVER_OWNED = ("name", "created_at", "updated_at", "usage", "example")
 MASKED_PASSWORD = "********"
 
@@ -271,7 +269,7 @@ class ConnectionHandlers:
         schema = backend.schema(fields, database)
         if not caller.admin and caller.grants.allowed_tables is not None:
             schema = allowed_schema(schema, caller.grants.allowed_tables,
-                                    table_policy.default_schema(backend.dialect, fields), backend.dialect)
+                                    default_schema(backend.dialect, fields), backend.dialect)
         return schema
 
     def table_ddl(self, request, caller, name):
@@ -290,7 +288,7 @@ class ConnectionHandlers:
                                                     f"connections")
         ddl = None
         restricted = not caller.admin and caller.grants.allowed_tables is not None
-        default = table_policy.default_schema(backend.dialect, fields)
+        default = default_schema(backend.dialect, fields)
         if not restricted or granted_tables(caller.grants.allowed_tables, default,
                                             backend.dialect)(f"{default}.{table}"):
             ddl = backend.table_ddl(fields, table)

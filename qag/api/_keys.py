@@ -12,11 +12,12 @@ from ..http.response import json_response
 from ..policy.grants import GRANT_FIELDS, Grants, effective_limits, expired
 from ..policy.keyfields import (normalise_key_create, normalise_key_patch, normalise_role_create,
                                 normalise_role_patch)
+from .. import shapes
 from ._common import audit, body_object, check_if_match, no_content, refuse_unknown, with_etag
 
 _NO_STORE = [("Cache-Control", "no-store")]
-_DEFAULT_GRACE_MINUTES = 60
-_MAX_GRACE_MINUTES = 10080
+_DEFAULT_GRACE_MINUTES = shapes.GRACE_MINUTES["default"]
+_MAX_GRACE_MINUTES = shapes.GRACE_MINUTES["maximum"]
 _OWNER_CAPABILITIES = ["access.read", "access.write", "cache.read", "cache.write", "connections.read",
                        "connections.write", "observe", "queries.read", "queries.write", "self"]
 
@@ -166,8 +167,9 @@ class KeyHandlers:
         body = body_object(request, required=False)
         refuse_unknown(body, ("grace_minutes",))
         grace = body.get("grace_minutes", _DEFAULT_GRACE_MINUTES)
-        if isinstance(grace, bool) or not isinstance(grace, int) or not 0 <= grace <= _MAX_GRACE_MINUTES:
+        if not shapes.fits(shapes.GRACE_MINUTES, grace):
             raise QagError("invalid_body", f"grace_minutes must be a whole number from 0 to {_MAX_GRACE_MINUTES}")
+        grace = shapes.whole(grace)
         with self.store.transaction():
             row = self._key(name)
             check_if_match(request, _etag_state(row), "API key")

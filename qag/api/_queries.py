@@ -13,6 +13,7 @@ from ..sql import params as param_rules
 from ..sql.flow import flow, tables
 from ..sql.prepare import prepare
 from ..sql.writes import read_only_message
+from .. import shapes
 from ._common import (COLLECTION_NAME, audit, body_object, check_if_match, no_content, refuse_unknown,
                       valid_query_name, with_etag)
 
@@ -20,7 +21,7 @@ VERSION_FIELDS = ("description", "author", "tags", "query_type", "sql", "connect
                   "cache_ttl", "columns", "mask", "mcp", "publish", "agent_writes", "max_affected_rows")
 CREATE_FIELDS = VERSION_FIELDS + ("name", "collection")
 _NAME_MESSAGE = "Filename may only contain letters, digits, spaces, '.', '_' and '-'"
-_STATUSES = ("published", "unpublished", "draft")
+_STATUSES = shapes.LIST_STATUSES
 
 
 def _status(number: int, published: int | None) -> str:
@@ -32,9 +33,9 @@ def _status(number: int, published: int | None) -> str:
 def _check_cache_ttl(value):
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not shapes.fits(shapes.CACHE_TTL, value):
         raise QagError("invalid_body", "cache_ttl must be null or a whole number of seconds >= 0")
-    return value or None
+    return shapes.whole(value) or None
 
 
 def _check_mcp(value) -> bool:
@@ -329,8 +330,8 @@ class QueryHandlers:
 
     def publish(self, request, caller, name):
         body = body_object(request)
-        number = body.get("version")
-        if isinstance(number, bool) or not isinstance(number, int):
+        number = shapes.whole(body.get("version"))
+        if number is None:
             raise QagError("invalid_body", "version must be an integer")
         with self.store.transaction():
             q = self._existing(name)

@@ -7,26 +7,12 @@ import time
 
 from ..errors import QagError
 from ..http.response import Response
-
-_KINDS = ("saved", "adhoc")
-_STATUSES = ("success", "error")
-_FILTERS = ("type", "kind", "query", "connection", "status")
+from ..observe.live import read_filters
 STREAM_HEADERS = (("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no"))
 # The kernel's send buffer of a stream's socket: a client that stops reading blocks its stream's thread (and so is
 # found behind in the ring) after this much, instead of after the megabytes autotuning would let it hold.
 SEND_BUFFER = 64 * 1024
 KEEPALIVE = b": keepalive\n\n"
-
-
-def read_filters(args) -> dict:
-    """The stream's filters; a kind or status that could never match is 400 invalid_filter (others just match
-    nothing)."""
-    filters = {name: args[name] for name in _FILTERS if args.get(name) not in (None, "")}
-    if "kind" in filters and filters["kind"] not in _KINDS:
-        raise QagError("invalid_filter", "kind must be saved or adhoc")
-    if "status" in filters and filters["status"] not in _STATUSES:
-        raise QagError("invalid_filter", "status must be success or error")
-    return filters
 
 
 class EventStream:

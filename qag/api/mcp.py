@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import logging
 
-from .. import __version__
+from ..version import __version__
 from ..errors import QagError
-from ..http.request import _refuse_lone_surrogates
+from ..http.request import refuse_lone_surrogates
 from ..http.response import Response, json_bytes
 from ..policy import grants as policy
+from .mcp_oauth import ProtectedResource
 from .openapi import params_schema
 
 log = logging.getLogger("qag")
@@ -84,9 +85,20 @@ class McpHandlers:
         self.gateway = gateway
         self.run = gateway.run
         self.settings = gateway.settings
+        # OAuth 2.1 resource server (with QAG_JWT_*): `resource.target` is what the gateway's authentication
+        # checks a bearer token at /mcp against; None without bearer tokens.
+        self.resource = ProtectedResource(gateway.settings)
 
     def register(self, router) -> None:
         router.add("POST", "/mcp", self.post, "api.mcp")
+        self.resource.register(router)
+
+    def refusal(self, error: QagError, request, challenges) -> Response:
+        """A refusal made before post() read the message, as gateway_error() gives it, its Bearer challenges naming
+        the protected-resource metadata and the scopes /mcp needs."""
+        response = gateway_error(error, request.request_id, challenges)
+        response.headers = self.resource.challenges(response.headers, request)
+        return response
 
     # --- the transport ------------------------------------------------------------------------------------
     def post(self, request, caller):
@@ -96,7 +108,7 @@ class McpHandlers:
             return _error_response(error.status, None, RpcError(INVALID_REQUEST, error.message, error.code))
         try:
             message = json.loads(raw)
-            _refuse_lone_surrogates(message)
+            refuse_lone_surrogates(message)
         except QagError as error:
             return _error_response(400, None, RpcError(PARSE_ERROR, error.message, "parse_error"))
         except (ValueError, RecursionError):
@@ -339,5 +351,5 @@ def gateway_error(error: QagError, request_id: str, challenges=()) -> Response:
     if "retry_after" in error.extras:
         headers.append(("Retry-After", str(error.extras["retry_after"])))
     if error.status == 401 and not any(name == "WWW-Authenticate" for name, _ in headers):
-        headers += challenges   # where an OAuth client learns how to authenticate (a Bearer challenge joins later)
+        headers += challenges   # where an OAuth client learns how to authenticate
     return Response(error.status, json_bytes(body), headers, "application/json")

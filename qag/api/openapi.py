@@ -1,19 +1,23 @@
-"""The /openapi.json document (OpenAPI 3.1): the generic routes, built once, plus one path per listed saved query."""
+"""The /openapi.json document (OpenAPI 3.1), per caller: what this caller may call on this server, with request
+shapes taken from qag/shapes.py (the validators' own limits), plus one path per saved query it may run."""
 
 from __future__ import annotations
 
 import functools
 import re
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 from qag.auth import API_KEY_CHALLENGE
 from qag.sql.params import normalise
 
-__all__ = ["build_openapi", "OPENAPI_VERSION", "FORMATS"]
+from .. import shapes
+
+__all__ = ["build_openapi", "params_schema", "View", "OPENAPI_VERSION", "FORMATS"]
 
 OPENAPI_VERSION = "3.1.0"
-FORMATS = ["json", "ndjson", "csv", "tsv"]
+FORMATS = ["json", "ndjson", "csv", "tsv", "xml", "yaml", "xlsx", "parquet"]
 # Names the /q route reads itself (contract 3.1): a placeholder with one of these names can't come from the
 # query string, so it is documented only in the POST body.
 _RESERVED = frozenset({"format", "page", "page_size", "connection_name", "version", "timeout", "stream"})
@@ -67,8 +71,6 @@ def _schemas() -> dict:
     rule_input = dict(rule_properties, type=_null({"type": "string", "description": "int, float, str or bool "
                                                    "(or integer, number, string, boolean); case-insensitive"}),
                       example={})
-    mask_rule = _obj({"column": {"type": "string", "description": "table.column or schema.table.column; * wildcard"},
-                      "action": {"enum": ["drop", "null", "mask", "hash", "keep"]}}, ["column", "action"], False)
     grants = {
         "connections": _NAMES_OR_ALL,
         "queries": {"oneOf": [{"const": "*"}, _arr({"oneOf": [_STR, _obj(
@@ -119,31 +121,16 @@ def _schemas() -> dict:
         "Empty": _obj({"message": {"const": "No results returned"}}, ["message"]),
         "Rows": _arr({"type": "object"}),
         "ParameterRule": _obj(rule_properties, ["type", "required"]),
-        "ParameterRuleInput": {"oneOf": [{"type": "string", "description": "A type name such as int"},
+        "ParameterRuleInput": {"anyOf": [{"type": "string", "description": "A type name such as int"},
                                          _obj(rule_input, extra=False)]},
-        "MaskRule": mask_rule,
-        "Quota": _obj({"calls": {"type": "integer", "minimum": 1}, "rows": {"type": "integer", "minimum": 1},
-                       "per": {"enum": ["day", "month"]}}, ["per"], False),
+        "MaskRule": shapes.MASK_RULE,
+        "Quota": shapes.QUOTA,
         "Connection": _obj(connection),
         "ConnectionDetail": {"allOf": [_ref("Connection"), _obj({"password": _null(_STR),
                                                                   "options": {"type": "object"}})]},
-        "ConnectionInput": _obj({"name": _STR, "db": {"type": "string", "examples": ["mysql", "postgres", "sqlite"]},
-                                 "host": _STR, "port": {"type": ["integer", "string"]}, "database": _STR,
-                                 "user": _STR, "password": _STR, "active": _BOOL, "options": {"type": "object"}},
-                                extra=True),
         "QueryVersion": _obj(version),
         "QuerySummary": _obj(summary),
         "Query": {"allOf": [_ref("QuerySummary"), _obj({"versions": _arr(_ref("QueryVersion"))})]},
-        "QueryVersionInput": _obj({
-            "name": {"type": "string", "description": "Create only"},
-            "collection": _null({"type": "string", "description": "Create only"}),
-            "description": _STR, "author": _STR, "tags": {"oneOf": [_arr(_STR), _STR]},
-            "query_type": {"enum": ["sql"]}, "sql": _STR, "connection_name": _null(_STR),
-            "parameters": _obj({}, extra=_ref("ParameterRuleInput")), "cache_ttl": _null({"type": "integer",
-                                                                                         "minimum": 0}),
-            "columns": _obj({}, extra=_STR), "mask": _arr(_ref("MaskRule")), "mcp": _BOOL,
-            "publish": {"type": "boolean", "default": False},
-        }, ["description", "sql"], False),
         "Validation": _obj({"valid": _BOOL, "errors": _arr(_obj({"message": _STR, "field": _STR,
                                                                   "parameters": _obj({}, extra=_STR)})),
                             "placeholders": _arr(_STR), "tables": _arr(_STR)}),
@@ -157,13 +144,8 @@ def _schemas() -> dict:
                               "code": _STR}),
         "HistoryPage": _obj({"items": _arr(_ref("HistoryEntry")), "next_cursor": _null(_STR)}),
         "ApiKey": _obj(key_fields),
-        "ApiKeyInput": _obj({"name": _STR, "role": {"type": "string", "description": "Create only: copy its "
-                                                    "grants once"},
-                             "active": _BOOL, "expires_at": _null({"type": "string", "format": "date"}), **grants},
-                            extra=False),
         "Role": _obj({"name": _STR, **grants, "created_at": _TIME, "example": _BOOL, "keys_created": _INT,
                       "require_claim_binding": _BOOL}),
-        "RoleInput": _obj({"name": _STR, **grants}, extra=False),
         "Me": _obj({"name": _null(_STR), "role": _null(_STR), "via": _STR, "capabilities": _arr(_STR),
                     "data_access": {}, "workspace": {}, "server_wide": {}, "workspaces": {"type": "object"}}),
         "Health": _obj({"status": {"const": "ok"}, "version": _STR, "time_zone": _null(_STR),
@@ -175,7 +157,34 @@ def _schemas() -> dict:
     }
 
 
-def _components() -> dict:
+@dataclass(frozen=True)
+class View:
+    """What one caller may call on this server: the document lists that and nothing else (issue 22.4).
+
+    admin: every route (the admin key, a named administrator, open mode); anonymous: the public routes only;
+    otherwise a scoped key or signed-in user: its data plane. `connections` are the existing connections the
+    caller may use (the schema routes' names), `ddl_connections` those whose database shows a table's DDL;
+    `collections` and `roles` the existing ones (what a key or role body may name); `formats` the output
+    formats this server can write; `page_size` QAG_MAX_PAGE_SIZE."""
+
+    admin: bool = True
+    anonymous: bool = False
+    adhoc: bool = True
+    connections: tuple | None = None      # None: any name (the unit tests' document)
+    ddl_connections: tuple | None = None
+    switchable: tuple | None = None      # connections whose server has other databases (not SQLite)
+    collections: tuple | None = None
+    roles: tuple | None = None
+    formats: tuple = tuple(FORMATS)
+    page_size: int = 1000
+    metrics: bool = True
+    events: bool = True
+
+
+FULL = View()
+
+
+def _components(view: View) -> dict:
     content = {"application/json": {"schema": _ref("Error")},
                "application/problem+json": {"schema": _ref("Problem")}}
     errors = {"Error": {"description": "Error (RFC 9457 problem details with Accept: application/problem+json)",
@@ -189,13 +198,13 @@ def _components() -> dict:
     parameters = {key: {"name": "name", "in": "path", "required": True, "schema": _STR, "description": text}
                   for key, text in path_names.items()}
     parameters.update({
-        "Version": {"name": "n", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 1}},
+        "Version": {"name": "n", "in": "path", "required": True, "schema": shapes.VERSION_NUMBER},
         "CacheKey": {"name": "key", "in": "path", "required": True, "schema": _STR},
         "IfMatch": {"name": "If-Match", "in": "header", "required": False, "schema": _STR,
-                    "description": "An ETag from an earlier read (or *): the change is refused with 412 when the "
-                                   "resource changed since"},
+                    "description": "The ETag of an earlier read (or *): the change is refused with 412 when the "
+                                   "resource changed since. Only a value this server sent in ETag can match"},
     })
-    parameters.update(_RUN_PARAMETERS)
+    parameters.update(_run_parameter_table(view))
     return {
         "securitySchemes": {"ApiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"}},
         "schemas": _schemas(),
@@ -204,21 +213,39 @@ def _components() -> dict:
     }
 
 
-# Query-string arguments of a run (contract 3.1, 3.6-3.8, 10.5); shared by /q and /execute_sql.
-_RUN_PARAMETERS = {
-    "Format": {"name": "format", "in": "query", "description": "Output format (case-insensitive); wins over the "
-               "body's. Without it, Accept chooses by media type (text/csv, ...), else json",
-               "schema": {"type": "string", "enum": FORMATS, "default": "json"}},
-    "Page": {"name": "page", "in": "query", "schema": {"type": "integer", "minimum": 1, "default": 1}},
-    "PageSize": {"name": "page_size", "in": "query", "description": "At most the server's maximum page size",
-                 "schema": {"type": "integer", "minimum": 1, "default": 10}},
-    "Timeout": {"name": "timeout", "in": "query", "description": "Seconds the statement may run; can only lower "
-                "the server's limit", "schema": {"type": "number", "exclusiveMinimum": 0}},
-    "Stream": {"name": "stream", "in": "query", "description": "true: the whole result as one streamed body "
-               "(csv, tsv, ndjson; no paging); 1, true, yes or on, case-insensitive",
-               "schema": {"type": "string", "examples": ["true"]}},
-}
-_RUN_REFS = [{"$ref": f"#/components/parameters/{key}"} for key in _RUN_PARAMETERS]
+_RUN_KEYS = ("Format", "Page", "PageSize", "Timeout", "Stream")
+
+
+def _run_parameters(view: View) -> list[dict]:
+    """References to the run's query-string arguments (components.parameters, _run_parameter_table)."""
+    return [_p(key) for key in _RUN_KEYS]
+
+
+def _run_parameter_table(view: View) -> dict:
+    """Query-string arguments of a run (contract 3.1, 3.6-3.8, 10.5), shared by /q and /execute_sql, with this
+    server's limits."""
+    streamable = [f for f in shapes.STREAM_FORMATS if f in view.formats]
+    return dict(zip(_RUN_KEYS, [
+        {"name": "format", "in": "query", "description": "Output format (case-insensitive); wins over the body's. "
+         "Without it, Accept chooses by media type (text/csv, ...), else json. Only the formats this server can "
+         "write are listed", "schema": {"type": "string", "enum": list(view.formats), "default": "json"}},
+        {"name": "page", "in": "query", "description": "Not with stream", "schema": shapes.page(view.page_size)},
+        {"name": "page_size", "in": "query", "description": f"At most {view.page_size} (QAG_MAX_PAGE_SIZE); a key's "
+         "max_rows lowers it without refusing. Not with stream", "schema": shapes.page_size(view.page_size)},
+        {"name": "timeout", "in": "query", "description": "Seconds the statement may run; can only lower the "
+         "server's limit", "schema": shapes.TIMEOUT},
+        {"name": "stream", "in": "query", "description": "1, true, yes or on (case-insensitive): the whole result "
+         "as one streamed body, which needs format " + ", ".join(streamable) + " and takes no page or page_size "
+         "(400 invalid_stream otherwise, see x-qag-dependencies); any other value: a page",
+         "schema": {"type": "string", "examples": ["true"]}},
+    ]))
+
+
+def _stream_rule(view: View) -> list[dict]:
+    """The one dependency between run arguments, machine-readable: what stream=true needs of the others."""
+    return [{"if": {"parameter": "stream", "in": list(shapes.STREAM_WORDS)},
+             "then": {"format": [f for f in shapes.STREAM_FORMATS if f in view.formats], "page": None,
+                      "page_size": None}}]
 
 
 # --- Responses ---
@@ -242,25 +269,33 @@ _PAGE_HEADERS = {
     "X-Page": {"schema": _INT}, "X-Page-Size": {"schema": _INT, "description": "Effective page size"},
     "X-Row-Count": {"schema": _INT}, "X-Has-More": {"schema": {"type": "string", "enum": ["true", "false"]}},
 }
-_ROWS_RESPONSE = {
-    "description": "One page of rows (X-Has-More says whether another follows), or {\"message\": \"No results "
-                   "returned\"} as JSON whatever the format when the page is empty",
-    "headers": _PAGE_HEADERS,
-    "content": {
-        "application/json": {"schema": {"oneOf": [_ref("Rows"), _ref("Empty")]}},
-        "application/x-ndjson": {"schema": _STR},
-        "text/csv": {"schema": _STR},
-        "text/tab-separated-values": {"schema": _STR},
-    },
-}
-_RUN_STATUSES = ("400", "401", "403", "404", "429", "500", "502", "504")
-_RUN_ERRORS = _errors(*_RUN_STATUSES)
-_MANAGE_ERRORS = ("400", "401", "403")
+_MEDIA = {"json": "application/json", "ndjson": "application/x-ndjson", "csv": "text/csv",
+          "tsv": "text/tab-separated-values", "xml": "application/xml", "yaml": "application/x-yaml",
+          "xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+          "parquet": "application/vnd.apache.parquet"}
+
+
+def _rows_response(view: View) -> dict:
+    content = {"application/json": {"schema": {"oneOf": [_ref("Rows"), _ref("Empty")]}}}
+    for fmt in view.formats:
+        if fmt == "yaml":   # a YAML reader reads the rows back as JSON would
+            content[_MEDIA[fmt]] = {"schema": _ref("Rows")}
+        elif fmt != "json":
+            content[_MEDIA[fmt]] = {"schema": _STR}
+    return {"description": "One page of rows (X-Has-More says whether another follows), or {\"message\": \"No "
+                           "results returned\"} as JSON whatever the format when the page is empty; with stream, the "
+                           "whole result", "headers": _PAGE_HEADERS, "content": content}
+
+
+# Every answer may also come from qag's worker before the application (414, 431) or from a store that is down (503).
+_ALWAYS = ("414", "431")
+_RUN_STATUSES = ("400", "401", "403", "404", "413", "429", "500", "502", "503", "504")
+_MANAGE_ERRORS = ("400", "401", "403", "429", "503")
 
 
 def _op(op_id: str, summary: str, tag: str, responses: dict, *, params: list | None = None,
         body: dict | None = None, body_required: bool = True, errors: tuple = _MANAGE_ERRORS,
-        description: str | None = None) -> dict:
+        description: str | None = None, **extensions) -> dict:
     operation: dict[str, Any] = {"operationId": op_id, "summary": summary, "tags": [tag]}
     if description:
         operation["description"] = description
@@ -268,7 +303,11 @@ def _op(op_id: str, summary: str, tag: str, responses: dict, *, params: list | N
         operation["parameters"] = params
     if body is not None:
         operation["requestBody"] = {"required": body_required, "content": {"application/json": {"schema": body}}}
-    operation["responses"] = {**responses, **_errors(*errors)}
+        if "413" not in errors:
+            errors = (*errors, "413")
+    operation["responses"] = {**responses, **_errors(*sorted({*errors, *_ALWAYS}))}
+    for name, value in extensions.items():
+        operation["x-qag-" + name.replace("_", "-")] = value
     return operation
 
 
@@ -285,24 +324,225 @@ def _query_filter(name: str, description: str, schema: dict | None = None) -> di
     return {"name": name, "in": "query", "required": False, "schema": schema or _STR, "description": description}
 
 
-# --- Generic paths ---
+def _names(names: tuple | None, base: dict) -> dict:
+    """A name that must be one of `names` (existing ones), or any name of the shape when unknown."""
+    if names is None:
+        return base
+    return {"type": "string", "enum": list(names)}
 
-def _generic_paths() -> dict:
-    run_body = _obj({
-        "params": {"type": "object", "description": "Parameter values (JSON types kept)"},
-        "placeholders": {"type": "object", "description": "Alias of params, merged after it"},
-        "connection_name": _STR, "version": {"type": "integer", "minimum": 1},
-        "format": {"type": "string", "enum": FORMATS}, "timeout": {"type": "number", "exclusiveMinimum": 0},
-    })
+
+# --- Request bodies (from shapes: what the validators check) ---
+
+def _grants(view: View) -> dict:
+    names = {"type": "array", "items": {"type": "string", "pattern": shapes.NOT_BLANK}}
+    collections: dict = {"type": "array", "uniqueItems": True, "items": shapes.COLLECTION_NAME_SCHEMA,
+                         "description": "Existing collections only (a collection exists while a query is in it)"}
+    if view.collections is not None:
+        collections = {"type": "array", "uniqueItems": True, "items": {"enum": list(view.collections)},
+                       "description": collections["description"]}
+        if not view.collections:
+            collections["maxItems"] = 0
+    query_entry = {"anyOf": [{"type": "string", "minLength": 1},
+                             _obj({"name": {"type": "string", "minLength": 1}, "allow_writes": _null(_BOOL)},
+                                  ["name"], False)]}
+    return {
+        "connections": _null({"anyOf": [{"const": "*"}, _arr({"type": "string", "minLength": 1})]}),
+        "queries": _null({"anyOf": [{"const": "*"}, {"type": "array", "uniqueItems": True, "items": query_entry,
+                                                     "description": "Each name once"}]}),
+        "collections": _null(collections), "allow_writes": _null(_BOOL),
+        "allowed_write_ops": _null(names), "allowed_tables": _null(names), "allowed_functions": _null(names),
+        "rate_limit": _null({"type": "string", "pattern": shapes.RATE_LIMIT_PATTERN, "examples": ["100/minute"]}),
+        "allowed_ips": _null(_arr(shapes.IP_ENTRY)), "mask": _null(_arr(_ref("MaskRule"))),
+        "max_concurrent": _null(shapes.MAX_CONCURRENT), "query_timeout": _null(shapes.QUERY_TIMEOUT),
+        "max_rows": _null(shapes.MAX_ROWS), "quota": _null(_ref("Quota")),
+    }
+
+
+def _key_create(view: View) -> dict:
+    grants = _grants(view)
+    expires = _null({"type": "string", "format": "date"})
+    own = _obj({"name": shapes.KEY_NAME_SCHEMA, "expires_at": expires, **grants}, ["name"], False)
+    if view.roles is not None and not view.roles:
+        return own
+    role = _names(view.roles, {"type": "string"})
+    from_role = _obj({"name": shapes.KEY_NAME_SCHEMA, "role": dict(role, description="Copy this role's grants "
+                                                                                      "(no grant fields then)"),
+                      "expires_at": expires}, ["name", "role"], False)
+    return {"anyOf": [own, from_role]}
+
+
+def _role_create(view: View, create: bool) -> dict:
+    properties = {"require_claim_binding": _null(_BOOL), **_grants(view)}
+    if create:
+        properties = {"name": shapes.KEY_NAME_SCHEMA, **properties}
+    schema = _obj(properties, ["name"] if create else [], False,
+                  description="With require_claim_binding, connections must be [] (also the role's current "
+                              "connections, on a change)")
+    # A claim-bound role reaches queries by name or collection only.
+    schema["anyOf"] = [{"properties": {"require_claim_binding": {"enum": [False, None]}}},
+                       {"properties": {"connections": {"type": "array", "maxItems": 0}}}]
+    return schema
+
+
+def _connection_input(create: bool) -> dict:
+    text = {"type": "string", "pattern": r"^[^\u0000]*$"}
+    options = {"type": "object", "description": "Driver options (row_security and db_roles: PostgreSQL only)",
+               "propertyNames": {"not": {"enum": [*shapes.DIRECT_FIELDS, "db", "active", "name", "row_security",
+                                                  "db_roles"]}}}
+    properties = {"name": shapes.CONNECTION_NAME_SCHEMA if create else _STR,
+                  "db": {"enum": list(shapes.SUPPORTED_DB)}, "host": _null(text),
+                  "port": _null({"anyOf": [{"type": "integer"}, {"type": "string"}]}), "database": _null(text),
+                  "user": _null(text), "password": _null(_STR), "active": _BOOL, "options": _null(options)}
+    if not create:
+        del properties["name"]
+    return _obj(properties, ["name", "db"] if create else [], False,
+                description="Fields not listed here are read as options" if create else
+                "Fields not given are kept; null removes one")
+
+
+def _version_input(create: bool, validate: bool = False) -> dict:
+    properties: dict[str, Any] = {
+        "description": {"type": "string", "minLength": 1, "pattern": shapes.NOT_BLANK},
+        "author": _STR, "tags": {"anyOf": [_arr(_STR), _STR]}, "query_type": {"enum": ["sql"]},
+        "sql": {"type": "string", "minLength": 1, "pattern": shapes.NOT_BLANK},
+        "connection_name": _null(_STR),
+        "parameters": _null(_obj({}, extra=_ref("ParameterRuleInput"), propertyNames={"pattern": shapes.anchored(
+            r"[A-Za-z_]\w*")}, description="Every name must be a placeholder (:name) of sql")),
+        "cache_ttl": _null(shapes.CACHE_TTL), "columns": _null(_obj({}, extra=_STR)),
+        "mask": _null(_arr(_ref("MaskRule"))), "mcp": _BOOL, "publish": {"type": "boolean", "default": False},
+        "agent_writes": {"type": "null"}, "max_affected_rows": {"type": "null"},
+    }
+    if create or validate:
+        properties = {"name": shapes.QUERY_NAME_SCHEMA if create else _STR,
+                      "collection": _null(shapes.COLLECTION_NAME_SCHEMA), **properties}
+    return _obj(properties, (["name"] if create else []) + ([] if validate else ["description", "sql"]), False)
+
+
+_PLACEHOLDER_RULE = [{"keys-of": "parameters", "placeholders-of": "sql"}]
+
+
+# --- Paths ---
+
+def _public_paths(view: View) -> dict:
+    """What anyone may call: health, probes, this document (and /metrics while it needs no token)."""
+    paths = {
+        "/health": {"get": _op("health", "Liveness and the server's time zone", "Operations",
+                               {"200": _json("Up", _ref("Health"))}, errors=())},
+        "/livez": {"get": _op("livez", "The process answers (touches nothing else)", "Operations",
+                              {"200": _json("Up", _obj({"status": {"const": "ok"}}, ["status"]))}, errors=())},
+        "/readyz": {"get": _op("readyz", "Ready: the store answers within 2 s", "Operations",
+                               {"200": _json("Ready", _obj({"status": {"const": "ok"}, "checks": {"type": "object"}},
+                                                           ["status"]))}, errors=("503",))},
+        "/openapi.json": {"get": _op("openapi", "This document: what the caller may call", "Operations",
+                                     {"200": _json("OpenAPI document", {"type": "object"})}, errors=("503",))},
+    }
+    if view.metrics:
+        paths["/metrics"] = {"get": _op("metrics", "Prometheus metrics", "Operations",
+                                        {"200": {"description": "Prometheus text format",
+                                                 "content": {"text/plain": {"schema": _STR}}}},
+                                        errors=("401",))}
+    return paths
+
+
+def _data_paths(view: View) -> dict:
+    """The data plane a caller may reach: generic /q/{name} (administrators: any query), /execute_sql with a
+    connection grant, /catalog, /events, the schema routes of the connections it may use."""
+    run = _run_parameters(view)
+    rows = _rows_response(view)
+    fmt = {"type": "string", "enum": list(view.formats)}
+    conn_names = ", ".join(view.connections) if view.connections else None
+    paths: dict = {}
+    if view.admin:
+        run_body = _obj({
+            "params": {"type": "object", "description": "Parameter values (JSON types kept)"},
+            "placeholders": {"type": "object", "description": "Alias of params, merged after it"},
+            "connection_name": {"type": "string", "minLength": 1}, "version": shapes.VERSION_NUMBER,
+            "format": fmt, "timeout": shapes.TIMEOUT,
+        })
+        paths["/q/{name}"] = {
+            "parameters": [_p("Name")],
+            "get": _op("runSavedQuery", "Run a saved query; other query-string arguments are its parameters (text)",
+                       "Saved queries", {"200": rows}, errors=_RUN_STATUSES,
+                       params=[*run, _query_filter("version", "Version number (default: the published one)",
+                                                   shapes.VERSION_NUMBER),
+                               _query_filter("connection_name", "Run on this connection instead of the saved one",
+                                             {"type": "string", "minLength": 1})],
+                       dependencies=_stream_rule(view)),
+            "post": _op("runSavedQueryPost", "Run a saved query with parameters in a JSON body", "Saved queries",
+                        {"200": rows}, params=run, body=run_body, body_required=False, errors=_RUN_STATUSES,
+                        dependencies=_stream_rule(view)),
+        }
+    if view.adhoc:
+        body = {"sql": {"type": "string", "minLength": 1, "pattern": shapes.NOT_BLANK},
+                "connection_name": {"type": "string", "minLength": 1,
+                                    "description": "A connection this caller may use"
+                                    + (f" ({conn_names})" if conn_names else "")},
+                "params": {"type": "object", "description": "Values for :name parameters"},
+                "format": fmt, "timeout": shapes.TIMEOUT, "mask": _arr(_ref("MaskRule"))}
+        if view.admin:
+            body["database"] = {"type": "string", "description": "Another database on the same server (MySQL, "
+                                                                 "PostgreSQL)"}
+        paths["/execute_sql"] = {"post": _op(
+            "executeSql", "Run one ad-hoc SQL statement", "Ad-hoc SQL", {"200": rows}, errors=_RUN_STATUSES,
+            params=run, body=_obj(body, ["sql", "connection_name"]), dependencies=_stream_rule(view))}
+    paths["/catalog"] = {"get": _op(
+        "catalog", "The saved queries this caller may run, with their parameters, and the caller's grants",
+        "Operations", {"200": _json("Catalog", _obj({"queries": _arr({"type": "object"}),
+                                                     "caller": {"type": "object"}}, ["queries", "caller"]))},
+        errors=("401", "429", "503"))}
+    if view.events:
+        paths["/events"] = {"get": _op(
+            "events", "Live run events (Server-Sent Events): an administrator sees every run, a key its own",
+            "Operations", {"200": {"description": "text/event-stream of `data: <event JSON>` frames",
+                                   "content": {"text/event-stream": {"schema": _STR}}}},
+            errors=("400", "401", "429", "503"),
+            params=[_query_filter("type", "Only events of this type"),
+                    _query_filter("kind", "Only events of this kind", {"enum": list(shapes.HISTORY_KINDS)}),
+                    _query_filter("query", "Only events of this saved query"),
+                    _query_filter("connection", "Only events on this connection"),
+                    _query_filter("status", "Only events with this status", {"enum": list(shapes.RUN_STATUSES)})])}
+    if view.connections is None or view.connections:
+        name = {"name": "name", "in": "path", "required": True, "description": "A connection this caller may use",
+                "schema": _names(view.connections, _STR)}
+        params = [name]
+        extensions = {}
+        if view.admin and (view.switchable is None or view.switchable):
+            params.append(_query_filter("database", "Administrators: another database on the same server (MySQL, "
+                                                    "PostgreSQL connections only)"))
+            if view.switchable is not None:
+                extensions["dependencies"] = [{"if": {"parameter": "database"},
+                                               "then": {"name": list(view.switchable)}}]
+        paths["/connections/{name}/schema"] = {"get": _op(
+            "connectionSchema", "Tables and columns of a connection the caller may use", "Operations",
+            {"200": _json("Schema", _obj({"tables": _arr({"type": "object"}), "truncated": _BOOL}))},
+            params=params, errors=("400", "401", "403", "404", "429", "502", "503"), **extensions)}
+    if view.ddl_connections is None or view.ddl_connections:
+        name = {"name": "name", "in": "path", "required": True, "description": "A MySQL/MariaDB or SQLite "
+                "connection this caller may use", "schema": _names(view.ddl_connections, _STR)}
+        paths["/connections/{name}/table_ddl"] = {"get": _op(
+            "connectionTableDdl", "The CREATE statement of one table or view (MySQL/MariaDB and SQLite)",
+            "Operations", {"200": _json("DDL", _obj({"ddl": _STR}, ["ddl"]))},
+            params=[name, dict(_query_filter("table", "The table, as the database names it",
+                                             {"type": "string", "minLength": 1}), required=True)],
+            errors=("400", "401", "403", "404", "429", "502", "503"))}
+    return paths
+
+
+def _admin_paths(view: View) -> dict:
+    """/api/v1: administrators only."""
     history_filters = [
-        _query_filter("version", "Only runs of this version", _INT),
-        _query_filter("status", "success or error", {"enum": ["success", "error"]}),
+        _query_filter("version", "Only runs of this version", shapes.HISTORY_VERSION),
+        _query_filter("status", "success or error", {"enum": list(shapes.RUN_STATUSES)}),
         _query_filter("key", "Exact caller key name"),
-        _query_filter("since", "Inclusive; YYYY-MM-DD or YYYY-MM-DD HH:MM:SS"),
-        _query_filter("until", "Exclusive; YYYY-MM-DD or YYYY-MM-DD HH:MM:SS"),
-        _query_filter("limit", "Page size", {"type": "integer", "minimum": 1, "maximum": 1000}),
-        _query_filter("cursor", "next_cursor of the previous page"),
+        _query_filter("since", "Inclusive; YYYY-MM-DD (or YYYY-MM-DD HH:MM:SS)", {"type": "string",
+                                                                                   "format": "date"}),
+        _query_filter("until", "Exclusive; YYYY-MM-DD (or YYYY-MM-DD HH:MM:SS)", {"type": "string",
+                                                                                   "format": "date"}),
+        _query_filter("limit", "Page size", shapes.HISTORY_LIMIT),
+        _query_filter("cursor", "next_cursor of the previous page (no other value: see the next link)"),
     ]
+    next_page = {"links": {"next": {"operationId": "getHistory", "parameters": {
+        "cursor": "$response.body#/next_cursor"}, "description": "The next page"}}}
     conn, query, key, role = _p("ConnectionName"), _p("Name"), _p("KeyName"), _p("RoleName")
     if_match = _p("IfMatch")
     detail_conn = _json("The connection", _ref("ConnectionDetail"), _ETAG)
@@ -310,58 +550,10 @@ def _generic_paths() -> dict:
     detail_key = _json("The API key", _ref("ApiKey"), _ETAG)
     detail_role = _json("The role", _ref("Role"), _ETAG)
     C, Q, K, R = "Connections", "Saved queries (management)", "API keys", "Roles"
+    etag_only = {"from_response": ["If-Match"]}   # its value is an ETag this server sent
+    version_rules = {"dependencies": _PLACEHOLDER_RULE}
 
     return {
-        "/q/{name}": {
-            "parameters": [_p("Name")],
-            "get": _op("runSavedQuery", "Run a saved query; other query-string arguments are its parameters (text)",
-                       "Saved queries", {"200": _ROWS_RESPONSE}, errors=_RUN_STATUSES,
-                       params=[*_RUN_REFS, _query_filter("version", "Version number (default: the published one)",
-                                                         {"type": "integer", "minimum": 1}),
-                               _query_filter("connection_name", "Run on this connection instead of the saved one")]),
-            "post": _op("runSavedQueryPost", "Run a saved query with parameters in a JSON body", "Saved queries",
-                        {"200": _ROWS_RESPONSE}, params=[*_RUN_REFS], body=run_body, body_required=False,
-                        errors=_RUN_STATUSES),
-        },
-        "/execute_sql": {"post": _op(
-            "executeSql", "Run one ad-hoc SQL statement", "Ad-hoc SQL", {"200": _ROWS_RESPONSE},
-            errors=_RUN_STATUSES,
-            params=_RUN_REFS,
-            body=_obj({"sql": _STR, "connection_name": _STR,
-                       "params": {"type": "object", "description": "Values for :name parameters"},
-                       "format": {"type": "string", "enum": FORMATS},
-                       "timeout": {"type": "number", "exclusiveMinimum": 0},
-                       "database": {"type": "string", "description": "Admin only: another database on the same "
-                                                                     "server"},
-                       "mask": _arr(_ref("MaskRule"))}, ["sql", "connection_name"]))},
-        "/health": {"get": _op("health", "Liveness and the server's time zone", "Operations",
-                               {"200": _json("Up", _ref("Health"))}, errors=())},
-        "/metrics": {"get": _op("metrics", "Prometheus metrics", "Operations",
-                                {"200": {"description": "Prometheus text format",
-                                         "content": {"text/plain": {"schema": _STR}}}}, errors=())},
-        "/openapi.json": {"get": _op("openapi", "This document", "Operations",
-                                     {"200": _json("OpenAPI document", {"type": "object"})}, errors=())},
-        "/events": {"get": _op(
-            "events", "Live run events (Server-Sent Events)", "Operations",
-            {"200": {"description": "text/event-stream of `data: <event JSON>` frames",
-                     "content": {"text/event-stream": {"schema": _STR}}}}, errors=("400", "401", "503"),
-            params=[_query_filter(n, f"Only events with this {n}") for n in ("type", "kind", "query", "connection",
-                                                                                "status")])},
-        "/catalog": {"get": _op(
-            "catalog", "The saved queries this caller may run, with their parameters, and the caller's grants",
-            "Operations", {"200": _json("Catalog", _obj({"queries": _arr({"type": "object"}),
-                                                         "caller": {"type": "object"}}, ["queries", "caller"]))},
-            errors=("401",))},
-        "/connections/{name}/schema": {"get": _op(
-            "connectionSchema", "Tables and columns of a connection the caller is granted", "Operations",
-            {"200": _json("Schema", _obj({"tables": _arr({"type": "object"}), "truncated": _BOOL}))},
-            params=[conn, _query_filter("database", "Admin only: another database on the same server")],
-            errors=("400", "401", "403", "404", "502"))},
-        "/connections/{name}/table_ddl": {"get": _op(
-            "connectionTableDdl", "The CREATE statement of one table (MySQL/MariaDB and SQLite)", "Operations",
-            {"200": _json("DDL", _obj({"ddl": _STR}, ["ddl"]))},
-            params=[conn, dict(_query_filter("table", "The table, as the database names it"), required=True)],
-            errors=("400", "401", "403", "404", "502"))},
         # --- connections ---
         "/api/v1/connections": {
             "get": _op("listConnections", "List connections", C, {"200": _json("Connections",
@@ -372,30 +564,37 @@ def _generic_paths() -> dict:
         "/api/v1/connections/deleted": {"get": _op(
             "listDeletedConnections", "Deleted connections, newest first", C,
             {"200": _json("Deleted connections", _items(_obj({
-                "name": _STR, "db": _STR, "host": _null(_STR), "port": _null({"type": ["integer", "string"]}),
-                "database": _null(_STR), "deleted_at": _TIME, "deleted_by": _STR, "reason": _STR})))})},
+                "name": _STR, "db": _null(_STR), "host": _null(_STR), "port": _null({"type": ["integer", "string"]}),
+                "database": _null(_STR), "deleted_at": _TIME, "deleted_by": _STR, "reason": _null(_STR)})))})},
         "/api/v1/connections/test": {"post": _op(
-            "testConnection", "Try a connection (saved or not) with SELECT 1", C,
-            {"200": _json("Reachable", _obj({"elapsed_ms": _NUM}))}, body=_ref("ConnectionInput"),
-            errors=(*_MANAGE_ERRORS, "500", "502"))},
+            "testConnection", "Try a connection (saved: {\"name\": ...}, or not) with SELECT 1", C,
+            {"200": _json("Reachable", _obj({"elapsed_ms": _NUM}))},
+            body={"anyOf": [_obj({"name": _STR}, ["name"], False), _ref("ConnectionTry")]},
+            errors=(*_MANAGE_ERRORS, "404", "500", "502", "504"))},
         "/api/v1/connections/databases": {"post": _op(
             "listDatabases", "List the databases a connection's server has", C,
-            {"200": _json("Databases", _obj({"databases": _arr(_STR)}))}, body=_ref("ConnectionInput"),
-            errors=(*_MANAGE_ERRORS, "500", "502"))},
+            {"200": _json("Databases", _obj({"databases": _arr(_STR)}))},
+            body={"anyOf": [_obj({"name": _STR}, ["name"], False), _ref("ConnectionTry")]},
+            errors=(*_MANAGE_ERRORS, "404", "500", "502", "504"))},
         "/api/v1/connections/{name}": {
             "parameters": [conn],
             "get": _op("getConnection", "A connection", C, {"200": detail_conn}, errors=(*_MANAGE_ERRORS, "404")),
             "patch": _op("updateConnection", "Change a connection (fields not given are kept; null removes one)",
-                         C, {"200": detail_conn}, params=[if_match], body=_ref("ConnectionInput"),
-                         errors=(*_MANAGE_ERRORS, "404", "412")),
+                         C, {"200": detail_conn}, params=[if_match], body=_ref("ConnectionPatch"),
+                         errors=(*_MANAGE_ERRORS, "404", "412"), **etag_only),
             "delete": _op("deleteConnection", "Delete a connection (a reason is required)", C, {"204": _NO_CONTENT},
-                          params=[if_match], body=_obj({"reason": _STR}, ["reason"]),
-                          errors=(*_MANAGE_ERRORS, "404", "412")),
+                          params=[if_match], body=_obj({"reason": {"type": "string", "pattern": shapes.NOT_BLANK}},
+                                                       ["reason"]),
+                          errors=(*_MANAGE_ERRORS, "404", "412"), **etag_only),
         },
+        "/api/v1/connections/{name}/test": {"post": _op(
+            "testSavedConnection", "Try a saved connection with SELECT 1", C,
+            {"200": _json("Reachable", _obj({"elapsed_ms": _NUM}))}, params=[conn],
+            errors=(*_MANAGE_ERRORS, "404", "500", "502", "504"))},
         "/api/v1/connections/{name}/schema": {"get": _op(
             "getConnectionSchema", "Tables and columns of a connection's database", C,
             {"200": _json("Schema", _obj({"tables": _arr({"type": "object"}), "truncated": _BOOL}))},
-            params=[conn, _query_filter("database", "Another database on the same server")],
+            params=[conn, _query_filter("database", "Another database on the same server (MySQL, PostgreSQL)")],
             errors=(*_MANAGE_ERRORS, "404", "502"))},
         # --- saved queries ---
         "/api/v1/queries": {
@@ -405,56 +604,63 @@ def _generic_paths() -> dict:
                                _query_filter("connection", "Exact connection name"),
                                _query_filter("search", "Substring of name, description or a tag"),
                                _query_filter("status", "published, unpublished or draft",
-                                             {"enum": ["published", "unpublished", "draft"]})]),
+                                             {"enum": list(shapes.LIST_STATUSES)})]),
             "post": _op("createQuery", "Create a saved query (version 1; a draft unless publish is true)", Q,
-                        {"201": detail_query}, body=_ref("QueryVersionInput"), errors=(*_MANAGE_ERRORS, "409")),
+                        {"201": detail_query}, body=_ref("QueryCreate"), errors=(*_MANAGE_ERRORS, "409"),
+                        **version_rules),
         },
         "/api/v1/queries/validate": {"post": _op(
-            "validateQuery", "Check a definition without saving it", Q,
-            {"200": _json("Every problem found", _ref("Validation"))}, body=_ref("QueryVersionInput"))},
+            "validateQuery", "Check a definition without saving it (problems are reported, not refused)", Q,
+            {"200": _json("Every problem found", _ref("Validation"))}, body=_ref("QueryValidate"))},
         "/api/v1/queries/{name}": {
             "parameters": [query],
             "get": _op("getQuery", "A saved query with all its versions", Q, {"200": detail_query},
                        errors=(*_MANAGE_ERRORS, "404")),
             "patch": _op("moveQuery", "Move a saved query to another collection", Q, {"200": detail_query},
-                         params=[if_match], body=_obj({"collection": _null(_STR)}, ["collection"], False),
-                         errors=(*_MANAGE_ERRORS, "404", "412")),
+                         params=[if_match], body=_obj({"collection": _null(shapes.COLLECTION_NAME_SCHEMA)},
+                                                      ["collection"], False),
+                         errors=(*_MANAGE_ERRORS, "404", "412"), **etag_only),
             "delete": _op("deleteQuery", "Delete a saved query, its versions and their history", Q,
-                          {"204": _NO_CONTENT}, params=[if_match], errors=(*_MANAGE_ERRORS, "404", "412")),
+                          {"204": _NO_CONTENT}, params=[if_match], errors=(*_MANAGE_ERRORS, "404", "412"),
+                          **etag_only),
         },
         "/api/v1/queries/{name}/versions": {"post": _op(
             "addQueryVersion", "Add a version (a draft unless publish is true)", Q, {"201": detail_query},
-            params=[query, if_match], body=_ref("QueryVersionInput"), errors=(*_MANAGE_ERRORS, "404", "412"))},
+            params=[query, if_match], body=_ref("QueryVersionInput"), errors=(*_MANAGE_ERRORS, "404", "412"),
+            **etag_only, **version_rules)},
         "/api/v1/queries/{name}/versions/{n}": {
             "parameters": [query, _p("Version")],
             "get": _op("getQueryVersion", "One version", Q, {"200": _json("The version", _ref("QueryVersion"))},
                        errors=(*_MANAGE_ERRORS, "404")),
             "patch": _op("updateQueryVersion", "Change a version's cache_ttl or mcp flag in place", Q,
                          {"200": detail_query}, params=[if_match],
-                         body=_obj({"cache_ttl": _null({"type": "integer", "minimum": 0}), "mcp": _BOOL},
-                                   extra=False), errors=(*_MANAGE_ERRORS, "404", "412")),
+                         body=_obj({"cache_ttl": _null(shapes.CACHE_TTL), "mcp": _BOOL}, extra=False),
+                         errors=(*_MANAGE_ERRORS, "404", "412"), **etag_only),
             "delete": _op("deleteQueryVersion", "Delete a version (the query too when it was the last)", Q,
                           {"200": detail_query, "204": _NO_CONTENT}, params=[if_match],
-                          errors=(*_MANAGE_ERRORS, "404", "412")),
+                          errors=(*_MANAGE_ERRORS, "404", "412"), **etag_only),
         },
         "/api/v1/queries/{name}/versions/{n}/flow": {"get": _op(
             "getQueryFlow", "Tables and joins of a version's SQL (best effort)", Q,
             {"200": _json("Flow", _ref("Flow"))}, params=[query, _p("Version")], errors=(*_MANAGE_ERRORS, "404"))},
         "/api/v1/queries/{name}/publish": {"post": _op(
             "publishQuery", "Serve this version (newer or older)", Q, {"200": detail_query},
-            params=[query, if_match], body=_obj({"version": {"type": "integer", "minimum": 1}}, ["version"]),
-            errors=(*_MANAGE_ERRORS, "404", "412"))},
+            params=[query, if_match], body=_obj({"version": shapes.VERSION_NUMBER}, ["version"]),
+            errors=(*_MANAGE_ERRORS, "404", "412"), **etag_only)},
         "/api/v1/queries/{name}/unpublish": {"post": _op(
             "unpublishQuery", "Serve no version (versions are kept)", Q, {"200": detail_query},
-            params=[query, if_match], errors=(*_MANAGE_ERRORS, "404", "412"))},
+            params=[query, if_match], errors=(*_MANAGE_ERRORS, "404", "412"), **etag_only)},
         "/api/v1/queries/{name}/history": {"get": _op(
             "getQueryHistory", "Runs of one saved query, newest first", Q,
-            {"200": _json("Runs", _ref("HistoryPage"))}, params=[query, *history_filters],
-            errors=(*_MANAGE_ERRORS, "404"))},
+            {"200": {**_json("Runs", _ref("HistoryPage")), "links": {"next": {
+                "operationId": "getQueryHistory", "parameters": {"name": "$request.path.name",
+                                                                 "cursor": "$response.body#/next_cursor"}}}}},
+            params=[query, *history_filters], errors=(*_MANAGE_ERRORS, "404"), from_response=["cursor"])},
         # --- API keys ---
         "/api/v1/api-keys": {
             "get": _op("listApiKeys", "List API keys", K, {"200": _json("API keys", _items(_ref("ApiKey")))}),
-            "post": _op("createApiKey", "Create an API key; the answer shows its secret once", K,
+            "post": _op("createApiKey", "Create an API key (grants, or a role to copy them from); the answer shows "
+                        "its secret once", K,
                         {"201": _json("The key and its secret", _ref("ApiKey"), {**_ETAG, **_NO_STORE})},
                         body=_ref("ApiKeyInput"), errors=(*_MANAGE_ERRORS, "404", "409")),
         },
@@ -462,15 +668,15 @@ def _generic_paths() -> dict:
             "parameters": [key],
             "get": _op("getApiKey", "An API key", K, {"200": detail_key}, errors=(*_MANAGE_ERRORS, "404")),
             "patch": _op("updateApiKey", "Change an API key", K, {"200": detail_key}, params=[if_match],
-                         body=_ref("ApiKeyInput"), errors=(*_MANAGE_ERRORS, "404", "412")),
+                         body=_ref("ApiKeyPatch"), errors=(*_MANAGE_ERRORS, "404", "412"), **etag_only),
             "delete": _op("deleteApiKey", "Delete an API key (it stops working at once)", K, {"204": _NO_CONTENT},
-                          params=[if_match], errors=(*_MANAGE_ERRORS, "404", "412")),
+                          params=[if_match], errors=(*_MANAGE_ERRORS, "404", "412"), **etag_only),
         },
         "/api/v1/api-keys/{name}/rotate": {"post": _op(
             "rotateApiKey", "New secret; the old one works for grace_minutes more", K,
-            {"200": _json("The key and its new secret", _ref("ApiKey"), _NO_STORE)}, params=[key],
-            body=_obj({"grace_minutes": {"type": "integer", "minimum": 0, "maximum": 10080, "default": 60}},
-                      extra=False), body_required=False, errors=(*_MANAGE_ERRORS, "404", "409"))},
+            {"200": _json("The key and its new secret", _ref("ApiKey"), {**_ETAG, **_NO_STORE})},
+            params=[key, if_match], body=_obj({"grace_minutes": shapes.GRACE_MINUTES}, extra=False),
+            body_required=False, errors=(*_MANAGE_ERRORS, "404", "409", "412"), **etag_only)},
         "/api/v1/api-keys/{name}/previous": {"delete": _op(
             "endPreviousSecret", "Stop the old secret of a rotation now", K, {"200": detail_key}, params=[key],
             errors=(*_MANAGE_ERRORS, "404"))},
@@ -484,10 +690,10 @@ def _generic_paths() -> dict:
             "parameters": [role],
             "get": _op("getRole", "A role", R, {"200": detail_role}, errors=(*_MANAGE_ERRORS, "404")),
             "patch": _op("updateRole", "Change a role's grants (keys made from it keep theirs)", R,
-                         {"200": detail_role}, params=[if_match], body=_ref("RoleInput"),
-                         errors=(*_MANAGE_ERRORS, "404", "412")),
+                         {"200": detail_role}, params=[if_match], body=_ref("RolePatch"),
+                         errors=(*_MANAGE_ERRORS, "404", "412"), **etag_only),
             "delete": _op("deleteRole", "Delete a role", R, {"204": _NO_CONTENT}, params=[if_match],
-                          errors=(*_MANAGE_ERRORS, "404", "412")),
+                          errors=(*_MANAGE_ERRORS, "404", "412"), **etag_only),
         },
         # --- cache, history, identity ---
         "/api/v1/cache/entries": {
@@ -502,36 +708,62 @@ def _generic_paths() -> dict:
             "delete": _op("evictCacheEntry", "Evict one entry (no-op when unknown)", "Cache", {"204": _NO_CONTENT}),
         },
         "/api/v1/history": {"get": _op(
-            "getHistory", "All runs, newest first", "History", {"200": _json("Runs", _ref("HistoryPage"))},
-            params=[_query_filter("kind", "saved or adhoc", {"enum": ["saved", "adhoc"]}),
-                    _query_filter("query", "Saved-query name"), *history_filters])},
+            "getHistory", "All runs, newest first", "History", {"200": {**_json("Runs", _ref("HistoryPage")),
+                                                                       **next_page}},
+            params=[_query_filter("kind", "saved or adhoc", {"enum": list(shapes.HISTORY_KINDS)}),
+                    _query_filter("query", "Saved-query name"), *history_filters], from_response=["cursor"])},
         "/api/v1/usage/quotas": {"get": _op(
             "getQuotaUsage", "Quota counts for the current day and month", "History",
             {"200": _json("Counts", _items(_ref("QuotaUsage")))})},
-        "/api/v1/me": {"get": _op("me", "Who the caller is", "Identity", {"200": _json("The caller", _ref("Me"))},
-                                  errors=("401", "403"))},
+        "/api/v1/me": {"get": _op("me", "Who the caller is", "Identity", {"200": _json("The caller", _ref("Me"))})},
     }
 
 
-@functools.lru_cache(maxsize=4)
-def _static(version: str) -> dict:
-    """Everything that does not depend on the saved queries; built once per version string."""
+def _inputs(view: View) -> dict:
+    """The request-body schemas, with this server's existing collections and roles."""
+    return {
+        "ConnectionInput": _connection_input(True),
+        "ConnectionPatch": _connection_input(False),
+        "ConnectionTry": _obj(dict(_connection_input(False)["properties"], name=_STR), ["db"], False),
+        "QueryCreate": _version_input(True),
+        "QueryVersionInput": _version_input(False),
+        "QueryValidate": _version_input(False, validate=True),
+        "ApiKeyInput": _key_create(view),
+        "ApiKeyPatch": _obj({"active": _null(_BOOL), "expires_at": _null({"type": "string", "format": "date"}),
+                             **_grants(view)}, extra=False),
+        "RoleInput": _role_create(view, True),
+        "RolePatch": _role_create(view, False),
+    }
+
+
+@functools.lru_cache(maxsize=64)
+def _static(version: str, view: View) -> dict:
+    """Everything that does not depend on the saved queries, for one kind of caller."""
+    paths = _public_paths(view)
+    components = _components(view)
+    if not view.anonymous:
+        paths.update(_data_paths(view))
+    if view.admin:
+        paths.update(_admin_paths(view))
+        components = dict(components, schemas={**components["schemas"], **_inputs(view)})
     return {
         "openapi": OPENAPI_VERSION,
         "info": {"title": "qag", "version": version,
-                 "description": "Saved SQL queries as HTTP APIs (compatible with QueryAPIGate 0.43). Errors are "
-                                "JSON objects (RFC 9457 problem details with Accept: application/problem+json); a "
-                                "method a path does not take is 405 with an Allow header."},
+                 "description": "Saved SQL queries as HTTP APIs (compatible with QueryAPIGate 0.43). This document "
+                                "lists what its caller may call: an administrator everything, an API key its own "
+                                "queries and data routes, an anonymous caller the public routes. Errors are JSON "
+                                "objects (RFC 9457 problem details with Accept: application/problem+json); a method "
+                                "a path does not take is 405 with an Allow header. x-qag-dependencies states what a "
+                                "parameter needs of the others; x-qag-from-response names values only an earlier "
+                                "answer can give."},
         "security": [{}, {"ApiKey": []}],
-        "paths": _generic_paths(),
-        "components": _components(),
+        "paths": paths,
+        "components": components,
     }
 
 
-@functools.lru_cache(maxsize=1)
-def _generic_operation_ids() -> frozenset:
-    return frozenset(op["operationId"] for item in _generic_paths().values() for key, op in item.items()
-                     if key != "parameters")
+def _operation_ids_of(paths: dict) -> set:
+    return {op["operationId"] for item in paths.values() for key, op in item.items() if key != "parameters"}
 
 
 # --- Saved-query paths ---
@@ -551,9 +783,13 @@ def _rule_schema(rule: dict, in_query: bool) -> dict:
                          ("max_length", "maxLength")):
         if ours in rule:
             schema[theirs] = rule[ours]
+    if type_name == "integer":
+        # What a driver can bind: outside signed 64 bits a value is refused (must be a 64-bit integer).
+        schema.setdefault("minimum", shapes.INT64_MIN)
+        schema.setdefault("maximum", shapes.INT64_MAX)
     if "pattern" in rule:
         # qag matches the whole value (Python fullmatch); a JSON-schema pattern matches anywhere unless anchored.
-        schema["pattern"] = f"^(?:{rule['pattern']})$"
+        schema["pattern"] = shapes.anchored(rule["pattern"])
     for key in ("description", "default", "example"):
         if key in rule:
             schema[key] = rule[key]
@@ -618,39 +854,42 @@ def _placeholder_schemas(query: dict) -> tuple[dict, list, list]:
     return properties, required, query_params
 
 
-def _saved_query_path(query: dict, taken: set) -> tuple[str, dict]:
+def _saved_query_path(query: dict, taken: set, view: View) -> tuple[str, dict]:
     name = query["name"]
     default_connection = query.get("connection_name") or None
     summary = query.get("description") or f"Run the saved query {name}"
     get_id, post_id = _operation_ids(name, taken)
     properties, required, query_params = _placeholder_schemas(query)
 
-    connection_schema: dict[str, Any] = {"type": "string"}
+    connection_schema: dict[str, Any] = {"type": "string", "minLength": 1}
     if default_connection:
         connection_schema["default"] = default_connection
     connection = {"name": "connection_name", "in": "query", "required": not default_connection,
                   "schema": connection_schema}
-    version = {"name": "version", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 1},
+    version = {"name": "version", "in": "query", "required": False, "schema": shapes.VERSION_NUMBER,
                "description": "Version number (default: the published one)"}
     description = f"Runs the saved query '{name}'."
     params: dict[str, Any] = {"type": "object", "properties": properties}
     if required:
         params["required"] = required
     body = {"type": "object", "properties": {
-        "params": params, "connection_name": connection_schema, "version": {"type": "integer", "minimum": 1},
-        "format": {"type": "string", "enum": FORMATS}, "timeout": {"type": "number", "exclusiveMinimum": 0}}}
+        "params": params, "connection_name": connection_schema, "version": shapes.VERSION_NUMBER,
+        "format": {"type": "string", "enum": list(view.formats)}, "timeout": shapes.TIMEOUT}}
     if required or not default_connection:
         body["required"] = (["params"] if required else []) + ([] if default_connection else ["connection_name"])
     tags = ["Saved queries"]
+    run = _run_parameters(view)
+    rows = {"200": _rows_response(view), **_errors(*sorted({*_RUN_STATUSES, *_ALWAYS}))}
+    dependencies = _stream_rule(view)
     item = {
         "get": {"operationId": get_id, "summary": summary, "description": description, "tags": tags,
-                "parameters": [*query_params, connection, version, *_RUN_REFS],
-                "responses": {"200": _ROWS_RESPONSE, **_RUN_ERRORS}},
+                "parameters": [*query_params, connection, version, *run],
+                "responses": rows, "x-qag-dependencies": dependencies},
         "post": {"operationId": post_id, "summary": summary, "description": description + " Parameters in a JSON "
-                 "body.", "tags": tags, "parameters": list(_RUN_REFS),
+                 "body.", "tags": tags, "parameters": run,
                  "requestBody": {"required": bool(body.get("required")),
                                  "content": {"application/json": {"schema": body}}},
-                 "responses": {"200": _ROWS_RESPONSE, **_RUN_ERRORS}},
+                 "responses": rows, "x-qag-dependencies": dependencies},
     }
     return "/q/" + quote(name, safe=""), item
 
@@ -659,12 +898,12 @@ BEARER_SCHEME = {"type": "http", "scheme": "bearer", "bearerFormat": "JWT",
                  "description": "A signed-in user's token (QAG_JWT_*); its role claim picks the grants"}
 
 
-def build_openapi(version: str, queries: list[dict], bearer: bool = False) -> dict:
-    """The OpenAPI 3.1 document: generic routes plus one path per query in `queries` (already filtered by the
-    caller to what it may see). Each query: name, description, connection_name, parameters (stored form) and
-    placeholders (names the SQL uses, in order). Nested parts are shared with a cache: serialise, don't mutate.
-    `bearer`: the server takes bearer tokens, so the BearerAuth scheme is declared beside ApiKey."""
-    static = _static(version)
+def build_openapi(version: str, queries: list[dict], bearer: bool = False, view: View = FULL) -> dict:
+    """The OpenAPI 3.1 document for one caller: the routes `view` says it may call, plus one path per query in
+    `queries` (already filtered to what it may run). Each query: name, description, connection_name, parameters
+    (stored form) and placeholders (names the SQL uses, in order). Nested parts are shared with a cache: serialise,
+    don't mutate. `bearer`: the server takes bearer tokens, so the BearerAuth scheme is declared beside ApiKey."""
+    static = _static(version, view)
     document = dict(static)
     if bearer:
         components = dict(static["components"])
@@ -674,9 +913,9 @@ def build_openapi(version: str, queries: list[dict], bearer: bool = False) -> di
     if not queries:
         return document
     paths = dict(static["paths"])
-    taken = set(_generic_operation_ids())
+    taken = _operation_ids_of(paths)
     for query in queries:
-        path, item = _saved_query_path(query, taken)
+        path, item = _saved_query_path(query, taken, view)
         paths[path] = item
     document["paths"] = paths
     return document

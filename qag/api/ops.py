@@ -8,11 +8,13 @@ import logging
 import os
 import threading
 
-from .. import __version__
+from .. import encode
+from ..version import __version__
 from ..errors import QagError
 from ..http.response import Response, json_response
+from ..policy.grants import may_use_connection
 from .docs import DocsPage
-from .openapi import build_openapi
+from .openapi import View, build_openapi
 
 log = logging.getLogger("qag")
 
@@ -98,9 +100,47 @@ class OpsHandlers:
         return hmac.compare_digest(presented.strip().encode("ascii"), self.metrics_token)
 
     def openapi(self, request, caller):
-        # Anonymous callers and wrong keys see the generic routes only (contract 9.3).
+        """The document of what this caller may call (issue 22.4): anonymous callers and wrong keys the public
+        routes, a scoped key its data plane and queries, an administrator everything."""
         queries = self.gateway.run.listable_queries(caller) if caller is not None else []
-        return json_response(build_openapi(__version__, queries, self.gateway.auth.tokens is not None))
+        return json_response(build_openapi(__version__, queries, self.gateway.auth.tokens is not None,
+                                           self.view(caller)))
+
+    def view(self, caller) -> View:
+        """What `caller` may call on this server, as the document lists it."""
+        gateway = self.gateway
+        settings = gateway.settings
+        formats = tuple(f for f in encode.FORMATS if _writable(f))
+        events = gateway.observe.live.max_streams != 0
+        if caller is None:
+            return View(admin=False, anonymous=True, adhoc=False, connections=(), ddl_connections=(),
+                        formats=formats, page_size=settings.max_page_size, metrics=self.metrics_token is None,
+                        events=False)
+        rows = gateway.store.list_connections()
+        if caller.admin:
+            usable = rows
+        else:
+            usable = [r for r in rows if may_use_connection(caller.grants, r["name"])]
+        names = tuple(sorted(r["name"] for r in usable))
+        ddl = tuple(sorted(r["name"] for r in usable if self._has_ddl(r["db"])))
+        switchable = tuple(sorted(r["name"] for r in usable if r["db"] != "sqlite"))
+        if caller.admin:
+            store = gateway.store
+            return View(admin=True, adhoc=True, connections=names, ddl_connections=ddl, switchable=switchable,
+                        collections=tuple(sorted(store.collections())),
+                        roles=tuple(sorted(r["name"] for r in store.list_roles())), formats=formats,
+                        page_size=settings.max_page_size, events=events)
+        grants = caller.grants
+        # Ad-hoc SQL needs a connection grant, and a claim-bound role runs saved queries only.
+        adhoc = (grants.all_connections or bool(grants.connections)) and not caller.claim_binding
+        return View(admin=False, adhoc=adhoc, connections=names, ddl_connections=ddl, formats=formats,
+                    page_size=settings.max_page_size, metrics=self.metrics_token is None, events=events)
+
+    def _has_ddl(self, db: str) -> bool:
+        try:
+            return self.gateway.backends.get(db).has_table_ddl
+        except QagError:   # its driver is missing: the route answers 500, so it is not offered
+            return False
 
     def root(self, request, caller):
         return Response(302, b"", [("Location", "/docs")])
@@ -108,6 +148,15 @@ class OpsHandlers:
     def favicon(self, request, caller):
         return Response(204)
 
+
+
+def _writable(fmt: str) -> bool:
+    """Whether this server can write `fmt` (its optional package is installed)."""
+    try:
+        encode.check_format(fmt)
+    except QagError:
+        return False
+    return True
 
 
 def _within(seconds: float, check) -> str | None:

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from .. import encode
-from ..backends.base import Call, resolve_fields
+from ..backends.base import Call, default_schema, resolve_fields
 from ..cache.response import cache_key, source_of
 from ..errors import QagError
 from ..http.negotiate import format_for
@@ -25,14 +25,15 @@ from ..policy import tables as table_policy
 from ..bearer import claim
 from ..sql.params import compile_rules
 from ..sql.prepare import check_text_values, prepare, render
+from .. import shapes
 from ._common import valid_query_name
 from ._usage import Usage
 
 RESERVED = frozenset({"format", "page", "page_size", "connection_name", "version", "timeout", "stream"})
-_STREAM_WORDS = ("1", "true", "yes", "on")
+_STREAM_WORDS = shapes.STREAM_WORDS
 _STREAM_BATCH = 1000
 _RESOLVER_CACHE = 2048
-_MAX_OFFSET = 2 ** 63 - 1  # what every engine's OFFSET takes
+_MAX_OFFSET = shapes.MAX_OFFSET  # what every engine's OFFSET takes
 
 
 @dataclass(slots=True)
@@ -92,6 +93,23 @@ def _timeout_value(value) -> float | None:
     if not math.isfinite(seconds) or seconds <= 0:
         raise QagError("invalid_timeout", "timeout must be a positive number of seconds")
     return seconds
+
+
+def _json_integers(given: dict, declared) -> dict:
+    """JSON values of integer parameters as JSON Schema reads them: a whole float (`2.0`) is the integer 2, as
+    /openapi.json's `type: integer` promises. Query-string text is left to the parameter rules (`3.0` there is
+    not an integer, as the contract reads it)."""
+    if not declared or not isinstance(declared, dict):
+        return given
+    out = None
+    for name, value in given.items():
+        if type(value) is float and value.is_integer():
+            rule = declared.get(name)
+            if isinstance(rule, dict) and rule.get("type") == "integer":
+                if out is None:
+                    out = dict(given)
+                out[name] = int(value)
+    return given if out is None else out
 
 
 def bind_claims(bound: tuple, caller, values: dict) -> dict:
@@ -192,8 +210,10 @@ class RunHandlers:
             body = (request.json_object(lenient_content_type=True) if request.method == "POST" else None) or {}
             asked = args["version"] if "version" in args else body.get("version")
             if asked is not None:
-                if isinstance(asked, bool) or not isinstance(asked, (int, str)):
-                    raise QagError("invalid_request", "version must be an integer")
+                if not isinstance(asked, str):
+                    asked = shapes.whole(asked)   # a JSON integer, 2.0 included (JSON Schema's reading)
+                    if asked is None:
+                        raise QagError("invalid_request", "version must be an integer")
                 number = _positive_int(asked, "version")
         except QagError as error:
             deferred = error
@@ -235,7 +255,7 @@ class RunHandlers:
                 continue
             if not isinstance(given, dict):
                 raise QagError("invalid_body", f"{field} must be a JSON object")
-            values.update(given)
+            values.update(_json_integers(given, version.get("parameters")))
         fmt, timeout, negotiated = self._format_and_timeout(request, args, body, caller)
         # 5. declared parameter rules, 6. text placeholders.
         if timing is not None:
@@ -395,19 +415,15 @@ class RunHandlers:
         with mask rules and no allowed_tables gets issue 18's checks (no catalogs, statistics, settings,
         diagnostics or activity; functions by what they resolve to) and None.
 
-        What the statement uses is computed once per prepared statement and default schema (kept on the
-        Prepared, itself cached per SQL), so a warm call parses nothing."""
+        What the statement uses is read once per prepared statement and default schema (Prepared.uses), so a
+        warm call parses nothing."""
         grants = caller.grants
         if caller.admin or (grants.allowed_tables is None and not plan.rules):
             return None
         prepared = plan.prepared
         dialect = prepared.dialect
-        schema = table_policy.default_schema(dialect, fields)
-        key = ("tables", schema)
-        acc = prepared._plans.get(key)
-        if acc is None:
-            acc = table_policy.access(prepared.sql, dialect, schema, text_placeholders=plan.query is not None)
-            prepared._plans[key] = acc        # a race only computes the same analysis twice
+        schema = default_schema(dialect, fields)
+        acc = prepared.uses(schema)
         restricted = grants.allowed_tables is not None
         catalog = self._function_catalog(plan, fields, schema if restricted else None, acc)
         if not restricted:
@@ -520,8 +536,7 @@ class RunHandlers:
         if skip or not rendered.windowed:
             # A query whose window isn't in its SQL (a compound or parenthesised SELECT on PostgreSQL): the
             # engine pages it with a cursor when it can, so the driver never buffers more than the page.
-            reading = prepared.reading
-            call.cursor = reading is not None and reading.query
+            call.cursor = prepared.cursor_pageable
         _pin_names(call, plan, restricted, fields)
         call.identity = row_security(caller, fields, plan.query)
         if timing is not None:

@@ -13,6 +13,8 @@ import time
 from collections import OrderedDict
 from typing import NamedTuple
 
+from ..sql.functions import Catalog
+
 MAX_TABLES = 1000
 TTL = 60.0             # seconds a read is served from the cache
 REFRESH_AFTER = 45.0   # ... and after this many a background thread reads it again
@@ -77,7 +79,6 @@ def read_functions(cursor, database: str):
     """functions.Catalog (issue 18) on a buffered qag cursor: stored functions of `database` and loadable
     functions (mysql.func, when the connection's user may read it), lower-case. MySQL/MariaDB list no native
     functions, so `builtins` is None (the hand-written list decides which names are built-ins)."""
-    from ..policy.functions import Catalog  # noqa: PLC0415
     names: set[str] = set()
     if database:
         cursor.execute("SELECT ROUTINE_NAME FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = %s "

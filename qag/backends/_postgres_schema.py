@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..sql.functions import Catalog
+
 SCHEMA_MAX_TABLES = 1000
 
 # Relations the connecting role has some privilege on, as information_schema.tables lists them.
@@ -77,7 +79,6 @@ WHERE n.nspname = 'pg_catalog' OR n.nspname = $1"""
 
 def read_functions(backend, fields: dict, schema: str):
     """functions.Catalog for calls whose search_path is pg_catalog, "<schema>", pg_temp."""
-    from ..policy.functions import Catalog  # noqa: PLC0415
     rows = backend.query_all(fields, _FUNCTIONS_SQL, (schema,)).rows
     return Catalog(frozenset(name for name, own in rows if own),
                    frozenset(name for name, own in rows if not own))

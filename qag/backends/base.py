@@ -1,10 +1,11 @@
-"""What every backend takes (a Call) and gives back (a Result), and the errors it maps driver failures to."""
+"""What every backend takes (a Call) and gives back (a Result), its driver errors, a connection's default schema."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..errors import QagError
+from ._mysql_schema import server_names
 
 
 @dataclass(slots=True)
@@ -101,6 +102,11 @@ class Backend:
         """{"tables": [...], "truncated": bool} as contract 5.2's schema route."""
         raise NotImplementedError
 
+    def fresh_schema(self, fields: dict, database: str | None = None) -> dict:
+        """schema(), read now rather than from this backend's cache: for a reader that keeps its own (masking),
+        whose age would otherwise add to the backend cache's."""
+        return self.schema(fields, database)
+
     has_table_ddl = False   # table_ddl() is there (contract 11: MySQL and SQLite)
 
     def table_ddl(self, fields: dict, table: str) -> str | None:
@@ -130,3 +136,24 @@ def resolve_fields(fields: dict, environ: dict) -> dict:
                                f"Environment variable '{name}' referenced by the connection is not set", status=500)
             out[key] = environ[name]
     return out
+
+
+def default_schema(dialect: str, fields: dict) -> str:
+    """The schema an unqualified name resolves to on a connection (contract 6.2), lower-case.
+
+    MySQL/MariaDB: the connection's database, read the way its server reads names: lower_case_table_names 1
+    or 2 compare names case-insensitively (lower-case, as the contract says); 0 (Linux's default) compares
+    them exactly, so the schema is an ExactSchema, as written, and a grant for `orders` covers `orders` only,
+    never a distinct table `ORDERS`. The server's setting is read when a connection is opened (cached per
+    connection settings, so no round trip per call); before any is open, one is opened through the backend,
+    and without a backend names are compared exactly (the stricter reading)."""
+    if dialect == "mysql":
+        from ..sql.access import ExactSchema  # noqa: PLC0415 - sqlglot loads with the table checks, not the backends
+        database = str(fields.get("database") or "")
+        names = server_names(fields)
+        if names is None or names.names_exact:
+            return ExactSchema(database)
+        return database.lower()
+    if dialect == "postgres":
+        return str(fields.get("schema") or "public").lower()
+    return "main"

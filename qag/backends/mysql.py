@@ -583,7 +583,7 @@ class MysqlBackend(Backend):
                                   lambda cursor, name: schema_reader.read_ddl(cursor, name, table))
 
     def functions(self, fields: dict, schema=None):
-        """policy.functions.Catalog for the connection's database (issue 18): the names of its stored functions
+        """sql.functions.Catalog for the connection's database (issue 18): the names of its stored functions
         and of the server's loadable functions, which could answer an unqualified call; kept in the schema cache
         (read once per connection settings, refreshed in the background)."""
         name = str(fields.get("database") or "")
@@ -597,6 +597,13 @@ class MysqlBackend(Backend):
         self._schemas.clear()
 
     # --- schema ----------------------------------------------------------------------------------------------
+    def fresh_schema(self, fields: dict, database: str | None = None) -> dict:
+        """schema(), read now (see Backend.fresh_schema); no tables when the connection names no database."""
+        name = database if database is not None else fields.get("database")
+        if not name:
+            return {"tables": [], "truncated": False}
+        return self._read_schema(fields, str(name))
+
     def _read_schema(self, fields: dict, database: str) -> dict:
         return self._read_catalog(fields, database, schema_reader.read)
 

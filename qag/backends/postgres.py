@@ -3,7 +3,8 @@
 Every paged call is one flush of a pipeline and one wait for its replies (contract 10.4 keeps one round trip;
 the messages are a deliberate departure, docs/compatibility.md):
 
-    SELECT pg_catalog.set_config('transaction_read_only', 'on', true),        ┐
+    BEGIN READ ONLY (read-only)                                                ┐
+    SELECT pg_catalog.set_config('transaction_read_only', 'on', true),        │
            [set_config('statement_timeout', $1, true), ...] setseed($n)       │ one segment: one transaction
     <the caller's statement, its values bound as $1..$n>                       │
     ROLLBACK (read-only; a write commits at the Sync)                          ┘ Sync
@@ -20,13 +21,15 @@ Why this shape:
     table-restricted or masked call, the search_path, all transaction-local. A read-only call ends with
     ROLLBACK, so even what a read-only transaction lets through on PostgreSQL 15 (large-object writes,
     pg_notify, set_config) is undone; a statement that fails aborts the rest, and the Sync rolls it all back.
+    It runs in an explicit block (BEGIN READ ONLY): a ROLLBACK in the protocol's implicit one still undoes it,
+    but the server warns "there is no transaction in progress" each time, to the client and into its own log.
   - The reset is queued behind the call, before any other caller's bytes can reach the connection, and its
     reply is read when the connection is next taken (it has almost always arrived): no wait of its own.
     DISCARD ALL ends settings of every kind (client_encoding included), roles and session authorization,
     advisory locks, temporary objects, prepared statements, cursors, LISTENs and sequence state
     (currval/lastval). It keeps the random seed, so every call's first statement seeds random() anew
     (setseed is not transactional): nothing one caller seeded reaches the next.
-  - At most four statements and two Syncs a call, the Syncs queued without a flush each (libpq 17's
+  - At most five statements and two Syncs a call, the Syncs queued without a flush each (libpq 17's
     PQsendPipelineSync), so the whole call is one write.
   - The pipeline is driven by the selected twin of qag._speedups.pgpipe: the compiled one calls libpq itself with
     the interpreter lock held and lets go of it only to wait for the socket (once a call, where psycopg's
@@ -500,7 +503,10 @@ class PostgresBackend(Backend):
         One write. A write commits at the Sync: an explicit COMMIT would make the server answer in two parts
         (a second wake-up of the caller's thread per write)."""
         read_only = call.read_only
-        explicit = len(statements) > 1
+        # A read-only call runs in an explicit block so that its ROLLBACK ends a transaction: in the extended
+        # protocol's implicit one the server would answer (and write to its log) "WARNING: there is no
+        # transaction in progress" on every call. A cursor needs the block to outlive its statements.
+        explicit = read_only or len(statements) > 1
         pipe = link.pipe
         send = pipe.send
         if explicit:
@@ -510,7 +516,7 @@ class PostgresBackend(Backend):
         link.send_args(statements[0], call.args)
         for sql in statements[1:]:
             send(sql.encode())
-        if read_only or explicit:
+        if explicit:
             send(_END[read_only])
         pipe.sync()
         if reset:
@@ -653,9 +659,13 @@ class PostgresBackend(Backend):
             fields = dict(fields, database=database)
         return self._cached(pool_key(fields, True), lambda: read_schema(self, fields))
 
+    def fresh_schema(self, fields: dict, database: str | None = None) -> dict:
+        """schema(), read now (see Backend.fresh_schema)."""
+        return read_schema(self, dict(fields, database=database) if database is not None else fields)
+
     def functions(self, fields: dict, schema: str):
         """The function names a restricted or masked call's pinned search_path (pg_catalog, "<schema>",
-        pg_temp) can resolve to (policy.functions.Catalog), kept with the schemas: read once per connection
+        pg_temp) can resolve to (sql.functions.Catalog), kept with the schemas: read once per connection
         settings and schema, refreshed in the background like them."""
         return self._cached(("functions", schema, pool_key(fields, True)),
                             lambda: read_functions(self, fields, schema))

@@ -12,7 +12,7 @@ import time
 from urllib.parse import quote
 
 from ..errors import QagError
-from ..policy.functions import GENERATORS
+from ..sql.functions import GENERATORS, SQLITE_CHANGING, sqlite_library_builtins
 from .base import Backend, Call, Result, connection_failed, query_failed, timeout_error
 
 # The time limit is checked every this many VM steps: a step can be one whole built-in call over a large value,
@@ -31,9 +31,6 @@ LIKE_PATTERN_LIMIT = 1000
 _LIMITS = ((sqlite3.SQLITE_LIMIT_LENGTH, LENGTH_LIMIT), (sqlite3.SQLITE_LIMIT_SQL_LENGTH, SQL_LENGTH_LIMIT),
            (sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, LIKE_PATTERN_LIMIT), (sqlite3.SQLITE_LIMIT_ATTACHED, 0))
 
-# Functions that change something (load native code, write the error log, register a tokenizer pointer, write
-# files in the CLI's extensions): never run, for any caller.
-_DENIED_FUNCTIONS = frozenset({"load_extension", "sqlite_log", "readfile", "writefile", "edit", "fts3_tokenizer"})
 # Functions of compiled-in extensions (FTS3/4/5, R*Tree) that only read the virtual table they are called on
 # (its reads are reported to the authorizer as table reads). Any other function that is not a built-in of the
 # running library is refused on a read-only call: it is unknown, so it may write (FTS3's optimize() does).
@@ -43,16 +40,10 @@ _BUILTINS: frozenset | None = None
 
 
 def builtin_functions() -> frozenset:
-    """The running sqlite3 library's built-in functions (`pragma function_list`, builtin=1), lower-case, minus
-    those that change something; read once per process."""
+    """The running library's built-ins (qag.sql.functions.sqlite_library_builtins), kept here for the authorizer."""
     global _BUILTINS
     if _BUILTINS is None:
-        conn = sqlite3.connect(":memory:")
-        try:
-            names = {row[0].lower() for row in conn.execute("SELECT name FROM pragma_function_list WHERE builtin")}
-        finally:
-            conn.close()
-        _BUILTINS = frozenset(names - _DENIED_FUNCTIONS)
+        _BUILTINS = sqlite_library_builtins()
     return _BUILTINS
 
 
@@ -101,7 +92,7 @@ class _Authorizer:
     """The engine as reader of record: records every action, table and function SQLite reports while it
     prepares the call's statement, and refuses there what the call may never do, whatever qag's guard read.
 
-    - every call: ATTACH/DETACH, and functions that change something (`_DENIED_FUNCTIONS`);
+    - every call: ATTACH/DETACH, and functions that change something (`SQLITE_CHANGING`);
     - a read-only call: any action other than reading (`read_only`), and functions not built into the library
       except the read-only extension functions;
     - a table-restricted call (`grants`: its qualified tables): any function that is not a built-in
@@ -171,7 +162,7 @@ class _Authorizer:
             self.functions.add(name)
             if name in self.own:
                 return sqlite3.SQLITE_OK
-            if name in _DENIED_FUNCTIONS:
+            if name in SQLITE_CHANGING:
                 return self._deny("function_not_allowed" if self.grants is not None else "forbidden",
                                   f"The gateway never runs {name}() on SQLite")
             if self.grants is not None:

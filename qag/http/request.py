@@ -161,12 +161,12 @@ class Request:
         if not isinstance(value, dict):
             raise QagError("invalid_body", not_object_message)
         if b"\\u" in data:
-            _refuse_lone_surrogates(value)
+            refuse_lone_surrogates(value)
         self._json = value
         return value
 
 
-def _refuse_lone_surrogates(value) -> None:
+def refuse_lone_surrogates(value) -> None:
     """JSON may escape half a UTF-16 pair ("\\ud800"); no database or file can store it, so refuse it here."""
     try:
         json.dumps(value, ensure_ascii=False).encode("utf-8")

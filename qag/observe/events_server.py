@@ -23,10 +23,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs
 
-from ..api.events import read_filters
 from ..errors import QagError
 from .history import event
-from .live import wanted
+from .live import read_filters, wanted
 
 log = logging.getLogger("qag")
 

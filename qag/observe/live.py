@@ -28,7 +28,9 @@ import time
 import weakref
 
 from .. import _speedups
+from ..errors import QagError
 from ..hostmem import map_anonymous
+from ..shapes import HISTORY_KINDS, RUN_STATUSES
 
 MAGIC = int.from_bytes(b"QAGLIVE1", "little")
 LOCK, NEXT_SEQ, HEAD, TAIL_SEQ, TAIL, LISTENERS, DATA_SIZE, RELAY, INSTANCE, SLOTS = 8, 16, 24, 32, 40, 48, 56, 64, 72, 80
@@ -261,6 +263,20 @@ class Stream:
 
     def wants(self, meta: list) -> bool:
         return wanted(meta, self.key, self.filters)
+
+
+FILTERS = ("type", "kind", "query", "connection", "status")   # what a stream may narrow by
+
+
+def read_filters(args) -> dict:
+    """The stream's filters; a kind or status that could never match is 400 invalid_filter (others just match
+    nothing)."""
+    filters = {name: args[name] for name in FILTERS if args.get(name) not in (None, "")}
+    if "kind" in filters and filters["kind"] not in HISTORY_KINDS:
+        raise QagError("invalid_filter", "kind must be saved or adhoc")
+    if "status" in filters and filters["status"] not in RUN_STATUSES:
+        raise QagError("invalid_filter", "status must be success or error")
+    return filters
 
 
 def wanted(meta: list, key: str | None, filters: dict) -> bool:

@@ -13,7 +13,8 @@ import atexit
 import time
 import weakref
 
-from .. import __version__, _speedups
+from .. import _speedups
+from ..version import __version__
 from .history import History, HistoryHandlers
 from .live import LiveEvents
 from .logs import LogWriter
@@ -158,10 +159,10 @@ class Observer:
     def scrape(self) -> bytes:
         from . import metrics, process
         settings = self.gateway.settings
-        build = {"version": __version__, "speedups": settings.speedups,
+        build = {"version": __version__, "speedups": _speedups.mode(),
                  "worker_class": settings.worker_class if metrics.SHARED_DIR is not None else "none"}
         figures = process.figures(process.instance_pids(metrics.SHARED_DIR is not None))
-        return metrics.render(self.metrics.instance(), _speedups.loaded(), build, figures)
+        return metrics.render(self.metrics.instance(), _speedups.choices(), build, figures)
 
     # --- shutdown -----------------------------------------------------------------------------------------
     def close(self) -> None:

@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 
-from .. import __version__
+from ..version import __version__
 from .observer import QUIET_ENDPOINTS
 from .stages import Stages
 

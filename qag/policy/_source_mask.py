@@ -5,9 +5,9 @@ own text, by `(SELECT <masked expressions> AS <original names> FROM <the referen
 grouping, ordering, function, CTE, set operation, subquery or window of the statement can see the raw value,
 because the engine never gives it one. The rest of the text is left byte for byte as written.
 
-Where a reference starts and ends comes from the engine's reading: PostgreSQL's own parser (qag/sql/pgread) on
-PostgreSQL; sqlglot on MySQL/MariaDB and SQLite, cross-checked against qag's tokenizer (differential-tested
-against the server). The rewritten text is read again and every reference to a masked table must be one of the
+Where a reference starts and ends comes from the engine's reading, through the prepared statement
+(qag/sql/references.py: PostgreSQL's own parser on PostgreSQL; sqlglot on MySQL/MariaDB and SQLite, cross-checked
+against qag's tokenizer, differential-tested against the server). The rewritten text is read again and every reference to a masked table must be one of the
 derived tables' own; anything that can't be shown to be covered is refused (Unresolvable: 403 mask_unresolvable).
 
 The masked values are computed by the engine as the contract defines them (docs/masking.md): `hash` is
@@ -20,11 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import sqlglot
-from sqlglot import exp
-
-from ..sql import lexer, pgread
-from ._trace import Unresolvable
+from ..sql.lineage import Unresolvable
+from ..sql.prepare import prepare
 
 IPAD = "qag_mask_ipad"
 OPAD = "qag_mask_opad"
@@ -47,11 +44,12 @@ class SourceMask:
     tables: tuple[str, ...]         # schema.table of the tables read masked
 
 
-def rewrite(sql: str, dialect: str, table_columns, rules_action, default_schema: str | None) -> SourceMask | None:
-    """The statement with each masked table read through a derived table of masked values; None when it reads no
-    table with a masked column. `table_columns(schema, table)` gives [(name, type)] (None: unknown table);
-    `rules_action(schema, table, column)` the strictest action of the rules for a column (None: no rule)."""
-    spans = _references(sql, dialect)
+def rewrite(prepared, table_columns, rules_action, default_schema: str | None) -> SourceMask | None:
+    """The prepared statement with each masked table read through a derived table of masked values; None when it
+    reads no table with a masked column. `table_columns(schema, table)` gives [(name, type)] (None: unknown
+    table); `rules_action(schema, table, column)` the strictest action of the rules for a column (None: no rule)."""
+    sql, dialect = prepared.sql, prepared.dialect
+    spans = prepared.table_references()
     plans = []
     for start, end, schema, table, aliased, cte_named in spans:
         real_schema = (schema or default_schema or "")
@@ -91,125 +89,10 @@ def rewrite(sql: str, dialect: str, table_columns, rules_action, default_schema:
     return SourceMask(text, hashes, tuple(sorted(f"{s}.{t}" for s, t in masked)))
 
 
-# ------------------------------------------------------------------------------------------- finding references
-
-def _placeholders_blanked(sql: str, dialect: str, blank_comments: bool) -> str:
-    """The text with every placeholder (and, for sqlglot, every comment) replaced by text of the same length, so
-    positions found in it are positions in `sql`."""
-    out = []
-    for token in lexer.tokenize(sql, dialect):
-        piece = sql[token.start:token.end]
-        if token.kind in (lexer.PARAM, lexer.TEXT):
-            out.append(("$1" if dialect == "postgres" else "0").ljust(len(piece)))
-        elif token.kind == lexer.COMMENT and blank_comments:
-            out.append("".join(c if c == "\n" else " " for c in piece))
-        elif token.kind in (lexer.XCOMMENT, lexer.BAD):
-            raise Unresolvable("the statement can't be read the way the engine runs it")
-        else:
-            out.append(piece)
-    return "".join(out)
-
-
-def _references(sql: str, dialect: str) -> list[tuple[int, int, str, str, bool, bool]]:
-    """(start, end, schema as written or '', table, has an alias, named like a CTE of the statement) of every
-    table reference, as the engine reads it (PostgreSQL: CTEs in scope are not table references at all)."""
-    if dialect == "postgres":
-        return _postgres_references(sql)
-    return _sqlglot_references(sql, dialect)
-
-
-def _postgres_references(sql: str) -> list:
-    text = _placeholders_blanked(sql, "postgres", blank_comments=False)
-    refs = pgread.references(text)
-    if refs is None:
-        raise Unresolvable("the statement can't be read as one statement")
-    encoded = text.encode("utf-8")
-    out = []
-    for ref in refs:
-        if ref.location < 0:
-            raise Unresolvable("a table reference without a position")
-        start = len(encoded[:ref.location].decode("utf-8", "strict"))
-        end = _name_end(text, start, [p for p in (ref.catalog, ref.schema, ref.name) if p])
-        out.append((start, end, ref.schema, ref.name, ref.aliased, False))
-    return out
-
-
-def _name_end(text: str, start: int, parts: list[str]) -> int:
-    """The end of the dotted name at `start` whose parts fold to `parts` (PostgreSQL's folding), or Unresolvable."""
-    position = start
-    for i, part in enumerate(parts):
-        if i:
-            while position < len(text) and text[position] in " \t\r\n":
-                position += 1
-            if text[position:position + 1] != ".":
-                raise Unresolvable("a table name that isn't where the parser put it")
-            position += 1
-            while position < len(text) and text[position] in " \t\r\n":
-                position += 1
-        if text[position:position + 1] == '"':
-            close = position + 1
-            while True:
-                close = text.find('"', close)
-                if close < 0:
-                    raise Unresolvable("an unterminated quoted name")
-                if text[close + 1:close + 2] == '"':
-                    close += 2
-                    continue
-                break
-            word = text[position + 1:close].replace('""', '"')
-            position = close + 1
-        else:
-            end = position
-            while end < len(text) and (text[end].isalnum() or text[end] in "_$"):
-                end += 1
-            word = text[position:end].lower()
-            position = end
-        if word != part:
-            raise Unresolvable("a table name that isn't where the parser put it")
-    return position
-
-
-def _sqlglot_references(sql: str, dialect: str) -> list:
-    text = _placeholders_blanked(sql, dialect, blank_comments=True)
-    try:
-        trees = [t for t in sqlglot.parse(text, read=_SQLGLOT[dialect]) if t is not None]
-    except Exception:  # noqa: BLE001 - sqlglot's ParseError/TokenError: a text it can't read is refused
-        raise Unresolvable("the statement can't be read") from None
-    if len(trees) != 1:
-        raise Unresolvable("it isn't a single statement")
-    tree = trees[0]
-    ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
-    tokens = {t.start: t for t in lexer.tokenize(sql, dialect)}
-    out = []
-    for table in tree.find_all(exp.Table):
-        name = table.this
-        if not isinstance(name, exp.Identifier):
-            continue                 # a table function: the trace refuses those for masked callers
-        cte_named = table.args.get("db") is None and name.name.lower() in ctes
-        parts = [table.args.get(k) for k in ("catalog", "db")] + [name]
-        parts = [p for p in parts if p is not None]
-        if not all(isinstance(p, exp.Identifier) and "start" in p.meta for p in parts):
-            raise Unresolvable("a table name without a position")
-        start, end = parts[0].meta["start"], parts[-1].meta["end"] + 1
-        # qag's tokenizer must see the same name there: words, quoted names and dots only, token-aligned.
-        position = start
-        while position < end:
-            token = tokens.get(position)
-            if token is None or token.kind not in (lexer.WORD, lexer.QIDENT, lexer.PUNCT, lexer.WS) or \
-                    (token.kind == lexer.PUNCT and token.value != "."):
-                raise Unresolvable("a table name the readers don't agree on")
-            position = token.end
-        if position != end:
-            raise Unresolvable("a table name the readers don't agree on")
-        schema = table.args.get("db")
-        out.append((start, end, schema.name if schema is not None else "", name.name, bool(table.alias), cte_named))
-    return out
-
-
 def _verify(text: str, dialect: str, masked: set, derived: int, default_schema: str | None) -> None:
     """Read the rewritten text again: every reference to a masked table must be a derived table's own."""
     found = 0
-    for _start, _end, schema, table, _aliased, cte_named in _references(text, dialect):
+    for _start, _end, schema, table, _aliased, cte_named in prepare(text, dialect).table_references():
         if not cte_named and ((schema or default_schema or "").lower(), table.lower()) in masked:
             found += 1
     if found != derived:

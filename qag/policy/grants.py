@@ -10,6 +10,7 @@ from functools import lru_cache
 from typing import Mapping
 
 from qag.errors import QagError
+from qag.settings import parse_rate_limit
 
 ALL = "*"
 
@@ -27,23 +28,6 @@ def key_grant_defaults() -> dict:
         "allowed_write_ops": None, "allowed_tables": None, "allowed_functions": None, "rate_limit": None, "allowed_ips": None,
         "mask": None, "max_concurrent": None, "query_timeout": None, "max_rows": None, "quota": None,
     }
-
-
-RATE_LIMIT_RE = re.compile(r"^\s*(\d+)\s*/\s*(second|minute|hour|day)s?\s*$", re.IGNORECASE)
-PERIOD_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
-
-
-def parse_rate_limit(text: str) -> tuple[int, int]:
-    """'60/minute' → (60, 60); ValueError unless the contract's rate-limit syntax with a count ≥ 1."""
-    if not isinstance(text, str):
-        raise ValueError("a rate limit is a string like '60/minute'")
-    match = RATE_LIMIT_RE.match(text)
-    if match is None:
-        raise ValueError(f"not a rate limit: {text!r}")
-    count = int(match.group(1))
-    if count < 1:
-        raise ValueError(f"a rate limit needs a positive count: {text!r}")
-    return count, PERIOD_SECONDS[match.group(2).lower()]
 
 
 # ---------------------------------------------------------------------------------------------- IP allow-lists

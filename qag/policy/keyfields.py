@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import ipaddress
-import re
 from datetime import date
 from typing import Collection, Mapping
 
+from qag import shapes
 from qag.errors import QagError
 from qag.policy.grants import ALL, GRANT_FIELDS, key_grant_defaults, parse_rate_limit
 
@@ -17,16 +17,16 @@ COLLECTION_NAME_MESSAGE = ("A collection name must be 1-63 characters: lowercase
 CLAIM_BINDING_MESSAGE = ("A role with require_claim_binding reaches saved queries by name or collection only - give it "
                          "connections: [] (its users run only queries that bind their token)")
 
-# fullmatch everywhere: `$` would let a trailing newline into a name.
-_NAME_RE = re.compile(r"[\w .\-]{1,100}")
-_COLLECTION_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
-_MASK_PART = r"[A-Za-z0-9_*$]+"
-_MASK_COLUMN_RE = re.compile(rf"{_MASK_PART}\.{_MASK_PART}(?:\.{_MASK_PART})?")
-_DATE_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+# fullmatch everywhere: `$` would let a trailing newline into a name. The patterns, ranges and choices are
+# qag/shapes.py's, which /openapi.json publishes.
+_NAME_RE = shapes.KEY_NAME
+_COLLECTION_RE = shapes.COLLECTION_NAME
+_MASK_COLUMN_RE = shapes.MASK_COLUMN
+_DATE_RE = shapes.DATE
 
-MASK_ACTIONS = ("drop", "null", "mask", "hash", "keep")  # strictest first (contract 6.3)
-QUOTA_PERIODS = ("day", "month")
-QUOTA_MAX = 10 ** 12
+MASK_ACTIONS = shapes.MASK_ACTIONS  # strictest first (contract 6.3)
+QUOTA_PERIODS = shapes.QUOTA_PERIODS
+QUOTA_MAX = shapes.QUOTA_MAX
 
 _KEY_CREATE_FIELDS = frozenset({"name", "role", "expires_at", *GRANT_FIELDS})
 _KEY_PATCH_FIELDS = frozenset({"active", "expires_at", *GRANT_FIELDS})
@@ -56,8 +56,9 @@ def _bad(message: str) -> QagError:
 
 
 def _is_int(value) -> bool:
-    # JSON true/false arrive as bool, a subclass of int; a limit of `true` is a mistake, not 1.
-    return isinstance(value, int) and not isinstance(value, bool)
+    # JSON true/false arrive as bool, a subclass of int; a limit of `true` is a mistake, not 1. A whole float (2.0)
+    # is the integer JSON Schema says it is.
+    return shapes.whole(value) is not None
 
 
 # ---------------------------------------------------------------------------------------------- one field each
@@ -189,13 +190,13 @@ def _whole(field: str, low: int, high: int):
     def check(value):
         if not _is_int(value) or not low <= value <= high:
             raise _bad(message)
-        return value
+        return shapes.whole(value)
     return check
 
 
 def _query_timeout(value):
     # NaN fails the range test too, so no separate finiteness check.
-    if (not _is_int(value) and not isinstance(value, float)) or not 0.1 <= value <= 86400:
+    if not shapes.fits(shapes.QUERY_TIMEOUT, value):
         raise _bad("query_timeout must be a number of seconds from 0.1 to 86,400, or null for none")
     return value
 
@@ -211,9 +212,9 @@ def _quota(value):
         amount = value.get(part)
         if amount is None:
             continue
-        if not _is_int(amount) or not 1 <= amount <= QUOTA_MAX:
+        if not shapes.fits(shapes.QUOTA_COUNT, amount):
             raise _bad(f"quota.{part} must be a whole number from 1 to {QUOTA_MAX:,}")
-        stored[part] = amount
+        stored[part] = shapes.whole(amount)
     if not stored:
         raise _bad("quota needs calls, rows or both")
     stored["per"] = per
@@ -242,9 +243,9 @@ _CHECKS = {
     "allowed_functions": _lowered_names("allowed_functions must be a list of function names a table-restricted key "
                                         "may call besides the built-in ones, or null for none"),
     "mask": normalise_mask,
-    "max_concurrent": _whole("max_concurrent", 1, 1000),
+    "max_concurrent": _whole("max_concurrent", shapes.MAX_CONCURRENT["minimum"], shapes.MAX_CONCURRENT["maximum"]),
     "query_timeout": _query_timeout,
-    "max_rows": _whole("max_rows", 1, 10_000_000),
+    "max_rows": _whole("max_rows", shapes.MAX_ROWS["minimum"], shapes.MAX_ROWS["maximum"]),
     "quota": _quota,
 }
 

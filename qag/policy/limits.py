@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Callable
 
-from .grants import PERIOD_SECONDS, parse_rate_limit
+from qag.settings import PERIOD_SECONDS, parse_rate_limit
 
 __all__ = ["Buckets", "Slots", "parse_rate_limit", "PERIOD_SECONDS", "MAX_ADDRESSES"]
 

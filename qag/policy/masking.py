@@ -2,7 +2,7 @@
 
 Rules come from the caller's key or role, the saved-query version (every caller, admin included) and the ad-hoc
 `mask` of /execute_sql; they are unioned and, per result column, the strictest action among the rules matching any
-source column it is computed from wins (drop > null > mask > hash > keep). The lineage is qag/policy/_trace.py;
+source column it is computed from wins (drop > null > mask > hash > keep). The lineage is qag/sql/lineage.py;
 what can't be traced is refused with 403 mask_unresolvable before the query runs.
 
 Cost: a caller and version without rules pay one truth test. With rules, a warm call does a dict lookup for the
@@ -22,9 +22,8 @@ from functools import lru_cache
 from itertools import count
 
 from ..errors import QagError
-from ..sql import lexer
+from ..sql.lineage import DIALECTS, Schema, Source, Unresolvable
 from ._source_mask import IPAD, OPAD, SQLITE_HASH, SQLITE_MASK, SourceMask, rewrite
-from ._trace import DIALECTS, Schema, Source, Unresolvable, trace
 from .keyfields import MASK_ACTIONS
 
 RANK = {action: i for i, action in enumerate(MASK_ACTIONS)}   # lower is stricter
@@ -275,7 +274,7 @@ class Masking:
                     return _answer(compiled)
         if entry is None:
             try:
-                traced = trace(traceable_sql(prepared), schema)
+                traced = prepared.lineage(schema)
             except Unresolvable as why:
                 traced = _Refusal(str(why))
             entry = [traced, {}]
@@ -284,7 +283,7 @@ class Masking:
             compiled = traced
         else:
             try:
-                compiled = MaskPlan(traced, rules, self.hasher(), _at_source(prepared, schema, rules))
+                compiled = MaskPlan(traced, rules, self.hasher(), at_source(prepared, schema, rules))
             except Unresolvable as why:
                 compiled = _Refusal(str(why))
         with self._lock:
@@ -346,7 +345,7 @@ class Masking:
         return schema
 
 
-def _at_source(prepared, schema: Schema, rules: tuple) -> SourceMask | None:
+def at_source(prepared, schema: Schema, rules: tuple) -> SourceMask | None:
     """The statement with each table that has a masked column read through masked values (_source_mask), or
     None when it reads none. Raises Unresolvable where that can't be shown to cover the statement."""
     def columns(schema_name: str, table: str):
@@ -357,7 +356,7 @@ def _at_source(prepared, schema: Schema, rules: tuple) -> SourceMask | None:
 
     if any(name in (IPAD, OPAD) for name in prepared.bound_names):
         raise Unresolvable(f"the placeholder names {IPAD} and {OPAD} are the gateway's own")
-    source = rewrite(prepared.sql, prepared.dialect, columns, action, schema.default)
+    source = rewrite(prepared, columns, action, schema.default)
     if source is not None and prepared.write_ops:
         raise Unresolvable("a write can't read a table with masked columns")
     return source
@@ -374,28 +373,6 @@ def _answer(compiled):
     return compiled
 
 
-def traceable_sql(prepared) -> str:
-    """The statement for sqlglot as qag's tokenizer reads it the engine's way: comments blanked (so sqlglot can't
-    read them otherwise), each placeholder a constant (it binds a value, never a column). Executable comments
-    (MySQL `/*! */`, MariaDB `/*M! */`) and unreadable text are refused: what runs would differ from what is traced."""
-    if prepared.unreadable is not None:
-        raise Unresolvable("the statement can't be read")
-    out = []
-    sql = prepared.sql
-    for token in lexer.tokenize(sql, prepared.dialect):
-        kind = token.kind
-        if kind == lexer.COMMENT:
-            out.append(" ")
-        elif kind in (lexer.PARAM, lexer.TEXT):
-            out.append("0")
-        elif kind in (lexer.XCOMMENT, lexer.BAD):
-            raise Unresolvable("an executable comment's columns can't be traced" if kind == lexer.XCOMMENT
-                               else "the statement can't be read")
-        else:
-            out.append(sql[token.start:token.end])
-    return "".join(out)
-
-
 def default_schema(dialect: str, fields: dict, database: str | None) -> str | None:
     """Where an unqualified table name resolves: SQLite main, MySQL the database, PostgreSQL the connection's
     `schema` option or public."""
@@ -410,13 +387,4 @@ def default_schema(dialect: str, fields: dict, database: str | None) -> str | No
 def read_schema(backend, fields: dict, database: str | None) -> dict:
     """A fresh read of the connection's tables and columns (this module caches; the backends' own caches for the
     schema routes would add their age to ours)."""
-    dialect = backend.dialect
-    if dialect == "mysql":
-        name = database if database is not None else fields.get("database")
-        if not name:
-            return {"tables": [], "truncated": False}
-        return backend._read_schema(fields, str(name))
-    if dialect == "postgres":
-        from ..backends.postgres import read_schema as read_pg  # noqa: PLC0415 - driver modules load on use
-        return read_pg(backend, dict(fields, database=database) if database is not None else fields)
-    return backend.schema(fields, database)
+    return backend.fresh_schema(fields, database)

@@ -1,1 +1,1 @@
-"""SQL analysis: the tokenizer, statement preparation and parameter rules."""
+"""Reading SQL: the tokenizer, the prepared statement (which owns every reading of it) and parameter rules."""

@@ -8,7 +8,6 @@ import re
 import sqlglot
 from sqlglot import exp
 
-from qag.sql import lexer
 from qag.sql.prepare import prepare
 
 _SQLGLOT_DIALECT = {"sqlite": "sqlite", "mysql": "mysql", "postgres": "postgres"}
@@ -30,15 +29,8 @@ def _parse(sql: str, dialect: str) -> list[exp.Expression]:
     p = prepare(sql, dialect)
     if p.unreadable is not None:
         raise ValueError(p.unreadable)
-    canonical = p.dialect
-    tokens = lexer.tokenize(p.sql, canonical)
-    parts = []
-    for t in tokens:
-        if t.kind == lexer.TEXT:
-            parts.append(":" + _TEXT_MARK + t.value)
-        else:
-            parts.append(p.sql[t.start:t.end])
-    trees = [t for t in sqlglot.parse("".join(parts), read=_SQLGLOT_DIALECT[canonical]) if t is not None]
+    text = p.text_placeholders_written(lambda name: ":" + _TEXT_MARK + name)
+    trees = [t for t in sqlglot.parse(text, read=_SQLGLOT_DIALECT[p.dialect]) if t is not None]
     if not trees:
         raise ValueError("no statement")
     return trees

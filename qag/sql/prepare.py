@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from qag.errors import QagError
-from qag.policy import functions
-from qag.sql import lexer, pgread, window, writes
+from qag.sql import access, functions, lexer, pgread, window, writes
 from qag.sql.lexer import BAD, PARAM, PUNCT, SEMI, STRING, TEXT, WORD, WS, XCOMMENT, Token
 from qag.sql.window import OwnWindow
 
@@ -76,6 +75,8 @@ class Prepared:
     _plans: dict = field(default_factory=dict, repr=False)
     # PostgreSQL: what its own parser reads in the statement as sent (qag.sql.pgread.Reading); None elsewhere.
     reading: object = field(default=None, repr=False)
+    text_placeholders: bool = True    # {name} is a placeholder (saved queries), else plain SQL (ad-hoc)
+    _uses: dict = field(default_factory=dict, repr=False)   # default schema → access.Access
 
     @property
     def placeholders(self) -> tuple[str, ...]:
@@ -85,6 +86,77 @@ class Prepared:
     @property
     def executable_comment(self) -> bool:
         return writes.EXECUTABLE_COMMENT in self.write_ops
+
+    @property
+    def cursor_pageable(self) -> bool:
+        """PostgreSQL's own parser reads a query (SELECT, VALUES, a set operation): the engine can page it with a
+        cursor, so the driver never buffers more than the page."""
+        reading = self.reading
+        return reading is not None and reading.query
+
+    def uses(self, default_schema) -> access.Access:
+        """What the statement uses - its tables qualified with default_schema, table functions and functions -
+        for the table and function checks (contract 6.2, issue 18). Read once per default schema and kept here
+        (the statement itself is cached per SQL), so a warm call parses nothing.
+
+        PostgreSQL: from its own parser's reading; MySQL/MariaDB and SQLite: from qag's tokens, every way the
+        server may read backslashes and quotes, each read again by sqlglot (qag.sql.access)."""
+        found = self._uses.get(default_schema)
+        if found is None:
+            if self.dialect == "postgres":
+                found = access.from_pgread(self.reading, self.unreadable, default_schema)
+            elif len(self.sql) > access.MAX_SQL_CHARS:
+                found = access.uncheckable("too long")
+            else:
+                text, readings = _token_readings(self.sql, self.dialect, self.text_placeholders)
+                found = access.from_tokens(text, readings, self.dialect, default_schema)
+            self._uses[default_schema] = found     # a race only reads twice
+        return found
+
+    def traceable_sql(self) -> str:
+        """The statement for sqlglot's column lineage as qag's tokenizer reads it the engine's way: comments
+        blanked (so sqlglot can't read them otherwise), each placeholder a constant (it binds a value, never a
+        column). Executable comments (MySQL `/*! */`, MariaDB `/*M! */`) and unreadable text raise
+        lineage.Unresolvable: what runs would differ from what is traced."""
+        from qag.sql.lineage import Unresolvable  # noqa: PLC0415 - sqlglot's optimizer loads with masking, not with every statement
+        if self.unreadable is not None:
+            raise Unresolvable("the statement can't be read")
+        out = []
+        sql = self.sql
+        # {name} is read as a placeholder here whatever text_placeholders says (masking always has).
+        for token in lexer.tokenize(sql, self.dialect):
+            kind = token.kind
+            if kind == lexer.COMMENT:
+                out.append(" ")
+            elif kind in (PARAM, TEXT):
+                out.append("0")
+            elif kind in (XCOMMENT, BAD):
+                raise Unresolvable("an executable comment's columns can't be traced" if kind == XCOMMENT
+                                   else "the statement can't be read")
+            else:
+                out.append(sql[token.start:token.end])
+        return "".join(out)
+
+    def text_placeholders_written(self, write) -> str:
+        """The statement's text with each {name} placeholder written as write(name), for another reader (sqlglot,
+        in qag.sql.flow) to parse; everything else as written."""
+        sql = self.sql
+        return "".join(write(t.value) if t.kind == TEXT else sql[t.start:t.end]
+                       for t in lexer.tokenize(sql, self.dialect, text_placeholders=self.text_placeholders))
+
+    def table_references(self) -> list[tuple[int, int, str, str, bool, bool]]:
+        """(start, end, schema as written or '', table, has an alias, named like a CTE of the statement) of every
+        table reference in the text, as the engine reads it (qag.sql.references), for masking at the source.
+        Raises lineage.Unresolvable where a reference can't be located for certain."""
+        from qag.sql import references  # noqa: PLC0415 - loads with masking, not with every statement
+        # {name} is read as a placeholder here whatever text_placeholders says (masking always has).
+        return references.find(self.sql, lexer.tokenize(self.sql, self.dialect), self.dialect)
+
+    def lineage(self, schema) -> tuple:
+        """The result columns in order, each with the source columns it is computed from, against a connection's
+        schema (lineage.Schema). Raises lineage.Unresolvable; a statement without a result has no columns."""
+        from qag.sql.lineage import trace  # noqa: PLC0415 - sqlglot's optimizer loads with masking, not with every statement
+        return trace(self.traceable_sql(), schema)
 
     def _plan(self, style: str, cut: bool) -> tuple:
         key = (style, cut)
@@ -143,7 +215,8 @@ def prepare(sql: str, dialect: str, *, text_placeholders: bool = True) -> Prepar
 def _prepare(sql: str, dialect: str, text_placeholders: bool) -> Prepared:
     if len(sql) > MAX_STATEMENT_CHARS:
         return Prepared(dialect, sql, False, "", frozenset({UNREADABLE_OP}), (), (), False, None,
-                        f"longer than {MAX_STATEMENT_CHARS} characters", (sql,), None)
+                        f"longer than {MAX_STATEMENT_CHARS} characters", (sql,), None,
+                        text_placeholders=text_placeholders)
     tokens = lexer.tokenize(sql, dialect, text_placeholders=text_placeholders)
     tokens, text, multiple = _strip(tokens, sql)
     sig = lexer.significant(tokens)
@@ -168,11 +241,7 @@ def _prepare(sql: str, dialect: str, text_placeholders: bool) -> Prepared:
         # A server may read backslashes differently (NO_BACKSLASH_ESCAPES, ANSI_QUOTES, PostgreSQL's
         # standard_conforming_strings=off): what any of those readings sees as a write or a second statement
         # counts. A reading that leaves a literal open is one the server would refuse, so it adds nothing.
-        for alt in _alternative_readings(tokens, text, dialect):
-            alt_tokens = lexer.tokenize(text, dialect, text_placeholders=text_placeholders, **alt)
-            if any(t.kind == BAD for t in alt_tokens):
-                continue
-            alt_tokens, _, alt_multiple = _strip(alt_tokens, text)
+        for alt_tokens, _, alt_multiple in _alternatives(tokens, text, dialect, text_placeholders):
             multiple = multiple or alt_multiple
             alt_sig = lexer.significant(alt_tokens)
             if writes.first_word_index(alt_sig) >= 0:
@@ -203,7 +272,7 @@ def _prepare(sql: str, dialect: str, text_placeholders: bool) -> Prepared:
     if own is not None:
         cut, _, _ = _template(text, tokens, dialect, text_placeholders, own)
     return Prepared(dialect, text, multiple, first, frozenset(ops), bound_names, text_names, in_sql_window,
-                    own, unreadable, full, cut, reading=reading)
+                    own, unreadable, full, cut, reading=reading, text_placeholders=text_placeholders)
 
 
 def _numbered(items: tuple) -> str:
@@ -233,6 +302,27 @@ def _strip(tokens: list[Token], sql: str) -> tuple[list[Token], str, bool]:
     if base:
         kept = [Token(t.kind, t.start - base, t.end - base, t.value) for t in kept]
     return kept, text, any(t.kind == SEMI for t in kept)
+
+
+def _token_readings(sql: str, dialect: str, text_placeholders: bool) -> tuple[str, list[list[Token]]]:
+    """The statement's text (stripped) and its token readings: the dialect's own, then each alternative
+    reading; none when nothing is left after stripping."""
+    tokens = lexer.tokenize(sql, dialect, text_placeholders=text_placeholders)
+    tokens, text, _ = _strip(tokens, sql)
+    if not tokens:
+        return text, []
+    return text, [tokens] + [alt for alt, _, _ in _alternatives(tokens, text, dialect, text_placeholders)]
+
+
+def _alternatives(tokens: list[Token], text: str, dialect: str, text_placeholders: bool):
+    """(tokens, text, multiple) of each other way a server may read the statement's backslashes and quotes
+    (NO_BACKSLASH_ESCAPES, ANSI_QUOTES, PostgreSQL's standard_conforming_strings=off), stripped. A reading that
+    leaves a literal open is one the server would refuse, so it is skipped."""
+    for alt in _alternative_readings(tokens, text, dialect):
+        alt_tokens = lexer.tokenize(text, dialect, text_placeholders=text_placeholders, **alt)
+        if any(t.kind == BAD for t in alt_tokens):
+            continue
+        yield _strip(alt_tokens, text)
 
 
 def _alternative_readings(tokens: list[Token], text: str, dialect: str) -> list[dict]:

@@ -126,21 +126,21 @@ def _keyword_ops(sig: list[Token], k: int) -> set[str]:
         if v == "for":
             # FOR UPDATE / SHARE / NO KEY UPDATE / KEY SHARE: a read that locks rows other callers may be waiting
             # on. Not a write of data, but not read-only either: it counts as the operation "lock".
-            if _word_at(sig, j) in ("update", "share"):
+            if word_at(sig, j) in ("update", "share"):
                 ops.add("lock")
                 j += 1
-            elif _word_at(sig, j) == "no" and _word_at(sig, j + 1) == "key" and _word_at(sig, j + 2) == "update":
+            elif word_at(sig, j) == "no" and word_at(sig, j + 1) == "key" and word_at(sig, j + 2) == "update":
                 ops.add("lock")
                 j += 3
-            elif _word_at(sig, j) == "key" and _word_at(sig, j + 1) == "share":
+            elif word_at(sig, j) == "key" and word_at(sig, j + 1) == "share":
                 ops.add("lock")
                 j += 2
-        elif v == "lock" and _word_at(sig, j) == "in" and _word_at(sig, j + 2) == "mode":
+        elif v == "lock" and word_at(sig, j) == "in" and word_at(sig, j + 2) == "mode":
             ops.add("lock")   # MySQL's LOCK IN SHARE MODE
         elif v in ("insert", "update", "delete"):
             ops.add(v)
         elif v in ("merge", "replace"):
-            if _word_at(sig, j) == "into":
+            if word_at(sig, j) == "into":
                 ops.add(v)
         elif v == "into":
             saw_into = True
@@ -149,7 +149,7 @@ def _keyword_ops(sig: list[Token], k: int) -> set[str]:
     return ops
 
 
-def _word_at(sig: list[Token], j: int) -> str:
+def word_at(sig: list[Token], j: int) -> str:
     return sig[j].value if j < len(sig) and sig[j].kind == WORD else ""
 
 
@@ -196,7 +196,7 @@ def _sqlglot_ops(text: str, dialect: str, skip_root: bool) -> set[str]:
     return ops
 
 
-def _explain_target(sig: list[Token], k: int) -> int:
+def explain_target(sig: list[Token], k: int) -> int:
     """Index of the statement an EXPLAIN at sig[k] describes, past its options."""
     j = k + 1
     n = len(sig)
@@ -206,7 +206,7 @@ def _explain_target(sig: list[Token], k: int) -> int:
             j = _skip_parens(sig, j)
         elif t.kind == WORD and t.value in _EXPLAIN_FLAGS:
             j += 1
-        elif t.kind == WORD and t.value == "query" and _word_at(sig, j + 1) == "plan":
+        elif t.kind == WORD and t.value == "query" and word_at(sig, j + 1) == "plan":
             j += 2
         elif (t.kind == WORD and t.value == "format" and j + 2 < n and sig[j + 1].kind == PUNCT
               and sig[j + 1].value == "=" and sig[j + 2].kind in (WORD, STRING)):
@@ -216,7 +216,7 @@ def _explain_target(sig: list[Token], k: int) -> int:
     return j
 
 
-def _is_table_description(sig: list[Token], j: int) -> bool:
+def is_table_description(sig: list[Token], j: int) -> bool:
     """MySQL's {EXPLAIN|DESCRIBE} tbl [col|'wild']: a table description, which reads."""
     rest = sig[j:]
     if not rest or rest[0].kind not in (WORD, QIDENT) or rest[0].value in _STATEMENT_WORDS:
@@ -237,12 +237,12 @@ def statement_ops(sql: str, tokens: list[Token], sig: list[Token], k: int, diale
     first = sig[j].value
     if first in ("explain", "describe", "desc"):
         # MySQL reads DESCRIBE and DESC as synonyms of EXPLAIN, and EXPLAIN ANALYZE runs its statement.
-        target = _explain_target(sig, j)
+        target = explain_target(sig, j)
         if target >= len(sig):
             return {"explain"} if first == "explain" else set()
-        if _word_at(sig, target) in ("explain", "describe", "desc"):
+        if word_at(sig, target) in ("explain", "describe", "desc"):
             return {"explain"}
-        if (dialect == "mysql" or first != "explain") and _is_table_description(sig, target):
+        if (dialect == "mysql" or first != "explain") and is_table_description(sig, target):
             return set()
         if first_word_index(sig, target) < 0:
             return {"explain"}

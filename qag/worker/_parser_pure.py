@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections import deque
 
-from .http11 import METHODS, HttpError, Limits, Request, add_header, bad, check_line, headers_done
+from ..http11 import METHODS, HttpError, Limits, Request, add_header, bad, check_line, headers_done
 
 _VERSION = re.compile(rb"HTTP/([0-9])\.([0-9])")
 # origin-form or "*" (any visible ASCII), or absolute-form with a plain scheme, as llhttp accepts them

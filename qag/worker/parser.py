@@ -1,15 +1,14 @@
-"""The request parser: httptools (llhttp, C) when importable and QAG_SPEEDUPS isn't off, else the pure twin.
+"""The request parser: httptools (llhttp, C) in a process that runs compiled (qag/_speedups), else the pure twin.
 
 Between requests, complete heads of the plainest kind (a GET or HEAD without a body) are taken by the selected
 httphead twin (qag/_speedups/httphead.py) without llhttp's Python callback per field; llhttp parses the rest."""
 
 from __future__ import annotations
 
-import os
 from collections import deque
 
 from .. import _speedups
-from .http11 import HttpError, Limits, Request, add_header, bad, check_line, headers_done
+from ..http11 import HttpError, Limits, Request, add_header, bad, check_line, headers_done
 
 try:
     import httptools
@@ -142,15 +141,10 @@ class CParser:
         self.dead = True
 
 
-def parser_class(speedups: str | None = None):
-    """CParser unless QAG_SPEEDUPS=off (or httptools is missing; with QAG_SPEEDUPS=require that is an error)."""
-    mode = speedups if speedups is not None else os.environ.get("QAG_SPEEDUPS", "auto")
-    if mode == "off":
-        from ._parser_pure import Parser
-        return Parser
-    if httptools is None:
-        if mode == "require":
-            raise ImportError("QAG_SPEEDUPS=require but httptools (the HTTP parser) is not installed")
-        from ._parser_pure import Parser
-        return Parser
-    return CParser
+def parser_class():
+    """The worker's parser, as qag/_speedups selected for this process: CParser (httptools' llhttp) when it runs
+    compiled, else the pure twin."""
+    if _speedups.kind() == "compiled" and httptools is not None:
+        return CParser
+    from ._parser_pure import Parser
+    return Parser

@@ -17,7 +17,7 @@ from gunicorn.workers import base
 
 from .. import _speedups
 from . import wsgi
-from .http11 import HttpError, Limits, Request
+from ..http11 import HttpError, Limits, Request
 from .parser import parser_class
 from .poller import STOP, make_poller
 
@@ -76,8 +76,8 @@ class QagWorker(base.Worker):
                              self.cfg.limit_request_field_size, settings.max_body_bytes)
         self.client_timeout = float(settings.client_timeout)
         self.keepalive = float(self.cfg.keepalive)
-        self.parser_cls = parser_class(settings.speedups)
-        _speedups.load(settings.speedups)
+        _speedups.check()
+        self.parser_cls = parser_class()
         self.sort_fields = wsgi.fields_sorter()
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.returned: deque[_Conn] = deque()

@@ -15,7 +15,7 @@ from urllib.parse import unquote_to_bytes
 from gunicorn.http.wsgi import FileWrapper, WSGIErrorsWrapper
 
 from .. import _speedups
-from .http11 import Request
+from ..http11 import Request
 
 _STATUS = re.compile(r"[0-9]{3}(?: [ \t\x21-\x7e\x80-\xff]*)?")
 _DATE = [0, b""]

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.relay import Relay
+from qag.testing import Relay
 from tests.server import q
 
 pytestmark = pytest.mark.e2e

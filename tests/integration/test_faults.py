@@ -1,5 +1,5 @@
 """Faults under a steady load: a database path that black-holes, resets, slows down or goes away; a store that
-stops or is locked; pool pressure. Real gunicorn (two workers), real MariaDB/PostgreSQL behind tests/relay.
+stops or is locked; pool pressure. Real gunicorn (two workers), real MariaDB/PostgreSQL behind qag.testing.Relay.
 
 For each fault the suite checks what docs/deployment.md's fault table promises: the statuses and codes of every
 failed call (each with Retry-After), the longest call against its time limit + the documented margin, the time to
@@ -18,7 +18,7 @@ import time
 import pytest
 
 from qag.backends.watchdog import NETWORK_MARGIN
-from tests.relay import Relay
+from qag.testing import Relay
 from tests.server import Server, q, wait_for
 
 pytestmark = pytest.mark.e2e

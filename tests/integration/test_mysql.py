@@ -18,7 +18,7 @@ import pytest
 
 from qag.backends.base import Call
 from qag.errors import QagError
-from tests.relay import Relay
+from qag.testing import Relay
 from tests.server import Server, q
 from tests.services import MYSQL, mysql_admin
 

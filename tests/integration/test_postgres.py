@@ -1,7 +1,7 @@
 """PostgreSQL connections against the real server on this machine (contract 10.2, 10.4, 10.5, B10.7, B10.8).
 
 Connection behaviour is driven through PostgresBackend directly; HTTP behaviour through a real qag server.
-Round trips are counted by tests/relay.py (turns per call), never timed in an assertion.
+Round trips are counted by qag/testing.py's Relay (turns per call), never timed in an assertion.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from qag.backends import postgres as pg
 from qag.backends.base import Call
 from qag.errors import QagError
 from qag.sql.prepare import prepare, render
-from tests.relay import Relay
+from qag.testing import Relay
 from tests.server import q
 from tests.services import pg_admin
 
@@ -535,7 +535,7 @@ def test_one_round_trip_per_call_through_a_delaying_relay(backend, db, capsys):
             direct.close()
             b.close_idle()
     with capsys.disabled():
-        print(f"\nPostgreSQL single caller, back to back, through tests/relay.py (median of 30, min-max), "
+        print(f"\nPostgreSQL single caller, back to back, through qag/testing.py's Relay (median of 30, min-max), "
               f"delay 0 vs {delay * 1000:.0f} ms per server reply:")
         for name, by_delay in measured.items():
             (_, m0, _, _), (t1, m1, low, high) = by_delay[0.0], by_delay[delay]
@@ -563,3 +563,25 @@ def test_role_and_advisory_locks_do_not_reach_the_next_caller(backend, db):
         assert cur.fetchone()[0] == 0
     finally:
         admin.close()
+
+
+def test_calls_draw_no_warning_from_the_server(backend, db, monkeypatch):
+    """No call makes the server warn: a warning is also a line in the server's own log, one per call under load
+    (a read-only call's ROLLBACK outside an explicit block drew "there is no transaction in progress" every time)."""
+    notices = []
+    connect = pg.PostgresBackend.connect
+
+    def watched(fields, deadline=None):
+        link = connect(fields, deadline)
+        link.conn.add_notice_handler(lambda diag: notices.append((diag.severity, diag.message_primary)))
+        return link
+
+    monkeypatch.setattr(pg.PostgresBackend, "connect", staticmethod(watched))
+    b = backend()
+    for _ in range(3):
+        assert read(b, db, "SELECT 1 AS one").rows == [(1,)]
+    assert read(b, db, "(SELECT n FROM pgt_big) UNION ALL (SELECT 0) ORDER BY 1", size=5, page=2).rows
+    assert read(b, db, "SELECT 2 AS two", read_only=False).rows == [(2,)]
+    columns, batches = b.stream(db, Call("SELECT n FROM pgt_big ORDER BY n", (), True, None, 0), 100, 250)
+    assert sum(len(rows) for rows in batches) == 250
+    assert notices == []

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from tests.conftest import SEED
-from tests.relay import Relay
+from qag.testing import Relay
 from tests.server import Server, q, wait_for
 from tests.services import redis_url
 

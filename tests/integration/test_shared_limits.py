@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.integration.test_observability import metric
-from tests.relay import Relay
+from qag.testing import Relay
 from tests.server import Server, q
 from tests.services import redis_url
 

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from qag.backends import sqlite as backend
 from qag.backends.base import Call
 from qag.errors import QagError
-from qag.policy import tables as table_policy
+from qag.sql.prepare import prepare
 
 CASES = os.path.join(os.path.dirname(__file__), "..", "cases", "engine", "sqlite_engine.json")
 SCHEMA = """
@@ -267,7 +267,7 @@ def test_engine_reading_within_qags(db, sql):
     engine = _engine_tables(db, sql)
     if engine is None:
         return
-    acc = table_policy.access(sql, "sqlite", "main")
+    acc = prepare(sql, "sqlite").uses("main")
     # None: uncheckable for qag, so refused (table_check_failed) before the engine is asked.
     qag_tables = None if acc.failure is not None else set(acc.tables)
     missed = engine - qag_tables if qag_tables is not None else set()

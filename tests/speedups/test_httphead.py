@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qag import _speedups
-from qag.worker.http11 import HttpError, Limits
+from qag.http11 import HttpError, Limits
 from tests.speedups.conftest import compiled_or_skip
 
 LIMITS = Limits(line=60, fields=4, field_size=40, body=64)

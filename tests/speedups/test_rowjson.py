@@ -1,4 +1,4 @@
-"""Row encoding (qag._speedups rowjson twins): exact bytes, twin agreement, and the twin selector."""
+"""Row encoding (qag._speedups rowjson twins): exact bytes and twin agreement."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import enum
 import io
 import json
 import math
-import sys
 import uuid
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
@@ -515,103 +514,3 @@ def test_csv_reads_back(kind, result, delimiter):
     assert out.endswith(b"\r\n")
     parsed = list(csv.reader(io.StringIO(out.decode("utf-8"), newline=""), delimiter=delimiter))
     assert parsed == expected
-
-
-# ---------------------------------------------------------------------------------------------
-# Twin selection: qag._speedups.load / get / loaded
-
-
-@pytest.fixture
-def selector(monkeypatch):
-    """qag._speedups with its selection restored after the test."""
-    for name in ("_mode", "_selected", "_kinds", "_fallbacks"):
-        monkeypatch.setattr(_speedups, name, getattr(_speedups, name))
-    return _speedups
-
-
-@pytest.fixture
-def compiled_missing(monkeypatch):
-    """Make the compiled rowjson unimportable, as on a machine that could not build it."""
-    monkeypatch.setitem(sys.modules, "qag._speedups._rowjson", None)
-
-
-def test_off_loads_pure(selector):
-    selector.load("off")
-    assert selector.loaded() == dict.fromkeys(_speedups.MODULES, "pure")
-    assert selector.get("rowjson") is selector.twin("rowjson", "pure")
-    assert selector.mode() == "off"
-    assert selector.fallbacks() == {}
-
-
-def test_auto_and_require_load_compiled_when_built(selector, twin_pair):
-    _, compiled = twin_pair("rowjson")
-    for mode in ("auto", "require", " Require "):
-        selector.load(mode)
-        assert selector.loaded() == dict.fromkeys(_speedups.MODULES, "compiled")
-        assert selector.get("rowjson") is compiled
-    assert selector.mode() == "require"
-
-
-def test_auto_falls_back_to_pure_with_a_reason(selector, compiled_missing):
-    selector.load("auto")
-    assert selector.loaded()["rowjson"] == "pure"
-    assert selector.get("rowjson") is selector.twin("rowjson", "pure")
-    assert "qag._speedups._rowjson" in selector.fallbacks()["rowjson"]
-
-
-def test_require_refuses_without_compiled(selector, compiled_missing):
-    selector.load("off")
-    with pytest.raises(ImportError) as info:
-        selector.load("require")
-    message = str(info.value)
-    assert "QAG_SPEEDUPS=require" in message and "qag._speedups._rowjson" in message
-    assert info.value.name == "qag._speedups._rowjson"
-    # A refused load leaves the previous selection in force.
-    assert selector.mode() == "off" and selector.loaded() == dict.fromkeys(_speedups.MODULES, "pure")
-
-
-@pytest.mark.parametrize("mode", ["fast", "", "on", "1", None, 1])
-def test_invalid_mode(selector, mode):
-    with pytest.raises(ValueError) as info:
-        selector.load(mode)
-    assert str(info.value) == f"QAG_SPEEDUPS must be auto, require or off, not {mode!r}"
-    assert "\n" not in str(info.value)
-
-
-def not_loaded(selector, monkeypatch) -> None:
-    """The state before the first load: no mode, nothing selected."""
-    monkeypatch.setattr(selector, "_mode", None)
-    monkeypatch.setattr(selector, "_selected", {})
-
-
-def test_first_get_reads_the_environment(selector, monkeypatch):
-    not_loaded(selector, monkeypatch)
-    monkeypatch.setenv("QAG_SPEEDUPS", "off")
-    assert selector.get("rowjson") is selector.twin("rowjson", "pure")
-    assert selector.loaded() == dict.fromkeys(_speedups.MODULES, "pure")
-
-    not_loaded(selector, monkeypatch)
-    monkeypatch.setenv("QAG_SPEEDUPS", "turbo")
-    with pytest.raises(ValueError, match="QAG_SPEEDUPS must be auto, require or off, not 'turbo'"):
-        selector.get("rowjson")
-
-
-def test_unknown_names(selector):
-    with pytest.raises(KeyError, match="no module 'nope'"):
-        selector.get("nope")
-    with pytest.raises(ValueError, match="'pure' or 'compiled'"):
-        selector.twin("rowjson", "fast")
-
-
-def test_missing_compiled_twin_fails_under_require_and_skips_otherwise(monkeypatch):
-    from tests.speedups import conftest
-
-    def missing(name, kind):
-        raise ImportError(f"no compiled {name}")
-    monkeypatch.setattr(conftest._speedups, "twin", missing)
-    monkeypatch.setenv("QAG_SPEEDUPS", "require")
-    with pytest.raises(pytest.fail.Exception, match="QAG_SPEEDUPS=require: compiled twin"):
-        Twins("compiled").rowjson
-    monkeypatch.setenv("QAG_SPEEDUPS", "auto")
-    with pytest.raises(pytest.skip.Exception, match="is not built"):
-        Twins("compiled").rowjson

@@ -6,8 +6,9 @@ import io
 import json
 import time
 
-import jwt
 import pytest
+
+jwt = pytest.importorskip("jwt", reason="the jwt extra (pip install 'qag[jwt]')")
 
 from qag.settings import SettingsError, load
 

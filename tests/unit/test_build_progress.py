@@ -136,42 +136,42 @@ def test_messages_from_many_threads_stay_whole_lines(messages):
 
 
 # --- which builds beside the sources qag would run ---------------------------------------------------------------
+def _built(root, path: str, source: bytes) -> None:
+    """`path` (an entry of qag/_speedups/compiled.py's list) under `root` with a current build beside it."""
+    file = root / path
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_bytes(source)
+    stem = os.path.splitext(str(file))[0]
+    with open(stem + SUFFIX, "wb"):
+        pass
+    with open(stem + speedups.DIGEST_SUFFIX, "w") as fh:
+        fh.write(hashlib.sha256(source).hexdigest() + "\n")
+
+
 def _tree(tmp_path):
-    """A stand-in tree: the request path's qag/app.py and one qag/_speedups/_x.pyx, each with a current build."""
-    app = tmp_path / "qag" / "app.py"
-    app.parent.mkdir(parents=True)
-    app.write_text("X = 1\n")
-    (tmp_path / "qag" / f"app{SUFFIX}").write_bytes(b"")
-    (tmp_path / "qag" / f"app{speedups.DIGEST_SUFFIX}").write_text(hashlib.sha256(b"X = 1\n").hexdigest() + "\n")
-    pyx = tmp_path / "qag" / "_speedups" / "_x.pyx"
-    pyx.parent.mkdir()
-    pyx.write_text("")
-    built = tmp_path / "qag" / "_speedups" / f"_x{SUFFIX}"
-    built.write_bytes(b"")
-    later = os.path.getmtime(pyx) + 5
-    os.utime(built, (later, later))
+    """A stand-in tree: the request path's qag/app.py and qag/_speedups/_rowjson.pyx, each with a current build."""
+    _built(tmp_path, "qag/app.py", b"X = 1\n")
+    _built(tmp_path, "qag/_speedups/_rowjson.pyx", b"")
     return tmp_path
 
 
 def test_current_builds_are_those_of_the_source_as_it_is(tmp_path):
     root = _tree(tmp_path)
-    assert speedups.current_builds(str(root)) == {"qag.app", "qag._speedups._x"}
+    assert speedups.current_builds(str(root)) == {"qag.app", "qag._speedups._rowjson"}
     assert "qag.app" in speedups.module_sources(str(root)) and "qag.api.run" in speedups.module_sources(str(root))
 
 
 def test_an_edited_source_makes_its_build_stale(tmp_path):
     root = _tree(tmp_path)
-    (root / "qag" / "app.py").write_text("X = 2\n")   # the digest no longer matches
-    pyx = root / "qag" / "_speedups" / "_x.pyx"
-    later = os.path.getmtime(root / "qag" / "_speedups" / f"_x{SUFFIX}") + 5
-    os.utime(pyx, (later, later))                       # the .pyx is newer than its build
+    (root / "qag" / "app.py").write_text("X = 2\n")                  # the digests no longer match
+    (root / "qag" / "_speedups" / "_rowjson.pyx").write_text("# edited\n")
     assert speedups.current_builds(str(root)) == set()
 
 
 def test_a_build_without_its_digest_or_missing_is_not_current(tmp_path):
     root = _tree(tmp_path)
     (root / "qag" / f"app{speedups.DIGEST_SUFFIX}").unlink()
-    (root / "qag" / "_speedups" / f"_x{SUFFIX}").unlink()
+    (root / "qag" / "_speedups" / f"_rowjson{SUFFIX}").unlink()
     assert speedups.current_builds(str(root)) == set()
 
 

@@ -8,11 +8,15 @@ import importlib
 import io
 from decimal import Decimal
 
-import pyarrow.parquet as pq
 import pytest
 
 from qag import encode, formats
 from qag.errors import QagError
+
+
+def _needs(module: str):
+    """`module` of the formats extra (PyYAML, pyarrow), which a format's test writes or reads back with."""
+    return pytest.importorskip(module, reason="the formats extra (pip install 'qag[formats]')")
 
 
 @pytest.mark.parametrize("column, tag", [("1 id", "_1_id"), ("a b<c>", "a_b_c_"), ("é.x-y", "é.x-y"),
@@ -26,15 +30,17 @@ def test_xml_repeated_columns_keep_every_value():
 
 
 def test_yaml_writes_a_time_of_day_as_text_and_decimal_nan_as_nan():
+    _needs("yaml")
     body = encode.encode("yaml", ["t", "n", "d"], [(dt.time(3, 4, 5), Decimal("NaN"), Decimal("2.50"))])
     assert body == b"- t: 03:04:05\n  n: .nan\n  d: 2.5\n"
 
 
 def _read(body: bytes):
-    return pq.read_table(io.BytesIO(body))
+    return _needs("pyarrow.parquet").read_table(io.BytesIO(body))
 
 
 def test_parquet_columns_that_mix_types_are_text_and_numbers_widen():
+    _needs("pyarrow.parquet")
     body = encode.encode("parquet", ["mixed", "num", "nulls"], [(1, 1, None), ("a", 2.5, None), (None, Decimal("3"), None)])
     table = _read(body)
     assert [str(f.type) for f in table.schema] == ["string", "double", "string"]
@@ -43,11 +49,13 @@ def test_parquet_columns_that_mix_types_are_text_and_numbers_widen():
 
 
 def test_parquet_decimals_beyond_38_digits_are_null_not_an_error():
+    _needs("pyarrow.parquet")
     body = encode.encode("parquet", ["d"], [(Decimal("1.5"),), (Decimal("9" * 40),)])
     assert _read(body).to_pylist() == [{"d": Decimal("1.5")}, {"d": None}]
 
 
 def test_a_parquet_stream_keeps_its_first_types_for_later_batches():
+    pq = _needs("pyarrow.parquet")
     stream = encode.StreamEncoder("parquet", ["id", "v"], parquet_row_group=2)
     parts = [stream.chunk([(1, "a")]), stream.chunk([(2, "b"), (3, 4)]), stream.chunk([("x", None)]), stream.finish()]
     assert parts[0] == b""                                  # one row held: not a row group yet

@@ -83,8 +83,9 @@ def test_a_writer_that_does_not_answer_times_the_read_out_and_a_dead_one_is_skip
     os.waitpid(pid, 0)                                      # attached, then gone without detaching
     number = host.request()
     host.ack(me, number)
-    started = time.monotonic()
-    assert host.wait(number, timeout=5) is True and time.monotonic() - started < 1
+    naps: list = []
+    assert host.wait(number, timeout=5, sleep=naps.append) is True
+    assert len(naps) == 1                                   # skipped at the first look: one pause, then done
     assert all(holder != pid for _, holder in host._behind(1 << 62))
 
 
@@ -123,9 +124,8 @@ def test_the_writer_thread_answers_a_request_long_before_its_interval(host):
         while not host._behind(1 << 62) and time.monotonic() < deadline:
             time.sleep(0.005)   # the thread started and attached
         assert written == []
-        started = time.monotonic()
-        assert host.wait(host.request(), timeout=5)
-        assert written == ["a"] and time.monotonic() - started < 1
+        assert host.wait(host.request(), timeout=5)        # answered: long before the 60 s interval
+        assert written == ["a"]
     finally:
         writer.close()
     assert host._behind(1 << 62) == []                     # a closed writer left its slot

@@ -362,10 +362,10 @@ def test_limits_accepted(field, value):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("max_concurrent", 0), ("max_concurrent", 1001), ("max_concurrent", True), ("max_concurrent", 2.0),
+    ("max_concurrent", 0), ("max_concurrent", 1001), ("max_concurrent", True), ("max_concurrent", 2.5),
     ("max_concurrent", "2"), ("query_timeout", 0.05), ("query_timeout", 86401), ("query_timeout", "5"),
     ("query_timeout", False), ("query_timeout", float("nan")), ("query_timeout", float("inf")),
-    ("query_timeout", 10 ** 400), ("max_rows", 0), ("max_rows", 10_000_001), ("max_rows", 1.5), ("max_rows", 5.0),
+    ("query_timeout", 10 ** 400), ("max_rows", 0), ("max_rows", 10_000_001), ("max_rows", 1.5), ("max_rows", 5.5),
     ("max_rows", True), ("max_rows", [5]),
 ])
 def test_limits_refused(field, value):
@@ -401,10 +401,16 @@ SHAPE = 'quota is an object with calls and/or rows, and per ("day" or "month"), 
     ({"calls": 0, "per": "day"}, "quota.calls must be a whole number from 1 to 1,000,000,000,000"),
     ({"rows": 10 ** 12 + 1, "per": "day"}, "quota.rows must be a whole number from 1 to 1,000,000,000,000"),
     ({"rows": True, "per": "day"}, "quota.rows must be a whole number from 1 to 1,000,000,000,000"),
-    ({"rows": 5.0, "per": "month"}, "quota.rows must be a whole number from 1 to 1,000,000,000,000"),
+    ({"rows": 5.5, "per": "month"}, "quota.rows must be a whole number from 1 to 1,000,000,000,000"),
 ])
 def test_quota_refused(value, message):
     assert refused_create(quota=value) == message
+
+
+def test_whole_floats_are_integers():
+    # JSON Schema's integer (what /openapi.json publishes) includes 2.0; stored as the int (docs/compatibility.md).
+    assert grants_of(max_concurrent=2.0)["max_concurrent"] == 2 and type(grants_of(max_rows=5.0)["max_rows"]) is int
+    assert grants_of(quota={"rows": 5.0, "per": "month"})["quota"] == {"rows": 5, "per": "month"}
 
 
 # expires_at, active ---------------------------------------------------------------------------------------------

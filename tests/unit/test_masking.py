@@ -1,4 +1,4 @@
-"""qag/policy/masking.py and _trace.py without a server: lineage per dialect, rules, value actions (contract 6.3)."""
+"""qag/policy/masking.py and qag/sql/lineage.py without a server: lineage per dialect, rules, value actions (contract 6.3)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import sqlite3
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from qag.backends.base import Backend
 from qag.errors import QagError
 from qag.policy import masking
-from qag.policy._trace import Schema, Unresolvable, trace
+from qag.sql.lineage import Schema, Unresolvable, trace
 from qag.sql.prepare import prepare, render
 
 RAW = {"tables": [
@@ -163,7 +164,7 @@ class _Settings:
     mask_key = "k"
 
 
-class _Backend:
+class _Backend(Backend):
     dialect = "sqlite"
 
     def __init__(self):
@@ -205,14 +206,14 @@ def test_planner_caches_schema_and_plans_and_refuses_before_running():
 def test_executable_comments_are_refused(sql):
     # MySQL runs the comment's text: the engine would return email under the name id.
     with pytest.raises(Unresolvable):
-        masking.traceable_sql(prepare(sql, "mysql"))
+        prepare(sql, "mysql").traceable_sql()
 
 
 def test_comments_are_read_the_engine_way():
     # MySQL: "--x" is not a comment (no space after --); "# ..." is one. Whatever sqlglot thinks.
-    text = masking.traceable_sql(prepare("SELECT id # , email\nFROM customers WHERE id = :id", "mysql"))
+    text = prepare("SELECT id # , email\nFROM customers WHERE id = :id", "mysql").traceable_sql()
     assert "email" not in text and ":id" not in text
-    assert lineage(masking.traceable_sql(prepare("SELECT id -- , email\nFROM customers", "postgres")),
+    assert lineage(prepare("SELECT id -- , email\nFROM customers", "postgres").traceable_sql(),
                    "postgres") == [("id", ["customers.id"])]
 
 

@@ -345,7 +345,9 @@ def test_a_direct_edit_of_the_store_is_seen_through_the_poll(tmp_path):
     conn.close()
     start = time.monotonic()
     while app.call("GET", "/q/films", query="n=2", key=secret)[0] == 200:
-        assert time.monotonic() - start < 2.5, "a direct edit was not seen within 2.5 s"
+        # A bound far under the cache's TTL (60 s): what saw the edit is the poll (every second), however loaded
+        # the machine is; how soon is measured by no test.
+        assert time.monotonic() - start < 10, "a direct edit was not seen through the poll"
         time.sleep(0.05)
     # A usage stamp is not a change: it does not move the generation.
     before = app.gateway.store.get_meta(CONFIG_KEY)

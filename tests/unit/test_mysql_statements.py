@@ -10,15 +10,16 @@ from __future__ import annotations
 import socket
 from types import SimpleNamespace
 
-import MySQLdb
 import pytest
 
-from qag.backends import _mysql_sql as s
-from qag.backends import mysql as mysql_backend
-from qag.backends.base import Call
-from qag.backends.mysql import MysqlBackend, connect_args, mapped
-from qag.errors import QagError
-from qag.sql.prepare import prepare, render
+MySQLdb = pytest.importorskip("MySQLdb", reason="the mysql extra (pip install 'qag[mysql]')")
+
+from qag.backends import _mysql_sql as s  # noqa: E402  (after the skip: qag.backends.mysql imports MySQLdb)
+from qag.backends import mysql as mysql_backend  # noqa: E402
+from qag.backends.base import Call  # noqa: E402
+from qag.backends.mysql import MysqlBackend, connect_args, mapped  # noqa: E402
+from qag.errors import QagError  # noqa: E402
+from qag.sql.prepare import prepare, render  # noqa: E402
 
 
 def rendered(sql: str, values: dict | None = None, fetch: int | None = 6, offset: int = 0) -> str:
@@ -323,11 +324,13 @@ def fake(monkeypatch):
     log: list[str] = []
     connects: list[dict] = []
     state = {"version": "8.0.36", "probe_warnings": 0}
+    made: list[_FakeConn] = []
 
     def connect(**kwargs):
         connects.append(kwargs)
         log.append("connect")
-        return _FakeConn(log, state["version"], state["probe_warnings"], kwargs)
+        made.append(_FakeConn(log, state["version"], state["probe_warnings"], kwargs))
+        return made[-1]
 
     monkeypatch.setattr(mysql_backend.MySQLdb, "connect", connect)
     # The backend calls the driver's C query on its connection object; these connections answer through theirs.
@@ -338,7 +341,10 @@ def fake(monkeypatch):
         return MysqlBackend(SimpleNamespace(pool_size=pool_size, pool_idle_timeout=300.0, pool_max=None,
                                             pool_wait=5.0))
 
-    return make, log, connects
+    yield make, log, connects
+    for conn in made:   # the pools are never closed here: their socket pairs are (a warning is an error)
+        conn.ours.close()
+        conn.theirs.close()
 
 
 FACTS = mysql_backend.schema_reader.FACTS_QUERY

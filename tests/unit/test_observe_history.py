@@ -4,7 +4,6 @@ policy, and the bytes a run costs."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -17,6 +16,7 @@ from tests.server import store_sql
 
 from qag.app import create_app
 from qag.settings import load
+from qag.testing import Client
 
 ADMIN = "unit-admin-key-0123456789"
 
@@ -39,22 +39,9 @@ class App:
 
     def call(self, method: str, path: str, body=None, query: str = "", key: str | None = ADMIN,
              headers: dict | None = None):
-        data = json.dumps(body).encode() if body is not None else b""
-        environ = {"REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": query, "REMOTE_ADDR": "127.0.0.1",
-                   "RAW_URI": path + (f"?{query}" if query else ""), "wsgi.input": io.BytesIO(data),
-                   "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(data))}
-        if key is not None:
-            environ["HTTP_X_API_KEY"] = key
-        for name, value in (headers or {}).items():
-            environ["HTTP_" + name.upper().replace("-", "_")] = value
-        got = []
-        body_iter = self.gateway(environ, lambda status, hdrs: got.append((status, hdrs)))
-        raw = b"".join(body_iter)
-        if hasattr(body_iter, "close"):
-            body_iter.close()
-        status = int(got[0][0].split()[0])
-        hdrs = {k.lower(): v for k, v in got[0][1]}
-        return status, hdrs, (json.loads(raw) if raw and hdrs.get("content-type") == "application/json" else raw)
+        reply = Client(gateway=self.gateway).request(method, path, body, query=query, key=key, headers=headers)
+        raw, hdrs = reply.body, reply.headers
+        return reply.status, hdrs, (reply.json if raw and hdrs.get("content-type") == "application/json" else raw)
 
     def query(self, name: str, sql: str = "SELECT id, name FROM t WHERE id <= :n", **extra):
         status, _, body = self.call("POST", "/api/v1/queries", {"name": name, "description": "d", "sql": sql,

@@ -103,12 +103,12 @@ def test_unknown_qag_names_are_refused_naming_the_closest_setting(name, expected
 
 
 def test_names_qag_reads_elsewhere_are_accepted(tmp_path):
-    f = tmp_path / "url"
-    f.write_text("postgresql://u@127.0.0.1/db\n")
+    f = tmp_path / "key"
+    f.write_text("sk_admin_from_a_file\n")
     s = load({"QAG_HOME": "/tmp", "QAG_TEST_STORE": "postgresql", "QAG_TEST_PG_HOST": "h", "QAG_BENCH_PG_USER": "u",
-              "QAG_BENCH_WRK_MODE": "open", "QAG_BUILD_SPEEDUPS": "require", "QAG_DATABASE_URL_FILE": str(f),
+              "QAG_BENCH_WRK_MODE": "open", "QAG_BUILD_SPEEDUPS": "require", "QAG_API_KEY_FILE": str(f),
               "QUERYAPIGATE_HOST": "127.0.0.1", "QUERYAPIGATE_PORT": "5001", "QAG_DEMO_HOME": "/tmp/demo"})
-    assert (s.bind, s.demo_home, s.database_url) == ("127.0.0.1:5001", "/tmp/demo", "postgresql://u@127.0.0.1/db")
+    assert (s.bind, s.demo_home, s.api_key) == ("127.0.0.1:5001", "/tmp/demo", "sk_admin_from_a_file")
     assert load({}).demo_home == load({"QAG_DEMO_HOME": ""}).demo_home == "demo-home"
     assert all(p.startswith("QAG_") and p.endswith("_") for p in settings.ALLOWED_PREFIXES)
     assert all(f"`{p}`" in settings.generate_markdown() for p in settings.ALLOWED_PREFIXES)

@@ -36,6 +36,7 @@ def test_a_store_file_that_is_not_a_database(tmp_path):
 
 
 def test_a_server_that_is_down_names_the_url_without_its_password():
+    pytest.importorskip("psycopg2", reason="the postgres extra (pip install 'qag[postgres]'); no server is needed")
     with socket.socket() as s:   # a port nothing listens on once closed
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

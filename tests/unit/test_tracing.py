@@ -15,7 +15,6 @@ import pytest
 
 from qag.observe.logs import LogWriter
 from qag.settings import SettingsError, load
-from tests.otlp import Receiver
 from tests.unit.test_observe_history import App
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -26,6 +25,7 @@ def _otel(**env) -> str:
 
 
 def test_tracing_is_off_unless_an_otlp_endpoint_or_qag_otel_says_on():
+    pytest.importorskip("opentelemetry.sdk", reason="on needs the otel extra (pip install 'qag[otel]')")
     assert _otel() == "off"
     assert _otel(OTEL_EXPORTER_OTLP_ENDPOINT="http://collector:4318") == "on"
     assert _otel(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="http://collector:4318/v1/traces") == "on"
@@ -83,6 +83,8 @@ def test_log_lines_carry_the_trace_id_when_there_is_one():
 
 @pytest.fixture
 def receiver():
+    pytest.importorskip("opentelemetry.proto", reason="the otel extra (pip install 'qag[otel]')")
+    from tests.otlp import Receiver
     r = Receiver()
     yield r
     r.close()

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from qag import _speedups
 from qag.worker import parser as parser_mod
 from qag.worker._parser_pure import Parser as PureParser
-from qag.worker.http11 import HttpError, Limits
+from qag.http11 import HttpError, Limits
 
-REQUIRE = os.environ.get("QAG_SPEEDUPS", "").strip().lower() == "require"
+REQUIRE = _speedups.mode() == "require"
 
 
 def _c_parser():

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from qag._speedups import respond
 from qag.worker import wsgi
-from qag.worker.http11 import Request
+from qag.http11 import Request
 from tests.speedups.test_respond import BAD_FIELDS
 
 TOKEN = "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"

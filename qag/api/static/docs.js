@@ -16,4 +16,7 @@
       return request;
     }
   });
+  // /openapi.json lists what its caller may call (an anonymous caller: the public routes): read it again as the
+  // key just typed.
+  field.addEventListener("change", function () { window.ui.specActions.download("/openapi.json"); });
 })();

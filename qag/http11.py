@@ -1,4 +1,4 @@
-"""HTTP/1.1 request semantics shared by both parser twins: limits, framing rules (no smuggling), keep-alive."""
+"""HTTP/1.1 request rules shared by the worker's parsers and the httphead twins: limits, framing (no smuggling), keep-alive."""
 
 from __future__ import annotations
 

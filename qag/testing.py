@@ -1,23 +1,110 @@
-"""A TCP relay for tests: adds a delay to the server's replies, counts the client's request turns, and makes the
-faults of a network path on demand: cut (close both ways), reset (RST to the client), black-hole (hold every byte,
-both ways, connections stay open: what a dropped route looks like to both ends) and refuse new connections.
-
-A "turn" is a burst of client bytes that follows server bytes (or starts the conversation): one round trip the
-client waited for. Each chunk from the server is forwarded `delay` seconds after it arrived, so a reply split
-into several chunks still costs one delay, like a network hop.
-"""
+"""Driving a gateway without a server: an in-process client (CLI, tests, benchmarks) and a delaying TCP relay."""
 
 from __future__ import annotations
 
 import heapq
+import io
+import json
 import socket
 import struct
 import threading
 import time
+from typing import NamedTuple
+from urllib.parse import quote, unquote_to_bytes
+
+from .settings import Settings, load
+
+
+class Reply(NamedTuple):
+    """One answer of Client.request: status, headers (lower-case names) and the body's bytes."""
+
+    status: int
+    headers: dict
+    body: bytes
+
+    @property
+    def json(self):
+        """The body read as JSON (None when empty)."""
+        return json.loads(self.body) if self.body else None
+
+
+class Client:
+    """A Gateway built from settings (or a home folder and environment), called in this process.
+
+    request(): over WSGI, as a server would call it - authentication, limits, logs and the route, all of it.
+    manage(): a management request as the local operator `cli` (no key, no limits, no request log): the route's
+    own handler with an administrator caller, what `qag init`, `qag demo` and the `qag` admin commands do."""
+
+    def __init__(self, settings: Settings | None = None, *, home: str | None = None, env: dict | None = None,
+                 gateway=None, peer: str = "127.0.0.1"):
+        if gateway is None:
+            if settings is None:
+                settings = load({**({"QAG_HOME": home} if home is not None else {}), **(env or {})})
+            from .app import Gateway  # noqa: PLC0415 - the CLI imports this module on its light paths too
+            # Management calls never start a trace: no exporter thread (nor OpenTelemetry imported in `qag demo`'s
+            # process, which goes on to be the gunicorn master that forks the workers).
+            gateway = Gateway(settings.with_overrides(otel="off"))
+        self.gateway = gateway
+        self.peer = peer
+        self._operator = None
+
+    def request(self, method: str, path: str, body=None, *, query: str = "", key: str | None = None,
+                headers: dict | None = None) -> Reply:
+        """One request through the gateway's WSGI callable, the environ as gunicorn gives it. path: as sent
+        (percent-encoded); body: JSON-encoded unless bytes, sent as application/json when given; key: X-API-Key;
+        headers: more request headers by their HTTP names (Content-Type overrides the JSON one)."""
+        data = body if isinstance(body, bytes) else (json.dumps(body).encode() if body is not None else b"")
+        environ = {"REQUEST_METHOD": method, "PATH_INFO": unquote_to_bytes(path).decode("latin-1"),
+                   "QUERY_STRING": query, "RAW_URI": path + (f"?{query}" if query else ""),
+                   "REMOTE_ADDR": self.peer, "wsgi.input": io.BytesIO(data), "wsgi.url_scheme": "http"}
+        if body is not None:
+            environ["CONTENT_TYPE"] = "application/json"
+            environ["CONTENT_LENGTH"] = str(len(data))
+        if key is not None:
+            environ["HTTP_X_API_KEY"] = key
+        for name, value in (headers or {}).items():
+            name = name.upper().replace("-", "_")
+            environ[name if name in ("CONTENT_TYPE", "CONTENT_LENGTH") else "HTTP_" + name] = value
+        started = []
+        chunks = self.gateway(environ, lambda status, response_headers, exc_info=None:
+                              started.append((status, response_headers)))
+        try:
+            raw = b"".join(chunks)
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+        status, response_headers = started[0]
+        return Reply(int(status.split()[0]), {k.lower(): v for k, v in response_headers}, raw)
+
+    def manage(self, method: str, path: str, body: dict | None = None, query: str = ""):
+        """A management request as the local operator `cli`: the parsed JSON answer (None when empty); raises
+        QagError as the route refuses."""
+        from .auth import Caller  # noqa: PLC0415
+        from .http.request import Request  # noqa: PLC0415
+        if self._operator is None:
+            self._operator = Caller("cli", True, "cli")
+        data = json.dumps(body).encode() if body is not None else b""
+        environ = {"REQUEST_METHOD": method, "RAW_URI": quote(path) + (f"?{query}" if query else ""),
+                   "REMOTE_ADDR": self.peer, "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(data)),
+                   "wsgi.input": io.BytesIO(data)}
+        request = Request(environ, self.gateway.max_body)
+        request.parse_target()
+        route, params = self.gateway.router.match(request.segments, method)
+        response = route.handler(request, self._operator, **params)
+        return json.loads(response.body) if response.body else None
 
 
 class Relay:
-    """`with Relay(host, port, delay=0.01) as relay:` then connect to 127.0.0.1:relay.port."""
+    """A TCP relay for tests and benchmarks: `with Relay(host, port, delay=0.01) as relay:`, then connect to
+    127.0.0.1:relay.port. It adds a delay to the server's replies, counts the client's request turns, and makes the
+    faults of a network path on demand: cut (close both ways), reset (RST to the client), black-hole (hold every
+    byte, both ways, connections stay open: what a dropped route looks like to both ends) and refuse new
+    connections.
+
+    A "turn" is a burst of client bytes that follows server bytes (or starts the conversation): one round trip the
+    client waited for. Each chunk from the server is forwarded `delay` seconds after it arrived, so a reply split
+    into several chunks still costs one delay, like a network hop."""
 
     def __init__(self, upstream_host: str, upstream_port: int, delay: float = 0.0):
         self.upstream = (upstream_host, upstream_port)

@@ -1,8 +1,8 @@
-"""Function policy for table-restricted and masked keys: functions always denied, side channels, built-ins per
-dialect (from the engine's catalog where it has one), pure generators."""
+"""What each dialect's functions do: denied, side channels, state-changing, built-ins, pure generators."""
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import dataclass
 
 # Functions a table-restricted key may never call, whatever allowed_functions says: they read or write files,
@@ -210,16 +210,35 @@ def builtin(name: str, dialect: str) -> bool:
     return name in BUILTINS.get(dialect, ())
 
 
+# SQLite functions that change something (load native code, write the error log, register a tokenizer pointer,
+# write files in the CLI's extensions): never run, for any caller (the SQLite backend's authorizer refuses them).
+SQLITE_CHANGING = frozenset({"load_extension", "sqlite_log", "readfile", "writefile", "edit", "fts3_tokenizer"})
+_SQLITE_LIBRARY: frozenset | None = None
+
+
+def sqlite_library_builtins() -> frozenset:
+    """The running sqlite3 library's built-in functions (`pragma function_list`, builtin=1), lower-case, minus
+    those that change something (SQLITE_CHANGING); read once per process. SQLite runs in this process, so the
+    library itself is the engine's catalog."""
+    global _SQLITE_LIBRARY
+    if _SQLITE_LIBRARY is None:
+        conn = sqlite3.connect(":memory:")
+        try:
+            names = {row[0].lower() for row in conn.execute("SELECT name FROM pragma_function_list WHERE builtin")}
+        finally:
+            conn.close()
+        _SQLITE_LIBRARY = frozenset(names - SQLITE_CHANGING)
+    return _SQLITE_LIBRARY
+
+
 _SQLITE_BUILTINS: list = []
 
 
 def _sqlite_builtins() -> frozenset | None:
-    """The running SQLite library's built-ins (`pragma function_list`, builtin = 1, minus the functions that
-    change something), as the SQLite backend reads them; None if that can't be read (then BUILTINS)."""
+    """sqlite_library_builtins(), or None if the library can't list them (then BUILTINS)."""
     if not _SQLITE_BUILTINS:
         try:
-            from qag.backends.sqlite import builtin_functions  # noqa: PLC0415 - the backend owns the reading
-            names = builtin_functions()
+            names = sqlite_library_builtins()
         except Exception:  # an SQLite library without pragma_function_list (before 3.30)
             names = None
         _SQLITE_BUILTINS.append(names)

@@ -7,8 +7,7 @@ import time
 
 from qag.policy.redislimits import LimitStats, RateLimiter, SlotPool
 from qag.redisconn import SharedRedis
-from tests.services import redis_url
-from tests.unit.test_redisconn import _dead_url
+from tests.services import dead_redis_url, redis_url
 
 
 def test_bucket_in_redis_is_shared_and_keyed_as_the_contract_says(uniq):
@@ -48,7 +47,7 @@ def test_bucket_refills_on_redis_clock(uniq):
 
 def test_bucket_falls_back_in_process_and_counts_it():
     stats = LimitStats()
-    limiter = RateLimiter("client", SharedRedis(_dead_url()), stats)
+    limiter = RateLimiter("client", SharedRedis(dead_redis_url()), stats)
     assert [limiter.take("a", 2, 60) for _ in range(3)] == [(1, 0), (0, 0), (0, 30)]
     assert stats.fallbacks == 3 and stats.rejections == 1
 
@@ -100,7 +99,7 @@ def test_an_expired_lease_frees_its_slot_and_renew_extends(uniq):
 
 def test_slots_fall_back_in_process():
     stats = LimitStats()
-    pool = SlotPool(SharedRedis(_dead_url()), stats)
+    pool = SlotPool(SharedRedis(dead_redis_url()), stats)
     slot = pool.acquire("k", 1, None)
     assert slot is not None and pool.acquire("k", 1, None) is None
     slot.release()

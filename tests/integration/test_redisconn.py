@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from qag.redisconn import SharedRedis, from_settings
 from qag.settings import SettingsError, load
-from tests.services import redis_url
+from tests.services import dead_redis_url, redis_url
 
 
 class Clock:
@@ -17,13 +15,6 @@ class Clock:
 
     def __call__(self):
         return self.now
-
-
-def _dead_url() -> str:
-    with socket.socket() as s:       # a port that was free a moment ago: connections are refused
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"redis://127.0.0.1:{port}/0"
 
 
 def test_call_runs_against_real_redis(uniq):
@@ -39,7 +30,7 @@ def test_call_runs_against_real_redis(uniq):
 
 def test_failure_falls_back_backs_off_and_recovers():
     clock = Clock()
-    shared = SharedRedis(_dead_url(), clock=clock, retry_after=5.0)
+    shared = SharedRedis(dead_redis_url(), clock=clock, retry_after=5.0)
     tried = []
 
     def fn(r):
@@ -59,7 +50,7 @@ def test_failure_falls_back_backs_off_and_recovers():
 
 
 def test_failure_is_logged_without_the_url(caplog):
-    secret_url = _dead_url().replace("redis://", "redis://:hunter2-password@")
+    secret_url = dead_redis_url().replace("redis://", "redis://:hunter2-password@")
     shared = SharedRedis(secret_url)
     with caplog.at_level("WARNING", logger="qag.redis"):
         shared.call(lambda r: r.ping(), lambda: None)
@@ -85,7 +76,7 @@ def test_a_url_the_client_cannot_read_is_refused_at_startup_without_its_password
 
 def test_call_now_tries_redis_even_while_backing_off(uniq):
     clock = Clock()
-    shared = SharedRedis(_dead_url(), clock=clock)
+    shared = SharedRedis(dead_redis_url(), clock=clock)
     shared.call(lambda r: r.ping(), lambda: None)         # fails: backing off now
     assert not shared.available
     shared.url = redis_url()                              # Redis is back before the back-off ends

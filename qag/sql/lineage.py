@@ -1,5 +1,6 @@
-"""Column lineage for masking: each result column, by position, traced to the source table columns it reads.
+"""Column lineage (for masking): each result column, by position, traced to the source table columns it reads.
 
+Build it through the prepared statement (Prepared.lineage), which gives sqlglot the statement as qag reads it.
 sqlglot parses the statement in the connection's dialect, qualifies every column against the connection's schema
 (expanding `*`), and the scope tree is walked: aliases, expressions, CTEs (recursive ones too), derived tables,
 LATERAL subqueries, set operations and scalar subqueries in the select list. Anything that can't be followed with
@@ -56,7 +57,7 @@ class Schema:
         from sqlglot.schema import MappingSchema  # noqa: PLC0415 - import cost only where masking is used
         nested: dict = {}
         views = set()
-        # (schema, table) lower-case → [(column, declared type)], for masking at the source (_source_mask)
+        # (schema, table) lower-case → [(column, declared type)], for masking at the source (policy/_source_mask)
         self.columns: dict[tuple[str, str], list[tuple[str, str]]] = {}
         for table in raw.get("tables", ()):
             schema = str(table.get("schema") or default or "")

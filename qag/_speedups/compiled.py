@@ -1,0 +1,79 @@
+"""The one list of qag's compiled modules and the test of a current build: read by the build and by the selector."""
+
+# Only the standard library: build_backend loads this file by its path, without importing qag.
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import os
+
+# Written beside each build: the SHA-256 of the source it was compiled from.
+DIGEST_SUFFIX = ".source-sha256"
+
+# Paths from the folder that holds qag/. A `.pyx` builds the compiled twin of the module named without its
+# underscore (qag/_speedups/_rowjson.pyx -> qag._speedups._rowjson; the pure twin is qag/_speedups/rowjson.py).
+# A `.py` is compiled as it is (Cython's pure-Python mode) into a module of its own name; its source is the pure
+# twin. Those are the request path, chosen by profile: what a saved-query call runs, the worker included.
+COMPILED = (
+    "qag/_speedups/_httphead.pyx", "qag/_speedups/_mysqltime.pyx", "qag/_speedups/_pgpipe.pyx",
+    "qag/_speedups/_respond.pyx", "qag/_speedups/_rowjson.pyx", "qag/_speedups/_shmsync.pyx",
+    "qag/_speedups/_tables.pyx",
+    "qag/app.py", "qag/auth.py", "qag/encode.py", "qag/http11.py",
+    "qag/api/_common.py", "qag/api/_usage.py", "qag/api/run.py",
+    "qag/backends/base.py", "qag/backends/_mysql_sql.py", "qag/backends/mysql.py", "qag/backends/pool.py",
+    "qag/backends/postgres.py", "qag/backends/registry.py",
+    "qag/cache/metadata.py", "qag/cache/shm.py",
+    "qag/http/request.py", "qag/http/response.py", "qag/http/router.py",
+    "qag/observe/events.py", "qag/observe/history.py", "qag/observe/logs.py", "qag/observe/metrics.py",
+    "qag/observe/observer.py",
+    "qag/policy/grants.py", "qag/policy/guard.py", "qag/policy/masking.py",
+    "qag/sql/params.py", "qag/sql/prepare.py", "qag/sql/window.py",
+    "qag/store/sqlite.py",
+    "qag/worker/parser.py", "qag/worker/poller.py", "qag/worker/wsgi.py", "qag/worker/worker.py",
+)
+
+
+def module(path: str) -> str:
+    """The module an entry of COMPILED builds: "qag/api/run.py" -> "qag.api.run"."""
+    return os.path.splitext(path)[0].replace("/", ".")
+
+
+def twins() -> tuple[str, ...]:
+    """The names of the .pyx twin pairs: ("httphead", "mysqltime", ...)."""
+    return tuple(os.path.basename(path)[1:-len(".pyx")] for path in COMPILED if path.endswith(".pyx"))
+
+
+def request_path() -> tuple[str, ...]:
+    """The modules compiled from their own source: ("qag.app", ...)."""
+    return tuple(module(path) for path in COMPILED if path.endswith(".py"))
+
+
+def source_digest(path: str) -> str:
+    """The SHA-256 of a source file's bytes, as the build records it."""
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
+def built_file(path: str, root: str) -> str | None:
+    """The build of COMPILED entry `path` under `root` (the folder holding qag/), as the import system would find
+    it, or None."""
+    stem = os.path.join(root, os.path.splitext(path)[0])
+    return next((stem + suffix for suffix in importlib.machinery.EXTENSION_SUFFIXES
+                 if os.path.exists(stem + suffix)), None)
+
+
+def why_not_current(path: str, root: str) -> str | None:
+    """Why the build of COMPILED entry `path` under `root` is not one to run ("not built", "stale: ..."), or None
+    when it is: present, with the digest of its source as the source is now. An installed wheel carries no
+    .pyx sources: its builds of them are taken as they are."""
+    if built_file(path, root) is None:
+        return "not built"
+    source = os.path.join(root, path)
+    if not os.path.exists(source):
+        return None
+    try:
+        with open(os.path.join(root, os.path.splitext(path)[0] + DIGEST_SUFFIX), encoding="ascii") as fh:
+            recorded = fh.read().strip()
+    except OSError:
+        return "stale: built without the digest of its source"
+    return None if recorded == source_digest(source) else "stale: its source changed after the build"

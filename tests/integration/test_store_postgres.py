@@ -1,0 +1,192 @@
+"""The store tests of tests/unit/test_store.py on a PostgreSQL store (a real server), then PostgreSQL's own:
+concurrent migrations from several processes, a dropped connection, a fork, the pool's cap, COPY's escaping."""
+
+from __future__ import annotations
+
+import inspect
+import multiprocessing
+import os
+import threading
+
+import pytest
+
+from qag.settings import load
+from qag.store import open_store
+from qag.store.schema import SCHEMA_VERSION
+from qag.store.sqlite import SqliteStore
+from tests.unit import test_store as unit
+from tests.unit.test_store import _fields_of, make_store, raw_sql  # noqa: F401  (make_store: a fixture)
+
+# Every unit test that takes the store as a fixture, collected here again: here the store is PostgreSQL's.
+globals().update({name: test for name, test in vars(unit).items() if name.startswith("test_")
+                  and {"make_store", "store_env"} & set(inspect.signature(test).parameters)})
+
+
+@pytest.fixture
+def store_env(pg_store_url):
+    """A fresh PostgreSQL store (a schema of the session's store database) for each test."""
+    return {"QAG_DATABASE_URL": pg_store_url}
+
+
+def _open_and_report(url: str, start, results) -> None:
+    from qag.store.postgres import PostgresStore
+    start.wait(30)
+    try:
+        store = PostgresStore(url)
+        store.set_meta(f"opened-{os.getpid()}", "yes")
+        store.close()
+        results.put("ok")
+    except Exception as exc:  # reported to the parent, which fails the test with it
+        results.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_concurrent_migrations_from_two_processes(pg_store_url):
+    ctx = multiprocessing.get_context("spawn")
+    start, results = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_open_and_report, args=(pg_store_url, start, results)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    start.set()
+    outcomes = [results.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(30)
+    assert outcomes == ["ok"] * 3
+    from qag.store.postgres import PostgresStore
+    store = PostgresStore(pg_store_url)
+    try:
+        assert raw_sql(store, "SELECT version FROM qag_schema") == [(SCHEMA_VERSION,)]  # migrated once
+        assert len([k for k in store._all("SELECT key FROM meta") if k["key"].startswith("opened-")]) == 3
+    finally:
+        store.close()
+
+
+def test_a_dropped_connection_is_replaced(pg_store_url):
+    from qag.store.postgres import PostgresStore
+    from tests.services import pg_admin
+    store = PostgresStore(pg_store_url, pool_size=2)
+    try:
+        store.set_meta("a", "1")
+        def drop_connections():
+            admin = pg_admin(_fields_of(pg_store_url)["database"])
+            admin.cursor().execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                   "WHERE application_name = 'qag-store' AND datname = current_database() "
+                                   "AND pid <> pg_backend_pid()")
+            admin.close()
+
+        drop_connections()
+        assert store.get_meta("a") == "1"  # the dead pooled connection is dropped, the read retried once
+        drop_connections()
+        with store.transaction():  # a transaction begins again on a new connection
+            store.set_meta("a", "2")
+        assert store.get_meta("a") == "2"
+    finally:
+        store.close()
+
+
+def test_a_forked_child_opens_its_own_connections(pg_store_url):
+    from qag.store.postgres import PostgresStore
+    store = PostgresStore(pg_store_url)
+    try:
+        store.set_meta("parent", "1")
+        backend = store._one("SELECT pg_backend_pid() AS p")["p"]
+        pid = os.fork()
+        if pid == 0:  # the child: uses the store, lets go of everything, then leaves
+            import gc
+            code = 0
+            try:
+                store.set_meta("child", store.get_meta("parent"))
+                store.close()
+                gc.collect()
+            except BaseException:
+                code = 1
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert store.get_meta("child") == "1" and store.get_meta("parent") == "1"
+        # The parent's pooled connection is the same session: the child never spoke on its socket.
+        assert store._one("SELECT pg_backend_pid() AS p")["p"] == backend
+    finally:
+        store.close()
+
+
+def test_the_pool_caps_connections_per_process(pg_store_url):
+    from qag.store.postgres import PostgresStore
+    store = PostgresStore(pg_store_url, pool_size=2)
+    try:
+        inside = threading.Barrier(5)
+        errors = []
+
+        def work():
+            try:
+                for _ in range(20):
+                    with store.transaction():
+                        store.set_meta(threading.current_thread().name, "x")
+            except Exception as exc:
+                errors.append(exc)
+            inside.wait(30)
+
+        threads = [threading.Thread(target=work, name=f"t{i}") for i in range(4)]
+        for t in threads:
+            t.start()
+        inside.wait(30)
+        for t in threads:
+            t.join()
+        assert not errors and store._pool._open <= 2  # four threads took turns on two connections
+        assert store._all("SELECT count(*) AS n FROM meta WHERE key LIKE 't%'")[0]["n"] == 4
+    finally:
+        store.close()
+
+
+def test_startup_warns_when_a_used_sqlite_home_meets_an_empty_postgresql_store(tmp_path, pg_store_url, capsys):
+    from qag.server import check_startup
+    lite = SqliteStore(str(tmp_path))
+    lite.put_key({"name": "k", "secret_hash": "h", "previous_hash": None, "previous_expires_at": None, "grants": {},
+                  "active": True, "expires_at": None, "created_at": "c", "created_from_role": None,
+                  "last_used_at": None, "previous_last_used_at": None, "example": False}, create=True)
+    lite.close()
+    settings = load({"QAG_HOME": str(tmp_path), "QAG_DATABASE_URL": pg_store_url})
+    check_startup(settings)
+    assert "qag store copy" in capsys.readouterr().err
+    pg = open_store(settings)
+    pg.set_meta("server_secret", "x")  # the PostgreSQL store has been served from: no warning
+    pg.close()
+    check_startup(settings)
+    assert "qag store copy" not in capsys.readouterr().err
+
+
+def test_migration_text_with_question_marks_and_percents_runs_as_written(pg_store_url, monkeypatch):
+    from qag.store import postgres, schema
+    step = ("CREATE TABLE extra (\n  id INTEGER PRIMARY KEY,\n  note TEXT DEFAULT 'why? 100%'  -- really? 5%\n)",)
+    monkeypatch.setattr(postgres, "MIGRATIONS", schema.MIGRATIONS + (step,))
+    monkeypatch.setattr(postgres, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    store = postgres.PostgresStore(pg_store_url)
+    try:
+        store._run("INSERT INTO extra (note) VALUES (DEFAULT)")
+        assert store._all("SELECT id, note FROM extra") == [{"id": 1, "note": "why? 100%"}]
+    finally:
+        store.close()
+
+
+def test_runs_written_inside_an_administrative_transaction_still_take_the_runs_lock(pg_store_url):
+    """A history read inside an admin transaction may write this worker's queue: other run writers must wait."""
+    import psycopg2
+    from qag.store.postgres import _LOCK_RUNS, PostgresStore
+    store = PostgresStore(pg_store_url)
+    other = psycopg2.connect(pg_store_url)
+    other.autocommit = True
+    try:
+        ids = store.name_ids({"c", "k"})
+        with store.transaction():
+            store.set_meta("x", "1")
+            store.add_runs([(1, 1, None, None, ids["c"], ids["k"], None, 1, None, 1, None, None, None, None, "s",
+                             None, 1, None)], limit=5, adhoc_limit=5, by_count=True, events_since=0)
+            with other.cursor() as cur:
+                cur.execute("SELECT pg_try_advisory_xact_lock(%s)", (_LOCK_RUNS,))
+                assert cur.fetchone()[0] is False  # held until the outer transaction ends
+        with other.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_xact_lock(%s)", (_LOCK_RUNS,))
+            assert cur.fetchone()[0] is True
+        assert len(store.events(0, 10)) == 1
+    finally:
+        other.close()
+        store.close()
