@@ -1,6 +1,7 @@
 """Quotas.admit: a governed call's key bucket and quota in one step of the host table answer exactly what the
-bucket's take() and then begin() answer (the counts, the refusals, the headers, the limiter's statistics), with
-Redis too; and a caller's period, kept between calls, is the one period() gives at every instant."""
+bucket's take() and then begin() answer (the counts, the refusals, the headers, the limiter's statistics); and a
+caller's period, kept between calls, is the one period() gives at every instant. With Redis:
+tests/integration/test_quota_admit_redis.py."""
 
 from __future__ import annotations
 
@@ -14,9 +15,7 @@ from qag import _speedups
 from qag.policy.hostlimits import HostTable
 from qag.policy.quotas import Quotas, local_text, period
 from qag.policy.redislimits import LimitStats, RateLimiter
-from qag.redisconn import SharedRedis
 from qag.store.sqlite import SqliteStore
-from tests.services import redis_url
 from tests.speedups.conftest import compiled_or_skip
 
 
@@ -97,23 +96,6 @@ def test_admit_seeds_a_new_counter_from_the_store(tmp_path, twin):
     assert taken == (3, 0) and ticket.refused == "calls"
     # No quota: the bucket alone, as take()
     assert w.quotas.admit("k", {"per": "day"}, True, w.buckets, 5, 60.0) == (None, (2, 0))
-
-
-def test_admit_with_redis_is_take_then_begin(tmp_path, uniq):
-    shared = SharedRedis(redis_url())
-    name = uniq("admit")
-    wall = Clock(time.time())
-    w = Worker(tmp_path, None, Clock(1000.0), wall, redis=shared)
-    quota = {"calls": 2, "per": "day"}
-    try:
-        results = [w.quotas.admit(name, quota, True, w.buckets, 3, 60.0) for _ in range(4)]
-        assert [r[1][0] for r in results] == [2, 1, 0, 0] and results[3][1][1] > 0   # Redis's bucket
-        assert [r[0].refused for r in results] == [None, None, "calls", None]        # the 4th: rate-limited
-        assert all(r[0].remote for r in results) and results[3][0].calls == 2
-        assert w.stats.rejections == 1
-    finally:
-        key = ("default", name, "day", period("day", wall.now)[0])
-        shared.client().delete(w.quotas.redis_key(key), f"qag:ratelimit:key:3/60:{name}")
 
 
 @pytest.fixture
