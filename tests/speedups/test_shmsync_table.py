@@ -8,6 +8,7 @@ import math
 import mmap
 import os
 import struct
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -311,5 +312,35 @@ def test_a_dead_holder_is_given_back_at_the_limit(speedups):
         assert t.quota(*counter, 1, 0, True, 60.0, DEAD)[:3] == (1, 1, 0)
         assert t.quota(*counter, 1, 0, True, 60.0, me)[:3] == (1, 1, 0)   # the dead reservation given back
         assert t.sweep(me) == 3 and t.held(*ident) == 0 and t.quota_peek(*counter) == (0, 0)
+    finally:
+        side.close()
+
+
+def test_a_worker_killed_inside_the_table_lock_does_not_stop_the_others(speedups):
+    """The table's lock word is shmsync's mutex: a holder that died (SIGKILL) is taken over, and its slot is given
+    back to the next caller at the limit."""
+    import signal
+    import threading
+
+    side = Side(speedups.shmsync)
+    try:
+        ident = _ident(2, 4)
+        ready_r, ready_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - child
+            side.table.acquire(*ident, 1, os.getpid())
+            side.sync.lock(hostlimits.LOCK)     # killed while holding the table's lock
+            os.write(ready_w, b"x")
+            time.sleep(60)
+            os._exit(0)
+        os.read(ready_r, 1)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        got = []
+        worker = threading.Thread(target=lambda: got.append(side.table.acquire(*ident, 1, os.getpid())))
+        worker.start()
+        worker.join(30)
+        assert not worker.is_alive() and isinstance(got[0], int)   # the lock taken over, the dead slot given back
+        assert side.table.held(*ident) == 1
     finally:
         side.close()
