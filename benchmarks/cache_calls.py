@@ -117,8 +117,11 @@ def _prepare_elsewhere(home: str, python: str = sys.executable) -> dict:
     """The demo home built by a child process: this process never opens a store the server uses (two stores of
     one file in one process, one opened while the other is live, lose SQLite's POSIX locks, and the server's
     processes then write over a WAL this process still maps - a malformed store)."""
-    code = ("import json, sys; from qag import demo; from qag.testing import Client; from qag.settings import load; "
-            "h = sys.argv[1]; print(json.dumps(demo.prepare_home(h, False, Client(load({'QAG_HOME': h})).manage)))")
+    # A ref from before qag.testing (benchmarks.host_cache --before 9e99e28) manages through the CLI's _Admin.
+    code = ("import json, sys\nfrom qag import demo\nfrom qag.settings import load\nh = sys.argv[1]\n"
+            "try:\n    from qag.testing import Client\n    call = Client(load({'QAG_HOME': h})).manage\n"
+            "except ImportError:\n    from qag.cli import _Admin\n    call = _Admin(load({'QAG_HOME': h})).call\n"
+            "print(json.dumps(demo.prepare_home(h, False, call)))")
     done = subprocess.run([python, "-c", code, home], capture_output=True, text=True, check=True, cwd=home)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
