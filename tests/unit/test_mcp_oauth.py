@@ -6,8 +6,9 @@ import io
 import json
 import time
 
-import jwt
 import pytest
+
+jwt = pytest.importorskip("jwt", reason="the jwt extra (PyJWT) is not installed")
 
 from qag.bearer import audience_key
 from qag.settings import SettingsError, load
