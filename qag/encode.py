@@ -29,6 +29,15 @@ def check_format(value) -> str:
     return name
 
 
+def writable(fmt: str) -> bool:
+    """Whether this server can write `fmt` (a known format whose optional package is installed)."""
+    try:
+        check_format(fmt)
+    except QagError:
+        return False
+    return True
+
+
 def encode(fmt: str, columns: list[str], rows: list[tuple]) -> bytes:
     rowjson = _speedups.get("rowjson")
     if fmt == "json":

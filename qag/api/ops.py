@@ -110,7 +110,7 @@ class OpsHandlers:
         """What `caller` may call on this server, as the document lists it."""
         gateway = self.gateway
         settings = gateway.settings
-        formats = tuple(f for f in encode.FORMATS if _writable(f))
+        formats = tuple(f for f in encode.FORMATS if encode.writable(f))
         events = gateway.observe.live.max_streams != 0
         if caller is None:
             return View(admin=False, anonymous=True, adhoc=False, connections=(), ddl_connections=(),
@@ -148,15 +148,6 @@ class OpsHandlers:
     def favicon(self, request, caller):
         return Response(204)
 
-
-
-def _writable(fmt: str) -> bool:
-    """Whether this server can write `fmt` (its optional package is installed)."""
-    try:
-        encode.check_format(fmt)
-    except QagError:
-        return False
-    return True
 
 
 def _within(seconds: float, check) -> str | None:

@@ -609,15 +609,7 @@ def _negotiated_format(accept: str) -> str:
     """The format Accept asks for when no `format` is given, else json (negotiate.format_for). A format this server
     can't write (its package missing) is not offered: the next one liked more than JSON, or JSON, rather than a
     500 the caller never asked for by name."""
-    return format_for(accept, _writable) or "json"
-
-
-def _writable(fmt: str) -> bool:
-    try:
-        encode.check_format(fmt)
-    except QagError:
-        return False
-    return True
+    return format_for(accept, encode.writable) or "json"
 
 
 def row_security(caller, fields: dict, query: str | None) -> tuple | None:
