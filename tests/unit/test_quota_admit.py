@@ -98,21 +98,6 @@ def test_admit_seeds_a_new_counter_from_the_store(tmp_path, twin):
     assert w.quotas.admit("k", {"per": "day"}, True, w.buckets, 5, 60.0) == (None, (2, 0))
 
 
-@pytest.fixture
-def tz():
-    before = os.environ.get("TZ")
-
-    def use(name: str) -> None:
-        os.environ["TZ"] = name
-        time.tzset()
-
-    yield use
-    if before is None:
-        os.environ.pop("TZ", None)
-    else:
-        os.environ["TZ"] = before
-    time.tzset()
-
 
 def test_a_callers_period_is_the_one_period_gives_at_every_instant(tmp_path, tz):
     tz("Europe/Berlin")

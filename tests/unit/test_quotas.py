@@ -16,22 +16,6 @@ from qag.store.sqlite import SqliteStore
 from tests.services import dead_redis_url
 
 
-@pytest.fixture
-def tz():
-    """Run a test in a given server time zone, then put the process's zone back."""
-    before = os.environ.get("TZ")
-
-    def use(name: str) -> None:
-        os.environ["TZ"] = name
-        time.tzset()
-
-    yield use
-    if before is None:
-        os.environ.pop("TZ", None)
-    else:
-        os.environ["TZ"] = before
-    time.tzset()
-
 
 def _at(text: str) -> float:
     """A server-local wall-clock time as a Unix time."""
