@@ -11,12 +11,15 @@ worker's threads do) and the line gives the process's CPU per call instead (user
 cost of threads handing the interpreter lock to each other is in it) and its voluntary switches per call. Needs
 the pgbench case loaded (`python -m benchmarks.oltp`). Run it under
 `valgrind --tool=callgrind` with --calls 1 and --calls 2001 for an instruction count that a noisy machine
-doesn't move.
+doesn't move. After the warm-up the collector is set as a gunicorn worker sets it (qag/gunicorn_conf.py: what
+start-up made frozen, young objects collected every 10,000 allocations), so the drivers' import-time objects
+are not walked again and again as they are not in a worker; --default-gc keeps Python's default.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import resource
@@ -71,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--query", default="account,accounts_page,deposit")
     parser.add_argument("--threads", type=int, default=1, help="callers at once (default 1: the thread's own CPU)")
+    parser.add_argument("--default-gc", action="store_true",
+                        help="keep Python's collector settings instead of a gunicorn worker's")
     oltp.add_arguments(parser)
     args = parser.parse_args(argv)
     settings = types.SimpleNamespace(pool_size=8, pool_idle_timeout=300.0, pool_max=16, pool_wait=5.0,
@@ -85,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         sql = template.format(p=marker)
         for _ in range(args.warmup):
             backend.run(fields, Call(sql, (rng.randint(1, 999_000),), read_only, 30.0, 101))
+        if not args.default_gc:     # as qag/gunicorn_conf.py's post_worker_init does
+            gc.collect()
+            gc.freeze()
+            gc.set_threshold(10_000, 20, 20)
         if args.threads > 1:
             print(json.dumps({"qag": qag.__file__, "query": name, "threads": args.threads,
                               **threaded(backend, Call, fields, sql, read_only, args)}), flush=True)

@@ -37,9 +37,10 @@ import os
 import sys
 
 # One exception class and one set of status codes for both twins (the callers catch them whichever runs).
-from qag._speedups.pgpipe import Gone, PIPELINE_ABORTED, PIPELINE_SYNC, _operational_error
+from qag._speedups.pgpipe import (COMMAND_OK, FATAL_ERROR, Gone, PIPELINE_ABORTED, PIPELINE_SYNC, TUPLES_OK,
+                                  _operational_error, error_of, name_of)
 
-__all__ = ["Gone", "Pipe", "PIPELINE_SYNC", "PIPELINE_ABORTED", "LIBPQ"]
+__all__ = ["Gone", "Pipe", "COMMAND_OK", "TUPLES_OK", "FATAL_ERROR", "PIPELINE_SYNC", "PIPELINE_ABORTED", "LIBPQ"]
 
 cdef extern from "<dlfcn.h>" nogil:
     ctypedef struct Dl_info:
@@ -70,12 +71,22 @@ ctypedef int (*send_params_f)(void *conn, const char *command, int n, const Oid 
                               const int *lengths, const int *formats, int result_format) noexcept nogil
 ctypedef int (*conn_f)(void *conn) noexcept nogil
 ctypedef int (*version_f)() noexcept nogil
+ctypedef void *(*get_result_f)(void *conn) noexcept nogil
+ctypedef int (*result_f)(const void *result) noexcept nogil
+ctypedef void (*clear_f)(void *result) noexcept nogil
+ctypedef char *(*error_field_f)(const void *result, int code) noexcept nogil
+ctypedef char *(*message_f)(const void *result) noexcept nogil
+ctypedef char *(*fname_f)(const void *result, int column) noexcept nogil
 
 cdef short _READ = POLLIN | POLLPRI
 cdef short _READ_WRITE = POLLIN | POLLPRI | POLLOUT
 cdef int _SMALL = 16          # parameters passed in stack arrays; more are allocated
 cdef int _SYNC_STATUS = PIPELINE_SYNC
 cdef int _ABORTED_STATUS = PIPELINE_ABORTED
+cdef int _COMMAND_OK = COMMAND_OK
+cdef int _TUPLES_OK = TUPLES_OK
+cdef int _FATAL_STATUS = FATAL_ERROR
+cdef int _PG_DIAG_SQLSTATE = 67    # 'C'
 
 
 cdef class _Libpq:
@@ -86,6 +97,13 @@ cdef class _Libpq:
     cdef conn_f flush
     cdef conn_f is_busy
     cdef conn_f consume_input
+    cdef get_result_f get_result
+    cdef result_f result_status
+    cdef result_f nfields
+    cdef clear_f clear
+    cdef error_field_f error_field
+    cdef message_f error_message
+    cdef fname_f fname
     cdef readonly str path       # the libpq file the functions are in
     cdef readonly int version    # PQlibVersion()
 
@@ -125,6 +143,13 @@ cdef _Libpq _bind(str module_file):
     lib.flush = <conn_f>_symbol(handle, "PQflush", module_file)
     lib.is_busy = <conn_f>_symbol(handle, "PQisBusy", module_file)
     lib.consume_input = <conn_f>_symbol(handle, "PQconsumeInput", module_file)
+    lib.get_result = <get_result_f>_symbol(handle, "PQgetResult", module_file)
+    lib.result_status = <result_f>_symbol(handle, "PQresultStatus", module_file)
+    lib.nfields = <result_f>_symbol(handle, "PQnfields", module_file)
+    lib.clear = <clear_f>_symbol(handle, "PQclear", module_file)
+    lib.error_field = <error_field_f>_symbol(handle, "PQresultErrorField", module_file)
+    lib.error_message = <message_f>_symbol(handle, "PQresultErrorMessage", module_file)
+    lib.fname = <fname_f>_symbol(handle, "PQfname", module_file)
     return lib
 
 
@@ -443,6 +468,88 @@ cdef class Pipe:
                 return out
             if status != _ABORTED_STATUS:
                 out.append(result)
+
+    cdef int _ready(self, void *conn, object deadline) except -1:
+        """Send what is due and read until libpq has the next result whole."""
+        if self._due:
+            self._exchange(conn, deadline)
+        while self._lib.is_busy(conn):
+            self._wait(deadline, _READ)
+            self._consume(conn)
+        return 0
+
+    cdef tuple _error(self, const void *result):
+        cdef const char *state = self._lib.error_field(result, _PG_DIAG_SQLSTATE)
+        cdef const char *message = self._lib.error_message(result)
+        return error_of(None if state == NULL else <bytes>state, None if message == NULL else <bytes>message)
+
+    cdef list _names(self, object result):
+        cdef const void *ptr = <const void *><uintptr_t>result.pgresult_ptr
+        cdef int i, n = self._lib.nfields(ptr)
+        cdef const char *name
+        names = []
+        for i in range(n):
+            name = self._lib.fname(ptr, i)
+            names.append(name_of(None if name == NULL else <bytes>name))
+        return names
+
+    def outcome(self, deadline, int want):
+        """The results other than the wanted one are read and freed here, never made into Python objects."""
+        cdef void *conn = self._conn("the connection is closed")
+        cdef _Libpq lib = self._lib
+        cdef void *ptr
+        cdef int status, index = 0
+        result = names = error = None
+        while True:
+            self._ready(conn, deadline)
+            if index == want:
+                item = self._get_result()
+                if item is None:
+                    continue
+                status = item.status
+                if status == _SYNC_STATUS:
+                    return result, names, error
+                if status == _ABORTED_STATUS:
+                    continue
+                index += 1
+                if status == _TUPLES_OK:
+                    result, names = item, self._names(item)
+                elif status == _FATAL_STATUS and error is None:
+                    error = self._error(<const void *><uintptr_t>item.pgresult_ptr)
+                continue
+            ptr = lib.get_result(conn)
+            if ptr == NULL:
+                continue
+            status = lib.result_status(ptr)
+            if status == _FATAL_STATUS and error is None:
+                try:
+                    error = self._error(ptr)
+                except BaseException:
+                    lib.clear(ptr)
+                    raise
+            lib.clear(ptr)
+            if status == _SYNC_STATUS:
+                return result, names, error
+            if status != _ABORTED_STATUS:
+                index += 1
+
+    def settle(self, deadline):
+        cdef void *conn = self._conn("the connection is closed")
+        cdef _Libpq lib = self._lib
+        cdef void *ptr
+        cdef int status
+        cdef bint ok = True
+        while True:
+            self._ready(conn, deadline)
+            ptr = lib.get_result(conn)
+            if ptr == NULL:
+                continue
+            status = lib.result_status(ptr)
+            lib.clear(ptr)
+            if status == _SYNC_STATUS:
+                return ok
+            if status != _COMMAND_OK and status != _TUPLES_OK:
+                ok = False
 
     def readable(self):
         cdef void *conn = self._conn("the connection is closed")

@@ -19,6 +19,11 @@ release lets another thread in; the compiled twin releases it only to wait for t
 - `segment(deadline)`: the results up to the next Sync, in order, as psycopg `PGresult`s; those of statements
   the pipeline aborted after an error are left out. Waits for the server as needed; past the deadline, `Gone`;
   a connection lost meanwhile, psycopg.OperationalError.
+- `outcome(deadline, want)`: a segment read for a call: `(result, names, error)`, where `result` is the PGresult
+  of the segment's `want`-th statement (from 0, counting only the results not aborted) when it returned rows
+  (TUPLES_OK), else None; `names` its column names as str (None without a result); `error` the first failure's
+  (SQLSTATE, message) as str, else None. The compiled twin makes a psycopg PGresult of that one result only.
+- `settle(deadline)`: a segment read to its end; whether every statement in it succeeded (the reset's reply).
 - `readable()`: whether the socket has anything to read now (never waits).
 
 Every method raises psycopg.OperationalError on a connection psycopg has closed.
@@ -30,17 +35,32 @@ import os
 import select
 import time
 
-__all__ = ["Gone", "Pipe", "PIPELINE_SYNC", "PIPELINE_ABORTED"]
+__all__ = ["Gone", "Pipe", "COMMAND_OK", "TUPLES_OK", "FATAL_ERROR", "PIPELINE_SYNC", "PIPELINE_ABORTED"]
 
-# libpq's ExecStatusType values of a Sync's result and of a result the pipeline aborted (stable libpq ABI).
+# libpq's ExecStatusType values (stable libpq ABI): success without and with rows, a failure, a Sync's result and
+# a result the pipeline aborted.
+COMMAND_OK = 1
+TUPLES_OK = 2
+FATAL_ERROR = 7
 PIPELINE_SYNC = 10
 PIPELINE_ABORTED = 11
+_UNNAMED = b"?column?"
 _READ = select.POLLIN | select.POLLPRI
 _READ_WRITE = _READ | select.POLLOUT
 
 
 class Gone(Exception):
     """The server did not answer (or take the call's bytes) before the deadline. Both twins raise this class."""
+
+
+def error_of(sqlstate: bytes | None, message: bytes | None) -> tuple[str, str]:
+    """A failed result's (SQLSTATE, message) as both twins report it."""
+    return ((sqlstate or b"").decode("ascii", "replace"), (message or b"").decode("utf-8", "replace").strip())
+
+
+def name_of(name: bytes | None) -> str:
+    """A column's name as both twins report it (libpq gives none only past the last column)."""
+    return (name or _UNNAMED).decode("utf-8", "replace")
 
 
 def _operational_error(text: str) -> Exception:
@@ -149,6 +169,23 @@ class Pipe:
                 return out
             if status != PIPELINE_ABORTED:
                 out.append(result)
+
+    def outcome(self, deadline: float | None, want: int) -> tuple:
+        result = names = error = None
+        index = 0
+        for item in self.segment(deadline):
+            status = item.status
+            if status == FATAL_ERROR and error is None:
+                import psycopg
+                error = error_of(item.error_field(psycopg.pq.DiagnosticField.SQLSTATE), item.error_message)
+            elif index == want and status == TUPLES_OK:
+                result = item
+                names = [name_of(item.fname(i)) for i in range(item.nfields)]
+            index += 1
+        return result, names, error
+
+    def settle(self, deadline: float | None) -> bool:
+        return all(item.status in (COMMAND_OK, TUPLES_OK) for item in self.segment(deadline))
 
     def readable(self) -> bool:
         self._open()

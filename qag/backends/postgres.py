@@ -66,6 +66,7 @@ from psycopg.types.string import TextLoader
 
 from .. import _speedups
 from .._speedups.pgpipe import Gone as _Gone   # raised by both twins (the compiled one imports it from there)
+from .._speedups.pgpipe import error_of, name_of   # how both twins read a failure and a column name
 from ..errors import QagError
 from ._postgres_schema import SCHEMA_MAX_TABLES, read_functions, read_schema
 from .base import Backend, Call, Result, connection_failed, network_timeout, query_failed, timeout_error
@@ -84,8 +85,6 @@ SCHEMA_TTL = 60.0           # a schema older than this is read again before it i
 SCHEMA_REFRESH = 45.0       # ... and one older than this is served while a background thread reads it again
 SCHEMA_CACHE_SIZE = 64      # schemas kept per backend (per connection settings and database)
 
-_OK = pq.ExecStatus.COMMAND_OK
-_TUPLES = pq.ExecStatus.TUPLES_OK
 _FATAL = pq.ExecStatus.FATAL_ERROR
 _SQLSTATE = pq.DiagnosticField.SQLSTATE
 _BEGIN = {True: b"BEGIN READ ONLY", False: b"BEGIN"}
@@ -94,6 +93,7 @@ _DISCARD = b"DISCARD ALL"
 _SEED_SCALE = 2 ** 63        # a seed of 63 random bits, as setseed's [0, 1)
 _UTF8 = b"UTF8"
 _MULTIPLE = "cannot insert multiple commands into a prepared statement"
+_REFUSED = "the server refused the statement"      # a failure that came without a message
 _LINE_RE = re.compile(r"^LINE (\d+):", re.MULTILINE)
 # Settings a call sets for itself when the server's default differs: dates as psycopg reads them, and strings
 # read as PostgreSQL's parser in qag (qag/sql/pgread) reads them, so a backslash can't end a string the check
@@ -142,9 +142,13 @@ def settings_statement(read_only: bool, timeout: float | None, schema: str | Non
     rest (set_config(..., true) is SET LOCAL): the database's row-security policies see the signed-in user, in the
     same round trip, and the Sync's end of the transaction (or DISCARD ALL) takes both away. Both travel as bound
     values, so neither a claim nor a role name is ever read as SQL."""
-    named_identity = () if identity is None else (("request.jwt.claims", identity[0]),) + (
-        (("role", identity[1]),) if identity[1] is not None else ())
-    key = (read_only, timeout, schema, forced, tuple(name for name, _ in named_identity))
+    if identity is None:     # the common call: its key and values built without a generator
+        named_identity = ()
+        key = (read_only, timeout, schema, forced)
+    else:
+        named_identity = (("request.jwt.claims", identity[0]),) + (
+            (("role", identity[1]),) if identity[1] is not None else ())
+        key = (read_only, timeout, schema, forced, tuple(name for name, _ in named_identity))
     built = _SETTINGS.get(key)
     if built is None:
         calls = ["pg_catalog.set_config('transaction_read_only', 'on', true)"] if read_only else []
@@ -163,7 +167,10 @@ def settings_statement(read_only: bool, timeout: float | None, schema: str | Non
             _SETTINGS.clear()
         built = _SETTINGS[key] = (("SELECT " + ", ".join(calls)).encode(), tuple(values))
     text, values = built
-    return text, [*values, *(value for _, value in named_identity), b"%d" % _random_bits(63)]
+    seed = b"%d" % _random_bits(63)
+    if identity is None:
+        return text, [*values, seed]
+    return text, [*values, *(value for _, value in named_identity), seed]
 
 
 def page_statements(sql: str, skip: int, fetch: int) -> list[str]:
@@ -211,12 +218,10 @@ def connect_args(fields: dict) -> dict:
 
 def pool_key(fields: dict, read_only: bool):
     """Connections are interchangeable only with the same resolved fields (password included) and access mode."""
-    key = (read_only, tuple(sorted(fields.items())))
     try:
-        hash(key)
+        return read_only, frozenset(fields.items())     # no sort: a third of the cost of a sorted tuple
     except TypeError:  # an option holding a list or an object
-        key = (read_only, repr(sorted((k, repr(v)) for k, v in fields.items())))
-    return key
+        return read_only, repr(sorted((k, repr(v)) for k, v in fields.items()))
 
 
 def scrub(text: str, fields: dict) -> str:
@@ -240,9 +245,8 @@ class _ServerError(Exception):
 
 
 def _server_error(result) -> _ServerError:
-    state = result.error_field(_SQLSTATE)
-    text = (result.error_message or b"").decode("utf-8", "replace").strip()
-    return _ServerError(state.decode("ascii", "replace") if state else "", text or "the server refused the statement")
+    state, text = error_of(result.error_field(_SQLSTATE), result.error_message)
+    return _ServerError(state, text or _REFUSED)
 
 
 def _driver_text(exc: BaseException) -> str:
@@ -353,7 +357,7 @@ class _Link:
 
     def read_reset(self, deadline: float | None) -> bool:
         """Read the reset segment's results, the next on the wire; whether it succeeded."""
-        return all(result.status in (_OK, _TUPLES) for result in self.segment(deadline))
+        return self.pipe.settle(deadline)
 
     def clean(self) -> bool:
         """Whether the connection can be pooled: nothing failed on it and the call left the encoding UTF8 (the
@@ -393,7 +397,7 @@ def _first_error(results: list) -> _ServerError | None:
 
 
 def _columns(result) -> list[str]:
-    return [(result.fname(i) or b"?column?").decode("utf-8", "replace") for i in range(result.nfields)]
+    return [name_of(result.fname(i)) for i in range(result.nfields)]
 
 
 def _lost(link: _Link, exc: BaseException) -> bool:
@@ -460,18 +464,18 @@ class PostgresBackend(Backend):
     def _take(self, key, fields: dict, defer: bool = False, deadline: float | None = None,
               label: str = "") -> tuple[_Link, bool]:
         """(connection, reused): a pooled one whose reset has been read and that shows no sign of being closed,
-        or a new one. defer: a reset whose reply has not arrived yet is left pending, to be read just before the
-        call's own results (`_attempt`), so a connection given back and taken again at once costs one wait, not
-        two; the server runs the reset before the call's statements either way (one connection, in order)."""
+        or a new one. defer (read-only calls): the most recently pooled connection is taken without a look at its
+        socket, and its reset's reply, arrived or not, is read just before the call's own results (`_attempt`),
+        with them: the server runs the reset before the call's statements either way (one connection, in order),
+        and a call then makes one wait and no look at the socket. A connection the server closed meanwhile fails
+        that read, and the call, which changed nothing, runs again on a connection that is looked at first."""
         opener = lambda: self.connect(fields, deadline)  # noqa: E731
         while True:
-            link, reused = self.pool.acquire(key, opener, _preferred, 0, deadline, label)
-            if not reused:
-                return link, False
+            link, reused = self.pool.acquire(key, opener, None if defer else _preferred, 0, deadline, label)
+            if not reused or defer:
+                return link, reused
             try:
                 if link.pending:
-                    if defer and not link.readable():
-                        return link, True
                     link.finish_reset(deadline)
                 if not link.bad and not link.readable():
                     return link, True
@@ -497,11 +501,12 @@ class PostgresBackend(Backend):
 
     # --- calls ---------------------------------------------------------------------------------------------
     @staticmethod
-    def _send_call(link: _Link, call: Call, statements: list[str], reset: bool, deadline) -> None:
+    def _send_call(link: _Link, call: Call, statements: list[str], reset: bool, deadline) -> int:
         """The call's pipeline: its settings, its statements (the caller's one bound; a cursor's in an explicit
         transaction), ROLLBACK for a read-only call, Sync; then the reset when the connection will be pooled.
         One write. A write commits at the Sync: an explicit COMMIT would make the server answer in two parts
-        (a second wake-up of the caller's thread per write)."""
+        (a second wake-up of the caller's thread per write). Returns the place in the segment of the last of
+        `statements` (the caller's, or a cursor's FETCH), whose rows the call returns."""
         read_only = call.read_only
         # A read-only call runs in an explicit block so that its ROLLBACK ends a transaction: in the extended
         # protocol's implicit one the server would answer (and write to its log) "WARNING: there is no
@@ -522,10 +527,12 @@ class PostgresBackend(Backend):
         if reset:
             link.send_reset()
         pipe.flush(deadline)
+        return explicit + len(statements)
 
-    def _exchange(self, key, fields: dict, call: Call, statements: list[str]) -> tuple[_Link, list]:
-        """(connection, the results of the call's segment) after the call ran and ended; retries a read once on
-        a fresh connection when a reused one turns out to be dead. Raises the mapped error (connection closed)."""
+    def _exchange(self, key, fields: dict, call: Call, statements: list[str]) -> tuple[_Link, tuple]:
+        """(connection, the call's rows result and its column names) after the call ran and ended; retries a read
+        once on a fresh connection when a reused one turns out to be dead. Raises the mapped error (connection
+        closed)."""
         reset = self.pool.idle_limit > 0
         # Only a read-only call runs behind an unread reset: if the reset failed, its results are dropped and it
         # runs again on a fresh connection (it changed nothing); a write waits for the reset's reply first.
@@ -553,35 +560,30 @@ class PostgresBackend(Backend):
         except BaseException as exc:
             raise self._fail(key, link, exc, call, shift) from None
 
-    def _attempt(self, link: _Link, call: Call, statements: list[str], reset: bool, deadline) -> list:
-        """The results of the call's segment, the end's last (raises the first error). A reset left pending by
-        `_take` is on the wire first: its results are read first, and if it failed the call's are dropped."""
+    def _attempt(self, link: _Link, call: Call, statements: list[str], reset: bool, deadline) -> tuple:
+        """(the call's rows result or None, its column names) from the call's segment (raises the first error).
+        A reset left pending by `_take` is on the wire first: its results are read first, and if it failed the
+        call's are dropped."""
         deferred = link.pending
-        self._send_call(link, call, statements, reset, deadline)
+        want = self._send_call(link, call, statements, reset, deadline)
         reset_ok = link.read_reset(deadline) if deferred else True
-        results = link.segment(deadline)
+        result, names, error = link.pipe.outcome(deadline, want)
         if not reset_ok:
             link.bad = True
             raise _ResetFailed("the connection's reset failed")
-        error = _first_error(results)
         if error is not None:
-            raise error
-        return results
+            raise _ServerError(error[0], error[1] or _REFUSED)
+        return result, names
 
     def run(self, fields: dict, call: Call) -> Result:
         key = pool_key(fields, call.read_only)
         started = time.perf_counter()
         statements = (page_statements(call.sql, call.skip, call.fetch) if call.cursor else [call.sql])
-        link, results = self._exchange(key, fields, call, statements)
+        link, (result, columns) = self._exchange(key, fields, call, statements)
         try:
-            # The caller's result (or the cursor's FETCH): the last, or the one before the END a read-only call
-            # or a cursor's explicit transaction sends.
-            ended = call.read_only or call.cursor
-            result = results[-2 if ended else -1] if len(results) >= (2 if ended else 1) else None
-            if result is None or result.status != _TUPLES:
+            if result is None:
                 columns, rows = [], []
             else:
-                columns = _columns(result)
                 skip = 0 if call.cursor else call.skip
                 end = min(result.ntuples, skip + call.fetch)
                 tx = link.tx

@@ -168,6 +168,90 @@ def test_any_pipeline_reads_the_same(pipes, steps):
     assert pure == compiled
 
 
+def read_outcomes(pipe, steps: list, wants: list, deadline: float | None = None) -> list:
+    """Queue `steps` as run() does, then read each segment with outcome(deadline, want) (its wants in order; a
+    None want is read with settle()), the result summarised so that twins compare."""
+    for step in steps:
+        if step[0] == "sync":
+            pipe.sync()
+        else:
+            pipe.send(*step[1:])
+    pipe.flush(deadline)
+    out = []
+    for want in wants:
+        if want is None:
+            out.append(pipe.settle(deadline))
+            continue
+        result, names, error = pipe.outcome(deadline, want)
+        out.append((None if result is None else summary([result]), names, error))
+    return out
+
+
+def expected_outcome(results: list, want: int):
+    """What outcome() must say of a segment whose results segment() read as `results` (psycopg PGresults)."""
+    error = next(((r.error_field(_SQLSTATE).decode(), (r.error_message or b"").decode("utf-8", "replace").strip())
+                  for r in results if r.status == _FATAL), None)
+    chosen = results[want] if want < len(results) else None
+    if chosen is None or chosen.status != psycopg.pq.ExecStatus.TUPLES_OK:
+        return None, None, error
+    names = [(chosen.fname(i) or b"?column?").decode("utf-8", "replace") for i in range(chosen.nfields)]
+    return summary([chosen]), names, error
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(STEP, max_size=8), st.lists(st.one_of(st.none(), st.integers(0, 6)), min_size=8, max_size=8))
+def test_outcome_and_settle_read_as_segment_does(pipes, steps, picks):
+    """outcome() (the wanted result only, its names, the first failure) and settle() (all succeeded?) say what
+    segment()'s results say, in both twins, for any pipeline; the connection is in step for the next segment."""
+    pair, _ = pipes
+    steps = steps + [("sync",)]
+    segments = sum(1 for step in steps if step[0] == "sync")
+    wants = picks[:segments] + [0] * (segments - len(picks))
+    run_steps(pair[0], steps)
+    reference = [pair[0].segment(None) for _ in range(segments)]
+    expected = [settled(results) if want is None else expected_outcome(results, want)
+                for results, want in zip(reference, wants)]
+    for pipe in pair:
+        got = call_outcome(read_outcomes, pipe, steps, wants, time.monotonic() + 30)
+        assert got == ("ok", expected), type(pipe).__module__
+
+
+def run_steps(pipe, steps: list) -> None:
+    for step in steps:
+        if step[0] == "sync":
+            pipe.sync()
+        else:
+            pipe.send(*step[1:])
+    pipe.flush(None)
+
+
+def settled(results: list) -> bool:
+    return all(r.status in (psycopg.pq.ExecStatus.COMMAND_OK, psycopg.pq.ExecStatus.TUPLES_OK) for r in results)
+
+
+def test_outcome_names_and_an_unnamed_column(pipes):
+    pair, _ = pipes
+    steps = [("send", b"BEGIN READ ONLY", None), ("send", b'SELECT 1 AS "\xc3\xa9t\xc3\xa9", 2, $1::text AS v',
+                                                      [b"x"]),
+             ("send", b"ROLLBACK", None), ("sync",), ("send", b"DISCARD ALL", None), ("sync",)]
+    for pipe in pair:
+        got = read_outcomes(pipe, steps, [1, None], time.monotonic() + 30)
+        assert got == [([(psycopg.pq.ExecStatus.TUPLES_OK, [[b"1", b"2", b"x"]])], ["\xe9t\xe9", "?column?", "v"],
+                         None), True], type(pipe).__module__
+
+
+def test_outcome_reports_the_first_failure_and_settle_a_failed_reset(pipes):
+    pair, _ = pipes
+    steps = [("send", b"SELECT 1", None), ("send", b"SELECT 1/0", None), ("send", b"SELECT 2", None), ("sync",),
+             ("send", b"SELECT 1", None), ("send", b"SELECT 'x'::int", None), ("sync",), ("send", b"SELECT 3", None),
+             ("sync",)]
+    for pipe in pair:
+        got = read_outcomes(pipe, steps, [2, None, 0], time.monotonic() + 30)
+        assert got[0] == (None, None, ("22012", "ERROR:  division by zero")), type(pipe).__module__
+        assert got[1] is False        # one statement of the segment failed
+        assert got[2] == ([(psycopg.pq.ExecStatus.TUPLES_OK, [[b"3"]])], ["?column?"], None)
+
+
 def test_a_large_call_waits_for_the_socket_and_arrives_whole(pipes):
     pair, _ = pipes
     big = b"x" * (24 << 20)      # larger than any socket buffer: the flush has to wait for the server to read
@@ -235,7 +319,8 @@ def test_a_closed_connection_is_refused_by_every_method(pipes):
     pair, conns = pipes
     for conn in conns:
         conn.close()
-    calls = [("send", (b"SELECT 1",)), ("sync", ()), ("flush", (None,)), ("segment", (None,)), ("readable", ())]
+    calls = [("send", (b"SELECT 1",)), ("sync", ()), ("flush", (None,)), ("segment", (None,)),
+             ("outcome", (None, 0)), ("settle", (None,)), ("readable", ())]
     for name, args in calls:
         pure, compiled = (call_outcome(getattr(pipe, name), *args) for pipe in pair)
         assert pure == compiled and pure[:2] == ("raised", psycopg.OperationalError), name
