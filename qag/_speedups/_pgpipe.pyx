@@ -25,6 +25,8 @@ from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.string cimport strlen
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.errno cimport errno, EINTR
 from libc.math cimport ceil
@@ -484,13 +486,17 @@ cdef class Pipe:
         return error_of(None if state == NULL else <bytes>state, None if message == NULL else <bytes>message)
 
     cdef list _names(self, object result):
+        # name_of's decoding (UTF-8, errors replaced) without a bytes object and a Python call per column
         cdef const void *ptr = <const void *><uintptr_t>result.pgresult_ptr
         cdef int i, n = self._lib.nfields(ptr)
         cdef const char *name
-        names = []
+        cdef list names = []
         for i in range(n):
             name = self._lib.fname(ptr, i)
-            names.append(name_of(None if name == NULL else <bytes>name))
+            if name == NULL:
+                names.append(name_of(None))
+            else:
+                names.append(PyUnicode_DecodeUTF8(name, strlen(name), "replace"))
         return names
 
     def outcome(self, deadline, int want):
