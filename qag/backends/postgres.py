@@ -555,6 +555,11 @@ class PostgresBackend(Backend):
                     raise
             link.bad = True
             self.pool.release(key, link, False)
+            # The server ended a connection it had pooled: whatever ended it (a restart, a failover, an
+            # administrator's pg_terminate_backend) has likely ended the idle ones of the same settings too, and
+            # a look at their sockets can come before the end has arrived (the FATAL read, the close not yet).
+            # So they are closed, and the one retry runs on a new connection.
+            self.pool.close_idle(key)
             try:
                 link, reused = self._take(key, fields, False, deadline, call.connection)
             except _Gone:
