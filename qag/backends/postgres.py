@@ -41,10 +41,12 @@ explicit transaction in the same segment (BEGIN; ...; DECLARE qag_page ...; MOVE
 never buffers more than the page.
 
 Dead pooled connections, without a round trip (a deliberate departure from contract 10.2's "SELECT 1 after 5 s
-idle"): a reused connection whose socket has anything to read beyond its reset's reply (EOF after the server
-closed it, a FATAL from pg_terminate_backend) is replaced before anything is sent. One that died silently fails
-on its first call; a read-only call is then retried once on a fresh connection, a write never (it may have
-committed). A connection whose call raised, was cancelled, or is not idle afterwards is closed, not pooled.
+idle"): a read-only call takes a pooled connection without looking at it, its reset's reply read with the call's;
+if the server had ended it (EOF after a close, a FATAL from pg_terminate_backend), the idle connections of the
+same settings are closed and the call, which changed nothing, runs once more on a new connection. A write's
+connection is looked at first (anything to read beyond its reset's reply: replaced before anything is sent), and
+a write whose connection died unseen is never retried (it may have committed). A connection whose call raised,
+was cancelled, or is not idle afterwards is closed, not pooled.
 
 Streams (contract 3.8/10.4): `BEGIN READ ONLY; [limits]; DECLARE qag_stream NO SCROLL CURSOR FOR <sql>; FETCH
 FORWARD <n> FROM qag_stream` in one segment, each further batch one FETCH, ended by ROLLBACK and the reset.
@@ -473,7 +475,7 @@ class PostgresBackend(Backend):
         socket, and its reset's reply, arrived or not, is read just before the call's own results (`_attempt`),
         with them: the server runs the reset before the call's statements either way (one connection, in order),
         and a call then makes one wait and no look at the socket. A connection the server closed meanwhile fails
-        that read, and the call, which changed nothing, runs again on a connection that is looked at first."""
+        that read, and the call, which changed nothing, runs again on a new connection (`_exchange`)."""
         opener = lambda: self.connect(fields, deadline)  # noqa: E731
         while True:
             link, reused = self.pool.acquire(key, opener, None if defer else _preferred, 0, deadline, label)
