@@ -7,6 +7,8 @@ copy. A Reader takes the connection's MYSQL* from mysqlclient (`_get_native_conn
 later) once, and each read does what mysqlclient's store_result, describe and fetch_row do, in the same order and
 with the interpreter lock let go around mysql_store_result (which reads the reply from the network) as
 mysqlclient does: no result object, no description tuple per column, no converter looked up per column per call.
+A Reader keeps the last reply's column names and converters and reuses them while the replies' fields (name,
+type, flags, charset) and the connection's charset stay the same, as they do for a saved query run again.
 
 Values are converted as mysqlclient's _mysql_field_to_python converts them: the connection's converter map is
 resolved once per Reader into a table by field type and binary-ness (charset 63), the way mysqlclient resolves
@@ -24,14 +26,13 @@ of a skip or count outside mysqlclient's int range run the pure twin's code. Wit
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.long cimport PyLong_FromLongLong
-from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from cpython.object cimport PyObject
 from cpython.pycapsule cimport PyCapsule_GetPointer
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_Decode, PyUnicode_FromStringAndSize
 from libc.limits cimport INT_MAX
-from libc.string cimport strncmp
+from libc.string cimport memcmp, strcmp, strncmp
 
 import importlib.machinery
 import importlib.util
@@ -98,6 +99,13 @@ ctypedef void (*free_f)(void *res) noexcept nogil
 ctypedef unsigned int (*errno_f)(void *mysql) noexcept nogil
 ctypedef const char *(*text_of_conn_f)(void *mysql) noexcept nogil
 ctypedef char (*flag_of_conn_f)(void *mysql) noexcept nogil
+
+# What a field's plan depends on besides its name (compared byte for byte with the last reply's, _plan).
+ctypedef struct _FieldKey:
+    int type
+    unsigned int flags
+    unsigned int charsetnr
+    unsigned int name_length
 
 cdef unsigned int _BINARY_FLAG = 128
 cdef unsigned int _BINARY_CHARSET = 63
@@ -243,6 +251,15 @@ cdef class Reader:
     cdef list table               # [type * 2 + binary] -> converter, for the types resolved once
     cdef bytearray exact          # [type]: 1 when its converter is resolved once (the table holds it)
     cdef object converters        # the connection's converter map
+    # The plan of the last reply (_plan): its fields' key, charset, names, converters and kinds.
+    cdef bytes plan_key
+    cdef bytes plan_charset
+    cdef unsigned int plan_n
+    cdef list plan_columns
+    cdef list plan_converters
+    cdef bytes plan_kinds
+    cdef bint plan_utf8
+    cdef bytes plan_encoding
 
     def __init__(self, conn):
         self.conn = conn
@@ -306,78 +323,108 @@ cdef class Reader:
                 conn.discard_result()
         return columns, rows
 
-    cdef tuple _rows(self, void *mysql, void *res, int skip, int count):
-        cdef unsigned int n = _LIB.num_fields(res)
-        cdef MYSQL_FIELD *fields = _LIB.fetch_fields(res)
+    cdef bint _plan(self, void *mysql, MYSQL_FIELD *fields, unsigned int n) except -1:
+        """Make the column names, converters and kinds of this reply's fields the Reader's plan: the previous
+        reply's when its fields (name, type, flags, charset) and the connection's charset are the same (a pooled
+        connection mostly runs the same statements), else worked out now."""
         cdef const char *charset = _LIB.character_set_name(mysql)
+        cdef unsigned int i
+        cdef _FieldKey key
+        cdef const char *kept
+        cdef Py_ssize_t at = 0
+        if self.plan_key is not None and n == self.plan_n and strcmp(charset, self.plan_charset) == 0:
+            kept = self.plan_key
+            for i in range(n):
+                key.type, key.flags, key.charsetnr = fields[i].type, fields[i].flags, fields[i].charsetnr
+                key.name_length = fields[i].name_length
+                if (memcmp(kept + at, &key, sizeof(_FieldKey)) != 0
+                        or memcmp(kept + at + sizeof(_FieldKey), fields[i].name, key.name_length) != 0):
+                    break
+                at += sizeof(_FieldKey) + key.name_length
+            else:
+                return True
+        self.plan_key = None
         cdef bint utf8 = strncmp(b"utf8", charset, 4) == 0
         cdef bytes encoding_name = _encoding(charset)
         cdef const char *encoding = encoding_name
         cdef list columns = []
         cdef list converters = []
-        cdef Kind *kinds = <Kind *>PyMem_Malloc((n or 1) * sizeof(Kind))
-        cdef unsigned int i
+        cdef bytearray kinds = bytearray(n)
+        cdef bytearray field_keys = bytearray()
         cdef int t
+        for i in range(n):
+            if utf8:
+                columns.append(PyUnicode_DecodeUTF8(fields[i].name, fields[i].name_length, "replace"))
+            else:
+                columns.append(PyUnicode_Decode(fields[i].name, fields[i].name_length, encoding, "replace"))
+            fun = self._converter(&fields[i])
+            converters.append(fun)
+            t = fields[i].type
+            if fun is str:
+                kinds[i] = <unsigned char>TEXT
+            elif fun is bytes or fun is None:
+                kinds[i] = <unsigned char>RAW
+            elif fun is int:
+                kinds[i] = <unsigned char>WHOLE
+            elif t == 0 or t == 246 or t == 7 or t == 12 or t == 11 or t == 10:
+                kinds[i] = <unsigned char>CALL_TEXT   # DECIMAL, NEWDECIMAL, TIMESTAMP, DATETIME, TIME, DATE
+            else:
+                kinds[i] = <unsigned char>CALL_RAW
+            key.type, key.flags, key.charsetnr = fields[i].type, fields[i].flags, fields[i].charsetnr
+            key.name_length = fields[i].name_length
+            field_keys += (<char *>&key)[:sizeof(_FieldKey)]
+            field_keys += fields[i].name[:key.name_length]
+        self.plan_columns, self.plan_converters, self.plan_kinds = columns, converters, bytes(kinds)
+        self.plan_utf8, self.plan_encoding, self.plan_n = utf8, encoding_name, n
+        self.plan_charset = <bytes>charset
+        self.plan_key = bytes(field_keys)
+        return True
+
+    cdef tuple _rows(self, void *mysql, void *res, int skip, int count):
+        cdef unsigned int n = _LIB.num_fields(res)
+        self._plan(mysql, _LIB.fetch_fields(res), n)
+        cdef bint utf8 = self.plan_utf8
+        cdef const char *encoding = self.plan_encoding
+        cdef list converters = self.plan_converters
+        cdef const unsigned char *kinds = self.plan_kinds
+        cdef unsigned int i
         cdef char **row
         cdef unsigned long *lengths
         cdef list rows = []
-        cdef object value, fun
+        cdef object value
         cdef long long maxrows
-        if kinds == NULL:
-            raise MemoryError()
-        try:
+        if skip:
+            _LIB.data_seek(res, <unsigned int>skip)
+        maxrows = count if count else <int><Py_ssize_t>_LIB.num_rows(res)
+        while maxrows > 0:
+            maxrows -= 1
+            row = _LIB.fetch_row(res)
+            if row == NULL:
+                if _LIB.error_code(mysql):
+                    raise _failure(mysql)
+                break
+            lengths = _LIB.fetch_lengths(res)
+            record = PyTuple_New(n)
             for i in range(n):
-                if utf8:
-                    columns.append(PyUnicode_DecodeUTF8(fields[i].name, fields[i].name_length, "replace"))
-                else:
-                    columns.append(PyUnicode_Decode(fields[i].name, fields[i].name_length, encoding, "replace"))
-                fun = self._converter(&fields[i])
-                converters.append(fun)
-                t = fields[i].type
-                if fun is str:
-                    kinds[i] = TEXT
-                elif fun is bytes or fun is None:
-                    kinds[i] = RAW
-                elif fun is int:
-                    kinds[i] = WHOLE
-                elif t == 0 or t == 246 or t == 7 or t == 12 or t == 11 or t == 10:
-                    kinds[i] = CALL_TEXT   # DECIMAL, NEWDECIMAL, TIMESTAMP, DATETIME, TIME, DATE
-                else:
-                    kinds[i] = CALL_RAW
-            if skip:
-                _LIB.data_seek(res, <unsigned int>skip)
-            maxrows = count if count else <int><Py_ssize_t>_LIB.num_rows(res)
-            while maxrows > 0:
-                maxrows -= 1
-                row = _LIB.fetch_row(res)
-                if row == NULL:
-                    if _LIB.error_code(mysql):
-                        raise _failure(mysql)
-                    break
-                lengths = _LIB.fetch_lengths(res)
-                record = PyTuple_New(n)
-                for i in range(n):
-                    if row[i] == NULL:
-                        value = None
-                    elif kinds[i] == TEXT:
-                        if utf8:
-                            value = PyUnicode_DecodeUTF8(row[i], lengths[i], NULL)
-                        else:
-                            value = PyUnicode_Decode(row[i], lengths[i], encoding, NULL)
-                    elif kinds[i] == RAW:
-                        value = PyBytes_FromStringAndSize(row[i], lengths[i])
-                    elif kinds[i] == WHOLE:
-                        value = _whole(row[i], lengths[i])
-                    elif kinds[i] == CALL_TEXT:
-                        value = PyObject_CallOneArg(converters[i], PyUnicode_FromStringAndSize(row[i], lengths[i]))
+                if row[i] == NULL:
+                    value = None
+                elif kinds[i] == TEXT:
+                    if utf8:
+                        value = PyUnicode_DecodeUTF8(row[i], lengths[i], NULL)
                     else:
-                        value = PyObject_CallOneArg(converters[i], PyBytes_FromStringAndSize(row[i], lengths[i]))
-                    Py_INCREF(value)
-                    PyTuple_SET_ITEM(record, i, value)
-                rows.append(record)
-        finally:
-            PyMem_Free(kinds)
-        return columns, rows
+                        value = PyUnicode_Decode(row[i], lengths[i], encoding, NULL)
+                elif kinds[i] == RAW:
+                    value = PyBytes_FromStringAndSize(row[i], lengths[i])
+                elif kinds[i] == WHOLE:
+                    value = _whole(row[i], lengths[i])
+                elif kinds[i] == CALL_TEXT:
+                    value = PyObject_CallOneArg(converters[i], PyUnicode_FromStringAndSize(row[i], lengths[i]))
+                else:
+                    value = PyObject_CallOneArg(converters[i], PyBytes_FromStringAndSize(row[i], lengths[i]))
+                Py_INCREF(value)
+                PyTuple_SET_ITEM(record, i, value)
+            rows.append(record)
+        return self.plan_columns[:], rows   # a list of its own for each caller
 
 
 cdef bytes _encoding(const char *charset):

@@ -262,3 +262,29 @@ def test_a_connection_cut_mid_reply(database, readers):
     assert (type(compiled), compiled.args) == (type(pure), pure.args) and pure.args[0] == 2013
     assert mapped(compiled, None, None).__dict__ == mapped(pure, None, None).__dict__
     assert mapped(pure, None, None).code == "connection_failed"
+
+
+# Statements whose replies repeat or differ from the one before in a name (same length), a type, a flag, a charset
+# or a column count: one Reader reads a sequence of them (the compiled twin reuses the last reply's plan only
+# when its fields are the same).
+SEQUENCE = [b"SELECT 1 AS ab, 'x' AS cd", b"SELECT 1 AS ab, 'x' AS ce", b"SELECT 1 AS ab, x'78' AS cd",
+            b"SELECT 1.5 AS ab, 'x' AS cd", b"SELECT 1 AS ab", b"SELECT 1 AS ab, 'x' AS cd, NULL AS ef",
+            b"SELECT CAST(1 AS UNSIGNED) AS ab, 'x' AS cd", b"SELECT 1 AS ab, _latin1'x' COLLATE latin1_bin AS cd",
+            b"SET NAMES latin1", b"SET NAMES utf8mb4", b"SELECT 1 AS `\xc3\xa9`, 'x' AS cd", b"DO 1"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(order=st.lists(st.sampled_from(SEQUENCE), min_size=1, max_size=12))
+def test_one_reader_over_many_statements(database, readers, order):
+    outcomes = []
+    for reader_class in readers:
+        c = _connect(database[1])
+        try:
+            reader, seen = reader_class(c), []
+            for sql in order:
+                c.query(sql)
+                seen.append(repr(reader.read(0, 0)))
+            outcomes.append(seen)
+        finally:
+            c.close()
+    assert outcomes[0] == outcomes[1]
