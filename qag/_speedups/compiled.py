@@ -15,9 +15,9 @@ DIGEST_SUFFIX = ".source-sha256"
 # A `.py` is compiled as it is (Cython's pure-Python mode) into a module of its own name; its source is the pure
 # twin. Those are the request path, chosen by profile: what a saved-query call runs, the worker included.
 COMPILED = (
-    "qag/_speedups/_httphead.pyx", "qag/_speedups/_mysqltime.pyx", "qag/_speedups/_pgpipe.pyx",
-    "qag/_speedups/_respond.pyx", "qag/_speedups/_rowjson.pyx", "qag/_speedups/_shmsync.pyx",
-    "qag/_speedups/_tables.pyx",
+    "qag/_speedups/_httphead.pyx", "qag/_speedups/_myresult.pyx", "qag/_speedups/_mysqltime.pyx",
+    "qag/_speedups/_pgpipe.pyx", "qag/_speedups/_respond.pyx", "qag/_speedups/_rowjson.pyx",
+    "qag/_speedups/_shmsync.pyx", "qag/_speedups/_tables.pyx",
     "qag/app.py", "qag/auth.py", "qag/encode.py", "qag/http11.py",
     "qag/api/_common.py", "qag/api/_usage.py", "qag/api/run.py",
     "qag/backends/base.py", "qag/backends/_mysql_sql.py", "qag/backends/mysql.py", "qag/backends/pool.py",

@@ -227,34 +227,25 @@ class _Cursor(MySQLdb.cursors.BaseCursor):
 _query = _mysql.connection.query
 
 
-def _execute(conn, sql: str, args, skip: int, count: int) -> tuple[list, list]:
-    """Run one statement on the connection and read its page: column names, and `count` rows after `skip`
-    (count 0: all). The driver's own calls without its cursor's per-call Python (description and flag
-    tuples, warning count, row and insert ids), which qag does not read; skipped rows are never converted.
+def _execute(link, sql: str, args, skip: int, count: int) -> tuple[list, list]:
+    """Run one statement on the link's connection and read its page: column names, and `count` rows after `skip`
+    (count 0: all), by the link's reader (the myresult twins: mysqlclient's values without its cursor's per-call
+    Python, and in the compiled twin without its description tuples); skipped rows are never converted.
     Arguments are bound as mysqlclient's cursor binds them (integers written directly, the rest by its
-    literal()), and a CALL's further result sets are read so the connection is ready again."""
+    literal())."""
+    conn = link.conn
     query = sql.encode("utf8")
     if args:
         literal = conn.literal
         query = query % tuple([b"%d" % a if type(a) is int else literal(a) for a in args])
     _query(conn, query)
-    result = conn.store_result()
-    if result is None:
-        columns, rows = [], []
-    else:
-        columns = [d[0] for d in result.describe()]
-        if skip:
-            result.data_seek(skip)
-        rows = list(result.fetch_row(count, 0))
-    while conn.next_result() == 0:
-        conn.discard_result()
-    return columns, rows
+    return link.reader.read(skip, count)
 
 
 class _Link:
     """One pooled server connection and what qag knows about its state."""
 
-    __slots__ = ("conn", "fd", "thread_id", "cursor", "poll", "pending", "arrived", "mariadb", "with_hint",
+    __slots__ = ("conn", "fd", "thread_id", "cursor", "reader", "poll", "pending", "arrived", "mariadb", "with_hint",
                  "session_ms", "renews", "read_only_variable", "names")
 
     def __init__(self, conn, mariadb: bool, with_hint: bool, renews: bool, read_only_variable: str | None,
@@ -263,6 +254,7 @@ class _Link:
         self.fd = conn.fileno()
         self.thread_id = conn.thread_id()   # the server's id of this session, for KILL QUERY
         self.cursor = _Cursor(conn)
+        self.reader = _speedups.get("myresult").Reader(conn)   # reads a call's reply (_execute)
         self.poll = select.poll()
         self.poll.register(self.fd, select.POLLIN)
         self.pending = False        # a ROLLBACK AND CHAIN was sent and its reply not read yet
@@ -483,7 +475,7 @@ class MysqlBackend(Backend):
         token = WATCHDOG.arm(link.fd, deadline, _kill_query, (fields, link.thread_id)) if deadline else 0
         try:
             sent = self._prepare(link, call.sql, call.timeout)
-            columns, rows = _execute(link.conn, sent, call.args, call.skip, call.fetch)
+            columns, rows = _execute(link, sent, call.args, call.skip, call.fetch)
         except BaseException as exc:
             if token and WATCHDOG.disarm(token):
                 self._cut(key, link)

@@ -1,0 +1,446 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""A MySQL statement's stored reply read with the client library called directly: the compiled twin of myresult.py.
+
+The functions are looked up with dlsym through the handle of mysqlclient's own `_mysql` extension module, so they
+are those of the client library (libmariadb or libmysqlclient) that mysqlclient is linked to, never another
+copy. A Reader takes the connection's MYSQL* from mysqlclient (`_get_native_connection()`, mysqlclient 2.1 and
+later) once, and each read does what mysqlclient's store_result, describe and fetch_row do, in the same order and
+with the interpreter lock let go around mysql_store_result (which reads the reply from the network) as
+mysqlclient does: no result object, no description tuple per column, no converter looked up per column per call.
+A Reader keeps the last reply's column names and converters and reuses them while the replies' fields (name,
+type, flags, charset) and the connection's charset stay the same, as they do for a saved query run again.
+
+Values are converted as mysqlclient's _mysql_field_to_python converts them: the connection's converter map is
+resolved once per Reader into a table by field type and binary-ness (charset 63), the way mysqlclient resolves
+it per result; a converter entry the table can't hold exactly (a flag test other than BINARY_FLAG) is resolved
+per column per read with mysqlclient's own rule. str, bytes (and no converter) and int are converted in C as
+mysqlclient's fast paths do (int from canonical digits directly, anything else by PyLong_FromString); any other
+converter is called with the str or bytes mysqlclient would pass it.
+
+The import fails, saying why (auto mode then runs the pure twin, and `qag._speedups.fallbacks()` tells), when
+mysqlclient is installed but its client library can't be driven this way (a function missing). A Reader whose
+connection can't be read this way (no native connection, a client library that isn't the bound one) and a read
+of a skip or count outside mysqlclient's int range run the pure twin's code. Without mysqlclient this imports
+(nothing to drive), as the twins of the other optional drivers do.
+"""
+
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.long cimport PyLong_FromLongLong
+from cpython.object cimport PyObject
+from cpython.pycapsule cimport PyCapsule_GetPointer
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_Decode, PyUnicode_FromStringAndSize
+from libc.limits cimport INT_MAX
+from libc.string cimport memcmp, strcmp, strncmp
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+# One Reader behaviour and one error mapping for both twins (the pure twin's code runs where this one can't).
+from qag._speedups.myresult import Reader as _PureReader
+from qag._speedups.myresult import driver_error
+
+__all__ = ["Reader", "driver_error", "LIBRARY"]
+
+cdef extern from "<dlfcn.h>" nogil:
+    ctypedef struct Dl_info:
+        const char *dli_fname
+        void *dli_fbase
+        const char *dli_sname
+        void *dli_saddr
+    void *dlopen(const char *filename, int flags)
+    void *dlsym(void *handle, const char *symbol)
+    char *dlerror()
+    int dladdr(const void *addr, Dl_info *info)
+    int RTLD_NOW
+    int RTLD_LOCAL
+
+cdef extern from "Python.h":
+    object PyLong_FromString(const char *text, char **end, int base)
+    object PyObject_CallOneArg(object callable, object arg)
+    int PySequence_Check(object o)
+
+# The client library's MYSQL_FIELD (the same layout in libmariadb 3 and MySQL 8's libmysqlclient; no headers
+# needed). MYSQL and MYSQL_RES are opaque here.
+ctypedef struct MYSQL_FIELD:
+    char *name
+    char *org_name
+    char *table
+    char *org_table
+    char *db
+    char *catalog
+    char *def_ "def"
+    unsigned long length
+    unsigned long max_length
+    unsigned int name_length
+    unsigned int org_name_length
+    unsigned int table_length
+    unsigned int org_table_length
+    unsigned int db_length
+    unsigned int catalog_length
+    unsigned int def_length
+    unsigned int flags
+    unsigned int decimals
+    unsigned int charsetnr
+    int type
+    void *extension
+
+ctypedef void *(*res_of_conn_f)(void *mysql) noexcept nogil
+ctypedef unsigned int (*uint_of_res_f)(void *res) noexcept nogil
+ctypedef MYSQL_FIELD *(*fields_f)(void *res) noexcept nogil
+ctypedef char **(*row_f)(void *res) noexcept nogil
+ctypedef unsigned long *(*lengths_f)(void *res) noexcept nogil
+ctypedef void (*seek_f)(void *res, unsigned long long offset) noexcept nogil
+ctypedef unsigned long long (*rows_f)(void *res) noexcept nogil
+ctypedef void (*free_f)(void *res) noexcept nogil
+ctypedef unsigned int (*errno_f)(void *mysql) noexcept nogil
+ctypedef const char *(*text_of_conn_f)(void *mysql) noexcept nogil
+ctypedef char (*flag_of_conn_f)(void *mysql) noexcept nogil
+
+# What a field's plan depends on besides its name (compared byte for byte with the last reply's, _plan).
+ctypedef struct _FieldKey:
+    int type
+    unsigned int flags
+    unsigned int charsetnr
+    unsigned int name_length
+
+cdef unsigned int _BINARY_FLAG = 128
+cdef unsigned int _BINARY_CHARSET = 63
+cdef int _TYPES = 256          # field type codes (enum_field_types) are below this
+
+# How a column's values are converted (mysqlclient's _mysql_field_to_python, in its order).
+cdef enum Kind:
+    TEXT = 0        # converter str: decoded by the connection's encoding
+    RAW = 1         # converter bytes, or none: the bytes
+    WHOLE = 2       # converter int: PyLong_FromString
+    CALL_TEXT = 3   # any other converter, given str (DECIMAL, NEWDECIMAL, TIMESTAMP, DATETIME, TIME, DATE)
+    CALL_RAW = 4    # any other converter, given bytes
+
+
+cdef class _Client:
+    """The client library functions mysqlclient's `_mysql` module is linked to."""
+
+    cdef res_of_conn_f store_result
+    cdef uint_of_res_f num_fields
+    cdef fields_f fetch_fields
+    cdef row_f fetch_row
+    cdef lengths_f fetch_lengths
+    cdef seek_f data_seek
+    cdef rows_f num_rows
+    cdef free_f free_result
+    cdef errno_f error_code
+    cdef text_of_conn_f error
+    cdef text_of_conn_f character_set_name
+    cdef flag_of_conn_f more_results
+    cdef readonly str path       # the client library file the functions are in
+
+
+cdef void *_symbol(void *handle, str name, str where) except NULL:
+    cdef bytes encoded = name.encode()
+    cdef void *address = dlsym(handle, encoded)
+    if address == NULL:
+        raise ImportError(f"the client library of {where} has no {name}")
+    return address
+
+
+cdef _Client _bind(str module_file):
+    """The client library functions `module_file` (mysqlclient's _mysql) is linked to; ImportError saying why not."""
+    cdef bytes encoded = os.fsencode(module_file)
+    cdef void *handle = dlopen(encoded, RTLD_NOW | RTLD_LOCAL)
+    cdef const char *error
+    cdef bytes text = b"unknown error"
+    if handle == NULL:
+        error = dlerror()
+        if error != NULL:
+            text = error
+        raise ImportError(f"{module_file} can't be loaded: {text.decode('utf-8', 'replace')}")
+    cdef _Client lib = _Client()
+    cdef Dl_info info
+    lib.store_result = <res_of_conn_f>_symbol(handle, "mysql_store_result", module_file)
+    if dladdr(<void *>lib.store_result, &info) == 0 or info.dli_fname == NULL:
+        raise ImportError(f"the client library of {module_file} can't be located")
+    text = info.dli_fname
+    lib.path = os.fsdecode(text)
+    lib.num_fields = <uint_of_res_f>_symbol(handle, "mysql_num_fields", module_file)
+    lib.fetch_fields = <fields_f>_symbol(handle, "mysql_fetch_fields", module_file)
+    lib.fetch_row = <row_f>_symbol(handle, "mysql_fetch_row", module_file)
+    lib.fetch_lengths = <lengths_f>_symbol(handle, "mysql_fetch_lengths", module_file)
+    lib.data_seek = <seek_f>_symbol(handle, "mysql_data_seek", module_file)
+    lib.num_rows = <rows_f>_symbol(handle, "mysql_num_rows", module_file)
+    lib.free_result = <free_f>_symbol(handle, "mysql_free_result", module_file)
+    lib.error_code = <errno_f>_symbol(handle, "mysql_errno", module_file)
+    lib.error = <text_of_conn_f>_symbol(handle, "mysql_error", module_file)
+    lib.character_set_name = <text_of_conn_f>_symbol(handle, "mysql_character_set_name", module_file)
+    lib.more_results = <flag_of_conn_f>_symbol(handle, "mysql_more_results", module_file)
+    return lib
+
+
+def _module_file():
+    """The file of mysqlclient's `_mysql` (the one loaded, else the one an import would load), or None without
+    mysqlclient. Found without importing it: drivers load on first use."""
+    loaded = sys.modules.get("MySQLdb._mysql")
+    if loaded is not None:
+        return loaded.__file__
+    spec = importlib.util.find_spec("MySQLdb")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for directory in spec.submodule_search_locations:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            candidate = os.path.join(directory, "_mysql" + suffix)
+            if os.path.exists(candidate):
+                return candidate
+    raise ImportError("mysqlclient is installed without its _mysql extension module")
+
+
+cdef str _FILE = _module_file()
+cdef _Client _LIB = _bind(_FILE) if _FILE is not None else None
+LIBRARY = _LIB.path if _LIB is not None else None   # the client library file this twin calls
+
+
+cdef object _resolve(object fun, unsigned int flags):
+    """mysqlclient's converter for a field whose map entry is `fun` and whose flags (BINARY_FLAG set by charset 63,
+    as mysqlclient sets it) are `flags`: its rule for a sequence of (mask, converter), None for no match."""
+    if fun is None or not PySequence_Check(fun):
+        return fun
+    for item in fun:
+        if isinstance(item, tuple) and len(item) == 2:
+            mask, found = item
+            if not isinstance(mask, int) or <long>mask & flags:
+                return found
+    return None
+
+
+cdef bint _binary_only(object fun):
+    """Whether the rule above picks from `fun` by the binary flag alone (each int mask is BINARY_FLAG)."""
+    if fun is None or not PySequence_Check(fun):
+        return True
+    for item in fun:
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], int) and item[0] != _BINARY_FLAG:
+            return False
+    return True
+
+
+cdef inline object _whole(const char *text, unsigned long length):
+    """int of a value's text as PyLong_FromString(text, NULL, 10) reads it: canonical digits (up to 18, after an
+    optional minus) directly, anything else by PyLong_FromString itself."""
+    cdef long long value = 0
+    cdef unsigned long i = 0
+    cdef bint negative = length > 0 and text[0] == 45
+    if negative:
+        i = 1
+    if length == i or length - i > 18 or text[length] != 0:
+        return PyLong_FromString(text, NULL, 10)
+    while i < length:
+        if text[i] < 48 or text[i] > 57:
+            return PyLong_FromString(text, NULL, 10)
+        value = value * 10 + (text[i] - 48)
+        i += 1
+    return PyLong_FromLongLong(-value if negative else value)
+
+
+cdef class Reader:
+    """Reads the replies of one mysqlclient connection (rules in myresult.py and above)."""
+
+    cdef object conn
+    cdef object pure              # the pure twin's Reader: what runs where this one can't
+    cdef void *mysql              # the connection's MYSQL*, inside `conn` (alive as long as it is)
+    cdef bint direct
+    cdef list table               # [type * 2 + binary] -> converter, for the types resolved once
+    cdef bytearray exact          # [type]: 1 when its converter is resolved once (the table holds it)
+    cdef object converters        # the connection's converter map
+    # The plan of the last reply (_plan): its fields' key, charset, names, converters and kinds.
+    cdef bytes plan_key
+    cdef bytes plan_charset
+    cdef unsigned int plan_n
+    cdef list plan_columns
+    cdef list plan_converters
+    cdef bytes plan_kinds
+    cdef bint plan_utf8
+    cdef bytes plan_encoding
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.pure = _PureReader(conn)
+        self.direct = False
+        if _LIB is None:
+            return
+        module = sys.modules.get("MySQLdb._mysql")
+        native = getattr(conn, "_get_native_connection", None)
+        if (native is None or module is None or not isinstance(conn, module.connection)
+                or getattr(module, "__file__", None) != _FILE):
+            return
+        self.mysql = PyCapsule_GetPointer(native(), b"_mysql.connection.native_connection")
+        self.converters = conn.converter
+        self.table = [None] * (_TYPES * 2)
+        self.exact = bytearray(_TYPES)
+        for code in range(_TYPES):
+            try:
+                fun = self.converters[code]
+            except KeyError:
+                fun = None
+            if _binary_only(fun):
+                self.table[code * 2] = _resolve(fun, 0)
+                self.table[code * 2 + 1] = _resolve(fun, _BINARY_FLAG)
+                self.exact[code] = 1
+        self.direct = True
+
+    cdef object _converter(self, MYSQL_FIELD *field):
+        """mysqlclient's converter for a field (the connection's map and its rule)."""
+        cdef unsigned int flags = field.flags
+        flags = (flags | _BINARY_FLAG) if field.charsetnr == _BINARY_CHARSET else (flags & ~_BINARY_FLAG)
+        if 0 <= field.type < _TYPES and self.exact[field.type]:
+            return self.table[field.type * 2 + (1 if flags & _BINARY_FLAG else 0)]
+        try:
+            fun = self.converters[field.type]
+        except KeyError:
+            return None
+        return _resolve(fun, flags)
+
+    def read(self, skip, count):
+        """(column names, rows): as myresult.Reader.read."""
+        if not self.direct or type(skip) is not int or type(count) is not int or not (
+                0 <= skip <= INT_MAX and 0 <= count <= INT_MAX):
+            return self.pure.read(skip, count)
+        cdef void *mysql = self.mysql
+        cdef void *res
+        with nogil:
+            res = _LIB.store_result(mysql)
+        if res == NULL:
+            if _LIB.error_code(mysql):
+                raise _failure(mysql)
+            columns, rows = [], []
+        else:
+            try:
+                columns, rows = self._rows(mysql, res, skip, count)
+            finally:
+                _LIB.free_result(res)
+        if _LIB.more_results(mysql):
+            conn = self.conn
+            while conn.next_result() == 0:
+                conn.discard_result()
+        return columns, rows
+
+    cdef bint _plan(self, void *mysql, MYSQL_FIELD *fields, unsigned int n) except -1:
+        """Make the column names, converters and kinds of this reply's fields the Reader's plan: the previous
+        reply's when its fields (name, type, flags, charset) and the connection's charset are the same (a pooled
+        connection mostly runs the same statements), else worked out now."""
+        cdef const char *charset = _LIB.character_set_name(mysql)
+        cdef unsigned int i
+        cdef _FieldKey key
+        cdef const char *kept
+        cdef Py_ssize_t at = 0
+        if self.plan_key is not None and n == self.plan_n and strcmp(charset, self.plan_charset) == 0:
+            kept = self.plan_key
+            for i in range(n):
+                key.type, key.flags, key.charsetnr = fields[i].type, fields[i].flags, fields[i].charsetnr
+                key.name_length = fields[i].name_length
+                if (memcmp(kept + at, &key, sizeof(_FieldKey)) != 0
+                        or memcmp(kept + at + sizeof(_FieldKey), fields[i].name, key.name_length) != 0):
+                    break
+                at += sizeof(_FieldKey) + key.name_length
+            else:
+                return True
+        self.plan_key = None
+        cdef bint utf8 = strncmp(b"utf8", charset, 4) == 0
+        cdef bytes encoding_name = _encoding(charset)
+        cdef const char *encoding = encoding_name
+        cdef list columns = []
+        cdef list converters = []
+        cdef bytearray kinds = bytearray(n)
+        cdef bytearray field_keys = bytearray()
+        cdef int t
+        for i in range(n):
+            if utf8:
+                columns.append(PyUnicode_DecodeUTF8(fields[i].name, fields[i].name_length, "replace"))
+            else:
+                columns.append(PyUnicode_Decode(fields[i].name, fields[i].name_length, encoding, "replace"))
+            fun = self._converter(&fields[i])
+            converters.append(fun)
+            t = fields[i].type
+            if fun is str:
+                kinds[i] = <unsigned char>TEXT
+            elif fun is bytes or fun is None:
+                kinds[i] = <unsigned char>RAW
+            elif fun is int:
+                kinds[i] = <unsigned char>WHOLE
+            elif t == 0 or t == 246 or t == 7 or t == 12 or t == 11 or t == 10:
+                kinds[i] = <unsigned char>CALL_TEXT   # DECIMAL, NEWDECIMAL, TIMESTAMP, DATETIME, TIME, DATE
+            else:
+                kinds[i] = <unsigned char>CALL_RAW
+            key.type, key.flags, key.charsetnr = fields[i].type, fields[i].flags, fields[i].charsetnr
+            key.name_length = fields[i].name_length
+            field_keys += (<char *>&key)[:sizeof(_FieldKey)]
+            field_keys += fields[i].name[:key.name_length]
+        self.plan_columns, self.plan_converters, self.plan_kinds = columns, converters, bytes(kinds)
+        self.plan_utf8, self.plan_encoding, self.plan_n = utf8, encoding_name, n
+        self.plan_charset = <bytes>charset
+        self.plan_key = bytes(field_keys)
+        return True
+
+    cdef tuple _rows(self, void *mysql, void *res, int skip, int count):
+        cdef unsigned int n = _LIB.num_fields(res)
+        self._plan(mysql, _LIB.fetch_fields(res), n)
+        cdef bint utf8 = self.plan_utf8
+        cdef const char *encoding = self.plan_encoding
+        cdef list converters = self.plan_converters
+        cdef const unsigned char *kinds = self.plan_kinds
+        cdef unsigned int i
+        cdef char **row
+        cdef unsigned long *lengths
+        cdef list rows = []
+        cdef object value
+        cdef long long maxrows
+        if skip:
+            _LIB.data_seek(res, <unsigned int>skip)
+        maxrows = count if count else <int><Py_ssize_t>_LIB.num_rows(res)
+        while maxrows > 0:
+            maxrows -= 1
+            row = _LIB.fetch_row(res)
+            if row == NULL:
+                if _LIB.error_code(mysql):
+                    raise _failure(mysql)
+                break
+            lengths = _LIB.fetch_lengths(res)
+            record = PyTuple_New(n)
+            for i in range(n):
+                if row[i] == NULL:
+                    value = None
+                elif kinds[i] == TEXT:
+                    if utf8:
+                        value = PyUnicode_DecodeUTF8(row[i], lengths[i], NULL)
+                    else:
+                        value = PyUnicode_Decode(row[i], lengths[i], encoding, NULL)
+                elif kinds[i] == RAW:
+                    value = PyBytes_FromStringAndSize(row[i], lengths[i])
+                elif kinds[i] == WHOLE:
+                    value = _whole(row[i], lengths[i])
+                elif kinds[i] == CALL_TEXT:
+                    value = PyObject_CallOneArg(converters[i], PyUnicode_FromStringAndSize(row[i], lengths[i]))
+                else:
+                    value = PyObject_CallOneArg(converters[i], PyBytes_FromStringAndSize(row[i], lengths[i]))
+                Py_INCREF(value)
+                PyTuple_SET_ITEM(record, i, value)
+            rows.append(record)
+        return self.plan_columns[:], rows   # a list of its own for each caller
+
+
+cdef bytes _encoding(const char *charset):
+    """The Python codec mysqlclient decodes a connection's text with (its _get_encoding)."""
+    if strncmp(b"utf8", charset, 4) == 0:
+        return b"utf8"
+    if strncmp(b"latin1", charset, 6) == 0:
+        return b"cp1252"
+    if strncmp(b"koi8r", charset, 5) == 0:
+        return b"koi8_r"
+    if strncmp(b"koi8u", charset, 5) == 0:
+        return b"koi8_u"
+    return charset
+
+
+cdef object _failure(void *mysql):
+    """mysqlclient's exception for the connection's current error."""
+    cdef const char *message = _LIB.error(mysql)
+    return driver_error(_LIB.error_code(mysql), message.decode("utf-8"))

@@ -1,0 +1,290 @@
+"""The MySQL reply readers (qag._speedups myresult): both twins give mysqlclient's own columns, rows and errors.
+
+Differential, on the real MariaDB: a table with a column of every type (integers at their extremes, decimals,
+floats, BIT, YEAR, dates with zero dates, TIME, ENUM/SET, JSON, text in utf8mb4, latin1 and binary, blobs),
+filled by hypothesis with NULLs, empty strings, binary data and extreme numbers, is read by each twin's Reader
+and by mysqlclient's own cursor (the reference: its description names and fetchall rows, sliced by skip and
+count) on connections opened as qag opens them (qag's converter map). Compared by repr, so a value's type, a
+Decimal's exponent and a float's bits count. Also: connection encodings other than utf8, raw text that can't be
+decoded, a converter map entry the compiled twin can't table, CALL's further result sets, and the errors a
+reply can fail with while it is read (a server error mid-reply, a connection cut mid-reply)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import secrets
+import socket
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from qag import _speedups
+from tests.services import MYSQL, mysql_admin
+from tests.speedups.conftest import call_outcome, compiled_or_skip
+
+MySQLdb = pytest.importorskip("MySQLdb")
+from MySQLdb.constants import FIELD_TYPE, FLAG  # noqa: E402
+
+from qag.backends.mysql import _conversions, connect_args, mapped  # noqa: E402
+
+# (column, definition, values): every column is nullable, so each strategy also draws NULL.
+_TEXT = st.text(max_size=20)
+_LATIN = st.text(st.characters(max_codepoint=255, exclude_categories=("Cs",)), max_size=20)
+
+
+def _time_text(seconds: int, micros: int) -> str:
+    sign = "-" if seconds < 0 else ""
+    seconds = abs(seconds)
+    return f"{sign}{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}.{micros:06d}"
+
+
+def _datetime_text(moment: dt.datetime) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f").rjust(26, "0")
+
+
+_ZERO_DATES = st.sampled_from(["0000-00-00", "2020-00-10", "2020-05-00"])
+COLUMNS = [
+    ("c_tiny", "TINYINT", st.integers(-128, 127)),
+    ("c_utiny", "TINYINT UNSIGNED", st.integers(0, 255)),
+    ("c_small", "SMALLINT", st.integers(-(2 ** 15), 2 ** 15 - 1)),
+    ("c_medium", "MEDIUMINT", st.integers(-(2 ** 23), 2 ** 23 - 1)),
+    ("c_int", "INT", st.integers(-(2 ** 31), 2 ** 31 - 1)),
+    ("c_big", "BIGINT", st.integers(-(2 ** 63), 2 ** 63 - 1)),
+    ("c_ubig", "BIGINT UNSIGNED", st.integers(0, 2 ** 64 - 1)),
+    ("c_dec", "DECIMAL(20,6)", st.decimals(-(10 ** 14) + 1, 10 ** 14 - 1, places=6)),
+    ("c_dec65", "DECIMAL(65,30)", st.decimals(-(10 ** 35) + 1, 10 ** 35 - 1, places=30)),
+    ("c_float", "FLOAT", st.floats(allow_nan=False, allow_infinity=False, width=32)),
+    ("c_double", "DOUBLE", st.floats(allow_nan=False, allow_infinity=False)),
+    ("c_bit1", "BIT(1)", st.integers(0, 1)),
+    ("c_bit64", "BIT(64)", st.integers(0, 2 ** 64 - 1)),
+    ("c_year", "YEAR", st.one_of(st.just(0), st.integers(1901, 2155))),
+    ("c_date", "DATE", st.one_of(st.dates(dt.date(1000, 1, 1)).map(str), _ZERO_DATES)),
+    ("c_datetime", "DATETIME(6)", st.one_of(
+        st.datetimes(dt.datetime(1000, 1, 1)).map(_datetime_text), _ZERO_DATES.map(lambda d: d + " 00:00:00"))),
+    ("c_datetime0", "DATETIME", st.datetimes(dt.datetime(1000, 1, 1)).map(lambda m: m.strftime("%Y-%m-%d %H:%M:%S"))),
+    ("c_stamp", "TIMESTAMP(6) NULL", st.datetimes(dt.datetime(1970, 1, 2), dt.datetime(2038, 1, 18)).map(
+        _datetime_text)),
+    ("c_time", "TIME(6)", st.builds(_time_text, st.integers(-838 * 3600 - 3599, 838 * 3600 + 3598),
+                                    st.integers(0, 999999))),
+    ("c_char", "CHAR(20) CHARACTER SET utf8mb4", _TEXT),
+    ("c_varchar", "VARCHAR(40) CHARACTER SET utf8mb4", _TEXT),
+    ("c_varchar_bin", "VARCHAR(40) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin", _TEXT),
+    ("c_latin", "VARCHAR(40) CHARACTER SET latin1", _LATIN),
+    ("c_text", "TEXT CHARACTER SET utf8mb4", _TEXT),
+    ("c_binary", "BINARY(8)", st.binary(max_size=8)),
+    ("c_varbinary", "VARBINARY(40)", st.binary(max_size=40)),
+    ("c_blob", "BLOB", st.binary(max_size=60)),
+    ("c_tinyblob", "TINYBLOB", st.binary(max_size=30)),
+    ("c_enum", "ENUM('a','b','é','')", st.sampled_from(["a", "b", "é", ""])),
+    ("c_set", "SET('x','y','z')", st.sets(st.sampled_from(["x", "y", "z"])).map(",".join)),
+    ("c_json", "JSON", st.recursive(st.none() | st.booleans() | st.integers() | _TEXT,
+                                    lambda inner: st.lists(inner, max_size=3), max_leaves=5).map(json.dumps)),
+]
+ROWS = st.lists(st.tuples(*[st.one_of(st.none(), values) for _, _, values in COLUMNS]), max_size=5)
+
+
+@pytest.fixture(scope="module")
+def database():
+    pytest.importorskip("MySQLdb")
+    admin = mysql_admin()
+    name = "qag_t_myresult_" + secrets.token_hex(4)
+    cur = admin.cursor()
+    cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+    cur.execute(f"CREATE TABLE `{name}`.t (id INT PRIMARY KEY, "
+                + ", ".join(f"{column} {definition}" for column, definition, _ in COLUMNS) + ")")
+    cur.execute(f"CREATE PROCEDURE `{name}`.two() BEGIN SELECT 1 AS one; SELECT 'two' AS two; END")
+    cur.execute("SET SESSION sql_mode = '', time_zone = '+00:00'")   # zero dates and out-of-charset text stored
+    try:
+        yield admin, name
+    finally:
+        admin.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
+        admin.close()
+
+
+def _connect(database: str):
+    """A connection opened as qag opens one (its connect arguments and converter map)."""
+    fields = {"host": MYSQL["host"], "port": MYSQL["port"], "user": MYSQL["user"], "password": MYSQL["password"],
+              "database": database}
+    return MySQLdb.connect(**connect_args(fields, True), conv=_conversions())
+
+
+@pytest.fixture(scope="module")
+def conn(database):
+    c = _connect(database[1])
+    c.query(b"SET SESSION time_zone = '+00:00'")
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def readers():
+    """(pure Reader class, compiled Reader class)."""
+    return _speedups.twin("myresult", "pure").Reader, compiled_or_skip("myresult").Reader
+
+
+def _reference(conn, sql: bytes, skip: int, count: int):
+    """mysqlclient's own reading: its cursor's description names and rows."""
+    cursor = conn.cursor()
+    cursor.execute(sql)
+    columns = [d[0] for d in cursor.description] if cursor.description else []
+    rows = list(cursor.fetchall())
+    cursor.close()
+    return columns, rows[skip:skip + count] if count else rows[skip:]
+
+
+def _each(conn, readers, sql: bytes, skip: int, count: int) -> list:
+    """What each twin's Reader gives (or raises) for the statement, then mysqlclient's cursor."""
+    outcomes = []
+    for reader in readers:
+        def read():
+            conn.query(sql)
+            return reader(conn).read(skip, count)
+        outcomes.append(repr(call_outcome(read)))
+    return outcomes
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=ROWS, skip=st.integers(0, 6), count=st.integers(0, 6))
+def test_every_column_type_as_mysqlclient_reads_it(database, conn, readers, rows, skip, count):
+    admin, name = database
+    cur = admin.cursor()
+    cur.execute(f"DELETE FROM `{name}`.t")
+    if rows:
+        holes = ", ".join(["%s"] * (len(COLUMNS) + 1))
+        cur.executemany(f"INSERT INTO `{name}`.t VALUES ({holes})", [(i, *row) for i, row in enumerate(rows)])
+    sql = b"SELECT * FROM t ORDER BY id"
+    pure, compiled = _each(conn, readers, sql, skip, count)
+    assert compiled == pure
+    assert pure == repr(("ok", _reference(conn, sql, skip, count)))
+
+
+EXPRESSIONS = (
+    "SELECT 18446744073709551615 AS u, -9223372036854775808 AS s, 1e308 AS big, -1e-308 AS small, "
+    "0.000000000000000000000000000001 AS tiny_dec, 99999999999999999999999999999999999.999999999999999999999999999999"
+    " AS huge_dec, '' AS empty, CAST('' AS BINARY) AS empty_bytes, NULL AS nothing, _latin1 x'e9' AS latin, "
+    "CONVERT('é' USING latin1) AS converted, x'00ff00' AS raw, b'1011' AS bits, ST_GeomFromText('POINT(1 2)') AS "
+    "place, CAST('-838:59:59' AS TIME) AS t_min, CAST('0000-00-00' AS DATE) AS zero, 'x' AS `dup`, 'y' AS `dup`, "
+    "'é€😀' AS `naïve name`, 007 AS lead_zero, -0 AS neg_zero, YEAR('2155-01-01') AS y"
+).encode()   # in the connection charset: the same bytes for every reader
+
+
+@pytest.mark.parametrize("names", ["utf8mb4", "latin1", "binary", "koi8r"])
+def test_expressions_in_each_connection_charset(database, readers, names):
+    c = _connect(database[1])
+    try:
+        c.query(b"SET sql_mode = ''")
+        c.set_character_set(names) if names != "binary" else c.query(b"SET NAMES binary")
+        pure, compiled = _each(c, readers, EXPRESSIONS, 0, 0)
+        assert compiled == pure
+        if names != "binary":   # SET NAMES binary: mysqlclient looks up a codec "binary" and raises LookupError
+            assert pure == repr(("ok", _reference(c, EXPRESSIONS, 0, 0)))
+    finally:
+        c.close()
+
+
+def test_raw_text_that_does_not_decode(database, readers):
+    # character_set_results NULL: the server sends latin1 bytes as they are, which utf8 can't decode.
+    admin, name = database
+    admin.cursor().execute(f"INSERT INTO `{name}`.t (id, c_latin) VALUES (1000, 'é') "
+                           "ON DUPLICATE KEY UPDATE c_latin = 'é'")
+    c = _connect(name)
+    try:
+        c.query(b"SET character_set_results = NULL")
+        pure, compiled = _each(c, readers, b"SELECT c_latin FROM t WHERE id = 1000", 0, 0)
+        assert compiled == pure and "UnicodeDecodeError" in pure
+    finally:
+        c.close()
+        admin.cursor().execute(f"DELETE FROM `{name}`.t WHERE id = 1000")
+
+
+def test_a_converter_entry_resolved_per_column(database, readers):
+    # An int mask other than BINARY_FLAG: the compiled twin can't table it and resolves it per column, by
+    # mysqlclient's rule (NOT NULL columns as bytes, the others as str here).
+    c = _connect(database[1])
+    try:
+        c.converter[FIELD_TYPE.VAR_STRING] = [(FLAG.NOT_NULL, bytes), "not a pair", (None, str)]
+        sql = b"SELECT 'a' AS not_null, CAST(NULL AS CHAR) AS nullable, IF(RAND() < 2, 'b', NULL) AS maybe"
+        pure, compiled = _each(c, readers, sql, 0, 0)
+        assert compiled == pure and "b'a'" in pure
+    finally:
+        c.close()
+
+
+def test_call_reads_every_result_set_and_leaves_the_connection_ready(conn, readers):
+    for reader in readers:
+        conn.query(b"CALL two()")
+        assert reader(conn).read(0, 0) == (["one"], [(1,)])
+        conn.query(b"SELECT 3 AS three")
+        assert reader(conn).read(0, 0) == (["three"], [(3,)])
+
+
+def test_statements_without_a_result_set(database, conn, readers):
+    for reader in readers:
+        conn.query(b"DO 1")
+        assert reader(conn).read(0, 0) == ([], [])
+        conn.query(b"SELECT 1 FROM DUAL WHERE 1 = 0")
+        assert reader(conn).read(0, 0) == (["1"], [])
+
+
+@pytest.mark.parametrize("skip, count", [(2 ** 31, 0), (0, 2 ** 31), (-1, 0), (0, -1), (1.0, 0)])
+def test_skip_and_count_outside_mysqlclients_int_range(conn, readers, skip, count):
+    pure, compiled = _each(conn, readers, b"SELECT 1 UNION SELECT 2", skip, count)
+    assert compiled == pure
+
+
+def test_a_server_error_mid_reply(conn, readers):
+    # The rows have started when the subquery returns a second row: the error comes while the reply is read.
+    sql = b"SELECT seq, (SELECT 1 UNION SELECT seq = 3) AS x FROM seq_1_to_5"
+    pure, compiled = _each(conn, readers, sql, 0, 0)
+    assert compiled == pure and "1242" in pure
+    conn.query(b"SELECT 1")
+    assert readers[1](conn).read(0, 0) == (["1"], [(1,)])
+
+
+def test_a_connection_cut_mid_reply(database, readers):
+    # As the watchdog cuts a call: the socket shut while the rows are still coming. Same exception, same QagError.
+    raised = []
+    for reader in readers:
+        c = _connect(database[1])
+        try:
+            c.query(b"SELECT REPEAT('x', 1000000) FROM seq_1_to_30")
+            sock = socket.fromfd(c.fileno(), socket.AF_INET, socket.SOCK_STREAM)
+            sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+            with pytest.raises(MySQLdb.OperationalError) as failure:
+                reader(c).read(0, 0)
+            raised.append(failure.value)
+        finally:
+            c.close()
+    pure, compiled = raised
+    assert (type(compiled), compiled.args) == (type(pure), pure.args) and pure.args[0] == 2013
+    assert mapped(compiled, None, None).__dict__ == mapped(pure, None, None).__dict__
+    assert mapped(pure, None, None).code == "connection_failed"
+
+
+# Statements whose replies repeat or differ from the one before in a name (same length), a type, a flag, a charset
+# or a column count: one Reader reads a sequence of them (the compiled twin reuses the last reply's plan only
+# when its fields are the same).
+SEQUENCE = [b"SELECT 1 AS ab, 'x' AS cd", b"SELECT 1 AS ab, 'x' AS ce", b"SELECT 1 AS ab, x'78' AS cd",
+            b"SELECT 1.5 AS ab, 'x' AS cd", b"SELECT 1 AS ab", b"SELECT 1 AS ab, 'x' AS cd, NULL AS ef",
+            b"SELECT CAST(1 AS UNSIGNED) AS ab, 'x' AS cd", b"SELECT 1 AS ab, _latin1'x' COLLATE latin1_bin AS cd",
+            b"SET NAMES latin1", b"SET NAMES utf8mb4", b"SELECT 1 AS `\xc3\xa9`, 'x' AS cd", b"DO 1"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(order=st.lists(st.sampled_from(SEQUENCE), min_size=1, max_size=12))
+def test_one_reader_over_many_statements(database, readers, order):
+    outcomes = []
+    for reader_class in readers:
+        c = _connect(database[1])
+        try:
+            reader, seen = reader_class(c), []
+            for sql in order:
+                c.query(sql)
+                seen.append(repr(reader.read(0, 0)))
+            outcomes.append(seen)
+        finally:
+            c.close()
+    assert outcomes[0] == outcomes[1]
