@@ -66,17 +66,20 @@ def summary(results: list) -> list:
     return out
 
 
-def run(pipe, steps: list, deadline: float | None = None) -> list:
-    """Queue `steps` (("send", sql, values, types, formats) or ("sync",)), flush, read a segment per Sync."""
-    syncs = 0
+def run_steps(pipe, steps: list, deadline: float | None = None) -> int:
+    """Queue `steps` (("send", sql, values, types, formats) or ("sync",)) and flush; how many Syncs."""
     for step in steps:
         if step[0] == "sync":
             pipe.sync()
-            syncs += 1
         else:
             pipe.send(*step[1:])
     pipe.flush(deadline)
-    return [summary(pipe.segment(deadline)) for _ in range(syncs)]
+    return sum(1 for step in steps if step[0] == "sync")
+
+
+def run(pipe, steps: list, deadline: float | None = None) -> list:
+    """Queue and flush `steps`, read a segment per Sync."""
+    return [summary(pipe.segment(deadline)) for _ in range(run_steps(pipe, steps, deadline))]
 
 
 def both(pair, steps, deadline_in: float | None = 30.0):
@@ -171,12 +174,7 @@ def test_any_pipeline_reads_the_same(pipes, steps):
 def read_outcomes(pipe, steps: list, wants: list, deadline: float | None = None) -> list:
     """Queue `steps` as run() does, then read each segment with outcome(deadline, want) (its wants in order; a
     None want is read with settle()), the result summarised so that twins compare."""
-    for step in steps:
-        if step[0] == "sync":
-            pipe.sync()
-        else:
-            pipe.send(*step[1:])
-    pipe.flush(deadline)
+    run_steps(pipe, steps, deadline)
     out = []
     for want in wants:
         if want is None:
@@ -205,24 +203,14 @@ def test_outcome_and_settle_read_as_segment_does(pipes, steps, picks):
     segment()'s results say, in both twins, for any pipeline; the connection is in step for the next segment."""
     pair, _ = pipes
     steps = steps + [("sync",)]
-    segments = sum(1 for step in steps if step[0] == "sync")
+    segments = run_steps(pair[0], steps)
     wants = picks[:segments] + [0] * (segments - len(picks))
-    run_steps(pair[0], steps)
     reference = [pair[0].segment(None) for _ in range(segments)]
     expected = [settled(results) if want is None else expected_outcome(results, want)
                 for results, want in zip(reference, wants)]
     for pipe in pair:
         got = call_outcome(read_outcomes, pipe, steps, wants, time.monotonic() + 30)
         assert got == ("ok", expected), type(pipe).__module__
-
-
-def run_steps(pipe, steps: list) -> None:
-    for step in steps:
-        if step[0] == "sync":
-            pipe.sync()
-        else:
-            pipe.send(*step[1:])
-    pipe.flush(None)
 
 
 def settled(results: list) -> bool:
