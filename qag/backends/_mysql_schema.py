@@ -7,13 +7,13 @@ information_schema once warm.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import OrderedDict
 from typing import NamedTuple
 
 from ..sql.functions import Catalog
+from .pool import settings_key
 
 MAX_TABLES = 1000
 TTL = 60.0             # seconds a read is served from the cache
@@ -171,17 +171,9 @@ class ServerNames(NamedTuple):
 
 # The query that reads them (one round trip when a connection is opened).
 FACTS_QUERY = "SELECT @@lower_case_table_names, @@session.sql_mode"
-_FACTS: dict = {}            # identity(fields) -> ServerNames, as the last opened connection reported
+_FACTS: dict = {}            # settings_key(fields) -> ServerNames, as the last opened connection reported
 _FACTS_MAX = 1024
 _PROBE: list = []            # [callable(fields)]: opens (and pools) a connection so its facts are known
-
-
-def identity(fields: dict):
-    """A connection's identity: every resolved field, password included (the pool's key too)."""
-    try:
-        return frozenset(fields.items())
-    except TypeError:   # a list or object among the options
-        return json.dumps(fields, sort_keys=True, default=str)
 
 
 def parse_facts(row) -> ServerNames:
@@ -214,7 +206,7 @@ def server_names(fields: dict) -> ServerNames | None:
     """The facts of the server behind these fields: cached from the last connection opened with them, else
     learned by opening one through the backend (which pools it for the call that asked); None when no backend
     can tell (the caller then reads names exactly, the stricter way)."""
-    ident = identity(fields)
+    ident = settings_key(fields)
     facts = _FACTS.get(ident)
     if facts is None and _PROBE:
         _PROBE[0](fields)

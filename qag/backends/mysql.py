@@ -51,7 +51,7 @@ from ..errors import QagError
 from . import _mysql_schema as schema_reader
 from . import _mysql_sql as statements
 from .base import Backend, Call, Result, connection_failed, network_timeout, query_failed, timeout_error
-from .pool import Pool
+from .pool import Pool, settings_key
 from .watchdog import WATCHDOG, deadline_of, tcp_keepalive
 
 CONNECT_TIMEOUT = 10
@@ -146,7 +146,7 @@ def _conversions() -> dict:
             FIELD_TYPE.TIMESTAMP: times.datetime_or_none, FIELD_TYPE.DATE: times.date_or_none}
 
 
-_ident = schema_reader.identity   # the pool's identity of a connection's settings (password included)
+_ident = settings_key   # the pool's identity of a connection's settings (password included)
 
 
 # ------------------------------------------------------------------------------------------- errors

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import Any, Callable, Hashable
@@ -9,12 +10,30 @@ from typing import Any, Callable, Hashable
 from ..errors import QagError
 
 
-class _Slot:
-    __slots__ = ("conn", "since")
+_KEYS: dict = {}                  # a connection's resolved fields (as items) -> their number
+_KEYS_MAX = 4096                  # distinct settings a worker numbers; beyond, the key is the sorted items
+_key_numbers = itertools.count()  # never reused, so a number can't come to stand for other settings
 
-    def __init__(self, conn: Any, since: float):
-        self.conn = conn
-        self.since = since
+
+def settings_key(fields: dict) -> Hashable:
+    """The identity of a connection's resolved fields (password included): what pools, and what is cached of a
+    server, are keyed by. A number, given to each distinct set the first time it is seen: a pool looks its key
+    up twice a call, and a tuple of the fields would be hashed anew each time (~1,500 instructions; an int's
+    hash is free). A call looks its fields up in the order they came in (a connection's resolve in the same
+    order every call); a new order is numbered by the sorted fields, so the same settings in any order share
+    one number. Fields holding a list or an object are keyed by their repr, unnumbered."""
+    items = tuple(fields.items())
+    try:
+        key = _KEYS.get(items)
+    except TypeError:
+        return repr(sorted((name, repr(value)) for name, value in fields.items()))
+    if key is None:
+        canonical = tuple(sorted(items))          # field names are unique: their values are never compared
+        if len(_KEYS) >= _KEYS_MAX - 1:
+            return canonical
+        key = _KEYS.setdefault(canonical, next(_key_numbers))
+        _KEYS[items] = key
+    return key
 
 
 class Pool:
@@ -34,7 +53,9 @@ class Pool:
         self.max_open = max_open
         self.wait = wait
         self._close = close
-        self._idle: dict[Hashable, list[_Slot]] = {}
+        # Idle connections per key, oldest first, each a (connection, idle since) tuple: a tuple costs a third of
+        # what an object with two slots does to make, once a call.
+        self._idle: dict[Hashable, list[tuple[Any, float]]] = {}
         self._open: dict[Hashable, int] = {}
         # Re-entrant: a stream object collected by the garbage collector gives its connection back from __del__,
         # which can run on a thread that is inside the pool already.
@@ -66,7 +87,7 @@ class Pool:
                 fallback = prefer is None or self._open.get(key, 0) >= grow_below
                 slot = self._take_idle(key, prefer, stale, fallback)
                 if slot is not None:
-                    return slot.conn, True
+                    return slot[0], True
                 if self.max_open is not None and self._open.get(key, 0) >= self.max_open:
                     self.waits += 1
                     until = time.monotonic() + self.wait
@@ -75,14 +96,14 @@ class Pool:
                     while True:
                         slot = self._take_idle(key, prefer, stale)
                         if slot is not None:
-                            return slot.conn, True
+                            return slot[0], True
                         if self._open.get(key, 0) < self.max_open:
                             break
                         left = until - time.monotonic()
                         if left <= 0 or not self._wait_freed(left, label):
                             slot = self._take_idle(key, prefer, stale)   # freed as the wait ran out
                             if slot is not None:
-                                return slot.conn, True
+                                return slot[0], True
                             if self._open.get(key, 0) >= self.max_open:
                                 raise QagError("unavailable", "Every connection this worker may open to this "
                                                               "database is busy - try again shortly", retry_after=1)
@@ -112,20 +133,20 @@ class Pool:
         if self._waiting:
             self._freed.notify()
 
-    def _take_idle(self, key: Hashable, prefer, stale: list, fallback: bool = True) -> _Slot | None:
+    def _take_idle(self, key: Hashable, prefer, stale: list, fallback: bool = True) -> tuple[Any, float] | None:
         idle = self._idle.get(key)
         if not idle:
             return None
         cutoff = time.monotonic() - self.idle_timeout
-        while idle and idle[0].since < cutoff:
+        while idle and idle[0][1] < cutoff:
             # Oldest first: anything idle past the timeout is closed, not reused.
-            stale.append(idle.pop(0).conn)
+            stale.append(idle.pop(0)[0])
             self._open[key] -= 1
         if not idle:
             return None
         if prefer is not None:
             for i in range(len(idle) - 1, -1, -1):
-                if prefer(idle[i].conn):
+                if prefer(idle[i][0]):
                     return idle.pop(i)
         return idle.pop() if fallback else None
 
@@ -135,9 +156,9 @@ class Pool:
         with self._lock:
             if reusable and self.idle_limit > 0:
                 idle = self._idle.setdefault(key, [])
-                idle.append(_Slot(conn, time.monotonic()))
+                idle.append((conn, time.monotonic()))
                 if len(idle) > self.idle_limit:
-                    surplus = idle.pop(0).conn
+                    surplus = idle.pop(0)[0]
                     self._open[key] -= 1
                     self._notify()
                 else:
@@ -162,11 +183,16 @@ class Pool:
             closing = []
             for each in keys:
                 idle = self._idle.pop(each)
-                closing += [slot.conn for slot in idle]
+                closing += [slot[0] for slot in idle]
                 self._open[each] -= len(idle)
             self._freed.notify_all()
         for conn in closing:
             self._safe_close(conn)
+
+    def idle(self) -> list[Any]:
+        """The idle connections of every key, oldest first per key (what a probe or a test looks at)."""
+        with self._lock:
+            return [slot[0] for slots in self._idle.values() for slot in slots]
 
     def stats(self) -> dict[str, int]:
         with self._lock:

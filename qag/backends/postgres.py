@@ -72,7 +72,7 @@ from .._speedups.pgpipe import error_of, name_of   # how both twins read a failu
 from ..errors import QagError
 from ._postgres_schema import SCHEMA_MAX_TABLES, read_functions, read_schema
 from .base import Backend, Call, Result, connection_failed, network_timeout, query_failed, timeout_error
-from .pool import Pool
+from .pool import Pool, settings_key
 from .watchdog import KEEPALIVE_COUNT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, USER_TIMEOUT_MS, deadline_of
 
 __all__ = ["PostgresBackend", "read_schema", "SCHEMA_MAX_TABLES"]
@@ -220,15 +220,7 @@ def connect_args(fields: dict) -> dict:
 
 def pool_key(fields: dict, read_only: bool):
     """Connections are interchangeable only with the same resolved fields (password included) and access mode."""
-    # In their order, unsorted (the cheapest key to make and hash, measured against a sorted tuple and a
-    # frozenset): a connection's fields resolve in the same order every call, and the same fields in another
-    # order only make a second pool, never share one.
-    key = (read_only, tuple(fields.items()))
-    try:
-        hash(key)
-        return key
-    except TypeError:  # an option holding a list or an object
-        return read_only, repr(sorted((k, repr(v)) for k, v in fields.items()))
+    return settings_key(fields), read_only
 
 
 def scrub(text: str, fields: dict) -> str:

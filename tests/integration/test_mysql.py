@@ -59,8 +59,7 @@ def server_is_mariadb() -> bool:
 
 def session_read_only(backend: MysqlBackend) -> int:
     """@@session.tx_read_only of the one idle pooled connection, asked outside any statement qag prepares."""
-    (idle,) = [slot for slots in backend.pool._idle.values() for slot in slots]
-    link = idle.conn
+    (link,) = backend.pool.idle()
     if link.pending:                       # MySQL: the renewal's reply first
         link.conn.read_query_result()
         link.pending = False
@@ -350,8 +349,8 @@ def test_date_and_time_values_are_mysqlclients_own(db, kind, monkeypatch):
     backend = MysqlBackend(settings())
     rows = backend.run(db.fields, read(statement)).rows
     assert rows == admin_rows(statement)
-    (idle,) = [slot for slots in backend.pool._idle.values() for slot in slots]
-    assert idle.conn.conn.converter[MySQLdb.constants.FIELD_TYPE.DATETIME] is times.datetime_or_none
+    (link,) = backend.pool.idle()
+    assert link.conn.converter[MySQLdb.constants.FIELD_TYPE.DATETIME] is times.datetime_or_none
     assert rows[0][:3] == (dt.datetime(2024, 2, 29, 23, 59, 58), dt.datetime(2024, 2, 29, 23, 59, 58, 500000),
                            dt.datetime(1999, 12, 31, 0, 0, 0, 123)) and rows[0][3] is None
     assert rows[0][5] == dt.date(2024, 2, 29)
@@ -483,8 +482,7 @@ def _settle(backend: MysqlBackend) -> None:
     """Wait until every renewal sent so far has been answered. The relay counts a turn before it forwards the
     bytes, so a renewal whose reply has reached qag has been counted (its send returns before that)."""
     deadline = time.monotonic() + 10
-    while any(slot.conn.pending and not slot.conn.readable()
-              for idle in list(backend.pool._idle.values()) for slot in list(idle)):
+    while any(link.pending and not link.readable() for link in backend.pool.idle()):
         assert time.monotonic() < deadline, "a renewal was never answered"
         time.sleep(0.001)
 

@@ -98,7 +98,7 @@ def test_server_facts_are_read_once_per_connection(db):
     backend = MysqlBackend(settings())
     try:
         assert backend.run(db.fields, Call("SELECT 1", (), True, 10.0, 2)).rows == [(1,)]
-        (idle,) = [slot.conn for slots in backend.pool._idle.values() for slot in slots]
+        (idle,) = backend.pool.idle()
         assert idle.names.lower_case_table_names == db.lctn
         assert _mysql_schema.server_names(db.fields) == idle.names
         admin_sql_mode = admin_value("SELECT @@GLOBAL.sql_mode")
@@ -142,7 +142,7 @@ def test_the_driver_refuses_a_second_statement_past_the_guard(db, read_only):
     backend = MysqlBackend(settings())
     try:
         backend.run(db.fields, Call("SELECT 1", (), read_only, 10.0, 2))
-        (idle,) = [slot.conn for slots in backend.pool._idle.values() for slot in slots]
+        (idle,) = backend.pool.idle()
         assert not idle.conn.client_flag & CLIENT.MULTI_STATEMENTS
         second = "INSERT INTO state_rows VALUES (171717)"
         for text in (f"SELECT 1; {second}", f"SELECT '\\''; {second} -- '", f"SELECT 1 /*!; {second} */"):
@@ -229,7 +229,7 @@ def test_a_union_page_buffers_the_page_only(db, statement):
     backend = MysqlBackend(settings())
     try:
         backend.run(db.fields, Call("SELECT 1", (), True, 10.0, 2))
-        (link,) = [slot.conn for slots in backend.pool._idle.values() for slot in slots]
+        (link,) = backend.pool.idle()
 
         def rows_sent() -> int:
             link.conn.query(b"SHOW SESSION STATUS LIKE 'Rows_sent'")

@@ -136,3 +136,19 @@ def test_close_idle():
     pool.release("k", a)
     pool.close_idle()
     assert a.closed and pool.stats()["idle"] == 0
+
+
+def test_settings_keys_are_never_reused_for_other_settings(monkeypatch):
+    """Each distinct set of fields gets a number of its own, in any order of its fields; past the table's bound
+    the key is the sorted fields themselves (no number), so no number handed out before can come to stand for
+    other settings; fields holding an object are keyed by their repr."""
+    from qag.backends import pool
+    monkeypatch.setattr(pool, "_KEYS", {})
+    monkeypatch.setattr(pool, "_KEYS_MAX", 6)
+    first = pool.settings_key({"host": "a", "port": 1})
+    assert first == pool.settings_key({"port": 1, "host": "a"}) == pool.settings_key({"host": "a", "port": 1})
+    keys = [pool.settings_key({"host": name}) for name in "bcdef"]
+    assert first not in keys and len(set(keys)) == 5
+    assert keys[-1] == (("host", "f"),) == pool.settings_key({"host": "f"})
+    assert pool.settings_key({"host": "a", "port": 2}) not in (first, *keys)
+    assert pool.settings_key({"host": "x", "opt": ["a"]}) == pool.settings_key({"opt": ["a"], "host": "x"})

@@ -70,6 +70,9 @@ def test_pool_key_covers_every_field_and_the_access_mode():
     assert pg.pool_key(a, True) != pg.pool_key(dict(a, password="two"), True)
     assert pg.pool_key(a, True) != pg.pool_key(dict(a, schema="s"), True)
     hash(pg.pool_key(dict(a, extra=["unhashable"]), True))
+    # The same settings keep their key from call to call, whatever order their fields come in.
+    assert pg.pool_key(dict(a), True) == pg.pool_key(a, True) == pg.pool_key(dict(reversed(list(a.items()))), True)
+
 
 
 @pytest.mark.parametrize("state, text, timeout, code, status", [
