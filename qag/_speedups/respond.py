@@ -1,7 +1,7 @@
 """Pure twin of the response head's fields: an application's WSGI fields checked, then written, taken or dropped.
 
 `sort_fields(headers)` takes start_response's headers (any iterable of (name, value) pairs) and returns
-`(kept, lines, length, close)`:
+`(kept, lines, length, close)`, `lines` the Latin-1 bytes the head carries:
 
 * every name must be a str token (RFC 9110) and every value a str of tab, space to tilde, or U+0080 to U+00FF;
   the first bad field raises ValueError naming it ("invalid header name 'X Y'", "invalid value for header
@@ -40,17 +40,14 @@ def role(name) -> int:
     return found
 
 
-def sort_fields(headers) -> tuple[list, str, int | None, bool]:
+def sort_fields(headers) -> tuple[list, bytes, int | None, bool]:
     roles = _ROLES
     kept = []
     lines = []
     length = None
     close = False
     for name, value in headers:
-        try:
-            found = roles.get(name)
-        except TypeError:   # unhashable
-            found = None
+        found = roles.get(name) if type(name) is str else None   # anything else: role() refuses it
         if found is None:
             found = role(name)
         if type(value) is not str or not (value.isprintable() and value.isascii()):
@@ -66,4 +63,4 @@ def sort_fields(headers) -> tuple[list, str, int | None, bool]:
             kept.append((name, value.strip(" \t")))
         elif found == CONNECTION and value.strip().lower() == "close":
             close = True
-    return kept, "".join(lines), length, close
+    return kept, "".join(lines).encode("latin-1"), length, close

@@ -38,6 +38,17 @@ def _new_request_id() -> str:
     return random.getrandbits(48).to_bytes(6, "big").hex()
 
 
+_HEADER_KEYS: dict[str, str] = {}   # header names asked for → their environ key (the handlers ask a handful)
+_KNOWN_LIMIT = 1024
+
+
+def _header_key(name: str) -> str:
+    key = "HTTP_" + name.upper().replace("-", "_")
+    if len(_HEADER_KEYS) < _KNOWN_LIMIT and type(name) is str:
+        _HEADER_KEYS[name] = key
+    return key
+
+
 def parse_query(query: str) -> dict[str, str]:
     """Query-string arguments; the first value of a repeated name wins."""
     args: dict[str, str] = {}
@@ -101,7 +112,10 @@ class Request:
         self.args = parse_query(query)
 
     def header(self, name: str) -> str | None:
-        return self.environ.get("HTTP_" + name.upper().replace("-", "_"))
+        key = _HEADER_KEYS.get(name)
+        if key is None:
+            key = _header_key(name)
+        return self.environ.get(key)
 
     @property
     def content_type(self) -> str:

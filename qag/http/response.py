@@ -20,6 +20,22 @@ _CORS_EXPOSE = ("X-Page, X-Page-Size, X-Has-More, X-Row-Count, X-RateLimit-Limit
                 "Deprecation, Link")
 
 
+# What finish() looks for in a handler's headers, by the name's lower case; names seen are remembered (a bounded
+# dict: a handful of names in practice), so a call's headers cost a lookup each, not a lower() and compares.
+_OTHER, _CONTENT_TYPE, _CACHE_CONTROL, _CSP, _REFERRER = range(5)
+_LOOKED_FOR = {"content-type": _CONTENT_TYPE, "cache-control": _CACHE_CONTROL, "content-security-policy": _CSP,
+               "referrer-policy": _REFERRER}
+_ROLES: dict[str, int] = {}
+_KNOWN_LIMIT = 1024
+
+
+def _role(name: str) -> int:
+    found = _LOOKED_FOR.get(name.lower(), _OTHER)
+    if len(_ROLES) < _KNOWN_LIMIT and type(name) is str:
+        _ROLES[name] = found
+    return found
+
+
 def json_bytes(value) -> bytes:
     """Compact JSON, keys in insertion order, non-ASCII escaped, one trailing newline (contract 0.2)."""
     return json.dumps(value, separators=(",", ":")).encode("ascii") + b"\n"
@@ -99,16 +115,21 @@ class HeaderPolicy:
         # HTML or not, and a header the handler set itself is never added twice.
         content_type = None
         has_csp = has_referrer = has_cache = False
+        roles = _ROLES
         for name, value in headers:
-            lowered = name.lower()
-            if lowered == "content-type":
+            role = roles.get(name)
+            if role is None:
+                role = _role(name)
+            if role == _OTHER:
+                continue
+            if role == _CONTENT_TYPE:
                 if content_type is None:
                     content_type = value
-            elif lowered == "cache-control":
+            elif role == _CACHE_CONTROL:
                 has_cache = True
-            elif lowered == "content-security-policy":
+            elif role == _CSP:
                 has_csp = True
-            elif lowered == "referrer-policy":
+            else:
                 has_referrer = True
         headers.append(("X-Request-Id", request_id))
         headers.append(_NOSNIFF)

@@ -21,27 +21,37 @@ class Route:
     wants_caller: bool = False  # a public route that still looks at who calls (e.g. /openapi.json)
 
 
+# A template segment's kind, read once when the route is added (_pattern) instead of from its text on every match.
+_LITERAL, _TEXT, _INT = range(3)
+
+
+def _pattern(template: tuple[str, ...]) -> tuple[tuple[int, str], ...]:
+    """(kind, literal or variable name) per segment: "<int:v>" → (_INT, "v"), "<v>" → (_TEXT, "v")."""
+    return tuple((_INT, seg[5:-1]) if seg.startswith("<int:") else (_TEXT, seg[1:-1]) if seg.startswith("<")
+                 else (_LITERAL, seg) for seg in template)
+
+
 class Router:
     """Routes indexed by segment count; a literal segment wins over a variable one."""
 
     def __init__(self) -> None:
-        self._by_length: dict[int, list[Route]] = {}
+        self._by_length: dict[int, list[tuple[Route, tuple]]] = {}   # (route, its _pattern)
 
     def add(self, methods: str, path: str, handler: Callable[..., Any], endpoint: str, *,
             public: bool = False, admin: bool = False, wants_caller: bool = False) -> None:
         template = tuple(s for s in path.strip("/").split("/") if s)
         route = Route(template, frozenset(methods.split()), handler, endpoint, public, admin, wants_caller)
         routes = self._by_length.setdefault(len(template), [])
-        routes.append(route)
+        routes.append((route, _pattern(template)))
         # Literal segments first, so /api/v1/connections/test is not taken as a connection named "test".
-        routes.sort(key=lambda r: tuple(seg.startswith("<") for seg in r.template))
+        routes.sort(key=lambda entry: tuple(kind != _LITERAL for kind, _ in entry[1]))
 
     def match(self, segments: list[str], method: str) -> tuple[Route, dict[str, Any]]:
         """The route and its path variables; QagError 404, or 405 with the Allow header (RFC 9110 15.5.6) naming
         every method some route of this path takes."""
         allowed: set[str] | None = None
-        for route in self._by_length.get(len(segments), ()):
-            params = _bind(route.template, segments)
+        for route, pattern in self._by_length.get(len(segments), ()):
+            params = _bind(pattern, segments)
             if params is None:
                 continue
             if method in route.methods or (method == "HEAD" and "GET" in route.methods):
@@ -53,8 +63,8 @@ class Router:
 
     def lookup_public(self, segments: list[str]) -> Route | None:
         """The route a path would reach, whatever the method (for the public-endpoint check)."""
-        for route in self._by_length.get(len(segments), ()):
-            if _bind(route.template, segments) is not None:
+        for route, pattern in self._by_length.get(len(segments), ()):
+            if _bind(pattern, segments) is not None:
                 return route
         return None
 
@@ -72,16 +82,21 @@ def allow_header(methods: set[str] | frozenset[str]) -> str:
     return ", ".join(ordered + sorted(names.difference(_METHOD_ORDER)))
 
 
-def _bind(template: tuple[str, ...], segments: list[str]) -> dict[str, Any] | None:
+def _bind(pattern: tuple[tuple[int, str], ...], segments: list[str]) -> dict[str, Any] | None:
+    """The path variables when the segments (as many as the pattern's) match it, else None."""
     params: dict[str, Any] = {}
-    for pattern, segment in zip(template, segments):
-        if pattern.startswith("<int:"):
+    i = 0
+    for kind, text in pattern:
+        segment = segments[i]
+        i += 1
+        if kind == _LITERAL:
+            if text != segment:
+                return None
+        elif kind == _TEXT:
+            params[text] = segment
+        else:
             # 18 digits always fit a 64-bit integer; longer is no version or id anyone has.
             if not segment.isdigit() or not segment.isascii() or len(segment) > 18:
                 return None
-            params[pattern[5:-1]] = int(segment)
-        elif pattern.startswith("<"):
-            params[pattern[1:-1]] = segment
-        elif pattern != segment:
-            return None
+            params[text] = int(segment)
     return params

@@ -176,7 +176,7 @@ class Response:
         self.sent = 0
         self.no_body = False
         self._head = b""
-        self._lines = ""
+        self._lines = b""
 
     def start_response(self, status, headers, exc_info=None):
         if exc_info:
@@ -226,7 +226,7 @@ class Response:
         elif self.req.version == (1, 0):
             extra += b"Connection: keep-alive\r\n"
         line = _STATUS_LINES.get(self.status) or _status_line(self.status)
-        return b"".join((line, _date(), self._lines.encode("latin-1"), extra, b"\r\n", body))
+        return b"".join((line, _date(), self._lines, extra, b"\r\n", body))
 
     def write(self, data: bytes) -> None:
         """WSGI's write() callable, and each item of the response iterable."""

@@ -37,10 +37,10 @@ def test_examples(speedups):
     assert sort([("X-A", "1"), ("Content-Type", " text/plain \t"), ("Connection", " Close"), ("Date", "x"),
                  ("Transfer-Encoding", "chunked"), ("Content-Length", " 2 ")]) == (
         [("X-A", "1"), ("Content-Type", "text/plain"), ("Content-Length", "2")],
-        "X-A: 1\r\nContent-Type: text/plain\r\n", 2, True)
-    assert sort(iter([("X-B", "é\t")])) == ([("X-B", "é")], "X-B: é\r\n", None, False)
-    assert sort([]) == ([], "", None, False)
-    assert sort([("Connection", "keep-alive")]) == ([], "", None, False)
+        b"X-A: 1\r\nContent-Type: text/plain\r\n", 2, True)
+    assert sort(iter([("X-B", "é\t")])) == ([("X-B", "é")], "X-B: é\r\n".encode("latin-1"), None, False)
+    assert sort([]) == ([], b"", None, False)
+    assert sort([("Connection", "keep-alive")]) == ([], b"", None, False)
 
 
 # Shared with tests/unit/test_worker_response.py, which sends them through the worker's start_response.
@@ -87,3 +87,31 @@ def test_accepted_exactly_when_each_field_matches_the_grammar(kind, headers):
     module = _speedups.twin("respond", "pure") if kind == "pure" else compiled_or_skip("respond")
     each = all(module._NAME.fullmatch(n) and module._VALUE.fullmatch(v) for n, v in headers)
     assert (outcome(module, headers)[0] == "ok") == bool(each)
+
+
+def test_a_name_is_looked_up_only_as_an_exact_str(speedups):
+    # An object equal to a name seen valid (a str subclass, or anything hashing and comparing like it) is not
+    # taken for it: the head is written from checked str only.
+    sort = speedups.respond.sort_fields
+    assert sort([("X-Known", "1")])[1] == b"X-Known: 1\r\n"
+
+    class Name(str):
+        pass
+
+    class Lookalike:
+        def __hash__(self):
+            return hash("X-Known")
+
+        def __eq__(self, other):
+            return other == "X-Known"
+
+    for name in (Name("X-Known"), Lookalike()):
+        with pytest.raises(ValueError, match="invalid header name"):
+            sort([(name, "1")])
+
+
+def test_lines_are_the_kept_fields_in_latin_1(speedups):
+    sort = speedups.respond.sort_fields
+    kept, lines, _, _ = sort([("X-A", "\xe9t\xe9"), ("X-B", " padded\t"), ("Content-Length", "3"), ("X-C", "")])
+    assert lines == b"".join(f"{n}: {v}\r\n".encode("latin-1") for n, v in kept if n != "Content-Length")
+    assert lines == b"X-A: \xe9t\xe9\r\nX-B: padded\r\nX-C: \r\n"

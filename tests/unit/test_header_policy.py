@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from qag.http.response import HeaderPolicy, Response
 
 
@@ -38,3 +41,40 @@ def test_the_first_content_type_decides_and_hsts_and_cors_follow_settings():
     assert ("Access-Control-Allow-Origin", "https://app.example") in headers and ("Vary", "Origin") in headers
     plain = policy.finish(Response(200, b"{}", None, "application/json"), "r5", "https://other.example", False)
     assert "strict-transport-security" not in names(plain) and "access-control-allow-origin" not in names(plain)
+
+
+def _reference_flags(headers):
+    """What finish() looked for before names were remembered: each name lowered on every call."""
+    content_type, has_csp, has_referrer, has_cache = None, False, False, False
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered == "content-type":
+            content_type = value if content_type is None else content_type
+        elif lowered == "cache-control":
+            has_cache = True
+        elif lowered == "content-security-policy":
+            has_csp = True
+        elif lowered == "referrer-policy":
+            has_referrer = True
+    return content_type, has_csp, has_referrer, has_cache
+
+
+_CASED = ["Content-Type", "content-type", "CONTENT-TYPE", "Cache-Control", "cache-CONTROL",
+          "Content-Security-Policy", "content-security-policy", "Referrer-Policy", "REFERRER-POLICY", "X-Page",
+          "Vary", "Content-Typo", "Etag"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(_CASED) | st.text(max_size=6),
+                          st.sampled_from(["text/html", "application/json", "x"])), max_size=6))
+def test_remembered_names_decide_as_lowering_each_did(handler_headers):
+    # Each list goes through finish() twice: the second call meets every name remembered.
+    content_type, has_csp, has_referrer, has_cache = _reference_flags(handler_headers)
+    html = content_type is not None and content_type.startswith("text/html")
+    for _ in range(2):
+        headers = HeaderPolicy((), None).finish(Response(200, b"x", list(handler_headers)), "r", None, False)
+        added = headers[len(handler_headers):]
+        assert (("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'") in added) == \
+            (not html and not has_csp)
+        assert (("Referrer-Policy", "no-referrer") in added) == (not html and not has_referrer)
+        assert (("Cache-Control", "no-store") in added) == (not has_cache)
