@@ -73,19 +73,21 @@ class Pool:
 
     def acquire(self, key: Hashable, open_conn: Callable[[], Any],
                 prefer: Callable[[Any], bool] | None = None, grow_below: int = 0,
-                deadline: float | None = None, label: str = "") -> tuple[Any, bool]:
+                deadline: float | None = None, label: str = "", oldest: bool = False) -> tuple[Any, bool]:
         """(connection, reused) — an idle one when there is one (preferring `prefer(conn)`), else a new one.
 
         grow_below: when no idle connection is preferred and fewer than this many are open for the key, open a
         new one instead of reusing one that isn't (MySQL: an idle connection whose renewal reply is still on
         its way would make the caller wait for it). Keep it at most idle_limit, or the extra ones are closed
         again on release. deadline: the call's (monotonic); a wait for the cap ends by then at the latest.
+        oldest: without a preferred one, the connection idle longest rather than the most recent (PostgreSQL: a
+        reset sent on release has had the most time to be answered).
         """
         stale: list[Any] = []
         try:
             with self._lock:
                 fallback = prefer is None or self._open.get(key, 0) >= grow_below
-                slot = self._take_idle(key, prefer, stale, fallback)
+                slot = self._take_idle(key, prefer, stale, fallback, oldest)
                 if slot is not None:
                     return slot[0], True
                 if self.max_open is not None and self._open.get(key, 0) >= self.max_open:
@@ -133,7 +135,8 @@ class Pool:
         if self._waiting:
             self._freed.notify()
 
-    def _take_idle(self, key: Hashable, prefer, stale: list, fallback: bool = True) -> tuple[Any, float] | None:
+    def _take_idle(self, key: Hashable, prefer, stale: list, fallback: bool = True,
+                   oldest: bool = False) -> tuple[Any, float] | None:
         idle = self._idle.get(key)
         if not idle:
             return None
@@ -148,7 +151,9 @@ class Pool:
             for i in range(len(idle) - 1, -1, -1):
                 if prefer(idle[i][0]):
                     return idle.pop(i)
-        return idle.pop() if fallback else None
+        if not fallback:
+            return None
+        return idle.pop(0) if oldest else idle.pop()
 
     def release(self, key: Hashable, conn: Any, reusable: bool = True) -> None:
         """Give a connection back; one that raised or can't be reset is closed instead (reusable=False)."""

@@ -36,6 +36,17 @@ def test_most_recently_used_first_and_idle_limit():
     assert pool.stats() == {"idle": 1, "active": 1, "waits": 0, "waiting": {}}
 
 
+def test_oldest_first_when_asked():
+    pool = Pool(idle_limit=3, idle_timeout=60)
+    conns = [pool.acquire("k", Conn)[0] for _ in range(3)]
+    for conn in conns:
+        pool.release("k", conn)
+    assert pool.acquire("k", Conn, oldest=True) == (conns[0], True)
+    assert pool.acquire("k", Conn) == (conns[2], True)      # the default stays most recent first
+    assert pool.acquire("k", Conn, lambda conn: conn is conns[1], oldest=True) == (conns[1], True)
+    assert pool.idle() == []
+
+
 def test_keys_do_not_share_connections():
     pool = Pool(idle_limit=4, idle_timeout=60)
     a, _ = pool.acquire(("db", True), Conn)
