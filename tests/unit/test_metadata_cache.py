@@ -390,14 +390,19 @@ def test_a_store_read_overlapping_a_change_is_not_cached(tmp_path):
         segment.close()
 
 
+def _deactivate_behind_the_cache(inner, store) -> None:
+    """The connection row cached, then set inactive straight in the store file (no change announced)."""
+    assert store.get_connection("lite")["active"] is True      # cached now
+    other = sqlite3.connect(inner.path)
+    other.execute("UPDATE connections SET active = 0")
+    other.commit()
+    other.close()
+
+
 def test_reads_inside_a_transaction_are_fresh(tmp_path):
     inner, store, segment = _cached_store_with_lite(tmp_path)
     try:
-        assert store.get_connection("lite")["active"] is True      # cached now
-        other = sqlite3.connect(inner.path)
-        other.execute("UPDATE connections SET active = 0")
-        other.commit()
-        other.close()
+        _deactivate_behind_the_cache(inner, store)
         assert store.get_connection("lite")["active"] is True      # cached (no poll here)
         with store.transaction():
             assert store.get_connection("lite")["active"] is False  # a read-modify-write sees the store
@@ -412,11 +417,7 @@ def test_another_threads_transaction_leaves_this_threads_reads_cached(tmp_path):
     when the transaction's body raises."""
     inner, store, segment = _cached_store_with_lite(tmp_path)
     try:
-        assert store.get_connection("lite")["active"] is True      # cached now
-        other = sqlite3.connect(inner.path)
-        other.execute("UPDATE connections SET active = 0")
-        other.commit()
-        other.close()
+        _deactivate_behind_the_cache(inner, store)
         opened, release, seen = threading.Event(), threading.Event(), []
 
         def hold():
