@@ -56,7 +56,9 @@ def extensions(mode: str) -> list[Extension]:
         return []
     exts = []
     for path in LIST.COMPILED:
-        ext = Extension(LIST.module(path), [path])
+        # A .pxd typing a .py is a source of its build too: build_ext recompiles when it is newer than the build.
+        pxd = LIST.typing_file(path)
+        ext = Extension(LIST.module(path), [path], depends=[pxd] if pxd else [])
         ext.qag_source = path   # kept: cythonize replaces the sources with the generated C
         exts.append(ext)
     return exts
@@ -68,10 +70,10 @@ def digest_path(ext: Extension, built: str) -> str:
 
 
 def write_digest(ext: Extension, built: str) -> None:
-    """Beside a compiled module's build: the SHA-256 of the source it was built from."""
-    digest = LIST.source_digest(ext.qag_source)
+    """Beside a compiled module's build: the SHA-256 of the source it was built from (and of its .pxd)."""
+    record = LIST.build_record(ext.qag_source)
     with open(digest_path(ext, built), "w", encoding="ascii") as fh:
-        fh.write(digest + "\n")
+        fh.write(record)
 
 
 def cython_missing() -> str | None:

@@ -54,6 +54,22 @@ def source_digest(path: str) -> str:
         return hashlib.sha256(fh.read()).hexdigest()
 
 
+def typing_file(source: str) -> str | None:
+    """The .pxd beside a `.py` entry (same name) that types Cython's build of it, when there is one: the build is
+    made from both, so both are in what it records."""
+    if not source.endswith(".py"):
+        return None
+    pxd = source[:-len(".py")] + ".pxd"
+    return pxd if os.path.exists(pxd) else None
+
+
+def build_record(source: str) -> str:
+    """What a build writes beside itself: the digest of its source, and for a module typed by a .pxd a second line
+    `pxd <digest of the .pxd>`."""
+    pxd = typing_file(source)
+    return source_digest(source) + "\n" + ("" if pxd is None else f"pxd {source_digest(pxd)}\n")
+
+
 def built_file(path: str, root: str) -> str | None:
     """The build of COMPILED entry `path` under `root` (the folder holding qag/), as the import system would find
     it, or None."""
@@ -64,8 +80,8 @@ def built_file(path: str, root: str) -> str | None:
 
 def why_not_current(path: str, root: str) -> str | None:
     """Why the build of COMPILED entry `path` under `root` is not one to run ("not built", "stale: ..."), or None
-    when it is: present, with the digest of its source as the source is now. An installed wheel carries no
-    .pyx sources: its builds of them are taken as they are."""
+    when it is: present, with the digest of its source as the source is now, and of its .pxd when one types it.
+    An installed wheel carries no .pyx and no .pxd sources: its builds of them are taken as they are."""
     if built_file(path, root) is None:
         return "not built"
     source = os.path.join(root, path)
@@ -73,7 +89,12 @@ def why_not_current(path: str, root: str) -> str | None:
         return None
     try:
         with open(os.path.join(root, os.path.splitext(path)[0] + DIGEST_SUFFIX), encoding="ascii") as fh:
-            recorded = fh.read().strip()
+            recorded = fh.read().split("\n")
     except OSError:
         return "stale: built without the digest of its source"
-    return None if recorded == source_digest(source) else "stale: its source changed after the build"
+    if recorded[0].strip() != source_digest(source):
+        return "stale: its source changed after the build"
+    pxd = typing_file(source)
+    if pxd is not None and f"pxd {source_digest(pxd)}" not in (line.strip() for line in recorded[1:]):
+        return "stale: its .pxd changed after the build"
+    return None

@@ -8,7 +8,6 @@ import os
 import time
 from urllib.parse import quote
 from collections import OrderedDict
-from dataclasses import dataclass
 
 from .. import encode
 from ..backends.base import Call, default_schema, resolve_fields
@@ -36,35 +35,46 @@ _RESOLVER_CACHE = 2048
 _MAX_OFFSET = shapes.MAX_OFFSET  # what every engine's OFFSET takes
 
 
-@dataclass(slots=True)
 class Plan:
-    """Everything decided before the database is touched."""
+    """Everything decided before the database is touched.
 
-    connection: dict
-    prepared: object
-    values: dict
-    read_only: bool
-    timeout: float | None
-    fmt: str
-    page: int
-    size: int
-    stream: bool
-    label: str          # Content-Disposition name for streams
-    show_detail: bool
-    # What run history, metrics and logs record of the run (qag/observe):
-    request_id: str
-    key: str            # the caller as history and metrics name it: key name, 'admin', '-'
-    query: str | None   # saved-query name; None = ad-hoc
-    version: int | None
-    uuid: str | None
-    sql: str            # the statement as written (saved or ad-hoc)
-    database: str | None = None
-    timing: dict | None = None  # the request's stage marks (observe/stages.py): QAG_SERVER_TIMING or QAG_OTEL on
-    # Column masking (policy/masking): the effective rules, the traced plan, what history records.
-    rules: tuple = ()
-    mask: object = None
-    masked: list | None = None
-    transport: int | None = None  # history's `tr`: None REST, 1 MCP (qag/api/mcp.py), 2 export
+    A plain class with slots, not a dataclass: a dataclass's generated __init__ runs in the interpreter even in a
+    compiled build, and a plan is made on every call."""
+
+    __slots__ = ("connection", "prepared", "values", "read_only", "timeout", "fmt", "page", "size", "stream", "label",
+                 "show_detail", "request_id", "key", "query", "version", "uuid", "sql", "database", "timing", "rules",
+                 "mask", "masked", "transport")
+
+    def __init__(self, connection: dict, prepared, values: dict, read_only: bool, timeout: float | None, fmt: str,
+                 page: int, size: int, stream: bool, label: str, show_detail: bool, request_id: str, key: str,
+                 query: str | None, version: int | None, uuid: str | None, sql: str, database: str | None = None,
+                 timing=None, rules: tuple = (), mask=None, masked: list | None = None, transport: int | None = None):
+        self.connection = connection
+        self.prepared = prepared
+        self.values = values
+        self.read_only = read_only
+        self.timeout = timeout
+        self.fmt = fmt
+        self.page = page
+        self.size = size
+        self.stream = stream
+        self.label = label              # Content-Disposition name for streams
+        self.show_detail = show_detail
+        # What run history, metrics and logs record of the run (qag/observe):
+        self.request_id = request_id
+        self.key = key                  # the caller as history and metrics name it: key name, 'admin', '-'
+        self.query = query              # saved-query name; None = ad-hoc
+        self.version = version
+        self.uuid = uuid
+        self.sql = sql                  # the statement as written (saved or ad-hoc)
+        self.database = database
+        # The request's stage marks (observe/stages.py): QAG_SERVER_TIMING or QAG_OTEL on.
+        self.timing = timing
+        # Column masking (policy/masking): the effective rules, the traced plan, what history records.
+        self.rules = rules
+        self.mask = mask
+        self.masked = masked
+        self.transport = transport      # history's `tr`: None REST, 1 MCP (qag/api/mcp.py), 2 export
 
 
 def _positive_int(text: str, what: str) -> int:
@@ -292,8 +302,9 @@ class RunHandlers:
                 if negotiated:
                     hit.headers.append(VARY_ACCEPT)  # never stored with the entry: the key has the format
                 return hit  # not a run: no history entry, no event, no database
+        # Only a stream's file name reads the label: a page skips working out the name as written in the URL.
         plan = Plan(connection, prepared, values, not writes, timeout, fmt, page, size, stream,
-                    request_name(request), caller.admin and not rules, request.request_id,
+                    request_name(request) if stream else name, caller.admin and not rules, request.request_id,
                     caller.label, name, version["version"], version["uuid"], version["sql"], timing=timing,
                     rules=rules, transport=request.transport)
         response = self._execute(plan, caller, writes, version)

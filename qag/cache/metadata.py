@@ -85,6 +85,9 @@ class MetadataStore:
         self.redis = redis                  # qag/redisconn.SharedRedis or None
         self.poll_interval = poll_interval
         self._tx = _Local()
+        # Outermost transactions open in this process, on any thread: while none is, a cached read skips the
+        # thread-local depth (a thread's own transaction is counted before its first read inside it).
+        self._open_transactions = 0
         self._threads_started = False      # reset in a forked child: threads don't survive a fork
         _all.add(self)
         self._stop = threading.Event()
@@ -123,7 +126,7 @@ class MetadataStore:
         return self._cached("r" + name, self.inner.get_role, (name,), None)
 
     def _cached(self, key: str, read, args: tuple, convert, cacheable=None):
-        if self._tx.depth:
+        if self._open_transactions and self._tx.depth:
             return read(*args)
         cache = self._cache or self.cache   # the property only until the cache exists
         if cache is None:
@@ -152,6 +155,8 @@ class MetadataStore:
                 tx.depth -= 1
             return
         tx.depth, tx.dirty = 1, False
+        with _open_lock:
+            self._open_transactions += 1
         config = None
         try:
             with self.inner.transaction():
@@ -162,6 +167,8 @@ class MetadataStore:
                     self.inner.set_meta(CONFIG_KEY, str(config))
         finally:
             tx.depth = 0
+            with _open_lock:
+                self._open_transactions -= 1
             if tx.dirty:
                 tx.dirty = False
                 self.changed(config)
@@ -242,12 +249,14 @@ del _name
 
 
 _start_lock = threading.RLock()
+_open_lock = threading.Lock()   # MetadataStore._open_transactions
 _all: "weakref.WeakSet[MetadataStore]" = weakref.WeakSet()
 
 
 def _after_fork() -> None:
-    global _start_lock
+    global _start_lock, _open_lock
     _start_lock = threading.RLock()
+    _open_lock = threading.Lock()
     for store in list(_all):
         store._threads_started = False
 

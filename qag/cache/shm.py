@@ -43,6 +43,7 @@ read - no copy, no decoding.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import struct
@@ -297,7 +298,8 @@ class Cache:
         self.ttl_ns = int(ttl * 1e9)
         self.worker = os.getpid() if worker is None else worker
         self.clock = clock
-        self._generation = segment.generation
+        # The header word read straight through the segment's Sync (no Segment.generation frame): three reads a call.
+        self._generation = functools.partial(segment._load, GENERATION)
         self._local: dict[str, tuple[int, int, Any]] = {}
         self._local_max = local_max if local_max is not None else max(1024, 2 * segment.nslots)
         self._shards: list[list[int]] = []

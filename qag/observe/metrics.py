@@ -20,7 +20,7 @@ Labels are bounded: method (known verbs, else OTHER), endpoint (route names), st
 
 from __future__ import annotations
 
-import bisect
+from bisect import bisect_left
 import logging
 import marshal
 import os
@@ -200,7 +200,7 @@ class Metrics:
             v = series[k] = [0, 0.0] + [0] * _NB
         v[0] += 1
         v[1] += seconds
-        v[2 + bisect.bisect_left(BOUNDS, seconds)] += 1
+        v[2 + bisect_left(BOUNDS, seconds)] += 1
 
     def begin(self) -> None:
         self._local.shard.active += 1
@@ -220,14 +220,14 @@ class Metrics:
         if seconds is not None:
             v[2] += 1
             v[3] += seconds
-            v[4 + bisect.bisect_left(BOUNDS, seconds)] += 1
+            v[4 + bisect_left(BOUNDS, seconds)] += 1
         if encode_seconds is not None:
             s = shard.ser.get(fmt)
             if s is None:
                 s = shard.ser[fmt] = [0, 0.0] + [0] * _NB
             s[0] += 1
             s[1] += encode_seconds
-            s[2 + bisect.bisect_left(BOUNDS, encode_seconds)] += 1
+            s[2 + bisect_left(BOUNDS, encode_seconds)] += 1
 
     def stream(self, connection: str, dialect: str, status: str, key: str) -> None:
         series = self._local.shard.exp

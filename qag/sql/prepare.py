@@ -529,6 +529,10 @@ def _text_arg(name: str, value, kind: int):
     return value
 
 
+# A Rendered made without NamedTuple's own __new__, which runs in the interpreter even in a compiled build.
+_rendered = functools.partial(tuple.__new__, Rendered)
+
+
 def render(prepared: Prepared, values: dict, style: str, fetch: int | None = None, offset: int = 0) -> Rendered:
     """The statement and arguments for one call.
 
@@ -569,7 +573,7 @@ def render(prepared: Prepared, values: dict, style: str, fetch: int | None = Non
 
     if windowed:
         suffix, rows = window.page_suffix(w, values, fetch, offset)
-        return Rendered(text + suffix, args, True, rows)
+        return _rendered((text + suffix, args, True, rows))
     if cut:
         text += window.own_suffix(w, values, p.dialect)
-    return Rendered(text, args, False, None)
+    return _rendered((text, args, False, None))

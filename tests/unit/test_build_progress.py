@@ -175,6 +175,17 @@ def test_a_build_without_its_digest_or_missing_is_not_current(tmp_path):
     assert speedups.current_builds(str(root)) == set()
 
 
+def test_a_pxd_typing_a_module_is_a_dependency_of_its_extension(tmp_path, monkeypatch):
+    """build_ext compares a build with its sources and depends: a newer .pxd alone must rebuild the module."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "qag" / "api").mkdir(parents=True)
+    (tmp_path / "qag" / "api" / "run.py").write_text("X = 1\n")
+    (tmp_path / "qag" / "api" / "run.pxd").write_text("cdef class A:\n    pass\n")
+    by_name = {ext.name: ext for ext in speedups.extensions("auto")}
+    assert by_name["qag.api.run"].depends == ["qag/api/run.pxd"]
+    assert by_name["qag.app"].depends == []
+
+
 # --- builds appear whole ---------------------------------------------------------------------------------------
 class _Linker:
     """A stand-in linker writing its output in two steps, interrupted in between when `stop`."""

@@ -390,18 +390,57 @@ def test_a_store_read_overlapping_a_change_is_not_cached(tmp_path):
         segment.close()
 
 
+def _deactivate_behind_the_cache(inner, store) -> None:
+    """The connection row cached, then set inactive straight in the store file (no change announced)."""
+    assert store.get_connection("lite")["active"] is True      # cached now
+    other = sqlite3.connect(inner.path)
+    other.execute("UPDATE connections SET active = 0")
+    other.commit()
+    other.close()
+
+
 def test_reads_inside_a_transaction_are_fresh(tmp_path):
     inner, store, segment = _cached_store_with_lite(tmp_path)
     try:
-        assert store.get_connection("lite")["active"] is True      # cached now
-        other = sqlite3.connect(inner.path)
-        other.execute("UPDATE connections SET active = 0")
-        other.commit()
-        other.close()
+        _deactivate_behind_the_cache(inner, store)
         assert store.get_connection("lite")["active"] is True      # cached (no poll here)
         with store.transaction():
             assert store.get_connection("lite")["active"] is False  # a read-modify-write sees the store
         assert store.fresh().get_connection("lite")["active"] is False  # management reads are fresh
+    finally:
+        segment.close()
+
+
+def test_another_threads_transaction_leaves_this_threads_reads_cached(tmp_path):
+    """Reads skip the thread-local depth while no transaction is open in the process: a transaction open on one
+    thread makes that thread's reads fresh and nobody else's, and the count of open ones returns to zero, also
+    when the transaction's body raises."""
+    inner, store, segment = _cached_store_with_lite(tmp_path)
+    try:
+        _deactivate_behind_the_cache(inner, store)
+        opened, release, seen = threading.Event(), threading.Event(), []
+
+        def hold():
+            with store.transaction():
+                seen.append(store.get_connection("lite")["active"])   # fresh inside its own transaction
+                opened.set()
+                release.wait(10)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert opened.wait(10)
+        assert store._open_transactions == 1
+        assert store.get_connection("lite")["active"] is True      # this thread: still the cached row
+        release.set()
+        holder.join(10)
+        assert seen == [False]
+        with pytest.raises(RuntimeError):
+            with store.transaction():
+                with store.transaction():
+                    assert store._open_transactions == 1           # nested: one outermost transaction
+                    raise RuntimeError("rolled back")
+        assert store._open_transactions == 0
+        assert store.get_connection("lite")["active"] is True
     finally:
         segment.close()
 

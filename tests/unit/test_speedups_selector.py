@@ -92,6 +92,45 @@ def test_a_wheel_without_the_pyx_sources_takes_its_builds_as_they_are(tmp_path):
     assert compiled.why_not_current("qag/_speedups/_rowjson.pyx", str(tmp_path)) is None
 
 
+def _typed_module(root: Path, pxd="cdef class A:\n    cdef public object a\n") -> str:
+    """A module typed by a .pxd beside it, built from both: its digest file as the build writes it."""
+    path = _module(root, digest=None)
+    (root / "qag/m.pxd").write_text(pxd)
+    (root / f"qag/m{compiled.DIGEST_SUFFIX}").write_text(compiled.build_record(str(root / path)))
+    return path
+
+
+def test_a_typed_build_records_its_pxd_and_an_edited_pxd_makes_it_stale(tmp_path):
+    path = _typed_module(tmp_path)
+    record = (tmp_path / f"qag/m{compiled.DIGEST_SUFFIX}").read_text().split("\n")
+    assert record[1] == "pxd " + compiled.source_digest(str(tmp_path / "qag/m.pxd"))
+    assert compiled.why_not_current(path, str(tmp_path)) is None
+    (tmp_path / "qag/m.pxd").write_text("cdef class A:\n    cdef public object b\n")
+    assert compiled.why_not_current(path, str(tmp_path)) == "stale: its .pxd changed after the build"
+
+
+def test_a_build_made_before_its_pxd_was_added_is_stale(tmp_path):
+    path = _module(tmp_path)
+    assert compiled.why_not_current(path, str(tmp_path)) is None
+    (tmp_path / "qag/m.pxd").write_text("cdef class A:\n    pass\n")
+    assert compiled.why_not_current(path, str(tmp_path)) == "stale: its .pxd changed after the build"
+
+
+def test_a_module_without_a_pxd_records_its_source_digest_alone(tmp_path):
+    path = _module(tmp_path, digest=None)
+    assert compiled.build_record(str(tmp_path / path)) == compiled.source_digest(str(tmp_path / path)) + "\n"
+    assert compiled.typing_file(str(tmp_path / path)) is None
+    assert compiled.typing_file(str(tmp_path / "qag/_speedups/_rowjson.pyx")) is None
+
+
+def test_a_wheel_without_the_pxd_takes_its_typed_build_as_it_is(tmp_path):
+    path = _typed_module(tmp_path)
+    (tmp_path / "qag/m.pxd").unlink()   # wheels carry the .py twins, never the .pxd (pyproject.toml)
+    assert compiled.why_not_current(path, str(tmp_path)) is None
+    (tmp_path / path).write_text("X = 2\n")
+    assert compiled.why_not_current(path, str(tmp_path)) == "stale: its source changed after the build"
+
+
 # --- the choice -------------------------------------------------------------------------------------------------
 def test_compiled_only_when_every_build_is_current_and_httptools_is_there():
     assert _speedups.decide("auto", {}, True) == ("compiled", {})

@@ -209,6 +209,9 @@ def test_render_corpus(dialect, style, sql, values, fetch, offset, expected_sql,
     assert r.sql == expected_sql.replace("↵", "\n")
     assert list(r.args) == json.loads(expected_args)
     assert r.windowed is (windowed == "true")
+    # Made without NamedTuple's __new__: still exactly a Rendered of four fields, in their order.
+    assert type(r) is prepare_module.Rendered and len(r) == 4 and (r.sql, r.args, r.windowed, r.limit) == tuple(r)
+    assert (r.limit is None) is not r.windowed
     if r.args and style == "format":
         # What a format-style driver does with it: every doubled % comes back single, every %s takes a value.
         assert (r.sql % tuple("<v>" for _ in r.args)).count("<v>") == len(r.args)

@@ -1,0 +1,20 @@
+# Types for Cython's build of run.py (pure-Python mode): the per-call Plan and the handlers as extension types, so
+# their fields are C reads and the handlers' own steps are C calls. run.py stays the pure twin, unchanged by this.
+
+cdef class Plan:
+    cdef public object connection, prepared, values, read_only, timeout, fmt, page, size, stream, label
+    cdef public object show_detail, request_id, key, query, version, uuid, sql, database, timing, rules
+    cdef public object mask, masked, transport
+
+
+cdef class RunHandlers:
+    cdef public object gateway, store, settings, usage, observe, _resolvers, masking, outages
+
+    cpdef _resolver(self, version)
+    cpdef _format_and_timeout(self, request, args, body, caller)
+    cpdef _paging(self, args, caller, fmt, ceiling=*)
+    cpdef writes_allowed(self, caller, query_name)
+    cpdef _check_tables(self, Plan plan, caller, fields)
+    cpdef _statement(self, Plan plan)
+    cpdef _execute(self, Plan plan, caller, writes, version)
+    cpdef _run(self, Plan plan, caller, writes, version, at)

@@ -1,0 +1,15 @@
+# Types for Cython's build of metrics.py (pure-Python mode): a thread's counters and the worker's Metrics as
+# extension types, so the hot path (request, begin, run) reads them as C fields. metrics.py stays the pure twin.
+cimport cython
+
+
+cdef class _Shard:
+    cdef public object req, qry, ser, exp, cache, active
+
+
+cdef class Metrics:
+    cdef public object _shards, _local, _gauges, _started, _pid, _file, _written, _write_lock, _start_lock, _stop
+    cdef object __weakref__   # the module's WeakSet of every Metrics (flushed at exit)
+
+    @cython.locals(shard=_Shard)
+    cpdef run(self, connection, dialect, ok, key, rows, seconds, fmt=*, encode_seconds=*)
