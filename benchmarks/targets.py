@@ -203,9 +203,11 @@ def start(spec: str, pin: str | None = None, allow_writes: bool = True, wrap: li
             sha = resolve(ref)[:12]
         t = Target(label, "qag", {"workers": workers, "threads": threads, "ref": ref or "worktree", "sha": sha, **opts},
                    home=home, admin_key="adm-" + secrets.token_hex(16), port=free_port())
+        # QAG_SPEEDUPS=require: a build that is stale or missing refuses to start instead of running the whole
+        # process pure and being measured as qag (a spec's QAG_SPEEDUPS=off|auto still says otherwise).
         env.update({"QAG_HOME": home, "QAG_API_KEY": t.admin_key, "QAG_BIND": f"127.0.0.1:{t.port}",
                     "QAG_WORKERS": str(workers), "QAG_THREADS": str(threads), "QAG_ACCESS_LOG": "off",
-                    "QAG_ALLOW_WRITES": "1" if allow_writes else "0"})
+                    "QAG_ALLOW_WRITES": "1" if allow_writes else "0", "QAG_SPEEDUPS": "require"})
         env.update({k: v for k, v in opts.items()})
         _spawn(t, [qag_python(ref), "-m", "qag", "serve"], env, pin, cwd=home, wrap=wrap)
     elif head == "bare":

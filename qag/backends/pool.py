@@ -80,8 +80,8 @@ class Pool:
         new one instead of reusing one that isn't (MySQL: an idle connection whose renewal reply is still on
         its way would make the caller wait for it). Keep it at most idle_limit, or the extra ones are closed
         again on release. deadline: the call's (monotonic); a wait for the cap ends by then at the latest.
-        oldest: without a preferred one, the connection idle longest rather than the most recent (PostgreSQL: a
-        reset sent on release has had the most time to be answered).
+        oldest: the connections idle longest first, rather than the most recent (PostgreSQL: a reset sent on
+        release has had the most time to be answered), both for `prefer` and without it.
         """
         stale: list[Any] = []
         try:
@@ -148,7 +148,7 @@ class Pool:
         if not idle:
             return None
         if prefer is not None:
-            for i in range(len(idle) - 1, -1, -1):
+            for i in (range(len(idle)) if oldest else range(len(idle) - 1, -1, -1)):
                 if prefer(idle[i][0]):
                     return idle.pop(i)
         if not fallback:

@@ -45,6 +45,13 @@ def test_oldest_first_when_asked():
     assert pool.acquire("k", Conn) == (conns[2], True)      # the default stays most recent first
     assert pool.acquire("k", Conn, lambda conn: conn is conns[1], oldest=True) == (conns[1], True)
     assert pool.idle() == []
+    for conn in conns:
+        pool.release("k", conn)
+    asked = []
+    ready = lambda conn: asked.append(conn) or conn is not conns[0]     # noqa: E731
+    assert pool.acquire("k", Conn, ready, oldest=True) == (conns[1], True) and asked == conns[:2]
+    asked.clear()
+    assert pool.acquire("k", Conn, ready) == (conns[2], True) and asked == [conns[2]]
 
 
 def test_keys_do_not_share_connections():
