@@ -175,6 +175,20 @@ class Server:
         """The pids of the workers that answered any of `replies`."""
         return {self.worker_of(reply) for reply in replies}
 
+    def answered_by_every_worker(self, path: str, workers: int, deadline: float = 30.0, **kw) -> set[int]:
+        """Call `path` until each of `workers` workers has answered it (the server must log access lines,
+        QAG_ACCESS_LOG=on), every reply a 200; their pids. A worker that answered has built its gateway, its store
+        opened: a drill that then takes the store away can't catch a worker still booting (on a loaded machine
+        it would fail to start and print a traceback, which is not what such a drill is about)."""
+        answered: set[int] = set()
+        give_up = time.monotonic() + deadline
+        while len(answered) < workers:
+            assert time.monotonic() < give_up, f"only workers {answered} answered"
+            replies = [self.get(path, **kw) for _ in range(4 * workers)]
+            assert all(r.status == 200 for r in replies), replies
+            answered |= self.workers_of(replies)
+        return answered
+
     def connections_per_worker(self, workers: int, path: str, rounds: int = 20) -> dict[int, "KeptConnection"]:
         """{pid: a kept-alive connection that worker serves} for `workers` workers. Calls `path` (a slow call
         spreads best) concurrently on new connections until every worker has answered one; a kept-alive

@@ -20,8 +20,9 @@ converter is called with the str or bytes mysqlclient would pass it.
 The import fails, saying why (auto mode then runs the pure twin, and `qag._speedups.fallbacks()` tells), when
 mysqlclient is installed but its client library can't be driven this way (a function missing). A Reader whose
 connection can't be read this way (no native connection, a client library that isn't the bound one) and a read
-of a skip or count outside mysqlclient's int range run the pure twin's code. Without mysqlclient this imports
-(nothing to drive), as the twins of the other optional drivers do.
+of a skip or count outside mysqlclient's int range run the pure twin's code. Without mysqlclient, or with one
+that can't load (no `_mysql` extension, a client library missing), this imports (nothing to drive), as the twins
+of the other optional drivers do: the startup check says what to install.
 """
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
@@ -147,16 +148,15 @@ cdef void *_symbol(void *handle, str name, str where) except NULL:
 
 
 cdef _Client _bind(str module_file):
-    """The client library functions `module_file` (mysqlclient's _mysql) is linked to; ImportError saying why not."""
+    """The client library functions `module_file` (mysqlclient's _mysql) is linked to, None when that module can't
+    be loaded; ImportError saying why when its library can't be driven."""
     cdef bytes encoded = os.fsencode(module_file)
     cdef void *handle = dlopen(encoded, RTLD_NOW | RTLD_LOCAL)
-    cdef const char *error
-    cdef bytes text = b"unknown error"
+    cdef bytes text
     if handle == NULL:
-        error = dlerror()
-        if error != NULL:
-            text = error
-        raise ImportError(f"{module_file} can't be loaded: {text.decode('utf-8', 'replace')}")
+        # mysqlclient's own import fails the same way (its client library is missing, say), and qag's startup
+        # check names what to install: nothing to drive here, as without mysqlclient.
+        return None
     cdef _Client lib = _Client()
     cdef Dl_info info
     lib.store_result = <res_of_conn_f>_symbol(handle, "mysql_store_result", module_file)
@@ -192,7 +192,7 @@ def _module_file():
             candidate = os.path.join(directory, "_mysql" + suffix)
             if os.path.exists(candidate):
                 return candidate
-    raise ImportError("mysqlclient is installed without its _mysql extension module")
+    return None   # a MySQLdb that can't load (qag's startup check names what to install): nothing to drive
 
 
 cdef str _FILE = _module_file()

@@ -463,12 +463,14 @@ class PostgresBackend(Backend):
     def _take(self, key, fields: dict, defer: bool = False, deadline: float | None = None,
               label: str = "") -> tuple[_Link, bool]:
         """(connection, reused): a pooled one whose reset has been read and that shows no sign of being closed
-        (looked at from the one pooled longest: the likeliest to have its reset's reply), or a new one. defer (read-only calls): the connection pooled longest is taken without a look at its
-        socket (its reset has had the most time to be answered: the most recent one's is often still running on
-        a busy server, a second wait for the call), and that reply is read just before the call's, in the same
-        wait (`_attempt`): the server runs the reset before the call's statements either way (one connection, in
-        order), and a call makes one wait and no look at the socket. A connection the server closed meanwhile fails
-        that read, and the call, which changed nothing, runs again on a new connection (`_exchange`)."""
+        (looked at from the one pooled longest: the likeliest to have its reset's reply), or a new one.
+
+        defer (read-only calls): the connection pooled longest is taken without a look at its socket (its reset
+        has had the most time to be answered: the most recent one's is often still running on a busy server, a
+        second wait for the call), and that reply is read just before the call's, in the same wait (`_attempt`):
+        the server runs the reset before the call's statements either way (one connection, in order), and a call
+        makes one wait and no look at the socket. A connection the server closed meanwhile fails that read, and
+        the call, which changed nothing, runs again on a new connection (`_exchange`)."""
         opener = lambda: self.connect(fields, deadline)  # noqa: E731
         while True:
             link, reused = self.pool.acquire(key, opener, None if defer else _preferred, 0, deadline, label,

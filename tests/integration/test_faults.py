@@ -284,16 +284,8 @@ def test_store_down_answers_503_lets_known_keys_in_and_leaves_nothing_half_done(
     name = uniq("k")
     key = server.key(name, queries=["one"])
     server.query("one", "SELECT 1 AS v", "lite")
-    # Both workers answer before the outage: a worker still opening the store when it begins (a slow boot on a
-    # loaded machine) would fail to start, which is not what this test is about. The key and the query are then
-    # in the host's metadata cache.
-    answered: set[int] = set()
-    give_up = time.monotonic() + 30
-    while len(answered) < 2:
-        assert time.monotonic() < give_up, f"only workers {answered} answered"
-        replies = [server.get(q("one"), key=key) for _ in range(8)]
-        assert all(r.status == 200 for r in replies), replies
-        answered |= server.workers_of(replies)
+    # Both workers answer before the outage; the key and the query are then in the host's metadata cache.
+    answered = server.answered_by_every_worker(q("one"), 2, key=key)
     pids = worker_pids(server)
     assert answered == pids
     relay.down()
@@ -321,7 +313,8 @@ def test_store_down_answers_503_lets_known_keys_in_and_leaves_nothing_half_done(
 
 
 def test_locked_sqlite_store_answers_503_then_recovers(make_server, uniq):
-    server = make_server()
+    server = make_server(env={"QAG_ACCESS_LOG": "on"}, workers=2)
+    server.answered_by_every_worker("/health", 2)      # no worker is still opening the store when it is locked
     holder = sqlite3.connect(os.path.join(server.home, "qag.db"), timeout=1, isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")
     try:

@@ -288,3 +288,25 @@ def test_one_reader_over_many_statements(database, readers, order):
         finally:
             c.close()
     assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize("broken", ["no _mysql extension", "a client library that can't load"])
+def test_a_mysqlclient_that_cannot_load_leaves_nothing_to_drive(tmp_path, broken):
+    """The compiled twin imports, bound to nothing, when mysqlclient itself can't load (qag's startup check names
+    what to install); it is not a fallback to report."""
+    import os
+    import subprocess
+    import sys
+    compiled_or_skip("myresult")
+    fake = tmp_path / "MySQLdb"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('libmysqlclient.so.21: cannot open shared object file')\n")
+    if broken != "no _mysql extension":
+        import importlib.machinery
+        (fake / ("_mysql" + importlib.machinery.EXTENSION_SUFFIXES[0])).write_bytes(b"not a shared object")
+    code = ("import qag._speedups._myresult as m; from qag import _speedups; "
+            "print(m.LIBRARY, 'myresult' in _speedups.fallbacks())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+                              "QAG_SPEEDUPS": "require"})
+    assert out.returncode == 0 and out.stdout.split() == ["None", "False"], out.stderr
