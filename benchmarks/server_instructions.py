@@ -2,10 +2,11 @@
 
     python -m benchmarks.server_instructions --prefix qagw_ --warehouses 1 --no-load --query customer \\
         --target qag:QAG_WORKER_CLASS=gthread --target qag --requests 2000
+    python -m benchmarks.server_instructions --case pgbench --no-load --query account --target qag
 
 Each target (benchmarks.targets spec; one worker by default) is started under valgrind's callgrind with
 instrumentation off. After a warm-up, instrumentation is switched on in the worker process, `--requests` GETs
-of a TPC-C saved query (users spread over the key space, `--connections` keep-alive connections, every reply
+of a saved query of the TPC-C case (MySQL) or the pgbench case (PostgreSQL; users spread over the key space, `--connections` keep-alive connections, every reply
 checked for 200) are sent over real sockets, instrumentation goes off and the worker's instructions — all its
 threads: the HTTP handling, the gateway, the driver and the background writers — are divided by the requests.
 
@@ -29,7 +30,7 @@ import tempfile
 import threading
 import time
 
-from . import targets, tpcc_mysql
+from . import oltp, targets, tpcc_mysql
 from .workload import fill
 
 
@@ -37,13 +38,16 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.server_instructions",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--target", action="append", help="target spec (repeatable; default qag on gthread, then qag)")
-    p.add_argument("--query", default="customer", help="the TPC-C saved query to call (default customer)")
+    p.add_argument("--case", choices=("tpcc", "pgbench"), default="tpcc",
+                   help="tpcc: the TPC-C case on MySQL (default); pgbench: the pgbench case on PostgreSQL")
+    p.add_argument("--query", help="the case's saved query to call (default customer, or account for pgbench)")
     p.add_argument("--requests", type=int, default=2000, help="counted requests per target (default 2000)")
     p.add_argument("--warmup", type=int, default=300, help="requests before counting (default 300)")
     p.add_argument("--connections", type=int, default=4, help="keep-alive client connections (default 4)")
     p.add_argument("--no-load", action="store_true", help="do not (re)load the case's data")
     p.add_argument("--keep", metavar="DIR", help="keep each target's callgrind profile there (for callgrind_annotate)")
     tpcc_mysql.add_arguments(p)
+    oltp.add_arguments(p)
     return p
 
 
@@ -132,9 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("needs valgrind (apt-get install valgrind)")
+    module = oltp if args.case == "pgbench" else tpcc_mysql
+    args.query = args.query or ("account" if args.case == "pgbench" else "customer")
     if not args.no_load:
-        print(f"loading TPC-C data: {tpcc_mysql.load(args)}", file=sys.stderr)
-    case = tpcc_mysql.case(args)
+        print(f"loading {args.case} data: {module.load(args)}", file=sys.stderr)
+    case = module.case(args)
     paths = _paths(case, args.query, args.warmup + args.requests)
     specs = args.target or ["qag:QAG_WORKER_CLASS=gthread", "qag"]
     counts = {spec: count(spec, case, paths, args.warmup, args.connections, args.keep) for spec in specs}
