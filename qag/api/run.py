@@ -10,7 +10,7 @@ from urllib.parse import quote
 from collections import OrderedDict
 
 from .. import encode
-from ..backends.base import Call, default_schema, resolve_fields
+from ..backends.base import Call, default_schema, resolved
 from ..cache.response import cache_key, source_of
 from ..errors import QagError
 from ..http.negotiate import format_for
@@ -521,7 +521,7 @@ class RunHandlers:
         connection = plan.connection
         timing = plan.timing
         backend = self.gateway.backends.get(connection["db"])
-        fields = resolve_fields(connection["fields"], os.environ)
+        fields = resolved(connection["fields"], os.environ)
         if timing is not None:
             mark = time.perf_counter()
         allowed_ops = None if caller.admin else policy.allowed_write_ops(caller.grants)

@@ -13,6 +13,7 @@ from ..errors import QagError
 _KEYS: dict = {}                  # a connection's resolved fields (as items) -> their number
 _KEYS_MAX = 4096                  # distinct settings a worker numbers; beyond, the key is the sorted items
 _key_numbers = itertools.count()  # never reused, so a number can't come to stand for other settings
+_FIXED: dict = {}                 # id(fields) -> (fields, key): dicts never changed in place (fix_key)
 
 
 def settings_key(fields: dict) -> Hashable:
@@ -22,6 +23,9 @@ def settings_key(fields: dict) -> Hashable:
     hash is free). A call looks its fields up in the order they came in (a connection's resolve in the same
     order every call); a new order is numbered by the sorted fields, so the same settings in any order share
     one number. Fields holding a list or an object are keyed by their repr, unnumbered."""
+    fixed = _FIXED.get(id(fields))
+    if fixed is not None and fixed[0] is fields:   # held in the entry, so its id can't be another dict's
+        return fixed[1]
     items = tuple(fields.items())
     try:
         key = _KEYS.get(items)
@@ -34,6 +38,14 @@ def settings_key(fields: dict) -> Hashable:
         key = _KEYS.setdefault(canonical, next(_key_numbers))
         _KEYS[items] = key
     return key
+
+
+def fix_key(fields: dict) -> None:
+    """Number `fields` now, for a dict its owner never changes in place (backends/base.resolved): settings_key
+    then finds it by identity, without hashing its items each call."""
+    if len(_FIXED) >= _KEYS_MAX:
+        _FIXED.clear()
+    _FIXED[id(fields)] = (fields, settings_key(fields))
 
 
 class Pool:

@@ -170,3 +170,39 @@ def test_settings_keys_are_never_reused_for_other_settings(monkeypatch):
     assert keys[-1] == (("host", "f"),) == pool.settings_key({"host": "f"})
     assert pool.settings_key({"host": "a", "port": 2}) not in (first, *keys)
     assert pool.settings_key({"host": "x", "opt": ["a"]}) == pool.settings_key({"opt": ["a"], "host": "x"})
+
+
+def test_fixed_fields_are_found_by_identity_and_a_changed_copy_is_not(monkeypatch):
+    """fix_key numbers a dict once (its owner never changes it in place); any other dict, a copy that was changed
+    included, is keyed by its own fields."""
+    from qag.backends import pool
+    monkeypatch.setattr(pool, "_FIXED", {})
+    fields = {"host": "fixed-a", "port": 1}
+    pool.fix_key(fields)
+    assert pool._FIXED[id(fields)] == (fields, pool.settings_key(dict(fields)))
+    assert pool.settings_key(fields) == pool.settings_key({"port": 1, "host": "fixed-a"})
+    other = dict(fields, host="fixed-b")
+    assert pool.settings_key(other) != pool.settings_key(fields)
+
+
+def test_resolved_fields_are_kept_while_the_environment_agrees(monkeypatch):
+    """backends.base.resolved: the same dict for the same stored fields while the ${VAR} it read keeps its value;
+    a new value (or a variable gone) is read again, and the refusals are resolve_fields' own."""
+    from qag.backends import base
+    monkeypatch.setattr(base, "_RESOLVED", {})
+    environ = {"QAGTEST_PG_PASSWORD": "one"}
+    stored = {"host": "h", "password": "${QAGTEST_PG_PASSWORD}"}
+    first = base.resolved(stored, environ)
+    assert first == {"host": "h", "password": "one"} and base.resolved(stored, environ) is first
+    assert base.resolved(dict(stored), environ) is not first          # another dict: resolved on its own
+    environ["QAGTEST_PG_PASSWORD"] = "two"
+    second = base.resolved(stored, environ)
+    assert second == {"host": "h", "password": "two"}
+    from qag.backends import pool
+    assert pool.settings_key(second) != pool.settings_key(first)
+    del environ["QAGTEST_PG_PASSWORD"]
+    with pytest.raises(QagError) as info:
+        base.resolved(stored, environ)
+    assert info.value.code == "connection_misconfigured"
+    with pytest.raises(QagError):
+        base.resolved({"password": "${QAG_API_KEY}"}, {"QAG_API_KEY": "x"})
