@@ -124,14 +124,13 @@ def test_a_release_wakes_a_waiting_caller():
 
 
 def test_a_connection_freed_as_the_wait_runs_out_is_handed_out_not_lost():
-    pool = Pool(idle_limit=4, idle_timeout=60, max_open=1, wait=30)
+    class FreedLate(Pool):
+        def _wait_freed(self, seconds, label):
+            self.release("k", a)   # freed at the last moment, after the wait timed out
+            return False
+
+    pool = FreedLate(idle_limit=4, idle_timeout=60, max_open=1, wait=30)
     a, _ = pool.acquire("k", Conn)
-
-    def wait_runs_out(seconds, label):
-        pool.release("k", a)   # freed at the last moment, after the wait timed out
-        return False
-
-    pool._wait_freed = wait_runs_out
     assert pool.acquire("k", Conn) == (a, True)
     assert pool.stats() == {"idle": 0, "active": 1, "waits": 1, "waiting": {}}
 
