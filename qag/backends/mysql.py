@@ -311,14 +311,19 @@ def _session_use(sql: str) -> int:
     (it costs what closing its connection cost before: one connect for the next call)."""
     use = _SESSION_STATE.get(sql)
     if use is None:
-        low = sql.lower()
-        hit = any(word in low for word in _SESSION_TEXT) or (
-            statements.first_word(sql) == "show" and any(word in low for word in _SESSION_TEXT_AFTER_SHOW))
-        use = _LEAVES | _READS if hit else 0
+        use = _judge_session_use(sql)
         if len(_SESSION_STATE) >= _SESSION_STATE_MAX:
             _SESSION_STATE.clear()
         _SESSION_STATE[sql] = use
     return use
+
+
+def _judge_session_use(sql: str) -> int:
+    # Apart from _session_use: its generators would make a closure on every call, the remembered ones included.
+    low = sql.lower()
+    hit = any(word in low for word in _SESSION_TEXT) or (
+        statements.first_word(sql) == "show" and any(word in low for word in _SESSION_TEXT_AFTER_SHOW))
+    return _LEAVES | _READS if hit else 0
 
 
 def _leaves_session_state(sql: str) -> bool:
@@ -403,11 +408,11 @@ class MysqlBackend(Backend):
         A statement that reads what earlier statements left on a session (FOUND_ROWS(), SHOW WARNINGS, ...: see
         _session_use) gets a connection opened for it, never a pooled one, so it sees only its own session's
         state; it is closed after the call (_LEAVES)."""
-        opener = lambda: self._open(fields, read_only, deadline)  # noqa: E731
+        opening = (fields, read_only, deadline)
         if sql and _session_use(sql) & _READS:
-            return self.pool.acquire(key, opener, _never, 1 << 62, deadline, label)[0]
+            return self.pool.acquire(key, self._open, _never, 1 << 62, deadline, label, False, opening)[0]
         while True:
-            link, reused = self.pool.acquire(key, opener, _preferred, self._grow, deadline, label)
+            link, reused = self.pool.acquire(key, self._open, _preferred, self._grow, deadline, label, False, opening)
             if not reused:
                 return link
             try:

@@ -85,8 +85,10 @@ class Pool:
 
     def acquire(self, key: Hashable, open_conn: Callable[[], Any],
                 prefer: Callable[[Any], bool] | None = None, grow_below: int = 0,
-                deadline: float | None = None, label: str = "", oldest: bool = False) -> tuple[Any, bool]:
-        """(connection, reused) — an idle one when there is one (preferring `prefer(conn)`), else a new one.
+                deadline: float | None = None, label: str = "", oldest: bool = False,
+                open_args: tuple = ()) -> tuple[Any, bool]:
+        """(connection, reused) — an idle one when there is one (preferring `prefer(conn)`), else a new one,
+        `open_conn(*open_args)` (its arguments apart: a closure over them would be made on every call).
 
         grow_below: when no idle connection is preferred and fewer than this many are open for the key, open a
         new one instead of reusing one that isn't (MySQL: an idle connection whose renewal reply is still on
@@ -126,7 +128,7 @@ class Pool:
             for conn in stale:
                 self._safe_close(conn)
         try:
-            return open_conn(), False
+            return open_conn(*open_args), False
         except BaseException:
             self._forget(key)
             raise

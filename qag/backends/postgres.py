@@ -143,14 +143,15 @@ def settings_statement(read_only: bool, timeout: float | None, schema: str | Non
     `identity` (claims JSON, database role or None) adds request.jwt.claims and role, transaction-local like the
     rest (set_config(..., true) is SET LOCAL): the database's row-security policies see the signed-in user, in the
     same round trip, and the Sync's end of the transaction (or DISCARD ALL) takes both away. Both travel as bound
-    values, so neither a claim nor a role name is ever read as SQL."""
+    values, so neither a claim nor a role name is ever read as SQL. (List comprehensions, not generators: in the
+    compiled build a generator makes a closure on every call, the common one included.)"""
     if identity is None:     # the common call: its key and values built without a generator
         named_identity = ()
         key = (read_only, timeout, schema, forced)
     else:
         named_identity = (("request.jwt.claims", identity[0]),) + (
             (("role", identity[1]),) if identity[1] is not None else ())
-        key = (read_only, timeout, schema, forced, tuple(name for name, _ in named_identity))
+        key = (read_only, timeout, schema, forced, tuple([name for name, _ in named_identity]))
     built = _SETTINGS.get(key)
     if built is None:
         calls = ["pg_catalog.set_config('transaction_read_only', 'on', true)"] if read_only else []
@@ -172,7 +173,7 @@ def settings_statement(read_only: bool, timeout: float | None, schema: str | Non
     seed = b"%d" % _random_bits(63)
     if identity is None:
         return text, [*values, seed]
-    return text, [*values, *(value for _, value in named_identity), seed]
+    return text, [*values, *[value for _, value in named_identity], seed]
 
 
 def page_statements(sql: str, skip: int, fetch: int) -> list[str]:
@@ -471,10 +472,9 @@ class PostgresBackend(Backend):
         the server runs the reset before the call's statements either way (one connection, in order), and a call
         makes one wait and no look at the socket. A connection the server closed meanwhile fails that read, and
         the call, which changed nothing, runs again on a new connection (`_exchange`)."""
-        opener = lambda: self.connect(fields, deadline)  # noqa: E731
         while True:
-            link, reused = self.pool.acquire(key, opener, None if defer else _preferred, 0, deadline, label,
-                                             oldest=True)
+            link, reused = self.pool.acquire(key, self.connect, None if defer else _preferred, 0, deadline, label,
+                                             True, (fields, deadline))
             if not reused or defer:
                 return link, reused
             try:

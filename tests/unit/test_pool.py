@@ -205,3 +205,13 @@ def test_resolved_fields_are_kept_while_the_environment_agrees(monkeypatch):
     assert info.value.code == "connection_misconfigured"
     with pytest.raises(QagError):
         base.resolved({"password": "${QAG_API_KEY}"}, {"QAG_API_KEY": "x"})
+
+
+def test_a_new_connection_is_opened_with_the_arguments_given():
+    opened = []
+    pool = Pool(idle_limit=1, idle_timeout=60)
+    conn, reused = pool.acquire("k", lambda *args: opened.append(args) or Conn(), None, 0, None, "", False, (1, "two"))
+    assert opened == [(1, "two")] and not reused
+    pool.release("k", conn)
+    assert pool.acquire("k", lambda *args: opened.append(args) or Conn(), open_args=(3,)) == (conn, True)
+    assert opened == [(1, "two")]
