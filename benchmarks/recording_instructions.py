@@ -3,8 +3,8 @@
     python -m benchmarks.recording_instructions [--batch 200] [--batches 20] [--calls 2000] [--keep DIR]
 
 Builds the demo home (a temporary one unless --home is given; SQLite store), makes --calls saved-query calls of
-the demo's `customer` query (scoped key, one row) with the history writer's put captured, so the run records are
-real ones, then runs itself again under valgrind's callgrind with instrumentation off and switches it on around
+the demo's `customer` query (scoped key, one row) with the observer's run queue captured, so the run records
+are real ones, then runs itself again under valgrind's callgrind with instrumentation off and switches it on around
 each part alone, main thread only (the writer threads never run a part here):
 
   history   History._write (the writer thread's work: names, sampling, rows, SqliteStore.add_runs with its
@@ -13,7 +13,8 @@ each part alone, main thread only (the writer threads never run a part here):
   logs      LogWriter._write of one request line per call (the default: QAG_LOG_REQUESTS on, statements off):
             instructions per line
   calls     what a request thread spends recording one call: Observer.request + begin + done (metrics, the
-            history writer's put, the log line's put), the writers' threads kept from running: per call
+            history writer's put, the log line's put), the writers' threads kept from running: per call, the
+            probe's own interpreted loop included
 
 A server worker's figure (benchmarks.server_instructions) has these in it, but under valgrind its timer-driven
 writers flush far more often per request than on real hardware; these figures are per run, line or call alone,
@@ -70,8 +71,7 @@ def _counted(args) -> None:
         wsgi_get(app, path, make_query(i), keys[key_name])
     observer._runs = observer.history.writer
     observer.logs.buffer.flush()
-    # Every batch a fresh list of distinct records (the store sees new request ids and times), cycling through
-    # what the calls made.
+    # Batches cycle through the records the calls made (the store needs no record to be new).
     batches = [[captured[(b * args.batch + i) % len(captured)] for i in range(args.batch)]
                for b in range(2 * args.batches)]
     for batch in batches[:args.batches]:
