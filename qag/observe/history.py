@@ -29,7 +29,6 @@ log = logging.getLogger("qag")
 
 SQL_KEEP = 4000          # characters of ad-hoc SQL kept in history
 _TRANSPORTS = {None: "rest", 1: "mcp", 2: "export"}
-_HEX_ID = re.compile(r"[0-9a-f]{12}")
 _CURSOR = re.compile(r"c2\.(\d{1,19})\.(\d{1,18})")  # (seq, id); "c2.": a cursor of completion order
 _SEQ = RUN_COLUMNS.index("seq")
 _PRUNE_BATCH = 500
@@ -72,7 +71,6 @@ class History:
             ids.update(self.store.name_ids(unknown))
         current = self.store.version_uuids(versions) if versions else {}
         rate = self.sample_rate
-        hex_id = _HEX_ID.fullmatch
         tracing = self.tracing
         rows = []
         kept: dict[tuple, list[int]] = {}     # (q, v) -> indexes of rows entering history, oldest first
@@ -87,8 +85,8 @@ class History:
             else:
                 keep = 1
             rid = plan.request_id
-            if rid is not None and hex_id(rid):
-                rid = bytes.fromhex(rid)
+            if rid is not None:
+                rid = _packed_id(rid)
             q = None
             sql = extra = None
             if query is None:
@@ -232,6 +230,18 @@ def entry(row: dict) -> dict:
     if not saved:
         out["params"] = extra.get("p", [])
     return out
+
+
+def _packed_id(rid: str):
+    """A request id of 12 lowercase hex digits (qag's own) as its 6 bytes; any other as it is. Exactly those
+    read back as themselves from the bytes (whitespace or capitals would not): cheaper than a regex match."""
+    if len(rid) != 12:
+        return rid
+    try:
+        packed = bytes.fromhex(rid)
+    except ValueError:
+        return rid
+    return packed if packed.hex() == rid else rid
 
 
 def _with_masked(extra: str | None, masked: list) -> str:

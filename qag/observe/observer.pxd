@@ -3,7 +3,7 @@
 
 cdef class Observer:
     cdef public object gateway, history, logs, metrics, handlers, live, log_requests, log_statements, slow_ms
-    cdef public object tracing, _closed
+    cdef public object tracing, _closed, _runs, _lines
     cdef object __weakref__   # the module's WeakSet of open observers (closed at exit)
 
     cpdef _publish(self, record)

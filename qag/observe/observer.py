@@ -37,6 +37,9 @@ class Observer:
         self.logs = LogWriter(settings)
         self.metrics = Metrics(self._more)
         self.handlers = HistoryHandlers(gateway, self.history)
+        # The two queues a call feeds, held here: one attribute read each per call, not two and a call.
+        self._runs = self.history.writer
+        self._lines = self.logs.buffer
         relay = None
         if settings.redis_url:
             from .live_redis import Relay
@@ -61,7 +64,7 @@ class Observer:
                 path: str, at: float, trace_id: str | None = None) -> None:
         self.metrics.request(method, endpoint, status, key, seconds)
         if self.log_requests and self.logs.enabled and endpoint not in QUIET_ENDPOINTS:
-            self.logs.put(("req", at, request_id, key, method, path, status, seconds * 1000.0, trace_id))
+            self._lines.put(("req", at, request_id, key, method, path, status, seconds * 1000.0, trace_id))
 
     def begin(self) -> None:
         self.metrics.begin()
@@ -71,7 +74,7 @@ class Observer:
         self.metrics.run(conn["name"], conn["db"], True, plan.key, rows, duration_ms / 1000.0, plan.fmt,
                          encode_seconds)
         record = (plan, at, True, rows, duration_ms, encode_seconds * 1000.0, None, None, _now_ns())
-        self.history.writer.put(record)
+        self._runs.put(record)
         if self.tracing is not None and plan.timing is not None:
             plan.timing.ran(plan, rows, None)   # the database span's attributes
         if self.live.listening():
@@ -84,7 +87,7 @@ class Observer:
         if plan.stream:
             self.metrics.stream(conn["name"], conn["db"], "error", plan.key)
         record = (plan, at, False, rows, None, None, error.code, error.message, _now_ns())
-        self.history.writer.put(record)
+        self._runs.put(record)
         if self.tracing is not None and plan.timing is not None:
             plan.timing.ran(plan, rows, error)
         if self.live.listening():
@@ -96,7 +99,7 @@ class Observer:
         self.metrics.run(conn["name"], conn["db"], True, plan.key, rows, None)
         self.metrics.stream(conn["name"], conn["db"], "truncated" if truncated else "success", plan.key)
         record = (plan, at, True, rows, None, None, None, None, _now_ns())
-        self.history.writer.put(record)
+        self._runs.put(record)
         if self.live.listening():
             self._publish(record)
         self._log_run(plan, at, None)
@@ -109,9 +112,9 @@ class Observer:
         if not self.logs.enabled:
             return
         if self.log_statements:
-            self.logs.put(("exec", at, plan, self._logged_sql(plan)))
+            self._lines.put(("exec", at, plan, self._logged_sql(plan)))
         if duration_ms is not None and self.slow_ms is not None and duration_ms >= self.slow_ms:
-            self.logs.put(("slow", at, plan, duration_ms))
+            self._lines.put(("slow", at, plan, duration_ms))
 
     def _logged_sql(self, plan) -> str:
         if plan.query is None and self.history.adhoc_sql != "text":

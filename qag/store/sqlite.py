@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import json
-import operator
 import os
 import sqlite3
 import threading
@@ -543,29 +541,24 @@ def _pack_rid(value):
 # size and stay in the connection's statement cache (a new multi-row text costs a prepare of about 27k
 # instructions per row). 256 rows of 16 values stay far below SQLite's variable limit.
 _RUN_CHUNKS = (256, 128, 64, 32, 16, 8, 4, 2, 1)
-_RID = RUN_COLUMNS.index("rid")
-_TRACE = RUN_COLUMNS.index("trace")
-_is_set = functools.partial(operator.is_not, None)
-
-
-def _filled_columns(row) -> tuple[bool, ...]:
-    return tuple(map(_is_set, row))
-
-
 def _run_segments(rows: list[tuple]) -> Iterator[tuple[tuple[bool, ...], list]]:
     """Consecutive runs that fill the same columns (so ids keep the batch's order), as (filled, their values
     flattened). A run leaves most columns NULL, their default: leaving them out of the INSERT keeps them off
     Python's sqlite3 adapter lookup (about 3k instructions per value), which it takes for None and bytes but not
-    for int, float, str or bytearray. So a binary request id (or trace id) goes in as a bytearray: the same BLOB."""
-    for filled, segment in itertools.groupby(rows, _filled_columns):
-        values: list = []
-        for row in segment:
-            values.extend(itertools.compress(row, filled))
-        width = sum(filled)
-        for column in (_RID, _TRACE):
-            if filled[column]:
-                at = sum(filled[:column])
-                values[at::width] = [bytearray(v) if type(v) is bytes else v for v in values[at::width]]
+    for int, float, str or bytearray. So a binary request id (or trace id) goes in as a bytearray: the same BLOB.
+    One plain loop per row (no groupby, map or compress): about a tenth of their cost, compiled."""
+    filled: tuple = ()
+    values: list = []
+    for row in rows:
+        pattern = tuple([value is not None for value in row])
+        if pattern != filled:
+            if values:
+                yield filled, values
+            filled, values = pattern, []
+        for value in row:
+            if value is not None:
+                values.append(bytearray(value) if type(value) is bytes else value)
+    if values:
         yield filled, values
 
 

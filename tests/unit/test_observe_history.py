@@ -407,3 +407,14 @@ def test_runs_written_before_the_completion_order_keep_their_order_after_the_upg
     store = SqliteStore(str(tmp_path))
     assert [(r["id"], r["seq"]) for r in store.history({}, None, 10)] == [
         (3, 1_700_000_002_000_000_000), (1, 1_700_000_002_000_000_000), (2, 1_700_000_001_000_000_000)]
+
+
+def test_request_ids_packed_exactly_when_twelve_lowercase_hex_digits():
+    """History keeps a request id as 6 bytes exactly when it is 12 lowercase hex digits (the regex it replaced)."""
+    from qag.observe.history import _packed_id
+    samples = ["0123456789ab", "abcdefabcdef", "000000000000", "0123456789AB", "0123456789aB", "0123 4567 89",
+               "01234567 89a", " 0123456789a", "0123456789a ", "0123456789ag", "0123456789a\n", "０123456789ab",
+               "my-req.1abcd", "0x0123456789", "+123456789ab", "0123456789abc", "0123456789a", ""]
+    for rid in samples:
+        expected = bytes.fromhex(rid) if re.fullmatch(r"[0-9a-f]{12}", rid) else rid
+        assert _packed_id(rid) == expected, rid
