@@ -378,14 +378,19 @@ class RunHandlers:
             # No Accept, or most clients' `*/*`: json without a call (the common case costs two comparisons).
             fmt = "json" if accept is None or accept == "*/*" else _negotiated_format(accept)
             negotiated = True
-        requested = _timeout_value(args["timeout"] if "timeout" in args else body.get("timeout"))
-        limits = [t for t in (self.settings.query_timeout or None, requested,
-                              None if caller.admin else caller.grants.query_timeout) if t]
-        return fmt, (min(limits) if limits else None), negotiated
+        requested = args["timeout"] if "timeout" in args else body.get("timeout")
+        if requested is not None:   # most calls ask for none: no call to read it
+            requested = _timeout_value(requested)
+        # The smallest limit set, the first of equals (as min() of those set would pick), without a list.
+        timeout = None
+        for limit in (self.settings.query_timeout, requested, None if caller.admin else caller.grants.query_timeout):
+            if limit and (timeout is None or limit < timeout):
+                timeout = limit
+        return fmt, timeout, negotiated
 
     def _paging(self, args: dict, caller, fmt: str, ceiling: int | None = None) -> tuple[bool, int, int]:
         """(stream, page, size); `ceiling` replaces QAG_MAX_PAGE_SIZE for an MCP call, capped by MCP_MAX_ROWS."""
-        stream = args.get("stream", "").strip().lower() in _STREAM_WORDS
+        stream = "stream" in args and args["stream"].strip().lower() in _STREAM_WORDS
         if stream:
             if fmt not in encode.STREAM_FORMATS:
                 raise QagError("invalid_stream", "stream=true only supports these formats: "
