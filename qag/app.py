@@ -272,7 +272,9 @@ class Gateway:
         """The key's rate limit, then its quota (contract 0.1 steps 6-7); a rate-limited call reserves nothing
         but still carries the X-Quota-* headers."""
         grants = caller.grants
-        if not caller.admin and grants is not None and grants.rate_limit is not None and grants.quota is not None:
+        if caller.admin or grants is None or (grants.rate_limit is None and grants.quota is None):
+            return   # what _limit_key and _quota would find: nothing to count (most keys)
+        if grants.rate_limit is not None and grants.quota is not None:
             # Both at once (one step of the host table when they are counted there), in the same order.
             count, period = grants.rate_limit
             ticket, (left, retry_after) = self.quotas.admit(caller.name, grants.quota, data, self.key_buckets,

@@ -271,7 +271,9 @@ class RunHandlers:
         if timing is not None:
             mark = time.perf_counter()
         resolver = self._resolver(version)
-        values = resolver.resolve(bind_claims(resolver.claim_bound, caller, values))
+        if resolver.claim_bound or caller.claim_binding:   # else bind_claims returns the values as they are
+            values = bind_claims(resolver.claim_bound, caller, values)
+        values = resolver.resolve(values)
         if timing is not None:
             timing["bind"] = time.perf_counter() - mark
         row = self.store.get_connection(chosen)
@@ -283,7 +285,8 @@ class RunHandlers:
         # A tool call (qag/api/mcp.py) is read-only whatever the key may write: agent writes are outside the contract.
         writes = self.writes_allowed(caller, name) and not stream and not request.read_only
         # The version's mask applies to every caller, administrators included (contract 6.3).
-        rules = masking.effective(version.get("mask"), None if caller.admin else caller.grants.mask)
+        saved_mask, key_mask = version.get("mask"), None if caller.admin else caller.grants.mask
+        rules = masking.effective(saved_mask, key_mask) if saved_mask or key_mask else ()   # () without rules
         # 9. the response cache (contract 7.1): every check above passed, the database not yet touched. The key
         # holds the fingerprint of the effective mask rules: callers with different rules never share an entry.
         ttl, key = version.get("cache_ttl"), None
@@ -575,7 +578,8 @@ class RunHandlers:
             columns, rows = _apply_mask(plan, columns, rows)
         self.usage.record(connection["name"], caller.name if not caller.admin else None, True, len(rows),
                           result.duration_ms)
-        headers = [("X-Page", str(plan.page)), ("X-Page-Size", str(plan.size)), ("X-Row-Count", str(len(rows))),
+        headers = [("X-Page", _count_text(plan.page)), ("X-Page-Size", _count_text(plan.size)),
+                   ("X-Row-Count", _count_text(len(rows))),
                    ("X-Has-More", "true" if has_more else "false")]
         started = time.perf_counter()
         if not rows:
@@ -619,6 +623,15 @@ class RunHandlers:
         return Response(200, _Export(plan, columns, batches, self.observe, at, cap, self.settings.parquet_row_group),
                         headers,
                         encode.CONTENT_TYPES[plan.fmt])
+
+
+# The text of the small counts every page's headers carry (X-Page, X-Page-Size, X-Row-Count), made once: a
+# tuple's item instead of a str() call each.
+_COUNT_TEXTS = tuple(str(n) for n in range(1025))
+
+
+def _count_text(n: int) -> str:
+    return _COUNT_TEXTS[n] if type(n) is int and 0 <= n < 1025 else str(n)
 
 
 def _negotiated_format(accept: str) -> str:

@@ -95,8 +95,9 @@ class _Reads:
         return self._cached("k" + secret_hash, "key_by_hash", (secret_hash,), _as_tuple, None)
 
     def get_query_for_run(self, name: str, version: int | None):
-        return self._cached(f"q{version}\x00{name}", "get_query_for_run", (name, version), _as_tuple,
-                            _query_and_version_found)
+        # The published version (None, most calls) by a concatenation: the same key as the f-string makes.
+        key = "qNone\x00" + name if version is None else f"q{version}\x00{name}"
+        return self._cached(key, "get_query_for_run", (name, version), _as_tuple, _query_and_version_found)
 
     def get_connection(self, name: str):
         return self._cached("c" + name, "get_connection", (name,), None, None)
