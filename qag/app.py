@@ -210,8 +210,9 @@ class Gateway:
         if timing is not None:
             mark = time.perf_counter()
         try:
-            caller = self.auth.authenticate(request.header("X-API-Key"), request.peer,
-                                            request.header("Authorization"),
+            # The two headers read from the environ as request.header() would (PEP 3333 names), without its calls.
+            caller = self.auth.authenticate(environ.get("HTTP_X_API_KEY"), request.peer,
+                                            environ.get("HTTP_AUTHORIZATION"),
                                             self.mcp_target if route.endpoint == "api.mcp" else None)
         except QagError:
             if not route.public:
@@ -271,7 +272,9 @@ class Gateway:
         """The key's rate limit, then its quota (contract 0.1 steps 6-7); a rate-limited call reserves nothing
         but still carries the X-Quota-* headers."""
         grants = caller.grants
-        if not caller.admin and grants is not None and grants.rate_limit is not None and grants.quota is not None:
+        if caller.admin or grants is None or (grants.rate_limit is None and grants.quota is None):
+            return   # what _limit_key and _quota would find: nothing to count (most keys)
+        if grants.rate_limit is not None and grants.quota is not None:
             # Both at once (one step of the host table when they are counted there), in the same order.
             count, period = grants.rate_limit
             ticket, (left, retry_after) = self.quotas.admit(caller.name, grants.quota, data, self.key_buckets,

@@ -7,7 +7,8 @@ cdef class Caller:
 
 
 cdef class Authenticator:
-    cdef public object store, _admin, _admin_caller, _touched, tokens, _role_claim, _fixed_role, _user_claim
+    cdef public object store, _admin, _admin_caller, tokens, _role_claim, _fixed_role, _user_claim
+    cdef public dict _touched   # _touch's lookup: a C call
     cdef public object _role_grants, challenges
 
     cpdef auth_required(self)

@@ -18,3 +18,6 @@ cdef class RunHandlers:
     cpdef _statement(self, Plan plan)
     cpdef _execute(self, Plan plan, caller, writes, version)
     cpdef _run(self, Plan plan, caller, writes, version, at)
+
+
+cdef _count_text(n)   # a C call from _run

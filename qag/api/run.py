@@ -271,7 +271,9 @@ class RunHandlers:
         if timing is not None:
             mark = time.perf_counter()
         resolver = self._resolver(version)
-        values = resolver.resolve(bind_claims(resolver.claim_bound, caller, values))
+        if resolver.claim_bound or caller.claim_binding:   # else bind_claims returns the values as they are
+            values = bind_claims(resolver.claim_bound, caller, values)
+        values = resolver.resolve(values)
         if timing is not None:
             timing["bind"] = time.perf_counter() - mark
         row = self.store.get_connection(chosen)
@@ -283,7 +285,8 @@ class RunHandlers:
         # A tool call (qag/api/mcp.py) is read-only whatever the key may write: agent writes are outside the contract.
         writes = self.writes_allowed(caller, name) and not stream and not request.read_only
         # The version's mask applies to every caller, administrators included (contract 6.3).
-        rules = masking.effective(version.get("mask"), None if caller.admin else caller.grants.mask)
+        saved_mask, key_mask = version.get("mask"), None if caller.admin else caller.grants.mask
+        rules = masking.effective(saved_mask, key_mask) if saved_mask or key_mask else ()   # () without rules
         # 9. the response cache (contract 7.1): every check above passed, the database not yet touched. The key
         # holds the fingerprint of the effective mask rules: callers with different rules never share an entry.
         ttl, key = version.get("cache_ttl"), None
@@ -378,14 +381,19 @@ class RunHandlers:
             # No Accept, or most clients' `*/*`: json without a call (the common case costs two comparisons).
             fmt = "json" if accept is None or accept == "*/*" else _negotiated_format(accept)
             negotiated = True
-        requested = _timeout_value(args["timeout"] if "timeout" in args else body.get("timeout"))
-        limits = [t for t in (self.settings.query_timeout or None, requested,
-                              None if caller.admin else caller.grants.query_timeout) if t]
-        return fmt, (min(limits) if limits else None), negotiated
+        requested = args["timeout"] if "timeout" in args else body.get("timeout")
+        if requested is not None:   # most calls ask for none: no call to read it
+            requested = _timeout_value(requested)
+        # The smallest limit set, the first of equals (as min() of those set would pick), without a list.
+        timeout = None
+        for limit in (self.settings.query_timeout, requested, None if caller.admin else caller.grants.query_timeout):
+            if limit and (timeout is None or limit < timeout):
+                timeout = limit
+        return fmt, timeout, negotiated
 
     def _paging(self, args: dict, caller, fmt: str, ceiling: int | None = None) -> tuple[bool, int, int]:
         """(stream, page, size); `ceiling` replaces QAG_MAX_PAGE_SIZE for an MCP call, capped by MCP_MAX_ROWS."""
-        stream = args.get("stream", "").strip().lower() in _STREAM_WORDS
+        stream = "stream" in args and args["stream"].strip().lower() in _STREAM_WORDS
         if stream:
             if fmt not in encode.STREAM_FORMATS:
                 raise QagError("invalid_stream", "stream=true only supports these formats: "
@@ -570,7 +578,8 @@ class RunHandlers:
             columns, rows = _apply_mask(plan, columns, rows)
         self.usage.record(connection["name"], caller.name if not caller.admin else None, True, len(rows),
                           result.duration_ms)
-        headers = [("X-Page", str(plan.page)), ("X-Page-Size", str(plan.size)), ("X-Row-Count", str(len(rows))),
+        headers = [("X-Page", _count_text(plan.page)), ("X-Page-Size", _count_text(plan.size)),
+                   ("X-Row-Count", _count_text(len(rows))),
                    ("X-Has-More", "true" if has_more else "false")]
         started = time.perf_counter()
         if not rows:
@@ -614,6 +623,15 @@ class RunHandlers:
         return Response(200, _Export(plan, columns, batches, self.observe, at, cap, self.settings.parquet_row_group),
                         headers,
                         encode.CONTENT_TYPES[plan.fmt])
+
+
+# The text of the small counts every page's headers carry (X-Page, X-Page-Size, X-Row-Count), made once: a
+# tuple's item instead of a str() call each.
+_COUNT_TEXTS = tuple(str(n) for n in range(1025))
+
+
+def _count_text(n: int) -> str:
+    return _COUNT_TEXTS[n] if type(n) is int and 0 <= n < 1025 else str(n)
 
 
 def _negotiated_format(accept: str) -> str:

@@ -72,23 +72,67 @@ class _Local(threading.local):
     dirty = False
 
 
-class MetadataStore:
-    """A Store that caches the per-call reads in `cache` (None = cache off) and announces every change."""
+class _Reads:
+    """The cached reads and the state they look at. A base of its own so that, in the compiled build, this state is
+    C fields of an extension type (qag/cache/metadata.pxd): a read of MetadataStore's own attributes goes through
+    its __getattr__ hook, about 280 instructions each, and a call made 9 of them."""
 
-    def __init__(self, inner, cache: Cache | Callable[[], Cache] | None, *, redis=None,
-                 poll_interval: float = POLL_INTERVAL):
+    def __init__(self, inner, cache) -> None:
         self.inner = inner
         # A Cache, or a function making one on the first cached read (a private segment costs a descriptor and a
         # mapping, which a process that only administers, like the CLI, never needs), or None (cache off).
         self._cache = cache if cache is None or isinstance(cache, Cache) else None
         self._make_cache = None if cache is None or isinstance(cache, Cache) else cache
-        self.redis = redis                  # qag/redisconn.SharedRedis or None
-        self.poll_interval = poll_interval
         self._tx = _Local()
         # Outermost transactions open in this process, on any thread: while none is, a cached read skips the
         # thread-local depth (a thread's own transaction is counted before its first read inside it).
         self._open_transactions = 0
         self._threads_started = False      # reset in a forked child: threads don't survive a fork
+
+    # --- cached reads ----------------------------------------------------------------------------------
+    # `read` names the store's method, looked up only on a miss: a hit makes no bound method.
+    def key_by_hash(self, secret_hash: str):
+        return self._cached("k" + secret_hash, "key_by_hash", (secret_hash,), _as_tuple, None)
+
+    def get_query_for_run(self, name: str, version: int | None):
+        # The published version (None, most calls) by a concatenation: the same key as the f-string makes.
+        key = "qNone\x00" + name if version is None else f"q{version}\x00{name}"
+        return self._cached(key, "get_query_for_run", (name, version), _as_tuple, _query_and_version_found)
+
+    def get_connection(self, name: str):
+        return self._cached("c" + name, "get_connection", (name,), None, None)
+
+    def get_role(self, name: str):
+        # A signed-in user's role is read on each bearer call (qag/auth.py): cached like a key row.
+        return self._cached("r" + name, "get_role", (name,), None, None)
+
+    def _cached(self, key: str, read: str, args: tuple, convert, cacheable):
+        if self._open_transactions and self._tx.depth:
+            return getattr(self.inner, read)(*args)
+        cache = self._cache or self.cache   # the property only until the cache exists
+        if cache is None:
+            return getattr(self.inner, read)(*args)
+        if not self._threads_started:
+            self._start_threads()
+        value = cache.get(key, convert)
+        if value is not MISS:
+            return value
+        generation = cache.generation()  # before the read: a change committed meanwhile keeps it out
+        value = getattr(self.inner, read)(*args)
+        # Unknown keys, queries and connections are not cached: anyone could fill the table with them.
+        if value is not None and (cacheable is None or cacheable(value)):
+            cache.put(key, value, generation)
+        return value
+
+
+class MetadataStore(_Reads):
+    """A Store that caches the per-call reads in `cache` (None = cache off) and announces every change."""
+
+    def __init__(self, inner, cache: Cache | Callable[[], Cache] | None, *, redis=None,
+                 poll_interval: float = POLL_INTERVAL):
+        _Reads.__init__(self, inner, cache)
+        self.redis = redis                  # qag/redisconn.SharedRedis or None
+        self.poll_interval = poll_interval
         _all.add(self)
         self._stop = threading.Event()
         self._logged_at = -_LOG_EVERY
@@ -109,39 +153,6 @@ class MetadataStore:
     def __getattr__(self, name: str) -> Any:
         # Everything not cached or invalidating is the store's own method.
         return getattr(self.inner, name)
-
-    # --- cached reads ----------------------------------------------------------------------------------
-    def key_by_hash(self, secret_hash: str):
-        return self._cached("k" + secret_hash, self.inner.key_by_hash, (secret_hash,), _as_tuple)
-
-    def get_query_for_run(self, name: str, version: int | None):
-        return self._cached(f"q{version}\x00{name}", self.inner.get_query_for_run, (name, version), _as_tuple,
-                            cacheable=_query_and_version_found)
-
-    def get_connection(self, name: str):
-        return self._cached("c" + name, self.inner.get_connection, (name,), None)
-
-    def get_role(self, name: str):
-        # A signed-in user's role is read on each bearer call (qag/auth.py): cached like a key row.
-        return self._cached("r" + name, self.inner.get_role, (name,), None)
-
-    def _cached(self, key: str, read, args: tuple, convert, cacheable=None):
-        if self._open_transactions and self._tx.depth:
-            return read(*args)
-        cache = self._cache or self.cache   # the property only until the cache exists
-        if cache is None:
-            return read(*args)
-        if not self._threads_started:
-            self._start_threads()
-        value = cache.get(key, convert)
-        if value is not MISS:
-            return value
-        generation = cache.generation()  # before the read: a change committed meanwhile keeps it out
-        value = read(*args)
-        # Unknown keys, queries and connections are not cached: anyone could fill the table with them.
-        if value is not None and (cacheable is None or cacheable(value)):
-            cache.put(key, value, generation)
-        return value
 
     # --- changes -----------------------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -10,6 +10,8 @@ from qag.sql.lexer import NUMBER, PARAM, PUNCT, TEXT, WORD, Token
 
 # Largest value every engine takes as a row count or offset (SQLite's is signed 64-bit).
 MAX_ROWS = 2**63 - 1
+_SUFFIX_CACHE = 1024
+_SUFFIXES: dict[tuple[int, int], str] = {}   # (rows, offset) -> a page's window text (page_suffix)
 
 # How each engine spells "no limit" when only an offset is wanted.
 _NO_LIMIT_OFFSET = {
@@ -201,7 +203,19 @@ def page_suffix(window: OwnWindow | None, values: dict, fetch: int, offset: int)
             rows = min(fetch, max(0, own_limit - offset))
     rows = min(rows, MAX_ROWS)
     start = min(start, MAX_ROWS)
-    return f"\nLIMIT {rows} OFFSET {start}", rows
+    # Most calls ask for the same few pages: their text is made once (a lookup is ~1k instructions less than the
+    # f-string). Keyed by ints only, so an equal float or bool never returns an int's text.
+    key = (rows, start) if type(rows) is int and type(start) is int else None
+    try:
+        return _SUFFIXES[key], rows   # a subscript, not .get(): no method call (None is never a key)
+    except KeyError:
+        pass
+    suffix = f"\nLIMIT {rows} OFFSET {start}"
+    if key is not None:
+        if len(_SUFFIXES) >= _SUFFIX_CACHE:
+            _SUFFIXES.clear()   # bounded: start over (a race only makes a text twice)
+        _SUFFIXES[key] = suffix
+    return suffix, rows
 
 
 def own_suffix(window: OwnWindow, values: dict, dialect: str) -> str:
