@@ -51,10 +51,31 @@ def seconds_text(timeout: float) -> str:
     return "0.000001" if text in ("0", "") else text
 
 
+_MARIADB: dict = {}       # (statement, time limit, access-mode variable) -> the statement sent
+_MARIADB_MAX = 1024
+KEPT_TEXT_MAX = 16384     # longer statements (an ad-hoc one with its data inline) are never kept
+
+
 def mariadb_statement(sql: str, timeout: float | None, read_only: str | None = None) -> str:
     """The statement with its time limit and, for a read-only call, its access mode: `read_only` names the
     server's variable (read_only_variable()). SET STATEMENT restores both when the statement ends, so nothing
-    the statement does to them (a stored function's SET SESSION ...) outlives it."""
+    the statement does to them (a stored function's SET SESSION ...) outlives it. Made once per statement and
+    limit: a saved query's rendered text is the same str call after call (sql.prepare.render), so the lookup
+    costs a few hundred instructions where the text cost one per character."""
+    key = (sql, timeout, read_only)
+    try:
+        return _MARIADB[key]
+    except KeyError:
+        pass
+    sent = _mariadb_text(sql, timeout, read_only)
+    if len(sql) <= KEPT_TEXT_MAX:
+        if len(_MARIADB) >= _MARIADB_MAX:
+            _MARIADB.clear()
+        _MARIADB[key] = sent
+    return sent
+
+
+def _mariadb_text(sql: str, timeout: float | None, read_only: str | None) -> str:
     if read_only is None:
         if not timeout:
             return sql

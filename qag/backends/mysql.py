@@ -227,6 +227,10 @@ class _Cursor(MySQLdb.cursors.BaseCursor):
 _query = _mysql.connection.query
 
 
+_ENCODED: dict = {}   # statement sent -> its UTF-8 (a saved query's text is the same str call after call)
+_ENCODED_MAX = 1024
+
+
 def _execute(link, sql: str, args, skip: int, count: int) -> tuple[list, list]:
     """Run one statement on the link's connection and read its page: column names, and `count` rows after `skip`
     (count 0: all), by the link's reader (the myresult twins: mysqlclient's values without its cursor's per-call
@@ -234,7 +238,13 @@ def _execute(link, sql: str, args, skip: int, count: int) -> tuple[list, list]:
     Arguments are bound as mysqlclient's cursor binds them (integers written directly, the rest by its
     literal())."""
     conn = link.conn
-    query = sql.encode("utf8")
+    query = _ENCODED.get(sql)
+    if query is None:
+        query = sql.encode("utf8")
+        if len(sql) <= statements.KEPT_TEXT_MAX:
+            if len(_ENCODED) >= _ENCODED_MAX:
+                _ENCODED.clear()
+            _ENCODED[sql] = query
     if args:
         literal = conn.literal
         query = query % tuple([b"%d" % a if type(a) is int else literal(a) for a in args])

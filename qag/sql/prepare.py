@@ -77,6 +77,7 @@ class Prepared:
     reading: object = field(default=None, repr=False)
     text_placeholders: bool = True    # {name} is a placeholder (saved queries), else plain SQL (ad-hoc)
     _uses: dict = field(default_factory=dict, repr=False)   # default schema → access.Access
+    _texts: dict = field(default_factory=dict, repr=False)  # (template text, page window) → the text sent
 
     @property
     def placeholders(self) -> tuple[str, ...]:
@@ -531,6 +532,7 @@ def _text_arg(name: str, value, kind: int):
 
 # A Rendered made without NamedTuple's own __new__, which runs in the interpreter even in a compiled build.
 _rendered = functools.partial(tuple.__new__, Rendered)
+_TEXTS_MAX = 64     # pages' texts kept per statement (most calls ask for the first page or a few)
 
 
 def render(prepared: Prepared, values: dict, style: str, fetch: int | None = None, offset: int = 0) -> Rendered:
@@ -573,7 +575,16 @@ def render(prepared: Prepared, values: dict, style: str, fetch: int | None = Non
 
     if windowed:
         suffix, rows = window.page_suffix(w, values, fetch, offset)
-        return _rendered((text + suffix, args, True, rows))
+        # The same str for the same page of a statement, call after call: what keys a dict by the text sent (the
+        # MySQL backend's session-state judgement and statement prefix, the drivers' encodings) hashes it once.
+        key = (text, suffix)
+        texts = p._texts
+        full = texts.get(key)
+        if full is None:
+            full = text + suffix
+            if len(texts) < _TEXTS_MAX:
+                texts[key] = full
+        return _rendered((full, args, True, rows))
     if cut:
         text += window.own_suffix(w, values, p.dialect)
     return _rendered((text, args, False, None))

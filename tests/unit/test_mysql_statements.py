@@ -487,3 +487,13 @@ def test_remembered_verdicts_stay_right_past_the_tables_size():
         sql = f"SELECT {n} FROM t" if n % 3 else f"SELECT GET_LOCK('{n}', 0)"
         assert mysql_backend._leaves_session_state(sql) is (n % 3 == 0)
     assert len(mysql_backend._SESSION_STATE) <= mysql_backend._SESSION_STATE_MAX
+
+
+def test_mariadb_statements_are_kept_per_text_and_limit_but_never_a_long_one():
+    kept = s.mariadb_statement("SELECT 1", 2.0, "tx_read_only")
+    assert kept == "SET STATEMENT max_statement_time = 2, tx_read_only = 1 FOR SELECT 1"
+    assert s.mariadb_statement("SELECT 1", 2.0, "tx_read_only") is kept
+    assert s.mariadb_statement("SELECT 1", 3.0, "tx_read_only").startswith("SET STATEMENT max_statement_time = 3,")
+    long = "SELECT '" + "x" * s.KEPT_TEXT_MAX + "'"
+    assert s.mariadb_statement(long, None, "tx_read_only") == f"SET STATEMENT tx_read_only = 1 FOR {long}"
+    assert (long, None, "tx_read_only") not in s._MARIADB

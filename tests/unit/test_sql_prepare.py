@@ -434,3 +434,16 @@ def test_warm_calls_neither_tokenize_nor_parse(monkeypatch):
                  (2, "y"), True, 0)
     r = render(p, {"a": 2, "b": "y", "n": 5}, "qmark", None, 0)
     assert r.sql == "SELECT * FROM warm WHERE a = ? AND b LIKE ('%' || ? || '%') ORDER BY a\nLIMIT 5 OFFSET 1"
+
+
+def test_a_page_of_a_statement_is_the_same_text_call_after_call():
+    """render keeps the text sent per page of a statement: the same str object for the same page (what keys a
+    dict by it hashes it once), another for another page, and the text is the template's with the window."""
+    from qag.sql.prepare import prepare, render
+    prepared = prepare("SELECT id FROM t WHERE id > :id ORDER BY id", "mysql")
+    first = render(prepared, {"id": 1}, "format", 11, 0)
+    again = render(prepared, {"id": 2}, "format", 11, 0)
+    other = render(prepared, {"id": 1}, "format", 11, 10)
+    assert first.sql is again.sql and first.args == (1,) and again.args == (2,)
+    assert other.sql != first.sql and other.sql.endswith("LIMIT 11 OFFSET 10")
+    assert first.sql.startswith("SELECT id FROM t WHERE id > %s ORDER BY id") and first.sql.endswith("LIMIT 11 OFFSET 0")
