@@ -32,10 +32,13 @@ def _decode_component(raw: str, plus_is_space: bool) -> str:
         raise QagError("invalid_request", "The URL is not valid UTF-8") from None
 
 
+_getrandbits = random.getrandbits   # the module's generator, reseeded in place in each forked worker
+
+
 def _new_request_id() -> str:
     """12 hex digits. An id correlates lines, it guards nothing: Python's generator (reseeded from the OS in each
     forked worker) instead of os.urandom, whose system call hands the interpreter lock to another thread."""
-    return random.getrandbits(48).to_bytes(6, "big").hex()
+    return "%012x" % _getrandbits(48)   # one formatting call, not to_bytes() then hex()
 
 
 _HEADER_KEYS: dict[str, str] = {}   # header names asked for → their environ key (the handlers ask a handful)
@@ -108,7 +111,8 @@ class Request:
                 raise QagError("invalid_request", "The URL is not valid UTF-8") from None
             query = self.environ.get("QUERY_STRING", "")
         self.path = path
-        self.segments = path.strip("/").split("/") if path.strip("/") else []
+        stripped = path.strip("/")
+        self.segments = stripped.split("/") if stripped else []
         self.args = parse_query(query)
 
     def header(self, name: str) -> str | None:
