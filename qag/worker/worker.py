@@ -186,7 +186,9 @@ class QagWorker(base.Worker):
             if sock.family in (socket.AF_INET, socket.AF_INET6):
                 # headers and body chunks go out as separate sends: don't let Nagle hold the second one back
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(sock, client, server, base_env, self.parser_cls(self.limits))
+            # the client's address goes into the connection's base environ once, not into every request's
+            conn = _Conn(sock, client, server, wsgi.connection_environ(base_env, client),
+                         self.parser_cls(self.limits))
             conn.deadline = time.monotonic() + self.keepalive
             self.conns.add(conn)
             self.poller.add(conn)

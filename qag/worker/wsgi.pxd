@@ -6,8 +6,11 @@ cimport cython
 from qag.http11 cimport Request
 
 
-@cython.locals(env=dict, keys=dict, uri=str, path_q=str, path=str, query=str, name=str, value=str, key=str)
+@cython.locals(env=dict, keys=dict, uri=str, path_q=str, path=str, query=str, name=str, value=str, key=str,
+               found=tuple, kind=int)
 cpdef dict environ(Request req, dict base, client, server)
+cpdef dict connection_environ(dict base, client)
+cpdef _client_environ(dict env, client)
 cpdef bytes _date()
 cpdef send_all(sock, data, timeout)
 
@@ -17,7 +20,7 @@ cdef class Response:
     cdef public object _head, _lines, _sort_fields
     cdef public Request req
 
-    @cython.locals(line=bytes, extra=bytes)
+    @cython.locals(framing=bytes, connection=bytes)
     cpdef bytes _build_head(self, body_len, body=*)
     cpdef write(self, data)
     cpdef write_whole(self, body)
