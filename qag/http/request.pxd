@@ -18,5 +18,5 @@ cdef class Request:
 
     @cython.locals(raw=str, path=str, query=str, stripped=str)
     cpdef parse_target(self)
-    @cython.locals(key=str)
+    @cython.locals(key=str, keys=dict)
     cpdef header(self, name)
