@@ -20,7 +20,9 @@ cdef class Response:
     cdef public object _head, _lines, _sort_fields
     cdef public Request req
 
-    @cython.locals(framing=bytes, connection=bytes)
+    @cython.locals(lines=dict, known=tuple, code=object)
+    cpdef start_response(self, status, headers, exc_info=*)
+    @cython.locals(framing=bytes, connection=bytes, known_lengths=dict)
     cpdef bytes _build_head(self, body_len, body=*)
     cpdef write(self, data)
     cpdef write_whole(self, body)
