@@ -5,6 +5,7 @@ passed is left to http11's own check_line/add_header, which raise the refusal; h
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeLatin1
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from libc.string cimport memcmp
 
 from qag.http11 import Request, add_header, check_line, headers_done
@@ -14,6 +15,29 @@ cdef int _c
 for _c in range(256):
     _TCHAR[_c] = (48 <= _c <= 57 or 65 <= _c <= 90 or 97 <= _c <= 122
                   or _c in b"!#$%&'*+-.^_`|~")
+
+
+# Field names clients commonly send, upper-cased as the request keeps them: such a name is this same str each
+# time (its hash computed once, for the environ's lookups), not a new one decoded per request.
+cdef tuple _KNOWN = tuple("HOST ACCEPT ACCEPT-ENCODING ACCEPT-LANGUAGE USER-AGENT CONNECTION X-API-KEY AUTHORIZATION "
+                          "X-REQUEST-ID IF-NONE-MATCH IF-MATCH ORIGIN REFERER COOKIE CACHE-CONTROL CONTENT-TYPE "
+                          "X-FORWARDED-FOR X-FORWARDED-PROTO TRACEPARENT".split())
+
+
+cdef extern from "Python.h":
+    void* PyUnicode_DATA(object)
+    Py_ssize_t PyUnicode_GET_LENGTH(object)
+
+
+cdef str _known_name(const unsigned char* upper, Py_ssize_t n):
+    """The str of _KNOWN equal to the n upper-case bytes, or a new one."""
+    cdef Py_ssize_t i
+    cdef object known
+    for i in range(PyTuple_GET_SIZE(_KNOWN)):
+        known = <object>PyTuple_GET_ITEM(_KNOWN, i)
+        if PyUnicode_GET_LENGTH(known) == n and memcmp(PyUnicode_DATA(known), upper, n) == 0:
+            return <str>known
+    return PyUnicode_DecodeLatin1(<const char*>upper, n, NULL)
 
 
 cdef inline unsigned char _lower(unsigned char c):
@@ -123,7 +147,7 @@ def take(data, limits, ready):
             if j - i <= 128:
                 for k in range(j - i):
                     upper[k] = p[i + k] - 32 if 97 <= p[i + k] <= 122 else p[i + k]
-                key = PyUnicode_DecodeLatin1(<const char*>upper, j - i, NULL)
+                key = _known_name(upper, j - i)
             else:
                 key = PyUnicode_DecodeLatin1(<const char*>p + i, j - i, NULL).upper()
             k = ve

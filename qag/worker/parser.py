@@ -49,9 +49,9 @@ class CParser:
                 self.dead = True
                 return
             if used:
+                if used == len(data):
+                    return   # all taken (the usual case): no empty slice made
                 data = data[used:]
-                if not data:
-                    return
         try:
             self._p.feed_data(data)
         except _Stop:

@@ -8,6 +8,7 @@ import select
 import selectors
 
 STOP = object()
+_ONE_READ = select.EPOLLIN | select.EPOLLONESHOT if hasattr(select, "epoll") else 0   # read once per arming
 
 
 class EpollPoller:
@@ -38,11 +39,11 @@ class EpollPoller:
 
     def add(self, conn) -> None:
         self._conns[conn.fd] = conn
-        self._conn_ep.register(conn.fd, select.EPOLLIN | select.EPOLLONESHOT)
+        self._conn_ep.register(conn.fd, _ONE_READ)
 
     def rearm(self, conn) -> None:
         """Wait for the connection's next bytes (fires at once if some are already there)."""
-        self._conn_ep.modify(conn.fd, select.EPOLLIN | select.EPOLLONESHOT)
+        self._conn_ep.modify(conn.fd, _ONE_READ)
 
     wants_more = rearm
 

@@ -28,6 +28,10 @@ _DRAIN_SECONDS = 2.0   # how long a refused body is discarded before the connect
 _STOP_IDLE_SECONDS = 1.0
 # How long a connection the stopping worker half-closed discards what still arrives before it is closed.
 _STOP_DRAIN_SECONDS = 1.0
+# Module globals, not module attributes: the compiled build reads a global from a cache, an attribute by a lookup
+# (~250 instructions each, several per request).
+_monotonic, _time = time.monotonic, time.time
+_environ, _Response = wsgi.environ, wsgi.Response
 
 
 class _Access:
@@ -186,7 +190,9 @@ class QagWorker(base.Worker):
             if sock.family in (socket.AF_INET, socket.AF_INET6):
                 # headers and body chunks go out as separate sends: don't let Nagle hold the second one back
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(sock, client, server, base_env, self.parser_cls(self.limits))
+            # the client's address goes into the connection's base environ once, not into every request's
+            conn = _Conn(sock, client, server, wsgi.connection_environ(base_env, client),
+                         self.parser_cls(self.limits))
             conn.deadline = time.monotonic() + self.keepalive
             self.conns.add(conn)
             self.poller.add(conn)
@@ -218,7 +224,7 @@ class QagWorker(base.Worker):
         parser = conn.parser
         if not conn.started:
             conn.started = True
-            conn.deadline = time.monotonic() + self.client_timeout
+            conn.deadline = _monotonic() + self.client_timeout
         try:
             parser.feed(data)
         except HttpError as exc:
@@ -437,7 +443,7 @@ class QagWorker(base.Worker):
             if keep:
                 if not conn.draining:
                     conn.started = conn.parser.partial
-                    conn.deadline = time.monotonic() + (self.client_timeout if conn.started else self.keepalive)
+                    conn.deadline = _monotonic() + (self.client_timeout if conn.started else self.keepalive)
                 self._wait_more(conn)
             else:
                 self._unregister_close(conn)
@@ -457,7 +463,7 @@ class QagWorker(base.Worker):
 
     def _handle(self, conn: _Conn, req: Request) -> bool:
         """Answer one request; True when the connection stays open for the next."""
-        started = time.time()
+        started = _time()
         with self._count_lock:
             self.nr += 1
             last = self.nr >= self.max_requests
@@ -465,10 +471,10 @@ class QagWorker(base.Worker):
             self.log.info("Autorestarting worker after current request.")
             self.alive = False
             os.write(self.PIPE[1], b".")
-        env = wsgi.environ(req, conn.base, conn.client, conn.server)
+        env = _environ(req, conn.base, conn.client, conn.server)
         env["gunicorn.socket"] = conn.sock   # as gthread gives it: a long stream bounds its own send buffer
-        resp = wsgi.Response(conn.sock, req, self.client_timeout,
-                             req.keep_alive and self.alive and self.keepalive > 0, self.sort_fields)
+        resp = _Response(conn.sock, req, self.client_timeout,
+                         req.keep_alive and self.alive and self.keepalive > 0, self.sort_fields)
         result = None
         if req.over_limit:
             conn.draining = True
@@ -512,7 +518,7 @@ class QagWorker(base.Worker):
                         wsgi.log_error(self.log, "Error closing the response iterable")
         finally:
             if log_access:
-                elapsed = timedelta(seconds=time.time() - started)
+                elapsed = timedelta(seconds=_time() - started)
                 self.log.access(resp, access, env, elapsed)
             if self.post_request is not None:
                 try:

@@ -19,23 +19,30 @@ from ..http11 import Request
 
 _STATUS = re.compile(r"[0-9]{3}(?: [ \t\x21-\x7e\x80-\xff]*)?")
 _DATE = [0, b""]
-_STATUS_LINES: dict[str, bytes] = {}   # statuses already seen valid → their status line and Server field
-_ENV_KEYS: dict[str, str] = {}         # request field names already seen → their environ key ("" = left out)
+# statuses already seen valid → (their status line and Server field, their code)
+_STATUS_LINES: dict[str, tuple[bytes, int]] = {}
+# request field names already seen → (their environ key, how it is set: one of the kinds below)
+_ENV_KEYS: dict[str, tuple[str, int]] = {}
+_LEFT_OUT, _LAST, _HOST, _JOINED = range(4)   # not in the environ; the last value; Host (joined, and read); joined
 _KNOWN_LIMIT = 1024
+_LENGTH_LINES: dict[int, bytes] = {}   # body lengths already answered → their Content-Length field (formatting an
+                                       # int costs ~850 instructions, a lookup ~100; bodies repeat their sizes)
+_time = time.time   # a module global, not a module attribute looked up per response
 
 
-def _env_key(name: str) -> str:
-    """CONTENT_TYPE, CONTENT_LENGTH or HTTP_<NAME>; "" for a name holding "_": X_API_KEY and X-API-KEY would
-    both be HTTP_X_API_KEY, so the ambiguous form is left out, as gunicorn does. Remembered."""
+def _env_key(name: str) -> tuple[str, int]:
+    """(CONTENT_TYPE, _LAST), (CONTENT_LENGTH, _LAST) or (HTTP_<NAME>, _JOINED or _HOST); ("", _LEFT_OUT) for a
+    name holding "_": X_API_KEY and X-API-KEY would both be HTTP_X_API_KEY, so the ambiguous form is left out, as
+    gunicorn does. Remembered."""
     if name == "CONTENT-TYPE" or name == "CONTENT-LENGTH":
-        key = name.replace("-", "_")
+        found = (name.replace("-", "_"), _LAST)
     elif "_" in name:
-        key = ""
+        found = ("", _LEFT_OUT)
     else:
-        key = "HTTP_" + name.replace("-", "_")
+        found = ("HTTP_" + name.replace("-", "_"), _HOST if name == "HOST" else _JOINED)
     if len(_ENV_KEYS) < _KNOWN_LIMIT:
-        _ENV_KEYS[name] = key
-    return key
+        _ENV_KEYS[name] = found
+    return found
 
 
 def fields_sorter():
@@ -48,7 +55,7 @@ def _status_line(status: str) -> bytes:
 
 
 def _date() -> bytes:
-    now = int(time.time())
+    now = int(_time())
     if _DATE[0] != now:
         _DATE[1] = ("Date: " + formatdate(now, usegmt=True) + "\r\n").encode()
         _DATE[0] = now
@@ -86,7 +93,39 @@ def base_environ(cfg, server) -> dict:
     return env
 
 
+# What every request sets (environ(), and the worker's gunicorn.socket): a connection's base holds them already,
+# so that a request's copy replaces them rather than adds them.
+_PER_REQUEST = dict.fromkeys(("REQUEST_METHOD", "RAW_URI", "PATH_INFO", "QUERY_STRING", "SERVER_PROTOCOL",
+                              "wsgi.input", "gunicorn.socket"))
+
+
+def connection_environ(base: dict, client) -> dict:
+    """A listener's base environ with the client's address: built once per connection, copied per request."""
+    env = base.copy()
+    _client_environ(env, client)
+    env.update(_PER_REQUEST)
+    # A request's copy then adds its header fields. dict.copy() keeps the table's size (when few of its entries are
+    # deleted ones), so a table with room for them saves a resize per request (~2,000 instructions): grow it now
+    # with placeholder keys, dropped again.
+    size, added = sys.getsizeof(env), 0
+    while sys.getsizeof(env) == size and added < 64:
+        env[added] = None
+        added += 1
+    for placeholder in range(added):
+        del env[placeholder]
+    return env
+
+
+def _client_environ(env: dict, client) -> None:
+    if isinstance(client, tuple):
+        env["REMOTE_ADDR"], env["REMOTE_PORT"] = client[0], str(client[1])
+    else:
+        env["REMOTE_ADDR"] = client.decode() if isinstance(client, bytes) else (client or "")
+
+
 def environ(req: Request, base: dict, client, server) -> dict:
+    """The environ of one request; `base` is a listener's base environ, or a connection's (connection_environ),
+    which already holds the client's address."""
     env = base.copy()
     uri = req.uri
     if uri.startswith(("http://", "https://")):
@@ -103,24 +142,21 @@ def environ(req: Request, base: dict, client, server) -> dict:
     env["QUERY_STRING"] = query
     env["SERVER_PROTOCOL"] = "HTTP/1.1" if req.version == (1, 1) else "HTTP/1.0"
     env["wsgi.input"] = TooLarge(req.body) if req.over_limit else io.BytesIO(req.body)
-    if isinstance(client, tuple):
-        env["REMOTE_ADDR"], env["REMOTE_PORT"] = client[0], str(client[1])
-    else:
-        env["REMOTE_ADDR"] = client.decode() if isinstance(client, bytes) else (client or "")
+    if "REMOTE_ADDR" not in env:
+        _client_environ(env, client)
     host = None
     keys = _ENV_KEYS
     for name, value in req.headers:
-        key = keys.get(name)
-        if key is None:
-            key = _env_key(name)
-        if not key:
-            continue
-        if key == "CONTENT_TYPE" or key == "CONTENT_LENGTH":
+        found = keys.get(name)
+        if found is None:
+            found = _env_key(name)
+        key, kind = found
+        if kind == _JOINED or kind == _HOST:
+            if kind == _HOST:
+                host = value
+            env[key] = env[key] + "," + value if key in env else value
+        elif kind == _LAST:
             env[key] = value
-            continue
-        if key == "HTTP_HOST":
-            host = value
-        env[key] = env[key] + "," + value if key in env else value
     if "SERVER_NAME" not in env:
         # A unix socket: the server's name comes from Host, as gunicorn does.
         name, _, port = (host or "").partition(":")
@@ -175,7 +211,7 @@ class Response:
         self.headers_sent = False
         self.sent = 0
         self.no_body = False
-        self._head = b""
+        self._head = b""    # the status line (and Server field), set by start_response
         self._lines = b""
 
     def start_response(self, status, headers, exc_info=None):
@@ -187,18 +223,22 @@ class Response:
                 exc_info = None
         elif self.status is not None:
             raise AssertionError("start_response called twice without exc_info")
-        if type(status) is not str or status not in _STATUS_LINES:
+        lines = _STATUS_LINES
+        known = lines.get(status) if type(status) is str else None
+        if known is None:
             if not isinstance(status, str) or not _STATUS.fullmatch(status):
                 raise ValueError(f"invalid status {status!r}")
-            if len(_STATUS_LINES) < _KNOWN_LIMIT:
-                _STATUS_LINES[status] = _status_line(status)
+            known = (_status_line(status), int(status[:3]))
+            if len(lines) < _KNOWN_LIMIT:
+                lines[status] = known
         # Each field checked (the first bad one named, and nothing of this call kept), then written, taken as
         # the length or dropped (qag/_speedups/respond.py).
         kept, self._lines, length, close = self._sort_fields(headers)
         if close:
             self.close = True
         self.status = status
-        self.code = code = int(status[:3])
+        self._head = known[0]
+        self.code = code = known[1]
         self.no_body = self.req.method == "HEAD" or code in (204, 304) or code < 200
         if code == 204 or code < 200:
             length = None
@@ -209,24 +249,29 @@ class Response:
     def _build_head(self, body_len: int | None, body: bytes = b"") -> bytes:
         """Status line and headers; body_len is the whole body's length when it is already known."""
         length = self.length
-        extra = b""
+        framing = b""
         if length is None and not self.no_body:
             if body_len is not None:
                 length = self.length = body_len
-                extra = b"Content-Length: %d\r\n" % body_len
             elif self.req.version == (1, 1):
                 self.chunked = True
-                extra = b"Transfer-Encoding: chunked\r\n"
+                framing = b"Transfer-Encoding: chunked\r\n"
             else:
                 self.close = True   # HTTP/1.0 without a length: the body ends when the connection does
-        elif length is not None:
-            extra = b"Content-Length: %d\r\n" % length
+        if length is not None:
+            known_lengths = _LENGTH_LINES
+            framing = known_lengths.get(length)
+            if framing is None:
+                framing = b"Content-Length: %d\r\n" % length
+                if len(known_lengths) < _KNOWN_LIMIT:
+                    known_lengths[length] = framing
         if self.close:
-            extra += b"Connection: close\r\n"
+            connection = b"Connection: close\r\n"
         elif self.req.version == (1, 0):
-            extra += b"Connection: keep-alive\r\n"
-        line = _STATUS_LINES.get(self.status) or _status_line(self.status)
-        return b"".join((line, _date(), self._lines, extra, b"\r\n", body))
+            connection = b"Connection: keep-alive\r\n"
+        else:
+            connection = b""
+        return b"".join((self._head, _date(), self._lines, framing, connection, b"\r\n", body))
 
     def write(self, data: bytes) -> None:
         """WSGI's write() callable, and each item of the response iterable."""
