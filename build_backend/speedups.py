@@ -57,8 +57,7 @@ def extensions(mode: str) -> list[Extension]:
     exts = []
     for path in LIST.COMPILED:
         # A .pxd typing a .py is a source of its build too: build_ext recompiles when it is newer than the build.
-        pxd = LIST.typing_file(path)
-        ext = Extension(LIST.module(path), [path], depends=[pxd] if pxd else [])
+        ext = Extension(LIST.module(path), [path], depends=LIST.typing_files(path))
         ext.qag_source = path   # kept: cythonize replaces the sources with the generated C
         exts.append(ext)
     return exts

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib.machinery
 import os
+import re
 
 # Written beside each build: the SHA-256 of the source it was compiled from.
 DIGEST_SUFFIX = ".source-sha256"
@@ -63,11 +64,34 @@ def typing_file(source: str) -> str | None:
     return pxd if os.path.exists(pxd) else None
 
 
+_CIMPORT = re.compile(r"^[ \t]*(?:from[ \t]+(qag(?:\.\w+)+)[ \t]+cimport|cimport[ \t]+(qag(?:\.\w+)+))", re.MULTILINE)
+
+
+def typing_files(source: str) -> list[str]:
+    """Every .pxd Cython's build of `source` reads: its own (typing_file) and the qag .pxd files that one cimports,
+    at any depth. Their types are compiled into the build, so a change to any of them makes it stale (run as it
+    is, it would fail its import-time check of the other module's type size)."""
+    own = typing_file(source)
+    if own is None:
+        return []
+    where = os.sep + os.path.abspath(own)
+    root = where[:where.rindex(os.sep + "qag" + os.sep)][1:] or os.sep   # the folder that holds qag/
+    found, queue = [own], [own]
+    while queue:
+        with open(queue.pop(), encoding="utf-8") as fh:
+            text = fh.read()
+        for match in _CIMPORT.finditer(text):
+            pxd = os.path.join(root, *(match.group(1) or match.group(2)).split(".")) + ".pxd"
+            if os.path.exists(pxd) and pxd not in found:
+                found.append(pxd)
+                queue.append(pxd)
+    return found
+
+
 def build_record(source: str) -> str:
-    """What a build writes beside itself: the digest of its source, and for a module typed by a .pxd a second line
-    `pxd <digest of the .pxd>`."""
-    pxd = typing_file(source)
-    return source_digest(source) + "\n" + ("" if pxd is None else f"pxd {source_digest(pxd)}\n")
+    """What a build writes beside itself: the digest of its source, and for a module typed by .pxd files a line
+    `pxd <digest>` for each (typing_files)."""
+    return source_digest(source) + "\n" + "".join(f"pxd {source_digest(pxd)}\n" for pxd in typing_files(source))
 
 
 def built_file(path: str, root: str) -> str | None:
@@ -94,7 +118,9 @@ def why_not_current(path: str, root: str) -> str | None:
         return "stale: built without the digest of its source"
     if recorded[0].strip() != source_digest(source):
         return "stale: its source changed after the build"
-    pxd = typing_file(source)
-    if pxd is not None and f"pxd {source_digest(pxd)}" not in (line.strip() for line in recorded[1:]):
-        return "stale: its .pxd changed after the build"
+    typed = {line.strip() for line in recorded[1:]}
+    for pxd in typing_files(source):
+        if f"pxd {source_digest(pxd)}" not in typed:
+            return "stale: its .pxd changed after the build" if pxd == typing_file(source) else \
+                f"stale: {os.path.basename(pxd)}, which its .pxd cimports, changed after the build"
     return None

@@ -109,6 +109,22 @@ def test_a_typed_build_records_its_pxd_and_an_edited_pxd_makes_it_stale(tmp_path
     assert compiled.why_not_current(path, str(tmp_path)) == "stale: its .pxd changed after the build"
 
 
+def test_a_pxd_that_another_cimports_is_in_its_build_record(tmp_path):
+    """A .pxd that cimports another qag module's types (worker/wsgi.pxd: http11's Request) compiles them in: a change
+    to the other .pxd makes the build stale, at any depth, while an unrelated or missing one doesn't count."""
+    (tmp_path / "qag/sub").mkdir(parents=True)
+    (tmp_path / "qag/sub/__init__.py").write_text("")
+    (tmp_path / "qag/sub/base.pxd").write_text("from qag.sub.deep cimport D\ncdef class B:\n    cdef public object b\n")
+    (tmp_path / "qag/sub/deep.pxd").write_text("cdef class D:\n    cdef public object d\n")
+    path = _typed_module(tmp_path, pxd="cimport cython\nfrom qag.sub.base cimport B\nfrom qag.gone cimport G\n")
+    assert compiled.typing_files(str(tmp_path / path)) == [
+        str(tmp_path / "qag/m.pxd"), str(tmp_path / "qag/sub/base.pxd"), str(tmp_path / "qag/sub/deep.pxd")]
+    assert compiled.why_not_current(path, str(tmp_path)) is None
+    (tmp_path / "qag/sub/deep.pxd").write_text("cdef class D:\n    cdef public object d, e\n")
+    assert compiled.why_not_current(path, str(tmp_path)) == \
+        "stale: deep.pxd, which its .pxd cimports, changed after the build"
+
+
 def test_a_build_made_before_its_pxd_was_added_is_stale(tmp_path):
     path = _module(tmp_path)
     assert compiled.why_not_current(path, str(tmp_path)) is None
