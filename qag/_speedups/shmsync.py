@@ -41,6 +41,7 @@ import weakref
 __all__ = ["Sync", "Table"]
 
 _WORD = struct.Struct("<Q")
+_WRAP = 2 ** 64 - 1
 
 
 class Sync:
@@ -99,11 +100,12 @@ class Sync:
         self._span(data_off, len(data))
         seq = _WORD.unpack_from(self._bytes, seq_off)[0]
         if seq & 1:
-            seq += 1
-        _WORD.pack_into(self._bytes, seq_off, seq + 1)
+            seq = (seq + 1) & _WRAP
+        # A 64-bit word wraps round as the compiled twin's does (a stored value near 2**64 is a sequence too).
+        _WORD.pack_into(self._bytes, seq_off, (seq + 1) & _WRAP)
         self._bytes[data_off:data_off + len(data)] = data
-        _WORD.pack_into(self._bytes, seq_off, seq + 2)
-        return seq + 2
+        _WORD.pack_into(self._bytes, seq_off, (seq + 2) & _WRAP)
+        return (seq + 2) & _WRAP
 
     def read(self, seq_off: int, data_off: int, length: int):
         self._word(seq_off)

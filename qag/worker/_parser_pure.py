@@ -15,6 +15,11 @@ _HEADER = re.compile(rb"(" + _TOKEN + rb"):[ \t]*([\t\x20-\x7e\x80-\xff]*)")
 _CHUNK = re.compile(rb"([0-9A-Fa-f]+)((?:;" + _TOKEN + rb"(?:=(?:" + _TOKEN + rb'|"[^"\r\n]*"))?)*)')
 
 _LINE, _HEAD, _BODY, _SIZE, _DATA, _DATA_END, _TRAILER, _DEAD = range(8)
+# Every method llhttp reads (RTSP's too): an unterminated request line that can't begin one of them is refused at
+# once, as llhttp refuses it, not when its LF arrives. qag answers only METHODS; the rest are refused whole.
+_LLHTTP_METHODS = METHODS | frozenset("DESCRIBE ANNOUNCE SETUP PLAY PAUSE TEARDOWN GET_PARAMETER SET_PARAMETER "
+                                      "REDIRECT RECORD FLUSH".split())
+_METHOD_PREFIXES = frozenset(name[:i] for name in _LLHTTP_METHODS for i in range(1, len(name) + 1))
 
 
 def _refuse_bare_cr(buf: bytearray) -> None:
@@ -57,7 +62,7 @@ class Parser:
         if state == _LINE:
             while buf[:2] == b"\r\n" or buf[:1] == b"\n":
                 del buf[:2 if buf[:1] == b"\r" else 1]
-            if not buf:
+            if not buf or buf == b"\r":      # a lone CR may be the start of one more empty line: still idle
                 return False
             self.partial = True
             end = buf.find(b"\n")
@@ -146,7 +151,7 @@ class Parser:
         # An unterminated request line: refuse it as soon as it is certainly too long or its method is unknown.
         space = buf.find(b" ")
         if space < 0:
-            if len(buf) > 20:
+            if bytes(buf).decode("latin-1") not in _METHOD_PREFIXES:
                 raise bad("invalid method")
             return
         method = bytes(buf[:space]).decode("latin-1")

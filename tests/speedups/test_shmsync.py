@@ -182,3 +182,19 @@ def test_lock_of_a_killed_holder_is_taken_over(speedups, region):
     os.close(ready_r)
     os.close(ready_w)
     sync.release()
+
+
+@pytest.mark.parametrize("seq", [2**64 - 1, 2**64 - 2, 2**64 - 3])
+def test_twins_agree_on_a_sequence_about_to_wrap(twin_pair, seq):
+    """A word stored near 2**64 and then written: both twins wrap round as a C uint64_t does (hypothesis found the
+    pure twin's struct.error here)."""
+    pure, compiled = twin_pair("shmsync")
+    outcomes = []
+    for twin in (pure, compiled):
+        mm = mmap.mmap(-1, 64)
+        sync = twin.Sync(mm, -1)
+        sync.store(0, seq)
+        outcomes.append((sync.write(0, 8, b"data"), sync.load(0), sync.read(0, 8, 4)))
+        sync.release()
+        mm.close()
+    assert outcomes[0] == outcomes[1] and outcomes[0][0] in (0, 1, 2)

@@ -262,3 +262,22 @@ def test_simple_head_twins_change_nothing_llhttp_would_decide(reqs, cuts):
     data = b"".join(reqs)
     for chunks in ([data], split(data, cuts)):
         assert outcome(c_parser, chunks) == outcome(c_parser, chunks, simple=False)
+
+
+@pytest.mark.parametrize("data", [
+    b"\x00", b"g", b"GX", b"1", b"\r", b"G", b"DES", b"M-SEA", b"GET_PARAM", b"\r\n\r", b"GET / HTTP/1.1\r\n\r\n\x00",
+    b"GET / HTTP/1.1\r\nExpect: 100-continue\r\nC:ntent-Length: 1\r\n\r\n\x00",
+])
+def test_twins_agree_on_an_unterminated_request_line(data):
+    """A line that can't begin any method llhttp reads is refused at once by both twins; one that can waits for
+    more; a lone CR before any request keeps the connection idle (found by hypothesis: the pure twin waited)."""
+    assert outcome(PureParser, [data]) == outcome(_c_parser(), [data])
+
+
+def test_every_short_method_prefix_is_judged_as_llhttp_judges_it():
+    import itertools
+    import string
+    for size in (1, 2):
+        for letters in itertools.product(string.ascii_uppercase + "_-", repeat=size):
+            data = "".join(letters).encode()
+            assert outcome(PureParser, [data]) == outcome(_c_parser(), [data]), data
