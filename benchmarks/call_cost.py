@@ -143,7 +143,7 @@ def _measure(layers: dict, rounds: int, calls: int) -> dict[str, list[float]]:
     return results
 
 
-_UNDER_CALLGRIND = "QAG_BENCH_CALLGRIND_OUT"
+UNDER_CALLGRIND = "QAG_BENCH_CALLGRIND_OUT"
 
 
 def _counted(layers: dict, layer: str, calls: int) -> None:
@@ -171,18 +171,25 @@ def _counted(layers: dict, layer: str, calls: int) -> None:
     subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
 
 
+def rerun_under_callgrind(module: str, argv: list[str], out_dir: str) -> str:
+    """Run `python -m module argv` again under callgrind, instrumentation off until the run turns it on (the run
+    sees $QAG_BENCH_CALLGRIND_OUT set), one profile per thread; returns the profiles' path prefix in out_dir."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise SystemExit("needs valgrind (apt-get install valgrind)")
+    out = os.path.join(out_dir, "cg")
+    env = dict(os.environ, **{UNDER_CALLGRIND: out})
+    subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
+                    f"--callgrind-out-file={out}", sys.executable, "-m", module, *argv],
+                   env=env, check=True, capture_output=True)
+    return out
+
+
 def _count_instructions(argv: list[str], calls: int, keep: str | None = None) -> int:
     """Run this module again under callgrind; the request (main) thread's instructions per call (its profile
     copied to `keep` when given)."""
-    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
-        raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
     out_dir = tempfile.mkdtemp(prefix="qag-callgrind-")
     try:
-        out = os.path.join(out_dir, "cg")
-        env = dict(os.environ, **{_UNDER_CALLGRIND: out})
-        subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
-                        f"--callgrind-out-file={out}", sys.executable, "-m", "benchmarks.call_cost", *argv],
-                       env=env, check=True, capture_output=True)
+        out = rerun_under_callgrind("benchmarks.call_cost", argv, out_dir)
         profile = sorted(glob.glob(out + "*-01"))[0]   # thread 1: the one that ran the calls
         with open(profile) as fh:
             total = next(int(line.split()[1]) for line in fh if line.startswith("totals:"))
@@ -197,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
     if args.instructions:
-        if os.environ.get(_UNDER_CALLGRIND):
+        if os.environ.get(UNDER_CALLGRIND):
             home = tempfile.mkdtemp(prefix="qag-call-cost-")
             try:
                 _counted(_layers(args, home), args.layer, args.calls)

@@ -33,7 +33,8 @@ import tempfile
 import time
 from types import SimpleNamespace
 
-_UNDER_CALLGRIND = "QAG_BENCH_CALLGRIND_OUT"
+from .call_cost import UNDER_CALLGRIND, rerun_under_callgrind
+
 PARTS = ("history", "logs", "calls")
 
 
@@ -121,18 +122,12 @@ def _counted(args) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
-    if os.environ.get(_UNDER_CALLGRIND):
+    if os.environ.get(UNDER_CALLGRIND):
         _counted(args)
         return 0
-    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
-        raise SystemExit("needs valgrind (apt-get install valgrind)")
     out_dir = tempfile.mkdtemp(prefix="qag-callgrind-")
     try:
-        out = os.path.join(out_dir, "cg")
-        env = dict(os.environ, **{_UNDER_CALLGRIND: out})
-        subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
-                        f"--callgrind-out-file={out}", sys.executable, "-m", "benchmarks.recording_instructions",
-                        *argv], env=env, check=True, capture_output=True)
+        out = rerun_under_callgrind("benchmarks.recording_instructions", argv, out_dir)
         units = {"history": args.batch * args.batches, "logs": args.calls, "calls": 4 * min(args.calls, 500)}
         figures = {}
         for number, part in enumerate(PARTS, 1):
