@@ -25,8 +25,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 
 # What `qag size` assumes for a figure the user did not give: qag's own worker CPU per saved-query call, measured
-# side by side on one pinned core (docs/performance.md), and a typical load of quick queries on a nearby database.
-MEASURED_CPU_US = 380.0
+# side by side on one pinned core (docs/performance.md: 184-246 µs a call with one worker on 2026-12-03, the highest
+# rounded up), and a typical load of quick queries on a nearby database.
+MEASURED_CPU_US = 250.0
 DEFAULT_RATE = 1000.0
 DEFAULT_QUERY_MS = 1.0
 MAX_THREADS = 256   # QAG_THREADS' upper bound
