@@ -19,7 +19,7 @@ from cpython.list cimport PyList_GET_ITEM
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from libc.math cimport NAN, isfinite
-from libc.stdint cimport uint8_t, uint16_t, uint32_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy, strlen
 
 import json
@@ -241,6 +241,26 @@ cdef inline char* _escape(char* o, uint32_t c) noexcept:
     return _u4(_u4(o, 0xD800 | (c >> 10)), 0xDC00 | (c & 0x3FF))
 
 
+cdef uint64_t _ONES = 0x0101010101010101ULL
+cdef uint64_t _HIGH = 0x8080808080808080ULL
+
+
+cdef inline bint _has_zero_byte(uint64_t v) noexcept:
+    return ((v - _ONES) & ~v & _HIGH) != 0
+
+
+cdef inline bint _plain8(uint64_t w) noexcept:
+    """Whether all eight bytes of w are _JSON_PLAIN: none at or over 0x7F, under 0x20, a quote or a backslash.
+    Each test is exact as a whole (a borrow only ever flags bytes above one that is already flagged)."""
+    if w & _HIGH:
+        return False
+    if (w + _ONES) & _HIGH:                 # 0x7F (no carry between bytes: all are under 0x80 here)
+        return False
+    if (w - 0x2020202020202020ULL) & ~w & _HIGH:      # a byte under 0x20
+        return False
+    return not (_has_zero_byte(w ^ 0x2222222222222222ULL) or _has_zero_byte(w ^ 0x5C5C5C5C5C5C5C5CULL))
+
+
 cdef int _put_json_str(Buf* b, object s) except -1:
     qag_str_ready(s)
     cdef Py_ssize_t n = PyUnicode_GET_LENGTH(s), i
@@ -255,15 +275,26 @@ cdef int _put_json_str(Buf* b, object s) except -1:
     cdef char* o = b.data + b.size
     o[0] = b'"'
     o += 1
+    cdef uint64_t w
     if kind == 1:
         d1 = <const uint8_t*>data
-        for i in range(n):
+        i = 0
+        while i < n:
+            # Eight code units at a time while none needs escaping (most text): one test and one copy each.
+            if i + 8 <= n:
+                memcpy(&w, d1 + i, 8)
+                if _plain8(w):
+                    memcpy(o, &w, 8)
+                    o += 8
+                    i += 8
+                    continue
             c = d1[i]
             if _JSON_PLAIN[c]:
                 o[0] = <char>c
                 o += 1
             else:
                 o = _escape(o, c)
+            i += 1
     else:
         d2 = <const uint16_t*>data
         d4 = <const uint32_t*>data

@@ -127,6 +127,21 @@ def test_json_strings_escape_like_json_dumps(speedups, text):
     assert speedups.rowjson.encode_ndjson(["s"], [(text,)]) == f'{{"s": {expected}}}\n'.encode()
 
 
+# The compiled twin copies eight plain code units at a time: a character that needs escaping, put at every place
+# of a longer text (every offset within an eight-unit block, and in the tail after the last block), must still be
+# escaped, and plain text around it copied intact.
+ESCAPED_AMONG_PLAIN = ["\x00", "\x1f", " ", "\x7f", "\x80", "\xff", '"', "\\", "é", "~", "!", "#", "[", "]"]
+
+
+@pytest.mark.parametrize("special", ESCAPED_AMONG_PLAIN)
+def test_json_strings_escape_at_every_offset(speedups, special):
+    for length in (7, 8, 9, 16, 17, 40):
+        for at in range(length):
+            text = "".join(special if i == at else "abcdefgh"[i % 8] for i in range(length))
+            expected = json.dumps(text)
+            assert speedups.rowjson.encode_json(["s"], [(text,)]) == f'[{{"s":{expected}}}]\n'.encode(), (length, at)
+
+
 def test_json_exact_escapes(speedups):
     out = speedups.rowjson.encode_json(["é"], [("é€😀\x01\x7f\"\\\n",)])
     assert out == b'[{"\\u00e9":"\\u00e9\\u20ac\\ud83d\\ude00\\u0001\\u007f\\"\\\\\\n"}]\n'
