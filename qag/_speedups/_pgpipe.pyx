@@ -25,6 +25,10 @@ from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.long cimport PyLong_FromLongLong, PyLong_FromString
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.string cimport strlen
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
@@ -40,7 +44,7 @@ import sys
 
 # One exception class and one set of status codes for both twins (the callers catch them whichever runs).
 from qag._speedups.pgpipe import (COMMAND_OK, FATAL_ERROR, Gone, PIPELINE_ABORTED, PIPELINE_SYNC, TUPLES_OK,
-                                  _operational_error, error_of, name_of)
+                                  _operational_error, error_of, name_of, transformer_rows)
 
 __all__ = ["Gone", "Pipe", "COMMAND_OK", "TUPLES_OK", "FATAL_ERROR", "PIPELINE_SYNC", "PIPELINE_ABORTED", "LIBPQ"]
 
@@ -79,6 +83,9 @@ ctypedef void (*clear_f)(void *result) noexcept nogil
 ctypedef char *(*error_field_f)(const void *result, int code) noexcept nogil
 ctypedef char *(*message_f)(const void *result) noexcept nogil
 ctypedef char *(*fname_f)(const void *result, int column) noexcept nogil
+ctypedef int (*column_f)(const void *result, int column) noexcept nogil
+ctypedef char *(*value_f)(const void *result, int row, int column) noexcept nogil
+ctypedef int (*value_int_f)(const void *result, int row, int column) noexcept nogil
 
 cdef short _READ = POLLIN | POLLPRI
 cdef short _READ_WRITE = POLLIN | POLLPRI | POLLOUT
@@ -106,6 +113,12 @@ cdef class _Libpq:
     cdef error_field_f error_field
     cdef message_f error_message
     cdef fname_f fname
+    cdef result_f ntuples
+    cdef column_f ftype
+    cdef column_f fformat
+    cdef value_f getvalue
+    cdef value_int_f getlength
+    cdef value_int_f getisnull
     cdef readonly str path       # the libpq file the functions are in
     cdef readonly int version    # PQlibVersion()
 
@@ -152,6 +165,12 @@ cdef _Libpq _bind(str module_file):
     lib.error_field = <error_field_f>_symbol(handle, "PQresultErrorField", module_file)
     lib.error_message = <message_f>_symbol(handle, "PQresultErrorMessage", module_file)
     lib.fname = <fname_f>_symbol(handle, "PQfname", module_file)
+    lib.ntuples = <result_f>_symbol(handle, "PQntuples", module_file)
+    lib.ftype = <column_f>_symbol(handle, "PQftype", module_file)
+    lib.fformat = <column_f>_symbol(handle, "PQfformat", module_file)
+    lib.getvalue = <value_f>_symbol(handle, "PQgetvalue", module_file)
+    lib.getlength = <value_int_f>_symbol(handle, "PQgetlength", module_file)
+    lib.getisnull = <value_int_f>_symbol(handle, "PQgetisnull", module_file)
     return lib
 
 
@@ -285,6 +304,55 @@ cdef int _pump(conn_f flush, conn_f consume_input, void *conn, int fd, int *due,
     return 0
 
 
+# How `rows` reads a column's text values, by the loader the connection's Transformer has for its type: as psycopg's
+# C loaders do (IntLoader: int(text); BoolLoader: the first byte is 't'; TextLoader of a UTF-8 connection: the
+# text decoded, errors raised), or through the Transformer for any other loader.
+cdef enum:
+    _BY_PSYCOPG = 0
+    _INT = 1
+    _BOOL = 2
+    _UTF8_TEXT = 3
+    _MAX_DIRECT_COLUMNS = 64      # wider results go to the Transformer (a stack array holds the kinds)
+
+cdef tuple _psycopg_loaders = None      # (IntLoader, BoolLoader, TextLoader): psycopg's C classes, looked up on first use
+
+
+cdef int _kind_of_loader(loader) except -1:
+    global _psycopg_loaders
+    if _psycopg_loaders is None:
+        import psycopg      # loaded already: a result to read came through it
+        _psycopg_loaders = tuple(psycopg.adapters.get_loader(oid, 0) for oid in (23, 16, 25))
+    cls = type(loader)
+    if cls is _psycopg_loaders[0]:
+        return _INT
+    if cls is _psycopg_loaders[1]:
+        return _BOOL
+    # A TextLoader decodes with the connection's encoding as it was when the Transformer made it (kept for the
+    # Transformer's life, as this kind is kept for the Pipe's): UTF-8 is told by what it makes of a UTF-8 'é'
+    # (SQL_ASCII gives bytes, another encoding other characters).
+    if cls is _psycopg_loaders[2] and loader.load(b"\xc3\xa9") == "\u00e9":
+        return _UTF8_TEXT
+    return _BY_PSYCOPG
+
+
+cdef object _int_of(const char *text, int length):
+    """int(text) for PostgreSQL's text form of an integer; anything else (or over 18 digits) as psycopg parses it."""
+    cdef int i = 0
+    cdef long long value = 0
+    cdef unsigned int digit
+    if length > 0 and text[0] == b'-':
+        i = 1
+    if length - i < 1 or length - i > 18:
+        return PyLong_FromString(text, NULL, 10)       # libpq ends every value with a NUL
+    while i < length:
+        digit = <unsigned char>text[i] - 48
+        if digit > 9:
+            return PyLong_FromString(text, NULL, 10)
+        value = value * 10 + digit
+        i += 1
+    return PyLong_FromLongLong(-value if text[0] == b'-' else value)
+
+
 cdef class Pipe:
     """One connection's pipeline: queue statements and Syncs, send them, read a segment's results."""
 
@@ -293,12 +361,14 @@ cdef class Pipe:
     cdef _Libpq _lib
     cdef int _fd
     cdef bint _due          # flush() was asked for and the queue is not all sent yet: segment() sends it first
+    cdef dict _kinds        # type OID → how `rows` reads it (its Transformer's loaders stay the same for its life)
 
     def __init__(self, pgconn):
         self._lib = _lib_of(pgconn)
         self._pg = pgconn
         self._get_result = pgconn.get_result
         self._fd = pgconn.socket
+        self._kinds = {}
 
     cdef void *_conn(self, str closed) except NULL:
         # Read on every use: psycopg frees the PGconn when its connection is closed and sets this to None.
@@ -556,6 +626,45 @@ cdef class Pipe:
                 return ok
             if status != _COMMAND_OK and status != _TUPLES_OK:
                 ok = False
+
+    cdef int _kind(self, tx, Oid oid) except -1:
+        kind = self._kinds.get(oid)
+        if kind is None:
+            kind = self._kinds[oid] = _kind_of_loader(tx.get_loader(oid, 0))
+        return kind
+
+    def rows(self, result, tx, Py_ssize_t start, Py_ssize_t end):
+        cdef const void *ptr = <const void *><uintptr_t>result.pgresult_ptr
+        cdef _Libpq lib = self._lib
+        cdef int columns = lib.nfields(ptr), c, r
+        cdef int kinds[_MAX_DIRECT_COLUMNS]
+        cdef const char *text
+        if not 0 <= start <= end <= lib.ntuples(ptr) or columns > _MAX_DIRECT_COLUMNS:
+            return transformer_rows(result, tx, start, end)
+        for c in range(columns):
+            kinds[c] = self._kind(tx, lib.ftype(ptr, c)) if lib.fformat(ptr, c) == 0 else _BY_PSYCOPG
+            if kinds[c] == _BY_PSYCOPG:
+                return transformer_rows(result, tx, start, end)
+        cdef list out = PyList_New(end - start)
+        for r in range(<int>start, <int>end):
+            row = PyTuple_New(columns)
+            # The list owns the tuple before its values are made: an error below frees both.
+            Py_INCREF(row)
+            PyList_SET_ITEM(out, r - start, row)
+            for c in range(columns):
+                if lib.getisnull(ptr, r, c):
+                    value = None
+                else:
+                    text = lib.getvalue(ptr, r, c)
+                    if kinds[c] == _INT:
+                        value = _int_of(text, lib.getlength(ptr, r, c))
+                    elif kinds[c] == _UTF8_TEXT:
+                        value = PyUnicode_DecodeUTF8(text, lib.getlength(ptr, r, c), NULL)
+                    else:
+                        value = True if text[0] == b't' else False
+                Py_INCREF(value)
+                PyTuple_SET_ITEM(row, c, value)
+        return out
 
     def readable(self):
         cdef void *conn = self._conn("the connection is closed")

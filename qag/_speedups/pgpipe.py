@@ -25,6 +25,11 @@ release lets another thread in; the compiled twin releases it only to wait for t
   (SQLSTATE, message) as str, else None. The compiled twin makes a psycopg PGresult of that one result only.
 - `settle(deadline)`: a segment read to its end; whether every statement in it succeeded (the reset's reply).
 - `readable()`: whether the socket has anything to read now (never waits).
+- `rows(result, tx, start, end)`: rows `start` to `end` of a PGresult as tuples, loaded as `tx` (the connection's
+  psycopg Transformer) loads them. The compiled twin reads the values through libpq itself for the columns whose
+  loader is psycopg's own C loader of integers, of booleans or of UTF-8 text (their text forms are short and
+  fixed: a decimal, `t`/`f`, the text), building the same objects without psycopg's per-value calls; a result
+  with any other column, or a range psycopg refuses, goes to the Transformer as here.
 
 Every method raises psycopg.OperationalError on a connection psycopg has closed.
 """
@@ -47,6 +52,15 @@ PIPELINE_ABORTED = 11
 _UNNAMED = b"?column?"
 _READ = select.POLLIN | select.POLLPRI
 _READ_WRITE = _READ | select.POLLOUT
+
+
+def transformer_rows(result, tx, start: int, end: int) -> list:
+    """Rows `start` to `end` of `result` as tuples, loaded by the psycopg Transformer `tx` (both twins' way)."""
+    tx.set_pgresult(result)
+    try:
+        return tx.load_rows(start, end, tuple)
+    finally:
+        tx.set_pgresult(None)
 
 
 class Gone(Exception):
@@ -190,3 +204,6 @@ class Pipe:
     def readable(self) -> bool:
         self._open()
         return bool(self._read.poll(0))
+
+    def rows(self, result, tx, start: int, end: int) -> list:
+        return transformer_rows(result, tx, start, end)

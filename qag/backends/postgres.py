@@ -34,7 +34,8 @@ Why this shape:
   - The pipeline is driven by the selected twin of qag._speedups.pgpipe: the compiled one calls libpq itself with
     the interpreter lock held and lets go of it only to wait for the socket (once a call, where psycopg's
     wrappers let go around every send and every PQisBusy: about twenty chances a call for another thread to
-    take the lock); the pure one is psycopg's wrappers. Rows are loaded by psycopg's Transformer with either.
+    take the lock); the pure one is psycopg's wrappers. Rows come out as psycopg's Transformer loads them
+    (`Pipe.rows`: the compiled twin reads integers, booleans and UTF-8 text itself, the same objects).
 
 A page of a query whose window can't be put in its SQL (Call.cursor) is read through a server-side cursor in an
 explicit transaction in the same segment (BEGIN; ...; DECLARE qag_page ...; MOVE; FETCH; END), so the driver
@@ -594,10 +595,7 @@ class PostgresBackend(Backend):
             else:
                 skip = 0 if call.cursor else call.skip
                 end = min(result.ntuples, skip + call.fetch)
-                tx = link.tx
-                tx.set_pgresult(result)
-                rows = tx.load_rows(skip, end, tuple) if end > skip else []
-                tx.set_pgresult(None)
+                rows = link.pipe.rows(result, link.tx, skip, end) if end > skip else []
         except BaseException as exc:
             raise self._fail(key, link, exc, call) from None
         self._give_back(key, link)
@@ -629,8 +627,7 @@ class PostgresBackend(Backend):
                 raise error
             result = results[-1]
             columns = _columns(result)
-            link.tx.set_pgresult(result)
-            first = link.tx.load_rows(0, result.ntuples, tuple)
+            first = link.pipe.rows(result, link.tx, 0, result.ntuples)
         except BaseException as exc:
             raise self._fail(key, link, exc, read, 1) from None
         return columns, _Batches(self, key, link, first, first_n, batch, cap, read)
@@ -769,8 +766,7 @@ class _Batches:
                 error = _first_error(results)
                 if error is not None:
                     raise error
-                link.tx.set_pgresult(results[-1])
-                rows = link.tx.load_rows(0, results[-1].ntuples, tuple)
+                rows = link.pipe.rows(results[-1], link.tx, 0, results[-1].ntuples)
             except BaseException as exc:
                 # Raised, not swallowed: the run is recorded as failed and the server ends the chunked body
                 # without its terminator, so the client can tell the export is incomplete.

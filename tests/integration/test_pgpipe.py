@@ -364,3 +364,114 @@ def test_readable_sends_what_a_flush_made_due(pipes):
             assert time.monotonic() < give_up, type(pipe).__module__
             time.sleep(0.005)
         assert summary(pipe.segment(time.monotonic() + 30)) == [(psycopg.pq.ExecStatus.TUPLES_OK, [[b"42"]])]
+
+
+# ---------------------------------------------------------------------------------------------
+# Pipe.rows: the compiled twin reads integer, boolean and UTF-8 text columns itself; every row must be what
+# psycopg's Transformer makes of the same result.
+
+
+def _result(pipe, sql: bytes, values=None, types=None):
+    pipe.send(sql, values, types)
+    pipe.sync()
+    pipe.flush(time.monotonic() + 30)
+    results = pipe.segment(time.monotonic() + 30)
+    assert results and results[-1].status == psycopg.pq.ExecStatus.TUPLES_OK, summary(results)
+    return results[-1]
+
+
+def _rows_of_each(twin_pair, connect, sql: bytes, values=None, types=None, encoding: str | None = None,
+                  ranges=None, kept: dict | None = None):
+    """For each twin: (what its Pipe.rows gives, what psycopg's Transformer gives) over `ranges` of the result,
+    each as call_outcome (a value or the exception raised). `encoding` is set before the Transformer is made;
+    `kept` keeps one connection per twin across calls (hypothesis examples)."""
+    from psycopg.adapt import Transformer
+    out = []
+    for twin in twin_pair("pgpipe"):
+        if kept is None:
+            conn = connect()
+        else:
+            conn = kept.get(twin.__name__) or kept.setdefault(twin.__name__, connect())
+        if encoding is not None:
+            conn.pgconn.exit_pipeline_mode()
+            conn.execute(f"SET client_encoding TO '{encoding}'")
+            conn.pgconn.enter_pipeline_mode()
+        pipe, tx = twin.Pipe(conn.pgconn), Transformer(conn)
+        result = _result(pipe, sql, values, types)
+        for start, end in ranges or [(0, result.ntuples)]:
+            got = call_outcome(pipe.rows, result, tx, start, end)
+            reference = call_outcome(twin.transformer_rows, result, Transformer(conn), start, end)
+            out.append((got, reference))
+    return out
+
+
+def _assert_same(pairs):
+    for got, reference in pairs:
+        assert got == reference
+        if got[0] == "ok":      # the same types as well (True == 1, 1 == 1.0 would pass the comparison above)
+            assert [[type(v) for v in row] for row in got[1]] == [[type(v) for v in row] for row in reference[1]]
+
+
+DIRECT_COLUMNS = """
+SELECT i2, i4, i8, o, t, v, c, n, b FROM (VALUES
+  (0::int2, 0::int4, 0::int8, 0::oid, ''::text, ''::varchar, ''::char(3), ''::name, true),
+  (-32768, -2147483648, -9223372036854775808, 4294967295, 'plain', 'varchar', 'ab', 'name', false),
+  (32767, 2147483647, 9223372036854775807, 1, 'é€😀 "quoted" \\ back', 'ünï', 'x', 'ñ', NULL),
+  (NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, true),
+  (-1, -999999999, 999999999999999999, 42, repeat('long ', 100), 'v', 'abc', 'n', true),
+  (1, 1, -1000000000000000000, 7, E'tab\\tnew\\nline', '', '', '', false)
+) AS x(i2, i4, i8, o, t, v, c, n, b)
+""".encode()
+
+
+def test_rows_direct_columns_match_the_transformer(twin_pair, connect):
+    pairs = _rows_of_each(twin_pair, connect, DIRECT_COLUMNS, ranges=[(0, 6), (1, 4), (5, 6), (2, 2), (0, 0)])
+    _assert_same(pairs)
+    rows = pairs[-5][0][1]      # the compiled twin's full read
+    assert rows[1][:4] == (-32768, -2147483648, -9223372036854775808, 4294967295) and rows[1][8] is False
+    assert rows[2][4] == 'é€😀 "quoted" \\ back' and rows[3] == (None,) * 8 + (True,)
+
+
+def test_rows_ranges_psycopg_refuses_raise_the_same(twin_pair, connect):
+    pairs = _rows_of_each(twin_pair, connect, DIRECT_COLUMNS, ranges=[(0, 7), (3, 2), (-1, 2), (7, 7)])
+    _assert_same(pairs)
+    assert all(got[0] == "raised" for got, _ in pairs)
+
+
+@pytest.mark.parametrize("sql", [
+    b"SELECT 1::int4 AS i, 1.5::numeric AS n, now()::date AS d",        # one column psycopg's own loader reads
+    b"SELECT 't'::bool, '{1,2}'::int4[], '{\"a\": 1}'::jsonb, 'x'::bytea, 2.5::float8, 'x'::\"char\"",
+    b"SELECT " + b", ".join(b"%d::int4" % i for i in range(70)),          # wider than the direct reader takes
+])
+def test_rows_other_columns_go_to_the_transformer(twin_pair, connect, sql):
+    _assert_same(_rows_of_each(twin_pair, connect, sql))
+
+
+@pytest.mark.parametrize("encoding", ["LATIN1", "SQL_ASCII", "UTF8"])
+def test_rows_text_follows_the_encoding_the_transformer_decodes(twin_pair, connect, encoding):
+    pairs = _rows_of_each(twin_pair, connect, b"SELECT convert_from('\\xc3a9'::bytea, 'UTF8'), 1::int4",
+                          encoding=encoding)
+    _assert_same(pairs)
+    assert pairs[-1][0][1][0][0] == {"LATIN1": "é", "SQL_ASCII": b"\xc3\xa9", "UTF8": "é"}[encoding]
+
+
+@pytest.fixture
+def kept():
+    """One connection per twin for all of a hypothesis test's examples (closed by `connect` at its end)."""
+    return {}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(-2**63, 2**63 - 1),
+                          st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+                                  max_size=30),
+                          st.booleans()), min_size=1, max_size=5))
+def test_rows_any_values_match_the_transformer(twin_pair, connect, kept, values):
+    params, selects = [], []
+    for k, (number, text, flag) in enumerate(values):
+        params += [str(number).encode(), text.encode(), b"t" if flag else b"f"]
+        selects.append(f"SELECT ${3 * k + 1}::int8, ${3 * k + 2}::text, ${3 * k + 3}::bool")
+    sql = " UNION ALL ".join(selects).encode()
+    pairs = _rows_of_each(twin_pair, connect, sql, params, kept=kept)
+    _assert_same(pairs)
+    assert pairs[-1][0][1] == [tuple(v) for v in values]
