@@ -110,10 +110,11 @@ def render(records: list[dict], run: str | None = None) -> str:
         single = groups.get((case, wl, key, dist, "single", None), {})
         if single:
             out += ["", "Single caller (closed loop, 1 connection):", "",
-                    "| target | calls/s | p50 ms | p99 ms |", "|---|---|---|---|"]
+                    "| target | calls/s | p50 ms | p99 ms | gateway CPU µs/call |", "|---|---|---|---|---|"]
             for n, bs in single.items():
+                cpu = Stat((b.get("cpu_per_call") or {}).get("gateway_us") for b in bs)
                 out.append(f"| {n} | {Stat(b['rps'] for b in bs).fmt()} | {_lat(bs, 'lat_us', 'p50', 3)} | "
-                           f"{_lat(bs, 'lat_us', 'p99', 3)} |")
+                           f"{_lat(bs, 'lat_us', 'p99', 3)} | {cpu.fmt()} |")
         opens = sorted(k[5] for k in groups if k[:5] == (case, wl, key, dist, "open"))
         if opens:
             out += ["", "Open loop (offered rate = % of the capacity measured in the same block; latency from the "

@@ -191,9 +191,15 @@ class Harness:
         rps = closed["requests"] / (closed["duration_us"] / 1e6)
         self.emit({**base, "phase": "closed", "callers": a.callers, "rps": round(rps, 1), **self._common(closed),
                    "cpu_per_call": cpu, "statements_per_call": stmts, "loadavg_1m": load_avg})
+        gateway0 = measure.tree_cpu(t.pid) if t.pid else None
         single = run(1, a.single_seconds)
+        # The gateway's CPU per call with one caller: what a lone request costs the worker (wake-ups included),
+        # the part of the single-caller latency the gateway spends computing.
+        single_cpu = (round((measure.tree_cpu(t.pid) - gateway0) / max(1, single["requests"]) * 1e6, 1)
+                      if t.pid else None)
         self.emit({**base, "phase": "single", "callers": 1,
-                   "rps": round(single["requests"] / (single["duration_us"] / 1e6), 1), **self._common(single)})
+                   "rps": round(single["requests"] / (single["duration_us"] / 1e6), 1), **self._common(single),
+                   "cpu_per_call": {"gateway_us": single_cpu}})
         if a.open_loop and t.kind != "direct":
             for pct in OPEN_LOOP_PCTS:
                 rate = rps * pct / 100

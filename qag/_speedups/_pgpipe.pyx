@@ -61,6 +61,20 @@ cdef extern from "<dlfcn.h>" nogil:
     int RTLD_NOW
     int RTLD_LOCAL
 
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()
+
+# How many of this process's threads are waiting for a PostgreSQL reply right now (atomic: they wait without the
+# interpreter lock). Only a thread that waits alone spins (see _spin_until_readable).
+cdef extern from *:
+    """
+    static int qag_pg_waiting = 0;
+    static inline int qag_pg_wait_begin(void) { return __atomic_fetch_add(&qag_pg_waiting, 1, __ATOMIC_RELAXED); }
+    static inline void qag_pg_wait_end(void) { __atomic_fetch_sub(&qag_pg_waiting, 1, __ATOMIC_RELAXED); }
+    """
+    int qag_pg_wait_begin() nogil
+    void qag_pg_wait_end() nogil
+
 cdef extern from "<poll.h>" nogil:
     struct pollfd:
         int fd
@@ -276,11 +290,32 @@ cdef int _poll_until(int fd, short events, bint bounded, double limit, short *re
         return _POLL_FAILED
 
 
+cdef bint _spin_until_readable(int fd, double spin, bint bounded, double limit) noexcept nogil:
+    """Look at the socket without sleeping for up to `spin` seconds, giving the core to any other runnable thread
+    between looks; whether the reply came. A core left idle halts, and waking it (on a virtual machine above all)
+    costs more than a short reply takes: a lone call spins so that its reply finds the core awake."""
+    cdef pollfd fds
+    cdef double until = _monotonic() + spin
+    if bounded and limit < until:
+        until = limit                   # never past the call's deadline: the poll after it reports that
+    fds.fd = fd
+    fds.events = _READ
+    while True:
+        fds.revents = 0
+        if poll(&fds, 1, 0) > 0:
+            return True
+        if _monotonic() >= until:
+            return False
+        sched_yield()
+
+
 cdef int _pump(conn_f flush, conn_f consume_input, void *conn, int fd, int *due, bint bounded, double limit,
-               bint receive, int *error) noexcept nogil:
+               bint receive, double spin, int *error) noexcept nogil:
     """Without the interpreter lock: send what is due (reading the server's replies meanwhile, so neither side can
-    block the other), then, when `receive`, wait for input and read what has come. 0 when done, else an outcome."""
+    block the other), then, when `receive`, wait for input and read what has come (spinning first up to `spin`
+    seconds when no other thread waits for a reply). 0 when done, else an outcome."""
     cdef int rc, step
+    cdef bint came = False
     cdef short revents = 0
     while due[0]:
         rc = flush(conn)
@@ -296,9 +331,16 @@ cdef int _pump(conn_f flush, conn_f consume_input, void *conn, int fd, int *due,
             return _CONSUME_FAILED
     if not receive:
         return 0
-    step = _poll_until(fd, _READ, bounded, limit, &revents, error)
-    if step:
-        return step
+    if spin > 0:
+        if qag_pg_wait_begin() == 0:
+            came = _spin_until_readable(fd, spin, bounded, limit)
+        qag_pg_wait_end()
+    if not came:
+        qag_pg_wait_begin()
+        step = _poll_until(fd, _READ, bounded, limit, &revents, error)
+        qag_pg_wait_end()
+        if step:
+            return step
     if consume_input(conn) != 1:
         return _CONSUME_FAILED
     return 0
@@ -362,8 +404,10 @@ cdef class Pipe:
     cdef int _fd
     cdef bint _due          # flush() was asked for and the queue is not all sent yet: segment() sends it first
     cdef dict _kinds        # type OID → how `rows` reads it (its Transformer's loaders stay the same for its life)
+    cdef double _spin       # seconds a lone wait for a reply spins before it sleeps
 
-    def __init__(self, pgconn):
+    def __init__(self, pgconn, spin=0.0):
+        self._spin = spin
         self._lib = _lib_of(pgconn)
         self._pg = pgconn
         self._get_result = pgconn.get_result
@@ -505,7 +549,7 @@ cdef class Pipe:
         while True:
             with nogil:
                 step = _pump(self._lib.flush, self._lib.consume_input, conn, self._fd, &due, bounded, limit, receive,
-                             &error)
+                             self._spin, &error)
             self._due = due
             if step == 0:
                 return 0

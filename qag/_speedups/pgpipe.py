@@ -1,6 +1,9 @@
 """A PostgreSQL connection's libpq pipeline, driven through psycopg 3's pq wrappers: the pure twin of _pgpipe.
 
-`Pipe(pgconn)` drives a psycopg `pq.PGconn` that is in pipeline mode and non-blocking (as psycopg opens it).
+`Pipe(pgconn, spin=0.0)` drives a psycopg `pq.PGconn` that is in pipeline mode and non-blocking (as psycopg opens
+it). `spin`: seconds the compiled twin's wait for a reply looks at the socket without sleeping, when no other
+thread of the process is waiting for one (a halted core is slow to wake; a lone call's reply finds it awake); the
+pure twin always sleeps in poll().
 Both twins make the same libpq calls in the same order, so they give the same results and raise the same
 exceptions; they differ only in how often the interpreter lock is let go (the compiled twin's reason to be:
 psycopg's wrappers release it around every send and every PQisBusy, about twenty times a qag call, and each
@@ -135,7 +138,7 @@ class Pipe:
 
     __slots__ = ("_pg", "_sync", "_read", "_flush_poll")
 
-    def __init__(self, pgconn):
+    def __init__(self, pgconn, spin: float = 0.0):
         self._pg = pgconn
         self._sync = _sync_function()
         self._read = select.poll()

@@ -301,10 +301,10 @@ class _Link:
 
     __slots__ = ("conn", "pg", "pipe", "tx", "pending", "bad", "forced", "fields")
 
-    def __init__(self, conn: psycopg.Connection, fields: dict):
+    def __init__(self, conn: psycopg.Connection, fields: dict, spin: float = 0.0):
         self.conn = conn
         self.pg = conn.pgconn
-        self.pipe = _speedups.get("pgpipe").Pipe(self.pg)
+        self.pipe = _speedups.get("pgpipe").Pipe(self.pg, spin)
         self.tx = Transformer(conn)
         self.pending = False      # a reset was sent and its reply not read yet
         self.bad = False          # something on it failed: never pooled again
@@ -432,6 +432,7 @@ class PostgresBackend(Backend):
 
     def __init__(self, settings):
         self.settings = settings
+        self._spin = settings.pg_spin_us / 1e6
         self.pool = Pool.from_settings(settings, close=_close)
         self._schemas: OrderedDict = OrderedDict()      # key → (read at, schema)
         self._refreshing: set = set()
@@ -440,10 +441,11 @@ class PostgresBackend(Backend):
 
     # --- connections -------------------------------------------------------------------------------------
     @staticmethod
-    def connect(fields: dict, deadline: float | None = None) -> _Link:
+    def connect(fields: dict, deadline: float | None = None, spin: float = 0.0) -> _Link:
         """A new connection in pipeline mode; any failure to open one is 502 connection_failed (password
         scrubbed): a login the server refuses, a server that is down, a database that is missing. With a call's
-        deadline, the connect timeout is what is left of it (whole seconds, at least 2: libpq's rule)."""
+        deadline, the connect timeout is what is left of it (whole seconds, at least 2: libpq's rule). `spin`: the
+        Pipe's lone-wait spin (QAG_PG_SPIN_US, in seconds)."""
         args = connect_args(fields)
         if deadline is not None:
             left = deadline - time.monotonic()
@@ -455,7 +457,7 @@ class PostgresBackend(Backend):
         except Exception as exc:  # OperationalError, or a driver refusal of the options (ProgrammingError)
             raise connection_failed(scrub(_driver_text(exc), fields)) from None
         try:
-            link = _Link(conn, fields)
+            link = _Link(conn, fields, spin)
             link.pg.enter_pipeline_mode()
         except (psycopg.Error, OSError) as exc:
             conn.close()
@@ -475,7 +477,7 @@ class PostgresBackend(Backend):
         the call, which changed nothing, runs again on a new connection (`_exchange`)."""
         while True:
             link, reused = self.pool.acquire(key, self.connect, None if defer else _preferred, 0, deadline, label,
-                                             True, (fields, deadline))
+                                             True, (fields, deadline, self._spin))
             if not reused or defer:
                 return link, reused
             try:

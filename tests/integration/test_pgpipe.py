@@ -287,6 +287,23 @@ def test_the_wait_lets_other_threads_run(speedups, connect):
     assert any(start + 0.05 < t < start + 0.45 for t in seen)
 
 
+@pytest.mark.parametrize("spin", [0.0, 0.002, 1.0])
+def test_a_spinning_wait_reads_the_same_and_keeps_the_deadline(twin_pair, connect, spin):
+    """A Pipe made to spin (the compiled twin looks at the socket before it sleeps; the pure one ignores it) reads
+    what the pure twin reads, and a spin longer than what is left of the deadline still ends at the deadline."""
+    pure, compiled = twin_pair("pgpipe")
+    pair = (pure.Pipe(connect().pgconn, spin), compiled.Pipe(connect().pgconn, spin))
+    steps = [("send", b"SELECT n FROM generate_series(1, 3000) n", None), ("send", b"SELECT 1", None), ("sync",),
+             ("send", b"SELECT pg_sleep(0.01)", None), ("sync",)]
+    outcomes = both(pair, steps)
+    assert outcomes[0] == outcomes[1] and outcomes[0][0] == "ok"
+    for pipe in pair:
+        started = time.monotonic()
+        assert call_outcome(run, pipe, [("send", b"SELECT pg_sleep(2)", None), ("sync",)],
+                            started + 0.1)[:2] == ("raised", pure.Gone)
+        assert time.monotonic() - started < 0.9         # the 1 s spin stopped at the 0.1 s deadline
+
+
 def test_readable_and_a_connection_the_server_ended(pipes):
     pair, conns = pipes
     from tests.services import pg_admin

@@ -571,8 +571,8 @@ def test_calls_draw_no_warning_from_the_server(backend, db, monkeypatch):
     notices = []
     connect = pg.PostgresBackend.connect
 
-    def watched(fields, deadline=None):
-        link = connect(fields, deadline)
+    def watched(fields, deadline=None, spin=0.0):
+        link = connect(fields, deadline, spin)
         link.conn.add_notice_handler(lambda diag: notices.append((diag.severity, diag.message_primary)))
         return link
 
