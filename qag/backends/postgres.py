@@ -432,7 +432,7 @@ class PostgresBackend(Backend):
 
     def __init__(self, settings):
         self.settings = settings
-        self._spin = settings.pg_spin_us / 1e6
+        self._spin = settings.spin_us / 1e6
         self.pool = Pool.from_settings(settings, close=_close)
         self._schemas: OrderedDict = OrderedDict()      # key → (read at, schema)
         self._refreshing: set = set()
@@ -445,7 +445,7 @@ class PostgresBackend(Backend):
         """A new connection in pipeline mode; any failure to open one is 502 connection_failed (password
         scrubbed): a login the server refuses, a server that is down, a database that is missing. With a call's
         deadline, the connect timeout is what is left of it (whole seconds, at least 2: libpq's rule). `spin`: the
-        Pipe's lone-wait spin (QAG_PG_SPIN_US, in seconds)."""
+        Pipe's lone-wait spin (QAG_SPIN_US, in seconds)."""
         args = connect_args(fields)
         if deadline is not None:
             left = deadline - time.monotonic()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import select
 import selectors
+import threading
+import time
 
 STOP = object()
 _ONE_READ = select.EPOLLIN | select.EPOLLONESHOT if hasattr(select, "epoll") else 0   # read once per arming
@@ -19,7 +21,10 @@ class EpollPoller:
 
     followers = True
 
-    def __init__(self):
+    def __init__(self, spin: float = 0.0):
+        self._spin = spin               # seconds a thread looks for bytes without sleeping when no other is busy
+        self._busy = 0                  # pool threads answering a connection now (taken by wait, not yet idle)
+        self._busy_lock = threading.Lock()
         self._ep = select.epoll()
         self._conn_ep = select.epoll()
         self._data: dict[int, object] = {}
@@ -67,16 +72,37 @@ class EpollPoller:
         return [data.get(fd) for fd, _ in events]
 
     def wait(self, timeout: float):
-        """A pool thread: the next connection with bytes, STOP at shutdown, or None."""
+        """A pool thread: the next connection with bytes (the thread is busy with it until `idle()`), STOP at
+        shutdown, or None. When no other thread is busy, it first looks without sleeping for up to the spin (giving
+        the core to any runnable thread between looks): an idle core halts, and waking it for a lone caller's next
+        request costs more than the request takes to come (QAG_SPIN_US)."""
+        ep = self._conn_ep
         try:
-            events = self._conn_ep.poll(timeout, 1)
+            events = ()
+            if self._spin and not self._busy:
+                until = time.monotonic() + self._spin
+                events = ep.poll(0, 1)
+                while not events and time.monotonic() < until:
+                    os.sched_yield()
+                    events = ep.poll(0, 1)
+            if not events:
+                events = ep.poll(timeout, 1)
         except InterruptedError:
             return None
         for fd, _ in events:
             if fd == self._stop_r:
                 return STOP
-            return self._conns.get(fd)
+            conn = self._conns.get(fd)
+            if conn is not None:
+                with self._busy_lock:
+                    self._busy += 1
+            return conn
         return None
+
+    def idle(self) -> None:
+        """The thread `wait` gave a connection to is done with it."""
+        with self._busy_lock:
+            self._busy -= 1
 
     def stop(self) -> None:
         os.write(self._stop_w, b"x")
@@ -92,7 +118,8 @@ class SelectorPoller:
 
     followers = False
 
-    def __init__(self):
+    def __init__(self, spin: float = 0.0):
+        # Pool threads here wait on a queue the selector thread fills, not on sockets: `spin` is accepted, unused.
         self._sel = selectors.DefaultSelector()
 
     def listen(self, fileobj, data) -> None:
@@ -131,5 +158,5 @@ class SelectorPoller:
         self._sel.close()
 
 
-def make_poller():
-    return EpollPoller() if hasattr(select, "epoll") else SelectorPoller()
+def make_poller(spin: float = 0.0):
+    return EpollPoller(spin) if hasattr(select, "epoll") else SelectorPoller()

@@ -79,6 +79,7 @@ class QagWorker(base.Worker):
         self.limits = Limits(self.cfg.limit_request_line, self.cfg.limit_request_fields,
                              self.cfg.limit_request_field_size, settings.max_body_bytes)
         self.client_timeout = float(settings.client_timeout)
+        self.spin = settings.spin_us / 1e6
         self.keepalive = float(self.cfg.keepalive)
         _speedups.check()
         self.parser_cls = parser_class()
@@ -111,7 +112,7 @@ class QagWorker(base.Worker):
         # gunicorn's property (Python code) computes it once per logger setup, which a reload repeats in new
         # workers: read once here instead of per request.
         self.log_access = getattr(self.log, "access_log_enabled", True)
-        sel = self.poller = self.make_poller()
+        sel = self.poller = self.make_poller(self.spin)
         bases = {}
         for listener in self.sockets:
             listener.setblocking(False)
@@ -390,16 +391,19 @@ class QagWorker(base.Worker):
                 continue
             if conn is STOP:
                 return
-            with conn.lock:
-                if conn.closed:
-                    continue
-                conn.in_app = True
             try:
-                if self._read(conn):
-                    self._answer(conn)
-            except Exception:
-                wsgi.log_error(self.log, "Error handling a connection")
-                self._unregister_close(conn)
+                with conn.lock:
+                    if conn.closed:
+                        continue
+                    conn.in_app = True
+                try:
+                    if self._read(conn):
+                        self._answer(conn)
+                except Exception:
+                    wsgi.log_error(self.log, "Error handling a connection")
+                    self._unregister_close(conn)
+            finally:
+                poller.idle()
 
     def _serve(self) -> None:
         """Pool thread on the selectors fallback: answer connections the selector thread queued."""

@@ -32,7 +32,7 @@ BIG = 100_000
 
 def pool(size: int = 1) -> SimpleNamespace:
     return SimpleNamespace(pool_size=size, pool_idle_timeout=300.0, pool_max=None, pool_wait=5.0, query_timeout=10.0,
-                           pg_spin_us=200)
+                           spin_us=200)
 
 
 def owner_sql(fields: dict, *statements: str) -> list:

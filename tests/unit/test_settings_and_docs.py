@@ -23,8 +23,8 @@ def test_defaults():
                                         ("QAG_SPEEDUPS", "fast"), ("QAG_QUERY_TIMEOUT", "-1"),
                                         ("QAG_QUERY_TIMEOUT", "nan"), ("QAG_MAX_PAGE_SIZE", "0"),
                                         ("QAG_BIND", "nowhere"), ("QAG_HSTS_MAX_AGE", "0"),
-                                        ("QAG_API_KEY", ""), ("QAG_PG_SPIN_US", "-1"), ("QAG_PG_SPIN_US", "10001"),
-                                        ("QAG_PG_SPIN_US", "0.5")])
+                                        ("QAG_API_KEY", ""), ("QAG_SPIN_US", "-1"), ("QAG_SPIN_US", "10001"),
+                                        ("QAG_SPIN_US", "0.5")])
 def test_invalid_values_name_the_variable(name, value):
     with pytest.raises(SettingsError) as raised:
         load({name: value})
