@@ -71,15 +71,16 @@ class EpollPoller:
         data = self._data
         return [data.get(fd) for fd, _ in events]
 
-    def wait(self, timeout: float):
+    def wait(self, timeout: float, answered: bool = False):
         """A pool thread: the next connection with bytes (the thread is busy with it until `idle()`), STOP at
-        shutdown, or None. When no other thread is busy, it first looks without sleeping for up to the spin (giving
-        the core to any runnable thread between looks): an idle core halts, and waking it for a lone caller's next
-        request costs more than the request takes to come (QAG_SPIN_US)."""
+        shutdown, or None. A thread that has just `answered` a request while no other thread is busy first looks
+        without sleeping for up to the spin (giving the core to any runnable thread between looks): an idle core
+        halts, and waking it for a lone caller's next request costs more than the request takes to come
+        (QAG_SPIN_US). A thread back from a wait that timed out sleeps at once: an idle worker does not spin."""
         ep = self._conn_ep
         try:
             events = ()
-            if self._spin and not self._busy:
+            if answered and self._spin and not self._busy:
                 until = time.monotonic() + self._spin
                 events = ep.poll(0, 1)
                 while not events and time.monotonic() < until:

@@ -385,8 +385,10 @@ class QagWorker(base.Worker):
     def _follow(self) -> None:
         """Pool thread on epoll: take a connection with bytes, read it, answer what is complete, re-arm it."""
         poller = self.poller
+        answered = False
         while True:
-            conn = poller.wait(1.0)
+            conn = poller.wait(1.0, answered)
+            answered = conn is not None and conn is not STOP
             if conn is None:
                 continue
             if conn is STOP:

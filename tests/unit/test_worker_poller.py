@@ -43,11 +43,11 @@ def test_bytes_that_come_during_or_after_the_spin_reach_the_waiting_thread(pair,
     conn, peer = pair(poller)
     for delay in (0.0, 0.01, 0.1):           # before the wait, within a long spin, after any spin
         threading.Timer(delay, peer.send, (b"x",)).start()
-        assert poller.wait(5.0) is conn
+        assert poller.wait(5.0, True) is conn
         assert conn.sock.recv(10) == b"x"
         poller.idle()
         poller.rearm(conn)
-    assert poller.wait(0.05) is None         # nothing more came: the wait ends at its timeout
+    assert poller.wait(0.05, True) is None   # nothing more came: the wait ends at its timeout
     poller.close()
 
 
@@ -57,7 +57,7 @@ def test_a_busy_thread_elsewhere_means_no_spin(pair):
     peer.send(b"x")
     assert poller.wait(1.0) is first         # this thread is now busy with it
     started = time.monotonic()
-    assert poller.wait(0.05) is None         # another thread's wait: no spin while one is busy
+    assert poller.wait(0.05, True) is None   # another thread's wait: no spin while one is busy
     assert time.monotonic() - started < 1.0
     poller.idle()
     poller.close()
@@ -67,10 +67,13 @@ def test_a_lone_spin_ends_at_its_bound_and_stop_ends_it(pair):
     poller = EpollPoller(0.2)
     pair(poller)
     started = time.monotonic()
-    assert poller.wait(0.05) is None         # spun 0.2 s, then slept 0.05 s
+    assert poller.wait(0.05, True) is None   # spun 0.2 s, then slept 0.05 s
     assert 0.2 <= time.monotonic() - started < 2.0
+    started = time.monotonic()
+    assert poller.wait(0.05) is None         # not just after an answer (a timed-out wait): no spin
+    assert time.monotonic() - started < 0.2
     poller.stop()
-    assert poller.wait(5.0) is STOP
+    assert poller.wait(5.0, True) is STOP
     poller.close()
 
 
@@ -80,7 +83,7 @@ def test_one_connection_goes_to_one_of_many_spinning_threads(pair):
     got = []
 
     def take():
-        c = poller.wait(0.3)
+        c = poller.wait(0.3, True)
         if c is not None:
             got.append(c)
             poller.idle()
