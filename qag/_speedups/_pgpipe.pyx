@@ -310,12 +310,14 @@ cdef bint _spin_until_readable(int fd, double spin, bint bounded, double limit) 
 
 
 cdef int _pump(conn_f flush, conn_f consume_input, void *conn, int fd, int *due, bint bounded, double limit,
-               bint receive, double spin, int *error) noexcept nogil:
+               bint receive, double spin, bint *missed, int *error) noexcept nogil:
     """Without the interpreter lock: send what is due (reading the server's replies meanwhile, so neither side can
     block the other), then, when `receive`, wait for input and read what has come (spinning first up to `spin`
-    seconds when no other thread waits for a reply). 0 when done, else an outcome."""
+    seconds when no other thread waits for a reply, unless the last spin `missed` and no sleep since was shorter
+    than the spin: slow replies, a write's say, are slept for at once). 0 when done, else an outcome."""
     cdef int rc, step
     cdef bint came = False
+    cdef double began = 0.0
     cdef short revents = 0
     while due[0]:
         rc = flush(conn)
@@ -332,8 +334,11 @@ cdef int _pump(conn_f flush, conn_f consume_input, void *conn, int fd, int *due,
     if not receive:
         return 0
     if spin > 0:
+        began = _monotonic()
+    if spin > 0 and not missed[0]:
         if qag_pg_wait_begin() == 0:
             came = _spin_until_readable(fd, spin, bounded, limit)
+            missed[0] = not came
         qag_pg_wait_end()
     if not came:
         qag_pg_wait_begin()
@@ -341,6 +346,8 @@ cdef int _pump(conn_f flush, conn_f consume_input, void *conn, int fd, int *due,
         qag_pg_wait_end()
         if step:
             return step
+        if missed[0] and _monotonic() - began < spin:
+            missed[0] = False           # this reply came within a spin's time: spin for the next one again
     if consume_input(conn) != 1:
         return _CONSUME_FAILED
     return 0
@@ -405,6 +412,7 @@ cdef class Pipe:
     cdef bint _due          # flush() was asked for and the queue is not all sent yet: segment() sends it first
     cdef dict _kinds        # type OID → how `rows` reads it (its Transformer's loaders stay the same for its life)
     cdef double _spin       # seconds a lone wait for a reply spins before it sleeps
+    cdef bint _missed       # the last spin ended before its reply came (and none has come within a spin since)
 
     def __init__(self, pgconn, spin=0.0):
         self._spin = spin
@@ -549,7 +557,7 @@ cdef class Pipe:
         while True:
             with nogil:
                 step = _pump(self._lib.flush, self._lib.consume_input, conn, self._fd, &due, bounded, limit, receive,
-                             self._spin, &error)
+                             self._spin, &self._missed, &error)
             self._due = due
             if step == 0:
                 return 0

@@ -23,6 +23,7 @@ class EpollPoller:
 
     def __init__(self, spin: float = 0.0):
         self._spin = spin               # seconds a thread looks for bytes without sleeping when no other is busy
+        self._missed = False            # the last spin ended before bytes came, and no sleep since was shorter
         self._busy = 0                  # pool threads answering a connection now (taken by wait, not yet idle)
         self._busy_lock = threading.Lock()
         self._ep = select.epoll()
@@ -76,18 +77,25 @@ class EpollPoller:
         shutdown, or None. A thread that has just `answered` a request while no other thread is busy first looks
         without sleeping for up to the spin (giving the core to any runnable thread between looks): an idle core
         halts, and waking it for a lone caller's next request costs more than the request takes to come
-        (QAG_SPIN_US). A thread back from a wait that timed out sleeps at once: an idle worker does not spin."""
+        (QAG_SPIN_US). A thread back from a wait that timed out sleeps at once: an idle worker does not spin; and
+        after a spin that ended before the bytes came, threads sleep at once until a sleep ends sooner than the
+        spin would have: a caller that pauses between requests is not spun for."""
         ep = self._conn_ep
+        lone = answered and self._spin and not self._busy
+        began = time.monotonic()
         try:
             events = ()
-            if answered and self._spin and not self._busy:
-                until = time.monotonic() + self._spin
+            if lone and not self._missed:
+                until = began + self._spin
                 events = ep.poll(0, 1)
                 while not events and time.monotonic() < until:
                     os.sched_yield()
                     events = ep.poll(0, 1)
+                self._missed = not events
             if not events:
                 events = ep.poll(timeout, 1)
+                if lone and self._missed and events and time.monotonic() - began < self._spin:
+                    self._missed = False     # these bytes came within a spin's time: spin for the next again
         except InterruptedError:
             return None
         for fd, _ in events:

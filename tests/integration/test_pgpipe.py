@@ -304,6 +304,21 @@ def test_a_spinning_wait_reads_the_same_and_keeps_the_deadline(twin_pair, connec
         assert time.monotonic() - started < 0.9         # the 1 s spin stopped at the 0.1 s deadline
 
 
+def test_after_a_spin_that_missed_slow_replies_are_slept_for(speedups, connect):
+    """A reply slower than the spin (a write's, a long query's) makes the next waits sleep at once instead of
+    spinning again; a reply that then comes within the spin turns spinning back on. Seen from outside as the
+    process's CPU time over a wait of 0.3 s: a spin of 0.2 s would burn most of that, a sleep next to none."""
+    pipe = speedups.pgpipe.Pipe(connect().pgconn, 0.2)
+    slow = [("send", b"SELECT pg_sleep(0.3)", None), ("sync",)]
+    assert run(pipe, slow, time.monotonic() + 30)[0][0][0] == psycopg.pq.ExecStatus.TUPLES_OK   # spun, missed
+    cpu = time.process_time()
+    assert run(pipe, slow, time.monotonic() + 30)[0][0][0] == psycopg.pq.ExecStatus.TUPLES_OK
+    assert time.process_time() - cpu < 0.1                    # slept at once
+    for _ in range(3):                                         # quick replies: spinning resumes, results unchanged
+        assert run(pipe, [("send", b"SELECT 41 + 1", None), ("sync",)], time.monotonic() + 30) == \
+            [[(psycopg.pq.ExecStatus.TUPLES_OK, [[b"42"]])]]
+
+
 def test_readable_and_a_connection_the_server_ended(pipes):
     pair, conns = pipes
     from tests.services import pg_admin

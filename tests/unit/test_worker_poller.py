@@ -96,3 +96,23 @@ def test_one_connection_goes_to_one_of_many_spinning_threads(pair):
         t.join()
     assert got == [conn]                     # one-shot: exactly one thread took it
     poller.close()
+
+
+def test_after_a_spin_that_missed_threads_sleep_until_a_sleep_is_shorter_than_the_spin(pair):
+    poller = EpollPoller(0.5)
+    conn, peer = pair(poller)
+    started = time.monotonic()
+    assert poller.wait(0.05, True) is None   # nothing came: spun 0.5 s, then slept
+    assert time.monotonic() - started >= 0.5
+    started = time.monotonic()
+    assert poller.wait(0.05, True) is None   # the last spin missed: slept at once
+    assert time.monotonic() - started < 0.4
+    threading.Timer(0.01, peer.send, (b"x",)).start()
+    assert poller.wait(5.0, True) is conn    # a sleep that ended sooner than the spin would have...
+    conn.sock.recv(10)
+    poller.idle()
+    poller.rearm(conn)
+    started = time.monotonic()
+    assert poller.wait(0.05, True) is None   # ...so the next lone wait spins again
+    assert time.monotonic() - started >= 0.5
+    poller.close()
