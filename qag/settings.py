@@ -323,7 +323,7 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number from 1 to 1024"),
     Setting("QAG_POOL_WAIT", _seconds(False), 5.0, "Seconds a caller waits for a connection under QAG_POOL_MAX before it gets 503 with Retry-After.",
             "a number of seconds > 0"),
-    Setting("QAG_SPIN_US", _int_range(0, 10000), 200, "Microseconds a worker thread that is alone in its wait looks for its next bytes without sleeping, before it sleeps until they come: a pool thread when no other is answering a request (the next request), a PostgreSQL call when no other waits for a reply (the reply). An idle core halts, and waking it takes longer than a lone caller's next request or a short query's reply (on a virtual machine above all). Spent only while the worker has nothing else to do; 0 = always sleep.",
+    Setting("QAG_SPIN_US", _int_range(0, 10000), 200, "Microseconds a worker thread that is alone in its wait looks for its next bytes without sleeping, before it sleeps until they come: a pool thread when no other is answering a request (the next request), a PostgreSQL call when no other waits for a reply (the reply). An idle core halts, and waking it takes longer than a lone caller's next request or a short query's reply (on a virtual machine above all). Spent only while the worker has nothing else to do; after a spin that ended before its bytes came, waits sleep at once until one ends sooner than a spin would have. 0 = always sleep.",
             "a whole number of microseconds from 0 to 10000"),
     Setting("QAG_TIMEOUT", _int_range(1, 86400), 120, "Seconds a worker may stay silent before the gunicorn master restarts it.",
             "a whole number of seconds from 1 to 86400"),
