@@ -35,6 +35,8 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_Decode, PyUnicode_F
 from libc.limits cimport INT_MAX
 from libc.string cimport memcmp, strcmp, strncmp
 
+from qag._speedups._lonewait cimport qag_lone_wait_begin, qag_lone_wait_end, slept, spin_first
+
 import importlib.machinery
 import importlib.util
 import os
@@ -260,11 +262,18 @@ cdef class Reader:
     cdef bytes plan_kinds
     cdef bint plan_utf8
     cdef bytes plan_encoding
+    # The lone wait (query): the connection's socket, seconds to spin, and whether the last spin missed.
+    cdef int fd
+    cdef double spin
+    cdef bint missed
 
-    def __init__(self, conn):
+    def __init__(self, conn, spin=0.0):
         self.conn = conn
         self.pure = _PureReader(conn)
         self.direct = False
+        self.spin = spin
+        self.missed = False
+        self.fd = conn.fileno() if spin > 0 else -1
         if _LIB is None:
             return
         module = sys.modules.get("MySQLdb._mysql")
@@ -298,6 +307,29 @@ cdef class Reader:
         except KeyError:
             return None
         return _resolve(fun, flags)
+
+    def query(self, statement, deadline=None):
+        """Send a statement and wait for its reply's first packet, as mysqlclient's query does: with `spin`, sent
+        and read by mysqlclient's send_query and read_query_result, and the wait between them spun first when this
+        thread waits alone (_lonewait)."""
+        if self.fd < 0:
+            self.conn.query(statement)
+            return
+        cdef double began = 0.0, limit = 0.0 if deadline is None else deadline
+        cdef bint bounded = deadline is not None, came
+        conn = self.conn
+        conn.send_query(statement)
+        with nogil:
+            came = spin_first(self.fd, self.spin, bounded, limit, &self.missed, &began)
+        if came:
+            conn.read_query_result()
+            return
+        qag_lone_wait_begin()
+        try:
+            conn.read_query_result()
+        finally:
+            qag_lone_wait_end()
+        slept(self.spin, began, &self.missed)
 
     def read(self, skip, count):
         """(column names, rows): as myresult.Reader.read."""

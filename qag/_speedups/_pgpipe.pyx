@@ -35,7 +35,8 @@ from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.errno cimport errno, EINTR
 from libc.math cimport ceil
 from libc.stdint cimport uintptr_t
-from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+
+from qag._speedups._lonewait cimport monotonic as _monotonic, qag_lone_wait_begin, qag_lone_wait_end, slept, spin_first
 
 import importlib.machinery
 import importlib.util
@@ -60,20 +61,6 @@ cdef extern from "<dlfcn.h>" nogil:
     int dladdr(const void *addr, Dl_info *info)
     int RTLD_NOW
     int RTLD_LOCAL
-
-cdef extern from "<sched.h>" nogil:
-    int sched_yield()
-
-# How many of this process's threads are waiting for a PostgreSQL reply right now (atomic: they wait without the
-# interpreter lock). Only a thread that waits alone spins (see _spin_until_readable).
-cdef extern from *:
-    """
-    static int qag_pg_waiting = 0;
-    static inline int qag_pg_wait_begin(void) { return __atomic_fetch_add(&qag_pg_waiting, 1, __ATOMIC_RELAXED); }
-    static inline void qag_pg_wait_end(void) { __atomic_fetch_sub(&qag_pg_waiting, 1, __ATOMIC_RELAXED); }
-    """
-    int qag_pg_wait_begin() nogil
-    void qag_pg_wait_end() nogil
 
 cdef extern from "<poll.h>" nogil:
     struct pollfd:
@@ -250,12 +237,6 @@ cdef _Libpq _lib_of(pgconn):
     return lib
 
 
-cdef double _monotonic() noexcept nogil:
-    cdef timespec now
-    clock_gettime(CLOCK_MONOTONIC, &now)     # the clock of time.monotonic(), which the deadlines come from
-    return <double>now.tv_sec + <double>now.tv_nsec * 1e-9
-
-
 # _pump's outcomes other than 0 (done)
 cdef int _INTERRUPTED = 1
 cdef int _LATE = 2
@@ -290,25 +271,6 @@ cdef int _poll_until(int fd, short events, bint bounded, double limit, short *re
         return _POLL_FAILED
 
 
-cdef bint _spin_until_readable(int fd, double spin, bint bounded, double limit) noexcept nogil:
-    """Look at the socket without sleeping for up to `spin` seconds, giving the core to any other runnable thread
-    between looks; whether the reply came. A core left idle halts, and waking it (on a virtual machine above all)
-    costs more than a short reply takes: a lone call spins so that its reply finds the core awake."""
-    cdef pollfd fds
-    cdef double until = _monotonic() + spin
-    if bounded and limit < until:
-        until = limit                   # never past the call's deadline: the poll after it reports that
-    fds.fd = fd
-    fds.events = _READ
-    while True:
-        fds.revents = 0
-        if poll(&fds, 1, 0) > 0:
-            return True
-        if _monotonic() >= until:
-            return False
-        sched_yield()
-
-
 cdef int _pump(conn_f flush, conn_f consume_input, void *conn, int fd, int *due, bint bounded, double limit,
                bint receive, double spin, bint *missed, int *error) noexcept nogil:
     """Without the interpreter lock: send what is due (reading the server's replies meanwhile, so neither side can
@@ -316,7 +278,6 @@ cdef int _pump(conn_f flush, conn_f consume_input, void *conn, int fd, int *due,
     seconds when no other thread waits for a reply, unless the last spin `missed` and no sleep since was shorter
     than the spin: slow replies, a write's say, are slept for at once). 0 when done, else an outcome."""
     cdef int rc, step
-    cdef bint came = False
     cdef double began = 0.0
     cdef short revents = 0
     while due[0]:
@@ -333,21 +294,13 @@ cdef int _pump(conn_f flush, conn_f consume_input, void *conn, int fd, int *due,
             return _CONSUME_FAILED
     if not receive:
         return 0
-    if spin > 0:
-        began = _monotonic()
-    if spin > 0 and not missed[0]:
-        if qag_pg_wait_begin() == 0:
-            came = _spin_until_readable(fd, spin, bounded, limit)
-            missed[0] = not came
-        qag_pg_wait_end()
-    if not came:
-        qag_pg_wait_begin()
+    if not spin_first(fd, spin, bounded, limit, missed, &began):
+        qag_lone_wait_begin()
         step = _poll_until(fd, _READ, bounded, limit, &revents, error)
-        qag_pg_wait_end()
+        qag_lone_wait_end()
         if step:
             return step
-        if missed[0] and _monotonic() - began < spin:
-            missed[0] = False           # this reply came within a spin's time: spin for the next one again
+        slept(spin, began, missed)
     if consume_input(conn) != 1:
         return _CONSUME_FAILED
     return 0

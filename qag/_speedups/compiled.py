@@ -68,15 +68,15 @@ _CIMPORT = re.compile(r"^[ \t]*(?:from[ \t]+(qag(?:\.\w+)+)[ \t]+cimport|cimport
 
 
 def typing_files(source: str) -> list[str]:
-    """Every .pxd Cython's build of `source` reads: its own (typing_file) and the qag .pxd files that one cimports,
-    at any depth. Their types are compiled into the build, so a change to any of them makes it stale (run as it
-    is, it would fail its import-time check of the other module's type size)."""
+    """Every .pxd Cython's build of `source` reads: its own (typing_file) and the qag .pxd files that it or the .pyx
+    source cimports, at any depth. Their types and inline code are compiled into the build, so a change to any of
+    them makes it stale (run as it is, it would fail its import-time check of the other module's type size, or run
+    the old inline code)."""
     own = typing_file(source)
-    if own is None:
-        return []
-    where = os.sep + os.path.abspath(own)
+    where = os.sep + os.path.abspath(source)
     root = where[:where.rindex(os.sep + "qag" + os.sep)][1:] or os.sep   # the folder that holds qag/
-    found, queue = [own], [own]
+    found = [own] if own is not None else []
+    queue = [own] if own is not None else [source] if source.endswith(".pyx") else []   # a .py cimports nothing
     while queue:
         with open(queue.pop(), encoding="utf-8") as fh:
             text = fh.read()
@@ -122,5 +122,5 @@ def why_not_current(path: str, root: str) -> str | None:
     for pxd in typing_files(source):
         if f"pxd {source_digest(pxd)}" not in typed:
             return "stale: its .pxd changed after the build" if pxd == typing_file(source) else \
-                f"stale: {os.path.basename(pxd)}, which its .pxd cimports, changed after the build"
+                f"stale: {os.path.basename(pxd)}, which it cimports, changed after the build"
     return None

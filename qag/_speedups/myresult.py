@@ -1,8 +1,12 @@
 """A MySQL statement's stored reply read into (columns, rows) through mysqlclient: the pure twin of _myresult.
 
-`Reader(conn)` serves one mysqlclient connection (a `MySQLdb._mysql.connection`, opened with qag's converter
-map, which must not change afterwards). `reader.read(skip, count)`, called right after the statement was sent
-(`_mysql.connection.query`), stores the whole reply and returns its column names and `count` rows after `skip`
+`Reader(conn, spin=0.0)` serves one mysqlclient connection (a `MySQLdb._mysql.connection`, opened with qag's
+converter map, which must not change afterwards). `reader.query(statement, deadline=None)` sends a statement (bytes)
+and waits for the first packet of its reply, as mysqlclient's `query` does; in the compiled twin, when no other
+thread of the process waits for a MySQL reply, the wait first looks at the socket without sleeping for up to `spin`
+seconds (never past `deadline`, a `time.monotonic()` value), by the rule of _lonewait.pxd (a halted core is slow to
+wake; a lone call's reply finds it awake); the pure twin always sleeps. `reader.read(skip, count)`, called right
+after, stores the whole reply and returns its column names and `count` rows after `skip`
 (count 0: all) as tuples, each value converted by the connection's converter map as mysqlclient's
 `fetch_row(count, 0)` converts it; skipped rows are never converted. It then reads any further result sets (a
 CALL's) so the connection is ready again. Failures are mysqlclient's exceptions (MySQLdb.Error subclasses).
@@ -22,8 +26,11 @@ class Reader:
 
     __slots__ = ("conn",)
 
-    def __init__(self, conn):
+    def __init__(self, conn, spin: float = 0.0):
         self.conn = conn
+
+    def query(self, statement: bytes, deadline: float | None = None) -> None:
+        self.conn.query(statement)
 
     def read(self, skip: int, count: int) -> tuple[list, list]:
         conn = self.conn

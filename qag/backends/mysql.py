@@ -222,16 +222,11 @@ class _Cursor(MySQLdb.cursors.BaseCursor):
         self._discard()
 
 
-# The driver's own query: MySQLdb's Connection.query only turns a bytearray into bytes (ours are bytes) in a Python
-# frame of its own on every call.
-_query = _mysql.connection.query
-
-
 _ENCODED: dict = {}   # statement sent -> its UTF-8 (a saved query's text is the same str call after call)
 _ENCODED_MAX = 1024
 
 
-def _execute(link, sql: str, args, skip: int, count: int) -> tuple[list, list]:
+def _execute(link, sql: str, args, skip: int, count: int, deadline: float | None) -> tuple[list, list]:
     """Run one statement on the link's connection and read its page: column names, and `count` rows after `skip`
     (count 0: all), by the link's reader (the myresult twins: mysqlclient's values without its cursor's per-call
     Python, and in the compiled twin without its description tuples); skipped rows are never converted.
@@ -248,7 +243,7 @@ def _execute(link, sql: str, args, skip: int, count: int) -> tuple[list, list]:
     if args:
         literal = conn.literal
         query = query % tuple([b"%d" % a if type(a) is int else literal(a) for a in args])
-    _query(conn, query)
+    link.reader.query(query, deadline)
     return link.reader.read(skip, count)
 
 
@@ -259,12 +254,12 @@ class _Link:
                  "session_ms", "renews", "read_only_variable", "names")
 
     def __init__(self, conn, mariadb: bool, with_hint: bool, renews: bool, read_only_variable: str | None,
-                 names: schema_reader.ServerNames | None = None):
+                 names: schema_reader.ServerNames | None = None, spin: float = 0.0):
         self.conn = conn
         self.fd = conn.fileno()
         self.thread_id = conn.thread_id()   # the server's id of this session, for KILL QUERY
         self.cursor = _Cursor(conn)
-        self.reader = _speedups.get("myresult").Reader(conn)   # reads a call's reply (_execute)
+        self.reader = _speedups.get("myresult").Reader(conn, spin)   # sends a call's statement, reads its reply
         self.poll = select.poll()
         self.poll.register(self.fd, select.POLLIN)
         self.pending = False        # a ROLLBACK AND CHAIN was sent and its reply not read yet
@@ -354,6 +349,7 @@ class MysqlBackend(Backend):
         self.settings = settings
         self.pool = Pool.from_settings(settings, close=_close)
         self._grow = settings.pool_size
+        self._spin = settings.spin_us / 1e6   # a lone wait for a reply spins this long first (myresult.Reader)
         self._with_hint: dict[str, bool] = {}   # server version → the WITH hint check's outcome
         self._schemas = schema_reader.SchemaCache()
         self.renewal_waits = 0   # taken connections whose renewal reply had not arrived yet (a metric)
@@ -409,7 +405,7 @@ class MysqlBackend(Backend):
         if token and WATCHDOG.disarm(token):
             conn.close()
             raise _Overdue()
-        return _Link(conn, mariadb, with_hint, read_only and not mariadb, variable, names)
+        return _Link(conn, mariadb, with_hint, read_only and not mariadb, variable, names, self._spin)
 
     def _take(self, key, fields: dict, read_only: bool, sql: str = "", deadline: float | None = None,
               label: str = "") -> _Link:
@@ -490,7 +486,7 @@ class MysqlBackend(Backend):
         token = WATCHDOG.arm(link.fd, deadline, _kill_query, (fields, link.thread_id)) if deadline else 0
         try:
             sent = self._prepare(link, call.sql, call.timeout)
-            columns, rows = _execute(link, sent, call.args, call.skip, call.fetch)
+            columns, rows = _execute(link, sent, call.args, call.skip, call.fetch, deadline)
         except BaseException as exc:
             if token and WATCHDOG.disarm(token):
                 self._cut(key, link)

@@ -30,7 +30,7 @@ INJECTIONS = ["x' OR '1'='1", "'; DROP TABLE items; -- ", "\\'; DROP TABLE items
 
 
 def settings(pool_size: int = 8, **kw) -> SimpleNamespace:
-    values = {"pool_size": pool_size, "pool_idle_timeout": 300.0, "pool_max": None, "pool_wait": 5.0}
+    values = {"pool_size": pool_size, "pool_idle_timeout": 300.0, "pool_max": None, "pool_wait": 5.0, "spin_us": 200}
     values.update(kw)
     return SimpleNamespace(**values)
 

@@ -26,7 +26,7 @@ BIG = 100_000
 
 
 def settings(pool_size: int = 1) -> SimpleNamespace:
-    return SimpleNamespace(pool_size=pool_size, pool_idle_timeout=300.0, pool_max=None, pool_wait=5.0)
+    return SimpleNamespace(pool_size=pool_size, pool_idle_timeout=300.0, pool_max=None, pool_wait=5.0, spin_us=200)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,8 @@ import datetime as dt
 import json
 import secrets
 import socket
+import threading
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -288,6 +290,117 @@ def test_one_reader_over_many_statements(database, readers, order):
         finally:
             c.close()
     assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize("spin", [0.0, 0.002, 1.0])
+def test_query_sends_and_waits_as_mysqlclient_does(database, readers, spin):
+    """Reader.query (spinning first in the compiled twin when told to; the pure twin ignores `spin`) leaves the reply
+    as mysqlclient's query leaves it: the same rows, errors and CALL result sets, one statement after another."""
+    statements = [b"SELECT seq, seq * 2 AS twice FROM seq_1_to_3000", b"SELECT SLEEP(0.01) AS slept",
+                  b"CALL two()", b"SELECT no_such_column", b"DO 1", b"SELECT 'after' AS next"]
+    outcomes = []
+    for reader_class in readers:
+        c = _connect(database[1])
+        try:
+            reader = reader_class(c, spin)
+
+            def one(sql):
+                reader.query(sql, time.monotonic() + 30)
+                return reader.read(0, 0)
+            outcomes.append([call_outcome(one, sql) for sql in statements])
+        finally:
+            c.close()
+    pure, compiled = outcomes
+    assert compiled == pure
+    assert pure[0][0] == "ok" and pure[3][:2] == ("raised", MySQLdb.OperationalError) and pure[5][0] == "ok"
+
+
+def test_a_spin_never_passes_the_deadline(database, readers):
+    """A spin longer than what is left of the call's deadline stops at the deadline; the reply is then slept for,
+    as mysqlclient waits (the watchdog, not the reader, ends a call past its deadline)."""
+    c = _connect(database[1])
+    try:
+        reader = readers[1](c, 5.0)
+        cpu = time.thread_time()
+        reader.query(b"SELECT SLEEP(0.5) AS slept", time.monotonic() + 0.1)
+        assert reader.read(0, 0) == (["slept"], [(0,)])
+        assert time.thread_time() - cpu < 0.3                       # spun 0.1 s of the 0.5 s wait, not all of it
+    finally:
+        c.close()
+
+
+def test_the_wait_lets_other_threads_run(database, readers):
+    """The interpreter lock is free while a query spins and while it sleeps."""
+    c = _connect(database[1])
+    seen, stop = [], threading.Event()
+
+    def count():
+        while not stop.is_set():
+            seen.append(time.monotonic())
+
+    counter = threading.Thread(target=count)
+    counter.start()
+    try:
+        reader = readers[1](c, 0.1)
+        started = time.monotonic()
+        reader.query(b"SELECT SLEEP(0.5) AS slept")
+        assert reader.read(0, 0) == (["slept"], [(0,)])
+    finally:
+        stop.set()
+        counter.join()
+        c.close()
+    assert any(started + 0.02 < t < started + 0.08 for t in seen)      # while it spun
+    assert any(started + 0.15 < t < started + 0.45 for t in seen)      # while it slept
+
+
+def test_after_a_spin_that_missed_slow_replies_are_slept_for(database, readers):
+    """A reply slower than the spin (a write's, a long query's) makes the next waits sleep at once instead of
+    spinning again; a reply that then comes within the spin turns spinning back on. Seen from outside as the
+    process's CPU time over a wait of 0.3 s: a spin of 0.2 s would burn most of that, a sleep next to none."""
+    c = _connect(database[1])
+    try:
+        reader = readers[1](c, 0.2)
+        slow = b"SELECT SLEEP(0.3) AS slept"
+        cpu = time.process_time()
+        reader.query(slow)                                          # spun 0.2 s, missed
+        assert reader.read(0, 0) == (["slept"], [(0,)])
+        assert time.process_time() - cpu > 0.05
+        cpu = time.process_time()
+        reader.query(slow)
+        assert reader.read(0, 0) == (["slept"], [(0,)])
+        assert time.process_time() - cpu < 0.05                     # slept at once
+        for _ in range(3):                                          # quick replies: spinning resumes
+            reader.query(b"SELECT 41 + 1 AS answer")
+            assert reader.read(0, 0) == (["answer"], [(42,)])
+        cpu = time.process_time()
+        reader.query(slow)
+        assert reader.read(0, 0) == (["slept"], [(0,)])
+        assert time.process_time() - cpu > 0.05                     # spinning again
+    finally:
+        c.close()
+
+
+def test_a_thread_that_does_not_wait_alone_does_not_spin(database, readers):
+    """While another thread of the process waits for a MySQL reply, a wait sleeps at once: two spinners would
+    take the core from each other and from the threads with work to do."""
+    slow = b"SELECT SLEEP(0.4) AS slept"
+    first, second = _connect(database[1]), _connect(database[1])
+    try:
+        reader = readers[1](second, 0.3)
+        reader.query(b"SELECT 1")                 # the socket and the client library warmed up
+        reader.read(0, 0)
+        lone = readers[1](first, 0.3)
+        waiting = threading.Thread(target=lambda: (lone.query(slow), lone.read(0, 0)))
+        waiting.start()
+        time.sleep(0.1)                           # the other thread is inside its wait (spinning, then asleep)
+        cpu = time.thread_time()
+        reader.query(b"SELECT SLEEP(0.2) AS slept")
+        assert reader.read(0, 0) == (["slept"], [(0,)])
+        assert time.thread_time() - cpu < 0.05
+        waiting.join()
+    finally:
+        first.close()
+        second.close()
 
 
 @pytest.mark.parametrize("broken", ["no _mysql extension", "a client library that can't load"])

@@ -333,13 +333,11 @@ def fake(monkeypatch):
         return made[-1]
 
     monkeypatch.setattr(mysql_backend.MySQLdb, "connect", connect)
-    # The backend calls the driver's C query on its connection object; these connections answer through theirs.
-    monkeypatch.setattr(mysql_backend, "_query", lambda conn, query: conn.query(query))
 
     def make(version="8.0.36", probe_warnings=0, pool_size=1):
         state.update(version=version, probe_warnings=probe_warnings)
         return MysqlBackend(SimpleNamespace(pool_size=pool_size, pool_idle_timeout=300.0, pool_max=None,
-                                            pool_wait=5.0))
+                                            pool_wait=5.0, spin_us=0))
 
     yield make, log, connects
     for conn in made:   # the pools are never closed here: their socket pairs are (a warning is an error)

@@ -122,7 +122,26 @@ def test_a_pxd_that_another_cimports_is_in_its_build_record(tmp_path):
     assert compiled.why_not_current(path, str(tmp_path)) is None
     (tmp_path / "qag/sub/deep.pxd").write_text("cdef class D:\n    cdef public object d, e\n")
     assert compiled.why_not_current(path, str(tmp_path)) == \
-        "stale: deep.pxd, which its .pxd cimports, changed after the build"
+        "stale: deep.pxd, which it cimports, changed after the build"
+
+
+def test_a_pxd_that_a_pyx_twin_cimports_is_in_its_build_record(tmp_path):
+    """A .pyx twin that cimports a qag .pxd (inline code: _pgpipe and _myresult cimport _lonewait) compiles that code
+    in: a change to the .pxd, or to one it cimports, makes the build stale."""
+    (tmp_path / "qag/_speedups").mkdir(parents=True)
+    (tmp_path / "qag/_speedups/_shared.pxd").write_text("from qag._speedups._deeper cimport x\n"
+                                                         "cdef inline int one() noexcept nogil:\n    return 1\n")
+    (tmp_path / "qag/_speedups/_deeper.pxd").write_text("cdef inline int x() noexcept nogil:\n    return 2\n")
+    path = "qag/_speedups/_twin.pyx"
+    (tmp_path / path).write_text("from qag._speedups._shared cimport one\n")
+    (tmp_path / f"qag/_speedups/_twin{SUFFIX}").write_bytes(b"")
+    assert compiled.typing_files(str(tmp_path / path)) == [
+        str(tmp_path / "qag/_speedups/_shared.pxd"), str(tmp_path / "qag/_speedups/_deeper.pxd")]
+    (tmp_path / f"qag/_speedups/_twin{compiled.DIGEST_SUFFIX}").write_text(compiled.build_record(str(tmp_path / path)))
+    assert compiled.why_not_current(path, str(tmp_path)) is None
+    (tmp_path / "qag/_speedups/_deeper.pxd").write_text("cdef inline int x() noexcept nogil:\n    return 3\n")
+    assert compiled.why_not_current(path, str(tmp_path)) == \
+        "stale: _deeper.pxd, which it cimports, changed after the build"
 
 
 def test_a_build_made_before_its_pxd_was_added_is_stale(tmp_path):
