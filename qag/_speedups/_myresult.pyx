@@ -27,6 +27,7 @@ of the other optional drivers do: the startup check says what to install.
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.long cimport PyLong_FromLongLong
+from cpython.mem cimport PyMem_Calloc, PyMem_Free
 from cpython.object cimport PyObject
 from cpython.pycapsule cimport PyCapsule_GetPointer
 from cpython.ref cimport Py_INCREF
@@ -37,10 +38,12 @@ from libc.string cimport memcmp, strcmp, strncmp
 
 from qag._speedups._lonewait cimport qag_lone_wait_begin, qag_lone_wait_end, slept, spin_first
 
+import datetime
 import importlib.machinery
 import importlib.util
 import os
 import sys
+from decimal import Decimal
 
 # One Reader behaviour and one error mapping for both twins (the pure twin's code runs where this one can't).
 from qag._speedups.myresult import Reader as _PureReader
@@ -243,6 +246,17 @@ cdef inline object _whole(const char *text, unsigned long length):
     return PyLong_FromLongLong(-value if negative else value)
 
 
+cdef struct _Seen:
+    const char *text            # inside the stored result, alive until it is freed
+    unsigned long length
+    PyObject *value
+
+
+# The types a converter's value may be shared between rows as: immutable, so no caller can tell.
+cdef frozenset _IMMUTABLE = frozenset((str, bytes, int, float, Decimal, datetime.datetime, datetime.date,
+                                       datetime.time, datetime.timedelta))
+
+
 cdef class Reader:
     """Reads the replies of one mysqlclient connection (rules in myresult.py and above)."""
 
@@ -425,37 +439,60 @@ cdef class Reader:
         cdef list rows = []
         cdef object value
         cdef long long maxrows
+        # Per column, the last text made into an immutable value, and that value (borrowed: the row that holds it
+        # is in `rows`): the same text in the next row gives the same object, not a new one. A join repeats its
+        # parent's columns on every row (Order-Status: the customer's balance, the order's date), and a
+        # Decimal or datetime costs a converter call; the encoders then see the same object again (rowjson).
+        cdef _Seen *seen = NULL
+        if n:
+            seen = <_Seen *>PyMem_Calloc(n, sizeof(_Seen))
+            if seen == NULL:
+                raise MemoryError()
         if skip:
             _LIB.data_seek(res, <unsigned int>skip)
         maxrows = count if count else <int><Py_ssize_t>_LIB.num_rows(res)
-        while maxrows > 0:
-            maxrows -= 1
-            row = _LIB.fetch_row(res)
-            if row == NULL:
-                if _LIB.error_code(mysql):
-                    raise _failure(mysql)
-                break
-            lengths = _LIB.fetch_lengths(res)
-            record = PyTuple_New(n)
-            for i in range(n):
-                if row[i] == NULL:
-                    value = None
-                elif kinds[i] == TEXT:
-                    if utf8:
-                        value = PyUnicode_DecodeUTF8(row[i], lengths[i], NULL)
+        try:
+            while maxrows > 0:
+                maxrows -= 1
+                row = _LIB.fetch_row(res)
+                if row == NULL:
+                    if _LIB.error_code(mysql):
+                        raise _failure(mysql)
+                    break
+                lengths = _LIB.fetch_lengths(res)
+                record = PyTuple_New(n)
+                for i in range(n):
+                    if row[i] == NULL:
+                        value = None
+                    elif kinds[i] == WHOLE:
+                        value = _whole(row[i], lengths[i])
+                    elif (seen[i].value != NULL and seen[i].length == lengths[i]
+                          and memcmp(seen[i].text, row[i], lengths[i]) == 0):
+                        value = <object>seen[i].value
                     else:
-                        value = PyUnicode_Decode(row[i], lengths[i], encoding, NULL)
-                elif kinds[i] == RAW:
-                    value = PyBytes_FromStringAndSize(row[i], lengths[i])
-                elif kinds[i] == WHOLE:
-                    value = _whole(row[i], lengths[i])
-                elif kinds[i] == CALL_TEXT:
-                    value = PyObject_CallOneArg(converters[i], PyUnicode_FromStringAndSize(row[i], lengths[i]))
-                else:
-                    value = PyObject_CallOneArg(converters[i], PyBytes_FromStringAndSize(row[i], lengths[i]))
-                Py_INCREF(value)
-                PyTuple_SET_ITEM(record, i, value)
-            rows.append(record)
+                        if kinds[i] == TEXT:
+                            if utf8:
+                                value = PyUnicode_DecodeUTF8(row[i], lengths[i], NULL)
+                            else:
+                                value = PyUnicode_Decode(row[i], lengths[i], encoding, NULL)
+                        elif kinds[i] == RAW:
+                            value = PyBytes_FromStringAndSize(row[i], lengths[i])
+                        elif kinds[i] == CALL_TEXT:
+                            value = PyObject_CallOneArg(converters[i],
+                                                        PyUnicode_FromStringAndSize(row[i], lengths[i]))
+                        else:
+                            value = PyObject_CallOneArg(converters[i], PyBytes_FromStringAndSize(row[i], lengths[i]))
+                        if type(value) in _IMMUTABLE:
+                            seen[i].text = row[i]
+                            seen[i].length = lengths[i]
+                            seen[i].value = <PyObject *>value
+                        else:
+                            seen[i].value = NULL
+                    Py_INCREF(value)
+                    PyTuple_SET_ITEM(record, i, value)
+                rows.append(record)
+        finally:
+            PyMem_Free(seen)
         return self.plan_columns[:], rows   # a list of its own for each caller
 
 

@@ -16,7 +16,9 @@ from cpython.datetime cimport (
 )
 from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_AsDouble
 from cpython.list cimport PyList_GET_ITEM
-from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from libc.math cimport NAN, isfinite
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
@@ -535,8 +537,19 @@ cdef list _json_keys(list columns, const char* first, Py_ssize_t first_len, cons
     return keys
 
 
-cdef int _put_object(Buf* b, tuple row, list keys, Py_ssize_t ncols, bint spaced) except -1:
-    cdef Py_ssize_t i, n = PyTuple_GET_SIZE(row)
+cdef struct _Written:
+    PyObject* value         # a strong reference (see _forget), or NULL
+    Py_ssize_t at           # where its JSON starts in the buffer (an offset: the buffer may move)
+    Py_ssize_t length
+
+
+cdef int _put_object(Buf* b, tuple row, list keys, Py_ssize_t ncols, bint spaced, _Written* written) except -1:
+    # `written` (ncols entries): per column, the last str, Decimal or datetime written and where. The same object
+    # again in the next row (a join's parent columns, which the MySQL reader gives as one object: myresult) is
+    # copied from the buffer instead of encoded again; these types are immutable, so its JSON is the same.
+    cdef Py_ssize_t i, start, n = PyTuple_GET_SIZE(row)
+    cdef PyObject* p
+    cdef type t
     if n > ncols:
         n = ncols
     if n == 0:
@@ -545,8 +558,29 @@ cdef int _put_object(Buf* b, tuple row, list keys, Py_ssize_t ncols, bint spaced
         _put(b, b"{", 1)
     for i in range(n):
         _put_bytes(b, <bytes>PyList_GET_ITEM(keys, i))
-        _put_json_value(b, <object>PyTuple_GET_ITEM(row, i))
+        p = PyTuple_GET_ITEM(row, i)
+        if p == written[i].value:
+            _reserve(b, written[i].length)
+            memcpy(b.data + b.size, b.data + written[i].at, written[i].length)
+            b.size += written[i].length
+            continue
+        start = b.size
+        _put_json_value(b, <object>p)
+        t = type(<object>p)
+        if t is str or t is _Decimal or t is _datetime:
+            Py_XDECREF(written[i].value)
+            Py_INCREF(<object>p)
+            written[i].value = p
+            written[i].at = start
+            written[i].length = b.size - start
     return _put(b, b"}", 1)
+
+
+cdef void _forget(_Written* written, Py_ssize_t n) noexcept:
+    cdef Py_ssize_t i
+    for i in range(n):
+        Py_XDECREF(written[i].value)
+    PyMem_Free(written)
 
 
 cdef list _row_list(rows):
@@ -601,6 +635,9 @@ cdef bytes _encode_objects(columns, rows, bint spaced):
     cdef Py_ssize_t nrows = len(rowlist), ncols = len(keys), estimate
     cdef bint first = True
     cdef Buf b
+    cdef _Written* written = <_Written*>PyMem_Calloc(ncols if ncols else 1, sizeof(_Written))
+    if written == NULL:
+        raise MemoryError()
     _open(&b, 256)
     try:
         if not spaced:
@@ -608,7 +645,7 @@ cdef bytes _encode_objects(columns, rows, bint spaced):
         for row in rowlist:
             if not first and not spaced:
                 _put(&b, b",", 1)
-            _put_object(&b, <tuple?>row, keys, ncols, spaced)
+            _put_object(&b, <tuple?>row, keys, ncols, spaced, written)
             if spaced:
                 _put(&b, b"\n", 1)
             if first and nrows > 1:
@@ -623,6 +660,7 @@ cdef bytes _encode_objects(columns, rows, bint spaced):
         return _close(&b)
     finally:
         PyMem_Free(b.data)
+        _forget(written, ncols)
 
 
 def encode_json(columns, rows):

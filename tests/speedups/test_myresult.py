@@ -214,6 +214,31 @@ def test_a_converter_entry_resolved_per_column(database, readers):
         c.close()
 
 
+def test_a_value_repeated_down_a_column_is_read_once_when_immutable(database, readers):
+    """A join's rows repeat its parent's columns: the compiled twin gives the next row the same object when the text
+    is the same and the value immutable (a Decimal, a datetime, a str), and a new one otherwise: a converter whose
+    value could be changed (a list here) is called for each row, so no caller can tell rows apart by sharing."""
+    sql = ("SELECT CAST(1.50 AS DECIMAL(10,2)) AS amount, 'same' AS label, CAST('2024-01-02 03:04:05' AS DATETIME) "
+           "AS moment, IF(seq = 3, NULL, 'x') AS gap, IF(seq < 3, 'é', 'e') AS accent, seq FROM seq_1_to_5").encode()
+    c = _connect(database[1])
+    try:
+        pure, compiled = _each(c, readers, sql, 0, 0)
+        assert compiled == pure and pure.startswith("('ok'") and "Decimal('1.50')" in pure
+        c.query(sql)
+        _, rows = readers[1](c).read(0, 0)
+        assert all(rows[0][i] is rows[4][i] for i in range(3))           # the same text: one object each
+        assert rows[0][3] is rows[1][3] is rows[3][3] and rows[2][3] is None   # across a NULL too
+        assert rows[1][4] == "é" and rows[2][4] == "e" and rows[2][4] is rows[4][4]
+        c.converter[FIELD_TYPE.NEWDECIMAL] = lambda text: [text]
+        pure, compiled = _each(c, readers, sql, 0, 0)
+        assert compiled == pure and "['1.50']" in pure
+        c.query(sql)
+        _, rows = readers[1](c).read(0, 0)
+        assert rows[0][0] == rows[1][0] and rows[0][0] is not rows[1][0]
+    finally:
+        c.close()
+
+
 def test_call_reads_every_result_set_and_leaves_the_connection_ready(conn, readers):
     for reader in readers:
         conn.query(b"CALL two()")

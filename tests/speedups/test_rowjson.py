@@ -454,6 +454,35 @@ def test_twins_agree(twin_pair, result):
     assert compiled.unique_columns(columns) == pure.unique_columns(columns)
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pool=st.lists(SCALARS, min_size=1, max_size=4), picks=st.lists(st.lists(st.integers(0, 3), min_size=3,
+                                                                             max_size=3), max_size=8))
+def test_twins_agree_when_rows_repeat_the_same_objects(twin_pair, pool, picks):
+    """As a join's rows come from the MySQL reader: the same objects again in the next row's column, and a column
+    that goes back to an object it had two rows before (the compiled twin copies an object's JSON written just
+    above, per column)."""
+    pure, compiled = twin_pair("rowjson")
+    rows = [tuple(pool[i % len(pool)] for i in pick) for pick in picks]
+    for _, encode in ENCODERS:
+        assert _outcome(lambda: encode(compiled, ["a", "b", "a"], rows)) == \
+            _outcome(lambda: encode(pure, ["a", "b", "a"], rows))
+
+
+def test_repeated_objects_across_a_growing_buffer(speedups):
+    """A value repeated row after row while the buffer grows (the copy is made from where the JSON now is), and no
+    reference kept after the call."""
+    import sys
+    long_text, amount, moment = "x" * 5000 + "é\n", Decimal("12.50"), datetime(2024, 1, 2, 3, 4, 5)
+    before = [sys.getrefcount(v) for v in (long_text, amount, moment)]
+    rows = [(long_text, amount, moment, i) for i in range(300)] + [("y", Decimal("12.5"), moment, -1)]
+    out = speedups.rowjson.encode_json(["t", "d", "m", "i"], rows)
+    assert json.loads(out) == [{"t": t, "d": float(d), "m": str(m), "i": i} for t, d, m, i in rows]
+    ndjson = speedups.rowjson.encode_ndjson(["t", "d", "m", "i"], rows)
+    assert [json.loads(line) for line in ndjson.splitlines()] == json.loads(out)
+    del rows
+    assert [sys.getrefcount(v) for v in (long_text, amount, moment)] == before
+
+
 @pytest.mark.parametrize("kind", ["pure", "compiled"])
 @settings(max_examples=300, deadline=None)
 @given(value=st.one_of(st.floats(allow_nan=False, allow_infinity=False),
