@@ -27,10 +27,11 @@ from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.long cimport PyLong_FromLongLong, PyLong_FromString
+from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_DecodeUTF8
-from libc.string cimport strlen
+from libc.string cimport memcmp, strlen
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.errno cimport errno, EINTR
 from libc.math cimport ceil
@@ -644,12 +645,19 @@ cdef class Pipe:
         cdef int columns = lib.nfields(ptr), c, r
         cdef int kinds[_MAX_DIRECT_COLUMNS]
         cdef const char *text
+        cdef int length
+        # Per text column, the last text decoded and its str (borrowed: its row is in `out`): the same text in
+        # the next row gives the same str (a join repeats its parent's columns; a padded column its blanks).
+        cdef const char *seen_text[_MAX_DIRECT_COLUMNS]
+        cdef int seen_length[_MAX_DIRECT_COLUMNS]
+        cdef PyObject *seen_value[_MAX_DIRECT_COLUMNS]
         if not 0 <= start <= end <= lib.ntuples(ptr) or columns > _MAX_DIRECT_COLUMNS:
             return transformer_rows(result, tx, start, end)
         for c in range(columns):
             kinds[c] = self._kind(tx, lib.ftype(ptr, c)) if lib.fformat(ptr, c) == 0 else _BY_PSYCOPG
             if kinds[c] == _BY_PSYCOPG:
                 return transformer_rows(result, tx, start, end)
+            seen_value[c] = NULL
         cdef list out = PyList_New(end - start)
         for r in range(<int>start, <int>end):
             row = PyTuple_New(columns)
@@ -664,7 +672,15 @@ cdef class Pipe:
                     if kinds[c] == _INT:
                         value = _int_of(text, lib.getlength(ptr, r, c))
                     elif kinds[c] == _UTF8_TEXT:
-                        value = PyUnicode_DecodeUTF8(text, lib.getlength(ptr, r, c), NULL)
+                        length = lib.getlength(ptr, r, c)
+                        if (seen_value[c] != NULL and seen_length[c] == length
+                                and memcmp(seen_text[c], text, length) == 0):
+                            value = <object>seen_value[c]
+                        else:
+                            value = PyUnicode_DecodeUTF8(text, length, NULL)
+                            seen_text[c] = text
+                            seen_length[c] = length
+                            seen_value[c] = <PyObject *>value
                     else:
                         value = True if text[0] == b't' else False
                 Py_INCREF(value)

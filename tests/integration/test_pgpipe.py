@@ -464,6 +464,20 @@ def test_rows_direct_columns_match_the_transformer(twin_pair, connect):
     assert rows[2][4] == 'é€😀 "quoted" \\ back' and rows[3] == (None,) * 8 + (True,)
 
 
+def test_rows_repeated_text_down_a_column_is_one_str(twin_pair, connect):
+    """A join's parent columns and a padded column repeat their text row after row: the compiled twin decodes it
+    once per run of equal texts (a str is immutable, so no caller can tell), and still matches the Transformer,
+    across NULLs and texts that differ only in length or in one byte."""
+    sql = ("SELECT t, p::char(4), i FROM (VALUES ('same', 'é', 1), ('same', 'é', 2), (NULL, 'é', 3), "
+           "('same', 'e', 4), ('samex', 'e', 5), ('sama', NULL, 6), ('sama', 'e', 7)) AS x(t, p, i)").encode()
+    pairs = _rows_of_each(twin_pair, connect, sql)
+    _assert_same(pairs)
+    rows = pairs[-1][0][1]      # the compiled twin's read
+    assert rows[0][0] is rows[1][0] and rows[0][1] is rows[1][1] is rows[2][1] and rows[3][1] is rows[6][1]
+    assert [r[0] for r in rows] == ["same", "same", None, "same", "samex", "sama", "sama"]
+    assert [r[1] for r in rows] == ["é   ", "é   ", "é   ", "e   ", "e   ", None, "e   "]
+
+
 def test_rows_ranges_psycopg_refuses_raise_the_same(twin_pair, connect):
     pairs = _rows_of_each(twin_pair, connect, DIRECT_COLUMNS, ranges=[(0, 7), (3, 2), (-1, 2), (7, 7)])
     _assert_same(pairs)
