@@ -665,14 +665,15 @@ cdef class Pipe:
             Py_INCREF(row)
             PyList_SET_ITEM(out, r - start, row)
             for c in range(columns):
-                if lib.getisnull(ptr, r, c):
+                # A NULL's text is empty: only an empty text needs PQgetisnull to tell it from ''.
+                length = lib.getlength(ptr, r, c)
+                if length == 0 and lib.getisnull(ptr, r, c):
                     value = None
                 else:
                     text = lib.getvalue(ptr, r, c)
                     if kinds[c] == _INT:
-                        value = _int_of(text, lib.getlength(ptr, r, c))
+                        value = _int_of(text, length)
                     elif kinds[c] == _UTF8_TEXT:
-                        length = lib.getlength(ptr, r, c)
                         if (seen_value[c] != NULL and seen_length[c] == length
                                 and memcmp(seen_text[c], text, length) == 0):
                             value = <object>seen_value[c]

@@ -125,20 +125,37 @@ cdef inline bytes _close(Buf* b):
     return PyBytes_FromStringAndSize(b.data, b.size)
 
 
+cdef const char* _PAIRS = (b"00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+                           b"4041424344454647484950515253545556575859606162636465666768697071727374757677787980"
+                           b"81828384858687888990919293949596979899")
+cdef unsigned long long _TENS[20]
+_TENS[0] = 1
+for _i in range(1, 20):
+    _TENS[_i] = _TENS[_i - 1] * 10
+
+
 cdef int _put_llong(Buf* b, long long v) except -1:
-    cdef char tmp[24]
-    cdef int i = 24
+    # Written in place, two digits a step: an int is most of a page's values (pgbench rows: three of four).
+    _reserve(b, 20)
+    cdef char* o = b.data + b.size
     cdef unsigned long long u = (<unsigned long long>(-(v + 1))) + 1 if v < 0 else <unsigned long long>v
-    while True:
-        i -= 1
-        tmp[i] = <char>(48 + u % 10)
-        u //= 10
-        if u == 0:
-            break
+    cdef int n = 1
     if v < 0:
-        i -= 1
-        tmp[i] = b'-'
-    return _put(b, tmp + i, 24 - i)
+        o[0] = b'-'
+        o += 1
+    while n < 20 and u >= _TENS[n]:
+        n += 1
+    cdef char* p = o + n
+    b.size = p - b.data
+    while u >= 100:
+        p -= 2
+        memcpy(p, _PAIRS + (u % 100) * 2, 2)
+        u //= 100
+    if u >= 10:
+        memcpy(p - 2, _PAIRS + u * 2, 2)
+    else:
+        p[-1] = <char>(48 + u)
+    return 0
 
 
 cdef int _put_ascii_str(Buf* b, str s) except -1:

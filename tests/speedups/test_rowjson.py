@@ -231,6 +231,16 @@ class Thing:
         return "thing é"
 
 
+def test_ints_at_every_digit_count(speedups):
+    """The compiled twin counts an int's digits before it writes them two at a time: each boundary, both signs."""
+    values = sorted({v for k in range(20) for v in (10 ** k - 1, 10 ** k, 10 ** k + 1, 5 * 10 ** k) if v < 2 ** 63})
+    values += [-v for v in values] + [2 ** 63 - 1, -(2 ** 63)]
+    out = speedups.rowjson.encode_json(["n"], [(v,) for v in values])
+    assert out == ("[" + ",".join(f'{{"n":{v}}}' for v in values) + "]\n").encode()
+    assert speedups.rowjson.encode_delimited(["n"], [(v,) for v in values], ",") == \
+        ("n\r\n" + "".join(f"{v}\r\n" for v in values)).encode()
+
+
 def test_json_subclasses_and_unknown_types(speedups):
     row = (Colour.RED, Money(2.5), Shouty("quiet"), MyDatetime(2024, 1, 2, 3, 4, 5), Thing(), True)
     out = speedups.rowjson.encode_json(["a", "b", "c", "d", "e", "f"], [row])
