@@ -13,6 +13,7 @@ from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
+# poll() for both drivers' waits (_pgpipe's too).
 cdef extern from "<poll.h>" nogil:
     struct pollfd:
         int fd
@@ -21,6 +22,7 @@ cdef extern from "<poll.h>" nogil:
     int poll(pollfd *fds, unsigned long nfds, int timeout)
     short POLLIN
     short POLLPRI
+    short POLLOUT
 
 # How many of this process's threads wait for a reply of this module's database right now (atomic: they wait
 # without the interpreter lock). Only a thread that waits alone spins.

@@ -37,7 +37,8 @@ from libc.errno cimport errno, EINTR
 from libc.math cimport ceil
 from libc.stdint cimport uintptr_t
 
-from qag._speedups._lonewait cimport monotonic as _monotonic, qag_lone_wait_begin, qag_lone_wait_end, slept, spin_first
+from qag._speedups._lonewait cimport (POLLIN, POLLOUT, POLLPRI, monotonic as _monotonic, poll, pollfd, qag_lone_wait_begin,
+                                     qag_lone_wait_end, slept, spin_first)
 
 import importlib.machinery
 import importlib.util
@@ -62,16 +63,6 @@ cdef extern from "<dlfcn.h>" nogil:
     int dladdr(const void *addr, Dl_info *info)
     int RTLD_NOW
     int RTLD_LOCAL
-
-cdef extern from "<poll.h>" nogil:
-    struct pollfd:
-        int fd
-        short events
-        short revents
-    int poll(pollfd *fds, unsigned long nfds, int timeout)
-    short POLLIN
-    short POLLPRI
-    short POLLOUT
 
 # libpq's prototypes (its ABI is stable; no headers needed). A PGconn is opaque here.
 ctypedef unsigned int Oid

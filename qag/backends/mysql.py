@@ -43,7 +43,6 @@ import weakref
 import MySQLdb
 import MySQLdb.converters
 import MySQLdb.cursors
-from MySQLdb import _mysql
 from MySQLdb.constants import FIELD_TYPE
 
 from .. import _speedups
