@@ -76,7 +76,8 @@ def typing_files(source: str) -> list[str]:
     where = os.sep + os.path.abspath(source)
     root = where[:where.rindex(os.sep + "qag" + os.sep)][1:] or os.sep   # the folder that holds qag/
     found = [own] if own is not None else []
-    queue = [own] if own is not None else [source] if source.endswith(".pyx") else []   # a .py cimports nothing
+    # A .py cimports nothing; a .pyx that isn't there (a wheel's tree, which has only builds) has nothing to read.
+    queue = [own] if own is not None else [source] if source.endswith(".pyx") and os.path.exists(source) else []
     while queue:
         with open(queue.pop(), encoding="utf-8") as fh:
             text = fh.read()
