@@ -9,7 +9,6 @@ import os
 import select
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -19,7 +18,8 @@ from hypothesis import strategies as st
 psycopg = pytest.importorskip("psycopg")
 
 from qag import _speedups  # noqa: E402
-from tests.speedups.conftest import call_outcome, required, speedups, twin_pair  # noqa: E402, F401  (fixtures)
+from tests.speedups.conftest import (call_outcome, other_thread_steps, required, speedups,  # noqa: E402, F401
+                                     twin_pair)  # (fixtures)
 
 _FATAL = psycopg.pq.ExecStatus.FATAL_ERROR
 _SQLSTATE = psycopg.pq.DiagnosticField.SQLSTATE
@@ -266,24 +266,14 @@ def test_a_reply_later_than_the_deadline_is_gone(pipes):
 def test_the_wait_lets_other_threads_run(speedups, connect):
     """The interpreter lock is released while a segment waits for the server (pg_sleep keeps it waiting)."""
     pipe = speedups.pgpipe.Pipe(connect().pgconn)
-    seen, stop = [], threading.Event()
-
-    def spin():
-        while not stop.is_set():
-            seen.append(time.monotonic())
-
-    spinner = threading.Thread(target=spin)
-    spinner.start()
-    try:
+    with other_thread_steps() as seen:
         pipe.send(b"SELECT pg_sleep(0.5)")
         pipe.sync()
         start = time.monotonic()
         pipe.flush(None)
         pipe.segment(None)
-    finally:
-        stop.set()
-        spinner.join()
-    # The reply can't come before the server slept 0.5 s, so a spinner step inside this window ran during the wait.
+    # The reply can't come before the server slept 0.5 s, so a step of the other thread inside this window ran
+    # during the wait.
     assert any(start + 0.05 < t < start + 0.45 for t in seen)
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from types import ModuleType
 
 import pytest
@@ -25,6 +28,25 @@ def call_outcome(fn: Callable, *args) -> tuple:
         return ("ok", fn(*args))
     except Exception as exc:  # noqa: BLE001 - the exception type and text are what is compared
         return ("raised", type(exc), str(exc))
+
+
+@contextlib.contextmanager
+def other_thread_steps() -> Iterator[list]:
+    """A Python thread counting while the block runs: the monotonic times of its steps, which show when the
+    interpreter lock was free (a wait that kept it would leave a gap)."""
+    seen, stop = [], threading.Event()
+
+    def count():
+        while not stop.is_set():
+            seen.append(time.monotonic())
+
+    counter = threading.Thread(target=count)
+    counter.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        counter.join()
 
 
 def compiled_or_skip(name: str) -> ModuleType:

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from qag import _speedups
 from tests.services import MYSQL, mysql_admin
-from tests.speedups.conftest import call_outcome, compiled_or_skip
+from tests.speedups.conftest import call_outcome, compiled_or_skip, other_thread_steps
 
 MySQLdb = pytest.importorskip("MySQLdb")
 from MySQLdb.constants import FIELD_TYPE, FLAG  # noqa: E402
@@ -357,22 +357,13 @@ def test_a_spin_never_passes_the_deadline(database, readers):
 def test_the_wait_lets_other_threads_run(database, readers):
     """The interpreter lock is free while a query spins and while it sleeps."""
     c = _connect(database[1])
-    seen, stop = [], threading.Event()
-
-    def count():
-        while not stop.is_set():
-            seen.append(time.monotonic())
-
-    counter = threading.Thread(target=count)
-    counter.start()
     try:
-        reader = readers[1](c, 0.1)
-        started = time.monotonic()
-        reader.query(b"SELECT SLEEP(0.5) AS slept")
-        assert reader.read(0, 0) == (["slept"], [(0,)])
+        with other_thread_steps() as seen:
+            reader = readers[1](c, 0.1)
+            started = time.monotonic()
+            reader.query(b"SELECT SLEEP(0.5) AS slept")
+            assert reader.read(0, 0) == (["slept"], [(0,)])
     finally:
-        stop.set()
-        counter.join()
         c.close()
     assert any(started + 0.02 < t < started + 0.08 for t in seen)      # while it spun
     assert any(started + 0.15 < t < started + 0.45 for t in seen)      # while it slept
