@@ -110,6 +110,10 @@ class Gateway:
         return value.encode("ascii")
 
     def __call__(self, environ: dict, start_response):
+        return self._call(environ, start_response)
+
+    def _call(self, environ: dict, start_response):
+        # Apart from __call__ so the compiled build can type it (app.pxd): the request and response as C fields.
         started = time.perf_counter()
         request = Request(environ, self.max_body, self.trust_proxy)
         origin = environ.get("HTTP_ORIGIN")

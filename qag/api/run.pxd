@@ -1,5 +1,7 @@
 # Types for Cython's build of run.py (pure-Python mode): the per-call Plan and the handlers as extension types, so
 # their fields are C reads and the handlers' own steps are C calls. run.py stays the pure twin, unchanged by this.
+from qag.auth cimport Caller
+
 
 cdef class Plan:
     cdef public object connection, prepared, values, read_only, timeout, fmt, page, size, stream, label
@@ -11,13 +13,14 @@ cdef class RunHandlers:
     cdef public object gateway, store, settings, usage, observe, _resolvers, masking, outages
 
     cpdef _resolver(self, version)
-    cpdef _format_and_timeout(self, request, args, body, caller)
-    cpdef _paging(self, args, caller, fmt, ceiling=*)
-    cpdef writes_allowed(self, caller, query_name)
-    cpdef _check_tables(self, Plan plan, caller, fields)
+    cpdef _format_and_timeout(self, request, args, body, Caller caller)
+    cpdef _paging(self, args, Caller caller, fmt, ceiling=*)
+    cpdef writes_allowed(self, Caller caller, query_name)
+    cpdef _check_tables(self, Plan plan, Caller caller, fields)
     cpdef _statement(self, Plan plan)
-    cpdef _execute(self, Plan plan, caller, writes, version)
-    cpdef _run(self, Plan plan, caller, writes, version, at)
+    cpdef _execute(self, Plan plan, Caller caller, writes, version)
+    cpdef _run(self, Plan plan, Caller caller, writes, version, at)
+    cpdef run_named(self, request, Caller caller, name)
 
 
 cdef _count_text(n)   # a C call from _run

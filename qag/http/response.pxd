@@ -10,3 +10,7 @@ cdef class HeaderPolicy:
     cpdef allowed_origin(self, origin)
     @cython.locals(roles=dict)
     cpdef finish(self, response, request_id, origin, https)
+
+
+cdef class Response:
+    cdef public object status, headers, body
