@@ -38,8 +38,20 @@ def writable(fmt: str) -> bool:
     return True
 
 
+# The selected rowjson twin, taken on first use: the selection is made once per process (_speedups.select), and
+# _speedups.get is an interpreted call that every response body would otherwise pay.
+_rowjson = None
+
+
+def _encoder():
+    global _rowjson
+    if _rowjson is None:
+        _rowjson = _speedups.get("rowjson")
+    return _rowjson
+
+
 def encode(fmt: str, columns: list[str], rows: list[tuple]) -> bytes:
-    rowjson = _speedups.get("rowjson")
+    rowjson = _encoder()
     if fmt == "json":
         return rowjson.encode_json(columns, rows)
     if fmt == "ndjson":
@@ -51,7 +63,7 @@ def encode(fmt: str, columns: list[str], rows: list[tuple]) -> bytes:
 
 def encode_chunk(fmt: str, columns: list[str], rows: list[tuple], first: bool) -> bytes:
     """One chunk of a csv, tsv or ndjson stream: csv/tsv carry the header row only in the first chunk."""
-    rowjson = _speedups.get("rowjson")
+    rowjson = _encoder()
     if fmt == "ndjson":
         return rowjson.encode_ndjson(columns, rows) if rows else b""
     delimiter = "," if fmt == "csv" else "\t"
@@ -71,7 +83,7 @@ class StreamEncoder:
 
     def __init__(self, fmt: str, columns: list[str], parquet_row_group: int = 10_000):
         self.fmt, self.columns, self.first = fmt, columns, True
-        self.parquet = (formats.ParquetStream(_speedups.get("rowjson").unique_columns(columns), parquet_row_group)
+        self.parquet = (formats.ParquetStream(_encoder().unique_columns(columns), parquet_row_group)
                         if fmt == "parquet" else None)
 
     def chunk(self, rows: list) -> bytes:

@@ -7,6 +7,9 @@ copy. A Reader takes the connection's MYSQL* from mysqlclient (`_get_native_conn
 later) once, and each read does what mysqlclient's store_result, describe and fetch_row do, in the same order and
 with the interpreter lock let go around mysql_store_result (which reads the reply from the network) as
 mysqlclient does: no result object, no description tuple per column, no converter looked up per column per call.
+The statement is sent and its reply's first packet read the same way (mysql_send_query, a poll() on the socket,
+mysql_read_query_result), in one release of the interpreter lock where mysqlclient's send_query and
+read_query_result take two.
 A Reader keeps the last reply's column names and converters and reuses them while the replies' fields (name,
 type, flags, charset) and the connection's charset stay the same, as they do for a saved query run again.
 
@@ -36,7 +39,8 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_Decode, PyUnicode_F
 from libc.limits cimport INT_MAX
 from libc.string cimport memcmp, strcmp, strncmp
 
-from qag._speedups._lonewait cimport qag_lone_wait_begin, qag_lone_wait_end, slept, spin_first
+from qag._speedups._lonewait cimport (POLLIN, POLLPRI, poll, pollfd, qag_lone_wait_begin, qag_lone_wait_end, slept,
+                                       spin_first)
 
 import datetime
 import importlib.machinery
@@ -105,6 +109,7 @@ ctypedef void (*free_f)(void *res) noexcept nogil
 ctypedef unsigned int (*errno_f)(void *mysql) noexcept nogil
 ctypedef const char *(*text_of_conn_f)(void *mysql) noexcept nogil
 ctypedef char (*flag_of_conn_f)(void *mysql) noexcept nogil
+ctypedef int (*send_f)(void *mysql, const char *query, unsigned long length) noexcept nogil
 
 # What a field's plan depends on besides its name (compared byte for byte with the last reply's, _plan).
 ctypedef struct _FieldKey:
@@ -141,6 +146,8 @@ cdef class _Client:
     cdef text_of_conn_f error
     cdef text_of_conn_f character_set_name
     cdef flag_of_conn_f more_results
+    cdef flag_of_conn_f read_query_result
+    cdef send_f send_query
     cdef readonly str path       # the client library file the functions are in
 
 
@@ -180,6 +187,8 @@ cdef _Client _bind(str module_file):
     lib.error = <text_of_conn_f>_symbol(handle, "mysql_error", module_file)
     lib.character_set_name = <text_of_conn_f>_symbol(handle, "mysql_character_set_name", module_file)
     lib.more_results = <flag_of_conn_f>_symbol(handle, "mysql_more_results", module_file)
+    lib.read_query_result = <flag_of_conn_f>_symbol(handle, "mysql_read_query_result", module_file)
+    lib.send_query = <send_f>_symbol(handle, "mysql_send_query", module_file)
     return lib
 
 
@@ -309,6 +318,7 @@ cdef class Reader:
                 self.table[code * 2 + 1] = _resolve(fun, _BINARY_FLAG)
                 self.exact[code] = 1
         self.direct = True
+        self.fd = conn.fileno()
 
     cdef object _converter(self, MYSQL_FIELD *field):
         """mysqlclient's converter for a field (the connection's map and its rule)."""
@@ -325,7 +335,14 @@ cdef class Reader:
     def query(self, statement, deadline=None):
         """Send a statement and wait for its reply's first packet, as mysqlclient's query does: with `spin`, sent
         and read by mysqlclient's send_query and read_query_result, and the wait between them spun first when this
-        thread waits alone (_lonewait)."""
+        thread waits alone (_lonewait). A direct Reader calls the client library itself to send, wait and read, in
+        one release of the interpreter lock instead of mysqlclient's two (each a chance for another thread to take
+        the lock, and for this one to wait to get it back); its wait is a poll() on the socket, so the library's
+        first read finds the reply there instead of failing with EAGAIN and polling itself (one system call less).
+        mysqlclient's send_query still sends for a connection it has closed, and for a statement that isn't bytes:
+        its checks and errors."""
+        if self.direct:
+            return self._query_direct(statement, deadline)
         if self.fd < 0:
             self.conn.query(statement)
             return
@@ -344,6 +361,42 @@ cdef class Reader:
         finally:
             qag_lone_wait_end()
         slept(self.spin, began, &self.missed)
+
+    cdef _query_direct(self, statement, deadline):
+        cdef double began = 0.0, limit = 0.0 if deadline is None else deadline
+        cdef bint bounded = deadline is not None, came = False
+        cdef void *mysql = self.mysql
+        cdef int fd = self.fd, refused = 0
+        cdef char failed = 0
+        cdef const char *data = NULL
+        cdef unsigned long size = 0
+        cdef pollfd wait
+        conn = self.conn
+        if type(statement) is bytes and conn.open:
+            data = <bytes>statement
+            size = len(<bytes>statement)
+        else:
+            conn.send_query(statement)   # mysqlclient's own checks and errors (a closed connection, a bad type)
+        with nogil:
+            if data != NULL:
+                refused = _LIB.send_query(mysql, data, size)
+            if refused == 0:
+                came = spin_first(fd, self.spin, bounded, limit, &self.missed, &began)
+                if not came:
+                    qag_lone_wait_begin()
+                    # Unbounded, as the library's own wait is (qag sets no read timeout): the watchdog shuts the
+                    # socket of a call past its deadline, which ends this poll. Any return (readable, hung up, a
+                    # signal) goes on to the library's read, which waits again itself if it must.
+                    wait.fd = fd
+                    wait.events = POLLIN | POLLPRI
+                    wait.revents = 0
+                    poll(&wait, 1, -1)
+                failed = _LIB.read_query_result(mysql)
+                if not came:
+                    qag_lone_wait_end()
+                    slept(self.spin, began, &self.missed)
+        if refused or failed:
+            raise _failure(mysql)
 
     def read(self, skip, count):
         """(column names, rows): as myresult.Reader.read."""

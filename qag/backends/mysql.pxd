@@ -2,6 +2,10 @@
 # so a call's reads of their parts are C field reads and the backend's own steps C calls. mysql.py stays the pure
 # twin.
 from qag.backends.base cimport Backend, Call
+from qag.backends.watchdog cimport Watchdog
+
+# The process's watchdog, typed: its arm and disarm are C calls.
+cdef Watchdog WATCHDOG
 
 
 cdef class _Link:

@@ -19,7 +19,6 @@ within about a minute instead of the kernel's default of hours.
 
 from __future__ import annotations
 
-import itertools
 import os
 import socket
 import threading
@@ -40,13 +39,14 @@ class Watchdog:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._armed: dict[int, tuple] = {}   # token → (deadline, fd, cancel, its arguments)
-        self._tokens = itertools.count(1)
+        self._last = 0   # the last token given (under the lock)
         self._thread: threading.Thread | None = None
         self.fired = 0   # calls cut so far (a metric)
 
     def arm(self, fd: int, deadline: float, cancel: Callable[..., None] | None = None, args: tuple = ()) -> int:
-        token = next(self._tokens)
         with self._lock:
+            self._last += 1
+            token = self._last
             self._armed[token] = (deadline, fd, cancel, args)
             if self._thread is None:
                 self._start()

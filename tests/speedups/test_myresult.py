@@ -291,6 +291,61 @@ def test_a_connection_cut_mid_reply(database, readers):
     assert mapped(pure, None, None).code == "connection_failed"
 
 
+@pytest.mark.parametrize("spin", [0.0, 0.05])
+def test_a_connection_cut_while_the_reply_is_awaited(database, readers, spin):
+    # As the watchdog cuts a call that waits for its first packet: the compiled twin's own poll() on the socket ends
+    # with the cut, and its read fails as mysqlclient's read_query_result does. Same exception, same QagError.
+    raised = []
+    for reader_class in readers:
+        c = _connect(database[1])
+        try:
+            reader = reader_class(c, spin)
+            cut = threading.Timer(0.2, lambda fd=c.fileno(): _shut(fd))
+            cut.start()
+            started = time.monotonic()
+            with pytest.raises(MySQLdb.OperationalError) as failure:
+                reader.query(b"SELECT SLEEP(5) AS slept", time.monotonic() + 30)
+            assert time.monotonic() - started < 3    # ended by the cut, not by the statement
+            cut.join()
+            raised.append(failure.value)
+        finally:
+            c.close()
+    pure, compiled = raised
+    assert (type(compiled), compiled.args) == (type(pure), pure.args) and pure.args[0] == 2013
+    assert mapped(compiled, None, None).__dict__ == mapped(pure, None, None).__dict__
+
+
+def _shut(fd: int) -> None:
+    sock = socket.socket(fileno=fd)
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    finally:
+        sock.detach()
+
+
+@pytest.mark.parametrize("statement", [b"SELECT 1 AS one", "SELECT 'é' AS text"])
+def test_a_query_on_a_closed_connection_and_a_text_statement(database, readers, statement):
+    # The compiled twin sends with the client library only for bytes on an open connection; otherwise mysqlclient's
+    # send_query decides, with its errors: both twins answer alike.
+    for closed in (False, True):
+        outcomes = []
+        for reader_class in readers:
+            c = _connect(database[1])
+            reader = reader_class(c, 0.0)
+            if closed:
+                c.close()
+
+            def one():
+                reader.query(statement)
+                return reader.read(0, 0)
+            outcomes.append(call_outcome(one))
+            if not closed:
+                c.close()
+        pure, compiled = outcomes
+        assert compiled == pure
+        assert pure[0] == ("raised" if closed else "ok")
+
+
 # Statements whose replies repeat or differ from the one before in a name (same length), a type, a flag, a charset
 # or a column count: one Reader reads a sequence of them (the compiled twin reuses the last reply's plan only
 # when its fields are the same).
