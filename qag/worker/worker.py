@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import os
 import queue
@@ -88,7 +89,7 @@ class QagWorker(base.Worker):
         self.returned: deque[_Conn] = deque()
         self.conns: set[_Conn] = set()
         self.poller = None
-        self._count_lock = threading.Lock()
+        self.answerer: _Answerer | None = None   # made when the worker runs (run())
         # Read once: each self.cfg.<name> is a lookup through gunicorn's Config.__getattr__. gunicorn's own hooks
         # only log at debug level or do nothing: then they are not called at all (a reload starts new workers).
         pre, post = self.cfg.pre_request, self.cfg.post_request
@@ -113,6 +114,7 @@ class QagWorker(base.Worker):
         # workers: read once here instead of per request.
         self.log_access = getattr(self.log, "access_log_enabled", True)
         sel = self.poller = self.make_poller(self.spin)
+        answerer = self.answerer = _Answerer(self)
         bases = {}
         for listener in self.sockets:
             listener.setblocking(False)
@@ -120,7 +122,7 @@ class QagWorker(base.Worker):
             bases[listener] = (name, wsgi.base_environ(self.cfg, name))
             sel.listen(listener, listener)
         sel.listen(self.PIPE[0], None)
-        pool = self._follow if sel.followers else self._serve
+        pool = answerer.follow if sel.followers else answerer.serve
         for _ in range(self.cfg.threads):
             threading.Thread(target=pool, name="qag-http", daemon=True).start()
         accepting = True
@@ -201,67 +203,10 @@ class QagWorker(base.Worker):
 
     def _readable(self, conn: _Conn) -> None:
         """Selector thread (fallback): read; queue the connection to the pool when a request is complete."""
-        if self._read(conn):
+        if self.answerer.read(conn):
             self.poller.dispatched(conn)
             conn.in_app = True
             self.jobs.put(conn)
-
-    def _read(self, conn: _Conn) -> bool:
-        """Read and parse what has arrived; True when complete requests are ready (the caller answers them),
-        otherwise the connection is re-armed or closed here."""
-        try:
-            data = conn.sock.recv(65536)
-        except (BlockingIOError, InterruptedError):
-            self._wait_more(conn)
-            return False
-        except OSError:
-            data = b""
-        if not data:
-            self._unregister_close(conn)
-            return False
-        if conn.draining:
-            self._wait_more(conn)   # discarded; the sweep closes it at its deadline
-            return False
-        parser = conn.parser
-        if not conn.started:
-            conn.started = True
-            conn.deadline = _monotonic() + self.client_timeout
-        try:
-            parser.feed(data)
-        except HttpError as exc:
-            if not parser.ready:
-                self._refuse(conn, exc)
-                return False
-            # pipelined: the good requests before the bad one are answered first, then the refusal
-            conn.refusal = exc
-            parser.dead = True
-        if parser.ready:
-            return True
-        if parser.dead:
-            self._unregister_close(conn)
-            return False
-        if parser.continue_due is not None:
-            parser.continue_due = None
-            try:
-                conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
-            except OSError:
-                self._unregister_close(conn)
-                return False
-        self._wait_more(conn)
-        return False
-
-    def _wait_more(self, conn: _Conn) -> None:
-        conn.in_app = False
-        self.poller.wants_more(conn)
-
-    def _refuse(self, conn: _Conn, exc: HttpError) -> None:
-        addr = conn.client[0] if isinstance(conn.client, tuple) else conn.client
-        self.log.warning("Invalid request from ip=%s: %s", addr, exc.message)
-        try:
-            conn.sock.send(wsgi.error_response(exc.status, exc.reason, exc.message))
-        except OSError:
-            pass
-        self._unregister_close(conn)
 
     def _sweep(self, now: float) -> None:
         """Close connections past their deadline: idle keep-alive ones, and clients too slow to send a request."""
@@ -277,24 +222,7 @@ class QagWorker(base.Worker):
                 return
             conn.closed = True
         self.poller.remove(conn)
-        self._close(conn)
-
-    def _unregister_close(self, conn: _Conn) -> None:
-        """Whichever thread holds the connection: close it."""
-        with conn.lock:
-            if conn.closed:
-                return
-            conn.closed = True
-        self.poller.remove(conn)
-        self._close(conn)
-
-    def _close(self, conn: _Conn) -> None:
-        conn.closed = True
-        self.conns.discard(conn)
-        try:
-            conn.sock.close()
-        except OSError:
-            pass
+        self.answerer.close(conn)
 
     def _shutdown(self, sel, bases) -> None:
         """The graceful stop (a reload, SIGTERM, max_requests): no request taken is dropped, no client is reset.
@@ -359,30 +287,48 @@ class QagWorker(base.Worker):
                     pending = b""
                 if pending:
                     return   # a request is arriving: it is read and answered (with Connection: close) first
-                if pending is None and self._half_close(conn, _STOP_DRAIN_SECONDS):
+                if pending is None and self.answerer.half_close(conn, _STOP_DRAIN_SECONDS):
                     return
             conn.closed = True   # the client closed, the drain is over, or the socket is gone
         self.poller.remove(conn)
-        self._close(conn)
-
-    def _half_close(self, conn: _Conn, seconds: float) -> bool:
-        """Send FIN after what was answered and discard what still arrives for `seconds` (conn.draining: _read
-        drops it, the sweep closes the connection at its deadline); False when the socket is already gone."""
-        try:
-            conn.sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            conn.draining = False
-            return False
-        conn.draining = True
-        conn.deadline = time.monotonic() + seconds
-        return True
+        self.answerer.close(conn)
 
     def handle_exit(self, sig, frame):
         # SIGTERM: finish what is in flight (the signal's wakeup fd makes select() return)
         self.alive = False
 
-    # --- pool threads --------------------------------------------------------------------------------------
-    def _follow(self) -> None:
+class _Answerer:
+    """The pool threads' side of the worker: read a connection, answer its complete requests, re-arm or close it.
+
+    What a request reads of the worker (the app, the poller, the hooks, the timeouts) is read once into this
+    object's fields when the worker runs: in the compiled build an extension type (worker.pxd), so a request reads
+    them as C fields, where the gunicorn worker's own attributes are instance-dict lookups. Only `alive` (set by
+    gunicorn's signal handlers) is read from the worker each time."""
+
+    __slots__ = ("worker", "poller", "log", "app", "sort_fields", "pre_request", "post_request", "log_access",
+                 "client_timeout", "keepalive", "served", "max_requests", "wake_fd", "conns", "returned", "jobs")
+
+    def __init__(self, worker: QagWorker):
+        self.worker = worker
+        self.poller = worker.poller
+        self.log = worker.log
+        self.app = worker.wsgi
+        self.sort_fields = worker.sort_fields
+        self.pre_request = worker.pre_request
+        self.post_request = worker.post_request
+        self.log_access = worker.log_access
+        self.client_timeout = worker.client_timeout
+        self.keepalive = worker.keepalive
+        # Requests answered by this worker: next() on a C counter is atomic under the interpreter lock, so the pool
+        # threads count without a lock of their own.
+        self.served = itertools.count(1)
+        self.max_requests = worker.max_requests
+        self.wake_fd = worker.PIPE[1]
+        self.conns = worker.conns
+        self.returned = worker.returned
+        self.jobs = worker.jobs
+
+    def follow(self) -> None:
         """Pool thread on epoll: take a connection with bytes, read it, answer what is complete, re-arm it."""
         poller = self.poller
         answered = False
@@ -399,30 +345,87 @@ class QagWorker(base.Worker):
                         continue
                     conn.in_app = True
                 try:
-                    if self._read(conn):
-                        self._answer(conn)
+                    if self.read(conn):
+                        self.answer(conn)
                 except Exception:
                     wsgi.log_error(self.log, "Error handling a connection")
-                    self._unregister_close(conn)
+                    self.unregister_close(conn)
             finally:
                 poller.idle()
 
-    def _serve(self) -> None:
+    def serve(self) -> None:
         """Pool thread on the selectors fallback: answer connections the selector thread queued."""
         jobs = self.jobs
         while True:
             conn = jobs.get()
             if conn is None:
                 return
-            self._answer(conn)
+            self.answer(conn)
 
-    def _answer(self, conn: _Conn) -> None:
+    def read(self, conn: _Conn) -> bool:
+        """Read and parse what has arrived; True when complete requests are ready (the caller answers them),
+        otherwise the connection is re-armed or closed here."""
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            self.wait_more(conn)
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            self.unregister_close(conn)
+            return False
+        if conn.draining:
+            self.wait_more(conn)   # discarded; the sweep closes it at its deadline
+            return False
+        parser = conn.parser
+        if not conn.started:
+            conn.started = True
+            conn.deadline = _monotonic() + self.client_timeout
+        try:
+            parser.feed(data)
+        except HttpError as exc:
+            if not parser.ready:
+                self.refuse(conn, exc)
+                return False
+            # pipelined: the good requests before the bad one are answered first, then the refusal
+            conn.refusal = exc
+            parser.dead = True
+        if parser.ready:
+            return True
+        if parser.dead:
+            self.unregister_close(conn)
+            return False
+        if parser.continue_due is not None:
+            parser.continue_due = None
+            try:
+                conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+            except OSError:
+                self.unregister_close(conn)
+                return False
+        self.wait_more(conn)
+        return False
+
+    def wait_more(self, conn: _Conn) -> None:
+        conn.in_app = False
+        self.poller.wants_more(conn)
+
+    def refuse(self, conn: _Conn, exc: HttpError) -> None:
+        addr = conn.client[0] if isinstance(conn.client, tuple) else conn.client
+        self.log.warning("Invalid request from ip=%s: %s", addr, exc.message)
+        try:
+            conn.sock.send(wsgi.error_response(exc.status, exc.reason, exc.message))
+        except OSError:
+            pass
+        self.unregister_close(conn)
+
+    def answer(self, conn: _Conn) -> None:
         """Answer the ready requests in order (and a pipelined refusal after them); then keep or close."""
         keep = True
         try:
             ready = conn.parser.ready
             while ready and keep:
-                keep = self._handle(conn, ready.popleft())
+                keep = self.handle(conn, ready.popleft())
         except Exception:
             wsgi.log_error(self.log, "Error handling request")
             keep = False
@@ -441,18 +444,18 @@ class QagWorker(base.Worker):
         if conn.draining and conn.refusal is None:
             # The client may still be sending the body we refused: closing now would reset the connection and
             # could destroy the 413 before it is read. Half-close, discard what comes for a short while.
-            keep = self._half_close(conn, _DRAIN_SECONDS)
-        elif not keep and not self.alive:
+            keep = self.half_close(conn, _DRAIN_SECONDS)
+        elif not keep and not self.worker.alive:
             # Stopping: a lingering close too (a client may have sent more than it was answered).
-            keep = self._half_close(conn, _STOP_DRAIN_SECONDS)
+            keep = self.half_close(conn, _STOP_DRAIN_SECONDS)
         if self.poller.followers:
             if keep:
                 if not conn.draining:
                     conn.started = conn.parser.partial
                     conn.deadline = _monotonic() + (self.client_timeout if conn.started else self.keepalive)
-                self._wait_more(conn)
+                self.wait_more(conn)
             else:
-                self._unregister_close(conn)
+                self.unregister_close(conn)
             return
         if keep:
             self.returned.append(conn)
@@ -463,44 +466,44 @@ class QagWorker(base.Worker):
                 pass
             self.returned.append(_Closed(conn))
         try:
-            os.write(self.PIPE[1], b".")
+            os.write(self.wake_fd, b".")
         except OSError:
             pass
 
-    def _handle(self, conn: _Conn, req: Request) -> bool:
+    def handle(self, conn: _Conn, req: Request) -> bool:
         """Answer one request; True when the connection stays open for the next."""
         started = _time()
-        with self._count_lock:
-            self.nr += 1
-            last = self.nr >= self.max_requests
-        if last and self.alive:
+        worker = self.worker
+        if next(self.served) >= self.max_requests and worker.alive:
             self.log.info("Autorestarting worker after current request.")
-            self.alive = False
-            os.write(self.PIPE[1], b".")
+            worker.alive = False
+            os.write(self.wake_fd, b".")
         env = _environ(req, conn.base, conn.client, conn.server)
         env["gunicorn.socket"] = conn.sock   # as gthread gives it: a long stream bounds its own send buffer
         resp = _Response(conn.sock, req, self.client_timeout,
-                         req.keep_alive and self.alive and self.keepalive > 0, self.sort_fields)
+                         req.keep_alive and worker.alive and self.keepalive > 0, self.sort_fields)
         result = None
         if req.over_limit:
             conn.draining = True
         log_access = self.log_access
-        access = (_Access(req, env) if self.pre_request is not None or self.post_request is not None or log_access
+        pre_request, post_request = self.pre_request, self.post_request
+        access = (_Access(req, env) if pre_request is not None or post_request is not None or log_access
                   else None)
         try:
-            if self.pre_request is not None:
-                self.pre_request(self, access)
+            if pre_request is not None:
+                pre_request(worker, access)
             try:
-                result = self.wsgi(env, resp.start_response)
+                writer = resp   # untyped: the bound start_response the app is given (the compiled resp is typed)
+                result = self.app(env, writer.start_response)
                 if resp.status is None and type(result) is not list:
                     # a generator app calls start_response on its first item
                     iterator = iter(result)
                     first = next(iterator, None)
-                    self._stream(resp, first, iterator)
+                    _stream(resp, first, iterator)
                 elif type(result) is list and not resp.headers_sent:
                     resp.write_whole(b"".join(result) if len(result) != 1 else result[0])
                 else:
-                    self._stream(resp, None, iter(result) if not resp.no_body else iter(()))
+                    _stream(resp, None, iter(result) if not resp.no_body else iter(()))
                 resp.finish()
             except wsgi.ClientGone:
                 resp.close = True
@@ -526,21 +529,50 @@ class QagWorker(base.Worker):
             if log_access:
                 elapsed = timedelta(seconds=_time() - started)
                 self.log.access(resp, access, env, elapsed)
-            if self.post_request is not None:
+            if post_request is not None:
                 try:
-                    self.post_request(self, access, env, resp)
+                    post_request(worker, access, env, resp)
                 except Exception:
                     wsgi.log_error(self.log, "Exception in post_request hook")
         return not resp.close
 
-    @staticmethod
-    def _stream(resp, first, iterator) -> None:
-        if first is not None:
-            resp.write(first)
-        if resp.no_body:
-            return   # HEAD, 204, 304: the body is never produced (a stream's close() releases its cursor)
-        for item in iterator:
-            resp.write(item)
+    def unregister_close(self, conn: _Conn) -> None:
+        """Whichever thread holds the connection: close it."""
+        with conn.lock:
+            if conn.closed:
+                return
+            conn.closed = True
+        self.poller.remove(conn)
+        self.close(conn)
+
+    def close(self, conn: _Conn) -> None:
+        conn.closed = True
+        self.conns.discard(conn)
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+
+    def half_close(self, conn: _Conn, seconds: float) -> bool:
+        """Send FIN after what was answered and discard what still arrives for `seconds` (conn.draining: read
+        drops it, the sweep closes the connection at its deadline); False when the socket is already gone."""
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            conn.draining = False
+            return False
+        conn.draining = True
+        conn.deadline = _monotonic() + seconds
+        return True
+
+
+def _stream(resp, first, iterator) -> None:
+    if first is not None:
+        resp.write(first)
+    if resp.no_body:
+        return   # HEAD, 204, 304: the body is never produced (a stream's close() releases its cursor)
+    for item in iterator:
+        resp.write(item)
 
 
 class _Closed:
