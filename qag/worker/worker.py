@@ -567,6 +567,8 @@ class _Answerer:
 
 
 def _stream(resp, first, iterator) -> None:
+    """Write a body the app gives as an iterable, item by item (its first item already taken when it is a generator
+    whose first step starts the response)."""
     if first is not None:
         resp.write(first)
     if resp.no_body:

@@ -277,18 +277,13 @@ def test_a_connection_cut_mid_reply(database, readers):
         c = _connect(database[1])
         try:
             c.query(b"SELECT REPEAT('x', 1000000) FROM seq_1_to_30")
-            sock = socket.fromfd(c.fileno(), socket.AF_INET, socket.SOCK_STREAM)
-            sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
+            _shut(c.fileno())
             with pytest.raises(MySQLdb.OperationalError) as failure:
                 reader(c).read(0, 0)
             raised.append(failure.value)
         finally:
             c.close()
-    pure, compiled = raised
-    assert (type(compiled), compiled.args) == (type(pure), pure.args) and pure.args[0] == 2013
-    assert mapped(compiled, None, None).__dict__ == mapped(pure, None, None).__dict__
-    assert mapped(pure, None, None).code == "connection_failed"
+    _same_cut_failure(raised)
 
 
 @pytest.mark.parametrize("spin", [0.0, 0.05])
@@ -310,17 +305,24 @@ def test_a_connection_cut_while_the_reply_is_awaited(database, readers, spin):
             raised.append(failure.value)
         finally:
             c.close()
-    pure, compiled = raised
-    assert (type(compiled), compiled.args) == (type(pure), pure.args) and pure.args[0] == 2013
-    assert mapped(compiled, None, None).__dict__ == mapped(pure, None, None).__dict__
+    _same_cut_failure(raised)
 
 
 def _shut(fd: int) -> None:
+    """Shut a connection's socket both ways, as the watchdog does (its descriptor stays its owner's)."""
     sock = socket.socket(fileno=fd)
     try:
         sock.shutdown(socket.SHUT_RDWR)
     finally:
         sock.detach()
+
+
+def _same_cut_failure(raised: list) -> None:
+    """Both twins raised mysqlclient's error for a lost connection (2013), which qag maps alike."""
+    pure, compiled = raised
+    assert (type(compiled), compiled.args) == (type(pure), pure.args) and pure.args[0] == 2013
+    assert mapped(compiled, None, None).__dict__ == mapped(pure, None, None).__dict__
+    assert mapped(pure, None, None).code == "connection_failed"
 
 
 @pytest.mark.parametrize("statement", [b"SELECT 1 AS one", "SELECT 'é' AS text"])
