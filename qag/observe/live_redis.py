@@ -4,9 +4,11 @@ GET /events streams.
 While some instance holds a stream, it keeps the key LISTENERS alive in Redis (a few seconds' TTL, renewed), and
 one worker of that host (the ring's relay, taken over when it dies) subscribes to CHANNEL and puts every other
 instance's event into its host's ring, where its streams read it like a local one. Every worker looks at
-LISTENERS once a second; while it is there, a run's event is also handed to a publisher thread (a bounded queue:
-the call never waits for Redis) that PUBLISHes it with its instance's id, so no instance reads its own events
-twice. Redis down: events stay on their own host, and the threads try again after a pause.
+LISTENERS once a second (first as its publisher thread starts, on its first run); while it is there, and until that
+first look, a run's event is also handed to a publisher thread (a bounded queue: the call never waits for Redis)
+that PUBLISHes it with its instance's id, so no instance reads its own events twice; what was handed over before
+a look that finds no listener is dropped. Redis down: events stay on their own host, and the threads try again
+after a pause.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ class Relay:
 
     def __init__(self, url: str):
         self.url = url
-        self._remote = False
+        # Whether some instance holds a stream, as the publisher thread last saw LISTENERS; None until its first look
+        # (a worker's first runs are offered, not lost: the look that follows publishes them or drops them).
+        self._remote: bool | None = None
         self._queue: collections.deque = collections.deque(maxlen=QUEUE)
         self._wake = threading.Event()
         self._pid = None
@@ -53,15 +57,18 @@ class Relay:
             if self._pid != os.getpid():
                 self._pid = os.getpid()
                 self._relaying = False
+                self._remote = None   # this process has not looked yet (a forked one inherits its parent's view)
+                self._queue.clear()
                 threading.Thread(target=self._publish_loop, name="qag-live-redis", daemon=True).start()
 
     # --- publishing (request threads hand over; one thread talks to Redis) --------------------------------
     @property
     def remote_listeners(self) -> bool:
-        """Some instance holds a stream (as the publisher thread last saw LISTENERS); starts that thread."""
+        """Some instance holds a stream (as the publisher thread last saw LISTENERS, or it has not looked yet);
+        starts that thread."""
         if self._pid != os.getpid():
             self._start()
-        return self._remote
+        return self._remote is not False
 
     def offer(self, instance: int, record: bytes) -> None:
         if len(self._queue) == QUEUE:
@@ -70,11 +77,11 @@ class Relay:
         self._wake.set()
 
     def _publish_loop(self) -> None:
+        # The first look is at once: until it, every run is offered (remote_listeners), and a worker's first
+        # second of runs must reach the other instances' streams when there are some.
         client = None
-        looked = 0.0
+        looked = -LOOK
         while True:
-            self._wake.wait(LOOK)
-            self._wake.clear()
             try:
                 if client is None:
                     client = self._client()
@@ -82,6 +89,8 @@ class Relay:
                 if now - looked >= LOOK:
                     looked = now
                     self._remote = bool(client.exists(LISTENERS))
+                    if not self._remote:
+                        self._queue.clear()   # offered before the look said no instance listens
                 if self._queue:
                     pipe = client.pipeline(transaction=False)
                     while self._queue:
@@ -92,6 +101,8 @@ class Relay:
                 self._remote = False
                 self._queue.clear()
                 time.sleep(LOOK)
+            self._wake.wait(LOOK)
+            self._wake.clear()
 
     # --- relaying (the host's one subscriber) -------------------------------------------------------------
     def host_listens(self, ring) -> None:
