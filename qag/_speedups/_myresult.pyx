@@ -339,8 +339,8 @@ cdef class Reader:
         one release of the interpreter lock instead of mysqlclient's two (each a chance for another thread to take
         the lock, and for this one to wait to get it back); its wait is a poll() on the socket, so the library's
         first read finds the reply there instead of failing with EAGAIN and polling itself (one system call less).
-        mysqlclient's send_query still sends for a connection it has closed, and for a statement that isn't bytes:
-        its checks and errors."""
+        A connection mysqlclient has closed, and a statement that isn't bytes, are sent by mysqlclient's send_query
+        instead (its checks and errors)."""
         if self.direct:
             return self._query_direct(statement, deadline)
         if self.fd < 0:
