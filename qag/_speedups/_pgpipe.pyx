@@ -347,6 +347,25 @@ cdef object _int_of(const char *text, int length):
     return PyLong_FromLongLong(-value if text[0] == b'-' else value)
 
 
+cdef extern from *:
+    """
+    static inline void *qag_pointer_at(PyObject *o, Py_ssize_t at) { return *(void **)((char *)o + at); }
+    """
+    void *qag_pointer_at(object o, Py_ssize_t at) noexcept
+
+
+cdef Py_ssize_t _pointer_field(pgconn) except -1:
+    # psycopg's C PGconn (a Cython extension type) keeps its libpq pointer as its first field, after the object's
+    # head and its method table, and sets it to NULL when it frees the connection. Read there, the pointer is a
+    # load where the pgconn_ptr property is a Python call (a dozen uses a call). Only when that field holds what
+    # the property says now: another layout reads through the property, as before.
+    ptr = pgconn.pgconn_ptr
+    cdef Py_ssize_t at = sizeof(PyObject) + sizeof(void *)
+    if ptr is None or type(pgconn).__basicsize__ < at + <Py_ssize_t>sizeof(void *):
+        return 0
+    return at if <uintptr_t>qag_pointer_at(pgconn, at) == <uintptr_t>ptr else 0
+
+
 cdef class Pipe:
     """One connection's pipeline: queue statements and Syncs, send them, read a segment's results."""
 
@@ -358,6 +377,7 @@ cdef class Pipe:
     cdef dict _kinds        # type OID → how `rows` reads it (its Transformer's loaders stay the same for its life)
     cdef double _spin       # seconds a lone wait for a reply spins before it sleeps
     cdef bint _missed       # the last spin ended before its reply came (and none has come within a spin since)
+    cdef readonly Py_ssize_t pointer_at   # where the PGconn keeps its libpq pointer (_pointer_field), or 0: unknown
 
     def __init__(self, pgconn, spin=0.0):
         self._spin = spin
@@ -366,9 +386,17 @@ cdef class Pipe:
         self._get_result = pgconn.get_result
         self._fd = pgconn.socket
         self._kinds = {}
+        self.pointer_at = _pointer_field(pgconn)
 
     cdef void *_conn(self, str closed) except NULL:
-        # Read on every use: psycopg frees the PGconn when its connection is closed and sets this to None.
+        # Read on every use: psycopg frees the PGconn when its connection is closed and sets its pointer to NULL
+        # (pgconn_ptr None). From the field where _pointer_field found it, else through the property.
+        cdef void *conn
+        if self.pointer_at > 0:
+            conn = qag_pointer_at(self._pg, self.pointer_at)
+            if conn == NULL:
+                raise _operational_error(closed)
+            return conn
         ptr = self._pg.pgconn_ptr
         if ptr is None:
             raise _operational_error(closed)
@@ -412,7 +440,31 @@ cdef class Pipe:
         return 0
 
     def send(self, bytes sql not None, values=None, types=None, formats=None):
+        self._send(self._conn("the connection is closed"), sql, values, types, formats)
+
+    def put(self, list items not None, deadline):
+        """Queue each item (bytes: a statement without values; a tuple: send's arguments; None: a Sync), then
+        flush(deadline): a call's whole pipeline in one method call, the connection looked up once."""
         cdef void *conn = self._conn("the connection is closed")
+        cdef tuple args
+        cdef Py_ssize_t n
+        for item in items:
+            if item is None:
+                self._sync(conn)
+            elif type(item) is bytes:
+                self._send(conn, item, None, None, None)
+            elif type(item) is tuple and 1 <= len(<tuple>item) <= 4:
+                args = <tuple>item
+                n = len(args)
+                self._send(conn, args[0], args[1] if n > 1 else None, args[2] if n > 2 else None,
+                           args[3] if n > 3 else None)
+            else:
+                raise TypeError(f"a pipeline item is bytes, a tuple of send's arguments or None, not {item!r}")
+        self._due = True
+
+    cdef int _send(self, void *conn, bytes sql, values, types, formats) except -1:
+        if sql is None:
+            raise TypeError("a statement must be bytes, not None")
         cdef Py_ssize_t n = 0, i
         items = type_items = format_items = None
         if values is not None:
@@ -481,11 +533,15 @@ cdef class Pipe:
                 PyMem_Free(ctypes)
         if not rc:
             raise _operational_error(f"sending query and params failed: {self._pg.get_error_message()}")
+        return 0
 
     def sync(self):
-        cdef void *conn = self._conn("the connection is closed")
+        self._sync(self._conn("the connection is closed"))
+
+    cdef int _sync(self, void *conn) except -1:
         if self._lib.send_pipeline_sync(conn) != 1:
             raise _operational_error("could not queue a pipeline sync")
+        return 0
 
     def flush(self, deadline):
         """Mark everything queued as due: the next segment() sends it, waiting until the socket takes it all (past

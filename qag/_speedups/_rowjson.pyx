@@ -27,6 +27,7 @@ from libc.string cimport memcpy, strlen
 import json
 import math
 from datetime import date, datetime, time
+import decimal
 from decimal import Decimal
 
 cdef extern from "Python.h":
@@ -52,6 +53,42 @@ cdef extern from *:
     }
     """
     int qag_str_ready(object s) except -1
+
+cdef extern from *:
+    """
+    /* CPython's C decimal type (Modules/_decimal) on 64-bit libmpdec: the object's head, its hash, then the
+       mpd_t of its value, (-1)^(flags & 1) x coefficient x 10^exp, the coefficient in base-10^19 words. Read
+       only after qag_decimal_parts agreed with as_tuple() on known values (_decimal_fields_agree). */
+    typedef struct { uint8_t flags; Py_ssize_t exp; Py_ssize_t digits; Py_ssize_t len; Py_ssize_t alloc;
+                     uint64_t *data; } qag_mpd;
+    typedef struct { PyObject_HEAD Py_hash_t hash; qag_mpd dec; } qag_decimal;
+    static int qag_decimal_fields_known = 0;
+    static const double qag_tens[23] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12,
+                                        1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+    static void qag_decimal_parts(PyObject *v, int *flags, Py_ssize_t *exp, Py_ssize_t *len, uint64_t *low) {
+        const qag_mpd *d = &((const qag_decimal *)v)->dec;
+        *flags = d->flags; *exp = d->exp; *len = d->len; *low = d->len > 0 ? d->data[0] : 0;
+    }
+
+    /* float(v) in one correctly rounded IEEE operation when the coefficient and the power of ten are both exact
+       doubles (at most 2^53 and 10^22: Clinger's fast path); 0 when the value is outside it or special. */
+    static inline int qag_decimal_double(PyObject *v, double *out) {
+        const qag_mpd *d = &((const qag_decimal *)v)->dec;
+        double x;
+        if (!qag_decimal_fields_known || (d->flags & 14) || d->len != 1 || d->data[0] > 9007199254740992ULL
+                || d->exp < -22 || d->exp > 22)
+            return 0;
+        x = (double)d->data[0];
+        x = d->exp < 0 ? x / qag_tens[-d->exp] : x * qag_tens[d->exp];
+        *out = (d->flags & 1) ? -x : x;
+        return 1;
+    }
+    """
+    int qag_decimal_fields_known
+    Py_ssize_t qag_decimal_size "sizeof(qag_decimal)"
+    void qag_decimal_parts(object v, int *flags, Py_ssize_t *exp, Py_ssize_t *len, uint64_t *low) noexcept
+    bint qag_decimal_double(object v, double *out) noexcept
 
 import_datetime()
 
@@ -396,9 +433,43 @@ def _datetime_text(value):
                                              value.hour, value.minute, value.second)
 
 
+cdef bint _decimal_fields_agree():
+    # The fast path reads the decimal type's C fields: only on a 64-bit CPython whose Decimal reads as its
+    # as_tuple() says for values at and past the path's edges (else float() of each value, as before).
+    cdef int flags
+    cdef Py_ssize_t exp, length
+    cdef uint64_t low
+    if sizeof(void *) != 8 or not hasattr(decimal, "__libmpdec_version__") or (
+            _Decimal.__basicsize__ < qag_decimal_size):
+        return False
+    for text in ("0", "-0.00", "123.45", "-9007199254740992", "1E+22", "-7.5E-22", "9999999999999999999",
+                 "12345678901234567890.123", "-Infinity", "NaN", "sNaN"):
+        value = _Decimal(text)
+        sign, digits, exponent = value.as_tuple()
+        qag_decimal_parts(value, &flags, &exp, &length, &low)
+        if (flags & 1) != sign or bool(flags & 14) != (not isinstance(exponent, int)):
+            return False
+        if isinstance(exponent, int):
+            coefficient = int("".join(map(str, digits)))
+            words, rest = 1, coefficient // 10 ** 19
+            while rest:
+                words, rest = words + 1, rest // 10 ** 19
+            if exp != exponent or length != words or low != coefficient % 10 ** 19:
+                return False
+    return True
+
+
+qag_decimal_fields_known = _decimal_fields_agree()
+decimal_fields_known = bool(qag_decimal_fields_known)   # for the tests: the fast path is on
+
+
 cdef inline double _exact_decimal_double(object value) except? -1.0:
     # float() of an exact Decimal is its value (a quiet NaN gives NaN); only a signalling NaN refuses, and it
-    # means NaN as in _decimal_float. Without the Python call: Decimal columns come in every row.
+    # means NaN as in _decimal_float. Without the Python call: Decimal columns come in every row. Most values
+    # (a few digits after the point) take the C fields' way, where float() would print and parse the text.
+    cdef double d
+    if qag_decimal_double(value, &d):
+        return d
     try:
         return PyFloat_AsDouble(value)
     except ValueError:
@@ -809,7 +880,7 @@ cdef int _put_csv_value(Buf* b, object v, char delimiter) except -1:
     elif t is time and time_tzinfo(v) is None:
         _put_naive_time(b, v)
     elif t is _Decimal:
-        _put_double(b, _decimal_float(v))
+        _put_double(b, _exact_decimal_double(v))
     elif t is bytes:
         return _put_csv_str(b, (<bytes>v).decode("utf-8", "replace"), <uint8_t>delimiter)
     else:

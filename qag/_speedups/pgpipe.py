@@ -14,6 +14,8 @@ release lets another thread in; the compiled twin releases it only to wait for t
   results in text). Raises psycopg.OperationalError when libpq refuses it (a closed or broken connection).
 - `sync()`: queue a Sync without sending it (libpq 17's PQsendPipelineSync; with an older libpq the pure twin
   uses PQpipelineSync, which also sends).
+- `put(items, deadline)`: each item queued in order (bytes: `send(item)`; a tuple: `send(*item)`; None: `sync()`),
+  then `flush(deadline)`: a call's pipeline in one method call (the compiled twin looks the connection up once).
 - `flush(deadline)`: send everything queued, waiting for the socket to take more while the server has not read
   it yet (reading its replies meanwhile, so neither side can block the other). `deadline` is a
   `time.monotonic()` value or None (no limit); past it, `Gone`. The compiled twin only marks the queue as due
@@ -147,6 +149,18 @@ class Pipe:
 
     def send(self, sql: bytes, values=None, types=None, formats=None) -> None:
         self._pg.send_query_params(sql, values, types, formats)
+
+    def put(self, items: list, deadline: float | None) -> None:
+        for item in items:
+            if item is None:
+                self.sync()
+            elif type(item) is bytes:
+                self.send(item)
+            elif type(item) is tuple and 1 <= len(item) <= 4:
+                self.send(*item)
+            else:
+                raise TypeError(f"a pipeline item is bytes, a tuple of send's arguments or None, not {item!r}")
+        self.flush(deadline)
 
     def _open(self):
         # psycopg's send and flush say so themselves; PQisBusy and PQgetResult on a closed one would answer

@@ -93,6 +93,7 @@ _SQLSTATE = pq.DiagnosticField.SQLSTATE
 _BEGIN = {True: b"BEGIN READ ONLY", False: b"BEGIN"}
 _END = {True: b"ROLLBACK", False: b"COMMIT"}
 _DISCARD = b"DISCARD ALL"
+_RESET_ITEMS = (_DISCARD, None)   # the reset's own segment (see _Link.send_reset), as Pipe.put items
 _SEED_SCALE = 2 ** 63        # a seed of 63 random bits, as setseed's [0, 1)
 _UTF8 = b"UTF8"
 _MULTIPLE = "cannot insert multiple commands into a prepared statement"
@@ -323,13 +324,13 @@ class _Link:
     def send(self, sql: bytes, values=None, types=None, formats=None) -> None:
         self.pipe.send(sql, values, types, formats)
 
-    def send_args(self, sql: str, args: tuple) -> None:
+    def bound(self, sql: str, args: tuple):
+        """The caller's statement as a pipeline item (Pipe.put): its text, with its values as psycopg dumps them."""
         if args:
             tx = self.tx
             values = tx.dump_sequence(args, [PyFormat.AUTO] * len(args))
-            self.pipe.send(sql.encode(), values, tx.types, tx.formats)
-        else:
-            self.pipe.send(sql.encode())
+            return (sql.encode(), values, tx.types, tx.formats)
+        return sql.encode()
 
     def sync(self) -> None:
         self.pipe.sync()
@@ -518,21 +519,19 @@ class PostgresBackend(Backend):
         # protocol's implicit one the server would answer (and write to its log) "WARNING: there is no
         # transaction in progress" on every call. A cursor needs the block to outlive its statements.
         explicit = read_only or len(statements) > 1
-        pipe = link.pipe
-        send = pipe.send
-        if explicit:
-            send(_BEGIN[read_only])
-        setting, values = settings_statement(read_only, call.timeout, call.schema, link.forced, call.identity)
-        send(setting, values)
-        link.send_args(statements[0], call.args)
+        items = [_BEGIN[read_only]] if explicit else []
+        items.append(settings_statement(read_only, call.timeout, call.schema, link.forced, call.identity))
+        items.append(link.bound(statements[0], call.args))
         for sql in statements[1:]:
-            send(sql.encode())
+            items.append(sql.encode())
         if explicit:
-            send(_END[read_only])
-        pipe.sync()
+            items.append(_END[read_only])
+        items.append(None)
         if reset:
-            link.send_reset()
-        pipe.flush(deadline)
+            items += _RESET_ITEMS
+        link.pipe.put(items, deadline)      # one method call for the whole pipeline
+        if reset:
+            link.pending = True
         return explicit + len(statements)
 
     def _exchange(self, key, fields: dict, call: Call, statements: list[str]) -> tuple[_Link, tuple]:
@@ -615,14 +614,10 @@ class PostgresBackend(Backend):
         except _Gone:
             raise network_timeout(call.timeout) from None
         try:
-            link.send(_BEGIN[True])        # a cursor outlives a Sync only in an explicit transaction
-            setting, values = settings_statement(True, read.timeout, read.schema, link.forced, read.identity)
-            link.send(setting, values)
             declare, fetch = stream_statements(call.sql, first_n)
-            link.send_args(declare, call.args)
-            link.send(fetch.encode())
-            link.sync()
-            link.flush(deadline)
+            # A cursor outlives a Sync only in an explicit transaction.
+            link.pipe.put([_BEGIN[True], settings_statement(True, read.timeout, read.schema, link.forced, read.identity),
+                           link.bound(declare, call.args), fetch.encode(), None], deadline)
             results = link.segment(deadline)
             error = _first_error(results)
             if error is not None:

@@ -171,6 +171,46 @@ def test_any_pipeline_reads_the_same(pipes, steps):
     assert pure == compiled
 
 
+def run_put(pipe, steps: list, deadline: float | None = None) -> list:
+    """`steps` queued by one put() (a send without values as bare bytes), a segment read per Sync."""
+    items = [None if step[0] == "sync" else step[1] if len(step) == 2 else tuple(step[1:]) for step in steps]
+    pipe.put(items, deadline)
+    return [summary(pipe.segment(deadline)) for step in steps if step[0] == "sync"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(STEP, max_size=8))
+def test_put_queues_as_send_and_sync_do(pipes, steps):
+    pair, _ = pipes
+    steps = steps + [("sync",)]
+    by_put = []
+    for pipe in pair:
+        one_by_one = call_outcome(run, pipe, steps, time.monotonic() + 30)
+        by_put.append(call_outcome(run_put, pipe, steps, time.monotonic() + 30))
+        assert by_put[-1] == one_by_one
+    assert by_put[0] == by_put[1]
+
+
+def test_put_refuses_what_is_not_an_item(pipes):
+    pair, _ = pipes
+    for items in ([[b"SELECT 1"]], [(b"SELECT 1", None, None, None, None)], [()], [b"SELECT 1", "SELECT 2"]):
+        pure, compiled = (call_outcome(pipe.put, items, None) for pipe in pair)
+        assert pure[:2] == compiled[:2] == ("raised", TypeError), items
+    # A refused item leaves the connection usable: what it queued before the refusal is read, and more after it.
+    for pipe in pair:
+        pipe.sync()
+        pipe.flush(None)
+        assert summary(pipe.segment(None))[-1] == (2, [[b"1"]])
+        assert run_put(pipe, [("send", b"SELECT 5"), ("sync",)]) == [[(2, [[b"5"]])]]
+
+
+def test_the_compiled_pipe_reads_the_libpq_pointer_from_its_field(twin_pair, connect):
+    """psycopg's PGconn keeps its pointer where _pointer_field looks: the method calls read it without the
+    property (a closed connection is refused all the same: test_a_closed_connection_is_refused_by_every_method)."""
+    _, compiled = twin_pair("pgpipe")
+    assert compiled.Pipe(connect().pgconn).pointer_at > 0
+
+
 def read_outcomes(pipe, steps: list, wants: list, deadline: float | None = None) -> list:
     """Queue `steps` as run() does, then read each segment with outcome(deadline, want) (its wants in order; a
     None want is read with settle()), the result summarised so that twins compare."""
@@ -329,7 +369,8 @@ def test_a_closed_connection_is_refused_by_every_method(pipes):
     pair, conns = pipes
     for conn in conns:
         conn.close()
-    calls = [("send", (b"SELECT 1",)), ("sync", ()), ("flush", (None,)), ("segment", (None,)),
+    calls = [("send", (b"SELECT 1",)), ("put", ([b"SELECT 1", None], None)), ("sync", ()), ("flush", (None,)),
+             ("segment", (None,)),
              ("outcome", (None, 0)), ("settle", (None,)), ("readable", ())]
     for name, args in calls:
         pure, compiled = (call_outcome(getattr(pipe, name), *args) for pipe in pair)
