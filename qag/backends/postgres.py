@@ -616,8 +616,8 @@ class PostgresBackend(Backend):
         try:
             declare, fetch = stream_statements(call.sql, first_n)
             # A cursor outlives a Sync only in an explicit transaction.
-            link.pipe.put([_BEGIN[True], settings_statement(True, read.timeout, read.schema, link.forced, read.identity),
-                           link.bound(declare, call.args), fetch.encode(), None], deadline)
+            setting = settings_statement(True, read.timeout, read.schema, link.forced, read.identity)
+            link.pipe.put([_BEGIN[True], setting, link.bound(declare, call.args), fetch.encode(), None], deadline)
             results = link.segment(deadline)
             error = _first_error(results)
             if error is not None:

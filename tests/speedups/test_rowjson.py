@@ -511,7 +511,8 @@ def test_decimals_are_written_as_their_float(kind, value):
     rowjson = Twins(kind).rowjson
     number = math.nan if value.is_nan() else float(value)
     expected = repr(number).encode()
-    assert rowjson.encode_json(["d"], [(value,)]) == b'[{"d":' + (expected if math.isfinite(number) else b"null") + b"}]\n"
+    written = expected if math.isfinite(number) else b"null"
+    assert rowjson.encode_json(["d"], [(value,)]) == b'[{"d":' + written + b"}]\n"
     assert rowjson.encode_delimited(["d"], [(value,)], ",") == b"d\r\n" + expected + b"\r\n"
 
 
