@@ -246,7 +246,9 @@ def test_a_killed_worker_gives_back_its_slot_and_its_reserved_call(uniq):
         s.sqlite_db("lite.db", _SEED)
         s.connection("lite", "lite.db")
         s.query("ids", "SELECT id FROM t ORDER BY id", "lite")
-        s.query("slow", _SLOW.format(n=3_000_000), "lite")
+        # "slow" must still hold its slot at the probe below on a fast machine (0.6 s at 3 million was not enough
+        # in CI), yet end on its own: about 4 s here.
+        s.query("slow", _SLOW.format(n=20_000_000), "lite")
         s.query("endless", _SLOW.format(n=1_000_000_000), "lite")
         name = uniq("kill")
         key = s.key(name, max_concurrent=2, quota={"calls": 8, "per": "day"}, rate_limit="1000/day")
