@@ -22,7 +22,7 @@ libpq. Without psycopg this imports (nothing to drive), as the twins of the othe
 """
 
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.list cimport PyList_New, PyList_SET_ITEM
@@ -31,11 +31,11 @@ from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_DecodeUTF8
-from libc.string cimport memcmp, strlen
+from libc.string cimport memcmp, memcpy, strlen
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.errno cimport errno, EINTR
 from libc.math cimport ceil
-from libc.stdint cimport uintptr_t
+from libc.stdint cimport uint64_t, uintptr_t
 
 from qag._speedups._lonewait cimport (POLLIN, POLLOUT, POLLPRI, monotonic as _monotonic, poll, pollfd, qag_lone_wait_begin,
                                      qag_lone_wait_end, slept, spin_first)
@@ -48,6 +48,7 @@ import sys
 # One exception class and one set of status codes for both twins (the callers catch them whichever runs).
 from qag._speedups.pgpipe import (COMMAND_OK, FATAL_ERROR, Gone, PIPELINE_ABORTED, PIPELINE_SYNC, TUPLES_OK,
                                   _operational_error, error_of, name_of, transformer_rows)
+from qag._speedups.rowjson import unique_columns
 
 __all__ = ["Gone", "Pipe", "COMMAND_OK", "TUPLES_OK", "FATAL_ERROR", "PIPELINE_SYNC", "PIPELINE_ABORTED", "LIBPQ"]
 
@@ -345,6 +346,77 @@ cdef object _int_of(const char *text, int length):
         value = value * 10 + digit
         i += 1
     return PyLong_FromLongLong(-value if text[0] == b'-' else value)
+
+
+# --- Pipe.json: a page's JSON written from libpq's text values ---------------------------------------------------
+# Only values whose JSON is their text as it is (or a fixed word) are written here; for any other value `json`
+# returns None and the caller makes the rows and has rowjson encode them. So these rules only say when the text
+# is what rowjson would write, never how to escape.
+
+cdef uint64_t _ONES = 0x0101010101010101ULL
+cdef uint64_t _HIGH = 0x8080808080808080ULL
+
+
+cdef inline bint _no_zero_byte(uint64_t v) noexcept:
+    return ((v - _ONES) & ~v & _HIGH) == 0
+
+
+cdef bint _plain_text(const char *text, int length) noexcept:
+    """Whether every byte is printable ASCII but '"' and '\\': then rowjson writes the str as these bytes in quotes
+    (ensure_ascii, nothing to escape). Eight bytes at a time: a byte at or over 0x7F, under 0x20, '"' or '\\'."""
+    cdef int i = 0
+    cdef uint64_t w
+    cdef unsigned char c
+    while i + 8 <= length:
+        memcpy(&w, text + i, 8)
+        if (w & _HIGH) or ((w + _ONES) & _HIGH) or ((w - 0x2020202020202020ULL) & ~w & _HIGH):
+            return False
+        if not (_no_zero_byte(w ^ 0x2222222222222222ULL) and _no_zero_byte(w ^ 0x5C5C5C5C5C5C5C5CULL)):
+            return False
+        i += 8
+    while i < length:
+        c = <unsigned char>text[i]
+        if c < 0x20 or c > 0x7E or c == 0x22 or c == 0x5C:
+            return False
+        i += 1
+    return True
+
+
+cdef bint _canonical_int(const char *text, int length) noexcept:
+    """Whether the text is how Python prints the int it reads as (PostgreSQL's text of an integer type is): an
+    optional minus, then 1 to 19 digits, no leading zero, not "-0"."""
+    cdef int i = 1 if length > 0 and text[0] == b'-' else 0
+    cdef int digits = length - i
+    if digits < 1 or digits > 19 or (text[i] == b'0' and (digits > 1 or i == 1)):
+        return False
+    while i < length:
+        if not b'0' <= text[i] <= b'9':
+            return False
+        i += 1
+    return True
+
+
+cdef dict _KEYS = {}           # column names (a tuple) → their JSON keys, or None: a saved query's names repeat
+cdef Py_ssize_t _KEYS_MAX = 512
+
+
+cdef object _plain_keys(names):
+    """Each of rowjson's unique column names as its JSON key with what goes before it (nothing for the first, a
+    comma for the others) and its colon, when every name is plain text (see _plain_text); None otherwise."""
+    key = tuple(names)
+    if key in _KEYS:
+        return _KEYS[key]
+    keys = []
+    for i, name in enumerate(unique_columns(list(key))):
+        encoded = name.encode("utf-8")
+        if not _plain_text(encoded, len(encoded)):
+            keys = None
+            break
+        keys.append((b"," if i else b"") + b'"' + encoded + b'":')
+    if len(_KEYS) >= _KEYS_MAX:
+        _KEYS.clear()
+    _KEYS[key] = keys
+    return keys
 
 
 cdef extern from *:
@@ -734,6 +806,95 @@ cdef class Pipe:
                 Py_INCREF(value)
                 PyTuple_SET_ITEM(row, c, value)
         return out
+
+    def json(self, result, tx, Py_ssize_t start, Py_ssize_t end, names):
+        """The bytes rowjson.encode_json(names, self.rows(result, tx, start, end)) makes, written from libpq's text
+        values without making the rows; None when some value's JSON is not its text (see _plain_text and
+        _canonical_int), a column is not of a direct kind, or the range is empty."""
+        cdef const void *ptr = <const void *><uintptr_t>result.pgresult_ptr
+        cdef _Libpq lib = self._lib
+        cdef int columns = lib.nfields(ptr), c, r, length
+        cdef int kinds[_MAX_DIRECT_COLUMNS]
+        cdef const char *text
+        if not 0 <= start < end <= lib.ntuples(ptr) or not 0 < columns <= _MAX_DIRECT_COLUMNS:
+            return None
+        keys = _plain_keys(names)
+        if keys is None or len(keys) != columns:
+            return None
+        cdef Py_ssize_t row_size = 2        # its braces
+        for c in range(columns):
+            kinds[c] = self._kind(tx, lib.ftype(ptr, c)) if lib.fformat(ptr, c) == 0 else _BY_PSYCOPG
+            if kinds[c] == _BY_PSYCOPG:
+                return None
+            row_size += PyBytes_GET_SIZE(keys[c])
+        cdef Py_ssize_t count = (end - start) * columns, i = 0
+        # First each value's text (NULL for SQL NULL) and the body's size, then the body written into its bytes.
+        cdef const char **texts = <const char **>PyMem_Malloc(count * sizeof(char *))
+        cdef int *lengths = <int *>PyMem_Malloc(count * sizeof(int))
+        cdef Py_ssize_t size = 3 + (end - start) * (row_size + 1) - 1      # "[", "]\n"; a comma between rows
+        cdef char *o
+        try:
+            if texts == NULL or lengths == NULL:
+                raise MemoryError()
+            for r in range(<int>start, <int>end):
+                for c in range(columns):
+                    length = lib.getlength(ptr, r, c)
+                    if length == 0 and lib.getisnull(ptr, r, c):
+                        texts[i] = NULL
+                        size += 4
+                    else:
+                        text = lib.getvalue(ptr, r, c)
+                        if kinds[c] == _INT:
+                            if not _canonical_int(text, length):
+                                return None
+                            size += length
+                        elif kinds[c] == _UTF8_TEXT:
+                            if not _plain_text(text, length):
+                                return None
+                            size += length + 2
+                        else:
+                            length = 4 if text[0] == b't' else 5     # as rows() reads a boolean: 't' or not
+                            size += length
+                        texts[i] = text
+                    lengths[i] = length
+                    i += 1
+            body = PyBytes_FromStringAndSize(NULL, size)
+            o = PyBytes_AS_STRING(body)
+            o[0] = b'['
+            o += 1
+            i = 0
+            for r in range(<int>(end - start)):
+                if r:
+                    o[0] = b','
+                    o += 1
+                o[0] = b'{'
+                o += 1
+                for c in range(columns):
+                    key = <bytes>keys[c]
+                    memcpy(o, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
+                    o += PyBytes_GET_SIZE(key)
+                    if texts[i] == NULL:
+                        memcpy(o, b"null", 4)
+                        o += 4
+                    elif kinds[c] == _INT:
+                        memcpy(o, texts[i], lengths[i])
+                        o += lengths[i]
+                    elif kinds[c] == _UTF8_TEXT:
+                        o[0] = b'"'
+                        memcpy(o + 1, texts[i], lengths[i])
+                        o[lengths[i] + 1] = b'"'
+                        o += lengths[i] + 2
+                    else:
+                        memcpy(o, b"true" if lengths[i] == 4 else b"false", lengths[i])
+                        o += lengths[i]
+                    i += 1
+                o[0] = b'}'
+                o += 1
+            memcpy(o, b"]\n", 2)
+            return body
+        finally:
+            PyMem_Free(texts)
+            PyMem_Free(lengths)
 
     def readable(self):
         cdef void *conn = self._conn("the connection is closed")

@@ -35,6 +35,11 @@ release lets another thread in; the compiled twin releases it only to wait for t
   loader is psycopg's own C loader of integers, of booleans or of UTF-8 text (their text forms are short and
   fixed: a decimal, `t`/`f`, the text), building the same objects without psycopg's per-value calls; a result
   with any other column, or a range psycopg refuses, goes to the Transformer as here.
+- `json(result, tx, start, end, names)`: the bytes `rowjson.encode_json(names, rows(result, tx, start, end))`
+  makes, or None. The compiled twin writes them from libpq's text values, without making the rows, when every
+  value's JSON is its text as it is: a NULL, a boolean, an integer in its canonical decimal form, a text of
+  printable ASCII without '"' or '\\' (and every column name such a text); for a column of another kind, any
+  other value or an empty range it returns None, as the pure twin always does, and the caller makes the rows.
 
 Every method raises psycopg.OperationalError on a connection psycopg has closed.
 """
@@ -224,3 +229,6 @@ class Pipe:
 
     def rows(self, result, tx, start: int, end: int) -> list:
         return transformer_rows(result, tx, start, end)
+
+    def json(self, result, tx, start: int, end: int, names) -> bytes | None:
+        return None        # the pure twin leaves the JSON to rowjson (see the module's docstring)

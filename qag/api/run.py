@@ -551,7 +551,8 @@ class RunHandlers:
         # Windowed: LIMIT/OFFSET are in the SQL (clamped to the author's own limit); otherwise skip and slice.
         skip = 0 if rendered.windowed else offset
         call = Call(rendered.sql, rendered.args, plan.read_only, plan.timeout, plan.size + 1, skip,
-                    functions=functions, connection=connection["name"])
+                    functions=functions, connection=connection["name"],
+                    json_rows=plan.size if plan.fmt == "json" and plan.mask is None else 0)
         if skip or not rendered.windowed:
             # A query whose window isn't in its SQL (a compound or parenthesised SELECT on PostgreSQL): the
             # engine pages it with a cursor when it can, so the driver never buffers more than the page.
@@ -572,27 +573,32 @@ class RunHandlers:
             raise
         if timing is not None:
             timing["query"] = result.duration_ms / 1000.0   # marked as it ends: the trace's database span
-        columns, rows = result.columns, result.rows[:plan.size]
-        has_more = len(result.rows) > plan.size
-        if plan.mask is not None:
-            columns, rows = _apply_mask(plan, columns, rows)
-        self.usage.record(connection["name"], caller.name if not caller.admin else None, True, len(rows),
+        columns, rows = result.columns, result.rows
+        has_more = result.count > plan.size
+        if rows is None:             # the driver wrote the page's JSON itself (call.json_rows)
+            n = min(result.count, plan.size)
+        else:
+            rows = rows[:plan.size]
+            if plan.mask is not None:
+                columns, rows = _apply_mask(plan, columns, rows)
+            n = len(rows)
+        self.usage.record(connection["name"], caller.name if not caller.admin else None, True, n,
                           result.duration_ms)
         headers = [("X-Page", _count_text(plan.page)), ("X-Page-Size", _count_text(plan.size)),
-                   ("X-Row-Count", _count_text(len(rows))),
+                   ("X-Row-Count", _count_text(n)),
                    ("X-Has-More", "true" if has_more else "false")]
         started = time.perf_counter()
-        if not rows:
+        if not n:
             response = Response(200, encode.EMPTY_BODY, headers, "application/json")
         else:
             if plan.fmt in encode.ATTACHED:
                 headers.append(("Content-Disposition", encode.ATTACHED[plan.fmt]))
-            response = Response(200, encode.encode(plan.fmt, columns, rows), headers,
-                                encode.CONTENT_TYPES[plan.fmt])
+            body = result.json if rows is None else encode.encode(plan.fmt, columns, rows)
+            response = Response(200, body, headers, encode.CONTENT_TYPES[plan.fmt])
         encoded = time.perf_counter() - started
         if timing is not None:
             timing["encode"] = encoded
-        self.observe.done(plan, at, len(rows), result.duration_ms, encoded)
+        self.observe.done(plan, at, n, result.duration_ms, encoded)
         return response
 
     def _stream(self, plan: Plan, backend, fields: dict, caller, at: float,

@@ -4,11 +4,11 @@
 
 cdef class Call:
     cdef public object sql, args, read_only, timeout, fetch, skip, schema, tables, cursor, functions, connection
-    cdef public object identity
+    cdef public object identity, json_rows
 
 
 cdef class Result:
-    cdef public object columns, rows, duration_ms
+    cdef public object columns, rows, duration_ms, json, count
 
 
 cdef class Backend:

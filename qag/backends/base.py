@@ -15,11 +15,11 @@ class Call:
     the compiled build (~3,800 instructions a call, against about a quarter of that for this one)."""
 
     __slots__ = ("sql", "args", "read_only", "timeout", "fetch", "skip", "schema", "tables", "cursor", "functions",
-                 "connection", "identity")
+                 "connection", "identity", "json_rows")
 
     def __init__(self, sql: str, args: tuple, read_only: bool, timeout: float | None, fetch: int, skip: int = 0,
                  schema: str | None = None, tables: frozenset | None = None, cursor: bool = False,
-                 functions: tuple = (), connection: str = "", identity: tuple | None = None):
+                 functions: tuple = (), connection: str = "", identity: tuple | None = None, json_rows: int = 0):
         self.sql = sql
         self.args = args
         self.read_only = read_only
@@ -42,23 +42,33 @@ class Call:
         # Row security passthrough (PostgreSQL, a connection's `row_security` option): a signed-in caller's
         # verified claims as JSON bytes and the database role to act as (or None), for this call's transaction.
         self.identity = identity
+        # A page answered as a JSON array of its rows, untouched (no masking): how many of the fetched rows that
+        # page holds. A backend whose driver can write that JSON from its values may (Result.json); 0 = rows.
+        self.json_rows = json_rows
 
     def __repr__(self) -> str:
         return "Call(" + ", ".join([f"{name}={getattr(self, name)!r}" for name in Call.__slots__]) + ")"
 
 
 class Result:
-    """Column names as the driver gave them and the fetched rows (tuples); a plain class, as Call is."""
+    """Column names as the driver gave them and the fetched rows (tuples); a plain class, as Call is.
 
-    __slots__ = ("columns", "rows", "duration_ms")
+    `json`, for a call with `json_rows`: the JSON array (rowjson's bytes) of the first `json_rows` fetched rows,
+    written by the driver from its values; then `rows` is None and `count` says how many rows were fetched."""
 
-    def __init__(self, columns: list[str], rows: list[tuple], duration_ms: float):
+    __slots__ = ("columns", "rows", "duration_ms", "json", "count")
+
+    def __init__(self, columns: list[str], rows: list[tuple] | None, duration_ms: float, json: bytes | None = None,
+                 count: int = 0):
         self.columns = columns
         self.rows = rows
         self.duration_ms = duration_ms
+        self.json = json
+        self.count = len(rows) if rows is not None else count
 
     def __repr__(self) -> str:
-        return f"Result(columns={self.columns!r}, rows={self.rows!r}, duration_ms={self.duration_ms!r})"
+        return (f"Result(columns={self.columns!r}, rows={self.rows!r}, duration_ms={self.duration_ms!r}, "
+                f"json={self.json!r}, count={self.count!r})")
 
 
 # Seconds a client is told to wait (Retry-After) when the database or the path to it is unavailable.

@@ -590,17 +590,24 @@ class PostgresBackend(Backend):
         started = time.perf_counter()
         statements = (page_statements(call.sql, call.skip, call.fetch) if call.cursor else [call.sql])
         link, (result, columns) = self._exchange(key, fields, call, statements)
+        body, count = None, 0
         try:
             if result is None:
                 columns, rows = [], []
             else:
                 skip = 0 if call.cursor else call.skip
                 end = min(result.ntuples, skip + call.fetch)
-                rows = link.pipe.rows(result, link.tx, skip, end) if end > skip else []
+                # The page's JSON straight from libpq's values when the compiled pipe can write it (no rows made).
+                if call.json_rows and end > skip:
+                    body = link.pipe.json(result, link.tx, skip, min(end, skip + call.json_rows), columns)
+                if body is None:
+                    rows = link.pipe.rows(result, link.tx, skip, end) if end > skip else []
+                else:
+                    rows, count = None, end - skip
         except BaseException as exc:
             raise self._fail(key, link, exc, call) from None
         self._give_back(key, link)
-        return Result(columns, rows, (time.perf_counter() - started) * 1000.0)
+        return Result(columns, rows, (time.perf_counter() - started) * 1000.0, body, count)
 
     def stream(self, fields: dict, call: Call, batch: int, cap: int | None):
         key = pool_key(fields, True)

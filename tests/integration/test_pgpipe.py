@@ -552,3 +552,102 @@ def test_rows_any_values_match_the_transformer(twin_pair, connect, kept, values)
     pairs = _rows_of_each(twin_pair, connect, sql, params, kept=kept)
     _assert_same(pairs)
     assert pairs[-1][0][1] == [tuple(v) for v in values]
+
+
+# ---------------------------------------------------------------------------------------------
+# Pipe.json: the compiled twin writes a page's JSON from libpq's text values when each value's JSON is its text;
+# whenever it answers, the bytes must be rowjson's for the rows Pipe.rows makes of the same range.
+
+
+def _json_of_each(twin_pair, connect, sql: bytes, values=None, ranges=None, kept: dict | None = None):
+    """For each twin: [(Pipe.json's answer, rowjson.encode_json of Pipe.rows over the same range)] per range,
+    the rows encoded by both rowjson twins (which must agree)."""
+    from psycopg.adapt import Transformer
+    pure_json, compiled_json = twin_pair("rowjson")
+    out = {}
+    for twin in twin_pair("pgpipe"):
+        if kept is None:
+            conn = connect()
+        else:
+            conn = kept.get(twin.__name__) or kept.setdefault(twin.__name__, connect())
+        pipe, tx = twin.Pipe(conn.pgconn), Transformer(conn)
+        result = _result(pipe, sql, values)
+        names = [result.fname(i).decode() for i in range(result.nfields)]
+        answers = []
+        for start, end in ranges or [(0, result.ntuples)]:
+            rows = pipe.rows(result, tx, start, end)
+            expected = pure_json.encode_json(names, rows)
+            assert compiled_json.encode_json(names, rows) == expected
+            answers.append((pipe.json(result, tx, start, end, names), expected))
+        out[twin.__name__.rsplit(".", 1)[-1]] = answers
+    return out
+
+
+PLAIN_COLUMNS = """
+SELECT i2, i4, i8, o, t, v, c, n, b FROM (VALUES
+  (0::int2, 0::int4, 0::int8, 0::oid, ''::text, ''::varchar, ''::char(3), ''::name, true),
+  (-32768, -2147483648, -9223372036854775808, 4294967295, 'plain', 'varchar', 'ab', 'name', false),
+  (32767, 2147483647, 9223372036854775807, 1, 'spaces and ~ punctuation!', 'x', 'x', 'n', NULL),
+  (NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, true),
+  (-1, -999999999, 999999999999999999, 42, repeat('long ', 100), 'v', 'abc', 'n', true)
+) AS x(i2, i4, i8, o, t, v, c, n, b)
+""".encode()
+
+
+def test_json_writes_rowjsons_bytes_for_plain_values(twin_pair, connect):
+    answers = _json_of_each(twin_pair, connect, PLAIN_COLUMNS, ranges=[(0, 5), (1, 4), (4, 5), (0, 1)])
+    assert all(got is None for got, _ in answers["pgpipe"])            # the pure twin leaves it to rowjson
+    for got, expected in answers["_pgpipe"]:
+        assert got is not None and got == expected
+    assert answers["_pgpipe"][0][0].startswith(b'[{"i2":0,"i4":0,"i8":0,"o":0,"t":"","v":"","c":"   ","n":"",'
+                                               b'"b":true},{"i2":-32768,')
+
+
+@pytest.mark.parametrize("sql", [
+    b"SELECT 'a \"quote\"'::text AS t, 1::int4 AS i",               # text JSON escapes
+    b"SELECT 'back\\slash'::text AS t",
+    b"SELECT E'line\\nbreak'::text AS t",
+    b"SELECT E'del\\x7f'::text AS t",
+    "SELECT 'café'::text AS t".encode(),                             # non-ASCII: \u escapes
+    "SELECT 1::int4 AS \"é\"".encode(),                             # a column name that isn't plain
+    b"SELECT 1::int4 AS \"a\"\"b\"",
+    b"SELECT 1.5::numeric AS n, 1::int4 AS i",                       # a column of another kind
+    b"SELECT 1::int4 AS i WHERE false",                               # no rows
+])
+def test_json_leaves_to_rowjson_what_is_not_its_text(twin_pair, connect, sql):
+    for got, _ in _json_of_each(twin_pair, connect, sql)["_pgpipe"]:
+        assert got is None
+
+
+def test_json_writes_duplicate_names_as_rowjson_renames_them(twin_pair, connect):
+    sql = b"SELECT 1::int4 AS i, 2::int4 AS i, 3::int4 AS i_2"
+    (got, expected), = _json_of_each(twin_pair, connect, sql)["_pgpipe"]
+    assert got == expected == b'[{"i":1,"i_3":2,"i_2":3}]\n'
+
+
+_NAMES = st.lists(st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7f), min_size=1, max_size=6)
+                  .filter(lambda n: '"' not in n), min_size=3, max_size=3)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_NAMES, st.lists(st.tuples(st.one_of(st.none(), st.integers(-2**63, 2**63 - 1)),
+                                  st.one_of(st.none(), st.text(st.characters(blacklist_categories=("Cs",),
+                                                                             blacklist_characters="\x00"),
+                                                               max_size=30)),
+                                  st.one_of(st.none(), st.booleans())), min_size=1, max_size=5))
+def test_json_any_values_and_names_match_rowjson(twin_pair, connect, kept, names, values):
+    params, selects = [], []
+    for k, (number, text, flag) in enumerate(values):
+        params += [None if number is None else str(number).encode(), None if text is None else text.encode(),
+                   None if flag is None else (b"t" if flag else b"f")]
+        columns = [f'${3 * k + 1}::int8', f'${3 * k + 2}::text', f'${3 * k + 3}::bool']
+        if k == 0:
+            columns = [f'{c} AS "{name}"' for c, name in zip(columns, names)]
+        selects.append("SELECT " + ", ".join(columns))
+    sql = " UNION ALL ".join(selects).encode()
+    answers = _json_of_each(twin_pair, connect, sql, params, ranges=[(0, len(values)), (len(values) - 1, len(values))],
+                            kept=kept)
+    plain = all(0x20 <= ord(ch) < 0x7f and ch not in '"\\' for text in [*names, *(v[1] or "" for v in values)]
+                for ch in text)
+    for got, expected in answers["_pgpipe"]:
+        assert got == expected if plain else got in (None, expected)

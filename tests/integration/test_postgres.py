@@ -215,6 +215,31 @@ def test_results_windows_and_types(backend, db):
     assert r.rows == []
 
 
+def test_a_json_page_is_rowjsons_bytes_of_its_rows(backend, db):
+    """A call with json_rows (a page answered as JSON, unmasked): the compiled pipe writes the page's JSON from the
+    driver's values (Result.json, no rows); the pure one gives rows. Either way the bytes are rowjson's, on every
+    page, the last one and past it; a result with a value that is not its own JSON (a numeric, a quote) is rows."""
+    from qag._speedups import get
+    compiled = get("pgpipe").__name__.endswith("._pgpipe")
+    encode_json = get("rowjson").encode_json
+    b = backend()
+    prepared = prepare("SELECT id, name FROM pgt_items WHERE id < 1000 ORDER BY id", "postgres")
+    for page in (1, 4, 5, 6):
+        rendered = render(prepared, {}, b.style, 11, (page - 1) * 10)
+        plain = b.run(db, Call(rendered.sql, rendered.args, True, None, 11, 0))
+        r = b.run(db, Call(rendered.sql, rendered.args, True, None, 11, 0, json_rows=10))
+        assert r.count == plain.count == len(plain.rows) and r.columns == plain.columns == ["id", "name"]
+        if compiled and plain.rows:
+            assert r.rows is None and r.json == encode_json(plain.columns, plain.rows[:10])
+        else:
+            assert r.json is None and r.rows == plain.rows
+    assert [r.count, plain.count] == [0, 0]                     # past the last page
+    rendered = render(prepare("SELECT id, name, price FROM pgt_items WHERE id >= 1000 ORDER BY id", "postgres"),
+                      {}, b.style, 11, 0)
+    r = b.run(db, Call(rendered.sql, rendered.args, True, None, 11, 0, json_rows=10))
+    assert r.json is None and r.rows == [(1000, "O'Reilly; --", None), (1001, "50% off", None)]
+
+
 def test_sql_injection_values_are_data(backend, db):
     b = backend()
     sql = "SELECT id, name FROM pgt_items WHERE name = :name ORDER BY id"
@@ -445,6 +470,25 @@ def test_http_saved_query_pages_and_injection(server, conn_name, uniq):
     assert r.status == 500 and r.json["code"] == "query_failed" and "nope" in r.json["detail"]
     r = server.post("/execute_sql", {"sql": "DELETE FROM pgt_items", "connection_name": conn_name})
     assert r.status == 403 and r.json["code"] == "read_only"
+
+
+def test_http_json_pages_written_by_the_driver(server, conn_name, uniq):
+    """Pages of plain values (which the compiled pipe writes from the driver's values), a page with a value that
+    needs escaping, and the same query as CSV: the same rows, counts and has-more as the rows make."""
+    name = uniq("pgjson")
+    server.query(name, "SELECT id, name, id % 2 = 0 AS even FROM pgt_items ORDER BY id", conn_name)
+    seen = []
+    for page in range(1, 6):
+        r = server.get(q(name), params={"page": str(page), "page_size": "10"})
+        assert r.status == 200 and r.headers["x-row-count"] == str(len(r.json)), r
+        assert r.headers["x-has-more"] == ("true" if page < 5 else "false")
+        seen += r.json
+    assert seen == [{"id": i, "name": f"item {i}", "even": i % 2 == 0} for i in range(1, ITEMS + 1)] + [
+        {"id": 1000, "name": "O'Reilly; --", "even": True}, {"id": 1001, "name": "50% off", "even": False}]
+    r = server.get(q(name), params={"page": "6", "page_size": "10"})
+    assert r.status == 200 and r.json == {"message": "No results returned"} and r.headers["x-row-count"] == "0"
+    r = server.get(q(name), params={"page": "1", "page_size": "3", "format": "csv"})
+    assert r.status == 200 and r.body == b"id,name,even\r\n1,item 1,False\r\n2,item 2,True\r\n3,item 3,False\r\n"
 
 
 def test_http_writes_are_committed(writes_server, conn_name, db, uniq):
