@@ -147,8 +147,21 @@ class Server:
             conn.request(method, path, body=data, headers=all_headers)
             response = conn.getresponse()
             return Reply(response.status, response.getheaders(), response.read())
+        except ConnectionRefusedError:
+            self._raise_if_exited()
+            raise
         finally:
             conn.close()
+
+    def _raise_if_exited(self) -> None:
+        """A refused connection to a server whose process has ended (gunicorn's master stops the whole server
+        when a worker fails to boot): fail with what the server printed, not a bare refusal."""
+        try:
+            code = self.proc.wait(2)
+        except subprocess.TimeoutExpired:
+            return
+        self._pump.join(5)
+        raise RuntimeError(f"qag serve exited with {code}; its output ends:\n" + "".join(self.log[-80:]))
 
     def get(self, path: str, **kw) -> Reply:
         return self.request("GET", path, **kw)
