@@ -4,8 +4,8 @@ Every paged call is one flush of a pipeline and one wait for its replies (contra
 the messages are a deliberate departure, docs/compatibility.md):
 
     BEGIN READ ONLY (read-only)                                                ┐
-    SELECT pg_catalog.set_config('transaction_read_only', 'on', true),        │
-           [set_config('statement_timeout', $1, true), ...] setseed($n)       │ one segment: one transaction
+    SELECT [pg_catalog.set_config('statement_timeout', $1, true), ...]        │
+           pg_catalog.setseed($n)                                              │ one segment: one transaction
     <the caller's statement, its values bound as $1..$n>                       │
     ROLLBACK (read-only; a write commits at the Sync)                          ┘ Sync
     DISCARD ALL                                                                  Sync   (the reset, pooled only)
@@ -16,9 +16,9 @@ Why this shape:
     travel as Bind parameters, never as text the server reads as SQL under whatever encoding or
     standard_conforming_strings a session has.
   - Everything before a Sync runs as one transaction (the extended protocol commits only at Sync), so the
-    first statement's settings hold for the caller's statement: the read-only access mode (which may be
-    turned on at any point of a transaction, never off after its first query), the time limit and, for a
-    table-restricted or masked call, the search_path, all transaction-local. A read-only call ends with
+    BEGIN READ ONLY's access mode (never turned off after the transaction's first query, and the settings
+    statement is one) and the first statement's settings hold for the caller's statement: the time limit and,
+    for a table-restricted or masked call, the search_path, both transaction-local. A read-only call ends with
     ROLLBACK, so even what a read-only transaction lets through on PostgreSQL 15 (large-object writes,
     pg_notify, set_config) is undone; a statement that fails aborts the rest, and the Sync rolls it all back.
     It runs in an explicit block (BEGIN READ ONLY): a ROLLBACK in the protocol's implicit one still undoes it,
@@ -130,17 +130,19 @@ def search_path(schema: str) -> str:
 
 
 # The seeds: the random module's generator, seeded from os.urandom and again in each forked worker (cheaper
-# than a system call per call; the seeds are never shown, only the server's random() they start).
+# than a system call per call; the seeds are never shown, only the server's random() they start). An integer's
+# text, divided by the server: a float's shortest text (repr) costs the worker ~7k instructions a call.
 _random_bits = random.getrandbits
 _SETTINGS: dict = {}
 _SETTINGS_MAX = 256          # time limits and schemas are a handful of values; bounded all the same
 
 
-def settings_statement(read_only: bool, timeout: float | None, schema: str | None,
+def settings_statement(timeout: float | None, schema: str | None,
                        forced: tuple = (), identity: tuple | None = None) -> tuple[bytes, list]:
-    """The first statement of a call, and its values: the transaction's access mode, its time limit, search_path
-    and `forced` settings (session defaults of the server that qag reads differently, see _FORCED), all
-    transaction-local, and a new random seed. Built once per distinct set of settings; the seed is new each call.
+    """The first statement of a call, and its values: the transaction's time limit, search_path and `forced`
+    settings (session defaults of the server that qag reads differently, see _FORCED), all transaction-local,
+    and a new random seed. Built once per distinct set of settings; the seed is new each call. (A read-only
+    call's access mode is its BEGIN READ ONLY: this statement, the transaction's first query, fixes it.)
 
     `identity` (claims JSON, database role or None) adds request.jwt.claims and role, transaction-local like the
     rest (set_config(..., true) is SET LOCAL): the database's row-security policies see the signed-in user, in the
@@ -149,14 +151,14 @@ def settings_statement(read_only: bool, timeout: float | None, schema: str | Non
     compiled build a generator makes a closure on every call, the common one included.)"""
     if identity is None:     # the common call: its key and values built without a generator
         named_identity = ()
-        key = (read_only, timeout, schema, forced)
+        key = (timeout, schema, forced)
     else:
         named_identity = (("request.jwt.claims", identity[0]),) + (
             (("role", identity[1]),) if identity[1] is not None else ())
-        key = (read_only, timeout, schema, forced, tuple([name for name, _ in named_identity]))
+        key = (timeout, schema, forced, tuple([name for name, _ in named_identity]))
     built = _SETTINGS.get(key)
     if built is None:
-        calls = ["pg_catalog.set_config('transaction_read_only', 'on', true)"] if read_only else []
+        calls = []
         values: list[bytes] = []
         ms = timeout_ms(timeout)
         named = [("statement_timeout", str(ms).encode())] if ms is not None else []
@@ -520,7 +522,7 @@ class PostgresBackend(Backend):
         # transaction in progress" on every call. A cursor needs the block to outlive its statements.
         explicit = read_only or len(statements) > 1
         items = [_BEGIN[read_only]] if explicit else []
-        items.append(settings_statement(read_only, call.timeout, call.schema, link.forced, call.identity))
+        items.append(settings_statement(call.timeout, call.schema, link.forced, call.identity))
         items.append(link.bound(statements[0], call.args))
         for sql in statements[1:]:
             items.append(sql.encode())
@@ -623,7 +625,7 @@ class PostgresBackend(Backend):
         try:
             declare, fetch = stream_statements(call.sql, first_n)
             # A cursor outlives a Sync only in an explicit transaction.
-            setting = settings_statement(True, read.timeout, read.schema, link.forced, read.identity)
+            setting = settings_statement(read.timeout, read.schema, link.forced, read.identity)
             link.pipe.put([_BEGIN[True], setting, link.bound(declare, call.args), fetch.encode(), None], deadline)
             results = link.segment(deadline)
             error = _first_error(results)

@@ -113,9 +113,9 @@ def test_row_security_options_are_postgresql_only_and_checked(s):
 
 def test_the_identity_rides_in_the_calls_first_statement():
     # One statement, bound values: the claims and the role are never SQL text, and no extra round trip.
-    sql, values = pg.settings_statement(True, 1.0, None, (), (b'{"sub":"a\'b"}', b"app_user"))
+    sql, values = pg.settings_statement(1.0, None, (), (b'{"sub":"a\'b"}', b"app_user"))
     assert sql.count(b"SELECT") == 1
     assert b"set_config('request.jwt.claims', $2, true)" in sql and b"set_config('role', $3, true)" in sql
     assert values[1:3] == [b'{"sub":"a\'b"}', b"app_user"]
-    plain, _ = pg.settings_statement(True, 1.0, None)
+    plain, _ = pg.settings_statement(1.0, None)
     assert b"request.jwt.claims" not in plain
