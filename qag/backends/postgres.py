@@ -94,7 +94,7 @@ _BEGIN = {True: b"BEGIN READ ONLY", False: b"BEGIN"}
 _END = {True: b"ROLLBACK", False: b"COMMIT"}
 _DISCARD = b"DISCARD ALL"
 _RESET_ITEMS = (_DISCARD, None)   # the reset's own segment (see _Link.send_reset), as Pipe.put items
-_SEED_SCALE = 2 ** 63        # a seed of 63 random bits, as setseed's [0, 1)
+_SEED_SCALE = 2 ** 52        # a seed of 52 random bits, as setseed's [0, 1)
 _UTF8 = b"UTF8"
 _MULTIPLE = "cannot insert multiple commands into a prepared statement"
 _REFUSED = "the server refused the statement"      # a failure that came without a message
@@ -130,8 +130,10 @@ def search_path(schema: str) -> str:
 
 
 # The seeds: the random module's generator, seeded from os.urandom and again in each forked worker (cheaper
-# than a system call per call; the seeds are never shown, only the server's random() they start). An integer's
-# text, divided by the server: a float's shortest text (repr) costs the worker ~7k instructions a call.
+# than a system call per call; the seeds are never shown, only the server's random() they start). 52 bits, the
+# most a float8 holds exactly, sent as an integer's text and divided as float8 by the server: a float's shortest
+# text (repr) costs the worker ~7k instructions a call, and int8 divided as numeric costs the server ~5 µs more
+# (benchmarks/pg_statements.py).
 _random_bits = random.getrandbits
 _SETTINGS: dict = {}
 _SETTINGS_MAX = 256          # time limits and schemas are a handful of values; bounded all the same
@@ -169,12 +171,12 @@ def settings_statement(timeout: float | None, schema: str | None,
             calls.append(f"pg_catalog.set_config('{name}', ${len(values)}, true)")
         for offset, (name, _) in enumerate(named_identity, start=len(values) + 1):
             calls.append(f"pg_catalog.set_config('{name}', ${offset}, true)")   # values: per call, below
-        calls.append(f"pg_catalog.setseed(${len(values) + len(named_identity) + 1}::int8 / {_SEED_SCALE}.0)")
+        calls.append(f"pg_catalog.setseed(${len(values) + len(named_identity) + 1}::float8 / {_SEED_SCALE})")
         if len(_SETTINGS) >= _SETTINGS_MAX:
             _SETTINGS.clear()
         built = _SETTINGS[key] = (("SELECT " + ", ".join(calls)).encode(), tuple(values))
     text, values = built
-    seed = b"%d" % _random_bits(63)
+    seed = b"%d" % _random_bits(52)
     if identity is None:
         return text, [*values, seed]
     return text, [*values, *[value for _, value in named_identity], seed]

@@ -14,16 +14,16 @@ from qag.sql.prepare import prepare, render  # noqa: E402
 def test_settings_are_transaction_local_and_travel_as_values():
     sql, values = pg.settings_statement(1.5, None)
     assert sql == (b"SELECT pg_catalog.set_config('statement_timeout', $1, true), "
-                   b"pg_catalog.setseed($2::int8 / 9223372036854775808.0)")
-    assert values[0] == b"1500" and 0 <= int(values[1]) < 2 ** 63
+                   b"pg_catalog.setseed($2::float8 / 4503599627370496)")
+    assert values[0] == b"1500" and 0 <= int(values[1]) < 2 ** 52
     sql, values = pg.settings_statement(None, 'we"ird')
     assert sql == (b"SELECT pg_catalog.set_config('search_path', $1, true), "
-                   b"pg_catalog.setseed($2::int8 / 9223372036854775808.0)")
+                   b"pg_catalog.setseed($2::float8 / 4503599627370496)")
     assert values[0] == b'pg_catalog, "we""ird", pg_temp'
     sql, values = pg.settings_statement(0.0001, "s", (("DateStyle", b"ISO"), ("standard_conforming_strings", b"on")))
     assert values[:4] == [b"1", b'pg_catalog, "s", pg_temp', b"ISO", b"on"] and sql.count(b"set_config") == 4
     sql, values = pg.settings_statement(None, None)
-    assert sql == b"SELECT pg_catalog.setseed($1::int8 / 9223372036854775808.0)" and len(values) == 1
+    assert sql == b"SELECT pg_catalog.setseed($1::float8 / 4503599627370496)" and len(values) == 1
 
 
 def test_every_call_seeds_random_anew():
