@@ -7,8 +7,8 @@ pipeline mode over the extended protocol (one write and one Sync per call, as cl
 pipeline, which has a second Sync before its DISCARD ALL). The server's processes are pinned to --db-cpu and
 pgbench to --load-cpu; the figure is that core's busy time (user, nice, system, irq, softirq from /proc/stat)
 per transaction, so it holds the server's work and the kernel's on its side of the socket, and nothing of the
-client's. Shapes run in interleaved rounds; median [min–max] µs. Each shape adds one piece to the one above it,
-so the differences are the pieces' costs: this is where a call's statements cost the database, which a gateway
+client's. Shapes run in interleaved rounds; median [min–max] µs. Each shape adds (or, where it says so, replaces)
+one piece of the one above it, so the differences are the pieces' costs: this is where a call's statements cost the database, which a gateway
 can only shrink by sending less.
 """
 

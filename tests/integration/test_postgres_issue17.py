@@ -103,8 +103,13 @@ def test_a_commit_inside_a_read_only_call_cannot_open_a_writable_one(backend, db
     with pytest.raises(QagError) as info:
         run(b, db, "INSERT INTO notes (body) VALUES ('after commit')")
     assert info.value.code == "read_only"
-    with pytest.raises(QagError):
-        run(b, db, "SET TRANSACTION READ WRITE")
+    # BEGIN READ ONLY is the call's only read-only switch: the call's settings statement is its transaction's
+    # first query, after which the server refuses to turn the mode off, by statement or by function.
+    for text in ("SET TRANSACTION READ WRITE", "SELECT set_config('transaction_read_only', 'off', true) AS v"):
+        with pytest.raises(QagError) as info:
+            run(b, db, text)
+        said = f"{info.value.message} {info.value.extras.get('detail', '')}"
+        assert "read-write mode must be set before any query" in said, (text, said)
     assert owner_sql(db, "SELECT count(*) FROM notes WHERE body = 'after commit'") == [(0,)]
 
 
