@@ -5,10 +5,12 @@ the messages are a deliberate departure, docs/compatibility.md):
 
     BEGIN READ ONLY (read-only)                                                ┐
     SELECT [pg_catalog.set_config('statement_timeout', $1, true), ...]        │
-           pg_catalog.setseed($n)                                              │ one segment: one transaction
+           pg_catalog.setseed($n)                                              │ the call's transaction
     <the caller's statement, its values bound as $1..$n>                       │
-    ROLLBACK (read-only; a write commits at the Sync)                          ┘ Sync
-    DISCARD ALL                                                                  Sync   (the reset, pooled only)
+    ROLLBACK (read-only; a write commits at the Sync)                          ┘
+    DISCARD ALL (the reset, pooled only: read-only calls)                        Sync   (one segment, one reply)
+
+    a write:   SELECT [settings]; <statement>  Sync   DISCARD ALL  Sync   (the reset in a segment of its own)
 
 Why this shape:
   - The caller's statement is one Parse message, so the server itself refuses a second statement ("cannot
@@ -23,14 +25,17 @@ Why this shape:
     pg_notify, set_config) is undone; a statement that fails aborts the rest, and the Sync rolls it all back.
     It runs in an explicit block (BEGIN READ ONLY): a ROLLBACK in the protocol's implicit one still undoes it,
     but the server warns "there is no transaction in progress" each time, to the client and into its own log.
-  - The reset is queued behind the call, before any other caller's bytes can reach the connection, and its
-    reply is read when the connection is next taken (it has almost always arrived): no wait of its own.
+  - The reset is queued behind the call, before any other caller's bytes can reach the connection. After a
+    read-only call's ROLLBACK it is in the call's own segment (it starts a transaction of its own there, as
+    after a Sync), so the server answers the call and the reset in one reply, and the connection is pooled
+    only once its reset is seen to have succeeded. A write's statement runs in the protocol's implicit
+    transaction, where DISCARD ALL can't follow it: its reset is a segment of its own, whose reply is read when
+    the connection is next taken (it has almost always arrived: no wait of its own), as is a stream's.
     DISCARD ALL ends settings of every kind (client_encoding included), roles and session authorization,
     advisory locks, temporary objects, prepared statements, cursors, LISTENs and sequence state
     (currval/lastval). It keeps the random seed, so every call's first statement seeds random() anew
     (setseed is not transactional): nothing one caller seeded reaches the next.
-  - At most five statements and two Syncs a call, the Syncs queued without a flush each (libpq 17's
-    PQsendPipelineSync), so the whole call is one write.
+  - Every Sync is queued without a flush (libpq 17's PQsendPipelineSync), so the whole call is one write.
   - The pipeline is driven by the selected twin of qag._speedups.pgpipe: the compiled one calls libpq itself with
     the interpreter lock held and lets go of it only to wait for the socket (once a call, where psycopg's
     wrappers let go around every send and every PQisBusy: about twenty chances a call for another thread to
@@ -42,8 +47,8 @@ explicit transaction in the same segment (BEGIN; ...; DECLARE qag_page ...; MOVE
 never buffers more than the page.
 
 Dead pooled connections, without a round trip (a deliberate departure from contract 10.2's "SELECT 1 after 5 s
-idle"): a read-only call takes a pooled connection without looking at it, its reset's reply read with the call's;
-if the server had ended it (EOF after a close, a FATAL from pg_terminate_backend), the idle connections of the
+idle"): a read-only call takes a pooled connection without looking at it (a reset left pending, a stream's, is read
+with the call's reply); if the server had ended it (EOF after a close, a FATAL from pg_terminate_backend), the idle connections of the
 same settings are closed and the call, which changed nothing, runs once more on a new connection. A write's
 connection is looked at first (anything to read beyond its reset's reply: replaced before anything is sent), and
 a write whose connection died unseen is never retried (it may have committed). A connection whose call raised,
@@ -55,6 +60,7 @@ FORWARD <n> FROM qag_stream` in one segment, each further batch one FETCH, ended
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import re
@@ -77,6 +83,8 @@ from .pool import Pool, settings_key
 from .watchdog import KEEPALIVE_COUNT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, USER_TIMEOUT_MS, deadline_of
 
 __all__ = ["PostgresBackend", "read_schema", "SCHEMA_MAX_TABLES"]
+
+log = logging.getLogger("qag")
 
 CONNECT_TIMEOUT = 10
 # Passed to the driver as named; `database` becomes `dbname`. Anything else (`schema`, unknown options) is not.
@@ -110,6 +118,14 @@ _TEXT_TYPES = ("uuid", "inet", "cidr", "macaddr", "macaddr8", "money")
 
 
 # ---------------------------------------------------------------- statements (pure)
+
+
+def _explicit(call: Call, statements: list[str]) -> bool:
+    """Whether a call runs in an explicit transaction block. A read-only call does, so that its ROLLBACK ends
+    a transaction: in the extended protocol's implicit one the server would answer (and write to its log)
+    "WARNING: there is no transaction in progress" on every call. A cursor needs the block to outlive its
+    statements."""
+    return call.read_only or len(statements) > 1
 
 
 def timeout_ms(timeout: float | None) -> int | None:
@@ -304,7 +320,7 @@ def mapped(exc: BaseException, fields: dict, timeout: float | None, shift: int =
 class _Link:
     """One server connection in pipeline mode and what qag knows of it."""
 
-    __slots__ = ("conn", "pg", "pipe", "tx", "pending", "bad", "forced", "fields")
+    __slots__ = ("conn", "pg", "pipe", "tx", "pending", "bad", "forced", "fields", "version")
 
     def __init__(self, conn: psycopg.Connection, fields: dict, spin: float = 0.0):
         self.conn = conn
@@ -317,6 +333,7 @@ class _Link:
         self.forced = tuple((name, value) for name, value, differs in _FORCED
                             if differs(self.pg.parameter_status(name.encode()) or b""))
         self.fields = fields
+        self.version = self.pg.server_version
 
     def readable(self) -> bool:
         return self.pipe.readable()
@@ -443,6 +460,7 @@ class PostgresBackend(Backend):
         self._refreshing: set = set()
         self._schema_lock = threading.Lock()
         self._generation = 0                            # bumped by close_idle: a refresh in flight is dropped
+        self._own_segment: set[int] = set()             # server versions that refused the reset in a call's segment
 
     # --- connections -------------------------------------------------------------------------------------
     @staticmethod
@@ -512,17 +530,19 @@ class PostgresBackend(Backend):
 
     # --- calls ---------------------------------------------------------------------------------------------
     @staticmethod
-    def _send_call(link: _Link, call: Call, statements: list[str], reset: bool, deadline) -> int:
+    def _send_call(link: _Link, call: Call, statements: list[str], reset: bool, deadline,
+                   inline: bool = False) -> int:
         """The call's pipeline: its settings, its statements (the caller's one bound; a cursor's in an explicit
         transaction), ROLLBACK for a read-only call, Sync; then the reset when the connection will be pooled.
         One write. A write commits at the Sync: an explicit COMMIT would make the server answer in two parts
         (a second wake-up of the caller's thread per write). Returns the place in the segment of the last of
-        `statements` (the caller's, or a cursor's FETCH), whose rows the call returns."""
+        `statements` (the caller's, or a cursor's FETCH), whose rows the call returns.
+
+        `inline` (a call in an explicit block, `_inline_reset`): the reset goes in the call's own segment, after
+        the block has ended, so the server answers the call and its reset in one reply. In a segment of its own
+        it is a second reply the server sends and the gateway reads (and acknowledges) for every call."""
         read_only = call.read_only
-        # A read-only call runs in an explicit block so that its ROLLBACK ends a transaction: in the extended
-        # protocol's implicit one the server would answer (and write to its log) "WARNING: there is no
-        # transaction in progress" on every call. A cursor needs the block to outlive its statements.
-        explicit = read_only or len(statements) > 1
+        explicit = _explicit(call, statements)
         items = [_BEGIN[read_only]] if explicit else []
         items.append(settings_statement(call.timeout, call.schema, link.forced, call.identity))
         items.append(link.bound(statements[0], call.args))
@@ -530,13 +550,33 @@ class PostgresBackend(Backend):
             items.append(sql.encode())
         if explicit:
             items.append(_END[read_only])
+        inline = inline and reset and explicit
+        if inline:
+            items.append(_DISCARD)
         items.append(None)
-        if reset:
+        if reset and not inline:
             items += _RESET_ITEMS
         link.pipe.put(items, deadline)      # one method call for the whole pipeline
-        if reset:
+        if reset and not inline:
             link.pending = True
         return explicit + len(statements)
+
+    def _inline_reset(self, link: _Link, call: Call, statements: list[str], reset: bool) -> bool:
+        """Whether the call's reset goes in its own segment (`_send_call`): a call in an explicit block, on a
+        server that has not refused it. DISCARD ALL can't run inside a transaction block, nor (PostgreSQL 17)
+        after a statement of the same implicit transaction; after the block's ROLLBACK or COMMIT it starts a
+        transaction of its own, as it would after a Sync."""
+        return reset and _explicit(call, statements) and link.version not in self._own_segment
+
+    def _reset_refused(self, link: _Link, error: tuple) -> None:
+        """The server refused the reset in the call's segment, after the call had run: the connection is closed
+        (never pooled unreset), and this server version's calls reset in a segment of their own from now on."""
+        link.bad = True
+        if link.version not in self._own_segment:
+            self._own_segment.add(link.version)
+            log.warning("postgres: the server (version %s) refused DISCARD ALL after a call's transaction in the "
+                        "same pipeline segment (SQLSTATE %s); its connections are reset in a segment of their own",
+                        link.version, error[0])
 
     def _exchange(self, key, fields: dict, call: Call, statements: list[str]) -> tuple[_Link, tuple]:
         """(connection, the call's rows result and its column names) after the call ran and ended; retries a read
@@ -579,14 +619,20 @@ class PostgresBackend(Backend):
         A reset left pending by `_take` is on the wire first: its results are read first, and if it failed the
         call's are dropped."""
         deferred = link.pending
-        want = self._send_call(link, call, statements, reset, deadline)
+        link.pending = False        # read below, ahead of the call's reply; set again for a reset queued after it
+        inline = self._inline_reset(link, call, statements, reset)
+        want = self._send_call(link, call, statements, reset, deadline, inline)
         reset_ok = link.read_reset(deadline) if deferred else True
         result, names, error = link.pipe.outcome(deadline, want)
         if not reset_ok:
             link.bad = True
             raise _ResetFailed("the connection's reset failed")
         if error is not None:
-            raise _ServerError(error[0], error[1] or _REFUSED)
+            # A failure after the call's rows came (a failure aborts the rest of a segment) is the inline reset's:
+            # the call ran and ended; only its connection can't be pooled.
+            if not (inline and result is not None):
+                raise _ServerError(error[0], error[1] or _REFUSED)
+            self._reset_refused(link, error)
         return result, names
 
     def run(self, fields: dict, call: Call) -> Result:

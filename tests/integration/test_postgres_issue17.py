@@ -313,7 +313,51 @@ def _constants(text: str):
     return values or None
 
 
-# ------------------------------------------------------------------------------- a reset read behind the call
+# ------------------------------------------------------------------------------- the reset in the call's reply
+
+
+def advisory_locks(fields: dict, key: int) -> int:
+    return owner_sql(fields, f"SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = {key}")[0][0]
+
+
+def test_a_read_only_call_is_pooled_reset_with_nothing_left_to_read(backend, db, monkeypatch):
+    """A read-only call's reset runs in the call's own segment, after its ROLLBACK: when the call returns, the
+    session lock it took is already released, and its connection goes back to the pool with no reply left to
+    read, so the next call on it reads no reset first."""
+    b = backend(1)
+    reads = []
+    real = pg._Link.read_reset
+    monkeypatch.setattr(pg._Link, "read_reset", lambda self, deadline: reads.append(1) or real(self, deadline))
+    first = run(b, db, "SELECT pg_backend_pid() AS pid, pg_advisory_lock(4343) IS NOT NULL AS locked").rows[0]
+    assert first[1] is True
+    assert advisory_locks(db, 4343) == 0          # released before the response, not when the connection is next used
+    second = run(b, db, "SELECT pg_backend_pid() AS pid, count(*) AS locks FROM pg_locks "
+                        "WHERE locktype = 'advisory' AND pid = pg_backend_pid()").rows[0]
+    assert second == (first[0], 0) and reads == []
+
+
+def test_a_server_that_refuses_the_reset_in_the_call_segment(backend, db, monkeypatch, caplog):
+    """If the server refuses the reset after the call's transaction (as PostgreSQL refuses DISCARD ALL where it
+    can't run), the call, which ran and ended, still answers; its connection is closed, never pooled unreset; the
+    refusal is logged once, and that server's calls then reset in a segment of their own, pooled again."""
+    b = backend(1)
+    monkeypatch.setattr(pg, "_DISCARD", b"DISCARD ALL REFUSED")   # a reset the server refuses there
+    with caplog.at_level("WARNING", logger="qag"):
+        first = run(b, db, "SELECT pg_backend_pid() AS pid, pg_advisory_lock(4444) IS NOT NULL AS n").rows[0]
+        second = run(b, db, "SELECT pg_backend_pid() AS pid, pg_advisory_lock(4444) IS NOT NULL AS n").rows[0]
+        third = run(b, db, "SELECT pg_backend_pid() AS pid, count(*) AS locks FROM pg_locks "
+                           "WHERE locktype = 'advisory' AND pid = pg_backend_pid()").rows[0]
+    assert first[1] is True and second[1] is True
+    assert second[0] != first[0]                  # the connection the failed reset left was closed
+    assert third == (second[0], 0)                # the reset in its own segment ran, and pooled its connection
+    assert caplog.text.count("refused DISCARD ALL") == 1 and "42601" in caplog.text
+
+
+def separate_resets(b, fields: dict) -> None:
+    """Make the backend reset read-only calls in a segment of their own (as after a server refused the reset in
+    the call's), the shape whose reply is read when the connection is next taken."""
+    version = owner_sql(fields, "SELECT current_setting('server_version_num')::int")[0][0]
+    b._own_segment.add(version)
 
 
 def test_a_read_taken_before_its_reset_reply_arrived_runs_behind_the_reset(backend, db, monkeypatch):
@@ -321,6 +365,7 @@ def test_a_read_taken_before_its_reset_reply_arrived_runs_behind_the_reset(backe
     the reset (one wait for both): the server runs the reset first, so a session lock the previous caller left
     is gone, on the same server connection."""
     b = backend(1)
+    separate_resets(b, db)
     first = run(b, db, "SELECT pg_backend_pid() AS pid, pg_advisory_lock(4242) IS NOT NULL AS locked").rows[0]
     monkeypatch.setattr(pg._Link, "readable", lambda self: False)   # as if the reset reply were still on its way
     second = run(b, db, "SELECT pg_backend_pid() AS pid, count(*) AS locks FROM pg_locks "
@@ -330,6 +375,7 @@ def test_a_read_taken_before_its_reset_reply_arrived_runs_behind_the_reset(backe
 
 def test_a_failed_reset_ahead_of_a_read_drops_its_results_and_runs_it_on_a_fresh_connection(backend, db, monkeypatch):
     b = backend(1)
+    separate_resets(b, db)
     first_pid = run(b, db, "SELECT pg_backend_pid()").rows[0][0]
     monkeypatch.setattr(pg._Link, "readable", lambda self: False)
     failed = []
@@ -349,6 +395,8 @@ def test_a_failed_reset_ahead_of_a_read_drops_its_results_and_runs_it_on_a_fresh
 
 def test_a_write_waits_for_the_reset_reply_before_it_is_sent(backend, db, monkeypatch):
     b = backend(1)
+    separate_resets(b, db)
+    run(b, db, "INSERT INTO notes (body) VALUES ('before a reset')", read_only=False)   # a write's reset: own segment
     run(b, db, "SELECT 1")
     monkeypatch.setattr(pg._Link, "readable", lambda self: False)
     seen = []
@@ -360,4 +408,4 @@ def test_a_write_waits_for_the_reset_reply_before_it_is_sent(backend, db, monkey
     monkeypatch.setattr(pg.PostgresBackend, "_attempt", attempt)
     run(b, db, "INSERT INTO notes (body) VALUES ('after a reset')", read_only=False)
     run(b, db, "SELECT 1")
-    assert seen == [False, True]   # the write found its reset read; the read went behind the write's reset
+    assert seen == [False, True]   # the write found its reset read; the read went behind its connection's reset
