@@ -3,8 +3,8 @@
     python -m benchmarks.pg_statements [--rounds 3] [--seconds 4] [--clients 4] [--db-cpu 1] [--load-cpu 0]
 
 Each shape is a pgbench script of the pgbench case's lookup (`python -m benchmarks.oltp` loads it), run in
-pipeline mode over the extended protocol (one write and one Sync per call, as close as pgbench 15 comes to qag's
-pipeline, which has a second Sync before its DISCARD ALL). The server's processes are pinned to --db-cpu and
+pipeline mode over the extended protocol (one write and one Sync per call: qag's read-only call since 02a9c41;
+before it, qag's call had a second Sync before its DISCARD ALL). The server's processes are pinned to --db-cpu and
 pgbench to --load-cpu; the figure is that core's busy time (user, nice, system, irq, softirq from /proc/stat)
 per transaction, so it holds the server's work and the kernel's on its side of the socket, and nothing of the
 client's. Shapes run in interleaved rounds; median [min–max] µs. Each shape adds (or, where it says so, replaces)
