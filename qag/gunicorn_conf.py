@@ -72,6 +72,21 @@ def when_ready(server):
         print(ready_banner(urls[0]), file=sys.stderr, flush=True)
 
 
+def post_fork(server, worker):
+    """Worker, just forked, before it builds the app or starts a thread (each inherits the policy)."""
+    set_scheduling(_settings.worker_sched)
+
+
+def set_scheduling(policy: str) -> None:
+    """QAG_WORKER_SCHED for this process (its threads made from now on inherit it). SCHED_BATCH needs no
+    privilege; where the system lacks it, the default stays."""
+    if policy == "batch" and hasattr(os, "SCHED_BATCH"):
+        try:
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        except OSError:
+            pass
+
+
 def post_worker_init(worker):
     """Worker, its gateway built: qag's log lines go through the worker's log writer thread, and the garbage
     collector is set for a server's allocation pattern."""

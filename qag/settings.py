@@ -325,6 +325,8 @@ SETTINGS: tuple[Setting, ...] = (
             "a number of seconds > 0"),
     Setting("QAG_SPIN_US", _int_range(0, 10000), 200, "Microseconds a worker thread that is alone in its wait looks for its next bytes without sleeping, before it sleeps until they come: a pool thread when no other is answering a request (the next request), a PostgreSQL or MySQL call when no other waits for a reply of its database (the reply). An idle core halts, and waking it takes longer than a lone caller's next request or a short query's reply (on a virtual machine above all). Spent only while the worker has nothing else to do; after a spin that ended before its bytes came, waits sleep at once until one ends sooner than a spin would have. 0 = always sleep.",
             "a whole number of microseconds from 0 to 10000"),
+    Setting("QAG_WORKER_SCHED", _choice("batch", "normal"), "batch", "Linux scheduling policy of a worker's threads: batch (SCHED_BATCH: a thread woken by its database's reply or a request's bytes waits for the running thread to block, rather than preempting it, so the interpreter lock changes hands when a thread is done, not in the middle of its work: fewer context switches per call) or normal (SCHED_OTHER, the system's default). Set for the worker process as it starts, before its threads; elsewhere than Linux, nothing.",
+            "batch or normal"),
     Setting("QAG_TIMEOUT", _int_range(1, 86400), 120, "Seconds a worker may stay silent before the gunicorn master restarts it.",
             "a whole number of seconds from 1 to 86400"),
     Setting("QAG_GRACEFUL_TIMEOUT", _int_range(1, 86400), 30, "Seconds in-flight requests get to finish on shutdown or reload.",

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+
+import pytest
 
 CODE = """
 import gc, json
@@ -28,3 +31,28 @@ def test_a_worker_freezes_start_up_objects_and_collects_young_ones_less_often(tm
     assert seen["before"] == [700, 10, 10]
     assert seen["after"] == [10_000, 20, 20]
     assert seen["frozen"] > 1000 and seen["enabled"]
+
+
+SCHED = """
+import json, os, threading
+import qag.gunicorn_conf as conf
+
+conf.post_fork(None, None)
+seen = {}
+thread = threading.Thread(target=lambda: seen.update(policy=os.sched_getscheduler(threading.get_native_id())))
+thread.start()
+thread.join()
+names = {os.SCHED_BATCH: "batch", os.SCHED_OTHER: "normal"}
+print(json.dumps([names.get(os.sched_getscheduler(0)), names.get(seen["policy"])]))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
+@pytest.mark.parametrize("value,policy", [(None, "batch"), ("batch", "batch"), ("normal", "normal")])
+def test_a_forked_worker_and_the_threads_it_starts_run_under_qag_worker_sched(tmp_path, value, policy):
+    env = {"QAG_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    if value is not None:
+        env["QAG_WORKER_SCHED"] = value
+    out = subprocess.run([sys.executable, "-c", SCHED], capture_output=True, text=True, check=True, cwd=tmp_path,
+                         env=env)
+    assert json.loads(out.stdout) == [policy, policy]
