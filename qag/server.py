@@ -12,8 +12,8 @@ from .settings import Settings
 
 _CONFIG_NAMES = ("bind", "workers", "threads", "worker_class", "timeout", "graceful_timeout", "keepalive",
                  "preload_app", "accesslog", "access_log_format", "errorlog", "loglevel", "proc_name",
-                 "on_starting", "when_ready", "post_fork", "post_worker_init", "worker_exit", "child_exit", "on_exit",
-                 "control_socket", "logger_class",
+                 "on_starting", "when_ready", "post_fork", "post_worker_init", "worker_exit", "child_exit",
+                 "on_exit", "control_socket", "logger_class",
                  "control_socket_disable")
 
 

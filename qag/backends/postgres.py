@@ -47,12 +47,12 @@ explicit transaction in the same segment (BEGIN; ...; DECLARE qag_page ...; MOVE
 never buffers more than the page.
 
 Dead pooled connections, without a round trip (a deliberate departure from contract 10.2's "SELECT 1 after 5 s
-idle"): a read-only call takes a pooled connection without looking at it (a reset left pending, a stream's, is read
-with the call's reply); if the server had ended it (EOF after a close, a FATAL from pg_terminate_backend), the idle connections of the
-same settings are closed and the call, which changed nothing, runs once more on a new connection. A write's
-connection is looked at first (anything to read beyond its reset's reply: replaced before anything is sent), and
-a write whose connection died unseen is never retried (it may have committed). A connection whose call raised,
-was cancelled, or is not idle afterwards is closed, not pooled.
+idle"): a read-only call takes a pooled connection without looking at it (a reset left pending, a stream's, is
+read with the call's reply); if the server had ended it (EOF after a close, a FATAL from pg_terminate_backend),
+the idle connections of the same settings are closed and the call, which changed nothing, runs once more on a new
+connection. A write's connection is looked at first (anything to read beyond its reset's reply: replaced before
+anything is sent), and a write whose connection died unseen is never retried (it may have committed). A
+connection whose call raised, was cancelled, or is not idle afterwards is closed, not pooled.
 
 Streams (contract 3.8/10.4): `BEGIN READ ONLY; [limits]; DECLARE qag_stream NO SCROLL CURSOR FOR <sql>; FETCH
 FORWARD <n> FROM qag_stream` in one segment, each further batch one FETCH, ended by ROLLBACK and the reset.
@@ -562,8 +562,8 @@ class PostgresBackend(Backend):
         return explicit + len(statements)
 
     def _inline_reset(self, link: _Link, call: Call, statements: list[str], reset: bool) -> bool:
-        """Whether the call's reset goes in its own segment (`_send_call`): a call in an explicit block, on a
-        server that has not refused it. DISCARD ALL can't run inside a transaction block, nor (PostgreSQL 17)
+        """Whether the reset goes in the call's own segment (`_send_call`): a call in an explicit block, on a
+        server that has not refused it there. DISCARD ALL can't run inside a transaction block, nor (PostgreSQL 17)
         after a statement of the same implicit transaction; after the block's ROLLBACK or COMMIT it starts a
         transaction of its own, as it would after a Sync."""
         return reset and _explicit(call, statements) and link.version not in self._own_segment
