@@ -80,9 +80,12 @@ class SqliteStore(Store):
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None or getattr(self._local, "pid", None) != os.getpid():
-            # A connection opened before fork is never used after it: each process opens its own.
+            # A connection opened before fork is never used after it: each process opens its own. mode=rw: a
+            # store file that vanished (moved, deleted) is an open error here, never a new empty file that
+            # SQLite would read beside the old file's -wal and -shm and answer from as if it were the store.
             try:
-                conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None, check_same_thread=True)
+                conn = sqlite3.connect(f"file:{quote(self.path)}?mode=rw", uri=True, timeout=5.0,
+                                       isolation_level=None, check_same_thread=True)
             except sqlite3.Error as exc:
                 raise StoreError(f"cannot open the store {self.path}: {exc}") from None
             conn.row_factory = _row

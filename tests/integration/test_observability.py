@@ -230,7 +230,9 @@ def test_readyz_on_the_postgresql_store(make_server, pg_store_url):
 
 
 def test_livez_and_readyz(make_server):
-    s = make_server(seed=False, env={"QAG_DATABASE_URL": ""})  # the SQLite store (PostgreSQL: the test above)
+    # The SQLite store (PostgreSQL: the test above). One worker: /health answering means it has opened the store,
+    # so the file moves under a running worker; a second one still booting would open a fresh store at the path.
+    s = make_server(seed=False, env={"QAG_DATABASE_URL": "", "QAG_WORKERS": "1"})
     assert s.get("/livez", key=None).json == {"status": "ok"}
     r = s.get("/readyz", key=None)
     assert r.status == 200 and r.json["checks"]["store"] == "ok"

@@ -135,6 +135,37 @@ def test_opening_an_existing_store_never_opens_its_file_outside_sqlite(tmp_path,
     second.close()
 
 
+def test_a_store_file_that_vanished_is_never_recreated_empty(tmp_path):
+    """A thread opening its first connection after the store file was moved away gets an error (503), not a new
+    empty file that SQLite would answer from through the old file's -wal and -shm (and /readyz would call ready)."""
+    store = SqliteStore(str(tmp_path))
+    store.set_meta("kept", "yes")
+    moved = os.path.join(str(tmp_path), "moved.db")
+    os.rename(store.path, moved)
+    outcome = []
+
+    def first_use_on_a_new_thread():
+        try:
+            outcome.append(store.get_meta("kept"))
+        except StoreError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=first_use_on_a_new_thread)
+    thread.start()
+    thread.join()
+    assert isinstance(outcome[0], StoreError) and "cannot open the store" in str(outcome[0])
+    assert not os.path.exists(store.path)
+    with pytest.raises(sqlite3.OperationalError):
+        store.ping(1.0)
+    os.rename(moved, store.path)
+    thread = threading.Thread(target=first_use_on_a_new_thread)
+    thread.start()
+    thread.join()
+    assert outcome[1] == "yes"
+    store.ping(1.0)
+    store.close()
+
+
 def test_run_rows_keep_awkward_text_and_request_ids(make_store):
     """COPY's text format on PostgreSQL: tabs, newlines, backslashes, \\N-looking text and non-ASCII survive."""
     store = make_store()
