@@ -30,8 +30,13 @@ class _Server(BaseApplication):
 
     def load(self):
         # Runs in each worker after fork: the gateway, its store connections and caches are the worker's own.
+        # The master created the store (check_startup): a worker started later, after its file was moved or
+        # deleted, fails to boot (and gunicorn stops) rather than serving from a new empty store of its own.
         from .app import create_app
-        return create_app()
+        from .settings import load
+        from .store import open_store
+        settings = load()
+        return create_app(settings, open_store(settings, create=False))
 
 
 def check_startup(settings: Settings) -> None:

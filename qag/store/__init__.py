@@ -28,9 +28,11 @@ _PG_FAILURES = (
 )
 
 
-def open_store(settings, *, url: str | None = None, home: str | None = None, setting: str | None = None) -> Store:
+def open_store(settings, *, url: str | None = None, home: str | None = None, setting: str | None = None,
+               create: bool = True) -> Store:
     """The configured store (migrated on open). url/home override the settings (qag store copy), `setting` names
-    where they came from in the message of a store that cannot be opened (StoreOpenError)."""
+    where they came from in the message of a store that cannot be opened (StoreOpenError); `create=False` refuses
+    a SQLite store file that does not exist rather than starting an empty one."""
     url = url if url is not None else (settings.database_url if home is None else None)
     if url:
         from .postgres import PostgresStore
@@ -42,7 +44,7 @@ def open_store(settings, *, url: str | None = None, home: str | None = None, set
     from .sqlite import SqliteStore
     folder = home if home is not None else settings.home
     try:
-        return SqliteStore(folder, settings.audit_log_limit)
+        return SqliteStore(folder, settings.audit_log_limit, create)
     except (OSError, sqlite3.Error, StoreError) as exc:
         raise StoreOpenError(_sqlite_failure(setting or "QAG_HOME", folder, exc)) from None
 

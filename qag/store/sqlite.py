@@ -61,18 +61,23 @@ class SqliteStore(Store):
 
     _UNLIMITED = "-1"  # LIMIT with no limit (PostgreSQL: ALL)
 
-    def __init__(self, home: str, audit_limit: int = 500):
-        os.makedirs(home, mode=0o700, exist_ok=True)
+    def __init__(self, home: str, audit_limit: int = 500, create: bool = True):
+        """`create=False` (a `qag serve` worker: the master created the store) opens only an existing file."""
         self.audit_limit = audit_limit
         self.path = os.path.join(home, STORE_FILE)
-        # Owner-only from the first byte: the store holds connection passwords. SQLite gives its -wal and
-        # -shm files the database file's mode. Only a missing file is opened here: closing any descriptor of a
-        # file drops every POSIX lock this process holds on it, so opening an existing store beside a SQLite
-        # connection already using it would silently take that connection's locks away.
-        try:
-            os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
-        except FileExistsError:
-            pass
+        if create:
+            os.makedirs(home, mode=0o700, exist_ok=True)
+            # Owner-only from the first byte: the store holds connection passwords. SQLite gives its -wal and
+            # -shm files the database file's mode. Only a missing file is opened here: closing any descriptor of
+            # a file drops every POSIX lock this process holds on it, so opening an existing store beside a SQLite
+            # connection already using it would silently take that connection's locks away.
+            try:
+                os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+            except FileExistsError:
+                pass
+        elif not os.path.exists(self.path):
+            raise StoreError(f"the store {self.path} is gone since the server started (moved or deleted); restore "
+                             f"it, or restart the server to begin an empty store")
         self._local = threading.local()
         self._migrate()
 

@@ -232,7 +232,7 @@ def test_readyz_on_the_postgresql_store(make_server, pg_store_url):
 def test_livez_and_readyz(make_server):
     # The SQLite store (PostgreSQL: the test above). One worker: /health answering means it has opened the store,
     # so the file moves under a running worker; a second one still booting would open a fresh store at the path.
-    s = make_server(seed=False, env={"QAG_DATABASE_URL": "", "QAG_WORKERS": "1"})
+    s = make_server(seed=False, workers=1, env={"QAG_DATABASE_URL": ""})
     assert s.get("/livez", key=None).json == {"status": "ok"}
     r = s.get("/readyz", key=None)
     assert r.status == 200 and r.json["checks"]["store"] == "ok"
@@ -243,6 +243,22 @@ def test_livez_and_readyz(make_server):
         assert s.get("/livez", key=None).status == 200
     finally:
         os.rename(os.path.join(s.home, "moved.db"), os.path.join(s.home, "qag.db"))
+
+
+def test_a_worker_started_after_the_store_file_went_stops_the_server(make_server):
+    """A worker (re)started after the SQLite store file was moved away fails to boot, and gunicorn stops with a
+    line naming the store, rather than that worker serving from a new empty store of its own."""
+    s = make_server(seed=False, workers=1, env={"QAG_DATABASE_URL": "", "QAG_ACCESS_LOG": "on"})
+    (worker,) = s.answered_by_every_worker("/health", 1)
+    store = os.path.join(s.home, "qag.db")
+    os.rename(store, store + ".moved")
+    try:
+        os.kill(worker, signal.SIGKILL)
+        assert s.proc.wait(60) != 0
+        wait_for(lambda: any("is gone since the server started" in line for line in s.log), "the worker's reason")
+        assert not os.path.exists(store)
+    finally:
+        os.rename(store + ".moved", store)
 
 
 def test_server_timing_header(make_server, server, uniq):
