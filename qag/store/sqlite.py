@@ -86,8 +86,8 @@ class SqliteStore(Store):
         conn = getattr(self._local, "conn", None)
         if conn is None or getattr(self._local, "pid", None) != os.getpid():
             # A connection opened before fork is never used after it: each process opens its own. mode=rw: a
-            # store file that vanished (moved, deleted) is an open error here, never a new empty file that
-            # SQLite would read beside the old file's -wal and -shm and answer from as if it were the store.
+            # store file that vanished (moved, deleted) is an open error here (503), never a new empty file at
+            # the path, beside the old file's -wal and -shm, that later openers would take for the store.
             try:
                 conn = sqlite3.connect(f"file:{quote(self.path)}?mode=rw", uri=True, timeout=5.0,
                                        isolation_level=None, check_same_thread=True)

@@ -136,8 +136,8 @@ def test_opening_an_existing_store_never_opens_its_file_outside_sqlite(tmp_path,
 
 
 def test_a_store_file_that_vanished_is_never_recreated_empty(tmp_path):
-    """A thread opening its first connection after the store file was moved away gets an error (503), not a new
-    empty file that SQLite would answer from through the old file's -wal and -shm (and /readyz would call ready)."""
+    """A thread opening its first connection after the store file was moved away gets an error (503), and no new
+    empty file appears at the path for later openers to take for the store; once the file is back, it works."""
     store = SqliteStore(str(tmp_path))
     store.set_meta("kept", "yes")
     moved = os.path.join(str(tmp_path), "moved.db")
