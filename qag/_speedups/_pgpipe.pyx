@@ -47,8 +47,16 @@ import sys
 
 # One exception class and one set of status codes for both twins (the callers catch them whichever runs).
 from qag._speedups.pgpipe import (COMMAND_OK, FATAL_ERROR, Gone, PIPELINE_ABORTED, PIPELINE_SYNC, TUPLES_OK,
-                                  _operational_error, error_of, name_of, transformer_rows)
+                                  NOTHING_PENDING, _operational_error, error_of, name_of, transformer_rows)
 from qag._speedups.rowjson import unique_columns
+
+
+cdef inline bint _no_result(bint ended) except -1:
+    """The pure twin's no_result as a C call (it runs after every statement's results)."""
+    if ended:
+        raise _operational_error(NOTHING_PENDING)
+    return True
+
 
 __all__ = ["Gone", "Pipe", "COMMAND_OK", "TUPLES_OK", "FATAL_ERROR", "PIPELINE_SYNC", "PIPELINE_ABORTED", "LIBPQ"]
 
@@ -650,6 +658,7 @@ cdef class Pipe:
         cdef list out = []
         cdef conn_f is_busy = self._lib.is_busy
         cdef int status
+        cdef bint ended = False
         get_result = self._get_result
         while True:
             if self._due:
@@ -659,7 +668,9 @@ cdef class Pipe:
                 self._consume(conn)
             result = get_result()
             if result is None:
+                ended = _no_result(ended)
                 continue
+            ended = False
             status = result.status
             if status == _SYNC_STATUS:
                 return out
@@ -700,13 +711,16 @@ cdef class Pipe:
         cdef _Libpq lib = self._lib
         cdef void *ptr
         cdef int status, index = 0
+        cdef bint ended = False
         result = names = error = None
         while True:
             self._ready(conn, deadline)
             if index == want:
                 item = self._get_result()
                 if item is None:
+                    ended = _no_result(ended)
                     continue
+                ended = False
                 status = item.status
                 if status == _SYNC_STATUS:
                     return result, names, error
@@ -720,7 +734,9 @@ cdef class Pipe:
                 continue
             ptr = lib.get_result(conn)
             if ptr == NULL:
+                ended = _no_result(ended)
                 continue
+            ended = False
             status = lib.result_status(ptr)
             if status == _FATAL_STATUS and error is None:
                 try:
@@ -740,11 +756,14 @@ cdef class Pipe:
         cdef void *ptr
         cdef int status
         cdef bint ok = True
+        cdef bint ended = False
         while True:
             self._ready(conn, deadline)
             ptr = lib.get_result(conn)
             if ptr == NULL:
+                ended = _no_result(ended)
                 continue
+            ended = False
             status = lib.result_status(ptr)
             lib.clear(ptr)
             if status == _SYNC_STATUS:

@@ -29,6 +29,8 @@ release lets another thread in; the compiled twin releases it only to wait for t
   (TUPLES_OK), else None; `names` its column names as str (None without a result); `error` the first failure's
   (SQLSTATE, message) as str, else None. The compiled twin makes a psycopg PGresult of that one result only.
 - `settle(deadline)`: a segment read to its end; whether every statement in it succeeded (the reset's reply).
+- `segment`, `outcome` and `settle` with no Sync pending (nothing sent since the last segment was read) raise
+  psycopg.OperationalError at once: libpq has no reply to wait for.
 - `readable()`: whether the socket has anything to read now (never waits).
 - `rows(result, tx, start, end)`: rows `start` to `end` of a PGresult as tuples, loaded as `tx` (the connection's
   psycopg Transformer) loads them. The compiled twin reads the values through libpq itself for the columns whose
@@ -90,6 +92,18 @@ def name_of(name: bytes | None) -> str:
 def _operational_error(text: str) -> Exception:
     import psycopg   # imported by whoever made the PGconn; not at this module's import (drivers load on use)
     return psycopg.OperationalError(text)
+
+
+NOTHING_PENDING = "no reply is pending on the connection: nothing was sent since its last Sync"
+
+
+def no_result(ended: bool) -> bool:
+    """After PQgetResult gave no result with libpq not busy: True (a statement's results ended; the next result
+    comes), or, when the one before gave none either, OperationalError: libpq has nothing queued, so a read for a
+    Sync would loop for ever (nothing was sent since the last Sync was read)."""
+    if ended:
+        raise _operational_error(NOTHING_PENDING)
+    return True
 
 
 _SYNC: list = []
@@ -193,13 +207,16 @@ class Pipe:
         pg = self._open()
         is_busy, get_result = pg.is_busy, pg.get_result      # bound once: the loop runs a dozen times a call
         out = []
+        ended = False
         while True:
             while is_busy():
                 _wait(self._read, deadline)
                 pg.consume_input()
             result = get_result()
             if result is None:
+                ended = no_result(ended)
                 continue
+            ended = False
             status = result.status
             if status == PIPELINE_SYNC:
                 return out
