@@ -4,11 +4,13 @@ cimport cython
 from qag.auth cimport Caller
 from qag.http.request cimport Request
 from qag.http.response cimport Response
+from qag.observe.observer cimport Observer as ObserverType   # app.py imports the class by its own name
 
 cdef class Gateway:
     cdef public object settings, store, store_unavailable, redis, metadata, outages, store_files, backends, secret
     cdef public object auth, headers, max_body, trust_proxy, server_timing, admin_listener, rate_limit
-    cdef public object limit_stats, limit_table, address_buckets, key_buckets, slots, quotas, router, observe
+    cdef public object limit_stats, limit_table, address_buckets, key_buckets, slots, quotas, router
+    cdef public ObserverType observe   # each response is recorded with a C call
     cdef public object tracing, response_cache, run, manage, ops, catalog, events, mcp, mcp_target
 
     @cython.locals(request=Request, response=Response)

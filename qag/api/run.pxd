@@ -1,6 +1,9 @@
 # Types for Cython's build of run.py (pure-Python mode): the per-call Plan and the handlers as extension types, so
 # their fields are C reads and the handlers' own steps are C calls. run.py stays the pure twin, unchanged by this.
+cimport cython
+from qag.api._usage cimport Usage
 from qag.auth cimport Caller
+from qag.observe.observer cimport Observer
 
 
 cdef class Plan:
@@ -10,7 +13,9 @@ cdef class Plan:
 
 
 cdef class RunHandlers:
-    cdef public object gateway, store, settings, usage, observe, _resolvers, masking, outages
+    cdef public object gateway, store, settings, _resolvers, masking, outages
+    cdef public Usage usage        # what _run records and observes each call: C calls
+    cdef public Observer observe
 
     cpdef _resolver(self, version)
     cpdef _format_and_timeout(self, request, args, body, Caller caller)
@@ -18,6 +23,7 @@ cdef class RunHandlers:
     cpdef writes_allowed(self, Caller caller, query_name)
     cpdef _check_tables(self, Plan plan, Caller caller, fields)
     cpdef _statement(self, Plan plan)
+    @cython.locals(observe=Observer)
     cpdef _execute(self, Plan plan, Caller caller, writes, version)
     cpdef _run(self, Plan plan, Caller caller, writes, version, at)
     cpdef run_named(self, request, Caller caller, name)

@@ -6,3 +6,5 @@ cdef class BatchWriter:
     cdef public object _flush_lock, _drop_lock, _thread, _running, _closed, _held, _attempts, dropped, written
     cdef public object failed, _dropped_logged, _last_drop_log
     cdef object __weakref__   # the module's WeakSet of writers (started afresh after a fork)
+
+    cpdef put(self, record)   # a C call from the request threads (observer.pxd types its queues)
