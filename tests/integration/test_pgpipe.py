@@ -5,6 +5,7 @@ server, and what they return (results by status, rows, SQLSTATE) or raise is com
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import subprocess
@@ -379,14 +380,14 @@ def test_a_closed_connection_is_refused_by_every_method(pipes):
 
 
 _NOTHING_PENDING_CHILD = """
-import json, os, sys, psycopg
+import json, os, psycopg
 from qag import _speedups
 f = json.loads(os.environ["QAG_TEST_PG"])
 conn = psycopg.Connection.connect(host=f["host"], port=f["port"], user=f["user"], password=f["password"],
                                   dbname=f["database"], autocommit=True)
 conn.pgconn.enter_pipeline_mode()
-pipe = _speedups.twin("pgpipe", sys.argv[1]).Pipe(conn.pgconn)
-method = sys.argv[2]
+pipe = _speedups.twin("pgpipe", os.environ["QAG_TEST_TWIN"]).Pipe(conn.pgconn)
+method = os.environ["QAG_TEST_METHOD"]
 for step in ("first", "again"):           # a segment read whole, then nothing pending; then once more
     pipe.put([b"SELECT 1", None], None)
     pipe.segment(None)
@@ -405,11 +406,9 @@ def test_a_read_with_no_sync_pending_raises_instead_of_looping(twin_pair, pg_db,
     once (and the connection still serves the next call), where they used to loop for ever, the compiled one
     holding the interpreter lock. A child process, so a loop fails the test by its timeout instead of hanging it."""
     twin_pair("pgpipe")
-    import json
     for twin in ("pure", "compiled"):
-        out = _in_child(_NOTHING_PENDING_CHILD.replace("sys.argv[1]", repr(twin)).replace("sys.argv[2]",
-                                                                                        repr(method)),
-                        QAG_TEST_PG=json.dumps(pg_db))
+        out = _in_child(_NOTHING_PENDING_CHILD, QAG_TEST_PG=json.dumps(pg_db), QAG_TEST_TWIN=twin,
+                        QAG_TEST_METHOD=method)
         assert out.returncode == 0, out.stderr
         expected = "raised no reply is pending on the connection: nothing was sent since its last Sync"
         assert out.stdout.splitlines() == [f"first {expected}", f"again {expected}"], (twin, out.stdout)
