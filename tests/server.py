@@ -246,7 +246,7 @@ class Server:
 
     def connection(self, name: str, database: str, **extra) -> Reply:
         reply = self.post("/api/v1/connections", {"name": name, "db": "sqlite", "database": database, **extra})
-        assert reply.status == 201, reply
+        assert reply.status == 201, self._explain(reply)
         return reply
 
     def query(self, name: str, sql: str, connection: str | None, publish: bool = True, **extra) -> Reply:
@@ -254,13 +254,21 @@ class Server:
         if connection is not None:
             body["connection_name"] = connection
         reply = self.post("/api/v1/queries", body)
-        assert reply.status == 201, reply
+        assert reply.status == 201, self._explain(reply)
         return reply
 
     def key(self, name: str, **grants) -> str:
         reply = self.post("/api/v1/api-keys", {"name": name, **grants})
-        assert reply.status == 201, reply
+        assert reply.status == 201, self._explain(reply)
         return reply.json["secret"]
+
+    def _explain(self, reply: Reply) -> str:
+        """A set-up call's unexpected reply with what the server logged about it, so a failure says why."""
+        request_id = (reply.json.get("request_id") if reply.body.startswith(b"{") else None) or ""
+        time.sleep(0.2)   # the server's lines about the call may still be on their way through the pipe
+        lines = [line for line in self.log if request_id and request_id in line or "WARNING" in line
+                 or "ERROR" in line]
+        return f"{reply!r}; the server logged:\n" + "".join(lines[-40:] or self.log[-20:])
 
 
 class KeptConnection:

@@ -1,7 +1,8 @@
 """The PostgreSQL store (QAG_DATABASE_URL): the SQLite store's schema and SQL on a pool of psycopg2 connections.
 
 Several instances may share one database. Migrations run under a transaction-scoped advisory lock, so concurrent
-starts apply each step once; a newer schema is refused as on SQLite. Every `transaction()` takes another advisory
+starts apply each step once; a newer schema is refused as on SQLite. Opening a current store runs no DDL, so a
+worker's start never locks a table that requests are reading or writing. Every `transaction()` takes another advisory
 lock for its duration, which serialises read-modify-write sections across threads, workers and instances the way
 SQLite's BEGIN IMMEDIATE does. Outside a transaction each statement runs in autocommit on a pooled connection.
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import io
 import os
 import re
@@ -345,9 +347,24 @@ class PostgresStore(SqliteStore):
             if found != SCHEMA_VERSION:
                 self._run(f"DELETE FROM {_SCHEMA_TABLE}")
                 self._run(f"INSERT INTO {_SCHEMA_TABLE} (version) VALUES (?)", (SCHEMA_VERSION,))
-            for statement in _config_triggers():
-                with self._tx().cursor() as cur:
-                    cur.execute(statement)
+            triggers, mark = _config_triggers()
+            if not self._config_triggers_in_place(mark):
+                for statement in triggers:
+                    with self._tx().cursor() as cur:
+                        cur.execute(statement)
+
+    def _config_triggers_in_place(self, mark: str) -> bool:
+        """Whether this schema's configuration triggers are the ones `mark` names, all there and enabled. Only
+        then may opening the store skip them: their DDL locks every configuration table until the migration's
+        transaction ends, so a worker starting beside a reader (or a writer) would wait for it and make everyone
+        after it wait, or deadlock with a writer that holds one of those tables and needs another."""
+        row = self._one(
+            "SELECT obj_description(p.oid, 'pg_proc') AS mark, "
+            "(SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid WHERE c.relnamespace = n.oid "
+            "AND t.tgname = 'qag_config_' || c.relname AND t.tgfoid = p.oid AND t.tgenabled = 'O') AS triggers "
+            "FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE n.nspname = current_schema() AND p.proname = 'qag_bump_config_generation'")
+        return row is not None and row["mark"] == mark and row["triggers"] == len(_CONFIGURATION)
 
     def schema_version(self) -> int:
         return self._one(f"SELECT max(version) AS v FROM {_SCHEMA_TABLE}")["v"]
@@ -438,10 +455,14 @@ def _ident(name: str) -> str:
     return name
 
 
-def _config_triggers() -> list[str]:
+def _config_triggers() -> tuple[list[str], str]:
     """The SQLite store's configuration triggers (sqlite._CONFIGURATION) in PostgreSQL's terms: any change to a
     configuration row, also one made straight in the database, moves meta.config_generation, which the metadata
-    cache polls. Statement-level, so a bulk edit moves it once."""
+    cache polls. Statement-level, so a bulk edit moves it once.
+
+    Returns (the statements that install them, their mark). The last statement writes the mark, a digest of the
+    others, as the function's comment: a store whose function carries it has these very triggers (not meta, which
+    `qag store copy` wants empty and copies from the source)."""
     statements = ["CREATE OR REPLACE FUNCTION qag_bump_config_generation() RETURNS trigger LANGUAGE plpgsql AS $$ "
                   "BEGIN INSERT INTO meta (key, value) VALUES ('config_generation', '1') ON CONFLICT (key) DO UPDATE "
                   "SET value = (meta.value::bigint + 1)::text; RETURN NULL; END $$"]
@@ -450,4 +471,6 @@ def _config_triggers() -> list[str]:
         statements.append(f"DROP TRIGGER IF EXISTS {name} ON {table}")
         statements.append(f"CREATE TRIGGER {name} AFTER INSERT OR UPDATE{columns} OR DELETE ON {table} "
                           f"FOR EACH STATEMENT EXECUTE FUNCTION qag_bump_config_generation()")
-    return statements
+    mark = "qag configuration triggers " + hashlib.sha256("\n".join(statements).encode()).hexdigest()[:16]
+    statements.append(f"COMMENT ON FUNCTION qag_bump_config_generation() IS '{mark}'")
+    return statements, mark

@@ -190,3 +190,72 @@ def test_runs_written_inside_an_administrative_transaction_still_take_the_runs_l
     finally:
         other.close()
         store.close()
+
+
+def _open_in_thread(url: str) -> tuple[threading.Event, list]:
+    """Open (and close) a PostgresStore on another thread: (set when it is done, [its error, if any])."""
+    from qag.store.postgres import PostgresStore
+    done, errors = threading.Event(), []
+
+    def open_store_once():
+        try:
+            PostgresStore(url).close()
+        except Exception as exc:  # reported to the test, which fails with it
+            errors.append(exc)
+        done.set()
+
+    threading.Thread(target=open_store_once, daemon=True).start()
+    return done, errors
+
+
+@pytest.mark.parametrize("holder", ["reads", "writes"])
+def test_opening_a_current_store_waits_for_no_table_lock(pg_store_url, holder):
+    """A worker that starts while another session is inside a transaction on the configuration tables (a request
+    of another worker or instance, a report) opens at once: opening a current store runs no DDL. Before, every
+    open dropped and re-created the configuration triggers, so it waited for that session (for ever, under the
+    migration lock) and made every later reader wait behind it, or deadlocked with a writer."""
+    import psycopg2
+    from qag.store.postgres import PostgresStore
+    PostgresStore(pg_store_url).close()   # the first start: migrates and installs the triggers
+    other = psycopg2.connect(pg_store_url)
+    try:
+        with other.cursor() as cur:
+            if holder == "reads":
+                cur.execute("SELECT count(*) FROM api_keys")
+            else:
+                cur.execute("INSERT INTO roles (name, grants, created_at) VALUES ('r', '{}', 'now')")
+        done, errors = _open_in_thread(pg_store_url)
+        assert done.wait(15), "opening the store waited for another session's table lock"
+        assert errors == []
+    finally:
+        other.rollback()
+        other.close()
+    done.wait(30)
+
+
+@pytest.mark.parametrize("damage", ["DROP TRIGGER qag_config_roles ON roles",
+                                    "ALTER TABLE api_keys DISABLE TRIGGER qag_config_api_keys",
+                                    "COMMENT ON FUNCTION qag_bump_config_generation() IS 'an older set'"])
+def test_opening_the_store_puts_back_configuration_triggers_that_are_missing_or_older(pg_store_url, damage):
+    import psycopg2
+    from qag.store.postgres import PostgresStore
+    PostgresStore(pg_store_url).close()
+    other = psycopg2.connect(pg_store_url)
+    other.autocommit = True
+    try:
+        with other.cursor() as cur:
+            cur.execute(damage)
+        store = PostgresStore(pg_store_url)
+        try:
+            for table in ("roles", "api_keys"):   # a change made straight in the database moves the generation
+                before = int(store.get_meta("config_generation") or 0)
+                with other.cursor() as cur:
+                    if table == "roles":
+                        cur.execute("INSERT INTO roles (name, grants, created_at) VALUES ('r', '{}', 'now')")
+                    else:
+                        cur.execute("UPDATE api_keys SET active = active")
+                assert int(store.get_meta("config_generation") or 0) == before + 1, table
+        finally:
+            store.close()
+    finally:
+        other.close()
