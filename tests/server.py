@@ -37,6 +37,10 @@ class Reply:
         return f"<Reply {self.status} {self.body[:200]!r}>"
 
 
+class ServerExited(RuntimeError):
+    """A call refused because the server's process has ended."""
+
+
 # QAG_TEST_STORE=postgresql: the PostgreSQL store each server's home stands for.
 _STORE_OF_HOME: dict[str, str] = {}
 
@@ -161,7 +165,7 @@ class Server:
         except subprocess.TimeoutExpired:
             return
         self._pump.join(5)
-        raise RuntimeError(f"qag serve exited with {code}; its output ends:\n" + "".join(self.log[-80:]))
+        raise ServerExited(f"qag serve exited with {code}; its output ends:\n" + "".join(self.log[-80:]))
 
     def get(self, path: str, **kw) -> Reply:
         return self.request("GET", path, **kw)
