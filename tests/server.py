@@ -268,10 +268,13 @@ class Server:
 
     def _explain(self, reply: Reply) -> str:
         """A set-up call's unexpected reply with what the server logged about it, so a failure says why."""
-        request_id = (reply.json.get("request_id") if reply.body.startswith(b"{") else None) or ""
+        try:
+            request_id = str(reply.json.get("request_id") or "")
+        except (ValueError, AttributeError):   # not a JSON object: no request id to look for
+            request_id = ""
         time.sleep(0.2)   # the server's lines about the call may still be on their way through the pipe
-        lines = [line for line in self.log if request_id and request_id in line or "WARNING" in line
-                 or "ERROR" in line]
+        lines = [line for line in self.log
+                 if (request_id and request_id in line) or "WARNING" in line or "ERROR" in line]
         return f"{reply!r}; the server logged:\n" + "".join(lines[-40:] or self.log[-20:])
 
 

@@ -2,9 +2,10 @@
 
 Several instances may share one database. Migrations run under a transaction-scoped advisory lock, so concurrent
 starts apply each step once; a newer schema is refused as on SQLite. Opening a current store runs no DDL, so a
-worker's start never locks a table that requests are reading or writing. Every `transaction()` takes another advisory
-lock for its duration, which serialises read-modify-write sections across threads, workers and instances the way
-SQLite's BEGIN IMMEDIATE does. Outside a transaction each statement runs in autocommit on a pooled connection.
+worker's start never locks a table that requests are reading or writing. Every `transaction()` takes another
+advisory lock for its duration, which serialises read-modify-write sections across threads, workers and instances
+the way SQLite's BEGIN IMMEDIATE does. Outside a transaction each statement runs in autocommit on a pooled
+connection.
 
 Run rows go in with COPY FROM STDIN (one round trip per batch, no statement text to parse per row); history trims
 and retention sweeps of all writers are serialised by a third advisory lock (no deadlock between workers trimming
