@@ -190,9 +190,13 @@ def rerun_under_callgrind(module: str, argv: list[str], out_dir: str) -> str:
         raise SystemExit("needs valgrind (apt-get install valgrind)")
     out = os.path.join(out_dir, "cg")
     env = dict(os.environ, **{UNDER_CALLGRIND: out})
-    subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
-                    f"--callgrind-out-file={out}", sys.executable, "-m", module, *argv],
-                   env=env, check=True, capture_output=True)
+    done = subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
+                           f"--callgrind-out-file={out}", sys.executable, "-m", module, *argv],
+                          env=env, capture_output=True, text=True)
+    if done.returncode:
+        # valgrind's own lines start with "==pid=="; what is left is the run's own error.
+        said = "\n".join(line for line in done.stderr.splitlines() if not line.startswith("=="))
+        raise SystemExit(f"python -m {module} under callgrind failed (exit {done.returncode}):\n{said[-3000:]}")
     return out
 
 

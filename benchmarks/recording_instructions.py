@@ -31,7 +31,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from types import SimpleNamespace
 
 from .call_cost import UNDER_CALLGRIND, rerun_under_callgrind
 
@@ -66,11 +65,14 @@ def _counted(args) -> None:
     observer = app.observe
     observer.logs.install(open(os.devnull, "w"))
     path, make_query, key_name = CALLS["customer (1 row, scoped key)"]
-    captured: list = []
-    observer._runs = SimpleNamespace(put=captured.append)   # the run records, and no writer thread started
-    for i in range(args.calls):
-        wsgi_get(app, path, make_query(i), keys[key_name])
-    observer._runs = observer.history.writer
+    # The run records the calls queue, kept from the writer thread by its flush lock (taken here, never waited
+    # for by put) and taken off its queue before it can write them.
+    history_writer = observer.history.writer
+    with history_writer._flush_lock:
+        for i in range(args.calls):
+            wsgi_get(app, path, make_query(i), keys[key_name])
+        captured = list(history_writer._queue)
+        history_writer._queue.clear()
     observer.logs.buffer.flush()
     # Batches cycle through the records the calls made (the store needs no record to be new).
     batches = [[captured[(b * args.batch + i) % len(captured)] for i in range(args.batch)]
@@ -95,7 +97,7 @@ def _counted(args) -> None:
     # The request thread's part: the writers must not run meanwhile (their work is counted above), so their
     # threads are held by their flush locks (taken here, never waited for by put) and the queues are emptied
     # between rounds unmeasured.
-    history_writer, log_writer = observer.history.writer, observer.logs.buffer
+    log_writer = observer.logs.buffer
     plans = [record[0] for record in captured]
     rounds = 4
     per_round = min(len(plans), 500)
