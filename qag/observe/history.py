@@ -23,7 +23,7 @@ from ..errors import QagError
 from ..http.response import json_response
 from ..store.schema import RUN_COLUMNS
 from . import hostflush
-from .events import BatchWriter
+from .events import PAUSE_EVERY, BatchWriter, pause
 
 log = logging.getLogger("qag")
 
@@ -75,7 +75,12 @@ class History:
         rows = []
         kept: dict[tuple, list[int]] = {}     # (q, v) -> indexes of rows entering history, oldest first
         sampled = 0
+        since_pause = 0
         for plan, at, ok, n, ms, ser, code, err, done_ns in batch:
+            since_pause += 1
+            if since_pause == PAUSE_EVERY:
+                since_pause = 0
+                pause()
             query = plan.query
             if query is not None and current.get((query, plan.version)) != plan.uuid:
                 keep = 0                      # the version was deleted meanwhile: an event, no history
@@ -117,7 +122,7 @@ class History:
                         rows[i][1] = 0
         now = int(time.time())
         self.store.add_runs(rows, limit=self.limit, adhoc_limit=self.adhoc_limit, by_count=by_count,
-                            events_since=now - self.events_hours * 3600)
+                            events_since=now - self.events_hours * 3600, pause=pause)
         self.recorded += sum(len(indexes) for indexes in kept.values())
         self.sampled_out += sampled
 

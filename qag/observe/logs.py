@@ -15,7 +15,7 @@ import logging
 import sys
 import time
 
-from .events import BatchWriter
+from .events import PAUSE_EVERY, BatchWriter, pause
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 _installed: "_Handler | None" = None
@@ -78,7 +78,12 @@ class LogWriter:
     # --- the writer thread --------------------------------------------------------------------------------
     def _write(self, batch: list) -> None:
         lines = []
+        since_pause = 0
         for item in batch:
+            since_pause += 1
+            if since_pause == PAUSE_EVERY:
+                since_pause = 0
+                pause()
             try:
                 lines.append(self._line(item))
             except Exception as exc:  # a record that can't be formatted must not take the others with it

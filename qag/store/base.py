@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
+
+PAUSE_ROWS = 64   # rows add_runs prepares between two calls of its `pause` (qag.observe.events.PAUSE_EVERY's cadence)
 
 class StoreError(RuntimeError):
     """The store cannot be opened or used (newer schema, unreadable file, ...)."""
@@ -151,9 +153,12 @@ class Store(abc.ABC):
         """The uuid of each (query, version) that still exists."""
 
     @abc.abstractmethod
-    def add_runs(self, rows: list[tuple], *, limit: int, adhoc_limit: int, by_count: bool, events_since: int) -> None:
+    def add_runs(self, rows: list[tuple], *, limit: int, adhoc_limit: int, by_count: bool, events_since: int,
+                 pause: Callable[[], None] | None = None) -> None:
         """Insert run rows (RUN_COLUMNS order) in one statement per chunk, then trim history to the newest
-        `limit` per touched version and `adhoc_limit` ad-hoc (when by_count); all in one transaction."""
+        `limit` per touched version and `adhoc_limit` ad-hoc (when by_count); all in one transaction. `pause`,
+        when given, is called every PAUSE_EVERY rows while the statements' values are prepared, before the
+        transaction (the history writer's qag.observe.events.pause: request threads get the interpreter lock)."""
 
     @abc.abstractmethod
     def prune_runs(self, *, events_since: int, history_since: int | None, batch: int) -> int:

@@ -22,10 +22,10 @@ import os
 import re
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from .base import StoreError
+from .base import PAUSE_ROWS, StoreError
 from .schema import MIGRATIONS, RUN_COLUMNS, SCHEMA_VERSION, statements
 from .sqlite import _CONFIGURATION, SqliteStore, _dump, _row
 
@@ -89,6 +89,16 @@ def driver_text(exc: BaseException, url: str) -> str:
 def _pg(sql: str) -> str:
     """SQLite-style SQL to psycopg2's: `?` placeholders become %s (the store's SQL has no `?` in literals)."""
     return sql.replace("%", "%%").replace("?", "%s")
+
+
+def _copy_lines(rows: list[tuple], pause: Callable[[], None] | None = None) -> str:
+    """Rows as COPY's text format, with `pause` every PAUSE_ROWS rows when given (Store.add_runs)."""
+    lines = []
+    for start in range(0, len(rows), PAUSE_ROWS):
+        if start and pause is not None:
+            pause()
+        lines.extend("\t".join(map(_copy_text, row)) + "\n" for row in rows[start:start + PAUSE_ROWS])
+    return "".join(lines)
 
 
 def _copy_text(value) -> str:
@@ -402,10 +412,11 @@ class PostgresStore(SqliteStore):
                          f"({marks})", tuple(v for pair in ordered for v in pair))
         return {(r["query_name"], r["version"]): r["uuid"] for r in rows}
 
-    def add_runs(self, rows: list[tuple], *, limit: int, adhoc_limit: int, by_count: bool, events_since: int) -> None:
+    def add_runs(self, rows: list[tuple], *, limit: int, adhoc_limit: int, by_count: bool, events_since: int,
+                 pause: Callable[[], None] | None = None) -> None:
         if not rows:
             return
-        data = io.StringIO("".join("\t".join(map(_copy_text, row)) + "\n" for row in rows))
+        data = io.StringIO(_copy_lines(rows, pause))
         with self.transaction(lock=_LOCK_RUNS):
             # The runs lock (not the metadata one): batches of every worker and instance trim one at a time,
             # while administration goes on.
@@ -433,7 +444,7 @@ class PostgresStore(SqliteStore):
     def insert_raw(self, table: str, columns: list[str], rows: list[tuple]) -> None:
         if not rows:
             return
-        data = io.StringIO("".join("\t".join(map(_copy_text, row)) + "\n" for row in rows))
+        data = io.StringIO(_copy_lines(rows))
         with self._tx().cursor() as cur:
             cur.copy_expert(f"COPY {_ident(table)} ({', '.join(map(_ident, columns))}) FROM STDIN", data)
 

@@ -133,3 +133,32 @@ def test_a_non_blocking_flush_skips_while_the_writer_is_busy():
     w.flush()
     assert sink.items == [1, 2]
     w.close()
+
+
+def test_pause_lets_another_thread_take_the_interpreter_lock():
+    """With a 10 s switch interval, a thread woken while this one keeps the interpreter lock would wait 10 s; a
+    writer's pause lets it run now."""
+    import sys
+
+    from qag.observe.events import pause
+    go, ran = threading.Event(), threading.Event()
+
+    def other():
+        go.wait(10)
+        ran.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(10.0)
+    try:
+        go.set()
+        for _ in range(2000):
+            if ran.is_set():
+                break
+            pause()
+        took_it = ran.is_set()
+    finally:
+        sys.setswitchinterval(before)
+        thread.join(10)
+    assert took_it

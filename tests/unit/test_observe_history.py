@@ -418,3 +418,33 @@ def test_request_ids_packed_exactly_when_twelve_lowercase_hex_digits():
     for rid in samples:
         expected = bytes.fromhex(rid) if re.fullmatch(r"[0-9a-f]{12}", rid) else rid
         assert _packed_id(rid) == expected, rid
+
+
+def _in_store_transaction(store) -> bool:
+    """Whether this thread is inside one of the store's own transactions (both stores count them per thread)."""
+    return bool(getattr(store._local, "depth", 0))
+
+
+def test_the_history_writer_pauses_for_request_threads_outside_the_store_transaction(app, monkeypatch):
+    """A batch of 200 runs: the writer lets request threads in (qag.observe.events.pause) every 64 records while it
+    prepares them, its own rows and then the store's values, never inside the store's transaction; every run is
+    written as without pauses."""
+    from qag.observe import history as history_module
+    app.query("paced")
+    history = app.gateway.observe.history
+    writer = history.writer
+    with writer._flush_lock:          # the writer thread can't write these meanwhile: taken off its queue below
+        for _ in range(200):
+            assert app.run("paced")[0] == 200
+        batch = list(writer._queue)
+        writer._queue.clear()
+    assert len(batch) == 200
+    pauses: list[bool] = []
+    store = history.store.inner       # under the metadata cache's views
+    monkeypatch.setattr(history_module, "pause", lambda: pauses.append(_in_store_transaction(store)))
+    before = app.sql("SELECT count(*) FROM runs")[0][0]
+    history._write(batch)
+    # History._write's rows at records 64, 128 and 192, then the store's values at the same rows.
+    assert pauses == [False] * 6
+    assert app.sql("SELECT count(*) FROM runs")[0][0] == before + 200
+    assert app.sql("SELECT count(*) FROM runs WHERE h = 1")[0][0] == 50     # trimmed as ever (contract 8.5)
