@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterator
 
 PAUSE_ROWS = 64   # rows add_runs prepares between two calls of its `pause` (qag.observe.events.PAUSE_EVERY's cadence)
 
+
 class StoreError(RuntimeError):
     """The store cannot be opened or used (newer schema, unreadable file, ...)."""
 
@@ -157,7 +158,7 @@ class Store(abc.ABC):
                  pause: Callable[[], None] | None = None) -> None:
         """Insert run rows (RUN_COLUMNS order) in one statement per chunk, then trim history to the newest
         `limit` per touched version and `adhoc_limit` ad-hoc (when by_count); all in one transaction. `pause`,
-        when given, is called every PAUSE_EVERY rows while the statements' values are prepared, before the
+        when given, is called every PAUSE_ROWS rows while the statements' values are prepared, before the
         transaction (the history writer's qag.observe.events.pause: request threads get the interpreter lock)."""
 
     @abc.abstractmethod
