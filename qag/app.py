@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-import time
+from time import perf_counter, time as wall_time
 
 from . import _speedups
 from .api.catalog import CatalogHandlers
@@ -114,7 +114,7 @@ class Gateway:
 
     def _call(self, environ: dict, start_response):
         # Apart from __call__ so the compiled build can type it (app.pxd): the request and response as C fields.
-        started = time.perf_counter()
+        started = perf_counter()
         request = Request(environ, self.max_body, self.trust_proxy)
         origin = environ.get("HTTP_ORIGIN")
         if self.server_timing:
@@ -158,12 +158,12 @@ class Gateway:
                 headers.append(("Content-Length", str(len(body))))
             body = [body]
         start_response(response.status_line, headers)
-        elapsed = time.perf_counter() - started
+        elapsed = perf_counter() - started
         # The request line is stamped when the request ends, as it is queued: a worker's lines (its runs' lines,
         # stamped as they happen) come out in time order.
         self.observe.request(request.method, environ.get("qag.endpoint", "unmatched"), response.status,
                              environ.get("qag.key", "-"), elapsed, request.request_id,
-                             request.path or environ.get("PATH_INFO", ""), time.time(),
+                             request.path or environ.get("PATH_INFO", ""), wall_time(),
                              None if trace is None else trace.trace_id)
         if trace is not None:
             self.tracing.end(trace, request, response, environ)
@@ -212,7 +212,7 @@ class Gateway:
             return route.handler(request, None, **params)
         timing = environ.get("qag.timing")
         if timing is not None:
-            mark = time.perf_counter()
+            mark = perf_counter()
         try:
             # The two headers read from the environ as request.header() would (PEP 3333 names), without its calls.
             caller = self.auth.authenticate(environ.get("HTTP_X_API_KEY"), request.peer,
@@ -223,7 +223,7 @@ class Gateway:
                 raise
             caller = None   # a public route answers a bad token as it answers a wrong key: as for anyone
         if timing is not None:
-            timing["auth"] = time.perf_counter() - mark
+            timing["auth"] = perf_counter() - mark
         if caller is not None:
             environ["qag.key"] = caller.label
             self._limits(caller, environ, route.endpoint in _DATA_ENDPOINTS)  # before the route: a 403 still counts

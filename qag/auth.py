@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
-import hmac
+from hashlib import sha256
+from hmac import compare_digest
 import ipaddress
 import json
 import logging
-import time
+from time import monotonic, strftime
 
 from .bearer import TokenTarget, TokenVerifier, bearer_token, challenge, claim, refusal, token_scopes
 from .errors import QagError
@@ -51,7 +51,7 @@ OPEN = Caller(None, True, "open")
 
 
 def secret_hash(secret: str) -> str:
-    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+    return sha256(secret.encode("utf-8")).hexdigest()
 
 
 def is_loopback(peer: str | None) -> bool:
@@ -68,7 +68,7 @@ def is_loopback(peer: str | None) -> bool:
 
 
 def now_text() -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S")
+    return strftime("%Y-%m-%d %H:%M:%S")
 
 
 class Authenticator:
@@ -112,9 +112,9 @@ class Authenticator:
         if not header.isascii():
             return None
         presented = header.encode("ascii")
-        if self._admin is not None and hmac.compare_digest(presented, self._admin):
+        if self._admin is not None and compare_digest(presented, self._admin):
             return self._admin_caller
-        found = self.store.key_by_hash(hashlib.sha256(presented).hexdigest())
+        found = self.store.key_by_hash(sha256(presented).hexdigest())
         if found is None:
             return None
         row, previous = found
@@ -193,7 +193,7 @@ class Authenticator:
 
     def _touch(self, name: str, previous: bool) -> None:
         """Record last_used_at at most once a minute per key and secret, so use doesn't mean a write per call."""
-        now = time.monotonic()
+        now = monotonic()
         slot = (name, previous)
         # No lock: dict reads and writes are atomic, and two threads racing here cost one extra write at most.
         if now - self._touched.get(slot, -_TOUCH_INTERVAL) < _TOUCH_INTERVAL:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import time
+from os import environ
+from time import perf_counter, time as wall_time
 from urllib.parse import quote
 from collections import OrderedDict
 
 from .. import encode
+from ..encode import ATTACHED, CONTENT_TYPES, EMPTY_BODY, encode as encode_page
 from ..backends.base import Call, default_schema, resolved
 from ..cache.response import cache_key, source_of
 from ..errors import QagError
@@ -17,6 +18,7 @@ from ..http.negotiate import format_for
 from ..http.response import VARY_ACCEPT, Response
 from ..observe.outages import OutageLog
 from ..policy import grants as policy
+from ..policy.grants import allowed_write_ops, check_run_query, may_write
 from ..policy.guard import check as guard_check
 from ..policy.keyfields import normalise_mask
 from ..policy import masking
@@ -251,12 +253,12 @@ class RunHandlers:
             raise QagError("invalid_body", "connection_name must be text")
         timing = request.environ.get("qag.timing")
         if timing is not None:
-            mark = time.perf_counter()
+            mark = perf_counter()
         if not caller.admin:
-            policy.check_run_query(caller.grants, query_name=name, collection=head["collection"],
+            check_run_query(caller.grants, query_name=name, collection=head["collection"],
                                    saved_connection=saved, chosen_connection=chosen)
         if timing is not None:
-            timing["policy"] = time.perf_counter() - mark
+            timing["policy"] = perf_counter() - mark
         # 4. params/placeholders objects, format, timeout.
         values = {k: v for k, v in args.items() if k not in RESERVED}
         for field in ("params", "placeholders"):
@@ -269,13 +271,13 @@ class RunHandlers:
         fmt, timeout, negotiated = self._format_and_timeout(request, args, body, caller)
         # 5. declared parameter rules, 6. text placeholders.
         if timing is not None:
-            mark = time.perf_counter()
+            mark = perf_counter()
         resolver = self._resolver(version)
         if resolver.claim_bound or caller.claim_binding:   # else bind_claims returns the values as they are
             values = bind_claims(resolver.claim_bound, caller, values)
         values = resolver.resolve(values)
         if timing is not None:
-            timing["bind"] = time.perf_counter() - mark
+            timing["bind"] = perf_counter() - mark
         row = self.store.get_connection(chosen)
         prepared = prepare(version["sql"], row["db"] if row else "sqlite")
         check_text_values(prepared, values)
@@ -297,10 +299,10 @@ class RunHandlers:
                             mask_fingerprint=masking.fingerprint(rules),
                             source=source_of(version, row))
             if timing is not None:
-                mark = time.perf_counter()
+                mark = perf_counter()
             hit = self.gateway.response_cache.lookup(key, ttl, request.header("If-None-Match"))
             if timing is not None:
-                timing["cache"] = time.perf_counter() - mark
+                timing["cache"] = perf_counter() - mark
             if hit is not None:
                 if negotiated:
                     hit.headers.append(VARY_ACCEPT)  # never stored with the entry: the key has the format
@@ -313,11 +315,11 @@ class RunHandlers:
         response = self._execute(plan, caller, writes, version)
         if key is not None:
             if timing is not None:
-                mark = time.perf_counter()
+                mark = perf_counter()
             self.gateway.response_cache.store(key, response, ttl, {"name": name, "version": version["version"],
                                                                    "connection": chosen, "format": fmt, "page": page})
             if timing is not None:
-                timing["cache"] = timing["cache"] + time.perf_counter() - mark
+                timing["cache"] = timing["cache"] + perf_counter() - mark
         if negotiated:
             response.headers.append(VARY_ACCEPT)
         return response
@@ -418,7 +420,7 @@ class RunHandlers:
     def writes_allowed(self, caller, query_name: str | None) -> bool:
         if not self.settings.allow_writes:
             return False
-        return caller.admin or policy.may_write(caller.grants, query_name=query_name)
+        return caller.admin or may_write(caller.grants, query_name=query_name)
 
     @staticmethod
     def _cacheable(prepared, stream: bool, caller) -> bool:
@@ -505,7 +507,7 @@ class RunHandlers:
                                retry_after=1, max_concurrent=limit)
         observe = self.observe
         observe.begin()
-        at = time.time()
+        at = wall_time()
         try:
             response = self._run(plan, caller, writes, version, at)
         except QagError as error:
@@ -529,25 +531,25 @@ class RunHandlers:
         connection = plan.connection
         timing = plan.timing
         backend = self.gateway.backends.get(connection["db"])
-        fields = resolved(connection["fields"], os.environ)
+        fields = resolved(connection["fields"], environ)
         if timing is not None:
-            mark = time.perf_counter()
-        allowed_ops = None if caller.admin else policy.allowed_write_ops(caller.grants)
+            mark = perf_counter()
+        allowed_ops = None if caller.admin else allowed_write_ops(caller.grants)
         guard_check(plan.prepared, writes_allowed=writes, allowed_write_ops=allowed_ops)
         restricted = self._check_tables(plan, caller, fields)   # contract 3.10: tables before masking
         if plan.rules:  # masking: trace the result columns, or refuse before anything runs (contract 6.3)
             plan.mask = self.masking.plan(plan.rules, plan.prepared, connection, backend, fields, plan.database)
         if timing is not None:
-            timing["policy"] = timing.get("policy", 0.0) + time.perf_counter() - mark
+            timing["policy"] = timing.get("policy", 0.0) + perf_counter() - mark
         if plan.stream:
             return self._stream(plan, backend, fields, caller, at, restricted)
         offset = (plan.page - 1) * plan.size
         if timing is not None:
-            mark = time.perf_counter()
+            mark = perf_counter()
         prepared, values, functions = self._statement(plan)
         rendered = render(prepared, values, backend.style, plan.size + 1, offset)
         if timing is not None:
-            timing["bind"] = timing.get("bind", 0.0) + time.perf_counter() - mark
+            timing["bind"] = timing.get("bind", 0.0) + perf_counter() - mark
         # Windowed: LIMIT/OFFSET are in the SQL (clamped to the author's own limit); otherwise skip and slice.
         skip = 0 if rendered.windowed else offset
         call = Call(rendered.sql, rendered.args, plan.read_only, plan.timeout, plan.size + 1, skip,
@@ -560,7 +562,7 @@ class RunHandlers:
         _pin_names(call, plan, restricted, fields)
         call.identity = row_security(caller, fields, plan.query)
         if timing is not None:
-            mark = time.perf_counter()
+            mark = perf_counter()
         try:
             result = backend.run(fields, call)
         except QagError as error:
@@ -587,15 +589,15 @@ class RunHandlers:
         headers = [("X-Page", _count_text(plan.page)), ("X-Page-Size", _count_text(plan.size)),
                    ("X-Row-Count", _count_text(n)),
                    ("X-Has-More", "true" if has_more else "false")]
-        started = time.perf_counter()
+        started = perf_counter()
         if not n:
-            response = Response(200, encode.EMPTY_BODY, headers, "application/json")
+            response = Response(200, EMPTY_BODY, headers, "application/json")
         else:
-            if plan.fmt in encode.ATTACHED:
-                headers.append(("Content-Disposition", encode.ATTACHED[plan.fmt]))
-            body = result.json if rows is None else encode.encode(plan.fmt, columns, rows)
-            response = Response(200, body, headers, encode.CONTENT_TYPES[plan.fmt])
-        encoded = time.perf_counter() - started
+            if plan.fmt in ATTACHED:
+                headers.append(("Content-Disposition", ATTACHED[plan.fmt]))
+            body = result.json if rows is None else encode_page(plan.fmt, columns, rows)
+            response = Response(200, body, headers, CONTENT_TYPES[plan.fmt])
+        encoded = perf_counter() - started
         if timing is not None:
             timing["encode"] = encoded
         self.observe.done(plan, at, n, result.duration_ms, encoded)

@@ -37,7 +37,7 @@ import copy
 import math
 import re
 import select
-import time
+from time import monotonic, perf_counter
 import weakref
 
 import MySQLdb
@@ -480,7 +480,7 @@ class MysqlBackend(Backend):
             link = self._take(key, fields, read_only, call.sql, deadline, call.connection)
         except _Overdue:
             raise network_timeout(call.timeout) from None
-        started = time.perf_counter()
+        started = perf_counter()
         sent = call.sql
         token = WATCHDOG.arm(link.fd, deadline, _kill_query, (fields, link.thread_id)) if deadline else 0
         try:
@@ -494,7 +494,7 @@ class MysqlBackend(Backend):
             if isinstance(exc, _DRIVER_ERRORS):
                 raise mapped(exc, call.timeout, fields.get("password"), sent, call.sql) from None
             raise
-        elapsed = (time.perf_counter() - started) * 1000.0
+        elapsed = (perf_counter() - started) * 1000.0
         if token and WATCHDOG.disarm(token):
             self._cut(key, link)   # the reply was read whole just as its socket was cut: answered, not pooled
         else:
@@ -544,7 +544,7 @@ class MysqlBackend(Backend):
                                  fields.get("password"))
 
     def test(self, fields: dict) -> float:
-        started = time.perf_counter()
+        started = perf_counter()
         link = self._open(fields, True)
         try:
             link.cursor.execute("SELECT 1")
@@ -553,7 +553,7 @@ class MysqlBackend(Backend):
             raise mapped(exc, None, fields.get("password")) from None
         finally:
             _safe_close(link)
-        return (time.perf_counter() - started) * 1000.0
+        return (perf_counter() - started) * 1000.0
 
     def databases(self, fields: dict) -> list[str]:
         link = self._open(fields, True)
@@ -634,7 +634,7 @@ class _Overdue(Exception):
 
 def _left(deadline: float) -> float:
     """Seconds left before the deadline; _Overdue when none are."""
-    left = deadline - time.monotonic()
+    left = deadline - monotonic()
     if left <= 0:
         raise _Overdue()
     return left

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
+from time import monotonic
 from typing import Any, Callable, Hashable
 
 from ..errors import QagError
@@ -106,7 +106,7 @@ class Pool:
                     return slot[0], True
                 if self.max_open is not None and self._open.get(key, 0) >= self.max_open:
                     self.waits += 1
-                    until = time.monotonic() + self.wait
+                    until = monotonic() + self.wait
                     if deadline is not None and deadline < until:
                         until = deadline
                     while True:
@@ -115,7 +115,7 @@ class Pool:
                             return slot[0], True
                         if self._open.get(key, 0) < self.max_open:
                             break
-                        left = until - time.monotonic()
+                        left = until - monotonic()
                         if left <= 0 or not self._wait_freed(left, label):
                             slot = self._take_idle(key, prefer, stale)   # freed as the wait ran out
                             if slot is not None:
@@ -154,7 +154,7 @@ class Pool:
         idle = self._idle.get(key)
         if not idle:
             return None
-        cutoff = time.monotonic() - self.idle_timeout
+        cutoff = monotonic() - self.idle_timeout
         while idle and idle[0][1] < cutoff:
             # Oldest first: anything idle past the timeout is closed, not reused.
             stale.append(idle.pop(0)[0])
@@ -175,7 +175,7 @@ class Pool:
         with self._lock:
             if reusable and self.idle_limit > 0:
                 idle = self._idle.setdefault(key, [])
-                idle.append((conn, time.monotonic()))
+                idle.append((conn, monotonic()))
                 if len(idle) > self.idle_limit:
                     surplus = idle.pop(0)[0]
                     self._open[key] -= 1

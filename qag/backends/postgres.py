@@ -65,7 +65,7 @@ import math
 import random
 import re
 import threading
-import time
+from time import monotonic, perf_counter
 from collections import OrderedDict
 
 import psycopg
@@ -103,6 +103,7 @@ _END = {True: b"ROLLBACK", False: b"COMMIT"}
 _DISCARD = b"DISCARD ALL"
 _RESET_ITEMS = (_DISCARD, None)   # the reset's own segment (see _Link.send_reset), as Pipe.put items
 _SEED_SCALE = 2 ** 52        # a seed of 52 random bits, as setseed's [0, 1)
+_AUTO = PyFormat.AUTO        # read once: an Enum member read off its class costs a call ~850 instructions
 _UTF8 = b"UTF8"
 _MULTIPLE = "cannot insert multiple commands into a prepared statement"
 _REFUSED = "the server refused the statement"      # a failure that came without a message
@@ -349,7 +350,7 @@ class _Link:
         """The caller's statement as a pipeline item (Pipe.put): its text, with its values as psycopg dumps them."""
         if args:
             tx = self.tx
-            values = tx.dump_sequence(args, [PyFormat.AUTO] * len(args))
+            values = tx.dump_sequence(args, [_AUTO] * len(args))
             return (sql.encode(), values, tx.types, tx.formats)
         return sql.encode()
 
@@ -374,7 +375,7 @@ class _Link:
 
     def finish_reset(self, deadline: float | None) -> None:
         """Read the reset's reply by the call's deadline (a failure sets `bad`)."""
-        if not self.read_reset(deadline if deadline is not None else time.monotonic() + CONNECT_TIMEOUT):
+        if not self.read_reset(deadline if deadline is not None else monotonic() + CONNECT_TIMEOUT):
             self.bad = True
         self.pending = False
 
@@ -471,7 +472,7 @@ class PostgresBackend(Backend):
         Pipe's lone-wait spin (QAG_SPIN_US, in seconds)."""
         args = connect_args(fields)
         if deadline is not None:
-            left = deadline - time.monotonic()
+            left = deadline - monotonic()
             if left <= 0:
                 raise _Gone()
             args["connect_timeout"] = max(2, min(CONNECT_TIMEOUT, math.ceil(left)))
@@ -637,7 +638,7 @@ class PostgresBackend(Backend):
 
     def run(self, fields: dict, call: Call) -> Result:
         key = pool_key(fields, call.read_only)
-        started = time.perf_counter()
+        started = perf_counter()
         statements = (page_statements(call.sql, call.skip, call.fetch) if call.cursor else [call.sql])
         link, (result, columns) = self._exchange(key, fields, call, statements)
         body, count = None, 0
@@ -657,7 +658,7 @@ class PostgresBackend(Backend):
         except BaseException as exc:
             raise self._fail(key, link, exc, call) from None
         self._give_back(key, link)
-        return Result(columns, rows, (time.perf_counter() - started) * 1000.0, body, count)
+        return Result(columns, rows, (perf_counter() - started) * 1000.0, body, count)
 
     def stream(self, fields: dict, call: Call, batch: int, cap: int | None):
         key = pool_key(fields, True)
@@ -688,7 +689,7 @@ class PostgresBackend(Backend):
 
     def test(self, fields: dict) -> float:
         """A new connection (not pooled: it proves the settings work now) and SELECT 1 read-only."""
-        started = time.perf_counter()
+        started = perf_counter()
         link = self.connect(fields)
         call = Call("SELECT 1", (), True, self.settings.query_timeout or 10.0, 1)
         try:
@@ -701,7 +702,7 @@ class PostgresBackend(Backend):
             raise mapped(exc, fields, call.timeout) from None
         finally:
             link.close()
-        return (time.perf_counter() - started) * 1000.0
+        return (perf_counter() - started) * 1000.0
 
     def query_all(self, fields: dict, sql: str, args: tuple = ()) -> Result:
         """Every row of a read-only catalog query ($n parameters only), on the read-only pool."""
@@ -732,7 +733,7 @@ class PostgresBackend(Backend):
                             lambda: read_functions(self, fields, schema))
 
     def _cached(self, key, load):
-        now = time.monotonic()
+        now = monotonic()
         with self._schema_lock:
             entry = self._schemas.get(key)
             generation = self._generation
@@ -750,7 +751,7 @@ class PostgresBackend(Backend):
 
     def _refresh(self, key, load, generation: int) -> None:
         try:
-            started = time.monotonic()
+            started = monotonic()
             value = load()
             self._remember(key, value, started, generation)
         except Exception:  # the stale entry stays until it expires; the next reader then sees the error

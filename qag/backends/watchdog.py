@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
+from time import monotonic, sleep
 from typing import Callable
 
 # How long past its time limit a call may wait for a network that stopped answering (documented in
@@ -64,8 +64,8 @@ class Watchdog:
 
     def _watch(self) -> None:
         while True:
-            time.sleep(TICK)
-            now = time.monotonic()
+            sleep(TICK)
+            now = monotonic()
             cancels = []
             with self._lock:
                 for token in [t for t, entry in self._armed.items() if entry[0] <= now]:
@@ -123,7 +123,7 @@ def tcp_keepalive(fd: int) -> None:
 
 def deadline_of(timeout: float | None) -> float | None:
     """The monotonic time a call with this time limit must be answered by (None: no limit)."""
-    return time.monotonic() + timeout + NETWORK_MARGIN if timeout else None
+    return monotonic() + timeout + NETWORK_MARGIN if timeout else None
 
 
 def _quietly(cancel: Callable[..., None], args: tuple) -> None:

@@ -7,7 +7,7 @@ import os
 import select
 import selectors
 import threading
-import time
+from time import monotonic
 
 STOP = object()
 _ONE_READ = select.EPOLLIN | select.EPOLLONESHOT if hasattr(select, "epoll") else 0   # read once per arming
@@ -82,19 +82,19 @@ class EpollPoller:
         spin would have: a caller that pauses between requests is not spun for."""
         ep = self._conn_ep
         lone = answered and self._spin and not self._busy
-        began = time.monotonic()
+        began = monotonic()
         try:
             events = ()
             if lone and not self._missed:
                 until = began + self._spin
                 events = ep.poll(0, 1)
-                while not events and time.monotonic() < until:
+                while not events and monotonic() < until:
                     os.sched_yield()
                     events = ep.poll(0, 1)
                 self._missed = not events
             if not events:
                 events = ep.poll(timeout, 1)
-                if lone and self._missed and events and time.monotonic() - began < self._spin:
+                if lone and self._missed and events and monotonic() - began < self._spin:
                     self._missed = False     # these bytes came within a spin's time: spin for the next again
         except InterruptedError:
             return None

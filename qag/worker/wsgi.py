@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from io import BytesIO
 import json
 import os
 import re
@@ -67,7 +68,7 @@ class TooLarge(io.RawIOBase):
     error for a read of more. qag's app answers 413 from Content-Length, or from reading limit + 1 bytes."""
 
     def __init__(self, head: bytes):
-        self._head = io.BytesIO(head)
+        self._head = BytesIO(head)
         self._size = len(head)
 
     def readable(self) -> bool:
@@ -141,7 +142,7 @@ def environ(req: Request, base: dict, client, server) -> dict:
     env["PATH_INFO"] = unquote_to_bytes(path).decode("latin-1") if "%" in path else path
     env["QUERY_STRING"] = query
     env["SERVER_PROTOCOL"] = "HTTP/1.1" if req.version == (1, 1) else "HTTP/1.0"
-    env["wsgi.input"] = TooLarge(req.body) if req.over_limit else io.BytesIO(req.body)
+    env["wsgi.input"] = TooLarge(req.body) if req.over_limit else BytesIO(req.body)
     if "REMOTE_ADDR" not in env:
         _client_environ(env, client)
     host = None
