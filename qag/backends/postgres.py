@@ -447,6 +447,38 @@ def _close(link: _Link) -> None:
     link.close()
 
 
+def _send_call(link: _Link, call: Call, statements: list[str], reset: bool, deadline,
+               inline: bool = False) -> int:
+    """The call's pipeline: its settings, its statements (the caller's one bound; a cursor's in an explicit
+    transaction), ROLLBACK for a read-only call, Sync; then the reset when the connection will be pooled.
+    One write. A write commits at the Sync: an explicit COMMIT would make the server answer in two parts
+    (a second wake-up of the caller's thread per write). Returns the place in the segment of the last of
+    `statements` (the caller's, or a cursor's FETCH), whose rows the call returns.
+
+    `inline` (a call in an explicit block, `_inline_reset`): the reset goes in the call's own segment, after
+    the block has ended, so the server answers the call and its reset in one reply. In a segment of its own
+    it is a second reply the server sends and the gateway reads (and acknowledges) for every call."""
+    read_only = call.read_only
+    explicit = _explicit(call, statements)
+    items = [_BEGIN[read_only]] if explicit else []
+    items.append(settings_statement(call.timeout, call.schema, link.forced, call.identity))
+    items.append(link.bound(statements[0], call.args))
+    for sql in statements[1:]:
+        items.append(sql.encode())
+    if explicit:
+        items.append(_END[read_only])
+    inline = inline and reset and explicit
+    if inline:
+        items.append(_DISCARD)
+    items.append(None)
+    if reset and not inline:
+        items += _RESET_ITEMS
+    link.pipe.put(items, deadline)      # one method call for the whole pipeline
+    if reset and not inline:
+        link.pending = True
+    return explicit + len(statements)
+
+
 class PostgresBackend(Backend):
     """psycopg 3 connections in pipeline mode, pooled per worker (created after fork) by fields and access mode."""
 
@@ -530,38 +562,6 @@ class PostgresBackend(Backend):
         return mapped(exc, link.fields, call.timeout, shift)
 
     # --- calls ---------------------------------------------------------------------------------------------
-    @staticmethod
-    def _send_call(link: _Link, call: Call, statements: list[str], reset: bool, deadline,
-                   inline: bool = False) -> int:
-        """The call's pipeline: its settings, its statements (the caller's one bound; a cursor's in an explicit
-        transaction), ROLLBACK for a read-only call, Sync; then the reset when the connection will be pooled.
-        One write. A write commits at the Sync: an explicit COMMIT would make the server answer in two parts
-        (a second wake-up of the caller's thread per write). Returns the place in the segment of the last of
-        `statements` (the caller's, or a cursor's FETCH), whose rows the call returns.
-
-        `inline` (a call in an explicit block, `_inline_reset`): the reset goes in the call's own segment, after
-        the block has ended, so the server answers the call and its reset in one reply. In a segment of its own
-        it is a second reply the server sends and the gateway reads (and acknowledges) for every call."""
-        read_only = call.read_only
-        explicit = _explicit(call, statements)
-        items = [_BEGIN[read_only]] if explicit else []
-        items.append(settings_statement(call.timeout, call.schema, link.forced, call.identity))
-        items.append(link.bound(statements[0], call.args))
-        for sql in statements[1:]:
-            items.append(sql.encode())
-        if explicit:
-            items.append(_END[read_only])
-        inline = inline and reset and explicit
-        if inline:
-            items.append(_DISCARD)
-        items.append(None)
-        if reset and not inline:
-            items += _RESET_ITEMS
-        link.pipe.put(items, deadline)      # one method call for the whole pipeline
-        if reset and not inline:
-            link.pending = True
-        return explicit + len(statements)
-
     def _inline_reset(self, link: _Link, call: Call, statements: list[str], reset: bool) -> bool:
         """Whether the reset goes in the call's own segment (`_send_call`): a call in an explicit block, on a
         server that has not refused it there. DISCARD ALL can't run inside a transaction block, nor (PostgreSQL 17)
@@ -622,7 +622,7 @@ class PostgresBackend(Backend):
         deferred = link.pending
         link.pending = False        # read below, ahead of the call's reply; set again for a reset queued after it
         inline = self._inline_reset(link, call, statements, reset)
-        want = self._send_call(link, call, statements, reset, deadline, inline)
+        want = _send_call(link, call, statements, reset, deadline, inline)
         reset_ok = link.read_reset(deadline) if deferred else True
         result, names, error = link.pipe.outcome(deadline, want)
         if not reset_ok:
@@ -694,7 +694,7 @@ class PostgresBackend(Backend):
         call = Call("SELECT 1", (), True, self.settings.query_timeout or 10.0, 1)
         try:
             deadline = deadline_of(call.timeout)
-            self._send_call(link, call, ["SELECT 1"], False, deadline)
+            _send_call(link, call, ["SELECT 1"], False, deadline)
             error = _first_error(link.segment(deadline))
             if error is not None:
                 raise error
