@@ -23,7 +23,9 @@ differ by what a worker's thread-per-call waits cost (switches, the interpreter 
 own wait) — a measure for the design where one thread serves several calls' database waits (docs/performance.md).
 Compare them where the callers' core is the limit, as in a loaded worker: pinned to one core with the database on
 the other, and --work-us (CPU spent after each call, holding the lock, as the rest of a request does) large enough
-that the database keeps up; otherwise both modes wait on it and switch once a call alike.
+that the database keeps up; otherwise both modes wait on it and switch once a call alike. --overlap runs
+read-only queries only (a write's reset is read when its connection is next taken, which it doesn't model) and
+needs a qag from `eae18ac` on (`_send_call` a module function).
 """
 
 from __future__ import annotations
