@@ -16,7 +16,7 @@ start-up made frozen, young objects collected every 10,000 allocations), so the 
 are not walked again and again as they are not in a worker; --default-gc keeps Python's default.
 
 With --overlap K, one thread keeps K calls in flight instead, each on its own pooled connection: it takes a
-connection and sends a call's pipeline as run() does (`_take`, `_send_call`), and reads a call's results
+connection and sends a call's pipeline as run() does (`_take`, `send_call`), and reads a call's results
 (`Pipe.outcome`, the rows, `_give_back`) once epoll says its socket is readable, then sends the next call there.
 The same steps and statements as --threads K without a thread per wait: the two lines' process CPU per call
 differ by what a worker's thread-per-call waits cost (switches, the interpreter lock changing hands, each thread's
@@ -25,7 +25,7 @@ Compare them where the callers' core is the limit, as in a loaded worker: pinned
 the other, and --work-us (CPU spent after each call, holding the lock, as the rest of a request does) large enough
 that the database keeps up; otherwise both modes wait on it and switch once a call alike. --overlap runs
 read-only queries only (a write's reset is read when its connection is next taken, which it doesn't model) and
-needs a qag from `eae18ac` on (`_send_call` a module function).
+needs a qag whose PostgreSQL backend has the module function `send_call` (2026-12-06 on).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def overlapped(backend, postgres, call, fields: dict, sql: str, read_only: bool,
         link, _ = backend._take(key, fields, read_only, None, "")
         statements = [sql]
         inline = backend._inline_reset(link, made, statements, reset)
-        want = postgres._send_call(link, made, statements, reset, None, inline)
+        want = postgres.send_call(link, made, statements, reset, None, inline)
         # The pipe sends what is queued when it next waits (run()'s one release of the lock); here nothing waits
         # on it, so readable() sends it now (and looks at the socket once more than an event loop would need).
         link.pipe.readable()

@@ -17,4 +17,4 @@ cdef class PostgresBackend(Backend):
     cpdef run(self, dict fields, Call call)
 
 
-cpdef _send_call(link, Call call, list statements, reset, deadline, inline=*)
+cpdef send_call(link, Call call, list statements, reset, deadline, inline=*)

@@ -447,7 +447,7 @@ def _close(link: _Link) -> None:
     link.close()
 
 
-def _send_call(link: _Link, call: Call, statements: list[str], reset: bool, deadline,
+def send_call(link: _Link, call: Call, statements: list[str], reset: bool, deadline,
                inline: bool = False) -> int:
     """The call's pipeline: its settings, its statements (the caller's one bound; a cursor's in an explicit
     transaction), ROLLBACK for a read-only call, Sync; then the reset when the connection will be pooled.
@@ -563,7 +563,7 @@ class PostgresBackend(Backend):
 
     # --- calls ---------------------------------------------------------------------------------------------
     def _inline_reset(self, link: _Link, call: Call, statements: list[str], reset: bool) -> bool:
-        """Whether the reset goes in the call's own segment (`_send_call`): a call in an explicit block, on a
+        """Whether the reset goes in the call's own segment (`send_call`): a call in an explicit block, on a
         server that has not refused it there. DISCARD ALL can't run inside a transaction block, nor (PostgreSQL 17)
         after a statement of the same implicit transaction; after the block's ROLLBACK or COMMIT it starts a
         transaction of its own, as it would after a Sync."""
@@ -622,7 +622,7 @@ class PostgresBackend(Backend):
         deferred = link.pending
         link.pending = False        # read below, ahead of the call's reply; set again for a reset queued after it
         inline = self._inline_reset(link, call, statements, reset)
-        want = _send_call(link, call, statements, reset, deadline, inline)
+        want = send_call(link, call, statements, reset, deadline, inline)
         reset_ok = link.read_reset(deadline) if deferred else True
         result, names, error = link.pipe.outcome(deadline, want)
         if not reset_ok:
@@ -694,7 +694,7 @@ class PostgresBackend(Backend):
         call = Call("SELECT 1", (), True, self.settings.query_timeout or 10.0, 1)
         try:
             deadline = deadline_of(call.timeout)
-            _send_call(link, call, ["SELECT 1"], False, deadline)
+            send_call(link, call, ["SELECT 1"], False, deadline)
             error = _first_error(link.segment(deadline))
             if error is not None:
                 raise error
