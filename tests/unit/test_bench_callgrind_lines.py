@@ -47,28 +47,28 @@ def test_a_file_recorded_under_its_path_from_the_checkout_is_found_too():
     assert by_line(relative, RUN_C, root="/work") == by_line(ANNOTATED, RUN_C, root="/work") != {}
 
 
+def write_source(root, path: str, lines: dict[int, str]) -> None:
+    """A source file under `root` holding `lines` (1-based line number -> text), blank elsewhere."""
+    source = root / path
+    source.parent.mkdir(parents=True, exist_ok=True)
+    text = [""] * max(lines)
+    for number, line in lines.items():
+        text[number - 1] = line
+    source.write_text("\n".join(text) + "\n")
+
+
 def test_report_divides_by_requests_and_shows_each_lines_source(tmp_path):
-    source = tmp_path / "qag" / "api" / "run.py"
-    source.parent.mkdir(parents=True)
-    lines = [""] * 603
-    lines[549] = "        rendered = render(prepared, values)"
-    lines[602] = "        self.observe.done(plan)"
-    source.write_text("\n".join(lines))
+    write_source(tmp_path, "qag/api/run.py", {550: "        rendered = render(prepared, values)",
+                                              603: "        self.observe.done(plan)"})
     text = report(by_line(ANNOTATED, RUN_C), per=100, top=2, root=str(tmp_path))
     assert text.splitlines() == ["        72  qag/api/run.py:550  rendered = render(prepared, values)",
                                  "        60  qag/api/run.py:603  self.observe.done(plan)"]
 
 
 def test_definition_lines_where_wrappers_land_are_left_out_unless_asked_for(tmp_path):
-    run_py = tmp_path / "qag" / "api" / "run.py"
-    run_py.parent.mkdir(parents=True)
-    lines = [""] * 603
-    lines[549] = "    def render_page(self, plan):"
-    lines[602] = "        self.observe.done(plan)"
-    run_py.write_text("\n".join(lines))
-    pgpipe = tmp_path / "qag" / "_speedups" / "_pgpipe.pyx"
-    pgpipe.parent.mkdir(parents=True)
-    pgpipe.write_text("\n" * 11 + "    self.put(items)\n")
+    write_source(tmp_path, "qag/api/run.py", {550: "    def render_page(self, plan):",
+                                              603: "        self.observe.done(plan)"})
+    write_source(tmp_path, "qag/_speedups/_pgpipe.pyx", {12: "    self.put(items)"})
     counts = by_line(ANNOTATED, RUN_C)
     shown = [line.split()[1] for line in report(counts, 1, 5, root=str(tmp_path)).splitlines()]
     assert shown == ["qag/api/run.py:603", "qag/_speedups/_pgpipe.pyx:12"]
