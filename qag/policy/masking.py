@@ -33,6 +33,7 @@ UNMASKED_KEYWORDS = frozenset(("show", "describe", "desc", "explain"))  # contra
 SCHEMA_TTL = 60.0        # a connection's schema is used this long ...
 SCHEMA_REFRESH = 45.0    # ... and read again in the background after this
 SCHEMA_ENTRIES = 64      # connections (and database overrides) whose schema is kept
+OTHER_DATABASES_MAX = 8  # MySQL: other databases a statement names whose columns are read with the connection's
 PLAN_ENTRIES = 256       # traced statements kept (per SQL, connection and schema generation)
 RULESETS_PER_PLAN = 8    # compiled rule sets kept per traced statement
 
@@ -257,10 +258,11 @@ class Masking:
         if dialect not in DIALECTS:
             raise QagError("mask_unresolvable", _REFUSED + f"columns can't be traced on '{connection['db']}' "
                                                            f"connections")
+        others = other_databases(prepared, dialect, fields, database)
         conn_key = (connection["name"], connection.get("db"), connection.get("updated_at"),
-                    json.dumps(fields, sort_keys=True, default=str), database)
+                    json.dumps(fields, sort_keys=True, default=str), database, others)
         try:
-            schema = self._schema(conn_key, backend, fields, database)
+            schema = self._schema(conn_key, backend, fields, database, others)
         except QagError as error:
             error.extras.pop("detail", None)  # a caller with rules never sees driver text (contract 0.3)
             raise
@@ -297,7 +299,7 @@ class Masking:
         return _answer(compiled)
 
     # the schema
-    def _schema(self, key, backend, fields: dict, database: str | None) -> Schema:
+    def _schema(self, key, backend, fields: dict, database: str | None, others: tuple = ()) -> Schema:
         now = time.monotonic()
         refresh = False
         with self._lock:
@@ -311,16 +313,16 @@ class Masking:
                 found = None
         if found is not None:
             if refresh:
-                threading.Thread(target=self._refresh, args=(key, backend, fields, database), daemon=True,
-                                 name="qag-mask-schema").start()
+                threading.Thread(target=self._refresh, args=(key, backend, fields, database, others),
+                                 daemon=True, name="qag-mask-schema").start()
             return found
-        raw = read_schema(backend, fields, database)
+        raw = read_schema(backend, fields, database, others)
         return self._remember(key, raw, backend.dialect, fields, database, now)
 
-    def _refresh(self, key, backend, fields: dict, database: str | None) -> None:
+    def _refresh(self, key, backend, fields: dict, database: str | None, others: tuple = ()) -> None:
         started = time.monotonic()
         try:
-            raw = read_schema(backend, fields, database)
+            raw = read_schema(backend, fields, database, others)
         except Exception:  # noqa: BLE001 - the entry stays until it expires; the next reader sees the error
             with self._lock:
                 item = self._schemas.get(key)
@@ -384,7 +386,32 @@ def default_schema(dialect: str, fields: dict, database: str | None) -> str | No
     return str(fields.get("schema") or "public")
 
 
-def read_schema(backend, fields: dict, database: str | None) -> dict:
-    """A fresh read of the connection's tables and columns (this module caches; the backends' own caches for the
-    schema routes would add their age to ours)."""
-    return backend.fresh_schema(fields, database)
+def other_databases(prepared, dialect: str, fields: dict, database: str | None) -> tuple[str, ...]:
+    """MySQL: the other databases of the server whose tables the statement names (`billing.history` from a
+    connection to `crm`), sorted, at most OTHER_DATABASES_MAX. Their columns are read with the connection's own, so
+    an unqualified column of such a table traces as one of the connection's database does, instead of being
+    refused as untraceable. Elsewhere (): a PostgreSQL read covers every schema of the database, SQLite's the
+    attached ones."""
+    if dialect != "mysql":
+        return ()
+    default = default_schema(dialect, fields, database)
+    uses = prepared.uses(default or "")
+    if uses.failure is not None:
+        return ()       # refused by the trace anyway
+    own = default.lower() if default else None
+    names = sorted({table.split(".", 1)[0] for table in uses.tables if "." in table} - {own})
+    return tuple(names[:OTHER_DATABASES_MAX])
+
+
+def read_schema(backend, fields: dict, database: str | None, others: tuple[str, ...] = ()) -> dict:
+    """A fresh read of the connection's tables and columns, with those of `others` (other_databases) (this module
+    caches; the backends' own caches for the schema routes would add their age to ours)."""
+    raw = backend.fresh_schema(fields, database)
+    if not others:
+        return raw
+    tables, truncated = list(raw.get("tables", ())), bool(raw.get("truncated"))
+    for name in others:
+        other = backend.fresh_schema(fields, name)
+        tables += [{**table, "schema": name} for table in other.get("tables", ())]
+        truncated = truncated or bool(other.get("truncated"))
+    return {**raw, "tables": tables, "truncated": truncated}

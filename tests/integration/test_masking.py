@@ -184,6 +184,54 @@ def test_fail_closed(srv, case):
     assert "detail" not in r.json
 
 
+@pytest.fixture(scope="module")
+def other_mysql_database(mysql_db):
+    """A second database on the MariaDB server, readable by the mysql connection's user (one gateway in front of a
+    server's several service databases), and one the user may not read."""
+    from tests.services import _name
+    admin = mysql_admin()
+    cur = admin.cursor()
+    other, closed = _name("qag_o"), _name("qag_c")
+    for name in (other, closed):
+        cur.execute(f"CREATE DATABASE `{name}`")
+        cur.execute(f"CREATE TABLE `{name}`.contacts (id INT PRIMARY KEY, mobile VARCHAR(40), note VARCHAR(40))")
+        cur.execute(f"INSERT INTO `{name}`.contacts VALUES (1, '07700 900123', 'call after six'), (2, '555-0199', 'ok')")
+    cur.execute(f"GRANT SELECT ON `{other}`.* TO '{mysql_db['user']}'@'%'")
+    yield other, closed
+    for name in (other, closed):
+        cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+    admin.close()
+
+
+def test_mysql_tables_of_another_database_trace_like_the_connections_own(srv, other_mysql_database):
+    """A statement naming another database's table (`other.contacts` from a connection to its own database) is
+    traced with that database's columns: unqualified columns resolve, rules on them apply. Before, they could not
+    be traced and every such call of a masked key was refused."""
+    other, closed = other_mysql_database
+    rules = [{"column": "contacts.mobile", "action": "mask"}, {"column": "contacts.note", "action": "drop"},
+             {"column": "customers.email", "action": "hash"}]
+    r = adhoc(srv, "mysql", f"SELECT id, mobile, note FROM {other}.contacts ORDER BY id", mask=rules)
+    assert r.status == 200, r
+    assert r.json == [{"id": 1, "mobile": "0***********"}, {"id": 2, "mobile": "5*******"}]
+    # Across the two databases, unqualified: each column traced to its own table.
+    r = adhoc(srv, "mysql", f"SELECT name, email, mobile AS m FROM customers JOIN {other}.contacts k "
+                            f"ON k.id = customers.id ORDER BY customers.id", mask=rules)
+    assert r.status == 200, r
+    assert [row["name"] for row in r.json] == ["Jane", "Bo"]
+    assert all(HEX16.match(row["email"]) for row in r.json) and r.json[0]["m"] == "0***********"
+    # The same statements through a key without rules are untouched.
+    assert adhoc(srv, "mysql", f"SELECT mobile FROM {other}.contacts WHERE id = 1", key="plain").json == \
+        [{"mobile": "07700 900123"}]
+    # A database the connection's user can't read shows no columns: still refused, before anything runs.
+    r = adhoc(srv, "mysql", f"SELECT mobile FROM {closed}.contacts", mask=rules)
+    assert r.status == 403 and r.json["code"] == "mask_unresolvable", r
+    # The engine's catalogs stay refused to a masked caller, however the statement names them.
+    for sql in ("SELECT table_name FROM information_schema.tables", "SELECT user FROM mysql.user",
+                f"SELECT c.id, t.table_name FROM {other}.contacts c JOIN information_schema.tables t"):
+        r = adhoc(srv, "mysql", sql, mask=rules)
+        assert r.status == 403 and r.json["code"] == "mask_unresolvable", (sql, r)
+
+
 def test_view_column_named_by_a_rule_is_served(srv):
     rule = [{"column": "customer_emails.email", "action": "hash"}]
     r = adhoc(srv, "sqlite", "SELECT email FROM customer_emails WHERE id = 1", mask=rule)
