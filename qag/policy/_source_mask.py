@@ -32,6 +32,7 @@ _TEXT_TYPES = {
     "postgres": ("text", "character varying", "character", "varchar", "char", "bpchar", "citext", "name"),
     "mysql": ("char", "varchar", "text", "tinytext", "mediumtext", "longtext", "enum", "set"),
 }
+_PADDED_TEXT = frozenset(("character", "char", "bpchar"))   # PostgreSQL's blank-padded character(n)
 _SQLGLOT = {"mysql": "mysql", "sqlite": "sqlite"}
 
 
@@ -125,16 +126,25 @@ def _masked(dialect: str, column: str, ctype: str, action: str | None) -> str:
     return _mysql_masked(column, ctype, action)
 
 
+def _postgres_text(c: str, ctype: str) -> str:
+    """The column's value as text, as the driver gives it to a client: a blank-padded `character(n)` keeps its
+    padding (its cast to text drops it, which would hash and measure 'ab' where the contract's str() sees 'ab    ');
+    concat() writes it through the type's output function, as the server sends it."""
+    if (ctype or "").lower().split("(")[0].strip() in _PADDED_TEXT:
+        return f"pg_catalog.concat({c})"
+    return f"{c}::text"
+
+
 def _postgres_masked(c: str, ctype: str, action: str) -> str:
     if action in ("null", "drop"):
         return f"CAST(NULL AS {ctype})" if ctype and ctype != "USER-DEFINED" else "NULL"
+    t = _postgres_text(c, ctype)
     if action == "hash":
-        inner = f"pg_catalog.sha256(pg_catalog.decode(:{IPAD}, 'hex') || pg_catalog.convert_to({c}::text, 'UTF8'))"
+        inner = f"pg_catalog.sha256(pg_catalog.decode(:{IPAD}, 'hex') || pg_catalog.convert_to({t}, 'UTF8'))"
         return (f"CASE WHEN {c} IS NULL THEN NULL ELSE pg_catalog.substr(pg_catalog.encode("
                 f"pg_catalog.sha256(pg_catalog.decode(:{OPAD}, 'hex') || {inner}), 'hex'), 1, 16) END")
     if not _textual("postgres", ctype):
         return "CAST(NULL AS text)"
-    t = f"{c}::text"
     return (f"CASE WHEN {c} IS NULL OR pg_catalog.length({t}) = 0 THEN NULL "
             f"WHEN pg_catalog.strpos({t}, '@') > 0 THEN pg_catalog.left(pg_catalog.split_part({t}, '@', 1), 1) "
             f"|| '***@' || pg_catalog.substr({t}, pg_catalog.strpos({t}, '@') + 1) "

@@ -411,3 +411,34 @@ def test_postgres_masked_call_reads_the_schema_it_was_traced_in(srv, pg_db, uniq
         cur.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
         cur.execute(f"DROP TABLE IF EXISTS public.{public}")
         conn.close()
+
+
+def test_postgres_blank_padded_text_is_masked_and_hashed_as_the_driver_reads_it(make_server, pg_db, uniq):
+    """A character(n) value comes to a client blank-padded ('ab    '): mask and hash see that text, as the contract's
+    str() of the driver's value does. (Its cast to text drops the padding: it gave 'a***', NULL for an all-blank
+    value, and the hash of 'ab', where the contract's rules give 'a*****', ' ***' and the hash of 'ab    ', and
+    QueryAPIGate masks pgbench's all-blank `filler` as ' ' and 83 stars.)"""
+    table = uniq("padded")
+    conn = psycopg2.connect(host=pg_db["host"], port=pg_db["port"], user=pg_db["user"],
+                            password=pg_db["password"], dbname=pg_db["database"], connect_timeout=5)
+    conn.autocommit = True
+    cur = conn.cursor()
+    try:
+        cur.execute(f"CREATE TABLE {table} (id int, code char(6), blank char(4), name varchar(10))")
+        cur.execute(f"INSERT INTO {table} VALUES (1, 'ab', '', 'Bo')")
+        s = make_server(env={"QAG_MASK_KEY": "padding key"})
+        assert s.post("/api/v1/connections", {"name": "pgpad", "db": "postgres", **pg_db}).status == 201
+        sql = f"SELECT code, blank, name FROM {table}"
+        masked = s.post("/execute_sql", {"sql": sql, "connection_name": "pgpad",
+                                         "mask": [{"column": f"{table}.*", "action": "mask"}]})
+        assert masked.status == 200 and masked.json == [{"code": "a*****", "blank": " ***", "name": "B***"}], masked
+        hashed = s.post("/execute_sql", {"sql": sql, "connection_name": "pgpad",
+                                         "mask": [{"column": f"{table}.*", "action": "hash"}]})
+        expected = {column: hmac.new(b"padding key", text.encode(), hashlib.sha256).hexdigest()[:16]
+                    for column, text in (("code", "ab    "), ("blank", "    "), ("name", "Bo"))}
+        assert hashed.status == 200 and hashed.json == [expected], hashed
+        raw = s.post("/execute_sql", {"sql": sql, "connection_name": "pgpad"})
+        assert raw.json == [{"code": "ab    ", "blank": "    ", "name": "Bo"}]
+    finally:   # the database is shared by the session's PostgreSQL tests: leave it as it was
+        cur.execute(f"DROP TABLE IF EXISTS {table}")
+        conn.close()
