@@ -85,7 +85,7 @@ def _layers(args, home: str):
 
     fields = {k: conn_body[k] for k in ("host", "port", "user", "password", "database") if k in conn_body}
     users = [case.space.values(u * 7919 % case.space.size) for u in range(300)]
-    chosen = [q for q in case.queries if args.query in (None, q.name)]
+    chosen = [q for q in case.queries if q.name == args.query or (args.query is None and q.mixed)]
     if not chosen:
         raise SystemExit(f"--query: none of {[q.name for q in case.queries]}")
     calls, statements, urls = [], [], []

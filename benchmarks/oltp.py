@@ -1,4 +1,5 @@
-"""The PostgreSQL case: pgbench's tables and three saved queries — a primary-key lookup, a 100-row page, a write.
+"""The PostgreSQL case: pgbench's tables and four saved queries: a primary-key lookup, a 100-row page, the same rows
+as a stream, a write.
 
     python -m benchmarks.oltp --scale 10          # `pgbench -i -s 10` into database qag_bench (skipped when loaded)
     python -m benchmarks.oltp --scale 10 --reload # reinitialise
@@ -24,6 +25,9 @@ RO_USER = "qag_bench_pg"
 PASSWORD = os.environ.get("QAG_BENCH_PG_PASSWORD", "qag-bench-pg")
 
 
+PAGE_SQL = "SELECT aid, bid, abalance, filler FROM pgbench_accounts WHERE aid >= :aid ORDER BY aid LIMIT 100"
+
+
 def queries(scale: int) -> tuple[Query, ...]:
     aid = {"aid": {"type": "int", "required": True, "min": 1, "max": scale * ACCOUNTS_PER_SCALE,
                    "description": "account id"}}
@@ -31,8 +35,9 @@ def queries(scale: int) -> tuple[Query, ...]:
         Query("account", "One account by primary key",
               "SELECT aid, bid, abalance, filler FROM pgbench_accounts WHERE aid = :aid", aid, (("aid", "aid"),)),
         Query("accounts_page", "A page of 100 accounts from an id on",
-              "SELECT aid, bid, abalance, filler FROM pgbench_accounts WHERE aid >= :aid ORDER BY aid LIMIT 100",
-              aid, (("aid", "aid"),), {"page_size": 100}),
+              PAGE_SQL, aid, (("aid", "aid"),), {"page_size": 100}),
+        Query("accounts_stream", "The same 100 accounts as a stream (stream=true, NDJSON)",
+              PAGE_SQL, aid, (("aid", "aid"),), {"stream": "true", "format": "ndjson"}, mixed=False),
         Query("deposit", "Add to one account's balance and return it (a single-row write)",
               "UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid RETURNING aid, abalance",
               {**aid, "delta": {"type": "int", "default": 1, "min": -1000, "max": 1000}},

@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         key = target.keys.get("plain")
         config = os.path.join(out_dir, "load.lua")
         with open(config, "w") as fh:
-            fh.write(lua_config(case, list(case.queries), "uniform", key, check=target.kind != "bare"))
+            fh.write(lua_config(case, [q for q in case.queries if q.mixed], "uniform", key,
+                                check=target.kind != "bare"))
         url = f"http://127.0.0.1:{target.port}"
         result: dict = {}
         driver = threading.Thread(target=lambda: result.update(

@@ -85,7 +85,7 @@ def workloads(case: Case, text: str) -> list[tuple[str, list]]:
     for item in text.split(","):
         item = item.strip()
         if item == "mix":
-            out.append(("mix", list(case.queries)))
+            out.append(("mix", [q for q in case.queries if q.mixed]))
         elif item == "each":
             out += [(q.name, [q]) for q in case.queries]
         elif item:

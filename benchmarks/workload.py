@@ -59,7 +59,8 @@ class Query:
 
     `check` names the key-space values that the first row must carry first, in order, as `column` names
     (`(("c_w_id", "w"), ...)` means the body starts `[{"c_w_id":<w>,...`). `write` marks a statement that
-    changes data (the gateway needs writes allowed and a key with write access to it).
+    changes data (the gateway needs writes allowed and a key with write access to it). `mixed` False keeps a
+    query out of the `mix` workload and the tools' default mixes.
     """
 
     name: str
@@ -69,6 +70,7 @@ class Query:
     check: tuple[tuple[str, str], ...]
     extra: dict = field(default_factory=dict)       # fixed query-string arguments (page_size, threshold, ...)
     write: bool = False
+    mixed: bool = True       # drawn by the `mix` workload (a stream variant of a page is run on its own)
 
     def create_body(self, connection: str) -> dict:
         return {"name": self.name, "description": self.description, "author": "qag-benchmarks", "sql": self.sql,
@@ -81,6 +83,9 @@ class Query:
         return f"/q/{self.name}?" + "&".join(args)
 
     def check_template(self) -> str:
+        if self.extra.get("stream"):
+            # A stream's rows are NDJSON lines, written with a space after each separator (contract 3.7).
+            return "{" + ", ".join(f'"{col}": {{{name}}}' for col, name in self.check) + ", "
         return "[{" + ",".join(f'"{col}":{{{name}}}' for col, name in self.check) + ","
 
     def direct_sql(self) -> tuple[str, list[str]]:
