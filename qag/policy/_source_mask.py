@@ -56,7 +56,12 @@ def rewrite(prepared, table_columns, rules_action, default_schema: str | None) -
         real_schema = (schema or default_schema or "")
         columns = table_columns(real_schema, table)
         if columns is None:
-            continue                 # not a table the schema lists (the trace refuses what it can't resolve)
+            if cte_named or (dialect == "mysql" and not schema and table.lower() == "dual"):
+                continue             # the statement's own CTE, or MySQL's DUAL: no table's values
+            # A table the schema doesn't list (another database it didn't read, one made since it was read, one
+            # past the read's limit, or two names that differ only in case) has no columns to mask: refused, or a
+            # rule on it would go unapplied to the values read through a qualified column.
+            raise Unresolvable(f"{table} is not a table of the connection's schema: its columns can't be masked")
         actions = [(name, ctype, rules_action(real_schema.lower(), table.lower(), name.lower()))
                    for name, ctype in columns]
         if not any(action in CHANGING for _, _, action in actions):
@@ -109,6 +114,8 @@ def _quote(dialect: str, name: str) -> str:
 
 
 def _textual(dialect: str, ctype: str) -> bool:
+    if (ctype or "").rstrip().endswith("]"):
+        return False     # a PostgreSQL array of text: masked NULL as the value rule masks a list
     base = (ctype or "").lower().split("(")[0].strip()
     return base in _TEXT_TYPES.get(dialect, ())
 

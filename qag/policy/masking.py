@@ -33,7 +33,8 @@ UNMASKED_KEYWORDS = frozenset(("show", "describe", "desc", "explain"))  # contra
 SCHEMA_TTL = 60.0        # a connection's schema is used this long ...
 SCHEMA_REFRESH = 45.0    # ... and read again in the background after this
 SCHEMA_ENTRIES = 64      # connections (and database overrides) whose schema is kept
-OTHER_DATABASES_MAX = 8  # MySQL: other databases a statement names whose columns are read with the connection's
+OTHER_DATABASES_MAX = 8  # MySQL: other databases a statement names, read with the connection's own
+_MYSQL_CATALOGS = frozenset(("information_schema", "mysql", "performance_schema", "sys"))
 PLAN_ENTRIES = 256       # traced statements kept (per SQL, connection and schema generation)
 RULESETS_PER_PLAN = 8    # compiled rule sets kept per traced statement
 
@@ -388,19 +389,21 @@ def default_schema(dialect: str, fields: dict, database: str | None) -> str | No
 
 def other_databases(prepared, dialect: str, fields: dict, database: str | None) -> tuple[str, ...]:
     """MySQL: the other databases of the server whose tables the statement names (`billing.history` from a
-    connection to `crm`), sorted, at most OTHER_DATABASES_MAX. Their columns are read with the connection's own, so
-    an unqualified column of such a table traces as one of the connection's database does, instead of being
-    refused as untraceable. Elsewhere (): a PostgreSQL read covers every schema of the database, SQLite's the
-    attached ones."""
+    connection to `crm`), as written (the server compares names exactly where `lower_case_table_names` is 0), sorted,
+    at most OTHER_DATABASES_MAX; the engine's catalogs are left out (refused to a masked caller anyway). Their
+    columns are read with the connection's own, so a column of such a table traces and is masked as one of the
+    connection's database is; a table of a database not read is refused (_source_mask.rewrite). Elsewhere ():
+    a PostgreSQL read covers every schema of the database."""
     if dialect != "mysql":
         return ()
-    default = default_schema(dialect, fields, database)
-    uses = prepared.uses(default or "")
-    if uses.failure is not None:
-        return ()       # refused by the trace anyway
-    own = default.lower() if default else None
-    names = sorted({table.split(".", 1)[0] for table in uses.tables if "." in table} - {own})
-    return tuple(names[:OTHER_DATABASES_MAX])
+    try:
+        references = prepared.table_references()
+    except Unresolvable:
+        return ()       # refused by the rewrite anyway
+    own = default_schema(dialect, fields, database)
+    names = {schema for _, _, schema, _, _, cte_named in references
+             if schema and not cte_named and schema != own and schema.lower() not in _MYSQL_CATALOGS}
+    return tuple(sorted(names)[:OTHER_DATABASES_MAX])
 
 
 def read_schema(backend, fields: dict, database: str | None, others: tuple[str, ...] = ()) -> dict:

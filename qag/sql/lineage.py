@@ -59,16 +59,31 @@ class Schema:
         views = set()
         # (schema, table) lower-case → [(column, declared type)], for masking at the source (policy/_source_mask)
         self.columns: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        written: dict[tuple[str, str], tuple[str, str]] = {}
+        clashing = set()
         for table in raw.get("tables", ()):
             schema = str(table.get("schema") or default or "")
+            name = str(table["name"])
             columns = {str(c["name"]): "TEXT" for c in table.get("columns", ())}
             if not columns:
                 continue
-            nested.setdefault(schema, {})[str(table["name"])] = columns
-            self.columns[(schema.lower(), str(table["name"]).lower())] = [
-                (str(c["name"]), str(c.get("type") or "")) for c in table.get("columns", ())]
+            key = (schema.lower(), name.lower())
+            if written.setdefault(key, (schema, name)) != (schema, name):
+                clashing.add(key)
+            nested.setdefault(schema, {})[name] = columns
+            self.columns[key] = [(str(c["name"]), str(c.get("type") or "")) for c in table.get("columns", ())]
             if table.get("type") == "view":
-                views.add((schema.lower(), str(table["name"]).lower()))
+                views.add(key)
+        # Two tables whose names differ only in case (`Billing.contacts` and `billing.contacts` on a server that
+        # compares names exactly) would share one entry here, and the trace reads names case-blind: neither is
+        # known, so a masked caller's statement naming either is refused rather than traced with the other's
+        # columns.
+        for key in clashing:
+            del self.columns[key]
+            views.discard(key)
+        for schema, tables in nested.items():
+            for name in [name for name in tables if (schema.lower(), name.lower()) in clashing]:
+                del tables[name]
         self.dialect = DIALECTS[dialect]
         self.mapping = MappingSchema(nested, dialect=self.dialect) if nested else None
         self.views = frozenset(views)

@@ -187,18 +187,25 @@ def test_fail_closed(srv, case):
 @pytest.fixture(scope="module")
 def other_mysql_database(mysql_db):
     """A second database on the MariaDB server, readable by the mysql connection's user (one gateway in front of a
-    server's several service databases), and one the user may not read."""
+    server's several service databases); one the user may not read; and two readable ones whose names differ only
+    in case (the server compares names exactly), the capitalised one holding the `mobile` column."""
     from tests.services import _name
     admin = mysql_admin()
     cur = admin.cursor()
     other, closed = _name("qag_o"), _name("qag_c")
-    for name in (other, closed):
+    upper = _name("Qag_U")
+    lower = upper.lower()
+    for name in (other, closed, upper):
         cur.execute(f"CREATE DATABASE `{name}`")
         cur.execute(f"CREATE TABLE `{name}`.contacts (id INT PRIMARY KEY, mobile VARCHAR(40), note VARCHAR(40))")
         cur.execute(f"INSERT INTO `{name}`.contacts VALUES (1, '07700 900123', 'call after six'), (2, '555-0199', 'ok')")
-    cur.execute(f"GRANT SELECT ON `{other}`.* TO '{mysql_db['user']}'@'%'")
-    yield other, closed
-    for name in (other, closed):
+    cur.execute(f"CREATE DATABASE `{lower}`")
+    cur.execute(f"CREATE TABLE `{lower}`.contacts (id INT PRIMARY KEY, note VARCHAR(40))")
+    cur.execute(f"INSERT INTO `{lower}`.contacts VALUES (1, 'lower')")
+    for name in (other, upper, lower):
+        cur.execute(f"GRANT SELECT ON `{name}`.* TO '{mysql_db['user']}'@'%'")
+    yield other, closed, upper
+    for name in (other, closed, upper, lower):
         cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
     admin.close()
 
@@ -207,7 +214,7 @@ def test_mysql_tables_of_another_database_trace_like_the_connections_own(srv, ot
     """A statement naming another database's table (`other.contacts` from a connection to its own database) is
     traced with that database's columns: unqualified columns resolve, rules on them apply. Before, they could not
     be traced and every such call of a masked key was refused."""
-    other, closed = other_mysql_database
+    other, closed, _upper = other_mysql_database
     rules = [{"column": "contacts.mobile", "action": "mask"}, {"column": "contacts.note", "action": "drop"},
              {"column": "customers.email", "action": "hash"}]
     r = adhoc(srv, "mysql", f"SELECT id, mobile, note FROM {other}.contacts ORDER BY id", mask=rules)
@@ -222,14 +229,60 @@ def test_mysql_tables_of_another_database_trace_like_the_connections_own(srv, ot
     # The same statements through a key without rules are untouched.
     assert adhoc(srv, "mysql", f"SELECT mobile FROM {other}.contacts WHERE id = 1", key="plain").json == \
         [{"mobile": "07700 900123"}]
-    # A database the connection's user can't read shows no columns: still refused, before anything runs.
-    r = adhoc(srv, "mysql", f"SELECT mobile FROM {closed}.contacts", mask=rules)
-    assert r.status == 403 and r.json["code"] == "mask_unresolvable", r
+    # A database the connection's user can't read shows no columns: still refused, before anything runs, its
+    # columns qualified or not (a qualified one would otherwise escape its rule: no table to mask at the source).
+    for sql in (f"SELECT mobile FROM {closed}.contacts", f"SELECT c.mobile FROM {closed}.contacts c",
+                f"SELECT c.id FROM {closed}.contacts c WHERE c.mobile LIKE '07700%'",
+                f"SELECT c.mobile, customers.name FROM {closed}.contacts c JOIN customers ON customers.id = c.id"):
+        r = adhoc(srv, "mysql", sql, mask=rules)
+        assert r.status == 403 and r.json["code"] == "mask_unresolvable", (sql, r)
     # The engine's catalogs stay refused to a masked caller, however the statement names them.
     for sql in ("SELECT table_name FROM information_schema.tables", "SELECT user FROM mysql.user",
                 f"SELECT c.id, t.table_name FROM {other}.contacts c JOIN information_schema.tables t"):
         r = adhoc(srv, "mysql", sql, mask=rules)
         assert r.status == 403 and r.json["code"] == "mask_unresolvable", (sql, r)
+
+
+def test_mysql_databases_differing_only_in_case_are_never_traced_with_each_others_columns(srv, other_mysql_database):
+    """`Qag_U….contacts` (id, mobile, note) beside `qag_u….contacts` (id, note): the trace reads names case-blind,
+    so it must not expand the capitalised one's `*` from the other's columns (mobile would come back raw)."""
+    _other, _closed, upper = other_mysql_database
+    rules = [{"column": "contacts.mobile", "action": "mask"}]
+    alone = adhoc(srv, "mysql", f"SELECT * FROM {upper}.contacts ORDER BY id", mask=rules)
+    assert alone.status == 200 and alone.json[0] == {"id": 1, "mobile": "0***********", "note": "call after six"}, alone
+    both = f"SELECT * FROM {upper}.contacts u JOIN {upper.lower()}.contacts l ON l.id = u.id"
+    r = adhoc(srv, "mysql", both, mask=rules)
+    assert r.status == 403 and r.json["code"] == "mask_unresolvable", r
+    assert adhoc(srv, "mysql", both, key="plain").status == 200
+
+
+def test_mysql_dual_and_ctes_need_no_table(srv):
+    rules = [{"column": "customers.email", "action": "hash"}]
+    assert adhoc(srv, "mysql", "SELECT 1 AS one FROM DUAL", mask=rules).json == [{"one": 1}]
+    r = adhoc(srv, "mysql", "WITH x AS (SELECT 2 AS two) SELECT two FROM x", mask=rules)
+    assert r.status == 200 and r.json == [{"two": 2}], r
+
+
+def test_postgres_text_arrays_are_masked_whole(srv, pg_db, uniq):
+    """A text array is masked NULL, as the value rule masks a list: the e-mail rule applied to its text would keep
+    everything after the first '@', the other addresses included."""
+    table = uniq("arrays")
+    conn = psycopg2.connect(host=pg_db["host"], port=pg_db["port"], user=pg_db["user"],
+                            password=pg_db["password"], dbname=pg_db["database"], connect_timeout=5)
+    conn.autocommit = True
+    cur = conn.cursor()
+    try:
+        cur.execute(f"CREATE TABLE {table} (id int, mails varchar(40)[], codes char(16)[])")
+        cur.execute(f"INSERT INTO {table} VALUES (1, ARRAY['alice@corp.com', 'bob.secret@corp.com'], "
+                    f"ARRAY['alice@corp.com', 'bob@corp.com'])")
+        name = uniq("pga")     # a connection of its own: the shared one's schema was read before the table existed
+        assert srv.post("/api/v1/connections", {"name": name, "db": "postgres", **pg_db}).status == 201
+        r = adhoc(srv, name, f"SELECT id, mails, codes FROM {table}",
+                  mask=[{"column": f"{table}.mails", "action": "mask"}, {"column": f"{table}.codes", "action": "mask"}])
+        assert r.status == 200 and r.json == [{"id": 1, "mails": None, "codes": None}], r
+    finally:   # the database is shared by the session's PostgreSQL tests: leave it as it was
+        cur.execute(f"DROP TABLE IF EXISTS {table}")
+        conn.close()
 
 
 def test_view_column_named_by_a_rule_is_served(srv):
