@@ -193,6 +193,19 @@ def _variables_read(fields: dict, out: dict) -> tuple:
                  if isinstance(value, str) and value.startswith("${") and value.endswith("}"))
 
 
+_OTHER_READINGS = frozenset(("ANSI_QUOTES", "NO_BACKSLASH_ESCAPES"))
+
+
+def text_read_by_default(dialect: str, fields: dict) -> bool:
+    """Whether the server reads a statement's quotes and backslashes the way sqlglot's MySQL reading does (the one
+    masking traces and rewrites): not when its sql_mode has ANSI_QUOTES or NO_BACKSLASH_ESCAPES, where a string
+    to sqlglot can be a subquery to the server, nor when the mode can't be learned. Other dialects: True."""
+    if dialect != "mysql":
+        return True
+    names = server_names(fields)
+    return names is not None and not (names.sql_mode & _OTHER_READINGS)
+
+
 def default_schema(dialect: str, fields: dict) -> str:
     """The schema an unqualified name resolves to on a connection (contract 6.2), lower-case.
 

@@ -56,8 +56,8 @@ def rewrite(prepared, table_columns, rules_action, default_schema: str | None) -
         real_schema = (schema or default_schema or "")
         columns = table_columns(real_schema, table)
         if columns is None:
-            if cte_named or (dialect == "mysql" and not schema and table.lower() == "dual"):
-                continue             # the statement's own CTE, or MySQL's DUAL: no table's values
+            if cte_named or (dialect == "mysql" and not schema and sql[start:end].lower() == "dual"):
+                continue             # the statement's CTE (the trace has checked its scope), or MySQL's DUAL
             # A table the schema doesn't list (another database it didn't read, one made since it was read, one
             # past the read's limit, or two names that differ only in case) has no columns to mask: refused, or a
             # rule on it would go unapplied to the values read through a qualified column.

@@ -84,6 +84,7 @@ class Schema:
         for schema, tables in nested.items():
             for name in [name for name in tables if (schema.lower(), name.lower()) in clashing]:
                 del tables[name]
+        nested = {schema: tables for schema, tables in nested.items() if tables}   # sqlglot refuses an empty one
         self.dialect = DIALECTS[dialect]
         self.mapping = MappingSchema(nested, dialect=self.dialect) if nested else None
         self.views = frozenset(views)
@@ -122,6 +123,13 @@ def _trace(sql: str, schema: Schema) -> tuple[Output, ...]:
     if not isinstance(tree, exp.Query):
         raise Unresolvable("it isn't a query whose columns can be traced")
     _check_raw(tree)
+    if schema.dialect == DIALECTS["mysql"]:
+        for table in tree.find_all(exp.Table):
+            # MySQL's DUAL is the unquoted word, unqualified (a quoted `dual` is a real table's name); marked before
+            # qualify() gives it the default database.
+            if not table.db and isinstance(table.this, exp.Identifier) and not table.this.quoted \
+                    and table.name.lower() == "dual":
+                table.meta["dual"] = True
     if schema.mapping is None:
         tree = qualify(tree, dialect=schema.dialect, db=schema.default, expand_stars=True,
                        validate_qualify_columns=True, quote_identifiers=False, identify=False)
@@ -131,6 +139,7 @@ def _trace(sql: str, schema: Schema) -> tuple[Output, ...]:
     root = build_scope(tree)
     if root is None:
         raise Unresolvable("its columns can't be traced")
+    _check_tables_listed(root, schema)
     outputs = tuple(_Tracer(root, schema).outputs(root))
     if any(_SELF in o.sources for o in outputs):
         raise Unresolvable("a recursive CTE's columns can't be traced")
@@ -138,6 +147,23 @@ def _trace(sql: str, schema: Schema) -> tuple[Output, ...]:
         if o.unknown and not o.sources:
             raise Unresolvable(f"the column {o.name} is neither read from a table nor a constant")
     return outputs
+
+
+def _check_tables_listed(root: Scope, schema: Schema) -> None:
+    """Every table the statement reads, in any scope (a predicate's, a subquery's, a CTE's), is one the schema
+    lists. A table it doesn't list has no columns to mask at the source, so a rule on it would go unapplied.
+    Which names are tables and which are CTEs is sqlglot's scoping, the engine's: a name that is a CTE in one
+    scope is the real table in another (a CTE defined inside a subquery, or later in a non-recursive WITH)."""
+    for scope in root.traverse():
+        for source in scope.sources.values():
+            if not isinstance(source, exp.Table) or not isinstance(source.this, exp.Identifier):
+                continue          # a CTE, a derived table, or a table function (refused when traced)
+            if source.meta.get("dual"):
+                continue
+            key = ((source.db or schema.default or "").lower(), source.name.lower())
+            if key not in schema.columns:
+                raise Unresolvable(f"{source.name} is not a table of the connection's schema: its columns can't "
+                                   f"be masked")
 
 
 def _values(tree: exp.Values) -> tuple[Output, ...]:

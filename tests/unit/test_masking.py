@@ -96,6 +96,46 @@ def test_refused(sql):
         trace(sql, schema("postgres" if "RETURNING" in sql else "sqlite"))
 
 
+UNLISTED = [
+    "SELECT c.phone FROM contacts c",
+    "SELECT id FROM customers WHERE EXISTS (SELECT 1 FROM contacts c WHERE c.phone LIKE '0%')",
+    # A CTE's name is the real table outside the CTE's scope (sqlglot scopes it as the engine does):
+    "SELECT c.id FROM contacts c, (WITH contacts AS (SELECT 1 AS one) SELECT one FROM contacts) d",
+    "WITH x AS (SELECT c.phone AS m FROM contacts c), contacts AS (SELECT 1 AS one) SELECT x.m FROM x",
+    "SELECT 1 AS one FROM `dual`", "SELECT 1 AS one FROM shop.dual", "SELECT o.phone FROM other.customers o",
+]
+
+
+@pytest.mark.parametrize("sql", UNLISTED)
+def test_a_table_the_schema_does_not_list_is_refused_wherever_it_is_read(sql):
+    """Its columns can't be masked at the source (nothing says what they are), so a rule on them would go unapplied:
+    refused in every scope, qualified or not."""
+    with pytest.raises(Unresolvable, match="not a table of the connection's schema"):
+        trace(sql, schema("mysql"))
+
+
+@pytest.mark.parametrize("sql", ["SELECT 1 AS one FROM DUAL", "SELECT 1 AS one FROM dual",
+                                 "WITH contacts AS (SELECT 1 AS one) SELECT one FROM contacts",
+                                 "WITH c AS (SELECT email FROM customers) SELECT email FROM c"])
+def test_mysql_dual_and_a_cte_in_scope_need_no_table(sql):
+    assert trace(sql, schema("mysql"))
+
+
+def test_tables_differing_only_in_case_are_dropped_even_when_they_leave_a_schema_empty():
+    """`Contacts` and `contacts` (a server that compares names exactly) would share the trace's case-blind entry:
+    neither is known; a schema left with no table is left out rather than refused by sqlglot."""
+    columns = [{"name": "id"}, {"name": "phone"}]
+    raw = {"tables": [{"name": "Contacts", "schema": "twins", "columns": columns},
+                      {"name": "contacts", "schema": "twins", "columns": columns[:1]},
+                      {"name": "customers", "schema": "shop", "columns": columns}]}
+    twins = Schema(raw, "mysql", "shop")
+    assert ("twins", "contacts") not in twins.columns and ("shop", "customers") in twins.columns
+    for sql in ("SELECT * FROM twins.Contacts", "SELECT * FROM twins.contacts"):
+        with pytest.raises(Unresolvable):
+            trace(sql, twins)
+    assert [o.name for o in trace("SELECT phone FROM customers", twins)] == ["phone"]
+
+
 def test_table_function_refused_on_postgres():
     with pytest.raises(Unresolvable):
         trace("SELECT * FROM generate_series(1, 3) g", schema("postgres"))
