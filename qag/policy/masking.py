@@ -364,10 +364,25 @@ def at_source(prepared, schema: Schema, rules: tuple) -> SourceMask | None:
 
     if any(name in (IPAD, OPAD) for name in prepared.bound_names):
         raise Unresolvable(f"the placeholder names {IPAD} and {OPAD} are the gateway's own")
+    _check_tables_listed(prepared, schema)
     source = rewrite(prepared, columns, action, schema.default)
     if source is not None and prepared.write_ops:
         raise Unresolvable("a write can't read a table with masked columns")
     return source
+
+
+def _check_tables_listed(prepared, schema: Schema) -> None:
+    """Every table the statement reads is one the schema lists, by the table check's reading (`Prepared.uses`:
+    the engine's own parser on PostgreSQL, every way the server may read quotes and backslashes elsewhere, CTEs
+    scoped as the engine scopes them), writes and every clause included. The rewrite can wrap only a listed table;
+    the trace checks its own scopes too, but sqlglot builds none for some clauses (a set operation's ORDER BY)."""
+    uses = prepared.uses(schema.default or "")
+    if uses.failure is not None:
+        raise Unresolvable("the tables it reads can't be read for certain")
+    for table in uses.tables:
+        database, _, name = table.rpartition(".")
+        if (database.lower(), name.lower()) not in schema.columns:
+            raise Unresolvable(f"{name} is not a table of the connection's schema: its columns can't be masked")
 
 
 def source_functions(hasher: Hasher) -> tuple:

@@ -523,3 +523,27 @@ def test_mysql_masked_calls_are_refused_where_the_server_reads_quotes_or_backsla
         cur.execute("SET GLOBAL sql_mode = %s", (before,))
         cur.execute(f"DROP USER IF EXISTS '{user}'@'%'")
         admin.close()
+
+
+def test_mysql_an_unlisted_table_behind_a_decoy_cte_is_refused(srv, mysql_db, uniq):
+    """`t` and `T` (a server that compares names exactly) are both left out of the trace's schema; a CTE named `t`
+    elsewhere in the statement must not let the real `t` be read raw from a set operation's ORDER BY, where sqlglot
+    builds no scope (the engine answered one yes/no about a masked value per call)."""
+    name = uniq("secret")
+    admin = mysql_admin()
+    cur = admin.cursor()
+    try:
+        for table in (name, name.upper()):
+            cur.execute(f"CREATE TABLE `{mysql_db['database']}`.`{table}` (id INT PRIMARY KEY, phone VARCHAR(20))")
+            cur.execute(f"INSERT INTO `{mysql_db['database']}`.`{table}` VALUES (1, '5551234')")
+        conn = uniq("decoy")     # a connection of its own: its schema is read with both tables in it
+        assert srv.post("/api/v1/connections", {"name": conn, "db": "mysql", **mysql_db}).status == 201
+        sql = (f"SELECT id FROM orders UNION SELECT d.one FROM (WITH {name} AS (SELECT 1 AS one) SELECT one FROM "
+               f"{name}) d ORDER BY (SELECT s.phone FROM {name} s WHERE s.id = 1)")
+        r = adhoc(srv, conn, sql, mask=[{"column": "*.phone", "action": "mask"}])
+        assert r.status == 403 and r.json["code"] == "mask_unresolvable", r
+        assert adhoc(srv, conn, sql, key="plain").status == 200
+    finally:
+        for table in (name, name.upper()):
+            cur.execute(f"DROP TABLE IF EXISTS `{mysql_db['database']}`.`{table}`")
+        admin.close()

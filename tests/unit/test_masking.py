@@ -121,6 +121,26 @@ def test_mysql_dual_and_a_cte_in_scope_need_no_table(sql):
     assert trace(sql, schema("mysql"))
 
 
+DECOY_CTE = [
+    # A set operation's ORDER BY, where sqlglot builds no scope, reads the real `secret`, not the CTE:
+    "SELECT id FROM orders UNION SELECT d.one FROM (WITH secret AS (SELECT 1 AS one) SELECT one FROM secret) d "
+    "ORDER BY (SELECT s.phone FROM secret s WHERE s.id = 1)",
+    # A write is never traced; its SELECT reads the real `secret`:
+    "INSERT INTO orders (id, total) SELECT s.phone, 1 FROM secret s "
+    "WHERE EXISTS (WITH secret AS (SELECT 1 AS one) SELECT one FROM secret)",
+]
+
+
+@pytest.mark.parametrize("dialect", ["mysql", "sqlite"])
+@pytest.mark.parametrize("sql", DECOY_CTE)
+def test_an_unlisted_table_is_refused_where_the_trace_builds_no_scope(sql, dialect):
+    """A CTE named like the unlisted table elsewhere in the statement must not make the rewrite skip it: the table
+    check's reading (CTEs scoped as the engine scopes them) lists it, and it is refused before anything runs."""
+    rules = masking.effective([{"column": "*.phone", "action": "mask"}])
+    with pytest.raises(Unresolvable, match="not a table of the connection's schema"):
+        masking.at_source(prepare(sql, dialect), schema(dialect), rules)
+
+
 def test_tables_differing_only_in_case_are_dropped_even_when_they_leave_a_schema_empty():
     """`Contacts` and `contacts` (a server that compares names exactly) would share the trace's case-blind entry:
     neither is known; a schema left with no table is left out rather than refused by sqlglot."""
