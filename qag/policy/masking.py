@@ -416,14 +416,20 @@ def other_databases(prepared, dialect: str, fields: dict, database: str | None) 
     a PostgreSQL read covers every schema of the database."""
     if dialect != "mysql":
         return ()
+    own = default_schema(dialect, fields, database)
+    names = [name for name in _databases_named(prepared) if name != own and name.lower() not in _MYSQL_CATALOGS]
+    return tuple(names[:OTHER_DATABASES_MAX])
+
+
+@lru_cache(maxsize=PLAN_ENTRIES)
+def _databases_named(prepared) -> tuple[str, ...]:
+    """The databases a statement's table references name, as written, sorted: read once per statement (prepare()
+    keeps one Prepared per SQL text; its references are read by tokenizing the whole text)."""
     try:
         references = prepared.table_references()
     except Unresolvable:
         return ()       # refused by the rewrite anyway
-    own = default_schema(dialect, fields, database)
-    names = {schema for _, _, schema, _, _, cte_named in references
-             if schema and not cte_named and schema != own and schema.lower() not in _MYSQL_CATALOGS}
-    return tuple(sorted(names)[:OTHER_DATABASES_MAX])
+    return tuple(sorted({schema for _, _, schema, _, _, cte_named in references if schema and not cte_named}))
 
 
 def read_schema(backend, fields: dict, database: str | None, others: tuple[str, ...] = ()) -> dict:
