@@ -23,6 +23,7 @@ from itertools import count
 
 from ..backends.base import text_read_by_default
 from ..errors import QagError
+from ..sql import lexer
 from ..sql.lineage import DIALECTS, Schema, Source, Unresolvable
 from ._source_mask import IPAD, OPAD, SQLITE_HASH, SQLITE_MASK, SourceMask, rewrite
 from .keyfields import MASK_ACTIONS
@@ -365,6 +366,8 @@ def at_source(prepared, schema: Schema, rules: tuple) -> SourceMask | None:
     if any(name in (IPAD, OPAD) for name in prepared.bound_names):
         raise Unresolvable(f"the placeholder names {IPAD} and {OPAD} are the gateway's own")
     _check_tables_listed(prepared, schema)
+    if prepared.dialect == "sqlite" and _sqlite_in_table(prepared.sql):
+        raise Unresolvable("SQLite's `IN table` reads a table no reader of the statement sees as one")
     source = rewrite(prepared, columns, action, schema.default)
     if source is not None and prepared.write_ops:
         raise Unresolvable("a write can't read a table with masked columns")
@@ -383,6 +386,15 @@ def _check_tables_listed(prepared, schema: Schema) -> None:
         database, _, name = table.rpartition(".")
         if (database.lower(), name.lower()) not in schema.columns:
             raise Unresolvable(f"{name} is not a table of the connection's schema: its columns can't be masked")
+
+
+def _sqlite_in_table(sql: str) -> bool:
+    """SQLite's `expr IN table` (and `IN schema.table`): `IN` followed by a name rather than a parenthesis. The
+    engine reads the table's rows; sqlglot and the table check read a column, so the rewrite would never wrap it."""
+    words = lexer.significant(lexer.tokenize(sql, "sqlite"))
+    return any(token.kind == lexer.WORD and token.value == "in" and (
+        i + 1 == len(words) or not (words[i + 1].kind == lexer.PUNCT and words[i + 1].value == "("))
+        for i, token in enumerate(words))
 
 
 def source_functions(hasher: Hasher) -> tuple:

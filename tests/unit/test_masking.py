@@ -141,6 +141,25 @@ def test_an_unlisted_table_is_refused_where_the_trace_builds_no_scope(sql, diale
         masking.at_source(prepare(sql, dialect), schema(dialect), rules)
 
 
+@pytest.mark.parametrize("sql", [
+    "UPDATE orders SET total = (SELECT 1 WHERE (1, 'a', 'b', 'c', 'd') IN customers) WHERE id = 1",
+    "INSERT INTO orders (id, total) SELECT 1, 1 WHERE (1, 'a', 'b', 'c', 'd') IN main.customers",
+    "DELETE FROM orders WHERE (id, 'a', 'b', 'c', 'd') NOT IN customers",
+])
+def test_sqlite_in_table_is_refused(sql):
+    """`expr IN table` reads the table's rows (a write key copies a masked value, or asks yes/no of it), while
+    sqlglot and the table check read `customers` as a column: refused."""
+    engine = sqlite3.connect(":memory:")
+    engine.execute("CREATE TABLE customers (id, email, phone, secret, name)")
+    engine.execute("INSERT INTO customers VALUES (1, 'a', 'b', 'c', 'd')")
+    assert engine.execute("SELECT (1, 'a', 'b', 'c', 'd') IN customers").fetchone() == (1,)   # the engine reads it
+    rules = masking.effective([{"column": "customers.phone", "action": "mask"}])
+    with pytest.raises(Unresolvable, match="IN table"):
+        masking.at_source(prepare(sql, "sqlite"), schema("sqlite"), rules)
+    assert masking.at_source(prepare("SELECT id FROM orders WHERE id IN (1, 2)", "sqlite"), schema("sqlite"),
+                             rules) is None
+
+
 def test_tables_differing_only_in_case_are_dropped_even_when_they_leave_a_schema_empty():
     """`Contacts` and `contacts` (a server that compares names exactly) would share the trace's case-blind entry:
     neither is known; a schema left with no table is left out rather than refused by sqlglot."""
