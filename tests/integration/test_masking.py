@@ -48,10 +48,16 @@ def _seed_mysql(fields):
     admin.close()
 
 
-def _seed_pg(fields):
+def _pg_owner(fields):
+    """An autocommit connection to the test database as its owner (to create and drop what a test reads)."""
     conn = psycopg2.connect(host=fields["host"], port=fields["port"], user=fields["user"],
                             password=fields["password"], dbname=fields["database"], connect_timeout=5)
     conn.autocommit = True
+    return conn
+
+
+def _seed_pg(fields):
+    conn = _pg_owner(fields)
     cur = conn.cursor()
     cur.execute("CREATE TABLE customers (id int PRIMARY KEY, email text, phone text, secret text, name text)")
     cur.executemany("INSERT INTO customers VALUES (%s, %s, %s, %s, %s)", PEOPLE)
@@ -267,9 +273,7 @@ def test_postgres_text_arrays_are_masked_whole(srv, pg_db, uniq):
     """A text array is masked NULL, as the value rule masks a list: the e-mail rule applied to its text would keep
     everything after the first '@', the other addresses included."""
     table = uniq("arrays")
-    conn = psycopg2.connect(host=pg_db["host"], port=pg_db["port"], user=pg_db["user"],
-                            password=pg_db["password"], dbname=pg_db["database"], connect_timeout=5)
-    conn.autocommit = True
+    conn = _pg_owner(pg_db)
     cur = conn.cursor()
     try:
         cur.execute(f"CREATE TABLE {table} (id int, mails varchar(40)[], codes char(16)[])")
@@ -445,9 +449,7 @@ def test_postgres_masked_call_reads_the_schema_it_was_traced_in(srv, pg_db, uniq
     `sales`, `people` is sales.people for the trace and for the database alike, so a rule on public.people.ssn
     neither matches nor is needed - and public.people's values never come back under the name."""
     schema, public = uniq("sales"), uniq("people")
-    conn = psycopg2.connect(host=pg_db["host"], port=pg_db["port"], user=pg_db["user"],
-                            password=pg_db["password"], dbname=pg_db["database"], connect_timeout=5)
-    conn.autocommit = True
+    conn = _pg_owner(pg_db)
     cur = conn.cursor()
     try:
         cur.execute(f"CREATE SCHEMA {schema}")
@@ -472,9 +474,7 @@ def test_postgres_blank_padded_text_is_masked_and_hashed_as_the_driver_reads_it(
     value, and the hash of 'ab', where the contract's rules give 'a*****', ' ***' and the hash of 'ab    ', and
     QueryAPIGate masks pgbench's all-blank `filler` as ' ' and 83 stars.)"""
     table = uniq("padded")
-    conn = psycopg2.connect(host=pg_db["host"], port=pg_db["port"], user=pg_db["user"],
-                            password=pg_db["password"], dbname=pg_db["database"], connect_timeout=5)
-    conn.autocommit = True
+    conn = _pg_owner(pg_db)
     cur = conn.cursor()
     try:
         cur.execute(f"CREATE TABLE {table} (id int, code char(6), blank char(4), name varchar(10))")
