@@ -681,6 +681,8 @@ def _pin_names(call: Call, plan: Plan, restricted: tuple[str, frozenset] | None,
         call.schema, call.tables = restricted
     elif plan.mask is not None and plan.prepared.dialect == "postgres":
         call.schema = masking.default_schema("postgres", fields, plan.database)
+    if plan.mask is not None and plan.prepared.dialect == "mysql":
+        call.default_text = True     # traced in MySQL's default reading: run only on a session that reads so
 
 
 _GONE = "The client went away before the export finished"

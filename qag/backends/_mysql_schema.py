@@ -168,6 +168,15 @@ class ServerNames(NamedTuple):
     def names_exact(self) -> bool:
         return self.lower_case_table_names == 0
 
+    @property
+    def text_read_by_default(self) -> bool:
+        """Quotes and backslashes read as sqlglot's MySQL reading does (masking's trace and rewrite): not under
+        ANSI_QUOTES, where "x" is a name, nor NO_BACKSLASH_ESCAPES, where '\\' ends a string."""
+        return not (self.sql_mode & _OTHER_READINGS)
+
+
+_OTHER_READINGS = frozenset(("ANSI_QUOTES", "NO_BACKSLASH_ESCAPES"))
+
 
 # The query that reads them (one round trip when a connection is opened).
 FACTS_QUERY = "SELECT @@lower_case_table_names, @@session.sql_mode"

@@ -15,7 +15,7 @@ class Call:
     the compiled build (~3,800 instructions a call, against about a quarter of that for this one)."""
 
     __slots__ = ("sql", "args", "read_only", "timeout", "fetch", "skip", "schema", "tables", "cursor", "functions",
-                 "connection", "identity", "json_rows")
+                 "connection", "identity", "json_rows", "default_text")
 
     def __init__(self, sql: str, args: tuple, read_only: bool, timeout: float | None, fetch: int, skip: int = 0,
                  schema: str | None = None, tables: frozenset | None = None, cursor: bool = False,
@@ -45,6 +45,10 @@ class Call:
         # A page answered as a JSON array of its rows, untouched (no masking): how many of the fetched rows that
         # page holds. A backend whose driver can write that JSON from its values may (Result.json); 0 = rows.
         self.json_rows = json_rows
+        # A masked call on MySQL/MariaDB: traced and rewritten in the default reading of quotes and backslashes, so
+        # the backend runs it only on a session whose own sql_mode reads them so (masking refused by the server's
+        # facts as the last connection opened saw them; a pooled one may be older).
+        self.default_text = False
 
     def __repr__(self) -> str:
         return "Call(" + ", ".join([f"{name}={getattr(self, name)!r}" for name in Call.__slots__]) + ")"
@@ -193,17 +197,22 @@ def _variables_read(fields: dict, out: dict) -> tuple:
                  if isinstance(value, str) and value.startswith("${") and value.endswith("}"))
 
 
-_OTHER_READINGS = frozenset(("ANSI_QUOTES", "NO_BACKSLASH_ESCAPES"))
-
-
 def text_read_by_default(dialect: str, fields: dict) -> bool:
     """Whether the server reads a statement's quotes and backslashes the way sqlglot's MySQL reading does (the one
-    masking traces and rewrites): not when its sql_mode has ANSI_QUOTES or NO_BACKSLASH_ESCAPES, where a string
-    to sqlglot can be a subquery to the server, nor when the mode can't be learned. Other dialects: True."""
+    masking traces and rewrites), by the last connection opened with these fields: not when its sql_mode has
+    ANSI_QUOTES or NO_BACKSLASH_ESCAPES, where a string to sqlglot can be a subquery to the server, nor when the
+    mode can't be learned. Other dialects: True. (A masked call's connection is checked again: Call.default_text.)"""
     if dialect != "mysql":
         return True
     names = server_names(fields)
-    return names is not None and not (names.sql_mode & _OTHER_READINGS)
+    return names is not None and names.text_read_by_default
+
+
+def other_text_reading() -> QagError:
+    """The refusal of a masked call on a server that reads quotes and backslashes otherwise (text_read_by_default)."""
+    return QagError("mask_unresolvable", "This result can't be masked safely: the server's sql_mode (ANSI_QUOTES or "
+                                         "NO_BACKSLASH_ESCAPES) reads quotes and backslashes otherwise than the "
+                                         "trace can")
 
 
 def default_schema(dialect: str, fields: dict) -> str:

@@ -49,7 +49,8 @@ from .. import _speedups
 from ..errors import QagError
 from . import _mysql_schema as schema_reader
 from . import _mysql_sql as statements
-from .base import Backend, Call, Result, connection_failed, network_timeout, query_failed, timeout_error
+from .base import (Backend, Call, Result, connection_failed, network_timeout, other_text_reading, query_failed,
+                   timeout_error)
 from .pool import Pool, settings_key
 from .watchdog import WATCHDOG, deadline_of, tcp_keepalive
 
@@ -274,6 +275,12 @@ class _Link:
         return bool(self.poll.poll(0))
 
 
+def _text_read_by_default(link: _Link) -> bool:
+    # The session's own sql_mode, read when it was opened (a session can't change it: SET is a write, and a
+    # connection that ran one is never pooled).
+    return link.names is not None and link.names.text_read_by_default
+
+
 def _hint_works_in_with(cursor) -> bool:
     """MySQL: whether the server obeys MAX_EXECUTION_TIME on a WITH statement's top-level SELECT (it warns when
     it ignores a hint); a server without WITH at all refuses the probe."""
@@ -440,6 +447,18 @@ class MysqlBackend(Backend):
             # Dead (closed by the server) or its renewal failed: close it and take another.
             self.pool.release(key, link, False)
 
+    def _take_reading_text_by_default(self, key, stale: _Link, fields: dict, read_only: bool, call: Call,
+                                      deadline: float | None) -> _Link:
+        """For a masked call (Call.default_text), in place of a connection whose session reads quotes or backslashes
+        otherwise (opened before the server's sql_mode changed): that one closed and another taken; refused when
+        it reads them otherwise too (the server's mode has changed since masking read it)."""
+        self.pool.release(key, stale, False)
+        link = self._take(key, fields, read_only, call.sql, deadline, call.connection)
+        if not _text_read_by_default(link):
+            self.pool.release(key, link, True)   # fine for unmasked calls: the server's mode as it is now
+            raise other_text_reading()
+        return link
+
     def _give_back(self, key, link: _Link, read_only: bool, sql: str) -> None:
         if _leaves_session_state(sql):
             # A rollback keeps user variables and GET_LOCK locks: such a connection is closed, never pooled.
@@ -478,6 +497,8 @@ class MysqlBackend(Backend):
         deadline = deadline_of(call.timeout)
         try:
             link = self._take(key, fields, read_only, call.sql, deadline, call.connection)
+            if call.default_text and not _text_read_by_default(link):
+                link = self._take_reading_text_by_default(key, link, fields, read_only, call, deadline)
         except _Overdue:
             raise network_timeout(call.timeout) from None
         started = perf_counter()
@@ -517,6 +538,8 @@ class MysqlBackend(Backend):
         deadline = deadline_of(call.timeout)
         try:
             link = self._take(key, fields, True, call.sql, deadline, call.connection)
+            if call.default_text and not _text_read_by_default(link):
+                link = self._take_reading_text_by_default(key, link, fields, True, call, deadline)
         except _Overdue:
             raise network_timeout(call.timeout) from None
         cursor = MySQLdb.cursors.SSCursor(link.conn)

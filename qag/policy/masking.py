@@ -21,7 +21,7 @@ from fnmatch import fnmatchcase
 from functools import lru_cache
 from itertools import count
 
-from ..backends.base import text_read_by_default
+from ..backends.base import other_text_reading, text_read_by_default
 from ..errors import QagError
 from ..sql import lexer
 from ..sql.lineage import DIALECTS, Schema, Source, Unresolvable
@@ -262,9 +262,7 @@ class Masking:
             raise QagError("mask_unresolvable", _REFUSED + f"columns can't be traced on '{connection['db']}' "
                                                            f"connections")
         if not text_read_by_default(dialect, fields):
-            raise QagError("mask_unresolvable", _REFUSED + "the server's sql_mode (ANSI_QUOTES or "
-                                                           "NO_BACKSLASH_ESCAPES) reads quotes and backslashes "
-                                                           "otherwise than the trace can")
+            raise other_text_reading()
         others = other_databases(prepared, dialect, fields, database)
         conn_key = (connection["name"], connection.get("db"), connection.get("updated_at"),
                     json.dumps(fields, sort_keys=True, default=str), database, others)

@@ -107,6 +107,73 @@ def test_server_facts_are_read_once_per_connection(db):
         backend.close_idle()
 
 
+
+def _reading_ansi_quotes(link) -> None:
+    """Turn a pooled connection's session into one opened while the server's mode had ANSI_QUOTES: its session
+    mode, and its facts as _open reads them."""
+    cur = link.conn.cursor()
+    cur.execute("SET SESSION sql_mode = CONCAT(@@session.sql_mode, ',ANSI_QUOTES')")
+    cur.execute(_mysql_schema.FACTS_QUERY)
+    link.names = _mysql_schema.parse_facts(cur.fetchone())
+    cur.close()
+    assert not link.names.text_read_by_default
+
+
+# `'a' "b"`: two strings run together ('ab') in MySQL's default reading, 'a' named b under ANSI_QUOTES.
+_READING = "SELECT 'a' \"b\""
+
+
+def _masked(sql: str) -> Call:
+    call = Call(sql, (), True, 10.0, 2)
+    call.default_text = True      # what the run path sets for a masked call (masking traced the default reading)
+    return call
+
+
+def test_the_run_path_marks_masked_mysql_calls_only():
+    from qag.api.run import _pin_names
+    for dialect, mask, marked in (("mysql", object(), True), ("mysql", None, False), ("postgres", object(), False)):
+        call = Call("SELECT 1", (), True, 10.0, 2)
+        _pin_names(call, SimpleNamespace(mask=mask, prepared=SimpleNamespace(dialect=dialect), database=None), None, {})
+        assert call.default_text is marked, (dialect, mask)
+
+
+def test_a_masked_call_never_runs_on_a_session_that_reads_text_otherwise(db):
+    """Masking decides by the server's mode as the last connection opened reported it; a pooled connection opened
+    before an administrator changed the mode still reads quotes its own way, so a masked call checks the session it
+    is given: an older one is closed and the call runs on a connection that reads text as the trace did."""
+    backend = MysqlBackend(settings())
+    try:
+        backend.run(db.fields, Call("SELECT 1", (), True, 10.0, 2))
+        (stale,) = backend.pool.idle()
+        _reading_ansi_quotes(stale)
+        assert backend.run(db.fields, Call(_READING, (), True, 10.0, 2)).rows == [("a",)]   # unmasked: served there
+        assert backend.run(db.fields, _masked(_READING)).rows == [("ab",)]
+        (fresh,) = backend.pool.idle()
+        assert fresh is not stale and fresh.names.text_read_by_default and not stale.conn.open
+    finally:
+        backend.close_idle()
+
+
+def test_a_masked_call_is_refused_when_the_servers_mode_reads_text_otherwise_now(db):
+    class OpensInAnsiQuotes(MysqlBackend):       # every new session as the server's mode would open it now
+        def _open(self, fields, read_only, deadline=None):
+            link = super()._open(fields, read_only, deadline)
+            _reading_ansi_quotes(link)
+            return link
+
+    backend = OpensInAnsiQuotes(settings())
+    try:
+        with pytest.raises(QagError) as refused:
+            backend.run(db.fields, _masked(_READING))
+        assert refused.value.code == "mask_unresolvable" and "sql_mode" in refused.value.message
+        (kept,) = backend.pool.idle()       # the server's mode as it is: fine for a caller without rules
+        assert backend.run(db.fields, Call(_READING, (), True, 10.0, 2)).rows == [("a",)]
+        assert backend.pool.idle() == [kept]
+        with pytest.raises(QagError):
+            backend.stream(db.fields, _masked(_READING), 10, None)
+    finally:
+        backend.close_idle()
+
 @pytest.mark.e2e
 def test_a_grant_for_orders_does_not_cover_ORDERS(server, db):
     if db.lctn != 0:

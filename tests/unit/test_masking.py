@@ -188,6 +188,26 @@ def test_deep_nesting_is_refused_not_crashed():
         trace(sql, schema("sqlite"))
 
 
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_rewrite_past_the_statement_limit_is_refused_as_masking_s_own(dialect):
+    """Each reference to a wide masked table grows by a masked expression per column: a short statement can pass
+    the statement limit once rewritten. That is masking's refusal (403 mask_unresolvable), not an unreadable
+    statement that the caller would be told is theirs (400 invalid_request)."""
+    from qag.sql.prepare import MAX_STATEMENT_CHARS
+    db = "main" if dialect == "sqlite" else "shop"
+    columns = [{"name": f"col_{i:02d}_of_a_wide_table", "type": "varchar(40)"} for i in range(40)]
+    wide = Schema({"tables": [{"name": "wide", "schema": db, "type": "table", "columns": columns}]}, dialect, db)
+    rules = masking.effective([{"column": "wide.*", "action": "mask"}])
+    read = "SELECT col_00_of_a_wide_table FROM wide"
+    one = len(masking.at_source(prepare(read, dialect), wide, rules).sql)
+    fits = prepare(" UNION ALL ".join([read] * (MAX_STATEMENT_CHARS // one - 1)), dialect)
+    assert len(masking.at_source(fits, wide, rules).sql) <= MAX_STATEMENT_CHARS
+    many = prepare(" UNION ALL ".join([read] * (MAX_STATEMENT_CHARS // one + 1)), dialect)
+    assert len(many.sql) < MAX_STATEMENT_CHARS // 20 and many.unreadable is None
+    with pytest.raises(Unresolvable, match="longer than"):
+        masking.at_source(many, wide, rules)
+
+
 # --- rules ----------------------------------------------------------------------------------------------------
 def _plan(sql: str, rules: list, dialect: str = "sqlite") -> masking.MaskPlan:
     return masking.MaskPlan(trace(sql, schema(dialect)), masking.effective(rules), masking.Hasher(b"k"))
