@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,14 @@ def cases(dialect: str) -> list:
         if not line.strip() or line.startswith("#"):
             continue
         name, setter_kind, setter, probe_kind, probe, expect = line.split("\t")
-        out.append(pytest.param(setter_kind, setter, probe_kind, probe, json.loads(expect), id=name))
+        out.append(pytest.param(setter_kind, _unescaped(setter), probe_kind, _unescaped(probe), json.loads(expect),
+                                id=name))
     return out
+
+
+def _unescaped(sql: str) -> str:
+    """A corpus's SQL with its `\\xNN` escapes read (a control character the file couldn't show)."""
+    return re.sub(r"\\x([0-9a-fA-F]{2})", lambda m: chr(int(m.group(1), 16)), sql)
 
 
 def check_probe(reply, expect: dict) -> None:

@@ -21,7 +21,7 @@ from ..http.response import VARY_ACCEPT, Response
 from ..observe.outages import OutageLog
 from ..policy import grants as policy
 from ..policy.grants import allowed_write_ops, check_run_query, may_write
-from ..policy.guard import check as guard_check
+from ..policy.guard import check as guard_check, check_other_sessions
 from ..policy.keyfields import normalise_mask
 from ..policy import masking
 from ..policy import tables as table_policy
@@ -436,12 +436,16 @@ class RunHandlers:
         """Contract 6.2 for a table-restricted key: raise its 403, or return (the default schema the
         statement was checked with, the key's qualified grants) for the backend to enforce as well. A caller
         with mask rules and no allowed_tables gets issue 18's checks (no catalogs, statistics, settings,
-        diagnostics or activity; functions by what they resolve to) and None.
+        diagnostics or activity; functions by what they resolve to) and None; any other API key, the refusal of
+        other sessions' activity (guard.check_other_sessions) and None.
 
         What the statement uses is read once per prepared statement and default schema (Prepared.uses), so a
         warm call parses nothing."""
         grants = caller.grants
-        if caller.admin or (grants.allowed_tables is None and not plan.rules):
+        if caller.admin:
+            return None
+        if grants.allowed_tables is None and not plan.rules:
+            check_other_sessions(plan.prepared)   # the others' checks refuse activity views among the rest
             return None
         prepared = plan.prepared
         dialect = prepared.dialect

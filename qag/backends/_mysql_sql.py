@@ -107,7 +107,7 @@ def lead_end(sql: str) -> int:
         c = sql[i]
         if c in _WS:
             i += 1
-        elif c == "#" or (c == "-" and sql.startswith("--", i) and (i + 2 == n or sql[i + 2] in _WS)):
+        elif c == "#" or (c == "-" and sql.startswith("--", i) and (i + 2 == n or _ends_dashes(sql[i + 2]))):
             j = sql.find("\n", i)
             i = n if j < 0 else j + 1
         elif c == "/" and sql.startswith("/*", i):
@@ -120,6 +120,12 @@ def lead_end(sql: str) -> int:
         else:
             return i
     return i
+
+
+def _ends_dashes(c: str) -> bool:
+    # The server starts a comment at "--" followed by a space or any control character (as qag's lexer reads it),
+    # not only the whitespace _WS lists: "--\x01" too.
+    return c <= " " or c == "\x7f"
 
 
 def _word_at(sql: str, i: int) -> str:

@@ -307,11 +307,12 @@ _READS = 2       # may read what earlier statements left on a session: runs on a
 # @@session settings (also those a stored function set: reading @x needs "@"), named locks and LOCK TABLES,
 # temporary tables, LAST_INSERT_ID, sequences (NEXTVAL, LASTVAL, PREVIOUS VALUE FOR), prepared statements,
 # handlers, FOUND_ROWS()/SQL_CALC_FOUND_ROWS, ROW_COUNT(), @@warning_count / @@error_count / @@identity /
-# @@insert_id, GET DIAGNOSTICS, information_schema.SESSION_STATUS; and for SHOW: SHOW WARNINGS / ERRORS /
-# [SESSION] STATUS / PROFILE(S).
+# @@insert_id, GET DIAGNOSTICS, information_schema.SESSION_STATUS, SHOW [SESSION] VARIABLES and SESSION_VARIABLES
+# (they list last_insert_id, identity, warning_count); and for SHOW: SHOW WARNINGS / ERRORS / [SESSION] STATUS /
+# PROFILE(S).
 _SESSION_TEXT = ("@", "lock", "temporary", "last_insert_id", "nextval", "next value", "setval", "lastval",
                  "previous", "prepare", "handler", "found_rows", "row_count", "warning_count", "error_count",
-                 "diagnostics", "identity", "insert_id", "session_status")
+                 "diagnostics", "identity", "insert_id", "session_status", "variables")
 _SESSION_TEXT_AFTER_SHOW = ("warnings", "errors", "status", "profile")
 
 
@@ -332,8 +333,9 @@ def _session_use(sql: str) -> int:
 def _judge_session_use(sql: str) -> int:
     # Apart from _session_use: its generators would make a closure on every call, the remembered ones included.
     low = sql.lower()
+    # A statement whose first word can't be read (an unterminated comment, a code comment first) counts as a SHOW.
     hit = any(word in low for word in _SESSION_TEXT) or (
-        statements.first_word(sql) == "show" and any(word in low for word in _SESSION_TEXT_AFTER_SHOW))
+        statements.first_word(sql) in ("show", "") and any(word in low for word in _SESSION_TEXT_AFTER_SHOW))
     return _LEAVES | _READS if hit else 0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from qag.errors import QagError
 from qag.sql.prepare import Prepared
 from qag.sql.writes import read_only_message
@@ -42,3 +44,33 @@ def check(prepared: Prepared, *, writes_allowed: bool, allowed_write_ops: frozen
         allowed = frozenset(op.lower() for op in allowed_write_ops)
         if not ops <= allowed:
             raise QagError("write_op_not_allowed", write_op_not_allowed_message(allowed))
+
+
+# What shows other sessions' statements while they run: other callers' SQL and, on MySQL/MariaDB, where values are
+# bound into the text client-side, their values and masking's hash pads. qag's pooled sessions are all one database
+# user, who sees its own sessions without any privilege. By the text, so a name spelled like one anywhere (a string,
+# a comment) is refused too: stricter only.
+_OTHER_SESSIONS = {
+    "mysql": re.compile(r"processlist|performance_schema|innodb_trx|\bsys\b"),
+    "postgres": re.compile(r"pg_stat_activity|pg_stat_get_activity|pg_stat_get_backend"),
+}
+_READS_OTHER_SESSIONS: dict = {}     # (dialect, statement) -> bool: saved queries repeat
+_READS_OTHER_SESSIONS_MAX = 1024
+
+
+def check_other_sessions(prepared: Prepared) -> None:
+    """An API key's statement never reads other sessions' activity (the process list, activity views): 403
+    table_not_allowed. The administrator's may."""
+    key = (prepared.dialect, prepared.sql)
+    reads = _READS_OTHER_SESSIONS.get(key)
+    if reads is None:
+        pattern = _OTHER_SESSIONS.get(prepared.dialect)
+        low = prepared.sql.lower()
+        reads = pattern is not None and pattern.search(low) is not None or (
+            prepared.dialect == "mysql" and prepared.first_keyword == "show" and "engine" in low)  # INNODB STATUS
+        if len(_READS_OTHER_SESSIONS) >= _READS_OTHER_SESSIONS_MAX:
+            _READS_OTHER_SESSIONS.clear()
+        _READS_OTHER_SESSIONS[key] = reads
+    if reads:
+        raise QagError("table_not_allowed", "API keys may not read other sessions' activity (the server's process "
+                                            "list and activity views): it shows other callers' statements")

@@ -75,7 +75,7 @@ def cases():
                 if not line.strip() or line.startswith("#"):
                     continue
                 name, key, expect, statement = line.split("\t")
-                assert key in ("plain", "restricted", "granted", "masked", "masked_granted"), (path, number)
+                assert key in ("admin", "plain", "restricted", "granted", "masked", "masked_granted"), (path, number)
                 assert expect in ("ok", "leak") or expect.isidentifier(), (path, number)
                 yield pytest.param(dialect, key, expect, statement, id=f"{kind}/{dialect}/{name}")
 
@@ -117,6 +117,7 @@ def srv(pg_db, mysql_db):
         reply = s.post("/api/v1/connections", {"name": name, "db": name, **fields})
         assert reply.status == 201, reply
     s.keys = {
+        "admin": "admin",
         "plain": s.key("plain", connections="*"),
         "restricted": s.key("restricted", connections="*", allowed_tables=["customers"]),
         "granted": s.key("granted", connections="*", allowed_tables=["customers"], allowed_functions=GRANTED),

@@ -149,13 +149,16 @@ def test_mariadb_seconds_text(timeout, text):
 
 @pytest.mark.parametrize("sql,end", [("SELECT 1", 0), ("  \n\tSELECT", 4), ("/* x */SELECT", 7), ("-- x\nSELECT", 5),
                                      ("--x", 0), ("# x", 3), ("/*! SELECT */", 0), ("/*M! SELECT */", 0),
-                                     ("/* open", -1), ("-- only", 7)])
+                                     ("/* open", -1), ("-- only", 7),
+                                     # "--" then any control character or DEL starts a comment, as the server reads it
+                                     ("--\x01\nSHOW", 4), ("--\x7f\nSHOW", 4), ("--\x1f x\nSHOW", 6),
+                                     ("--\x80\nSHOW", 0)])
 def test_lead_end(sql, end):
     assert s.lead_end(sql) == end
 
 
 @pytest.mark.parametrize("sql,word", [("select 1", "select"), ("/* c */ INSERT INTO t", "insert"), ("( SELECT 1)", "("),
-                                      ("SET @a = 1", "set"), ("", "")])
+                                      ("SET @a = 1", "set"), ("", ""), ("--\x01\nSHOW WARNINGS", "show")])
 def test_first_word(sql, word):
     assert s.first_word(sql) == word
 
