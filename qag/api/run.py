@@ -21,7 +21,7 @@ from ..http.response import VARY_ACCEPT, Response
 from ..observe.outages import OutageLog
 from ..policy import grants as policy
 from ..policy.grants import allowed_write_ops, check_run_query, may_write
-from ..policy.guard import check as guard_check, check_other_sessions
+from ..policy.guard import check as guard_check, check_copy, check_other_sessions
 from ..policy.keyfields import normalise_mask
 from ..policy import masking
 from ..policy import tables as table_policy
@@ -543,6 +543,7 @@ class RunHandlers:
         allowed_ops = None if caller.admin else allowed_write_ops(caller.grants)
         guard_check(plan.prepared, writes_allowed=writes, allowed_write_ops=allowed_ops)
         restricted = self._check_tables(plan, caller, fields)   # contract 3.10: tables before masking
+        check_copy(plan.prepared)
         if plan.rules:  # masking: trace the result columns, or refuse before anything runs (contract 6.3)
             plan.mask = self.masking.plan(plan.rules, plan.prepared, connection, backend, fields, plan.database)
         if timing is not None:

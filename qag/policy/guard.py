@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from qag.errors import QagError
+from qag.sql import lexer
 from qag.sql.prepare import Prepared
 from qag.sql.writes import read_only_message
 
@@ -22,8 +23,9 @@ def write_op_not_allowed_message(allowed_write_ops: frozenset[str]) -> str:
 def check(prepared: Prepared, *, writes_allowed: bool, allowed_write_ops: frozenset[str] | None) -> None:
     """Refuse the statement for this call, or return None.
 
-    Order (contract 6.2): several statements (400 multiple_statements) → a write when writes aren't allowed
-    (403 read_only) → a write operation outside allowed_write_ops (403 write_op_not_allowed; None = any).
+    Order (contract 6.2): several statements (400 multiple_statements) → a PostgreSQL positional parameter (400
+    invalid_request) → a write when writes aren't allowed (403 read_only) → a write operation outside
+    allowed_write_ops (403 write_op_not_allowed; None = any). Then the tables (6.2), then check_copy.
     A statement that can't be classified (empty, unterminated literal or comment) never runs: 403 read_only
     when writes aren't allowed, else 400 invalid_request - the database would refuse it anyway, and a
     statement we can't read can't be checked against allowed_write_ops.
@@ -31,6 +33,9 @@ def check(prepared: Prepared, *, writes_allowed: bool, allowed_write_ops: frozen
     p = prepared
     if p.multiple:
         raise QagError("multiple_statements", "Only a single SQL statement can be executed at a time")
+    if p.dialect == "postgres" and _positional(p.sql):
+        raise QagError("invalid_request", "PostgreSQL's positional parameters ($1) aren't placeholders here: the "
+                                          "statement's values are bound by name (:name)")
     ops = p.write_ops
     if not ops:
         return
@@ -44,6 +49,38 @@ def check(prepared: Prepared, *, writes_allowed: bool, allowed_write_ops: frozen
         allowed = frozenset(op.lower() for op in allowed_write_ops)
         if not ops <= allowed:
             raise QagError("write_op_not_allowed", write_op_not_allowed_message(allowed))
+
+
+def check_copy(prepared: Prepared) -> None:
+    """PostgreSQL's COPY never runs (400 invalid_request): its rows go to or come from the client's own connection,
+    the gateway's, which a call can't carry, and libpq would hand the call's pipeline a COPY state it never leaves
+    (a worker spun, growing, until it was killed). A server-side file needs a superuser. After the table checks,
+    so a restricted key still hears which table it may not use."""
+    if prepared.dialect == "postgres" and "copy" in prepared.write_ops:
+        raise QagError("invalid_request", "COPY can't run through the gateway: its rows would go to or come from "
+                                          "the gateway's own database connection")
+
+
+_POSITIONAL: dict = {}       # PostgreSQL statement -> whether the caller wrote a $n parameter
+_POSITIONAL_MAX = 1024
+
+
+def _positional(sql: str) -> bool:
+    """Whether a PostgreSQL statement refers to a positional parameter ($1) outside its strings and comments. qag
+    numbers the values it binds itself ($1, $2, ... for :names, masking's hash pads among them), so a caller's $n
+    would read one of them; refused before anything runs, for every caller."""
+    seen = _POSITIONAL.get(sql)
+    if seen is None:
+        seen = False
+        if "$" in sql:
+            for token in lexer.tokenize(sql, "postgres"):
+                if token.kind == lexer.PUNCT and token.value == "$" and sql[token.end:token.end + 1].isdigit():
+                    seen = True
+                    break
+        if len(_POSITIONAL) >= _POSITIONAL_MAX:
+            _POSITIONAL.clear()
+        _POSITIONAL[sql] = seen
+    return seen
 
 
 # What shows other sessions' statements while they run: other callers' SQL and, on MySQL/MariaDB, where values are

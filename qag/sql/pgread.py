@@ -47,9 +47,12 @@ WRITING_PREFIXES = ("pg_advisory_", "pg_try_advisory_", "dblink", "pg_terminate_
                     "pg_reload_", "pg_rotate_", "pg_switch_", "pg_create_", "pg_drop_", "pg_replication_",
                     "pg_logical_", "pg_wal_replay_", "pg_backup_", "pg_stat_reset", "pg_import_system_",
                     "pg_file_", "pg_log_backend_", "pg_copy_")
+# The functions that run SQL text of their own (query_to_xml's query, ts_stat's and ts_rewrite's select) count as
+# writing too: no reader of the statement sees what that text calls (pg_terminate_backend, an advisory lock).
 WRITING_NAMES = frozenset(("lo_create", "lo_creat", "lo_import", "lo_export", "lo_unlink", "lo_put", "lo_from_bytea",
                            "lo_truncate", "lo_truncate64", "lowrite", "nextval", "setval", "pg_notify", "pg_promote", "pg_start_backup",
-                           "pg_stop_backup"))
+                           "pg_stop_backup", "query_to_xml", "query_to_xmlschema", "query_to_xml_and_xmlschema",
+                           "ts_stat", "ts_rewrite"))
 _UNAVAILABLE = "pglast is not installed"
 
 

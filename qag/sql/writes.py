@@ -254,4 +254,21 @@ def statement_ops(sql: str, tokens: list[Token], sig: list[Token], k: int, diale
     else:
         ops = {first}
     ops |= _sqlglot_ops(_parse_text(sql, tokens, sig[k].start), dialect, skip_root=first not in READ_FIRST)
+    if "insert" in ops:
+        ops |= _upsert_ops(sig, j)
+    return ops
+
+
+def _upsert_ops(sig: list[Token], k: int) -> set[str]:
+    """What an INSERT does to rows already there: ON CONFLICT ... DO UPDATE (PostgreSQL, SQLite) and ON DUPLICATE
+    KEY UPDATE (MySQL) update them, SQLite's INSERT OR REPLACE replaces them (deletes, then inserts), so a key
+    allowed to insert only may do neither."""
+    words = [t.value.lower() for t in sig[k:] if t.kind == WORD]
+    ops: set[str] = set()
+    for i, word in enumerate(words):
+        after = words[i + 1] if i + 1 < len(words) else ""
+        if (word == "do" or word == "duplicate") and after in ("update", "key"):
+            ops.add("update")
+        elif word == "or" and after == "replace" and i > 0 and words[i - 1] == "insert":
+            ops.add("replace")
     return ops

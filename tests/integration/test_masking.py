@@ -497,6 +497,33 @@ def test_postgres_blank_padded_text_is_masked_and_hashed_as_the_driver_reads_it(
         conn.close()
 
 
+def test_postgres_a_positional_parameter_never_reads_the_hash_pads(make_server, pg_db, uniq):
+    """masking binds the hash key's two pads as values of its own ($1 and $2 when the caller has none): a caller's
+    `$1` read them, and from them the key (an attacker's review found `id::text || $1::text` passed the trace).
+    Refused before anything runs, for every caller; the hashed value itself still comes back."""
+    table = uniq("padsafe")
+    conn = _pg_owner(pg_db)
+    cur = conn.cursor()
+    try:
+        cur.execute(f"CREATE TABLE {table} (id int, ssn text)")
+        cur.execute(f"INSERT INTO {table} VALUES (1, '123-45-6789')")
+        s = make_server(env={"QAG_MASK_KEY": "pad key"})
+        assert s.post("/api/v1/connections", {"name": "pgpads", "db": "postgres", **pg_db}).status == 201
+        mask = [{"column": f"{table}.ssn", "action": "hash"}]
+        pads = (hmac.new(b"pad key", b"", hashlib.sha256).digest(),)      # anything of the key: never in a reply
+        for sql in (f"SELECT id::text || $1::text AS a, id::text || $2::text AS b, ssn FROM {table}",
+                    f"SELECT ssn FROM {table} WHERE left($1::text, 1) = 'a'"):
+            r = s.post("/execute_sql", {"sql": sql, "connection_name": "pgpads", "mask": mask})
+            assert r.status == 400 and r.json["code"] == "invalid_request" and "$1" in r.json["error"], r
+            assert b"5c5c5c5c" not in r.body and b"36363636" not in r.body and pads[0].hex().encode() not in r.body
+        ok = s.post("/execute_sql", {"sql": f"SELECT ssn FROM {table}", "connection_name": "pgpads", "mask": mask})
+        expected = hmac.new(b"pad key", b"123-45-6789", hashlib.sha256).hexdigest()[:16]
+        assert ok.status == 200 and ok.json == [{"ssn": expected}], ok
+    finally:
+        cur.execute(f"DROP TABLE IF EXISTS {table}")
+        conn.close()
+
+
 def test_mysql_masked_calls_are_refused_where_the_server_reads_quotes_or_backslashes_otherwise(srv, mysql_db, uniq):
     """Under ANSI_QUOTES or NO_BACKSLASH_ESCAPES the server can read a subquery where the trace (sqlglot's default
     MySQL reading) reads a string: `SELECT CONCAT('\\', (SELECT phone FROM customers LIMIT 1), '#'<newline>)` is a

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from qag.errors import QagError
-from qag.policy.guard import check
+from qag.policy.guard import check, check_copy
 from qag.sql.prepare import prepare
 
 CASES = Path(__file__).resolve().parents[1] / "cases" / "guard"
@@ -117,3 +117,35 @@ def test_check_order(dialect):
 def test_b4_4_writes_allowed_runs_writes(dialect):
     check(prepare("INSERT INTO t VALUES (1)", dialect), writes_allowed=True, allowed_write_ops=None)
     check(prepare("EXPLAIN ANALYZE DELETE FROM t", dialect), writes_allowed=True, allowed_write_ops=None)
+
+
+@pytest.mark.parametrize("sql", ["SELECT $1", "SELECT id::text || $1::text AS a FROM t", "SELECT * FROM t WHERE a = $2",
+                                 "SELECT 1 WHERE left($1::text, 1) = 'a'", "SELECT $1 FROM t WHERE id = :id"])
+def test_a_positional_parameter_on_postgres_is_refused_for_every_caller(sql):
+    """qag numbers the values it binds itself ($1, $2 ...: the caller's :names, masking's hash pads), so a caller's
+    own $n would read one of them (a masked caller read the pads, and with them the mask key)."""
+    for writes in (False, True):
+        with pytest.raises(QagError) as refused:
+            check(prepare(sql, "postgres"), writes_allowed=writes, allowed_write_ops=None)
+        assert refused.value.code == "invalid_request" and "$1" in refused.value.message
+
+
+@pytest.mark.parametrize("sql", ["SELECT '$1'", "SELECT $$ $1 $$", "SELECT $q$ $1 $q$", "SELECT 1 -- $1",
+                                 "SELECT 1 /* $1 */", 'SELECT "a$1" FROM t', "SELECT a$1 FROM t", "SELECT :id"])
+def test_dollar_signs_that_are_no_parameter_pass(sql):
+    check(prepare(sql, "postgres"), writes_allowed=False, allowed_write_ops=None)
+    check(prepare(sql, "mysql"), writes_allowed=False, allowed_write_ops=None)
+
+
+@pytest.mark.parametrize("sql", ["COPY t TO STDOUT", "COPY (SELECT 1) TO STDOUT", "COPY t FROM STDIN",
+                                 "copy t to '/tmp/x'"])
+def test_copy_on_postgres_is_refused_when_it_could_run(sql):
+    """A COPY reaching the engine streamed rows over the gateway's own connection: the pipeline spun on a COPY
+    result it never left, growing a worker without bound. Read-only callers get read_only first, as before."""
+    p = prepare(sql, "postgres")
+    assert refusal(p, writes_allowed=False, allowed_write_ops=None).code == "read_only"
+    check(p, writes_allowed=True, allowed_write_ops=frozenset({"copy"}))     # the guard lets it by; then:
+    with pytest.raises(QagError) as refused:
+        check_copy(p)
+    assert (refused.value.code, refused.value.status) == ("invalid_request", 400) and "COPY" in refused.value.message
+    check_copy(prepare(sql.replace("COPY", "SELECT 1 --").replace("copy", "SELECT 1 --"), "postgres"))
