@@ -88,7 +88,7 @@ def _positional(sql: str) -> bool:
 # user, who sees its own sessions without any privilege. By the text, so a name spelled like one anywhere (a string,
 # a comment) is refused too: stricter only.
 _OTHER_SESSIONS = {
-    "mysql": re.compile(r"processlist|performance_schema|innodb_trx|\bsys\b"),
+    "mysql": re.compile(r"processlist|performance_schema|innodb_trx|\bsys\W*\."),      # sys.<view>, quoted too
     "postgres": re.compile(r"pg_stat_activity|pg_stat_get_activity|pg_stat_get_backend"),
 }
 _READS_OTHER_SESSIONS: dict = {}     # (dialect, statement) -> bool: saved queries repeat
