@@ -1,8 +1,6 @@
-"""The SQL guard (contract 4.3): one statement, read-only unless writes are allowed, allowed write operations."""
+"""The SQL guard (contract 4.3): one statement, read-only, write ops; PostgreSQL $n and COPY; others' sessions."""
 
 from __future__ import annotations
-
-import re
 
 from qag.errors import QagError
 from qag.sql import lexer
@@ -84,30 +82,72 @@ def _positional(sql: str) -> bool:
 
 
 # What shows other sessions' statements while they run: other callers' SQL and, on MySQL/MariaDB, where values are
-# bound into the text client-side, their values and masking's hash pads. qag's pooled sessions are all one database
-# user, who sees its own sessions without any privilege. By the text, so a name spelled like one anywhere (a string,
-# a comment) is refused too: stricter only.
-_OTHER_SESSIONS = {
-    "mysql": re.compile(r"processlist|performance_schema|innodb_trx|\bsys\W*\."),      # sys.<view>, quoted too
-    "postgres": re.compile(r"pg_stat_activity|pg_stat_get_activity|pg_stat_get_backend"),
-}
+# bound into the text client-side and plans fold them in, their values and masking's hash pads (so the mask key).
+# qag's pooled sessions are all one database user, who sees its own sessions without any privilege.
+# MySQL/MariaDB: names anywhere in the statement, by qag's tokens (identifiers unquoted; a string spelled like one
+# counts too, as ANSI_QUOTES would read it as a name): stricter only.
+_MYSQL_ACTIVITY_NAMES = ("processlist", "performance_schema", "innodb_trx", "innodb_lock")
+# PostgreSQL: tables and functions by the parser's own reading (U&"..." names decoded, quoting and schemas
+# resolved), and the functions that read a relation named at run time (table_to_xml(('pg_stat_' || ...)::regclass)).
+_PG_ACTIVITY_TABLES = frozenset(("pg_stat_activity",))
+_PG_ACTIVITY_FUNCTIONS = ("pg_stat_get_activity", "pg_stat_get_backend_", "table_to_xml", "schema_to_xml",
+                          "database_to_xml", "cursor_to_xml", "query_to_xml")
 _READS_OTHER_SESSIONS: dict = {}     # (dialect, statement) -> bool: saved queries repeat
 _READS_OTHER_SESSIONS_MAX = 1024
 
 
 def check_other_sessions(prepared: Prepared) -> None:
-    """An API key's statement never reads other sessions' activity (the process list, activity views): 403
-    table_not_allowed. The administrator's may."""
+    """An API key's statement never reads other sessions' activity (the process list, activity views, MariaDB's
+    SHOW EXPLAIN / ANALYZE FOR a thread): 403 table_not_allowed. The administrator's may."""
     key = (prepared.dialect, prepared.sql)
     reads = _READS_OTHER_SESSIONS.get(key)
     if reads is None:
-        pattern = _OTHER_SESSIONS.get(prepared.dialect)
-        low = prepared.sql.lower()
-        reads = pattern is not None and pattern.search(low) is not None or (
-            prepared.dialect == "mysql" and prepared.first_keyword == "show" and "engine" in low)  # INNODB STATUS
+        if prepared.dialect == "mysql":
+            reads = _mysql_reads_activity(prepared.sql)
+        elif prepared.dialect == "postgres":
+            reads = _postgres_reads_activity(prepared)
+        else:
+            reads = False
         if len(_READS_OTHER_SESSIONS) >= _READS_OTHER_SESSIONS_MAX:
             _READS_OTHER_SESSIONS.clear()
         _READS_OTHER_SESSIONS[key] = reads
     if reads:
         raise QagError("table_not_allowed", "API keys may not read other sessions' activity (the server's process "
                                             "list and activity views): it shows other callers' statements")
+
+
+def _mysql_reads_activity(sql: str) -> bool:
+    sig = lexer.significant(lexer.tokenize(sql, "mysql"))
+    names = [_name_of(sql, t) for t in sig]
+    if any(any(part in name for part in _MYSQL_ACTIVITY_NAMES) for name in names):
+        return True
+    for i, name in enumerate(names[:-1]):
+        if name == "sys" and sig[i + 1].kind == lexer.PUNCT and sig[i + 1].value == ".":
+            return True                  # the sys schema's views (sys.session, sys.x$processlist, ...)
+    words = [t.value.lower() for t in sig if t.kind == lexer.WORD]
+    first = words[0] if words else ""
+    if first == "show" and len(words) > 1 and words[1] in ("engine", "explain", "analyze"):
+        return True                      # SHOW ENGINE INNODB STATUS; SHOW EXPLAIN / ANALYZE FOR <thread>
+    # EXPLAIN / ANALYZE ... FOR CONNECTION <thread> (MySQL 8, MariaDB 10.9+), whatever else they say
+    return first in ("explain", "describe", "desc", "analyze", "show") and any(
+        word == "for" and after == "connection" for word, after in zip(words, words[1:]))
+
+
+def _name_of(sql: str, token) -> str:
+    # A word as written, a quoted name or a string without its quotes (a doubled quote inside stays: stricter).
+    text = sql[token.start:token.end]
+    if token.kind == lexer.WORD:
+        return text.lower()
+    if token.kind in (lexer.QIDENT, lexer.STRING):
+        return text[1:-1].lower()
+    return ""
+
+
+def _postgres_reads_activity(prepared: Prepared) -> bool:
+    reading = prepared.reading
+    if reading is None or reading.failure is not None:
+        return "pg_stat_" in prepared.sql.lower()      # unread (the server refuses what its parser can't read)
+    if any(name in _PG_ACTIVITY_TABLES for _, _, name in reading.tables):
+        return True
+    called = [name for _, name in reading.functions] + [name for _, name in reading.table_functions]
+    return any(name.startswith(_PG_ACTIVITY_FUNCTIONS) for name in called)

@@ -265,10 +265,14 @@ def _upsert_ops(sig: list[Token], k: int) -> set[str]:
     allowed to insert only may do neither."""
     words = [t.value.lower() for t in sig[k:] if t.kind == WORD]
     ops: set[str] = set()
+    conflict = False
     for i, word in enumerate(words):
+        before = words[i - 1] if i else ""
         after = words[i + 1] if i + 1 < len(words) else ""
-        if (word == "do" or word == "duplicate") and after in ("update", "key"):
+        conflict = conflict or (word == "conflict" and before == "on")
+        if (word == "duplicate" and before == "on" and after == "key") or (
+                word == "do" and after == "update" and conflict):
             ops.add("update")
-        elif word == "or" and after == "replace" and i > 0 and words[i - 1] == "insert":
+        elif word == "or" and after == "replace" and before == "insert":
             ops.add("replace")
     return ops

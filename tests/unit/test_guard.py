@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from qag.errors import QagError
-from qag.policy.guard import check, check_copy
+from qag.policy.guard import check, check_copy, check_other_sessions
 from qag.sql.prepare import prepare
 
 CASES = Path(__file__).resolve().parents[1] / "cases" / "guard"
@@ -149,3 +149,47 @@ def test_copy_on_postgres_is_refused_when_it_could_run(sql):
         check_copy(p)
     assert (refused.value.code, refused.value.status) == ("invalid_request", 400) and "COPY" in refused.value.message
     check_copy(prepare(sql.replace("COPY", "SELECT 1 --").replace("copy", "SELECT 1 --"), "postgres"))
+
+
+_ACTIVITY = [
+    ("mysql", "SELECT INFO FROM information_schema.PROCESSLIST", True),
+    ("mysql", "SELECT `INFO` FROM `information_schema`.`PROCESSLIST`", True),
+    ("mysql", "/* x */ SHOW FULL PROCESSLIST", True),
+    ("mysql", "SELECT * FROM performance_schema.threads", True),
+    ("mysql", "SELECT * FROM `sys` . `session`", True),
+    ("mysql", "SELECT * FROM sys/**/.x$processlist", True),
+    ("mysql", "SELECT trx_query FROM information_schema.INNODB_TRX", True),
+    ("mysql", "SHOW ENGINE INNODB STATUS", True),
+    ("mysql", "SHOW EXPLAIN FORMAT=JSON FOR 3330", True),      # MariaDB: another thread's plan, constants folded in
+    ("mysql", "SHOW /* c */ ANALYZE FOR 12", True),
+    ("mysql", "EXPLAIN FORMAT=JSON FOR CONNECTION 5", True),
+    ("mysql", "SHOW ENGINES", False),
+    ("mysql", "SHOW TABLE STATUS WHERE Engine = 'InnoDB'", False),
+    ("mysql", "SELECT 'sys' AS v FROM t WHERE a <> 'sys'", False),
+    ("mysql", "EXPLAIN SELECT * FROM t", False),
+    ("mysql", "SELECT * FROM orders FOR UPDATE", False),
+    ("postgres", "SELECT query FROM pg_stat_activity", True),
+    ("postgres", 'SELECT pid, query FROM pg_catalog.U&"pg_stat_\\0061ctivity"', True),   # the parser decodes it
+    ("postgres", 'SELECT (U&"pg_stat_get_\\0061ctivity"(NULL)).query', True),
+    ("postgres", "SELECT table_to_xml(('pg_catalog.pg_stat_' || 'activity')::regclass, true, false, '')", True),
+    ("postgres", "SELECT * FROM pg_stat_get_activity(NULL)", True),
+    ("postgres", "SELECT pg_stat_get_backend_activity(1)", True),
+    ("postgres", "SELECT 'pg_stat_activity' AS v, * FROM customers", False),
+    ("sqlite", "SELECT * FROM processlist", False),
+]
+
+
+@pytest.mark.parametrize("dialect,sql,reads", _ACTIVITY)
+def test_other_sessions_activity_is_refused_to_api_keys(dialect, sql, reads):
+    """What shows other sessions' statements (and, on MySQL/MariaDB, their values and masking's hash pads): by
+    qag's tokens on MySQL/MariaDB, by PostgreSQL's own reading there (U&"" names decoded; functions that read a
+    relation named at run time), found by two attacker reviews."""
+    if dialect == "postgres":
+        pytest.importorskip("pglast")
+    prepared = prepare(sql, dialect)
+    if reads:
+        with pytest.raises(QagError) as refused:
+            check_other_sessions(prepared)
+        assert (refused.value.code, refused.value.status) == ("table_not_allowed", 403)
+    else:
+        check_other_sessions(prepared)

@@ -40,6 +40,13 @@ def test_statements_are_counted_where_postgresql_ends_them(sql, count):
     ("SELECT pg_advisory_lock(1), pg_notify('c', 'm')", {"pg_advisory_lock()", "pg_notify()"}, ""),
     ("SELECT dblink_exec('dbname=x', 'DELETE FROM t')", {"dblink_exec()"}, ""),
     ("SELECT lo_get(1)", set(), ""),                  # reads a large object: not a write
+    # functions that run SQL text of their own: what that text calls is unseen, so they count as writing
+    ("SELECT query_to_xml($$SELECT pg_terminate_backend(pid) FROM pg_stat_activity$$, true, false, '')",
+     {"query_to_xml()"}, ""),
+    ("SELECT query_to_xml_and_xmlschema('SELECT 1', true, false, '')", {"query_to_xml_and_xmlschema()"}, ""),
+    ("SELECT pg_catalog.query_to_xmlschema('SELECT 1', true, false, '')", {"query_to_xmlschema()"}, ""),
+    ("SELECT * FROM ts_stat('SELECT to_tsvector(''a'')')", {"ts_stat()"}, ""),
+    ("SELECT ts_rewrite('a'::tsquery, 'SELECT ''a''::tsquery, ''b''::tsquery')", {"ts_rewrite()"}, ""),
     ("SET search_path = x", set(), "set"),
     ("BEGIN", set(), "transaction"),
     ("COPY t TO STDOUT", set(), "copy"),
