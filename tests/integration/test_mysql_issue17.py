@@ -169,10 +169,12 @@ def test_a_masked_call_is_refused_when_the_servers_mode_reads_text_otherwise_now
         (kept,) = backend.pool.idle()       # the server's mode as it is: fine for a caller without rules
         assert backend.run(db.fields, Call(_READING, (), True, 10.0, 2)).rows == [("a",)]
         assert backend.pool.idle() == [kept]
-        with pytest.raises(QagError):
+        with pytest.raises(QagError) as streamed:
             backend.stream(db.fields, _masked(_READING), 10, None)
+        assert streamed.value.code == "mask_unresolvable"
     finally:
         backend.close_idle()
+
 
 @pytest.mark.e2e
 def test_a_grant_for_orders_does_not_cover_ORDERS(server, db):
