@@ -86,12 +86,13 @@ def _positional(sql: str) -> bool:
 # qag's pooled sessions are all one database user, who sees its own sessions without any privilege.
 # MySQL/MariaDB: names anywhere in the statement, by qag's tokens (identifiers unquoted; a string spelled like one
 # counts too, as ANSI_QUOTES would read it as a name): stricter only.
-_MYSQL_ACTIVITY_NAMES = ("processlist", "performance_schema", "innodb_trx", "innodb_lock")
-# PostgreSQL: tables and functions by the parser's own reading (U&"..." names decoded, quoting and schemas
-# resolved), and the functions that read a relation named at run time (table_to_xml(('pg_stat_' || ...)::regclass)).
-_PG_ACTIVITY_TABLES = frozenset(("pg_stat_activity",))
-_PG_ACTIVITY_FUNCTIONS = ("pg_stat_get_activity", "pg_stat_get_backend_", "table_to_xml", "schema_to_xml",
-                          "database_to_xml", "cursor_to_xml", "query_to_xml")
+_MYSQL_ACTIVITY_NAMES = frozenset(("processlist", "performance_schema", "innodb_trx", "innodb_locks",
+                                   "innodb_lock_waits"))
+# PostgreSQL: every name the parser reads (U&"..." decoded; a function called as a field, `(x).f`, is a name there
+# too), against the activity view and functions, and the functions that run SQL text or read a relation named at
+# run time (ts_stat($$... pg_stat_activity$$), table_to_xml(('pg_stat_' || ...)::regclass)).
+_PG_ACTIVITY = ("pg_stat_activity", "pg_stat_get_activity", "pg_stat_get_backend_", "table_to_xml", "schema_to_xml",
+                "database_to_xml", "cursor_to_xml", "query_to_xml", "ts_stat", "ts_rewrite")
 _READS_OTHER_SESSIONS: dict = {}     # (dialect, statement) -> bool: saved queries repeat
 _READS_OTHER_SESSIONS_MAX = 1024
 
@@ -118,11 +119,18 @@ def check_other_sessions(prepared: Prepared) -> None:
 
 def _mysql_reads_activity(sql: str) -> bool:
     sig = lexer.significant(lexer.tokenize(sql, "mysql"))
+    if any(token.kind == lexer.XCOMMENT for token in sig):
+        # Code in /*! ... */ or /*M! ... */ runs: read the statement with it in place, as the server does.
+        sql = "".join(_code_of(sql[t.start:t.end]) if t.kind == lexer.XCOMMENT else sql[t.start:t.end] + " "
+                      for t in sig)
+        sig = lexer.significant(lexer.tokenize(sql, "mysql"))
     names = [_name_of(sql, t) for t in sig]
-    if any(any(part in name for part in _MYSQL_ACTIVITY_NAMES) for name in names):
-        return True
-    for i, name in enumerate(names[:-1]):
-        if name == "sys" and sig[i + 1].kind == lexer.PUNCT and sig[i + 1].value == ".":
+    for i, name in enumerate(names):
+        if i and sig[i - 1].kind == lexer.PUNCT and sig[i - 1].value == "@":
+            continue                     # @@performance_schema, @@innodb_lock_wait_timeout: settings, not tables
+        if name in _MYSQL_ACTIVITY_NAMES:
+            return True
+        if name == "sys" and i + 1 < len(sig) and sig[i + 1].kind == lexer.PUNCT and sig[i + 1].value == ".":
             return True                  # the sys schema's views (sys.session, sys.x$processlist, ...)
     words = [t.value.lower() for t in sig if t.kind == lexer.WORD]
     first = words[0] if words else ""
@@ -131,6 +139,13 @@ def _mysql_reads_activity(sql: str) -> bool:
     # EXPLAIN / ANALYZE ... FOR CONNECTION <thread> (MySQL 8, MariaDB 10.9+), whatever else they say
     return first in ("explain", "describe", "desc", "analyze", "show") and any(
         word == "for" and after == "connection" for word, after in zip(words, words[1:]))
+
+
+def _code_of(comment: str) -> str:
+    """The code inside a MySQL executable comment, spaced: `/*!80000 SHOW PROCESSLIST */` -> ` SHOW PROCESSLIST `."""
+    body = comment[3:] if comment.startswith("/*!") else comment[4:]
+    body = body[:-2] if body.endswith("*/") else body
+    return " " + body.lstrip("0123456789") + " "
 
 
 def _name_of(sql: str, token) -> str:
@@ -147,7 +162,4 @@ def _postgres_reads_activity(prepared: Prepared) -> bool:
     reading = prepared.reading
     if reading is None or reading.failure is not None:
         return "pg_stat_" in prepared.sql.lower()      # unread (the server refuses what its parser can't read)
-    if any(name in _PG_ACTIVITY_TABLES for _, _, name in reading.tables):
-        return True
-    called = [name for _, name in reading.functions] + [name for _, name in reading.table_functions]
-    return any(name.startswith(_PG_ACTIVITY_FUNCTIONS) for name in called)
+    return any(name.startswith(_PG_ACTIVITY) for name in reading.names)

@@ -71,6 +71,7 @@ class Reading:
     functions: tuple[tuple[str, str], ...]        # (schema, name) of every other function call
     syntax_functions: tuple[str, ...] = ()        # functions the grammar itself names (EXTRACT, TRIM, ...):
                                                   # written pg_catalog.<name> by the parser, so built-ins
+    names: frozenset = frozenset()                # every name the parser read (String nodes, relnames), as folded
 
 
 def _decode(text: str):
@@ -104,7 +105,7 @@ def read(text: str) -> Reading:
     kind_op = ", ".join(sorted(walk.kind_ops))
     return Reading(None, len(statements), kind, query, frozenset(walk.ops), kind_op, tuple(sorted(walk.tables)),
                    tuple(sorted(walk.table_functions)), tuple(sorted(walk.functions - walk.table_functions)),
-                   tuple(sorted(walk.syntax)))
+                   tuple(sorted(walk.syntax)), frozenset(walk.names))
 
 
 class _TooBig(Exception):
@@ -162,6 +163,7 @@ class _Walk:
         self.tables: set[tuple[str, str, str]] = set()
         self.table_functions: set[tuple[str, str]] = set()
         self.functions: set[tuple[str, str]] = set()
+        self.names: set[str] = set()
         self.nodes = 0
 
     def run(self, root: dict) -> None:
@@ -181,6 +183,10 @@ class _Walk:
             if not isinstance(value, dict):
                 continue
             node = next(iter(value), "")
+            if node == "String" and len(value) == 1 and isinstance(value[node], dict):
+                # A name (a column, a field, a function's, a type's), never a constant (those are A_Const): so
+                # `(x).pg_stat_get_activity`, a call written as a field, is read too.
+                self.names.add(str(value[node].get("sval", "")))
             if len(value) == 1 and node[:1].isupper() and isinstance(value[node], dict):
                 fields = value[node]         # a node: {"SelectStmt": {...fields}}
             else:
@@ -193,6 +199,7 @@ class _Walk:
                 # A statement's target is always a table, even where a CTE has its name.
                 self._table(relation.get("RangeVar", relation), ())
             if node == "RangeVar":
+                self.names.add(str(fields.get("relname", "")))
                 self._table(fields, scope)
                 continue
             if node == "FuncCall":

@@ -163,6 +163,12 @@ _ACTIVITY = [
     ("mysql", "SHOW EXPLAIN FORMAT=JSON FOR 3330", True),      # MariaDB: another thread's plan, constants folded in
     ("mysql", "SHOW /* c */ ANALYZE FOR 12", True),
     ("mysql", "EXPLAIN FORMAT=JSON FOR CONNECTION 5", True),
+    ("mysql", "SELECT ID, INFO FROM /*!information_schema.processlist*/", True),   # executable comments run
+    ("mysql", "SHOW /*M!100000 FULL PROCESSLIST*/", True),
+    ("mysql", "SHOW /*!EXPLAIN*/ FOR 5", True),
+    ("mysql", "EXPLAIN FOR /*!CONNECTION*/ 5", True),
+    ("mysql", "SELECT @@innodb_lock_wait_timeout, @@performance_schema", False),
+    ("mysql", "SELECT id FROM processlist_archive", False),
     ("mysql", "SHOW ENGINES", False),
     ("mysql", "SHOW TABLE STATUS WHERE Engine = 'InnoDB'", False),
     ("mysql", "SELECT 'sys' AS v FROM t WHERE a <> 'sys'", False),
@@ -173,6 +179,10 @@ _ACTIVITY = [
     ("postgres", 'SELECT (U&"pg_stat_get_\\0061ctivity"(NULL)).query', True),
     ("postgres", "SELECT table_to_xml(('pg_catalog.pg_stat_' || 'activity')::regclass, true, false, '')", True),
     ("postgres", "SELECT * FROM pg_stat_get_activity(NULL)", True),
+    ("postgres", "SELECT (i).pg_stat_get_backend_activity FROM generate_series(1, 60) i", True),   # f(x) as x.f
+    ("postgres", "SELECT ((NULL::int).pg_stat_get_activity).query", True),
+    ("postgres", "SELECT word FROM ts_stat($$SELECT to_tsvector('simple', query) FROM pg_stat_activity$$)", True),
+    ("postgres", "SELECT ts_rewrite('x'::tsquery, $$SELECT 'x'::tsquery, 'y'::tsquery$$)", True),
     ("postgres", "SELECT pg_stat_get_backend_activity(1)", True),
     ("postgres", "SELECT 'pg_stat_activity' AS v, * FROM customers", False),
     ("sqlite", "SELECT * FROM processlist", False),
