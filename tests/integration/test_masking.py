@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import hmac
@@ -54,6 +55,28 @@ def _pg_owner(fields):
                             password=fields["password"], dbname=fields["database"], connect_timeout=5)
     conn.autocommit = True
     return conn
+
+
+@contextlib.contextmanager
+def _pg_scratch_table(fields, table: str, columns: str, values: str):
+    """A table of the shared PostgreSQL test database for one test, with one row; dropped after it, so the session's
+    other PostgreSQL tests find the database as it was."""
+    conn = _pg_owner(fields)
+    cur = conn.cursor()
+    try:
+        cur.execute(f"CREATE TABLE {table} ({columns})")
+        cur.execute(f"INSERT INTO {table} VALUES ({values})")
+        yield
+    finally:
+        cur.execute(f"DROP TABLE IF EXISTS {table}")
+        conn.close()
+
+
+def _pg_masking_server(make_server, fields, mask_key: str, connection: str):
+    """A server with this mask key and a PostgreSQL connection of this name to the test database."""
+    s = make_server(env={"QAG_MASK_KEY": mask_key})
+    assert s.post("/api/v1/connections", {"name": connection, "db": "postgres", **fields}).status == 201
+    return s
 
 
 def _seed_pg(fields):
@@ -474,13 +497,8 @@ def test_postgres_blank_padded_text_is_masked_and_hashed_as_the_driver_reads_it(
     value, and the hash of 'ab', where the contract's rules give 'a*****', ' ***' and the hash of 'ab    ', and
     QueryAPIGate masks pgbench's all-blank `filler` as ' ' and 83 stars.)"""
     table = uniq("padded")
-    conn = _pg_owner(pg_db)
-    cur = conn.cursor()
-    try:
-        cur.execute(f"CREATE TABLE {table} (id int, code char(6), blank char(4), name varchar(10))")
-        cur.execute(f"INSERT INTO {table} VALUES (1, 'ab', '', 'Bo')")
-        s = make_server(env={"QAG_MASK_KEY": "padding key"})
-        assert s.post("/api/v1/connections", {"name": "pgpad", "db": "postgres", **pg_db}).status == 201
+    with _pg_scratch_table(pg_db, table, "id int, code char(6), blank char(4), name varchar(10)", "1, 'ab', '', 'Bo'"):
+        s = _pg_masking_server(make_server, pg_db, "padding key", "pgpad")
         sql = f"SELECT code, blank, name FROM {table}"
         masked = s.post("/execute_sql", {"sql": sql, "connection_name": "pgpad",
                                          "mask": [{"column": f"{table}.*", "action": "mask"}]})
@@ -492,9 +510,6 @@ def test_postgres_blank_padded_text_is_masked_and_hashed_as_the_driver_reads_it(
         assert hashed.status == 200 and hashed.json == [expected], hashed
         raw = s.post("/execute_sql", {"sql": sql, "connection_name": "pgpad"})
         assert raw.json == [{"code": "ab    ", "blank": "    ", "name": "Bo"}]
-    finally:   # the database is shared by the session's PostgreSQL tests: leave it as it was
-        cur.execute(f"DROP TABLE IF EXISTS {table}")
-        conn.close()
 
 
 def test_postgres_a_positional_parameter_never_reads_the_hash_pads(make_server, pg_db, uniq):
@@ -502,13 +517,8 @@ def test_postgres_a_positional_parameter_never_reads_the_hash_pads(make_server, 
     `$1` read them, and from them the key (an attacker's review found `id::text || $1::text` passed the trace).
     Refused before anything runs, for every caller; the hashed value itself still comes back."""
     table = uniq("padsafe")
-    conn = _pg_owner(pg_db)
-    cur = conn.cursor()
-    try:
-        cur.execute(f"CREATE TABLE {table} (id int, ssn text)")
-        cur.execute(f"INSERT INTO {table} VALUES (1, '123-45-6789')")
-        s = make_server(env={"QAG_MASK_KEY": "pad key"})
-        assert s.post("/api/v1/connections", {"name": "pgpads", "db": "postgres", **pg_db}).status == 201
+    with _pg_scratch_table(pg_db, table, "id int, ssn text", "1, '123-45-6789'"):
+        s = _pg_masking_server(make_server, pg_db, "pad key", "pgpads")
         mask = [{"column": f"{table}.ssn", "action": "hash"}]
         pads = (hmac.new(b"pad key", b"", hashlib.sha256).digest(),)      # anything of the key: never in a reply
         for sql in (f"SELECT id::text || $1::text AS a, id::text || $2::text AS b, ssn FROM {table}",
@@ -519,9 +529,6 @@ def test_postgres_a_positional_parameter_never_reads_the_hash_pads(make_server, 
         ok = s.post("/execute_sql", {"sql": f"SELECT ssn FROM {table}", "connection_name": "pgpads", "mask": mask})
         expected = hmac.new(b"pad key", b"123-45-6789", hashlib.sha256).hexdigest()[:16]
         assert ok.status == 200 and ok.json == [{"ssn": expected}], ok
-    finally:
-        cur.execute(f"DROP TABLE IF EXISTS {table}")
-        conn.close()
 
 
 def test_mysql_masked_calls_are_refused_where_the_server_reads_quotes_or_backslashes_otherwise(srv, mysql_db, uniq):
