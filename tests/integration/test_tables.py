@@ -174,7 +174,15 @@ def my(server, mysql_db):
     name = f"my_tables_{db}"
     r = server.post("/api/v1/connections", {"name": name, "db": "mysql", **mysql_db})
     assert r.status in (201, 409), r
-    return name, db
+    yield name, db
+    # The database is the session's: other modules create their own `customer` in it.
+    admin = mysql_admin()
+    try:
+        cur = admin.cursor()
+        cur.execute("SET SESSION lock_wait_timeout = 60")
+        cur.execute(f"DROP TABLE IF EXISTS `{db}`.customer, `{db}`.secret")
+    finally:
+        admin.close()
 
 
 def test_b6_8_mysql_default_database(server, my, uniq):
@@ -226,7 +234,17 @@ def pg(server, pg_db):
     for name, options in ((plain, {}), (billing, {"options": {"schema": "billing"}})):
         r = server.post("/api/v1/connections", {"name": name, "db": "postgres", **pg_db, **options})
         assert r.status in (201, 409), r
-    return plain, billing
+    yield plain, billing
+    # The database is the session's: other modules list its tables and expect `public` alone.
+    admin = pg_admin(pg_db["database"])
+    try:
+        cur = admin.cursor()
+        cur.execute("SET lock_timeout = '60s'")
+        cur.execute("DROP SCHEMA billing CASCADE")
+        cur.execute("DROP TABLE IF EXISTS public.customer, public.secret")
+        admin.commit()
+    finally:
+        admin.close()
 
 
 def test_postgres_tables_and_search_path(server, pg, uniq):
