@@ -294,12 +294,26 @@ class RunHandlers:
         # 9. the response cache (contract 7.1): every check above passed, the database not yet touched. The key
         # holds the fingerprint of the effective mask rules: callers with different rules never share an entry.
         ttl, key = version.get("cache_ttl"), None
+        # Only a stream's file name reads the label: a page skips working out the name as written in the URL.
+        plan = Plan(connection, prepared, values, not writes, timeout, fmt, page, size, stream,
+                    request_name(request) if stream else name, caller.admin and not rules, request.request_id,
+                    caller.label, name, version["version"], version["uuid"], version["sql"], timing=timing,
+                    rules=rules, transport=request.transport)
         # Row security decides per signed-in user inside the database: such a response is nobody else's.
         per_user = caller.claims is not None and row is not None and row["fields"].get("row_security") is True
         if ttl and not per_user and self._cacheable(prepared, stream, caller):
             key = cache_key(referenced, version["version"], chosen, values, fmt, page, size,
                             mask_fingerprint=masking.fingerprint(rules),
                             source=source_of(version, row))
+            if not caller.admin:
+                # The statement checks an API key gets (other sessions' activity; a masked key's functions and
+                # catalogs) come before the cache: an entry the admin's run filled must not answer a key the
+                # same checks refuse. A refused key skips the cache, and _run refuses it as a run (recorded).
+                try:
+                    self._check_tables(plan, caller, resolved(connection["fields"], environ))
+                except QagError:
+                    key = None
+        if key is not None:
             if timing is not None:
                 mark = perf_counter()
             hit = self.gateway.response_cache.lookup(key, ttl, request.header("If-None-Match"))
@@ -309,11 +323,6 @@ class RunHandlers:
                 if negotiated:
                     hit.headers.append(VARY_ACCEPT)  # never stored with the entry: the key has the format
                 return hit  # not a run: no history entry, no event, no database
-        # Only a stream's file name reads the label: a page skips working out the name as written in the URL.
-        plan = Plan(connection, prepared, values, not writes, timeout, fmt, page, size, stream,
-                    request_name(request) if stream else name, caller.admin and not rules, request.request_id,
-                    caller.label, name, version["version"], version["uuid"], version["sql"], timing=timing,
-                    rules=rules, transport=request.transport)
         response = self._execute(plan, caller, writes, version)
         if key is not None:
             if timing is not None:

@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import SEED
 from qag.testing import Relay
 from tests.server import Server, q, wait_for
-from tests.services import redis_url
+from tests.services import pg_admin, redis_url
 
 pytestmark = pytest.mark.e2e
 
@@ -273,6 +273,42 @@ def test_callers_with_the_same_rules_share_entries_masked_ones_get_their_own(cac
     tables = cached.key(uniq("k"), queries=[name], allowed_tables=["secret"])
     r = cached.get(q(name), key=tables)
     assert r.status == 403 and "x-cache" not in r.headers
+
+
+def test_an_api_keys_statement_checks_come_before_the_cache(cached, uniq, pg_db):
+    """What an API key's statement is refused and the admin's isn't (other sessions' activity, for every key; a
+    function outside the built-ins' plain ones, for a masked key) is refused before the cache: an entry the
+    admin's run filled never answers a key the same checks refuse. The version's mask makes the masked key's
+    rules the admin's, so the two would share an entry."""
+    conn, table = uniq("pg"), uniq("secrets")
+    admin = pg_admin(pg_db["database"])
+    try:
+        with admin.cursor() as cur:
+            cur.execute(f"CREATE TABLE {table} (id int, secret text)")
+            cur.execute(f"INSERT INTO {table} VALUES (1, 'hunter2')")
+            cur.execute(f"GRANT SELECT ON {table} TO \"{pg_db['user']}\"")
+        admin.commit()
+        assert cached.post("/api/v1/connections", {"name": conn, "db": "postgres", **pg_db}).status == 201
+        activity, setting = uniq("c"), uniq("c")
+        cached.query(activity, "SELECT count(*) AS n FROM pg_stat_activity", conn, cache_ttl=60)
+        cached.query(setting, f"SELECT id, secret FROM {table} WHERE current_setting('server_version') <> ''",
+                     conn, cache_ttl=60, mask=[{"column": f"{table}.secret", "action": "hash"}])
+        for name, code in ((activity, "table_not_allowed"), (setting, "function_not_allowed")):
+            key = cached.key(uniq("k"), queries=[name])
+            before = cached.get(q(name), key=key)
+            assert (before.status, before.json["code"]) == (403, code), before
+            assert cached.get(q(name)).headers["x-cache"] == "MISS"
+            assert cached.get(q(name)).headers["x-cache"] == "HIT"
+            after = cached.get(q(name), key=key)
+            assert (after.status, after.json["code"]) == (403, code) and "x-cache" not in after.headers, after
+            # each refusal is a run, as on a query without a cache
+            wait_for(lambda: len(cached.get(f"/api/v1/history?query={name}&status=error").json["items"]) == 2,
+                     "both refusals in the run history")
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(f"DROP TABLE IF EXISTS {table}")
+        admin.commit()
+        admin.close()
 
 
 def test_checks_before_the_cache_still_win(cached, uniq):
