@@ -13,6 +13,7 @@ from time import monotonic, strftime
 from .bearer import TokenTarget, TokenVerifier, bearer_token, challenge, claim, refusal, token_scopes
 from .errors import QagError
 from .policy.grants import Grants, expired, grants_from_json, ip_allowed
+from .policy.keyfields import RESERVED_KEY_NAMES
 from .store.base import Store
 
 log = logging.getLogger("qag")
@@ -88,6 +89,7 @@ class Authenticator:
             self._fixed_role = settings.jwt_role
             self._user_claim = settings.jwt_user_claim
         self._role_grants: dict[str, Grants] = {}
+        self._reserved_said: set[str] = set()
         # The headers of a 401: one WWW-Authenticate per scheme this server accepts.
         self.challenges: tuple[tuple[str, str], ...] = (("WWW-Authenticate", API_KEY_CHALLENGE),)
         if self.tokens is not None:
@@ -120,6 +122,9 @@ class Authenticator:
         row, previous = found
         grants = grants_from_json(row["grants_json"])  # compiled once per distinct stored grants
         if not self._valid(row, previous, grants, peer):
+            return None
+        if row["name"].lower() in RESERVED_KEY_NAMES:
+            self._refuse_reserved(row["name"])
             return None
         self._touch(row["name"], previous)
         return Caller(row["name"], False, "key", grants, row)
@@ -176,6 +181,14 @@ class Authenticator:
                 self._role_grants.clear()
             grants = self._role_grants[text] = Grants.from_stored(row["grants"])
         return grants
+
+    def _refuse_reserved(self, name: str) -> None:
+        """A stored key named like a caller that is no key (made before such names were refused, or copied from
+        another store) would share that caller's runs and events: it authenticates nothing, said once."""
+        if name not in self._reserved_said:
+            self._reserved_said.add(name)
+            log.warning("API key %r is refused: its name is the one logs and run history give the administrator, "
+                        "the command line or open mode; create a key under another name and remove this one", name)
 
     @staticmethod
     def _valid(row: dict, previous: bool, grants: Grants, peer: str | None) -> bool:

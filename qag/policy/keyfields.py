@@ -14,6 +14,12 @@ KEY_NAME_MESSAGE = "An API key name is 1-100 letters, digits, spaces, '.', '_' o
 ROLE_NAME_MESSAGE = "A role name is 1-100 letters, digits, spaces, '.', '_' or '-'"
 COLLECTION_NAME_MESSAGE = ("A collection name must be 1-63 characters: lowercase letters, digits, '.', '_' and '-', "
                            "starting with a letter or digit")
+# The names logs, run history, events and metrics give callers that are not keys (the admin key and named
+# administrators, the command line, open mode). A key of such a name would see those callers' runs as its own
+# (a scoped key sees the runs and events whose key_name is its name), so no key may have one, in any case.
+RESERVED_KEY_NAMES = frozenset(("admin", "cli", "-"))
+RESERVED_KEY_NAME_MESSAGE = ("'admin', 'cli' and '-' name the administrator, the command line and open mode in logs "
+                             "and run history: choose another API key name")
 CLAIM_BINDING_MESSAGE = ("A role with require_claim_binding reaches saved queries by name or collection only - give it "
                          "connections: [] (its users run only queries that bind their token)")
 
@@ -305,6 +311,8 @@ def normalise_key_create(body, *, existing_collections: Collection[str],
     _require_object(body)
     _reject_unknown(body, _KEY_CREATE_FIELDS)
     name = _name(body.get("name"), KEY_NAME_MESSAGE)
+    if name.lower() in RESERVED_KEY_NAMES:
+        raise QagError("invalid_name", RESERVED_KEY_NAME_MESSAGE)
     role = body.get("role")
     grants = None
     if role is not None:
