@@ -291,8 +291,9 @@ class RunHandlers:
         # The version's mask applies to every caller, administrators included (contract 6.3).
         saved_mask, key_mask = version.get("mask"), None if caller.admin else caller.grants.mask
         rules = masking.effective(saved_mask, key_mask) if saved_mask or key_mask else ()   # () without rules
-        # 9. the response cache (contract 7.1): every check above passed, the database not yet touched. The key
-        # holds the fingerprint of the effective mask rules: callers with different rules never share an entry.
+        # 9. the response cache (contract 7.1): every check above passed (and an API key's statement checks,
+        # below), the database not yet touched. The key holds the fingerprint of the effective mask rules:
+        # callers with different rules never share an entry.
         ttl, key = version.get("cache_ttl"), None
         # Only a stream's file name reads the label: a page skips working out the name as written in the URL.
         plan = Plan(connection, prepared, values, not writes, timeout, fmt, page, size, stream,
