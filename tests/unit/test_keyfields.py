@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from qag.errors import QagError
 from qag.policy.grants import GRANT_FIELDS, key_grant_defaults
 from qag.policy.keyfields import (
-    normalise_key_create, normalise_key_patch, normalise_role_create, normalise_role_patch,
+    RESERVED_KEY_NAME_MESSAGE, normalise_key_create, normalise_key_patch, normalise_role_create, normalise_role_patch,
 )
 
 NO_COLLECTIONS: set[str] = set()
@@ -109,6 +109,20 @@ def test_invalid_names(body):
         "An API key name is 1-100 letters, digits, spaces, '.', '_' or '-'"
     assert refused(lambda: normalise_role_create(body, existing_collections=NO_COLLECTIONS), "invalid_name") == \
         "A role name is 1-100 letters, digits, spaces, '.', '_' or '-'"
+
+
+@pytest.mark.parametrize("name", ["admin", "Admin", "ADMIN", "cli", "CLI", "-"])
+def test_names_of_callers_that_are_no_keys_are_refused_to_keys(name):
+    """A scoped key sees the runs and events whose key_name is its own: named like the admin, it would see theirs."""
+    assert refused(lambda: normalise_key_create({"name": name}, existing_collections=NO_COLLECTIONS),
+                   "invalid_name") == RESERVED_KEY_NAME_MESSAGE
+    # roles name no caller (a signed-in user is jwt:<subject>), so a role may be called anything valid
+    assert normalise_role_create({"name": name}, existing_collections=NO_COLLECTIONS)["name"] == name
+
+
+@pytest.mark.parametrize("name", ["admin2", "the admin", "cli-tool", "--", "admin.", "_"])
+def test_names_near_reserved_ones_are_keys_like_any_other(name):
+    assert normalise_key_create({"name": name}, existing_collections=NO_COLLECTIONS)["name"] == name
 
 
 # connections ----------------------------------------------------------------------------------------------------
