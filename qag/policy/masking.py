@@ -361,7 +361,8 @@ def at_source(prepared, schema: Schema, rules: tuple) -> SourceMask | None:
     def action(schema_name: str, table: str, column: str):
         return source_action(Source(schema_name, table, column, (schema_name, table) in schema.views), rules)
 
-    if any(name in (IPAD, OPAD) for name in prepared.bound_names):
+    # Bound or text ({name}): the pads are bound under these names and take the place of a caller's value.
+    if any(name.lower() in (IPAD, OPAD) for name in prepared.placeholders):
         raise Unresolvable(f"the placeholder names {IPAD} and {OPAD} are the gateway's own")
     _check_tables_listed(prepared, schema)
     if prepared.dialect == "sqlite" and _sqlite_in_table(prepared.sql):

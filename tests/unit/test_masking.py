@@ -141,6 +141,24 @@ def test_an_unlisted_table_is_refused_where_the_trace_builds_no_scope(sql, diale
         masking.at_source(prepare(sql, dialect), schema(dialect), rules)
 
 
+@pytest.mark.parametrize("dialect", ["mysql", "postgres", "sqlite"])
+@pytest.mark.parametrize("sql", [
+    "SELECT id, secret, :qag_mask_ipad AS p FROM customers",
+    "SELECT id, secret FROM customers WHERE name = :qag_mask_opad",
+    "SELECT id, secret, '{qag_mask_ipad}' AS p FROM customers",       # a saved query's text placeholder
+    "SELECT id, secret, {qag_mask_opad} AS p FROM customers",
+    "SELECT id, secret, '{QAG_MASK_IPAD}' AS p FROM customers",
+])
+def test_the_hash_pads_names_are_refused_as_placeholders(sql, dialect):
+    """The hash key's pads are bound under these names, in place of any caller value of the same name: a
+    placeholder of either name, bound or text, would return the pads (and so the key)."""
+    rules = masking.effective([{"column": "customers.secret", "action": "hash"}])
+    with pytest.raises(Unresolvable, match="gateway's own"):
+        masking.at_source(prepare(sql, dialect), schema(dialect), rules)
+    fine = "SELECT id, secret, '{qag_mask}' AS p FROM customers"
+    assert masking.at_source(prepare(fine, dialect), schema(dialect), rules) is not None
+
+
 @pytest.mark.parametrize("sql", [
     "UPDATE orders SET total = (SELECT 1 WHERE (1, 'a', 'b', 'c', 'd') IN customers) WHERE id = 1",
     "INSERT INTO orders (id, total) SELECT 1, 1 WHERE (1, 'a', 'b', 'c', 'd') IN main.customers",
