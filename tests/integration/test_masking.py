@@ -312,14 +312,30 @@ def test_postgres_text_arrays_are_masked_whole(srv, pg_db, uniq):
         conn.close()
 
 
-def test_view_column_named_by_a_rule_is_served(srv):
+def test_view_column_named_by_a_rule_is_served(srv, uniq):
     rule = [{"column": "customer_emails.email", "action": "hash"}]
     r = adhoc(srv, "sqlite", "SELECT email FROM customer_emails WHERE id = 1", mask=rule)
     assert r.status == 200 and HEX16.match(r.json[0]["email"]), r
-    r = adhoc(srv, "postgres", "SELECT email FROM customer_emails WHERE id = 1",
-              mask=[{"column": "*.email", "action": "keep"}])
-    # *.email names the view column: its one matching rule is keep (customers.email is another table).
-    assert r.status == 200 and r.json == [{"email": "jane@example.com"}], r
+    # An administrator's *.email keep names the view column: its one matching rule (customers.email is another
+    # table, still hashed).
+    kept = srv.key(uniq("kept"), connections="*", mask=[*RULES, {"column": "*.email", "action": "keep"}])
+    for conn in ("postgres", "sqlite"):
+        r = adhoc(srv, conn, "SELECT email FROM customer_emails WHERE id = 1", key=kept)
+        assert r.status == 200 and r.json == [{"email": "jane@example.com"}], r
+        r = adhoc(srv, conn, "SELECT email FROM customers WHERE id = 1", key=kept)
+        assert r.status == 200 and HEX16.match(r.json[0]["email"]), r
+
+
+@pytest.mark.parametrize("conn", DIALECTS)
+def test_a_callers_own_keep_rule_names_no_view_column(srv, conn):
+    """The caller's own rules only add masking: its keep would open every view over a masked column at once."""
+    for rules in ([{"column": "*.*", "action": "keep"}], [{"column": "customer_emails.email", "action": "keep"}]):
+        r = adhoc(srv, conn, "SELECT * FROM customer_emails WHERE id = 1", mask=rules)
+        assert r.status == 403 and r.json["code"] == "mask_unresolvable", r
+        assert "jane" not in r.body.decode()
+    # the same call without the view: the key's own rules, as if no ad-hoc rule were given
+    r = adhoc(srv, conn, "SELECT email FROM customers WHERE id = 1", mask=[{"column": "*.*", "action": "keep"}])
+    assert r.status == 200 and HEX16.match(r.json[0]["email"]), r
 
 
 def test_lateral_and_values_trace(srv):
