@@ -26,6 +26,8 @@ _DENIED: dict[str, frozenset[str]] = {
         "txid_current", "pg_current_xact_id", "loread", "lowrite", "dblink", "pg_notify", "pg_sleep",
         "pg_sleep_for", "pg_sleep_until", "pg_terminate_backend", "pg_cancel_backend", "pg_reload_conf",
         "pg_rotate_logfile", "pg_read_file", "pg_read_binary_file", "pg_ls_dir", "pg_stat_file",
+        "brin_summarize_new_values", "brin_summarize_range", "brin_desummarize_range", "gin_clean_pending_list",
+        "pg_stat_statements_reset",
     )),
     "mysql": frozenset((
         "load_file", "sleep", "benchmark", "get_lock", "release_lock", "is_free_lock", "is_used_lock",

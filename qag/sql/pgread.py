@@ -52,7 +52,13 @@ WRITING_PREFIXES = ("pg_advisory_", "pg_try_advisory_", "dblink", "pg_terminate_
 WRITING_NAMES = frozenset(("lo_create", "lo_creat", "lo_import", "lo_export", "lo_unlink", "lo_put", "lo_from_bytea",
                            "lo_truncate", "lo_truncate64", "lowrite", "nextval", "setval", "pg_notify", "pg_promote", "pg_start_backup",
                            "pg_stop_backup", "query_to_xml", "query_to_xmlschema", "query_to_xml_and_xmlschema",
-                           "ts_stat", "ts_rewrite"))
+                           "ts_stat", "ts_rewrite",
+                           # index maintenance: a ROLLBACK keeps what it did to the index (a range left
+                           # unsummarized makes the BRIN index useless until someone summarizes it again)
+                           "brin_summarize_new_values", "brin_summarize_range", "brin_desummarize_range",
+                           "gin_clean_pending_list",
+                           # pg_stat_statements' counters, which a rollback doesn't restore either
+                           "pg_stat_statements_reset"))
 _UNAVAILABLE = "pglast is not installed"
 
 

@@ -247,6 +247,38 @@ def pg(server, pg_db):
         admin.close()
 
 
+def test_postgres_index_maintenance_is_a_write(server, pg, pg_db, uniq):
+    """BRIN and GIN maintenance functions change the index in a read-only transaction, and the ROLLBACK keeps
+    it: a write for every caller, and denied to table-restricted keys whatever allowed_functions says."""
+    plain, _ = pg
+    table = uniq("brin")
+    admin = pg_admin(pg_db["database"])
+    try:
+        cur = admin.cursor()
+        cur.execute(f"CREATE TABLE {table} (id int, tags int[])")
+        cur.execute(f"CREATE INDEX {table}_b ON {table} USING brin (id) WITH (pages_per_range = 1, autosummarize = off)")
+        cur.execute(f"CREATE INDEX {table}_g ON {table} USING gin (tags) WITH (fastupdate = on)")
+        cur.execute(f"INSERT INTO {table} SELECT g, ARRAY[g] FROM generate_series(1, 2000) g")
+        cur.execute(f'GRANT SELECT ON {table} TO "{pg_db["user"]}"')
+        admin.commit()
+        anyone = server.key(uniq("k"), connections=[plain])
+        restricted = server.key(uniq("k"), connections=[plain], allowed_tables=[table],
+                                allowed_functions=["brin_summarize_new_values"])
+        for call in (f"brin_summarize_new_values('{table}_b')", f"gin_clean_pending_list('{table}_g')",
+                     f"brin_desummarize_range('{table}_b', 0)"):
+            r = sql(server, anyone, f"SELECT {call} AS n", plain)
+            assert r.status == 403 and r.json["code"] == "read_only", (call, r)
+            r = sql(server, restricted, f"SELECT {call} AS n FROM {table} LIMIT 1", plain)
+            assert r.status == 403 and r.json["code"] in ("read_only", "function_not_allowed"), (call, r)
+        cur.execute(f"SELECT brin_summarize_new_values('{table}_b')")
+        assert cur.fetchone()[0] > 0          # nothing was summarized by the callers above
+        admin.rollback()
+    finally:
+        admin.cursor().execute(f"DROP TABLE IF EXISTS {table}")
+        admin.commit()
+        admin.close()
+
+
 def test_postgres_tables_and_search_path(server, pg, uniq):
     plain, billing = pg
     key = server.key(uniq("k"), connections=[plain, billing], allowed_tables=["customer"])

@@ -47,6 +47,12 @@ def test_statements_are_counted_where_postgresql_ends_them(sql, count):
     ("SELECT pg_catalog.query_to_xmlschema('SELECT 1', true, false, '')", {"query_to_xmlschema()"}, ""),
     ("SELECT * FROM ts_stat('SELECT to_tsvector(''a'')')", {"ts_stat()"}, ""),
     ("SELECT ts_rewrite('a'::tsquery, 'SELECT ''a''::tsquery, ''b''::tsquery')", {"ts_rewrite()"}, ""),
+    # index maintenance a ROLLBACK doesn't undo, even in a read-only transaction
+    ("SELECT brin_summarize_new_values('i'), gin_clean_pending_list('g')",
+     {"brin_summarize_new_values()", "gin_clean_pending_list()"}, ""),
+    ("SELECT pg_catalog.brin_desummarize_range('i', 5), brin_summarize_range('i', 5)",
+     {"brin_desummarize_range()", "brin_summarize_range()"}, ""),
+    ("SELECT public.pg_stat_statements_reset()", {"pg_stat_statements_reset()"}, ""),
     ("SET search_path = x", set(), "set"),
     ("BEGIN", set(), "transaction"),
     ("COPY t TO STDOUT", set(), "copy"),
