@@ -16,6 +16,9 @@ paged), kept apart from the driver so the exact text is unit-tested:
   such call. Other statements (writes, SHOW, CALL) can't be limited on MySQL: its max_execution_time only
   governs SELECT.
 * No time limit → the statement unchanged (on MariaDB, a read-only call still gets its access mode).
+* MariaDB, a statement that calls RAND(): `rand_seed1`/`rand_seed2` from the caller's `seeds` in the same prefix,
+  so its values come from a seed nobody saw, and SET STATEMENT restores the session's generator afterwards
+  (what the statement drew is never left for the next caller's RAND() to continue from).
 """
 
 from __future__ import annotations
@@ -56,12 +59,16 @@ _MARIADB_MAX = 1024
 KEPT_TEXT_MAX = 16384     # longer statements (an ad-hoc one with its data inline) are never kept
 
 
-def mariadb_statement(sql: str, timeout: float | None, read_only: str | None = None) -> str:
+def mariadb_statement(sql: str, timeout: float | None, read_only: str | None = None,
+                      seeds: tuple[int, int] | None = None) -> str:
     """The statement with its time limit and, for a read-only call, its access mode: `read_only` names the
     server's variable (read_only_variable()). SET STATEMENT restores both when the statement ends, so nothing
     the statement does to them (a stored function's SET SESSION ...) outlives it. Made once per statement and
     limit: a saved query's rendered text is the same str call after call (sql.prepare.render), so the lookup
-    costs a few hundred instructions where the text cost one per character."""
+    costs a few hundred instructions where the text cost one per character. `seeds`: RAND()'s two seeds for this
+    statement alone (new each call, so never kept)."""
+    if seeds is not None:
+        return _mariadb_text(sql, timeout, read_only, f"rand_seed1 = {seeds[0]}, rand_seed2 = {seeds[1]}")
     key = (sql, timeout, read_only)
     try:
         return _MARIADB[key]
@@ -75,7 +82,12 @@ def mariadb_statement(sql: str, timeout: float | None, read_only: str | None = N
     return sent
 
 
-def _mariadb_text(sql: str, timeout: float | None, read_only: str | None) -> str:
+def _mariadb_text(sql: str, timeout: float | None, read_only: str | None, seeded: str = "") -> str:
+    if seeded:
+        limits = [f"max_statement_time = {seconds_text(timeout)}"] if timeout else []
+        if read_only is not None:
+            limits.append(f"{read_only} = 1")
+        return f"SET STATEMENT {', '.join([*limits, seeded])} FOR {sql}"
     if read_only is None:
         if not timeout:
             return sql

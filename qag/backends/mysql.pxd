@@ -29,4 +29,3 @@ cdef class MysqlBackend(Backend):
 cpdef tuple _execute(_Link link, str sql, args, skip, count, deadline)
 cpdef bint _preferred(_Link link)
 cpdef int _session_use(str sql)
-cpdef bint _leaves_session_state(str sql)

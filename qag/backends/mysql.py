@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import math
+from os import urandom
 import re
 import select
 from time import monotonic, perf_counter
@@ -303,6 +304,11 @@ _SESSION_STATE: dict[str, int] = {}   # statement text -> _session_use (saved qu
 _SESSION_STATE_MAX = 1024
 _LEAVES = 1      # may leave session state behind: the connection is closed after the call, never pooled
 _READS = 2       # may read what earlier statements left on a session: runs on a connection opened for it
+_RANDOM = 4      # calls RAND(): seeded for this statement alone (_prepare)
+# RAND() draws from the session's generator, whose next values two of its outputs give away (and whose earlier
+# ones they give back): a word of its own, so `brand` or `operand` is not a call. A call hidden in a view or a
+# stored function isn't seen (docs/security.md, MySQL limits).
+_RAND_CALL = re.compile(r"(?<![\w$])rand(?![\w$])")
 # Text of statements that leave or read session state a ROLLBACK (or SET STATEMENT) keeps: user variables and
 # @@session settings (also those a stored function set: reading @x needs "@"), named locks and LOCK TABLES,
 # temporary tables, LAST_INSERT_ID, sequences (NEXTVAL, LASTVAL, PREVIOUS VALUE FOR), prepared statements,
@@ -317,10 +323,11 @@ _SESSION_TEXT_AFTER_SHOW = ("warnings", "errors", "status", "profile")
 
 
 def _session_use(sql: str) -> int:
-    """How a statement may use session state: _LEAVES | _READS, or 0. Judged on the text once per statement,
-    erring towards a connection of its own: such a statement runs on a connection opened for it and closed after
-    it, so it neither sees what an earlier caller left on a pooled session nor leaves anything for a later one
-    (it costs what closing its connection cost before: one connect for the next call)."""
+    """How a statement may use session state: _LEAVES | _READS, or 0, and _RANDOM for a call of RAND(). Judged on
+    the text once per statement, erring towards a connection of its own: such a statement runs on a connection
+    opened for it and closed after it, so it neither sees what an earlier caller left on a pooled session nor
+    leaves anything for a later one (it costs what closing its connection cost before: one connect for the next
+    call)."""
     use = _SESSION_STATE.get(sql)
     if use is None:
         use = _judge_session_use(sql)
@@ -336,11 +343,14 @@ def _judge_session_use(sql: str) -> int:
     # A statement whose first word can't be read (an unterminated comment, a code comment first) counts as a SHOW.
     hit = any(word in low for word in _SESSION_TEXT) or (
         statements.first_word(sql) in ("show", "") and any(word in low for word in _SESSION_TEXT_AFTER_SHOW))
-    return _LEAVES | _READS if hit else 0
+    return (_LEAVES | _READS if hit else 0) | (_RANDOM if _RAND_CALL.search(low) else 0)
 
 
-def _leaves_session_state(sql: str) -> bool:
-    return bool(_session_use(sql) & _LEAVES)
+def _rand_seeds() -> tuple[int, int]:
+    """Two seeds for RAND() from the system's generator: nothing a caller sees (request ids come from Python's
+    own generator) says anything about them."""
+    bits = int.from_bytes(urandom(8), "big")
+    return bits & 0x3FFFFFFF, (bits >> 32) & 0x3FFFFFFF
 
 
 def _close(link: _Link) -> None:
@@ -462,8 +472,10 @@ class MysqlBackend(Backend):
         return link
 
     def _give_back(self, key, link: _Link, read_only: bool, sql: str) -> None:
-        if _leaves_session_state(sql):
-            # A rollback keeps user variables and GET_LOCK locks: such a connection is closed, never pooled.
+        use = _session_use(sql)
+        if use & _LEAVES or (use & _RANDOM and not link.mariadb):
+            # A rollback keeps user variables and GET_LOCK locks, and MySQL's RAND() generator where the
+            # statement left it (seeded by _prepare, it gives back what this caller drew): closed, never pooled.
             self.pool.release(key, link, False)
             return
         if read_only:
@@ -480,9 +492,14 @@ class MysqlBackend(Backend):
             self.pool.release(key, link, reusable)
 
     def _prepare(self, link: _Link, sql: str, timeout: float | None) -> str:
-        """The statement to send; on MySQL, first the session time limit when the statement can't carry it."""
+        """The statement to send; on MySQL, first the session time limit when the statement can't carry it, and
+        RAND()'s seeds for a statement that calls it (MariaDB carries them on the statement)."""
         if link.mariadb:
+            if _session_use(sql) & _RANDOM:
+                return statements.mariadb_statement(sql, timeout, link.read_only_variable, _rand_seeds())
             return statements.mariadb_statement(sql, timeout, link.read_only_variable)
+        if _session_use(sql) & _RANDOM:
+            link.cursor.execute("SET rand_seed1 = %d, rand_seed2 = %d" % _rand_seeds())
         timed = statements.mysql_statement(sql, timeout, link.with_hint)
         wanted = timed.session_ms
         if wanted is None and not timeout and link.session_ms:

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import logging
 import math
-import random
+from os import urandom
 import re
 import threading
 from time import monotonic, perf_counter
@@ -146,12 +146,14 @@ def search_path(schema: str) -> str:
     return 'pg_catalog, "' + schema.replace('"', '""') + '", pg_temp'
 
 
-# The seeds: the random module's generator, seeded from os.urandom and again in each forked worker (cheaper
-# than a system call per call; the seeds are never shown, only the server's random() they start). 52 bits, the
-# most a float8 holds exactly, sent as an integer's text and divided as float8 by the server: a float's shortest
-# text (repr) costs the worker ~7k instructions a call, and int8 divided as numeric costs the server ~5 µs more
-# (benchmarks/pg_statements.py).
-_random_bits = random.getrandbits
+# The seeds: from the system's generator (os.urandom, ~0.4 µs a call). Not the random module's: its generator
+# also makes the request ids every response carries, and a few hundred of them give its state away, so every
+# call's seed with it; and two random() values give the seed back (the server's generator steps are
+# invertible), so a caller could recover another's values. 52 bits, the most a float8 holds exactly, sent as an
+# integer's text and divided as float8 by the server: a float's shortest text (repr) costs the worker ~7k
+# instructions a call, and int8 divided as numeric costs the server ~5 µs more (benchmarks/pg_statements.py).
+def _random_bits() -> int:
+    return int.from_bytes(urandom(7), "big") >> 4
 _SETTINGS: dict = {}
 _SETTINGS_MAX = 256          # time limits and schemas are a handful of values; bounded all the same
 
@@ -193,7 +195,7 @@ def settings_statement(timeout: float | None, schema: str | None,
             _SETTINGS.clear()
         built = _SETTINGS[key] = (("SELECT " + ", ".join(calls)).encode(), tuple(values))
     text, values = built
-    seed = b"%d" % _random_bits(52)
+    seed = b"%d" % _random_bits()
     if identity is None:
         return text, [*values, seed]
     return text, [*values, *[value for _, value in named_identity], seed]

@@ -249,6 +249,45 @@ def test_session_state_never_reaches_another_caller(state_server, db, setter_kin
     assert admin_value("SELECT IS_USED_LOCK('qag_state_lock')") is None
 
 
+_RAND_MAX = 0x3FFFFFFF   # the server's my_rnd: seed1 = (3 * seed1 + seed2) % max, seed2 = (seed1 + seed2 + 33) % max
+
+
+def _rand_after(first: float, second: float, count: int) -> list[float]:
+    """The next `count` values of a session's RAND() after two consecutive ones (each gives seed1 away)."""
+    seed1, earlier = round(second * _RAND_MAX), round(first * _RAND_MAX)
+    seed2 = (seed1 - 3 * earlier) % _RAND_MAX
+    out = []
+    for _ in range(count):
+        seed2 = (seed1 + seed2 + 33) % _RAND_MAX
+        seed1 = (3 * seed1 + seed2) % _RAND_MAX
+        out.append(seed1 / _RAND_MAX)
+    return out
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("kind", ["read", "write"])
+def test_rand_values_are_nobody_elses_to_predict_or_recover(state_server, db, kind):
+    """RAND() draws from its session's generator, and two of its values give the generator away: a caller who
+    read two on a pooled connection would know the next caller's. Each statement calling RAND() is seeded for
+    itself (MariaDB: SET STATEMENT, which restores the session's generator after; MySQL: closed after)."""
+    server, keys = state_server
+    spy, victim = keys[kind]
+    rand = "SELECT RAND() AS a, RAND() AS b, RAND() AS c, CONNECTION_ID() AS id"
+    # the premise: within one statement the generator is the server's, and the formula reads it
+    own = sql(server, rand, key=spy).json[0]
+    assert _rand_after(own["a"], own["b"], 1)[0] == pytest.approx(own["c"], abs=1e-9)
+    predicted = _rand_after(own["b"], own["c"], 3)
+    theirs = sql(server, "SELECT RAND() AS a, RAND() AS b, RAND() AS c, CONNECTION_ID() AS id", key=victim).json[0]
+    if db.mariadb:
+        assert theirs["id"] == own["id"]   # the same pooled connection (a pool of one): MySQL closes it instead
+    assert [theirs["a"], theirs["b"], theirs["c"]] != pytest.approx(predicted, abs=1e-9)
+    # and what the victim drew leaves nothing behind for the spy's next values
+    again = sql(server, "SELECT RAND() AS a, RAND() AS b, RAND() AS c", key=spy).json[0]
+    assert [again["a"], again["b"], again["c"]] != pytest.approx(_rand_after(theirs["b"], theirs["c"], 3), abs=1e-9)
+    # a column named like it is no call: no seeds, the statement text kept
+    assert sql(server, "SELECT 'brand' AS operand, 1 AS `rand_x`", key=spy).json == [{"operand": "brand", "rand_x": 1}]
+
+
 # ------------------------------------------------------------------------------------------- functions (goal 5)
 
 

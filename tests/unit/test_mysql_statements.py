@@ -7,6 +7,7 @@ forms (hint placement, WITH, the session-variable fallback) must be pinned all t
 
 from __future__ import annotations
 
+import re
 import socket
 from types import SimpleNamespace
 
@@ -127,6 +128,20 @@ def test_mariadb_wraps_any_statement(sql):
 def test_mariadb_read_only_statement_carries_its_access_mode(timeout, prefix):
     sql = rendered("SELECT 1")
     assert s.mariadb_statement(sql, timeout, "tx_read_only") == prefix + sql
+
+
+@pytest.mark.parametrize("timeout,read_only,prefix", [
+    (None, None, "SET STATEMENT rand_seed1 = 7, rand_seed2 = 9 FOR "),
+    (2, None, "SET STATEMENT max_statement_time = 2, rand_seed1 = 7, rand_seed2 = 9 FOR "),
+    (None, "tx_read_only", "SET STATEMENT tx_read_only = 1, rand_seed1 = 7, rand_seed2 = 9 FOR "),
+    (1.5, "tx_read_only", "SET STATEMENT max_statement_time = 1.5, tx_read_only = 1, rand_seed1 = 7, rand_seed2 = 9 FOR "),
+])
+def test_mariadb_rand_seeds_go_on_the_statement_and_are_never_kept(timeout, read_only, prefix):
+    sql = rendered("SELECT RAND()")
+    assert s.mariadb_statement(sql, timeout, read_only, (7, 9)) == prefix + sql
+    # the unseeded text of the same statement is its own, kept as before
+    assert "rand_seed" not in s.mariadb_statement(sql, timeout, read_only)
+    assert "rand_seed1 = 8," in s.mariadb_statement(sql, timeout, read_only, (8, 9))
 
 
 @pytest.mark.parametrize("info,variable", [
@@ -374,6 +389,26 @@ def test_b10_4_mysql_pooled_read_sequence(fake, monkeypatch):
     assert connects[0]["multi_statements"] is False and connects[0]["autocommit"] is None
 
 
+def test_a_statement_calling_rand_is_seeded_for_itself(fake):
+    """MariaDB: the seeds travel on the statement (SET STATEMENT restores the session's generator), the connection
+    stays pooled; MySQL: set before it, and the connection closed after (it holds what the caller drew)."""
+    make, log, connects = fake
+    backend = make(version="10.11.6-MariaDB-0+deb12u1")
+    backend.run(FIELDS, _read("SELECT RAND()", None))
+    backend.run(FIELDS, _read("SELECT RAND()", None))
+    sent = [line for line in log if "RAND()" in line]
+    assert len(sent) == 2 and sent[0] != sent[1] and len(connects) == 1 and "close" not in log
+    for line in sent:
+        assert re.fullmatch(r"SET STATEMENT tx_read_only = 1, rand_seed1 = \d+, rand_seed2 = \d+ FOR SELECT RAND\(\)"
+                            r"\nLIMIT 6 OFFSET 0", line), line
+    del log[:]
+    mysql = make(version="8.0.36")
+    mysql.run(FIELDS, _read("SELECT RAND()", None))
+    seeds = [i for i, line in enumerate(log) if line.startswith("SET rand_seed1 = ")]
+    statement = log.index("SELECT RAND()\nLIMIT 6 OFFSET 0")
+    assert len(seeds) == 1 and seeds[0] < statement and log[-1] == "close"
+
+
 @pytest.mark.parametrize("version,variable", [("10.11.6-MariaDB-0+deb12u1", "tx_read_only"),
                                               ("11.4.2-MariaDB", "transaction_read_only")])
 def test_b10_5_mariadb_read_sequence(fake, version, variable):
@@ -479,14 +514,23 @@ def test_a_connection_that_raised_is_closed(fake, monkeypatch):
     ("SELECT loc, k FROM t", False),
 ])
 def test_statements_that_may_leave_session_state(sql, leaves):
-    assert mysql_backend._leaves_session_state(sql) is leaves
-    assert mysql_backend._leaves_session_state(sql) is leaves   # remembered verdict, the same
+    assert bool(mysql_backend._session_use(sql) & mysql_backend._LEAVES) is leaves
+    assert bool(mysql_backend._session_use(sql) & mysql_backend._LEAVES) is leaves   # remembered, the same
+
+
+@pytest.mark.parametrize("sql,calls", [
+    ("SELECT RAND()", True), ("select rand ( ) AS r", True), ("SELECT /*!RAND()*/", True),
+    ("SELECT * FROM t ORDER BY `RAND`()", True),    # erring towards seeds: a stored function of that name
+    ("SELECT brand, operand, grand_total, rand_x, $rand FROM t", False), ("SELECT RANDOM_BYTES(4)", False),
+])
+def test_statements_that_call_rand(sql, calls):
+    assert bool(mysql_backend._session_use(sql) & mysql_backend._RANDOM) is calls
 
 
 def test_remembered_verdicts_stay_right_past_the_tables_size():
     for n in range(2500):
         sql = f"SELECT {n} FROM t" if n % 3 else f"SELECT GET_LOCK('{n}', 0)"
-        assert mysql_backend._leaves_session_state(sql) is (n % 3 == 0)
+        assert bool(mysql_backend._session_use(sql) & mysql_backend._LEAVES) is (n % 3 == 0)
     assert len(mysql_backend._SESSION_STATE) <= mysql_backend._SESSION_STATE_MAX
 
 

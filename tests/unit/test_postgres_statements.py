@@ -31,6 +31,22 @@ def test_every_call_seeds_random_anew():
     assert len(seeds) == 50
 
 
+def test_seeds_never_come_from_the_generator_request_ids_come_from():
+    """Request ids (in every response) come from the random module: its state, recovered from them, must say
+    nothing about a call's seed (two random() values give that seed back, and with it the caller's values)."""
+    import random
+    state = random.getstate()
+    try:
+        random.seed(7)
+        expected = [random.getrandbits(52) for _ in range(20)]
+        random.seed(7)
+        seeds = [int(pg.settings_statement(None, None)[1][-1]) for _ in range(20)]
+    finally:
+        random.setstate(state)
+    assert not set(seeds) & set(expected) and all(0 <= seed < 2 ** 52 for seed in seeds)
+    assert max(seeds) >= 2 ** 48   # the 52 bits are all used (1 in 2**80 to fail by chance)
+
+
 def test_a_schema_with_a_nul_is_refused():
     with pytest.raises(QagError) as info:
         pg.search_path("a\x00b")
