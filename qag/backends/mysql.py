@@ -314,11 +314,12 @@ _RAND_CALL = re.compile(r"(?<![\w$])rand(?![\w$])")
 # temporary tables, LAST_INSERT_ID, sequences (NEXTVAL, LASTVAL, PREVIOUS VALUE FOR), prepared statements,
 # handlers, FOUND_ROWS()/SQL_CALC_FOUND_ROWS, ROW_COUNT(), @@warning_count / @@error_count / @@identity /
 # @@insert_id, GET DIAGNOSTICS, information_schema.SESSION_STATUS, SHOW [SESSION] VARIABLES and SESSION_VARIABLES
-# (they list last_insert_id, identity, warning_count); and for SHOW: SHOW WARNINGS / ERRORS / [SESSION] STATUS /
-# PROFILE(S).
+# (they list last_insert_id, identity, warning_count); information_schema.OPTIMIZER_TRACE (the session's last
+# statements with their values, once a stored function or trigger turned tracing on); and for SHOW: SHOW
+# WARNINGS / ERRORS / [SESSION] STATUS / PROFILE(S).
 _SESSION_TEXT = ("@", "lock", "temporary", "last_insert_id", "nextval", "next value", "setval", "lastval",
                  "previous", "prepare", "handler", "found_rows", "row_count", "warning_count", "error_count",
-                 "diagnostics", "identity", "insert_id", "session_status", "variables")
+                 "diagnostics", "identity", "insert_id", "session_status", "variables", "optimizer_trace")
 _SESSION_TEXT_AFTER_SHOW = ("warnings", "errors", "status", "profile")
 
 

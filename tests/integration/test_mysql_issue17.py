@@ -46,6 +46,9 @@ def db():
     cur.execute("CREATE TABLE state_auto (id INT AUTO_INCREMENT PRIMARY KEY, v INT)")
     cur.execute("CREATE TABLE typed (i INT, d DATE, v VARCHAR(5), t TEXT, u VARCHAR(10) CHARACTER SET utf8mb3)")
     cur.execute("CREATE TABLE big (n INT PRIMARY KEY)")
+    # A stored function that leaves tracing on for its session: the trace then holds the next callers' statements.
+    cur.execute("CREATE FUNCTION trace_on() RETURNS INT NOT DETERMINISTIC "
+                "BEGIN SET SESSION optimizer_trace = 'enabled=on'; RETURN 1; END")
     cur.execute(f"INSERT INTO big SELECT seq FROM seq_1_to_{BIG}")
     mariadb = "mariadb" in admin.get_server_info().lower()
     if mariadb:
@@ -247,6 +250,22 @@ def test_session_state_never_reaches_another_caller(state_server, db, setter_kin
     assert r.status == 200, r
     check_probe(sql(server, probe, key=keys[probe_kind][1]), expect)
     assert admin_value("SELECT IS_USED_LOCK('qag_state_lock')") is None
+
+
+@pytest.mark.e2e
+def test_the_optimizer_trace_shows_a_caller_its_own_session_only(state_server, db):
+    """A stored function (or a trigger) can leave optimizer tracing on in a pooled session, and the trace holds the
+    statements that follow with their values (MySQL's: inline; MariaDB's masking pads among them): reading it is
+    reading session state, so it runs on a connection of its own."""
+    server, keys = state_server
+    spy, victim = keys["read"]
+    assert sql(server, "SELECT trace_on() AS v", key=spy).json == [{"v": 1}]
+    r = sql(server, "SELECT n FROM state_seven WHERE n = :n", key=victim, params={"n": 5})   # the same session
+    assert r.json == [{"n": 5}]
+    trace = sql(server, "SELECT QUERY AS q FROM information_schema.OPTIMIZER_TRACE", key=spy)
+    assert trace.status == 200 and "state_seven" not in trace.body.decode(), trace
+    backquoted = sql(server, "SELECT `QUERY` FROM information_schema.`OPTIMIZER_TRACE`", key=spy)
+    assert backquoted.status == 200 and "state_seven" not in backquoted.body.decode(), backquoted
 
 
 _RAND_MAX = 0x3FFFFFFF   # the server's my_rnd: seed1 = (3 * seed1 + seed2) % max, seed2 = (seed1 + seed2 + 33) % max
