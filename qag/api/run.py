@@ -477,7 +477,7 @@ class RunHandlers:
         """The engine's facts about function names for this call (functions.Catalog), from the backend's schema
         cache: PostgreSQL for the schema the call's search_path pins (a masked call's is masking's), MySQL for
         the connection's database. None when the statement calls nothing to judge or the backend keeps none."""
-        if acc.failure is not None or not acc.calls:
+        if acc.failure is not None or not (acc.calls or acc.fields):
             return None
         read = getattr(self.gateway.backends.get(plan.connection["db"]), "functions", None)
         if read is None:

@@ -72,13 +72,18 @@ def read_schema(backend, fields: dict, max_tables: int = SCHEMA_MAX_TABLES) -> d
 # never a function a user added to pg_catalog later), and the names of functions in the one other schema a
 # restricted or masked call's search_path holds (pg_catalog, "<schema>", pg_temp; PostgreSQL never searches
 # pg_temp for functions).
-_FUNCTIONS_SQL = """SELECT DISTINCT p.proname, n.nspname = 'pg_catalog' AND p.oid < 16384
+# A function's name, whether it is the server's own (from initdb), and whether it can be called with one argument
+# (so as a field: `x.f` is f(x), PostgreSQL's attribute notation).
+_FUNCTIONS_SQL = """SELECT p.proname, n.nspname = 'pg_catalog' AND p.oid < 16384,
+       bool_or(p.pronargs - p.pronargdefaults <= 1 AND (p.pronargs >= 1 OR p.provariadic <> 0))
 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-WHERE n.nspname = 'pg_catalog' OR n.nspname = $1"""
+WHERE n.nspname = 'pg_catalog' OR n.nspname = $1
+GROUP BY 1, 2"""
 
 
 def read_functions(backend, fields: dict, schema: str):
     """functions.Catalog for calls whose search_path is pg_catalog, "<schema>", pg_temp."""
     rows = backend.query_all(fields, _FUNCTIONS_SQL, (schema,)).rows
-    return Catalog(frozenset(name for name, own in rows if own),
-                   frozenset(name for name, own in rows if not own))
+    return Catalog(frozenset(name for name, own, _ in rows if own),
+                   frozenset(name for name, own, _ in rows if not own),
+                   frozenset(name for name, _, one in rows if one))

@@ -125,6 +125,7 @@ def _functions_verdict(acc: Access, dialect: str, granted: frozenset, catalog) -
                                    f"function of that name exists in the connection's database and could answer "
                                    f"the call, and allowed_functions doesn't name it")
         return
+    _fields_verdict(acc, dialect, granted, catalog)
     for schema, name in acc.calls:
         if functions.allowed_builtin(schema, name, dialect, catalog):
             continue
@@ -136,6 +137,31 @@ def _functions_verdict(acc: Access, dialect: str, granted: frozenset, catalog) -
                            f"outside pg_catalog could answer the call, and allowed_functions doesn't name it")
         raise QagError("function_not_allowed", f"This API key may not call {written}(): it is not a known "
                                                f"built-in function and allowed_functions doesn't name it")
+
+
+def _fields_verdict(acc: Access, dialect: str, granted: frozenset, catalog) -> None:
+    """PostgreSQL reads `x.f` and `(x).f` as a call f(x) when x has no column f (attribute notation): a field
+    named like a function the call's search_path can call with one argument is judged as that call. Without
+    the engine's catalog, the denied and side-channel names still are."""
+    for name in acc.fields:
+        if catalog is not None and name not in catalog.projections:
+            continue
+        if functions.denied(name, dialect):
+            raise QagError("function_not_allowed", f"This API key may not call {name}() (written as a field, "
+                                                   f".{name}, PostgreSQL calls it): it reaches outside the allowed "
+                                                   f"tables (files, locks, sequences, sessions or server state)")
+        if name in granted:
+            continue
+        if functions.side_channel(name, dialect):
+            raise QagError("function_not_allowed", f"This API key may not read {name}() (written as a field, "
+                                                   f".{name}, PostgreSQL calls it): the server's settings, "
+                                                   f"statistics, catalogs and activity can show data it may not "
+                                                   f"see, and allowed_functions doesn't name it")
+        if catalog is not None and not functions.allowed_builtin("", name, dialect, catalog):
+            raise QagError("function_not_allowed", f"This API key may not call {name}(): written as a field "
+                                                   f"(.{name}), PostgreSQL calls a function of that name when the "
+                                                   f"row has no such column, it is not a known built-in function, "
+                                                   f"and allowed_functions doesn't name it")
 
 
 def check_tables(sql: str, dialect: str, default_schema: str, allowed_tables: list[str] | None,

@@ -95,6 +95,9 @@ class Access:
     side: tuple[str, ...] = ()        # side-channel built-ins and MySQL @@variables read (functions.side_channel)
     explain: bool = False             # EXPLAIN: the engine's estimates come from its statistics
     describes: bool = False           # only describes tables' shapes (DESCRIBE t, SHOW TABLES, SHOW COLUMNS)
+    # PostgreSQL: names read as a field of a row (pgread.Reading.fields), each a call f(x) if x has no column f;
+    # verdict() judges those its catalog lists as one-argument functions (functions.Catalog.projections).
+    fields: tuple[str, ...] = ()
 
 
 # ------------------------------------------------------------------------------------------ statement text
@@ -581,4 +584,5 @@ def from_pgread(reading, unreadable: str | None, default_schema) -> Access:
             side.add(name)
     tables = tuple(sorted({_qualify(ref, default_schema) for ref in reading.tables}))
     return Access(None, tables, tuple(sorted(table_functions)), tuple(sorted(denied)), tuple(sorted(user)),
-                  tuple(sorted(calls)), tuple(sorted(side)), reading.kind == "ExplainStmt")
+                  tuple(sorted(calls)), tuple(sorted(side)), reading.kind == "ExplainStmt",
+                  fields=tuple(sorted(reading.fields)))

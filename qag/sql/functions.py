@@ -259,10 +259,13 @@ class Catalog:
               the schemas of the call's pinned search_path other than pg_catalog; MySQL/MariaDB: stored functions
               of the connection's database and loadable functions). An unqualified call of such a name is
               refused unless allowed_functions names it, whatever the engine's overload resolution would pick.
+    projections: names of functions a field of a row can call (PostgreSQL: any of the call's search_path that
+              takes one argument; `x.f` is f(x) when x has no column f); empty where the engine has no such call.
     """
 
     builtins: frozenset | None
     shadowed: frozenset
+    projections: frozenset = frozenset()
 
 
 def allowed_builtin(schema: str, name: str, dialect: str, catalog: Catalog | None) -> bool:

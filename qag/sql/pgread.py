@@ -78,6 +78,9 @@ class Reading:
     syntax_functions: tuple[str, ...] = ()        # functions the grammar itself names (EXTRACT, TRIM, ...):
                                                   # written pg_catalog.<name> by the parser, so built-ins
     names: frozenset = frozenset()                # every name the parser read (String nodes, relnames), as folded
+    # Names read as a field of a row value (`x.f`, `t.c.f`, `(x).f`): PostgreSQL calls a function f(x) there when
+    # no column has the name (its attribute notation), so each may be a function call nobody wrote as one.
+    fields: frozenset = frozenset()
 
 
 def _decode(text: str):
@@ -111,7 +114,7 @@ def read(text: str) -> Reading:
     kind_op = ", ".join(sorted(walk.kind_ops))
     return Reading(None, len(statements), kind, query, frozenset(walk.ops), kind_op, tuple(sorted(walk.tables)),
                    tuple(sorted(walk.table_functions)), tuple(sorted(walk.functions - walk.table_functions)),
-                   tuple(sorted(walk.syntax)), frozenset(walk.names))
+                   tuple(sorted(walk.syntax)), frozenset(walk.names), frozenset(walk.fields))
 
 
 class _TooBig(Exception):
@@ -170,6 +173,7 @@ class _Walk:
         self.table_functions: set[tuple[str, str]] = set()
         self.functions: set[tuple[str, str]] = set()
         self.names: set[str] = set()
+        self.fields: set[str] = set()
         self.nodes = 0
 
     def run(self, root: dict) -> None:
@@ -216,6 +220,12 @@ class _Walk:
                     self.functions.add((schema, name))
                 if writing(name):
                     self.ops.add(name + "()")
+            elif node == "ColumnRef" or node == "A_Indirection":
+                # every part after the first of x.f.g, and each .f of (expr).f: a column, or a call f(x)
+                parts = fields.get("fields") if node == "ColumnRef" else [None, *(fields.get("indirection") or ())]
+                for part in (parts or ())[1:]:
+                    if isinstance(part, dict) and isinstance(part.get("String"), dict):
+                        self.fields.add(str(part["String"].get("sval", "")))
             elif node == "RangeFunction":
                 for item in fields.get("functions") or ():
                     for call in ((item.get("List") or {}).get("items") or ())[:1]:
@@ -245,6 +255,7 @@ class _Walk:
                     self.tables |= inner.tables
                     self.table_functions |= inner.table_functions
                     self.functions |= inner.functions
+                    self.fields |= inner.fields
                     self.nodes += inner.nodes
                     fields.pop("query", None)
             elif node not in _READS:

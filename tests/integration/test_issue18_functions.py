@@ -2,7 +2,8 @@
 
 Item 3: functions are allowed by what they resolve to. The fixtures define user functions with built-in names in
 the connection's own schema (PostgreSQL `public.length(integer)`, `public.lower(anyelement)`,
-`public.json_each(text)`, and `other.peek()` in another schema; MariaDB stored `regexp_like`, `array_agg`,
+`public.json_each(text)`, `public.leakrec(customers)` and `public.leakrecord(record)` (called as fields of a
+row), and `other.peek()` in another schema; MariaDB stored `regexp_like`, `array_agg`,
 `lower`), each returning the secret `S3CRET` from a table no key is granted. Item 2: the engine's statistics,
 catalogs, diagnostics, settings and activity are refused to table-restricted and masked keys.
 
@@ -39,6 +40,10 @@ _PG_SETUP = [
     "CREATE FUNCTION public.lower(anyelement) RETURNS text LANGUAGE sql AS $$ SELECT v FROM vault $$",
     "CREATE FUNCTION public.json_each(text) RETURNS SETOF text LANGUAGE sql AS $$ SELECT v FROM vault $$",
     "CREATE FUNCTION public.reader() RETURNS text LANGUAGE sql AS $$ SELECT v FROM vault $$",
+    # Called as a field of a row (c.leakrec is leakrec(c) when customers has no such column)
+    "CREATE FUNCTION public.leakrec(customers) RETURNS text LANGUAGE sql AS $$ SELECT v FROM vault $$",
+    "CREATE FUNCTION public.leakrecord(record) RETURNS text LANGUAGE plpgsql AS "
+    "$$ BEGIN RETURN (SELECT v FROM vault); END $$",
     "CREATE SCHEMA other",
     "CREATE FUNCTION other.peek() RETURNS text LANGUAGE sql AS $$ SELECT v FROM vault $$",
     "ANALYZE customers",

@@ -95,6 +95,14 @@ def test_functions_table_functions_and_the_grammars_own():
     assert set(reading.syntax_functions) == {"extract", "btrim"}
 
 
+def test_fields_of_rows_are_names_a_call_may_hide_behind():
+    """x.f and (x).f call f(x) when x has no column f: every part after the first is kept, never the first."""
+    reading = pgread.read("SELECT p.leakrec, (p).other, (ROW(1)).rec, s.t.c, (p.c).f, p.*, bare, (arr)[1] "
+                          "FROM pub p WHERE p.w > 0 AND EXISTS (SELECT 1 FROM q WHERE q.inner_f = 1)")
+    assert reading.fields == frozenset({"leakrec", "other", "rec", "t", "c", "f", "w", "inner_f"})
+    assert pgread.read("EXPLAIN SELECT x.hidden FROM t x").fields == frozenset({"hidden"})
+
+
 def test_a_query_a_cursor_can_page():
     assert pgread.read("SELECT 1 UNION SELECT 2").query
     assert pgread.read("VALUES (1), (2)").query

@@ -152,6 +152,37 @@ def test_functions():
     assert code("SELECT printf('%d', a), strftime('%Y', 'now') FROM t") is None
 
 
+@needs_pglast
+def test_a_field_named_like_a_function_is_judged_as_its_call():
+    """PostgreSQL's attribute notation: c.f is f(c) when c has no column f. With the engine's catalog, a field
+    named like a one-argument function is that call; without it, denied and side-channel names still are."""
+    from qag.policy.tables import verdict
+    from qag.sql.functions import Catalog
+    catalog = Catalog(frozenset({"lower", "length", "current_setting", "currval", "name"}), frozenset({"leakrec"}),
+                      frozenset({"lower", "leakrec", "current_setting", "currval", "name"}))
+
+    def judged(sql: str, functions=None, with_catalog=True):
+        acc = prepare(sql, "postgres").uses("public")
+        try:
+            verdict(acc, "postgres", "public", ["customers"], functions, catalog if with_catalog else None)
+        except QagError as error:
+            return error.code
+        return None
+
+    assert judged("SELECT c.leakrec FROM customers c") == "function_not_allowed"
+    assert judged("SELECT (c).leakrec FROM customers c") == "function_not_allowed"
+    assert judged("SELECT c.leakrec FROM customers c", ["leakrec"]) is None
+    assert judged("SELECT c.currval FROM customers c", ["currval"]) == "function_not_allowed"   # always denied
+    assert judged("SELECT c.current_setting FROM customers c") == "function_not_allowed"
+    assert judged("SELECT c.current_setting FROM customers c", ["current_setting"]) is None
+    # columns: a name no one-argument function has, or a plain built-in's
+    assert judged("SELECT c.email, c.name, (c).lower, c.total FROM customers c") is None
+    # without a catalog, unknown names are columns; denied and side-channel ones are still refused
+    assert judged("SELECT c.leakrec FROM customers c", with_catalog=False) is None
+    assert judged("SELECT c.currval FROM customers c", with_catalog=False) == "function_not_allowed"
+    assert judged("SELECT (c).current_setting FROM customers c", with_catalog=False) == "function_not_allowed"
+
+
 def test_limits_refuse_fast():
     for sql in ("SELECT " + "(" * 100 + "1" + ")" * 100, "SELECT 1" + " UNION SELECT 1" * 3000,
                 "SELECT * FROM t WHERE " + " AND ".join(f"a <> {i}" for i in range(2000)), "SELECT 1" + " " * 200_000):
