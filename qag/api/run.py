@@ -303,7 +303,10 @@ class RunHandlers:
         # Row security decides per signed-in user inside the database: such a response is nobody else's.
         per_user = caller.claims is not None and row is not None and row["fields"].get("row_security") is True
         if ttl and not per_user and self._cacheable(prepared, stream, caller):
-            key = cache_key(referenced, version["version"], chosen, values, fmt, page, size,
+            # Only the values the statement binds: any other (?junk=1) changes nothing in the body, and would
+            # otherwise make an entry of its own for each value, a way to flush everyone's entries.
+            used = {name: values[name] for name in prepared.placeholders if name in values}
+            key = cache_key(referenced, version["version"], chosen, used, fmt, page, size,
                             mask_fingerprint=masking.fingerprint(rules),
                             source=source_of(version, row))
             if not caller.admin:

@@ -115,6 +115,19 @@ def test_b7_2_different_values_or_format_are_separate_entries(cached, uniq):
     assert cached.get(q(name) + ".json?id=1").headers["x-cache"] == "MISS"
 
 
+def test_values_the_statement_does_not_bind_share_the_entry(cached, uniq):
+    """An undeclared parameter the SQL never names changes nothing in the body: no entry of its own each time
+    (which would let any caller push everyone's entries out of the cache)."""
+    name = uniq("c")
+    cached.query(name, "SELECT id FROM t WHERE id = :id", "lite", cache_ttl=60)
+    assert cached.get(q(name) + "?id=1").headers["x-cache"] == "MISS"
+    for junk in ("?id=1&junk=1", "?junk=2&id=1", "?id=1&other=x&more=y"):
+        r = cached.get(q(name) + junk)
+        assert r.status == 200 and r.headers["x-cache"] == "HIT" and r.json == [{"id": 1}], (junk, r)
+    assert cached.get(q(name) + "?id=2").headers["x-cache"] == "MISS"    # a bound value still keys its entry
+    assert len([i for i in cached.get("/api/v1/cache/entries").json["items"] if i["meta"]["name"] == name]) == 2
+
+
 def test_b7_3_get_and_post_share_an_entry_through_resolved_values(cached, uniq):
     name = uniq("c")
     cached.query(name, "SELECT id FROM t WHERE id = :id", "lite", cache_ttl=60, parameters={"id": {"type": "int"}})
