@@ -152,6 +152,8 @@ def test_an_unlisted_table_is_refused_where_the_trace_builds_no_scope(sql, diale
 def test_the_hash_pads_names_are_refused_as_placeholders(sql, dialect):
     """The hash key's pads are bound under these names, in place of any caller value of the same name: a
     placeholder of either name, bound or text, would return the pads (and so the key)."""
+    if dialect == "postgres":
+        pytest.importorskip("pglast", reason="PostgreSQL statements are read by its own parser")
     rules = masking.effective([{"column": "customers.secret", "action": "hash"}])
     with pytest.raises(Unresolvable, match="gateway's own"):
         masking.at_source(prepare(sql, dialect), schema(dialect), rules)
