@@ -154,6 +154,8 @@ def search_path(schema: str) -> str:
 # instructions a call, and int8 divided as numeric costs the server ~5 µs more (benchmarks/pg_statements.py).
 def _random_bits() -> int:
     return int.from_bytes(urandom(7), "big") >> 4
+
+
 _SETTINGS: dict = {}
 _SETTINGS_MAX = 256          # time limits and schemas are a handful of values; bounded all the same
 
