@@ -225,7 +225,10 @@ class _Walk:
                 parts = fields.get("fields") if node == "ColumnRef" else [None, *(fields.get("indirection") or ())]
                 for part in (parts or ())[1:]:
                     if isinstance(part, dict) and isinstance(part.get("String"), dict):
-                        self.fields.add(str(part["String"].get("sval", "")))
+                        name = str(part["String"].get("sval", ""))
+                        self.fields.add(name)
+                        if writing(name):      # (1).pg_cancel_backend is pg_cancel_backend(1)
+                            self.ops.add(name + "()")
             elif node == "RangeFunction":
                 for item in fields.get("functions") or ():
                     for call in ((item.get("List") or {}).get("items") or ())[:1]:

@@ -268,6 +268,10 @@ def test_postgres_index_maintenance_is_a_write(server, pg, pg_db, uniq):
                      f"brin_desummarize_range('{table}_b', 0)"):
             r = sql(server, anyone, f"SELECT {call} AS n", plain)
             assert r.status == 403 and r.json["code"] == "read_only", (call, r)
+        # written as a field of a value (attribute notation), the same calls
+        for call in (f"('{table}_b'::regclass).brin_summarize_new_values", "(1).pg_cancel_backend"):
+            r = sql(server, anyone, f"SELECT {call} AS n", plain)
+            assert r.status == 403 and r.json["code"] == "read_only", (call, r)
             r = sql(server, restricted, f"SELECT {call} AS n FROM {table} LIMIT 1", plain)
             assert r.status == 403 and r.json["code"] in ("read_only", "function_not_allowed"), (call, r)
         cur.execute(f"SELECT brin_summarize_new_values('{table}_b')")

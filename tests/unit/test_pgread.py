@@ -53,6 +53,10 @@ def test_statements_are_counted_where_postgresql_ends_them(sql, count):
     ("SELECT pg_catalog.brin_desummarize_range('i', 5), brin_summarize_range('i', 5)",
      {"brin_desummarize_range()", "brin_summarize_range()"}, ""),
     ("SELECT public.pg_stat_statements_reset()", {"pg_stat_statements_reset()"}, ""),
+    # written as a field of a value, a function is called all the same (attribute notation)
+    ("SELECT (1).pg_cancel_backend AS x", {"pg_cancel_backend()"}, ""),
+    ("SELECT ('i'::regclass).brin_summarize_new_values", {"brin_summarize_new_values()"}, ""),
+    ("SELECT t.nextval FROM t", {"nextval()"}, ""),
     ("SET search_path = x", set(), "set"),
     ("BEGIN", set(), "transaction"),
     ("COPY t TO STDOUT", set(), "copy"),
