@@ -15,7 +15,8 @@ paged), kept apart from the driver so the exact text is unit-tested:
   known to work) needs `SET SESSION max_execution_time = <ms>` before it - one more round trip, on every
   such call. Other statements (writes, SHOW, CALL) can't be limited on MySQL: its max_execution_time only
   governs SELECT.
-* No time limit → the statement unchanged (on MariaDB, a read-only call still gets its access mode).
+* No time limit → the statement unchanged on MySQL (on MariaDB, a read-only call still gets its access mode).
+* MariaDB, every statement: `optimizer_trace = 'enabled=off'` last in the prefix (NO_TRACE).
 * MariaDB, a statement that calls RAND(): `rand_seed1`/`rand_seed2` from the caller's `seeds` in the same prefix,
   so its values come from a seed nobody saw, and SET STATEMENT restores the session's generator afterwards
   (what the statement drew is never left for the next caller's RAND() to continue from).
@@ -57,6 +58,10 @@ def seconds_text(timeout: float) -> str:
 _MARIADB: dict = {}       # (statement, time limit, access-mode variable) -> the statement sent
 _MARIADB_MAX = 1024
 KEPT_TEXT_MAX = 16384     # longer statements (an ad-hoc one with its data inline) are never kept
+# No statement of a caller is ever traced: a stored function or trigger can turn the session's optimizer trace on,
+# and the trace then keeps the next statements as sent (with their values inline, masking's pads among them), for
+# whoever reads information_schema.OPTIMIZER_TRACE on that session next, through a stored function if need be.
+NO_TRACE = "optimizer_trace = 'enabled=off'"
 
 
 def mariadb_statement(sql: str, timeout: float | None, read_only: str | None = None,
@@ -83,18 +88,13 @@ def mariadb_statement(sql: str, timeout: float | None, read_only: str | None = N
 
 
 def _mariadb_text(sql: str, timeout: float | None, read_only: str | None, seeded: str = "") -> str:
+    settings = [f"max_statement_time = {seconds_text(timeout)}"] if timeout else []
+    if read_only is not None:
+        settings.append(f"{read_only} = 1")
     if seeded:
-        limits = [f"max_statement_time = {seconds_text(timeout)}"] if timeout else []
-        if read_only is not None:
-            limits.append(f"{read_only} = 1")
-        return f"SET STATEMENT {', '.join([*limits, seeded])} FOR {sql}"
-    if read_only is None:
-        if not timeout:
-            return sql
-        return f"SET STATEMENT max_statement_time = {seconds_text(timeout)} FOR {sql}"
-    if not timeout:
-        return f"SET STATEMENT {read_only} = 1 FOR {sql}"
-    return f"SET STATEMENT max_statement_time = {seconds_text(timeout)}, {read_only} = 1 FOR {sql}"
+        settings.append(seeded)
+    settings.append(NO_TRACE)
+    return f"SET STATEMENT {', '.join(settings)} FOR {sql}"
 
 
 def read_only_variable(server_info: str) -> str:

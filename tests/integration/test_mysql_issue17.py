@@ -49,6 +49,9 @@ def db():
     # A stored function that leaves tracing on for its session: the trace then holds the next callers' statements.
     cur.execute("CREATE FUNCTION trace_on() RETURNS INT NOT DETERMINISTIC "
                 "BEGIN SET SESSION optimizer_trace = 'enabled=on'; RETURN 1; END")
+    # ... and one that reads the trace without naming it in the caller's statement
+    cur.execute("CREATE FUNCTION last_trace() RETURNS TEXT NOT DETERMINISTIC READS SQL DATA "
+                "RETURN (SELECT QUERY FROM information_schema.OPTIMIZER_TRACE LIMIT 1)")
     cur.execute(f"INSERT INTO big SELECT seq FROM seq_1_to_{BIG}")
     mariadb = "mariadb" in admin.get_server_info().lower()
     if mariadb:
@@ -256,7 +259,8 @@ def test_session_state_never_reaches_another_caller(state_server, db, setter_kin
 def test_the_optimizer_trace_shows_a_caller_its_own_session_only(state_server, db):
     """A stored function (or a trigger) can leave optimizer tracing on in a pooled session, and the trace holds the
     statements that follow with their values (MySQL's: inline; MariaDB's masking pads among them): reading it is
-    reading session state, so it runs on a connection of its own."""
+    reading session state, so it runs on a connection of its own; and on MariaDB no statement is ever traced
+    (SET STATEMENT optimizer_trace = 'enabled=off'), so a stored function that reads it finds nothing either."""
     server, keys = state_server
     spy, victim = keys["read"]
     assert sql(server, "SELECT trace_on() AS v", key=spy).json == [{"v": 1}]
@@ -266,6 +270,11 @@ def test_the_optimizer_trace_shows_a_caller_its_own_session_only(state_server, d
     assert trace.status == 200 and "state_seven" not in trace.body.decode(), trace
     backquoted = sql(server, "SELECT `QUERY` FROM information_schema.`OPTIMIZER_TRACE`", key=spy)
     assert backquoted.status == 200 and "state_seven" not in backquoted.body.decode(), backquoted
+    if db.mariadb:
+        assert sql(server, "SELECT trace_on() AS v", key=spy).json == [{"v": 1}]
+        assert sql(server, "SELECT n FROM state_seven WHERE n = :n", key=victim, params={"n": 6}).json == [{"n": 6}]
+        hidden = sql(server, "SELECT last_trace() AS q", key=spy)
+        assert hidden.status == 200 and "state_seven" not in hidden.body.decode(), hidden
 
 
 _RAND_MAX = 0x3FFFFFFF   # the server's my_rnd: seed1 = (3 * seed1 + seed2) % max, seed2 = (seed1 + seed2 + 33) % max

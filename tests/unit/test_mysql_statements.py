@@ -62,7 +62,7 @@ def test_hint_with_bound_parameters_and_doubled_percent():
 def test_no_limit_no_hint(timeout):
     sql = rendered("SELECT 1")
     assert s.mysql_statement(sql, timeout) == (sql, None)
-    assert s.mariadb_statement(sql, timeout) == sql
+    assert s.mariadb_statement(sql, timeout) == f"SET STATEMENT {s.NO_TRACE} FOR {sql}"   # never traced
     with_sql = rendered("WITH x AS (SELECT 1 AS a) SELECT a FROM x")
     assert s.mysql_statement(with_sql, timeout) == (with_sql, None)
 
@@ -113,28 +113,29 @@ def test_statements_mysql_cannot_limit_are_sent_unchanged(sql):
 
 def test_mariadb_wraps_the_statement_b10_5():
     sql = rendered("SELECT SLEEP(9)")
-    assert s.mariadb_statement(sql, 2) == "SET STATEMENT max_statement_time = 2 FOR SELECT SLEEP(9)\nLIMIT 6 OFFSET 0"
+    assert s.mariadb_statement(sql, 2) == "SET STATEMENT max_statement_time = 2, optimizer_trace = 'enabled=off' FOR SELECT SLEEP(9)\nLIMIT 6 OFFSET 0"
 
 
 @pytest.mark.parametrize("sql", ["/* c */ WITH x AS (SELECT 1) SELECT * FROM x", "INSERT INTO t VALUES (%s)",
                                  "(SELECT 1) UNION (SELECT 2)"])
 def test_mariadb_wraps_any_statement(sql):
-    assert s.mariadb_statement(sql, 1.5) == f"SET STATEMENT max_statement_time = 1.5 FOR {sql}"
+    assert s.mariadb_statement(sql, 1.5) == f"SET STATEMENT max_statement_time = 1.5, {s.NO_TRACE} FOR {sql}"
 
 
-@pytest.mark.parametrize("timeout,prefix", [(None, "SET STATEMENT tx_read_only = 1 FOR "),
-                                            (0, "SET STATEMENT tx_read_only = 1 FOR "),
-                                            (1.5, "SET STATEMENT max_statement_time = 1.5, tx_read_only = 1 FOR ")])
+@pytest.mark.parametrize("timeout,prefix", [(None, f"SET STATEMENT tx_read_only = 1, {s.NO_TRACE} FOR "),
+                                            (0, f"SET STATEMENT tx_read_only = 1, {s.NO_TRACE} FOR "),
+                                            (1.5, f"SET STATEMENT max_statement_time = 1.5, tx_read_only = 1, {s.NO_TRACE} FOR ")])
 def test_mariadb_read_only_statement_carries_its_access_mode(timeout, prefix):
     sql = rendered("SELECT 1")
     assert s.mariadb_statement(sql, timeout, "tx_read_only") == prefix + sql
 
 
 @pytest.mark.parametrize("timeout,read_only,prefix", [
-    (None, None, "SET STATEMENT rand_seed1 = 7, rand_seed2 = 9 FOR "),
-    (2, None, "SET STATEMENT max_statement_time = 2, rand_seed1 = 7, rand_seed2 = 9 FOR "),
-    (None, "tx_read_only", "SET STATEMENT tx_read_only = 1, rand_seed1 = 7, rand_seed2 = 9 FOR "),
-    (1.5, "tx_read_only", "SET STATEMENT max_statement_time = 1.5, tx_read_only = 1, rand_seed1 = 7, rand_seed2 = 9 FOR "),
+    (None, None, f"SET STATEMENT rand_seed1 = 7, rand_seed2 = 9, {s.NO_TRACE} FOR "),
+    (2, None, f"SET STATEMENT max_statement_time = 2, rand_seed1 = 7, rand_seed2 = 9, {s.NO_TRACE} FOR "),
+    (None, "tx_read_only", f"SET STATEMENT tx_read_only = 1, rand_seed1 = 7, rand_seed2 = 9, {s.NO_TRACE} FOR "),
+    (1.5, "tx_read_only",
+     f"SET STATEMENT max_statement_time = 1.5, tx_read_only = 1, rand_seed1 = 7, rand_seed2 = 9, {s.NO_TRACE} FOR "),
 ])
 def test_mariadb_rand_seeds_go_on_the_statement_and_are_never_kept(timeout, read_only, prefix):
     sql = rendered("SELECT RAND()")
@@ -399,7 +400,8 @@ def test_a_statement_calling_rand_is_seeded_for_itself(fake):
     sent = [line for line in log if "RAND()" in line]
     assert len(sent) == 2 and sent[0] != sent[1] and len(connects) == 1 and "close" not in log
     for line in sent:
-        assert re.fullmatch(r"SET STATEMENT tx_read_only = 1, rand_seed1 = \d+, rand_seed2 = \d+ FOR SELECT RAND\(\)"
+        assert re.fullmatch(r"SET STATEMENT tx_read_only = 1, rand_seed1 = \d+, rand_seed2 = \d+, optimizer_trace = 'enabled=off' "
+                            r"FOR SELECT RAND\(\)"
                             r"\nLIMIT 6 OFFSET 0", line), line
     del log[:]
     mysql = make(version="8.0.36")
@@ -418,8 +420,8 @@ def test_b10_5_mariadb_read_sequence(fake, version, variable):
     backend.run(FIELDS, _read("SELECT SLEEP(9)", None))
     # Each statement carries its own read-only mode and commits alone: no transaction to renew after it.
     assert log == ["connect", FACTS, "SET SESSION TRANSACTION READ ONLY", "autocommit True",
-                   f"SET STATEMENT max_statement_time = 2, {variable} = 1 FOR SELECT SLEEP(9)\nLIMIT 6 OFFSET 0",
-                   f"SET STATEMENT {variable} = 1 FOR SELECT SLEEP(9)\nLIMIT 6 OFFSET 0"]
+                   f"SET STATEMENT max_statement_time = 2, {variable} = 1, {s.NO_TRACE} FOR SELECT SLEEP(9)\nLIMIT 6 OFFSET 0",
+                   f"SET STATEMENT {variable} = 1, {s.NO_TRACE} FOR SELECT SLEEP(9)\nLIMIT 6 OFFSET 0"]
     assert len(connects) == 1
 
 
@@ -450,7 +452,7 @@ def test_b10_6_with_statement_where_the_server_ignores_the_hint(fake):
 
 @pytest.mark.parametrize("version,sent", [
     ("8.0.36", "INSERT INTO t VALUES (%s)"),
-    ("10.6.16-MariaDB", "SET STATEMENT max_statement_time = 2 FOR INSERT INTO t VALUES (%s)"),
+    ("10.6.16-MariaDB", f"SET STATEMENT max_statement_time = 2, {s.NO_TRACE} FOR INSERT INTO t VALUES (%s)"),
 ])
 def test_write_sequence_autocommit_no_renewal(fake, version, sent):
     make, log, connects = fake
@@ -468,7 +470,8 @@ def test_write_that_may_leave_session_state_closes_its_connection(fake):
     backend = make(version="10.6.16-MariaDB")
     backend.run(FIELDS, Call("SET @x = 1", (), False, None, 6))
     backend.run(FIELDS, Call("INSERT INTO t VALUES (1)", (), False, None, 6))
-    assert log == ["connect", FACTS, "SET @x = 1", "close", "connect", FACTS, "INSERT INTO t VALUES (1)"]
+    assert log == ["connect", FACTS, f"SET STATEMENT {s.NO_TRACE} FOR SET @x = 1", "close", "connect", FACTS,
+                   f"SET STATEMENT {s.NO_TRACE} FOR INSERT INTO t VALUES (1)"]
 
 
 def test_pool_key_has_every_field_and_the_access_mode(fake):
@@ -536,9 +539,9 @@ def test_remembered_verdicts_stay_right_past_the_tables_size():
 
 def test_mariadb_statements_are_kept_per_text_and_limit_but_never_a_long_one():
     kept = s.mariadb_statement("SELECT 1", 2.0, "tx_read_only")
-    assert kept == "SET STATEMENT max_statement_time = 2, tx_read_only = 1 FOR SELECT 1"
+    assert kept == f"SET STATEMENT max_statement_time = 2, tx_read_only = 1, {s.NO_TRACE} FOR SELECT 1"
     assert s.mariadb_statement("SELECT 1", 2.0, "tx_read_only") is kept
     assert s.mariadb_statement("SELECT 1", 3.0, "tx_read_only").startswith("SET STATEMENT max_statement_time = 3,")
     long = "SELECT '" + "x" * s.KEPT_TEXT_MAX + "'"
-    assert s.mariadb_statement(long, None, "tx_read_only") == f"SET STATEMENT tx_read_only = 1 FOR {long}"
+    assert s.mariadb_statement(long, None, "tx_read_only") == f"SET STATEMENT tx_read_only = 1, {s.NO_TRACE} FOR {long}"
     assert (long, None, "tx_read_only") not in s._MARIADB
