@@ -480,8 +480,10 @@ def _data_paths(view: View) -> dict:
                 "params": {"type": "object", "description": "Values for :name parameters"},
                 "format": fmt, "timeout": shapes.TIMEOUT, "mask": _arr(_ref("MaskRule"))}
         if view.admin:
-            body["database"] = {"type": "string", "description": "Another database on the same server (MySQL, "
-                                                                 "PostgreSQL)"}
+            body["database"] = {"type": "string", "minLength": 1, "maxLength": 64,
+                                "pattern": shapes.anchored("[^\\u0000]*"),
+                                "description": "Another database on the same server (MySQL, PostgreSQL), for this "
+                                               "call only"}
         paths["/execute_sql"] = {"post": _op(
             "executeSql", "Run one ad-hoc SQL statement", "Ad-hoc SQL", {"200": rows}, errors=_RUN_STATUSES,
             params=run, body=_obj(body, ["sql", "connection_name"]), dependencies=_stream_rule(view))}

@@ -37,6 +37,7 @@ _STREAM_WORDS = shapes.STREAM_WORDS
 _STREAM_BATCH = 1000
 _RESOLVER_CACHE = 2048
 _MAX_OFFSET = shapes.MAX_OFFSET  # what every engine's OFFSET takes
+_DATABASE_NAME_MAX = 64          # MySQL's longest database name (PostgreSQL's is 63)
 
 
 class Plan:
@@ -375,13 +376,18 @@ class RunHandlers:
         rules = masking.effective(None if caller.admin else caller.grants.mask, adhoc_mask)
         stream, page, size = self._paging(request.args, caller, fmt, request.page_ceiling)
         connection = self._connection(chosen, self.store.get_connection(chosen))
-        if body.get("database") is not None and connection["db"] == "sqlite":
-            raise QagError("unsupported_operation", "Switching databases isn't supported for 'sqlite' connections")
+        database = body.get("database")
+        if database is not None:
+            if connection["db"] == "sqlite":
+                raise QagError("unsupported_operation", "Switching databases isn't supported for 'sqlite' connections")
+            if not isinstance(database, str) or not 0 < len(database) <= _DATABASE_NAME_MAX or "\x00" in database:
+                raise QagError("invalid_body", f"database must be a database name (text of 1 to "
+                                               f"{_DATABASE_NAME_MAX} characters)")
         writes = self.writes_allowed(caller, None) and not stream and not request.read_only
         prepared = prepare(sql, connection["db"], text_placeholders=False)
         plan = Plan(connection, prepared, params, not writes, timeout, fmt, page, size, stream, chosen,
                     not rules, request.request_id, caller.label, None, None, None, sql,
-                    body.get("database"), request.environ.get("qag.timing"), rules=rules,
+                    database, request.environ.get("qag.timing"), rules=rules,
                     transport=request.transport)
         response = self._execute(plan, caller, writes, None)
         if negotiated:
@@ -555,6 +561,8 @@ class RunHandlers:
         timing = plan.timing
         backend = self.gateway.backends.get(connection["db"])
         fields = resolved(connection["fields"], environ)
+        if plan.database is not None:   # the admin's override (contract 10.1): this call's database, its own pool
+            fields = {**fields, "database": plan.database}
         if timing is not None:
             mark = perf_counter()
         allowed_ops = None if caller.admin else allowed_write_ops(caller.grants)

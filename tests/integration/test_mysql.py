@@ -397,6 +397,19 @@ def test_writes_are_committed(writes_server, db):
 
 
 @pytest.mark.e2e
+def test_the_admins_database_override_runs_the_call_there(read_server, db):
+    """Contract 10.1: a `database` override (admin) replaces the connection's database for this call."""
+    r = sql(read_server, "SELECT DATABASE() AS d, COUNT(*) AS n FROM orders", database=db.other)
+    assert r.status == 200 and r.json == [{"d": db.other, "n": 3}], r
+    assert sql(read_server, "SELECT DATABASE() AS d").json == [{"d": db.name}]    # the next call: its own again
+    for bad in ("", 7, ["x"], {"a": 1}, True, "x" * 65, "a\u0000b"):
+        r = sql(read_server, "SELECT 1 AS one", database=bad)
+        assert r.status == 400 and r.json["code"] == "invalid_body", (bad, r)
+    r = sql(read_server, "SELECT 1 AS one", database=db.name + "_missing")
+    assert r.status in (403, 502) and r.json["code"] in ("connection_failed", "forbidden", "query_failed"), r
+
+
+@pytest.mark.e2e
 def test_cross_database_join_on_one_connection(read_server, db):
     r = sql(read_server, f"SELECT c.name, o.total FROM customer c JOIN `{db.other}`.orders o "
                          f"ON o.customer_id = c.id ORDER BY o.id")

@@ -413,6 +413,18 @@ def conn_name(db, server, writes_server):
     return name
 
 
+def test_the_admins_database_override_runs_the_call_there(server, conn_name, db):
+    """Contract 10.1: a `database` override (admin) replaces the connection's database for this call."""
+    def run(**body):
+        return server.post("/execute_sql", {"sql": "SELECT current_database() AS d", "connection_name": conn_name,
+                                            **body})
+    assert run(database="postgres").json == [{"d": "postgres"}]
+    assert run().json == [{"d": db["database"]}]
+    assert run(database=None).json == [{"d": db["database"]}]
+    r = run(database=7)
+    assert r.status == 400 and r.json["code"] == "invalid_body", r
+
+
 def test_http_connection_test_and_databases(server, db):
     r = server.post("/api/v1/connections/test", {"db": "postgres", **db})
     assert r.status == 200 and r.json["elapsed_ms"] > 0
