@@ -177,8 +177,10 @@ class Request:
         if not data.strip():
             return None
         try:
-            value = json.loads(data)
-        except (ValueError, RecursionError):
+            # UTF-8 only (RFC 8259), read strictly: json.loads of bytes would also take UTF-16/32 and let encoded
+            # surrogates (CESU-8's ED A0 80) through, which no database or file can store.
+            value = json.loads(data.decode("utf-8-sig" if data[:3] == b"\xef\xbb\xbf" else "utf-8"))
+        except (ValueError, RecursionError):   # UnicodeDecodeError is a ValueError
             raise QagError("invalid_body", invalid_message) from None
         if not isinstance(value, dict):
             raise QagError("invalid_body", not_object_message)

@@ -142,6 +142,15 @@ def test_management_refuses_surrogates_nul_and_non_json(server, uniq):
     r = server.request("POST", "/api/v1/queries", headers={"Content-Type": "application/json"},
                        raw=b'{"name": "x", "description": "\\ud800", "sql": "SELECT 1"}')
     assert r.status == 400 and r.json["code"] == "invalid_body"
+    # the same surrogate encoded in the bytes (CESU-8), and a body in UTF-16: JSON is UTF-8, read strictly
+    for raw in (b'{"name": "x", "description": "\xed\xa0\x80", "sql": "SELECT 1"}',
+                '{"name": "x", "description": "d", "sql": "SELECT 1"}'.encode("utf-16")):
+        for path in ("/api/v1/queries", "/api/v1/api-keys", "/api/v1/roles", "/api/v1/connections"):
+            r = server.request("POST", path, headers={"Content-Type": "application/json"}, raw=raw)
+            assert r.status == 400 and r.json["code"] == "invalid_body", (path, raw, r)
+    r = server.request("POST", "/api/v1/api-keys", headers={"Content-Type": "application/json"},
+                       raw=b'\xef\xbb\xbf{"name": "' + uniq("bom").encode() + b'"}')
+    assert r.status == 201, r          # a UTF-8 byte order mark is still UTF-8
     r = server.post("/api/v1/connections", {"name": uniq("c"), "db": "sqlite", "database": "a\u0000b"})
     assert r.status == 400 and r.json["code"] == "invalid_body"
     r = server.request("POST", "/api/v1/api-keys", raw=b'{"name": "x"}', headers={"Content-Type": "text/plain"})
