@@ -29,7 +29,7 @@ import importlib
 import io
 import math
 import re
-from decimal import Decimal
+from decimal import Context, Decimal
 
 from ._speedups import rowjson as cells   # the pure twin's cell rules: one definition for every format
 from .errors import QagError
@@ -173,7 +173,9 @@ def _kind(value) -> str | None:
     if isinstance(value, bool):
         return "bool"
     if isinstance(value, int):
-        return "int"
+        # parquet's int64 can't hold a wider integer (MySQL's BIGINT UNSIGNED, numeric arithmetic): decimal128
+        # holds 38 digits
+        return "int" if -(1 << 63) <= value < (1 << 63) else "decimal"
     if isinstance(value, float):
         return "float"
     if isinstance(value, Decimal):
@@ -285,10 +287,14 @@ def _arrow_array(kind: str, values: list, arrow_type):
     return pa.array(values, type=arrow_type)
 
 
+_DIGITS_38 = Context(prec=38)
+
+
 def _scaled(value, scale: int):
     """A Decimal at the column's scale, or None when it doesn't fit 38 digits."""
     try:
-        exact = Decimal(value).quantize(Decimal(1).scaleb(-scale))
+        # decimal128's 38 digits, not the default context's 28 (which made 29-38 digit values NULL)
+        exact = Decimal(value).quantize(Decimal(1).scaleb(-scale), context=_DIGITS_38)
     except ArithmeticError:
         return None
     return exact if len(exact.as_tuple().digits) <= 38 else None

@@ -50,8 +50,21 @@ def test_parquet_columns_that_mix_types_are_text_and_numbers_widen():
 
 def test_parquet_decimals_beyond_38_digits_are_null_not_an_error():
     _needs("pyarrow.parquet")
-    body = encode.encode("parquet", ["d"], [(Decimal("1.5"),), (Decimal("9" * 40),)])
-    assert _read(body).to_pylist() == [{"d": Decimal("1.5")}, {"d": None}]
+    body = encode.encode("parquet", ["d"], [(Decimal("1.5"),), (Decimal("9" * 40),), (Decimal("9" * 36 + ".5"),)])
+    assert _read(body).to_pylist() == [{"d": Decimal("1.5")}, {"d": None}, {"d": Decimal("9" * 36 + ".5")}]
+
+
+def test_parquet_integers_wider_than_64_bits_are_decimals_not_an_error():
+    """MySQL's BIGINT UNSIGNED (18446744073709551615) and numeric arithmetic give integers int64 can't hold."""
+    _needs("pyarrow.parquet")
+    wide = 18446744073709551615
+    table = _read(encode.encode("parquet", ["u", "m"], [(wide, -(10 ** 30)), (1, 2)]))
+    assert [str(f.type) for f in table.schema] == ["decimal128(38, 0)", "decimal128(38, 0)"]
+    assert table.to_pylist() == [{"u": Decimal(wide), "m": Decimal(-(10 ** 30))}, {"u": Decimal(1), "m": Decimal(2)}]
+    # an int64 column that meets a wider integer later: NULL, as any value that doesn't fit its column's type
+    stream = encode.StreamEncoder("parquet", ["i"], parquet_row_group=1)
+    body = b"".join([stream.chunk([(5,)]), stream.chunk([(wide,)]), stream.finish()])
+    assert _read(body).to_pylist() == [{"i": 5}, {"i": None}]
 
 
 def test_a_parquet_stream_keeps_its_first_types_for_later_batches():
