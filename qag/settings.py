@@ -144,7 +144,8 @@ def _token(text: str, s: Setting) -> str:
 
 
 # The contract's rate-limit syntax, for QAG_RATE_LIMIT and a key's or role's rate_limit grant (qag/policy).
-RATE_LIMIT_RE = re.compile(r"^\s*(\d+)\s*/\s*(second|minute|hour|day)s?\s*$", re.IGNORECASE)
+RATE_LIMIT_RE = re.compile(r"^\s*([0-9]+)\s*/\s*(second|minute|hour|day)s?\s*$", re.IGNORECASE | re.ASCII)
+RATE_LIMIT_MAX = 10 ** 18 - 1    # what /openapi.json publishes (18 digits): the host's buckets hold 64-bit counts
 PERIOD_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 
 
@@ -156,8 +157,8 @@ def parse_rate_limit(text: str) -> tuple[int, int]:
     if match is None:
         raise ValueError(f"not a rate limit: {text!r}")
     count = int(match.group(1))
-    if count < 1:
-        raise ValueError(f"a rate limit needs a positive count: {text!r}")
+    if not 1 <= count <= RATE_LIMIT_MAX:
+        raise ValueError(f"a rate limit needs a count from 1 to {RATE_LIMIT_MAX}: {text!r}")
     return count, PERIOD_SECONDS[match.group(2).lower()]
 
 

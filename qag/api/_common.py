@@ -34,7 +34,27 @@ def body_object(request, *, required: bool = True) -> dict:
         if required:
             raise QagError("invalid_body", "Request body must be a JSON object")
         return {}
+    _refuse_wide_integers(value)
     return value
+
+
+_INT64 = range(-(1 << 63), 1 << 63)
+
+
+def _refuse_wide_integers(body: dict) -> None:
+    """What a management body stores (a parameter's default or bounds, a port, an option) must fit 64 bits: no
+    database binds a wider integer, and the metadata cache that hands the stored rows to every worker can't
+    hold one, so every later call that read the row failed."""
+    stack: list = [body]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+        elif type(value) is int and value not in _INT64:
+            raise QagError("invalid_body", "Request body holds an integer outside 64 bits "
+                                           "(from -9223372036854775808 to 9223372036854775807)")
 
 
 def refuse_unknown(body: dict, allowed, message: str = "Unknown field(s): {}") -> None:

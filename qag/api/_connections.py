@@ -47,6 +47,8 @@ def _fields_from_body(body: dict) -> dict:
     port = fields.get("port")
     if port is not None and (isinstance(port, bool) or not isinstance(port, (int, str))):
         raise QagError("invalid_body", "port must be a number or text")
+    if type(port) is int and not 0 < port < 65536:
+        raise QagError("invalid_body", "port must be from 1 to 65535")
     if "password" in fields and fields["password"] is not None and not isinstance(fields["password"], str):
         raise QagError("invalid_body", "password must be text")
     return fields

@@ -25,6 +25,7 @@ MAX_ENTRIES = 10_000          # contract 7.1: at most 10,000 entries (per host h
 WORKSPACE = "default"         # the only workspace this server has (contract: the key includes it)
 REDIS_PREFIX = "qag:cache:"
 _SCAN_BATCH = 500
+_KEPT_MAX_SECONDS = 10 * 366 * 86400   # an entry's longest life, whatever its version's cache_ttl
 # Vary is the call's own: the key holds the format, but whether Accept chose it (and so whether the answer varies
 # with Accept) differs between calls that share the entry (`?format=csv` and `Accept: text/csv`).
 _NOT_STORED = frozenset({"content-type", "content-length", "vary"})
@@ -271,7 +272,9 @@ class ResponseCache:
                 kept.append((name, value))
         etag = etag_of(body)
         response.headers += [("X-Cache", "MISS"), ("ETag", etag), ("Cache-Control", f"private, max-age={ttl}")]
-        self.entries.put(key, Entry(body, content_type, etag, tuple(kept), dict(meta, workspace=WORKSPACE)), ttl)
+        # Kept at most ten years whatever the TTL (any integer may be saved): an expiry in nanoseconds fits 64 bits
+        entry = Entry(body, content_type, etag, tuple(kept), dict(meta, workspace=WORKSPACE))
+        self.entries.put(key, entry, min(ttl, _KEPT_MAX_SECONDS))
 
     # --- administration (contract 7.2) --------------------------------------------------------------------------
     def list(self, workspace: str = WORKSPACE) -> list[dict]:

@@ -158,6 +158,41 @@ def test_management_refuses_surrogates_nul_and_non_json(server, uniq):
     assert server.get("/api/v1/me").status == 200
 
 
+def test_what_a_management_body_stores_fits_64_bits(server, uniq, echo):
+    """An integer wider than 64 bits in a stored definition (a parameter's default or bounds, a port, an option)
+    made every later call that read the row fail with a 500: refused when it is saved."""
+    wide = 2 ** 64
+    bodies = [
+        ("/api/v1/queries", {"name": uniq("w"), "connection_name": "lite", "sql": "SELECT :a AS a",
+                             "parameters": {"a": {"default": wide}}}),
+        ("/api/v1/queries", {"name": uniq("w"), "connection_name": "lite", "sql": "SELECT :a AS a",
+                             "parameters": {"a": {"enum": [1, wide]}}}),
+        ("/api/v1/queries", {"name": uniq("w"), "connection_name": "lite", "sql": "SELECT :a AS a",
+                             "parameters": {"a": {"type": "str", "min_length": wide}}}),
+        ("/api/v1/queries", {"name": uniq("w"), "connection_name": "lite", "sql": "SELECT :a AS a",
+                             "parameters": {"a": {"min": -(2 ** 70)}}}),
+        ("/api/v1/connections", {"name": uniq("c"), "db": "mysql", "host": "h", "port": wide}),
+        ("/api/v1/connections", {"name": uniq("c"), "db": "mysql", "host": "h", "port": -1}),
+        ("/api/v1/connections", {"name": uniq("c"), "db": "mysql", "host": "h", "port": 65536}),
+        ("/api/v1/connections", {"name": uniq("c"), "db": "mysql", "host": "h", "options": {"x": [1, {"y": -wide}]}}),
+        ("/api/v1/api-keys", {"name": uniq("k"), "rate_limit": "99999999999999999999999999999/second"}),
+    ]
+    for path, body in bodies:
+        r = server.post(path, body)
+        assert r.status == 400 and r.json["code"] == "invalid_body", (path, body, r)
+    # what fits is stored and runs: the widest 64-bit default, a port, the widest published rate limit
+    name = uniq("w")
+    server.query(name, "SELECT :a AS a", "lite", parameters={"a": {"type": "int", "default": 2 ** 63 - 1}})
+    assert server.get(q(name)).json == [{"a": 2 ** 63 - 1}]
+    assert server.post("/api/v1/connections", {"name": uniq("c"), "db": "mysql", "host": "h", "port": 3306}).status == 201
+    key = server.key(uniq("k"), connections="*", rate_limit="999999999999999999/second")
+    assert server.get(q(echo) + "?v=1", key=key).json == [{"v": 1}]
+    # a cache_ttl of any size is allowed (contract 7.1) and kept ten years at most, never a 500
+    assert server.request("PATCH", f"/api/v1/queries/{echo}/versions/1", body={"cache_ttl": 2 ** 62}).status == 200
+    assert [server.get(q(echo) + "?v=3").headers.get("x-cache") for _ in range(2)] == ["MISS", "HIT"]
+    _good(server, echo)
+
+
 def test_stream_file_name_of_a_unicode_query(server):
     server.query("日本 q", "SELECT 1 AS v", "lite")
     r = server.get(q("日本 q") + "?stream=true&format=csv")

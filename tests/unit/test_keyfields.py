@@ -281,6 +281,8 @@ def test_rate_limit_stored_as_given(value):
     ("0/minute", "rate_limit must look like '60/minute' (a positive count, then second, minute, hour or day), "
                  "not '0/minute'"),
     ("10/week", None), ("", None), ("-1/minute", None), ("1.5/minute", None), ("/minute", None),
+    # the host's buckets hold 64-bit counts (a wider one failed every call of the key with a 500); ASCII digits
+    ("1000000000000000000/second", None), ("99999999999999999999999999999/second", None), ("\u0661\u0660/minute", None),
     ("it's", "rate_limit must look like '60/minute' (a positive count, then second, minute, hour or day), "
              "not \"it's\""),
     (5, "rate_limit must be a string like '100/minute', or null for none"),
