@@ -15,7 +15,7 @@ import datetime as _dt
 import hashlib
 import json
 import logging
-import random
+from random import SystemRandom
 import re
 import time
 
@@ -32,6 +32,9 @@ _TRANSPORTS = {None: "rest", 1: "mcp", 2: "export"}
 _CURSOR = re.compile(r"c2\.(\d{1,19})\.(\d{1,18})")  # (seq, id); "c2.": a cursor of completion order
 _SEQ = RUN_COLUMNS.index("seq")
 _PRUNE_BATCH = 500
+# Which successful runs a sampling rate leaves out of history: from the system's generator, so no caller can
+# tell which of its runs go unrecorded (Python's own generator makes the request ids every response shows).
+_sample = SystemRandom().random
 _PRUNE_EVERY = 600.0     # seconds between sweeps of a worker's writer (contract: every 10 minutes)
 
 
@@ -84,7 +87,7 @@ class History:
             query = plan.query
             if query is not None and current.get((query, plan.version)) != plan.uuid:
                 keep = 0                      # the version was deleted meanwhile: an event, no history
-            elif ok and rate < 1.0 and random.random() >= rate:
+            elif ok and rate < 1.0 and _sample() >= rate:
                 keep = 0
                 sampled += 1
             else:
