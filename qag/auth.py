@@ -13,7 +13,7 @@ from time import monotonic, strftime
 from .bearer import TokenTarget, TokenVerifier, bearer_token, challenge, claim, refusal, token_scopes
 from .errors import QagError
 from .policy.grants import Grants, expired, grants_from_json, ip_allowed
-from .policy.keyfields import RESERVED_KEY_NAMES
+from .policy.keyfields import reserved_key_name
 from .store.base import Store
 
 log = logging.getLogger("qag")
@@ -123,7 +123,7 @@ class Authenticator:
         grants = grants_from_json(row["grants_json"])  # compiled once per distinct stored grants
         if not self._valid(row, previous, grants, peer):
             return None
-        if row["name"].lower() in RESERVED_KEY_NAMES:
+        if reserved_key_name(row["name"]):
             self._refuse_reserved(row["name"])
             return None
         self._touch(row["name"], previous)

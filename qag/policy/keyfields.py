@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import unicodedata
 from datetime import date
 from typing import Collection, Mapping
 
@@ -20,6 +21,13 @@ COLLECTION_NAME_MESSAGE = ("A collection name must be 1-63 characters: lowercase
 RESERVED_KEY_NAMES = frozenset(("admin", "cli", "-"))
 RESERVED_KEY_NAME_MESSAGE = ("'admin', 'cli' and '-' name the administrator, the command line and open mode in logs "
                              "and run history: choose another API key name")
+
+
+def reserved_key_name(name: str) -> bool:
+    """Whether a key name is, or reads in a log line like, one of RESERVED_KEY_NAMES: in any case, in full-width
+    or other compatibility forms, with spaces or dots around it."""
+    folded = unicodedata.normalize("NFKC", name).casefold().strip()
+    return folded in RESERVED_KEY_NAMES or folded.strip(" .") in RESERVED_KEY_NAMES
 CLAIM_BINDING_MESSAGE = ("A role with require_claim_binding reaches saved queries by name or collection only - give it "
                          "connections: [] (its users run only queries that bind their token)")
 
@@ -311,7 +319,7 @@ def normalise_key_create(body, *, existing_collections: Collection[str],
     _require_object(body)
     _reject_unknown(body, _KEY_CREATE_FIELDS)
     name = _name(body.get("name"), KEY_NAME_MESSAGE)
-    if name.lower() in RESERVED_KEY_NAMES:
+    if reserved_key_name(name):
         raise QagError("invalid_name", RESERVED_KEY_NAME_MESSAGE)
     role = body.get("role")
     grants = None
