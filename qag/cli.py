@@ -72,6 +72,8 @@ def cmd_store(args, settings) -> int:
         _err("store copy needs --to (a postgresql:// URL or a folder) or QAG_DATABASE_URL")
         return CLI_USAGE_ERROR
     # Only a store that exists already is read: a mistyped --from must not create an empty one.
+    # A whole table is one statement (and one COPY): a big store's take longer than a request's limit.
+    settings = settings.with_overrides(store_timeout=0)
     source_from = "--from" if args.source is not None else "QAG_HOME"
     target_from = "--to" if args.target is not None else "QAG_DATABASE_URL"
     source = (open_store(settings, url=source_text, setting=source_from) if is_url(source_text)

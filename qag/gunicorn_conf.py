@@ -72,8 +72,30 @@ def when_ready(server):
         print(ready_banner(urls[0]), file=sys.stderr, flush=True)
 
 
+# Workers the master has forked so far, counted before each fork (so a worker sees itself counted). The first
+# QAG_WORKERS are the instance's start; any later one (a worker that died or was recycled, a reload's) boots into
+# an instance that is serving: qag.server waits for a store that can't be opened then, rather than fail to boot
+# (gunicorn would halt the master, and with it the workers still serving from their metadata cache).
+forked = 0
+# In a worker: gunicorn's worker object (its heartbeat and `alive` while the app is still being built).
+this_worker = None
+
+
+def pre_fork(server, worker):
+    """Master, about to fork a worker."""
+    global forked
+    forked += 1
+
+
+def respawned() -> bool:
+    """In a worker: whether it was forked after the instance's first round of workers."""
+    return forked > workers
+
+
 def post_fork(server, worker):
     """Worker, just forked, before it builds the app or starts a thread (each inherits the policy)."""
+    global this_worker
+    this_worker = worker
     set_scheduling(_settings.worker_sched)
 
 

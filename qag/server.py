@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import sys
+import time
 
 from gunicorn.app.base import BaseApplication
 
@@ -12,7 +14,7 @@ from .settings import Settings
 
 _CONFIG_NAMES = ("bind", "workers", "threads", "worker_class", "timeout", "graceful_timeout", "keepalive",
                  "preload_app", "accesslog", "access_log_format", "errorlog", "loglevel", "proc_name",
-                 "on_starting", "when_ready", "post_fork", "post_worker_init", "worker_exit", "child_exit",
+                 "on_starting", "when_ready", "pre_fork", "post_fork", "post_worker_init", "worker_exit", "child_exit",
                  "on_exit", "control_socket", "logger_class",
                  "control_socket_disable")
 
@@ -32,11 +34,43 @@ class _Server(BaseApplication):
         # Runs in each worker after fork: the gateway, its store connections and caches are the worker's own.
         # The master created the store (check_startup): a worker started later, after its file was moved or
         # deleted, fails to boot (and gunicorn stops) rather than serving from a new empty store of its own.
+        # A PostgreSQL store that can't be reached when a worker restarts is an outage, not a wrong setting: that
+        # worker waits for it (open_store_when_up) while the others serve.
+        from . import gunicorn_conf
         from .app import create_app
         from .settings import load
         from .store import open_store
         settings = load()
-        return create_app(settings, open_store(settings, create=False))
+        if settings.database_url and gunicorn_conf.respawned() and gunicorn_conf.this_worker is not None:
+            store = open_store_when_up(settings, gunicorn_conf.this_worker)
+        else:
+            store = open_store(settings, create=False)
+        return create_app(settings, store)
+
+
+RETRY_FIRST, RETRY_MOST = 1.0, 30.0   # seconds between a restarted worker's attempts to open the store: doubling
+
+
+def open_store_when_up(settings: Settings, worker, sleep=time.sleep):
+    """The store, opened as soon as it can be: a warning each failed attempt, then a wait (doubling up to
+    RETRY_MOST s) during which the worker keeps its heartbeat (gunicorn's master would kill a silent worker and
+    fork another into the same wait). Ends the worker (exit 0, not gunicorn's boot error, which halts the master)
+    once it is told to stop."""
+    from .store import StoreOpenError, open_store
+    wait = RETRY_FIRST
+    while True:
+        try:
+            return open_store(settings, create=False)
+        except StoreOpenError as exc:
+            worker.log.warning("worker %s: the store can't be opened (%s); trying again in %g s", os.getpid(),
+                               exc, wait)
+        until = time.monotonic() + wait
+        while time.monotonic() < until:
+            if not worker.alive:
+                sys.exit(0)
+            worker.notify()
+            sleep(min(0.5, max(0.0, until - time.monotonic())))
+        wait = min(wait * 2, RETRY_MOST)
 
 
 def check_startup(settings: Settings) -> None:

@@ -292,6 +292,8 @@ SETTINGS: tuple[Setting, ...] = (
             "a folder path", alias="QUERYAPIGATE_HOME"),
     Setting("QAG_DATABASE_URL", _database_url, None, "The store on PostgreSQL, shared by several instances (migrated on start, one instance at a time); unset = SQLite (qag.db) in QAG_HOME. Options such as sslmode or options=-csearch_path=... go in the URL.",
             "a postgresql:// or postgres:// URL", alias="QUERYAPIGATE_DATABASE_URL", secret=True),
+    Setting("QAG_STORE_TIMEOUT", _seconds_max(3600.0), 10.0, "Seconds a PostgreSQL store (QAG_DATABASE_URL) has to answer each statement, commit included: the server cancels it then (statement_timeout; also a transaction left waiting that long), and a reply that has not come 1 s later ends the connection (a stalled server or network path). The call gets 503 unavailable with Retry-After; the history, quota and metadata threads try again later. 0 = no limit (not advised: a stalled store then holds request threads until it answers). `qag store copy` and migrations at startup are not limited.",
+            "a number of seconds from 0 to 3600"),
     Setting("QAG_API_KEY", _nonempty_secret, None, "The admin key: grants everything. Unset with no scoped keys stored = open mode (loopback callers only).",
             "any non-empty text", alias="QUERYAPIGATE_API_KEY", secret=True),
     Setting("QAG_ALLOW_WRITES", _flag, False, "Server-wide ceiling for writes: statements that write run only when this is on and the caller may write.",

@@ -54,7 +54,7 @@ class BatchWriter:
     """One per worker and kind of record; the thread starts on the first put (never in a process that only
     administers), and again after a fork."""
 
-    def __init__(self, name: str, write: Callable[[list], None], *, capacity: int, interval: float,
+    def __init__(self, name: str, write: Callable[[list, str], None], *, capacity: int, interval: float,
                  wake_at: int = 500, tick: Callable[[], None] | None = None, tick_every: float = 600.0,
                  retry: Callable[[BaseException], object] = lambda exc: False, host=None):
         self.name = name
@@ -74,6 +74,7 @@ class BatchWriter:
         self._running = False
         self._closed = False
         self._held: list = []                 # a batch the store refused, retried first
+        self._held_id = ""                    # ... under the id it was first written with
         self._attempts = 0
         self.dropped = 0
         self.written = 0
@@ -167,32 +168,31 @@ class BatchWriter:
             self._drain_locked(final, False)
 
     def _drain_locked(self, final: bool, until_empty: bool) -> None:
+        queue = self._queue
         while True:
-            batch = self._held
-            self._held = []
-            queue = self._queue
-            while queue:
-                try:
-                    batch.append(queue.popleft())
-                except IndexError:
-                    break
-            if not batch:
-                return
-            if len(batch) > self.capacity:
-                # Held across failed writes while new records kept coming: still at most `capacity`, oldest first
-                # out, as the queue itself.
-                with self._drop_lock:
-                    self.dropped += len(batch) - self.capacity
-                del batch[:len(batch) - self.capacity]
+            if self._held:
+                # Sent again alone, as it was and under its id: a write that failed may have been applied (its
+                # commit's reply lost), and the store skips a batch whose id it has (Store.add_runs).
+                batch, batch_id = self._held, self._held_id
+                self._held = []
+            else:
+                batch, batch_id = [], os.urandom(12).hex()
+                while queue:
+                    try:
+                        batch.append(queue.popleft())
+                    except IndexError:
+                        break
+                if not batch:
+                    return
             try:
-                self._write(batch)
+                self._write(batch, batch_id)
             except Exception as exc:
                 if not self._retry(exc):
                     self._lost(batch, exc)
                 else:
                     self._attempts += 1
                     if self._attempts < _RETRIES and not final:
-                        self._held = batch
+                        self._held, self._held_id = batch, batch_id
                         if self._attempts == 1:   # once an outage, not once an interval
                             log.warning("%s: store unavailable, %d records held for the next write (%s)",
                                         self.name, len(batch), exc)

@@ -36,6 +36,7 @@ _PRUNE_BATCH = 500
 # tell which of its runs go unrecorded (Python's own generator makes the request ids every response shows).
 _sample = SystemRandom().random
 _PRUNE_EVERY = 600.0     # seconds between sweeps of a worker's writer (contract: every 10 minutes)
+WRITES_KEPT = 3600       # seconds the store remembers an applied batch's id: a writer retries one for minutes at most
 
 
 class History:
@@ -59,7 +60,7 @@ class History:
                                   retry=store.unavailable, host=self.host)
 
     # --- writing (the writer thread) ----------------------------------------------------------------------
-    def _write(self, batch: list) -> None:
+    def _write(self, batch: list, batch_id: str) -> None:
         ids = self._ids
         unknown: set[str] = set()
         versions: set[tuple[str, int]] = set()
@@ -125,7 +126,7 @@ class History:
                         rows[i][1] = 0
         now = int(time.time())
         self.store.add_runs(rows, limit=self.limit, adhoc_limit=self.adhoc_limit, by_count=by_count,
-                            events_since=now - self.events_hours * 3600, pause=pause)
+                            events_since=now - self.events_hours * 3600, pause=pause, batch_id=batch_id)
         self.recorded += sum(len(indexes) for indexes in kept.values())
         self.sampled_out += sampled
 
@@ -167,6 +168,7 @@ class History:
         now = int(time.time())
         since = now - self.retention_days * 86400 if self.retention_days is not None else None
         total = 0
+        self.store.prune_writes(now - WRITES_KEPT)
         while True:
             changed = self.store.prune_runs(events_since=now - self.events_hours * 3600, history_since=since,
                                             batch=_PRUNE_BATCH)

@@ -76,7 +76,7 @@ class LogWriter:
         self.buffer.close()
 
     # --- the writer thread --------------------------------------------------------------------------------
-    def _write(self, batch: list) -> None:
+    def _write(self, batch: list, batch_id: str) -> None:
         lines = []
         since_pause = 0
         for item in batch:

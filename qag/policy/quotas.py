@@ -178,7 +178,8 @@ class Quotas:
         self._reserved: dict[tuple, int] = {}    # key -> this worker's unsettled calls counted by itself alone
         # key -> [calls, rows, last counted at (Unix), calls and rows of those the host table counted]
         self._unwritten: dict[tuple, list] = {}
-        self._in_flight: dict[tuple, list] = {}  # being written by flush()
+        self._in_flight: dict[tuple, list] = {}  # being written by flush(), or whose write failed
+        self._in_flight_id = ""                  # ... and its id: sent again under it (Store.add_quota_usage)
         self._reserve = self._add_script = None
         # (caller, per) -> _Period: the period's texts and times and the caller's keys, for calls within it
         self._periods: dict[tuple, _Period] = {}
@@ -535,39 +536,41 @@ class Quotas:
         (still counted here) and are tried again at the next flush. The host table is told before (a re-read
         that overlaps is not applied) and after (how much of its count the store now holds)."""
         with self._io:
+            if self._in_flight and not self._send():
+                return False
             with self._lock:
                 batch, self._unwritten = self._unwritten, {}
                 self._in_flight = batch
-            items = [(*key, v[0], v[1]) for key, v in batch.items() if v[0] or v[1]]
-            hosted = {self.host_key(key): (v[3], v[4]) for key, v in batch.items() if v[3] or v[4]}
+            self._in_flight_id = os.urandom(12).hex()
+            return self._send()
+
+    def _send(self) -> bool:
+        """Write the batch in flight (under self._io). A failed one stays in flight, with its id, and is sent
+        again as it is before anything counted since: the failure may have come after its commit (the reply
+        lost), and the store skips an id it has, where adding the counts again would count those calls twice
+        (and could refuse a caller's quota wrongly)."""
+        batch = self._in_flight
+        items = [(*key, v[0], v[1]) for key, v in batch.items() if v[0] or v[1]]
+        hosted = {self.host_key(key): (v[3], v[4]) for key, v in batch.items() if v[3] or v[4]}
+        if hosted:
+            self.table.quota_writing(list(hosted))
+        try:
+            if items:
+                self.store.add_quota_usage(items, int(self.clock()), self._in_flight_id)
+        except Exception as exc:
             if hosted:
-                self.table.quota_writing(list(hosted))
-            try:
-                if items:
-                    self.store.add_quota_usage(items, int(self.clock()))
-            except Exception as exc:
-                if hosted:
-                    self.table.quota_writing(list(hosted), {})
-                with self._lock:
-                    for key, v in batch.items():
-                        u = self._unwritten.get(key)
-                        if u is None:
-                            self._unwritten[key] = v
-                        else:
-                            for i in (0, 1, 3, 4):
-                                u[i] += v[i]
-                    self._in_flight = {}
-                self._warn("could not write quota counts (%s); kept for the next write", exc)
-                return False
-            if hosted:
-                self.table.quota_writing(list(hosted), hosted)
-            with self._lock:
-                for key, v in batch.items():
-                    view = self._view.get(key)
-                    if view is not None:  # the store now holds them: move them into the view
-                        view[0] += v[0]
-                        view[1] += v[1]
-                self._in_flight = {}
+                self.table.quota_writing(list(hosted), {})
+            self._warn("could not write quota counts (%s); kept for the next write", exc)
+            return False
+        if hosted:
+            self.table.quota_writing(list(hosted), hosted)
+        with self._lock:
+            for key, v in batch.items():
+                view = self._view.get(key)
+                if view is not None:  # the store now holds them: move them into the view
+                    view[0] += v[0]
+                    view[1] += v[1]
+            self._in_flight = {}
         return True
 
     def close(self) -> None:
@@ -576,7 +579,7 @@ class Quotas:
             return
         self._closed = True
         self._stop.set()
-        if self._unwritten:
+        if self._unwritten or self._in_flight:
             self.flush()
 
     def _warn(self, message: str, exc: BaseException) -> None:

@@ -38,7 +38,8 @@ def open_store(settings, *, url: str | None = None, home: str | None = None, set
         from .postgres import PostgresStore
         try:
             # One connection per request thread at most, plus the history writer, usage and key-touch threads.
-            return PostgresStore(url, settings.audit_log_limit, pool_size=settings.threads + 4)
+            return PostgresStore(url, settings.audit_log_limit, pool_size=settings.threads + 4,
+                                 timeout=settings.store_timeout)
         except StoreError as exc:
             raise StoreOpenError(_postgres_failure(setting or "QAG_DATABASE_URL", url, exc)) from None
     from .sqlite import SqliteStore

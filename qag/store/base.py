@@ -155,11 +155,12 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def add_runs(self, rows: list[tuple], *, limit: int, adhoc_limit: int, by_count: bool, events_since: int,
-                 pause: Callable[[], None] | None = None) -> None:
+                 pause: Callable[[], None] | None = None, batch_id: str | None = None) -> None:
         """Insert run rows (RUN_COLUMNS order) in one statement per chunk, then trim history to the newest
         `limit` per touched version and `adhoc_limit` ad-hoc (when by_count); all in one transaction. `pause`,
         when given, is called every PAUSE_ROWS rows while the statements' values are prepared, before the
-        transaction (the history writer's qag.observe.events.pause: request threads get the interpreter lock)."""
+        transaction (the history writer's qag.observe.events.pause: request threads get the interpreter lock).
+        A batch whose `batch_id` was applied already (sent again after a lost commit reply) is skipped."""
 
     @abc.abstractmethod
     def prune_runs(self, *, events_since: int, history_since: int | None, batch: int) -> int:
@@ -189,9 +190,15 @@ class Store(abc.ABC):
 
     # --- quota counts (contract 6.8; see schema.py step 3) ----------------------------------
     @abc.abstractmethod
-    def add_quota_usage(self, increments: list[tuple[str, str, str, str, int, int]], at: int) -> None:
+    def add_quota_usage(self, increments: list[tuple[str, str, str, str, int, int]], at: int,
+                        write_id: str | None = None) -> None:
         """Add (workspace, caller, per, period, calls, rows) increments (may be negative: a refunded call) to the
-        stored counts, creating rows as needed, setting updated_at = at; one transaction."""
+        stored counts, creating rows as needed, setting updated_at = at; one transaction. Increments whose
+        `write_id` was applied already (sent again after a lost commit reply) are skipped."""
+
+    @abc.abstractmethod
+    def prune_writes(self, before: int) -> int:
+        """Forget the ids of batch writes applied before `before` (Unix seconds); returns how many went."""
 
     @abc.abstractmethod
     def quota_counts(self, keys: list[tuple[str, str, str, str]]) -> dict[tuple[str, str, str, str], tuple[int, int]]:

@@ -10,6 +10,12 @@ connection.
 Run rows go in with COPY FROM STDIN (one round trip per batch, no statement text to parse per row); history trims
 and retention sweeps of all writers are serialised by a third advisory lock (no deadlock between workers trimming
 the same version). Request ids are stored as text (12-hex ids too: the SQLite store packs those into 6 bytes).
+
+Every round trip has a deadline (QAG_STORE_TIMEOUT): the server ends a statement, or a transaction left waiting,
+at the limit itself (statement_timeout, idle_in_transaction_session_timeout), and a reply still missing a second
+later (a stalled server or path, which TCP keepalive and TCP_USER_TIMEOUT can't see while the peer acknowledges)
+has the watchdog shut the socket down: the blocked read returns, the connection is discarded and the caller gets
+StoreTimeout, which `unavailable` reports (503 with Retry-After; the writer threads keep their batch).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import time
 from typing import Callable, Iterator
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from ..backends.watchdog import NETWORK_MARGIN, Watchdog
 from .base import PAUSE_ROWS, StoreError
 from .schema import MIGRATIONS, RUN_COLUMNS, SCHEMA_VERSION, statements
 from .sqlite import _CONFIGURATION, SqliteStore, _dump, _row
@@ -37,7 +44,18 @@ _LOCK_RUNS = 0x71616700_00000003
 CONNECT_TIMEOUT = 5       # seconds to open a store connection
 LOCK_TIMEOUT_MS = 5000   # longest wait for a row or advisory lock
 POOL_WAIT = 10.0          # seconds a thread waits for a free connection when the pool is at its cap
+STORE_TIMEOUT = 10.0      # QAG_STORE_TIMEOUT's default: seconds a round trip may take
 _SCHEMA_TABLE = "qag_schema"
+
+# The store's own watchdog (not the data connections'): its cuts are no data call's, and it runs no cancel
+# (psycopg2's cancel() would use the connection's cancel handle while its owner closes it; statement_timeout
+# makes the server cancel the statement anyway).
+_WATCHDOG = Watchdog()
+os.register_at_fork(after_in_child=_WATCHDOG.after_fork)
+
+
+class StoreTimeout(StoreError):
+    """The store did not answer a round trip in time: its connection was cut, and a write's outcome is unknown."""
 
 
 def _driver():
@@ -118,9 +136,10 @@ class _Pool:
     """A small thread-safe pool of autocommit connections, per process: a forked child starts empty and never
     touches (nor closes) its parent's sockets."""
 
-    def __init__(self, url: str, size: int):
+    def __init__(self, url: str, size: int, timeout: float | None = STORE_TIMEOUT):
         self.url = url
         self.size = max(1, size)
+        self.timeout = timeout
         self._reset()
 
     def _reset(self) -> None:
@@ -133,19 +152,28 @@ class _Pool:
 
     def connect(self, timeout: float = CONNECT_TIMEOUT):
         psycopg2 = _driver()
+        limit_ms = int(self.timeout * 1000) if self.timeout else 0
+        options = {"tcp_user_timeout": max(limit_ms, 1000)} if limit_ms else {}
         try:
+            # connect_timeout bounds the whole start-up (TCP, TLS, authentication), a stalled server's too.
             conn = psycopg2.connect(self.url, connect_timeout=max(1, int(timeout + 0.999)),
                                     application_name="qag-store", keepalives=1, keepalives_idle=30,
-                                    keepalives_interval=10, keepalives_count=3)
+                                    keepalives_interval=10, keepalives_count=3, **options)
         except psycopg2.Error as exc:
             raise StoreError(f"cannot open the store {redact(self.url)}: {driver_text(exc, self.url)}") from None
         conn.autocommit = True
         try:
-            with conn.cursor() as cur:
-                # As SQLite's 5 s busy timeout: a statement (or transaction()) waiting longer for a lock fails
-                # with a transient error instead of hanging a request or the history writer.
-                cur.execute("SET lock_timeout = %s", (f"{LOCK_TIMEOUT_MS}ms",))
-        except psycopg2.Error as exc:
+            with bounded(conn, self.timeout), conn.cursor() as cur:
+                # As SQLite's 5 s busy timeout (at most the store's limit): a statement (or transaction())
+                # waiting longer for a lock fails with a transient error instead of hanging a request or the
+                # history writer. The server ends a statement at the store's limit, and a transaction its client
+                # left waiting that long (a COMMIT held up in a stalled path must not land after the caller has
+                # been told it failed); the client's deadline is a second later, so a slow server's own error
+                # normally comes first and the connection stays usable.
+                lock_ms = min(LOCK_TIMEOUT_MS, limit_ms) if limit_ms else LOCK_TIMEOUT_MS
+                cur.execute("SET lock_timeout = %s; SET statement_timeout = %s; "
+                            "SET idle_in_transaction_session_timeout = %s", (lock_ms, limit_ms, limit_ms))
+        except (psycopg2.Error, StoreTimeout) as exc:
             conn.close()
             raise StoreError(f"cannot prepare a store connection to {redact(self.url)}: "
                              f"{driver_text(exc, self.url)}") from None
@@ -168,7 +196,7 @@ class _Pool:
                         raise StoreError(f"no store connection free within {POOL_WAIT:g} s "
                                          f"({self.size} in use by this process)")
         try:
-            return self.connect()
+            return self.connect(min(CONNECT_TIMEOUT, self.timeout or CONNECT_TIMEOUT))
         except BaseException:
             with self._cond:
                 self._open -= 1
@@ -202,17 +230,40 @@ class _Pool:
                 conn.close()
 
 
+@contextlib.contextmanager
+def bounded(conn, timeout: float | None) -> Iterator[None]:
+    """The round trips inside on `conn` must end within timeout + NETWORK_MARGIN seconds (None: no limit); past
+    that the watchdog shuts its socket down and StoreTimeout is raised. The caller then discards `conn`."""
+    if not timeout:
+        yield
+        return
+    token = _WATCHDOG.arm(conn.fileno(), time.monotonic() + timeout + NETWORK_MARGIN)
+    try:
+        yield
+    finally:
+        if _WATCHDOG.disarm(token):
+            raise StoreTimeout(f"the store did not answer within {timeout:g} s; its connection was closed")
+
+
+def _rerunnable(sql: str) -> bool:
+    """Whether a statement may be sent again after its connection broke: a read. A write may have run before the
+    connection went (the reply lost, not the statement), and would then run twice."""
+    return sql.lstrip()[:6].upper() == "SELECT"
+
+
 class PostgresStore(SqliteStore):
     """Store on a PostgreSQL database shared by any number of workers and instances."""
 
     _UNLIMITED = "ALL"
 
-    def __init__(self, url: str, audit_limit: int = 500, pool_size: int = 8):
+    def __init__(self, url: str, audit_limit: int = 500, pool_size: int = 8,
+                 timeout: float | None = STORE_TIMEOUT):
         psycopg2 = _driver()
         self.audit_limit = audit_limit
         self.url = url
         self.path = None  # no file: the SQLite-only helpers must not be used
-        self._pool = _Pool(url, pool_size)
+        self.timeout = timeout or None   # 0: no limit
+        self._pool = _Pool(url, pool_size, self.timeout)
         self._local = threading.local()
         try:
             self._migrate()
@@ -245,21 +296,24 @@ class PostgresStore(SqliteStore):
         args = tuple(int(a) if a is True or a is False else a for a in args)
         conn = self._tx()
         if conn is not None:
-            with conn.cursor() as cur:
+            with bounded(conn, self.timeout), conn.cursor() as cur:
                 cur.execute(sql, args)
                 return fetch(cur)
         for attempt in (0, 1):
             conn = self._pool.get()
             try:
-                with conn.cursor() as cur:
+                with bounded(conn, self.timeout), conn.cursor() as cur:
                     cur.execute(sql, args)
                     result = fetch(cur)
+            except StoreTimeout:
+                self._pool.put(conn, broken=True)
+                raise   # never again: the statement may be running, and the caller has waited long enough
             except psycopg2.Error:
                 broken = bool(conn.closed)
                 self._pool.put(conn, broken=broken)
-                # A pooled connection the server dropped (restart, idle timeout): once more on a fresh one.
-                # The statement never reached the server, so nothing runs twice.
-                if broken and attempt == 0:
+                # A pooled connection the server dropped (restart, idle timeout): a read once more on a fresh one.
+                # Not a write: the connection may have broken after the server ran it, with only the reply lost.
+                if broken and attempt == 0 and _rerunnable(sql):
                     continue
                 raise
             self._pool.put(conn)
@@ -293,7 +347,7 @@ class PostgresStore(SqliteStore):
                 # Nested with another purpose (a history batch written from inside an administrative
                 # transaction): take that lock too, so run writers stay serialised. Always after the write lock,
                 # never before it, so no two transactions wait for each other.
-                with outer.cursor() as cur:
+                with bounded(outer, self.timeout), outer.cursor() as cur:
                     cur.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
                 local.locks.add(lock)
             local.depth += 1
@@ -307,11 +361,16 @@ class PostgresStore(SqliteStore):
             conn = self._pool.get()
             broken = False
             try:
-                with conn.cursor() as cur:
+                # Waiting for another instance's migration has no limit (nor has the migration itself).
+                with bounded(conn, None if wait_forever else self.timeout), conn.cursor() as cur:
                     cur.execute("BEGIN")
                     if wait_forever:
-                        cur.execute("SET LOCAL lock_timeout = 0")
+                        cur.execute("SET LOCAL lock_timeout = 0; SET LOCAL statement_timeout = 0; "
+                                    "SET LOCAL idle_in_transaction_session_timeout = 0")
                     cur.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
+            except StoreTimeout:
+                self._pool.put(conn, broken=True)
+                raise
             except psycopg2.Error:
                 dropped = bool(conn.closed)
                 if not dropped:
@@ -328,14 +387,17 @@ class PostgresStore(SqliteStore):
         local.conn, local.pid, local.depth, local.locks = conn, os.getpid(), 1, {lock}
         try:
             yield
-            with conn.cursor() as cur:
+            with bounded(conn, self.timeout), conn.cursor() as cur:
                 cur.execute("COMMIT")
-        except BaseException:
-            try:
-                with conn.cursor() as cur:
-                    cur.execute("ROLLBACK")
-            except Exception:  # the connection is gone: so is the transaction
-                broken = True
+        except BaseException as exc:
+            if isinstance(exc, StoreTimeout) or conn.closed:
+                broken = True   # cut, or lost: the server ends the transaction with the connection
+            else:
+                try:
+                    with bounded(conn, self.timeout), conn.cursor() as cur:
+                        cur.execute("ROLLBACK")
+                except Exception:  # the connection is gone: so is the transaction
+                    broken = True
             raise
         finally:
             local.depth = 0
@@ -343,6 +405,8 @@ class PostgresStore(SqliteStore):
             self._pool.put(conn, broken=broken)
 
     def _migrate(self) -> None:
+        if self._current():
+            return
         # Another instance may be migrating a big store: wait for it, however long.
         with self.transaction(lock=_LOCK_MIGRATE, wait_forever=True):
             self._run(f"CREATE TABLE IF NOT EXISTS {_SCHEMA_TABLE} (version INTEGER NOT NULL)")
@@ -364,6 +428,16 @@ class PostgresStore(SqliteStore):
                     with self._tx().cursor() as cur:
                         cur.execute(statement)
 
+    def _current(self) -> bool:
+        """Whether the store is at this schema version with its triggers in place, read without the migration
+        lock: a worker starting (or restarting in an outage) then makes only bounded reads. The version only moves
+        with the migration's commit, so a current one seen here stays current."""
+        row = self._one(f"SELECT to_regclass('{_SCHEMA_TABLE}') IS NOT NULL AS found")
+        if not row["found"]:
+            return False
+        found = self._one(f"SELECT max(version) AS v FROM {_SCHEMA_TABLE}")["v"]
+        return found == SCHEMA_VERSION and self._config_triggers_in_place(_config_triggers()[1])
+
     def _config_triggers_in_place(self, mark: str) -> bool:
         """Whether this schema's configuration triggers are the ones `mark` names, all there and enabled. Only
         then may opening the store skip them: their DDL locks every configuration table until the migration's
@@ -383,7 +457,7 @@ class PostgresStore(SqliteStore):
     def ping(self, timeout: float) -> None:
         conn = self._pool.connect(timeout)
         try:
-            with conn.cursor() as cur:
+            with bounded(conn, timeout), conn.cursor() as cur:
                 cur.execute("SET statement_timeout = %s", (max(1, int(timeout * 1000)),))
                 cur.execute("SELECT count(*) FROM meta")
                 cur.fetchone()
@@ -413,14 +487,16 @@ class PostgresStore(SqliteStore):
         return {(r["query_name"], r["version"]): r["uuid"] for r in rows}
 
     def add_runs(self, rows: list[tuple], *, limit: int, adhoc_limit: int, by_count: bool, events_since: int,
-                 pause: Callable[[], None] | None = None) -> None:
+                 pause: Callable[[], None] | None = None, batch_id: str | None = None) -> None:
         if not rows:
             return
         data = io.StringIO(_copy_lines(rows, pause))
         with self.transaction(lock=_LOCK_RUNS):
+            if batch_id is not None and not self._first_write(batch_id):
+                return
             # The runs lock (not the metadata one): batches of every worker and instance trim one at a time,
             # while administration goes on.
-            with self._tx().cursor() as cur:
+            with bounded(self._tx(), self.timeout), self._tx().cursor() as cur:
                 cur.copy_expert(f"COPY runs ({', '.join(RUN_COLUMNS)}) FROM STDIN", data)
             if by_count:
                 self._trim_after(rows, limit, adhoc_limit, events_since)
@@ -445,7 +521,7 @@ class PostgresStore(SqliteStore):
         if not rows:
             return
         data = io.StringIO(_copy_lines(rows))
-        with self._tx().cursor() as cur:
+        with bounded(self._tx(), self.timeout), self._tx().cursor() as cur:
             cur.copy_expert(f"COPY {_ident(table)} ({', '.join(map(_ident, columns))}) FROM STDIN", data)
 
     def after_copy(self, tables: list[str]) -> None:

@@ -149,6 +149,17 @@ MIGRATIONS: tuple[tuple[str | dict[str, str], ...], ...] = (
         # as hex). NULL while tracing is off, so a row without it costs nothing more.
         "ALTER TABLE runs ADD COLUMN trace TEXT",
     ),
+    (
+        # Batch writes already applied, by the id their writer gave them (a history batch, a quota flush), written
+        # in the batch's own transaction: a batch sent again because its commit's reply was lost (the connection
+        # broke after the COMMIT left) is skipped instead of applied twice. Kept an hour (Store.prune_writes),
+        # far longer than a writer retries a batch.
+        """CREATE TABLE applied_writes (
+            id TEXT PRIMARY KEY,
+            at INTEGER NOT NULL            -- Unix seconds
+        )""",
+        "CREATE INDEX applied_writes_at ON applied_writes (at)",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -8,6 +8,7 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from typing import Any, Callable, Iterator
 from urllib.parse import quote
 
@@ -390,12 +391,14 @@ class SqliteStore(Store):
         return out
 
     def add_runs(self, rows: list[tuple], *, limit: int, adhoc_limit: int, by_count: bool, events_since: int,
-                 pause: Callable[[], None] | None = None) -> None:
+                 pause: Callable[[], None] | None = None, batch_id: str | None = None) -> None:
         if not rows:
             return
         segments = _run_segments(rows, pause)
         conn = self._conn()
         with self.transaction():
+            if batch_id is not None and not self._first_write(batch_id):
+                return
             for filled, values in segments:
                 width = sum(filled)
                 left, at = len(values) // width, 0
@@ -486,13 +489,25 @@ class SqliteStore(Store):
     def events(self, after: int, limit: int) -> list[dict]:
         return self._all(f"{_RUN_SELECT} WHERE r.id > ? ORDER BY r.id LIMIT ?", (int(after), int(limit)))
 
+    def _first_write(self, write_id: str) -> bool:
+        """Inside a batch's transaction: record its id; False when it is there already (the batch was applied, and
+        is being sent again because the reply to its commit was lost)."""
+        return self._run("INSERT INTO applied_writes (id, at) VALUES (?, ?) ON CONFLICT (id) DO NOTHING",
+                         (write_id, int(time.time()))) == 1
+
+    def prune_writes(self, before: int) -> int:
+        return self._run("DELETE FROM applied_writes WHERE at < ?", (before,))
+
     # --- quota counts ------------------------------------------------------------------------
-    def add_quota_usage(self, increments: list[tuple[str, str, str, str, int, int]], at: int) -> None:
+    def add_quota_usage(self, increments: list[tuple[str, str, str, str, int, int]], at: int,
+                        write_id: str | None = None) -> None:
         # One statement per caller and period (a handful per flush), through _run so the PostgreSQL store that
         # inherits this SQL runs it too.
         if not increments:
             return
         with self.transaction():
+            if write_id is not None and not self._first_write(write_id):
+                return
             for w, c, p, d, calls, rows in increments:
                 self._run("INSERT INTO quota_usage (workspace, caller, per, period, calls, row_count, updated_at) "
                           "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (workspace, caller, per, period) DO UPDATE SET "

@@ -330,3 +330,86 @@ def test_locked_sqlite_store_answers_503_then_recovers(make_server, uniq):
     assert server.post("/api/v1/queries", {"name": uniq("after"), "description": "d", "sql": "SELECT 1 AS v",
                                            "connection_name": "lite"}).status == 201
     assert "Traceback" not in "".join(server.log)
+
+
+def test_a_stalled_store_is_answered_within_its_limit_and_nothing_stays_stuck(make_server, uniq, store_relay):
+    """The store's server accepts but never answers (fault drill: request threads, the metadata poll and the
+    history writer hung for minutes, and a POST committed long after its client had gone). Now each store call
+    ends within QAG_STORE_TIMEOUT + 1 s: 503 unavailable with Retry-After; known keys keep being served from the
+    metadata cache; the refused write never lands when the stall ends; the workers and their threads carry on."""
+    relay, url = store_relay
+    server = make_server(env={"QAG_DATABASE_URL": url, "QAG_ACCESS_LOG": "on", "QAG_STORE_TIMEOUT": "2"},
+                         workers=2)
+    key = server.key(uniq("k"), queries=["one"])
+    server.query("one", "SELECT 1 AS v", "lite")
+    assert server.answered_by_every_worker(q("one"), 2, key=key) == worker_pids(server)
+    pids = worker_pids(server)
+    relay.blackhole()
+    try:
+        refused_name = uniq("stalled")
+        replies = []
+
+        def call(method, path, body=None):
+            started = time.monotonic()
+            replies.append((server.request(method, path, body=body), time.monotonic() - started))
+
+        # More store calls at once than a worker has threads: none may hold its thread past the limit.
+        callers = [threading.Thread(target=call, args=("GET", "/api/v1/queries")) for _ in range(6)]
+        callers.append(threading.Thread(target=call, args=("POST", "/api/v1/queries", {
+            "name": refused_name, "description": "d", "sql": "SELECT 2 AS v", "connection_name": "lite",
+            "publish": True})))
+        for t in callers:
+            t.start()
+        known = [server.get(q("one"), key=key) for _ in range(4)]
+        for t in callers:
+            t.join(60)
+        time.sleep(2.0)   # the stall outlasts the calls' limit
+    finally:
+        relay.restore()
+    assert len(replies) == 7
+    for reply, seconds in replies:
+        assert reply.status == 503 and reply.json["code"] == "unavailable", reply
+        assert int(reply.headers["retry-after"]) > 0
+        # Limit + margin per store round trip, and a call makes a few (the run counts of /api/v1/queries first
+        # have the history writers write: 2 s at most for the others): seconds, not the minutes of before.
+        assert seconds < 15, seconds
+    assert all(r.status == 200 for r in known), known
+    wait_for(lambda: server.get("/api/v1/queries").status == 200 or None, "the store answering again", 15.0)
+    time.sleep(1.0)
+    assert server.get(f"/api/v1/queries/{refused_name}").status == 404   # the held COMMIT never landed
+    for _ in range(3):   # the history writer and the metadata poll survived: runs recorded after the stall
+        assert server.get(q("one"), key=key, headers={"X-Request-Id": "after-stall"}).status == 200
+    wait_for(lambda: server.get("/api/v1/history", params={"query": "one", "limit": 100}).json["items"][0]
+             ["request_id"] == "after-stall" or None, "history written after the stall")
+    assert worker_pids(server) == pids
+    assert "Traceback" not in "".join(server.log)
+
+
+@pytest.mark.parametrize("outage", ["refused", "stalled"])
+def test_a_worker_restarted_during_a_store_outage_waits_for_the_store(make_server, uniq, store_relay, outage):
+    """Fault drill: with the store unreachable, a worker killed (or recycled) failed to boot (exit 3) and gunicorn
+    halted the master, taking the surviving worker down with it. Now the new worker waits for the store (a
+    warning each attempt, heartbeat kept) while the other serves from the metadata cache, and serves once the
+    store is back."""
+    import signal
+    relay, url = store_relay
+    server = make_server(env={"QAG_DATABASE_URL": url, "QAG_ACCESS_LOG": "on", "QAG_STORE_TIMEOUT": "2"},
+                         workers=2)
+    key = server.key(uniq("k"), queries=["one"])
+    server.query("one", "SELECT 1 AS v", "lite")
+    server.answered_by_every_worker(q("one"), 2, key=key)
+    victim, survivor = sorted(worker_pids(server))
+    relay.down() if outage == "refused" else relay.blackhole()
+    try:
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: "the store can't be opened" in "".join(server.log) or None, "the new worker's warning", 30)
+        assert server.proc.poll() is None   # the master did not halt
+        assert survivor in worker_pids(server)
+        assert all(server.get(q("one"), key=key).status == 200 for _ in range(6))
+    finally:
+        relay.up()
+        relay.restore()
+    wait_for(lambda: len(server.answered_by_every_worker(q("one"), 2, key=key, deadline=60)) == 2,
+             "both workers serving again", 60)
+    log = "".join(server.log)
+    assert "Worker failed to boot" not in log and "Traceback" not in log

@@ -7,6 +7,7 @@ import inspect
 import multiprocessing
 import os
 import threading
+import time
 
 import pytest
 
@@ -259,3 +260,86 @@ def test_opening_the_store_puts_back_configuration_triggers_that_are_missing_or_
             store.close()
     finally:
         other.close()
+
+
+def _relayed(url: str, relay) -> str:
+    from urllib.parse import urlsplit
+    parts = urlsplit(url)
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.port}", f":{relay.port}")).geturl()
+
+
+def test_a_stalled_store_answers_within_its_limit_and_a_held_commit_never_lands(pg_store_url):
+    """The server accepts but never answers (a black-holed path: TCP still acknowledges). Every store call ends
+    within QAG_STORE_TIMEOUT + the 1 s margin with StoreTimeout (503 unavailable), its connection discarded; a
+    COMMIT that sat in the stall and reaches the server after the caller gave up finds its transaction ended by
+    the server (idle_in_transaction_session_timeout), so it never lands behind the caller's back."""
+    from urllib.parse import urlsplit
+    from qag.store.postgres import PostgresStore, StoreTimeout
+    from qag.testing import Relay
+    parts = urlsplit(pg_store_url)
+    with Relay(parts.hostname, parts.port) as relay:
+        store = PostgresStore(_relayed(pg_store_url, relay), timeout=1.5)
+        try:
+            store.set_meta("before", "1")
+            relay.blackhole()
+            started = time.monotonic()
+            with pytest.raises(StoreTimeout) as caught:
+                store.get_meta("before")
+            assert time.monotonic() - started < 1.5 + 1.0 + 0.5
+            assert store.unavailable(caught.value)
+            assert store._pool._open == 0 and store._pool._idle == []   # the cut connection is never pooled
+            relay.restore()
+            with pytest.raises(StoreTimeout):
+                with store.transaction():
+                    store.set_meta("held", "1")
+                    relay.blackhole()   # the COMMIT goes into the stall
+            relay.restore()             # ... and reaches the server now, after the caller was told it failed
+            time.sleep(1.0)
+            assert store.get_meta("held") is None and store.get_meta("before") == "1"
+        finally:
+            relay.restore()
+            store.close()
+
+
+def test_a_batch_whose_commit_reply_was_lost_is_not_written_twice(pg_store_url):
+    """The COMMIT reaches the server and is applied, but the connection is reset before its reply arrives (made
+    here with a deferred trigger that holds the COMMIT while the relay resets): the writer's second attempt, under
+    the same id, is skipped. Before, history rows were duplicated and quota calls counted again."""
+    import psycopg2
+    from urllib.parse import urlsplit
+    from qag.store.postgres import PostgresStore
+    from qag.testing import Relay
+    parts = urlsplit(pg_store_url)
+    PostgresStore(pg_store_url).close()
+    owner = psycopg2.connect(pg_store_url)
+    owner.autocommit = True
+    with owner.cursor() as cur:
+        cur.execute("CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                    "IF NEW.id LIKE 'slow%' THEN PERFORM pg_sleep(1.5); END IF; RETURN NULL; END $$")
+        cur.execute("CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON applied_writes DEFERRABLE INITIALLY "
+                    "DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()")
+    owner.close()
+    with Relay(parts.hostname, parts.port) as relay:
+        store = PostgresStore(_relayed(pg_store_url, relay), timeout=10)
+        try:
+            ids = store.name_ids({"c", "k"})
+            rows = [(100 + i, 1, None, None, ids["c"], ids["k"], f"rid{i}", 1, None, 1, 1, 1, None, None, "s", None,
+                     i, None) for i in range(5)]
+            key = ("default", "k", "day", "2026-01-01")
+            writes = [lambda: store.add_runs(rows, limit=50, adhoc_limit=50, by_count=True, events_since=0,
+                                             batch_id="slow-runs"),
+                      lambda: store.add_quota_usage([(*key, 20, 3)], at=100, write_id="slow-quota")]
+            for applied, write in enumerate(writes, 1):
+                timer = threading.Timer(0.7, relay.reset_connections)   # while the COMMIT is held
+                timer.start()
+                with pytest.raises(Exception) as caught:
+                    write()
+                timer.join()
+                assert store.unavailable(caught.value), caught.value   # a 503, and the writer holds the batch
+                # ... though the COMMIT was applied: its reply was what got lost.
+                assert store._one("SELECT count(*) AS n FROM applied_writes WHERE id LIKE 'slow%'")["n"] == applied
+                write()                                                  # sent again: skipped
+            assert sorted(r["rid"] for r in store.events(0, 100)) == [f"rid{i}" for i in range(5)]
+            assert store.quota_counts([key]) == {key: (20, 3)}
+        finally:
+            store.close()

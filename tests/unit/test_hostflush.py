@@ -117,7 +117,8 @@ def test_a_joining_writer_owes_nothing_for_requests_made_before_it(host):
 
 def test_the_writer_thread_answers_a_request_long_before_its_interval(host):
     written: list = []
-    writer = BatchWriter("test", written.extend, capacity=100, interval=60.0, host=host)
+    writer = BatchWriter("test", lambda batch, batch_id: written.extend(batch), capacity=100, interval=60.0,
+                         host=host)
     try:
         writer.put("a")
         deadline = time.monotonic() + 5

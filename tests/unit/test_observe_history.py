@@ -382,8 +382,9 @@ def test_a_store_of_the_previous_schema_is_upgraded_in_place(tmp_path):
     store = SqliteStore(str(tmp_path))
     assert store.get_meta("kept") == "yes" and store.history({}, None, 10) == []
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
     assert "trace" in [column[1] for column in conn.execute("PRAGMA table_info(runs)")]   # step 5: trace ids
+    assert conn.execute("SELECT count(*) FROM applied_writes").fetchone()[0] == 0   # step 6: batch ids
     conn.close()
     assert store.quota_usage_in([("day", "2026-01-01")]) == []   # step 3: quota counts
 
@@ -443,7 +444,7 @@ def test_the_history_writer_pauses_for_request_threads_outside_the_store_transac
     store = history.store.inner       # under the metadata cache's views
     monkeypatch.setattr(history_module, "pause", lambda: pauses.append(_in_store_transaction(store)))
     before = app.sql("SELECT count(*) FROM runs")[0][0]
-    history._write(batch)
+    history._write(batch, "b1")
     # History._write's rows at records 64, 128 and 192, then the store's values at the same rows.
     assert pauses == [False] * 6
     assert app.sql("SELECT count(*) FROM runs")[0][0] == before + 200

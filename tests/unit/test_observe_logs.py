@@ -120,7 +120,7 @@ def test_the_log_writer_pauses_for_request_threads_every_64_lines(monkeypatch):
     pauses: list[int] = []
     monkeypatch.setattr(logs, "pause", lambda: pauses.append(1))
     w, out = _writer()
-    w._write([("req", 0.0, "r", "k", "GET", f"/q/n{i}", 200, 1.0, None) for i in range(200)])
+    w._write([("req", 0.0, "r", "k", "GET", f"/q/n{i}", 200, 1.0, None) for i in range(200)], "")
     assert len(pauses) == 3            # after lines 64, 128 and 192
     lines = out.getvalue().splitlines()
     assert [line.rsplit(" ", 5)[1] for line in lines] == [f"/q/n{i}" for i in range(200)]

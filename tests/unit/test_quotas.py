@@ -111,6 +111,29 @@ def test_workers_share_counts_through_the_store_within_one_flush(tmp_path):
     assert a.begin("k", quota, reserve=False).calls == 5     # a moved its written counts into its view
 
 
+def test_a_write_whose_commit_reply_was_lost_is_not_counted_twice(tmp_path):
+    """The store applied a flush but the reply never came (the connection broke after the COMMIT left): the flush
+    is sent again as it was, under its id, and the store skips it; calls counted since go in a flush of their own."""
+    store = SqliteStore(str(tmp_path))
+    q = Quotas(store, interval=60)
+    quota = {"calls": 30, "per": "day"}
+    q.begin("k", quota, reserve=True).settle(True, 2)
+    real = store.add_quota_usage
+
+    def applied_then_lost(*args, **kw):
+        real(*args, **kw)
+        raise RuntimeError("server closed the connection unexpectedly")
+
+    store.add_quota_usage = applied_then_lost
+    assert not q.flush() and not q.flush()
+    store.add_quota_usage = real
+    q.begin("k", quota, reserve=True).settle(True, 3)
+    assert q.flush()
+    key = ("default", "k", "day", period("day", time.time())[0])
+    assert store.quota_counts([key]) == {key: (2, 5)}
+    assert q.begin("k", quota, reserve=False).calls == 2
+
+
 def test_a_failed_write_keeps_the_counts(tmp_path):
     store = SqliteStore(str(tmp_path))
     q = Quotas(store, interval=60)

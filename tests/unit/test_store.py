@@ -235,6 +235,29 @@ def test_history_is_trimmed_per_version_and_sweeps_go_in_batches(make_store):
     assert swept == [10, 10, 3, 0] and len(store.events(0, 100)) == 7
 
 
+def test_a_batch_sent_again_under_its_id_is_applied_once(make_store):
+    """A history batch or quota flush sent again because the reply to its commit was lost (qag's writers resend
+    it under the same id) is skipped: no duplicated run, no quota call counted twice. The ids go after an hour."""
+    store = make_store()
+    ids = store.name_ids({"c", "k"})
+    rows = [(100 + i, 1, None, None, ids["c"], ids["k"], f"rid{i}", 1, None, 1, 1, 1, None, None, "s", None, i, None)
+            for i in range(3)]
+    for _ in range(2):
+        store.add_runs(rows, limit=50, adhoc_limit=50, by_count=True, events_since=0, batch_id="batch-1")
+    store.add_runs(rows[:1], limit=50, adhoc_limit=50, by_count=True, events_since=0, batch_id="batch-2")
+    assert sorted(r["rid"] for r in store.events(0, 100)) == ["rid0", "rid0", "rid1", "rid2"]
+    key = ("default", "k", "day", "2026-01-01")
+    for _ in range(2):
+        store.add_quota_usage([(*key, 20, 5)], at=100, write_id="flush-1")
+    store.add_quota_usage([(*key, 1, 1)], at=100, write_id="flush-2")
+    store.add_quota_usage([(*key, 1, 1)], at=100)
+    assert store.quota_counts([key]) == {key: (22, 7)}
+    raw_sql(store, "UPDATE applied_writes SET at = 1 WHERE id = 'batch-1'")
+    assert store.prune_writes(2) == 1
+    assert [r[0] for r in raw_sql(store, "SELECT id FROM applied_writes ORDER BY id")] == ["batch-2", "flush-1",
+                                                                                          "flush-2"]
+
+
 # --- schema translation --------------------------------------------------------------------------------------
 def test_portable_ddl_is_translated_for_postgresql():
     ddl = ("CREATE TABLE t (\n  id INTEGER PRIMARY KEY AUTOINCREMENT,\n  n INTEGER NOT NULL,\n  b BLOB,\n"
