@@ -14,6 +14,7 @@ _TOKEN = rb"[!#$%&'*+\-.0-9A-Z^_`a-z|~]+"
 _HEADER = re.compile(rb"(" + _TOKEN + rb"):[ \t]*([\t\x20-\x7e\x80-\xff]*)")
 _CHUNK = re.compile(rb"([0-9A-Fa-f]+)((?:;" + _TOKEN + rb"(?:=(?:" + _TOKEN + rb'|"[^"\r\n]*"))?)*)')
 
+_FRAMING = (b"content-length", b"transfer-encoding")
 _LINE, _HEAD, _BODY, _SIZE, _DATA, _DATA_END, _TRAILER, _DEAD = range(8)
 # Every method llhttp reads (RTSP's too): an unterminated request line that can't begin one of them is refused at
 # once, as llhttp refuses it, not when its LF arrives. qag answers only METHODS; the rest are refused whole.
@@ -93,6 +94,9 @@ class Parser:
                     add_header(self._req, m.group(1), m.group(2), limits)
                 elif len(line) > limits.field_size:
                     raise HttpError(431, "Request Header Fields Too Large", "trailer field too large")
+                elif m.group(1).lower() in _FRAMING:
+                    # a trailer can't reframe the message (llhttp refuses it: a request smuggled after it is dropped)
+                    raise bad("framing field in a trailer")
                 return True
             if state == _TRAILER:
                 self._complete()

@@ -105,6 +105,18 @@ def test_statuses_of_limits(twin):
         assert info.value.status == status
 
 
+@pytest.mark.parametrize("field", [b"Content-Length: 5", b"content-length: 0", b"Transfer-Encoding: chunked",
+                                   b"TRANSFER-ENCODING: x"])
+def test_a_framing_field_in_a_trailer_is_refused_with_what_follows(twin, field):
+    # llhttp's verdict: a trailer can't reframe the message, and a request smuggled after it is never read
+    data = (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n" + field + b"\r\n\r\n"
+            b"GET /smuggled HTTP/1.1\r\n\r\n")
+    reqs, tail = outcome(twin, [data])
+    assert (reqs, tail) == ([], ("error",)) == outcome(twin, split(data, [60, 70]))
+    if twin is not PureParser:
+        assert outcome(twin, [data], simple=False) == (reqs, tail)
+
+
 def test_body_over_limit_is_not_buffered(twin):
     reqs, tail = outcome(twin, [b"POST / HTTP/1.1\r\nContent-Length: 100000\r\n\r\n" + b"x" * 1000])
     assert reqs[0][4] == b"" and reqs[0][6] is True and reqs[0][5] is False and tail[1] is True
