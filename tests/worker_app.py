@@ -1,4 +1,4 @@
-"""A small WSGI app for the worker-class tests: sleeps, streams, echoes, uses write() and exc_info."""
+"""A small WSGI app for the worker-class tests: sleeps, streams, large bodies, echoes, uses write() and exc_info."""
 
 from __future__ import annotations
 
@@ -31,6 +31,11 @@ class _Stream:
         _note(f"closed sent={self.sent}")
 
 
+def big_body(tag: str, n: int) -> bytes:
+    unit = (tag + "|").encode()
+    return (unit * (n // len(unit) + 1))[:n]
+
+
 def app(environ, start_response):
     path = environ["PATH_INFO"]
     args = {k: v[0] for k, v in parse_qs(environ["QUERY_STRING"]).items()}
@@ -41,6 +46,9 @@ def app(environ, start_response):
     if path == "/pid":
         start_response("200 OK", [("Content-Type", "text/plain")])
         return [str(os.getpid()).encode()]
+    if path == "/big":   # a whole body of n bytes, the tag repeated: a reader can check every byte
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [big_body(args.get("tag", "x"), int(args.get("n", "1000000")))]
     if path == "/stream":
         start_response("200 OK", [("Content-Type", "text/plain")])
         return _Stream(int(args.get("n", "5")), float(args.get("pause", "0.05")))

@@ -11,6 +11,7 @@ from time import monotonic
 
 STOP = object()
 _ONE_READ = select.EPOLLIN | select.EPOLLONESHOT if hasattr(select, "epoll") else 0   # read once per arming
+_ONE_WRITE = select.EPOLLOUT | select.EPOLLONESHOT if hasattr(select, "epoll") else 0  # room to write, once
 
 
 class EpollPoller:
@@ -52,6 +53,10 @@ class EpollPoller:
         self._conn_ep.modify(conn.fd, _ONE_READ)
 
     wants_more = rearm
+
+    def wants_room(self, conn) -> None:
+        """Wait until the connection's socket takes more of a response (a pool thread then sends the rest)."""
+        self._conn_ep.modify(conn.fd, _ONE_WRITE)
 
     def dispatched(self, conn) -> None:
         pass   # one-shot: already disarmed
@@ -144,6 +149,10 @@ class SelectorPoller:
 
     def wants_more(self, conn) -> None:
         pass   # still registered
+
+    def wants_room(self, conn) -> None:
+        """Selector thread: wait until the socket takes more of a response (dispatched to the pool like bytes)."""
+        self._sel.register(conn.sock, selectors.EVENT_WRITE, conn)
 
     def dispatched(self, conn) -> None:
         self._sel.unregister(conn.sock)

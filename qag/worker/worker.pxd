@@ -10,7 +10,7 @@ from qag.worker.wsgi cimport Response
 
 cdef class _Conn:
     cdef public object sock, fd, client, server, base, parser, deadline, started, refusal, in_app, closed, lock
-    cdef public object draining
+    cdef public object draining, unsent, then_keep
 
 
 cdef class _Answerer:
@@ -24,9 +24,12 @@ cdef class _Answerer:
     cpdef serve(self)
     cpdef bint read(self, _Conn conn) except -1
     cpdef wait_more(self, _Conn conn)
-    cpdef refuse(self, _Conn conn, exc)
-    cpdef answer(self, _Conn conn)
-    @cython.locals(resp=Response, env=dict, writer=object)
+    cpdef log_refusal(self, _Conn conn, exc)
+    cpdef answer(self, _Conn conn, bint keep=*)
+    cpdef park(self, _Conn conn, bint keep)
+    cpdef wait_room(self, _Conn conn)
+    cpdef flush(self, _Conn conn)
+    @cython.locals(resp=Response, env=dict, writer=object, unsent=object)
     cpdef bint handle(self, _Conn conn, Request req) except -1
     cpdef unregister_close(self, _Conn conn)
     cpdef close(self, _Conn conn)

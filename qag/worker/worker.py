@@ -49,7 +49,7 @@ class _Conn:
     """One client connection: its socket, its parser and the requests parsed but not yet answered."""
 
     __slots__ = ("sock", "fd", "client", "server", "base", "parser", "deadline", "started", "refusal", "in_app",
-                 "closed", "lock", "draining")
+                 "closed", "lock", "draining", "unsent", "then_keep")
 
     def __init__(self, sock, client, server, base_env, parser):
         self.sock, self.client, self.server, self.base = sock, client, server, base_env
@@ -62,6 +62,10 @@ class _Conn:
         self.deadline = 0.0
         self.started = False   # bytes of a request have arrived: the request deadline runs
         self.refusal: HttpError | None = None   # a bad request after pipelined good ones, answered after them
+        # The rest of a whole response the socket had no room for (a view), sent as the client reads; the deadline
+        # then bounds the whole response. then_keep: the connection stays open once it is sent.
+        self.unsent = None
+        self.then_keep = False
 
 
 class QagWorker(base.Worker):
@@ -71,7 +75,9 @@ class QagWorker(base.Worker):
     graceful stop. On epoll, QAG_THREADS pool threads wait on the connections themselves (one-shot): the thread
     that gets one reads and parses what has arrived (an incomplete request is re-armed at once, so a slow client
     never holds a thread), runs the app for each complete request and writes the answer, then re-arms it for
-    keep-alive. Without epoll the main thread reads and queues complete requests to the pool instead."""
+    keep-alive. An answer the socket can't take at once is kept on the connection, which is armed for room to
+    write: a client that doesn't read holds no thread either. Without epoll the main thread reads and queues
+    complete requests (and connections with room for their rest) to the pool instead."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -170,6 +176,10 @@ class QagWorker(base.Worker):
             if type(conn) is _Closed:
                 self.conns.discard(conn.conn)
                 continue
+            if conn.unsent is not None:
+                conn.in_app = False   # its deadline bounds the whole response (set when it was kept)
+                self.poller.wants_room(conn)
+                continue
             if not conn.draining:
                 conn.started = conn.parser.partial
                 conn.deadline = now + (self.client_timeout if conn.started else self.keepalive)
@@ -202,17 +212,19 @@ class QagWorker(base.Worker):
         return 32
 
     def _readable(self, conn: _Conn) -> None:
-        """Selector thread (fallback): read; queue the connection to the pool when a request is complete."""
-        if self.answerer.read(conn):
+        """Selector thread (fallback): read; queue the connection to the pool when a request is complete, or when
+        the socket has room for the rest of an answer."""
+        if conn.unsent is not None or self.answerer.read(conn):
             self.poller.dispatched(conn)
             conn.in_app = True
             self.jobs.put(conn)
 
     def _sweep(self, now: float) -> None:
-        """Close connections past their deadline: idle keep-alive ones, and clients too slow to send a request."""
+        """Close connections past their deadline: idle keep-alive ones, clients too slow to send a request, and
+        clients too slow to take a whole answer."""
         # list(): a C-level copy, taken whole; pool threads remove closed connections from the set meanwhile
         for conn in [c for c in list(self.conns) if c.deadline < now and not c.in_app]:
-            # (a connection in a pool thread is skipped: its own send timeout applies)
+            # (a connection in a pool thread is skipped: a stream's send timeout applies)
             self._close_idle(conn)
 
     def _close_idle(self, conn: _Conn) -> None:
@@ -276,7 +288,7 @@ class QagWorker(base.Worker):
         with conn.lock:
             if conn.in_app or conn.closed:
                 return
-            if not conn.draining:
+            if not conn.draining and conn.unsent is None:   # (a client too slow to take its answer is just closed)
                 if (conn.deadline if conn.started else min(conn.deadline, idle_until)) >= now:
                     return   # a pool thread answered on it and re-armed it since the sweep looked
                 try:
@@ -345,7 +357,9 @@ class _Answerer:
                         continue
                     conn.in_app = True
                 try:
-                    if self.read(conn):
+                    if conn.unsent is not None:
+                        self.flush(conn)
+                    elif self.read(conn):
                         self.answer(conn)
                 except Exception:
                     wsgi.log_error(self.log, "Error handling a connection")
@@ -360,7 +374,10 @@ class _Answerer:
             conn = jobs.get()
             if conn is None:
                 return
-            self.answer(conn)
+            if conn.unsent is not None:
+                self.flush(conn)
+            else:
+                self.answer(conn)
 
     def read(self, conn: _Conn) -> bool:
         """Read and parse what has arrived; True when complete requests are ready (the caller answers them),
@@ -386,11 +403,11 @@ class _Answerer:
             parser.feed(data)
         except HttpError as exc:
             if not parser.ready:
-                self.refuse(conn, exc)
-                return False
-            # pipelined: the good requests before the bad one are answered first, then the refusal
+                self.log_refusal(conn, exc)
+            # answered after the good requests pipelined before it (if any), then the connection is closed
             conn.refusal = exc
             parser.dead = True
+            return True
         if parser.ready:
             return True
         if parser.dead:
@@ -410,37 +427,37 @@ class _Answerer:
         conn.in_app = False
         self.poller.wants_more(conn)
 
-    def refuse(self, conn: _Conn, exc: HttpError) -> None:
+    def log_refusal(self, conn: _Conn, exc: HttpError) -> None:
         addr = conn.client[0] if isinstance(conn.client, tuple) else conn.client
         self.log.warning("Invalid request from ip=%s: %s", addr, exc.message)
-        try:
-            conn.sock.send(wsgi.error_response(exc.status, exc.reason, exc.message))
-        except OSError:
-            pass
-        self.unregister_close(conn)
 
-    def answer(self, conn: _Conn) -> None:
-        """Answer the ready requests in order (and a pipelined refusal after them); then keep or close."""
-        keep = True
+    def answer(self, conn: _Conn, keep: bool = True) -> None:
+        """Answer the ready requests in order (and a refusal after them); then keep or close. An answer the socket
+        can't take whole is kept on the connection (park), and this goes on when it is sent (flush, with `keep`)."""
+        parser = conn.parser
         try:
-            ready = conn.parser.ready
+            ready = parser.ready
             while ready and keep:
                 keep = self.handle(conn, ready.popleft())
+                if conn.unsent is not None:
+                    break
         except Exception:
             wsgi.log_error(self.log, "Error handling request")
             keep = False
-        if keep and conn.refusal is not None:
+        if keep and conn.refusal is not None and conn.unsent is None:
             try:
                 exc = conn.refusal
-                wsgi.send_all(conn.sock, wsgi.error_response(exc.status, exc.reason, exc.message),
-                              self.client_timeout)
+                conn.unsent = wsgi.send_now(conn.sock, wsgi.error_response(exc.status, exc.reason, exc.message))
             except wsgi.ClientGone:
                 pass
             keep = False
         # A response that promised keep-alive keeps its connection even when the worker began to stop while it was
         # answered: the client may already be sending its next request, and a close would answer that with a
         # reset. The stop sweep waits a little for that request, which is answered with Connection: close.
-        keep = keep and not conn.parser.dead
+        keep = keep and not parser.dead
+        if conn.unsent is not None:
+            self.park(conn, keep)
+            return
         if conn.draining and conn.refusal is None:
             # The client may still be sending the body we refused: closing now would reset the connection and
             # could destroy the 413 before it is read. Half-close, discard what comes for a short while.
@@ -469,6 +486,43 @@ class _Answerer:
             os.write(self.wake_fd, b".")
         except OSError:
             pass
+
+    def park(self, conn: _Conn, keep: bool) -> None:
+        """Keep the rest of an answer on the connection and give the thread back: the client has the client timeout
+        to take the whole of it (the sweep closes it past that), then `keep` says whether the connection stays."""
+        conn.then_keep = keep
+        conn.deadline = _monotonic() + self.client_timeout
+        self.wait_room(conn)
+
+    def wait_room(self, conn: _Conn) -> None:
+        if not self.poller.followers:
+            self.returned.append(conn)   # the selector thread arms it (_wake)
+            try:
+                os.write(self.wake_fd, b".")
+            except OSError:
+                pass
+            return
+        with conn.lock:   # armed before the sweep may close it: an event then finds it closed, never a reused fd
+            if conn.closed:
+                return
+            conn.in_app = False
+            self.poller.wants_room(conn)
+
+    def flush(self, conn: _Conn) -> None:
+        """The socket has room: send more of the kept answer; once it is all sent, go on as after an answer."""
+        unsent = conn.unsent
+        try:
+            rest = wsgi.send_now(conn.sock, unsent)
+        except wsgi.ClientGone:
+            conn.unsent = None
+            self.answer(conn, False)
+            return
+        if rest is not None:
+            conn.unsent = rest
+            self.wait_room(conn)
+            return
+        conn.unsent = None
+        self.answer(conn, conn.then_keep)
 
     def handle(self, conn: _Conn, req: Request) -> bool:
         """Answer one request; True when the connection stays open for the next."""
@@ -501,7 +555,9 @@ class _Answerer:
                     first = next(iterator, None)
                     _stream(resp, first, iterator)
                 elif type(result) is list and not resp.headers_sent:
-                    resp.write_whole(b"".join(result) if len(result) != 1 else result[0])
+                    unsent = resp.write_whole(b"".join(result) if len(result) != 1 else result[0])
+                    if unsent is not None:
+                        conn.unsent = unsent   # sent as the client reads, by whichever thread then has it
                 else:
                     _stream(resp, None, iter(result) if not resp.no_body else iter(()))
                 resp.finish()
@@ -515,8 +571,7 @@ class _Answerer:
                     wsgi.log_error(self.log, f"Error handling request {req.method} {req.uri}")
                     resp.status, resp.code = "500 Internal Server Error", 500
                     try:
-                        wsgi.send_all(conn.sock, wsgi.error_response(500, "Internal Server Error", ""),
-                                      self.client_timeout)
+                        conn.unsent = wsgi.send_now(conn.sock, wsgi.error_response(500, "Internal Server Error", ""))
                     except wsgi.ClientGone:
                         pass
             finally:

@@ -12,6 +12,7 @@ cpdef dict environ(Request req, dict base, client, server)
 cpdef dict connection_environ(dict base, client)
 cpdef _client_environ(dict env, client)
 cpdef bytes _date()
+cpdef send_now(sock, data)
 cpdef send_all(sock, data, timeout)
 
 

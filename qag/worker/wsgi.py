@@ -169,8 +169,23 @@ class ClientGone(Exception):
     """The client stopped reading (closed, reset, or no progress within the send timeout)."""
 
 
+def send_now(sock, data):
+    """Send what the non-blocking socket takes without waiting: None when it took everything (one call, nothing
+    made), else the rest as a view, which the worker sends as the client reads (never waiting in a pool thread)."""
+    try:
+        sent = sock.send(data)
+    except (BlockingIOError, InterruptedError):
+        sent = 0
+    except OSError as exc:
+        raise ClientGone(str(exc)) from None
+    if sent == len(data):
+        return None
+    return memoryview(data)[sent:]
+
+
 def send_all(sock, data, timeout: float) -> None:
-    """Write everything on a non-blocking socket, waiting for room at most `timeout` seconds at a time."""
+    """Write everything on a non-blocking socket, waiting for room at most `timeout` seconds at a time (a stream's
+    writes: its thread holds the app's iterator, and a database cursor, until the last one)."""
     try:
         sent = sock.send(data)   # most responses fit the socket's buffer: one call, no view
     except BlockingIOError:
@@ -299,12 +314,12 @@ class Response:
         else:
             send_all(self.sock, head + data if head else data, self.timeout)
 
-    def write_whole(self, body: bytes) -> None:
-        """A body known in full (a list of one or more items): one send, Content-Length when the app gave none."""
+    def write_whole(self, body: bytes):
+        """A body known in full (a list of one or more items): one send, Content-Length when the app gave none.
+        None when the socket took it all, else the rest (send_now), for the worker to send without waiting."""
         self.headers_sent = True
         if self.no_body:
-            send_all(self.sock, self._build_head(len(body)), self.timeout)
-            return
+            return send_now(self.sock, self._build_head(len(body)))
         length = self.length if self.length is not None else len(body)
         short = False
         if len(body) != length:
@@ -314,7 +329,7 @@ class Response:
         if short:
             self.close = True   # less than announced: the client can't frame a next response
         self.sent = len(body)
-        send_all(self.sock, data, self.timeout)
+        return send_now(self.sock, data)
 
     def finish(self) -> None:
         if not self.headers_sent:

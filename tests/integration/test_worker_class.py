@@ -200,6 +200,79 @@ def test_slow_clients_hold_no_thread_and_time_out(start, worker):
     idle.close()
 
 
+def _bodies(sock: socket.socket, count: int, pause: float = 0.0) -> list[bytes]:
+    """Read `count` whole responses (Content-Length framed) from a socket, sleeping `pause` after each read."""
+    buf, bodies = b"", []
+    while len(bodies) < count:
+        end = buf.find(b"\r\n\r\n")
+        if end >= 0:
+            length = int(re.search(rb"\r\nContent-Length: (\d+)\r\n", buf[:end + 2]).group(1))
+            if len(buf) >= end + 4 + length:
+                assert buf.startswith(b"HTTP/1.1 200 OK\r\n"), buf[:200]
+                bodies.append(buf[end + 4:end + 4 + length])
+                buf = buf[end + 4 + length:]
+                continue
+        chunk = sock.recv(65536)
+        assert chunk, "closed before the answers were read"
+        buf += chunk
+        time.sleep(pause)
+    return bodies
+
+
+def _read_to_end(sock: socket.socket) -> int:
+    """Read until the server closes (an end or a reset); how many bytes came."""
+    total = 0
+    try:
+        while chunk := sock.recv(1 << 20):
+            total += len(chunk)
+    except ConnectionResetError:
+        pass
+    return total
+
+
+@pytest.mark.parametrize("worker", [QAG, FALLBACK])
+def test_clients_that_dont_read_their_answers_hold_no_thread(start, worker):
+    """An answer the socket can't take at once is kept on the connection, not waited for in a pool thread: more
+    clients than threads pipelining large answers and never reading don't stop the worker answering, and each is
+    closed once the client timeout for a whole answer is over, as is one that reads too slowly; a reader that
+    keeps up gets every byte of every answer it pipelined."""
+    from tests.worker_app import big_body
+    timeout, n = 3, 4_000_000
+    s = start(worker, env={"QAG_CLIENT_TIMEOUT": str(timeout)})
+
+    def pipelined(tags: list[str], small_buffer: bool = True) -> socket.socket:
+        sock = socket.socket()
+        if small_buffer:   # the kernel's buffers can't hold an answer: the server's send stalls
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(10)
+        sock.connect((s.host, s.port))
+        sock.sendall(b"".join(f"GET /big?n={n}&tag={tag} HTTP/1.1\r\nHost: h\r\n\r\n".encode() for tag in tags))
+        return sock
+
+    began = time.monotonic()
+    stuck = [pipelined([f"s{i}-{j}" for j in range(4)]) for i in range(6)]   # 2 threads
+    trickle = pipelined(["t"])
+    reader = pipelined(["r0", "r1", "r2"], small_buffer=False)
+    time.sleep(0.3)
+    for _ in range(3):
+        asked = time.monotonic()
+        assert s.get("/pid")[0] == 200
+        assert time.monotonic() - asked < 1.0   # not behind the clients that don't read
+    assert _bodies(reader, 3, pause=0.005) == [big_body(tag, n) for tag in ("r0", "r1", "r2")]
+    # reads all the time, but would take a minute for one answer: closed at the client timeout
+    trickled = 0
+    while time.monotonic() < began + timeout + 1.5:
+        trickled += len(trickle.recv(16384))
+        time.sleep(0.2)
+    assert trickled + _read_to_end(trickle) < n
+    for sock in stuck:   # closed too: what the buffers held, then the end
+        assert _read_to_end(sock) < 2 * n
+        sock.close()
+    trickle.close()
+    reader.close()
+    assert s.get("/pid")[0] == 200
+
+
 # --- gunicorn lifecycle: the same on gthread and qag's worker ----------------------------------------------------
 @pytest.mark.parametrize("worker", ["gthread", QAG, FALLBACK])
 def test_graceful_shutdown_finishes_the_request_in_flight(start, worker):

@@ -139,3 +139,24 @@ def test_environ_names_request_fields_as_gunicorn_does():
 def test_a_short_body_closes_after_the_head_it_announced():
     resp, data = _whole([("Content-Length", "5")], b"abc")
     assert resp.close and b"Content-Length: 5\r\n" in data and data.endswith(b"\r\n\r\nabc")
+
+
+def test_a_whole_answer_the_socket_cant_take_is_handed_back_unsent():
+    left, right = socket.socketpair()
+    with left, right:
+        left.setblocking(False)
+        answers = [wsgi.Response(left, _request(), 5.0, True) for _ in range(2)]
+        for resp in answers:
+            resp.start_response("200 OK", [])
+        assert answers[0].write_whole(b"ok") is None   # taken whole: nothing handed back
+        body = b"x" * 8_000_000
+        rest = answers[1].write_whole(body)   # more than the socket's buffers hold: the rest, never waited for
+        assert rest is not None and 0 < len(rest) < len(body)
+        received = bytearray()
+        while rest is not None:
+            received += right.recv(1 << 20)
+            rest = wsgi.send_now(left, rest)
+        left.close()
+        while chunk := right.recv(1 << 20):
+            received += chunk
+        assert received.endswith(b"\r\n\r\n" + body) and received.count(b"HTTP/1.1 200 OK") == 2
