@@ -225,12 +225,19 @@ class QagWorker(base.Worker):
         # list(): a C-level copy, taken whole; pool threads remove closed connections from the set meanwhile
         for conn in [c for c in list(self.conns) if c.deadline < now and not c.in_app]:
             # (a connection in a pool thread is skipped: a stream's send timeout applies)
-            self._close_idle(conn)
+            self._close_idle(conn, now)
 
-    def _close_idle(self, conn: _Conn) -> None:
-        """Selector thread: close a connection no pool thread holds (checked under its lock)."""
+    def _close_idle(self, conn: _Conn, now: float) -> None:
+        """Selector thread: close a connection no pool thread holds (checked under its lock), unless a request has
+        arrived on it that no thread has read yet."""
         with conn.lock:
             if conn.in_app or conn.closed:
+                return
+            if not conn.started and not conn.draining and conn.unsent is None and _has_bytes(conn.sock):
+                # Every pool thread was busy when it came: it is a request that has begun (a reset would drop it
+                # unanswered), answered when a thread frees up, within the client timeout.
+                conn.started = True
+                conn.deadline = now + self.client_timeout
                 return
             conn.closed = True
         self.poller.remove(conn)
@@ -630,6 +637,14 @@ def _stream(resp, first, iterator) -> None:
         return   # HEAD, 204, 304: the body is never produced (a stream's close() releases its cursor)
     for item in iterator:
         resp.write(item)
+
+
+def _has_bytes(sock) -> bool:
+    """Whether bytes (not just the end) wait unread on the socket; looked at without waiting."""
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:
+        return False
 
 
 class _Closed:

@@ -273,6 +273,28 @@ def test_clients_that_dont_read_their_answers_hold_no_thread(start, worker):
     assert s.get("/pid")[0] == 200
 
 
+@pytest.mark.parametrize("worker", [QAG, FALLBACK])
+def test_a_request_waiting_for_a_busy_pool_is_answered_not_reset(start, worker):
+    """A request that came while every pool thread was busy is answered when one frees up, even past the
+    connection's keep-alive deadline; an idle connection is still closed at its own."""
+    s = start(worker, "--keep-alive", "1")
+    busy = [threading.Thread(target=s.get, args=("/sleep?s=3",)) for _ in range(2)]   # both threads
+    for t in busy:
+        t.start()
+    time.sleep(0.5)
+    idle = socket.create_connection((s.host, s.port), timeout=10)
+    waiting = socket.create_connection((s.host, s.port), timeout=10)
+    waiting.sendall(b"GET /pid HTTP/1.1\r\nHost: h\r\n\r\n")
+    began = time.monotonic()
+    assert idle.recv(100) == b"" and time.monotonic() - began < 2.0
+    answer = waiting.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 200") and time.monotonic() - began > 1.5
+    for t in busy:
+        t.join()
+    idle.close()
+    waiting.close()
+
+
 # --- gunicorn lifecycle: the same on gthread and qag's worker ----------------------------------------------------
 @pytest.mark.parametrize("worker", ["gthread", QAG, FALLBACK])
 def test_graceful_shutdown_finishes_the_request_in_flight(start, worker):
