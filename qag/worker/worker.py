@@ -29,6 +29,7 @@ _DRAIN_SECONDS = 2.0   # how long a refused body is discarded before the connect
 _STOP_IDLE_SECONDS = 1.0
 # How long a connection the stopping worker half-closed discards what still arrives before it is closed.
 _STOP_DRAIN_SECONDS = 1.0
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # Module globals, not module attributes: the compiled build reads a global from a cache, an attribute by a lookup
 # (~250 instructions each, several per request).
 _monotonic, _time = time.monotonic, time.time
@@ -423,7 +424,7 @@ class _Answerer:
         if parser.continue_due is not None:
             parser.continue_due = None
             try:
-                conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+                conn.sock.send(_CONTINUE)
             except OSError:
                 self.unregister_close(conn)
                 return False
@@ -462,6 +463,13 @@ class _Answerer:
         # answered: the client may already be sending its next request, and a close would answer that with a
         # reset. The stop sweep waits a little for that request, which is answered with Connection: close.
         keep = keep and not parser.dead
+        if keep and parser.continue_due is not None and conn.unsent is None:
+            # A pipelined request waits for its 100 Continue; read() sends it only when nothing was answered first.
+            parser.continue_due = None
+            try:
+                conn.unsent = wsgi.send_now(conn.sock, _CONTINUE)
+            except wsgi.ClientGone:
+                keep = False
         if conn.unsent is not None:
             self.park(conn, keep)
             return

@@ -295,6 +295,27 @@ def test_a_request_waiting_for_a_busy_pool_is_answered_not_reset(start, worker):
     waiting.close()
 
 
+@pytest.mark.parametrize("worker", [QAG, FALLBACK])
+def test_a_pipelined_expect_continue_gets_its_100_after_the_answers_before_it(start, worker):
+    s = start(worker)
+    with socket.create_connection((s.host, s.port), timeout=5) as sock:
+        sock.sendall(b"GET /pid HTTP/1.1\r\nHost: h\r\n\r\n"
+                     b"POST /echo HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+        got = b""
+        while b"100 Continue" not in got:
+            chunk = sock.recv(65536)
+            assert chunk
+            got += chunk
+        assert got.startswith(b"HTTP/1.1 200") and got.endswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        sock.sendall(b"hello")
+        got = b""
+        while b'"body": "hello"' not in got:
+            chunk = sock.recv(65536)
+            assert chunk
+            got += chunk
+        assert got.startswith(b"HTTP/1.1 200")
+
+
 # --- gunicorn lifecycle: the same on gthread and qag's worker ----------------------------------------------------
 @pytest.mark.parametrize("worker", ["gthread", QAG, FALLBACK])
 def test_graceful_shutdown_finishes_the_request_in_flight(start, worker):
