@@ -90,12 +90,12 @@ ERRORS: dict[str, tuple[int, str, str]] = {
     "driver_missing": (500, "The driver for this database is not installed", "driver package not installed"),
     "internal_error": (500, "An error occurred", "unexpected"),
     "format_unavailable": (500, "This format is not available on this server", "an optional package for the format is missing"),
-    "connection_failed": (502, "Could not connect to the database", "database unreachable, down, or refusing the login, or lost mid-call (`Retry-After: 2`)"),
+    "connection_failed": (502, "Could not connect to the database", "database unreachable, down, or refusing the login, or lost mid-call (`Retry-After: 2`); a write's connection lost once its statement was sent: `outcome: \"unknown\"`, no `Retry-After` (it may have been applied: check before retrying)"),
     "upstream_failed": (502, "Upstream failed", "generic 502"),
     "unavailable": (503, "Service unavailable", "the metadata store is down, unreachable or locked past its 5 s wait, or every connection a worker may open to a database (`QAG_POOL_MAX`) stayed busy (`Retry-After`); also `/readyz` when not ready"),
     "jwks_unavailable": (503, "The bearer-token signing keys could not be read - try again shortly", "the issuer's discovery document or JWKS unreachable and no key known yet (`Retry-After: 5`)"),
     "too_many_streams": (503, "Too many open event streams", "`GET /events` beyond `QAG_EVENTS_MAX_STREAMS` open streams in the worker (`Retry-After: 5`)"),
-    "query_timeout": (504, "The query exceeded the time limit and was cancelled", "statement time limit exceeded; with `Retry-After: 2` when the reply never came by the limit + 1 s (the path to the database stopped answering)"),
+    "query_timeout": (504, "The query exceeded the time limit and was cancelled", "statement time limit exceeded; with `Retry-After: 2` when the reply never came by the limit + 1 s (the path to the database stopped answering), but for a write whose statement was sent: `outcome: \"unknown\"`, no `Retry-After` (it may have been applied: check before retrying)"),
 }
 
 # Default code by status when a raiser gives none (contract 0.3).

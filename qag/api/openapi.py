@@ -58,6 +58,8 @@ _BOOL = {"type": "boolean"}
 _TIME = {"type": "string", "description": "Server-local time, YYYY-MM-DD HH:MM:SS (see /health for the zone)",
          "pattern": r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$"}
 _NAMES_OR_ALL = {"oneOf": [{"const": "*"}, _arr(_STR)]}
+_OUTCOME = {"const": "unknown", "description": "A write's reply was lost after its statement was sent: it may have "
+                                               "been applied, so check before retrying (no Retry-After)"}
 
 
 # --- Components ---
@@ -113,11 +115,13 @@ def _schemas() -> dict:
     }
     return {
         "Error": _obj({"error": _STR, "code": _STR, "errors": _obj({}, extra=_STR), "detail": _STR,
-                       "retry_after": _NUM, "request_id": _STR}, ["error", "code", "request_id"]),
+                       "retry_after": _NUM, "outcome": _OUTCOME, "request_id": _STR},
+                      ["error", "code", "request_id"]),
         # RFC 9457, for a request with Accept: application/problem+json; the same members but error (= detail).
         "Problem": _obj({"type": {"const": "about:blank"}, "title": _STR, "status": _INT, "detail": _STR,
                          "code": _STR, "errors": _obj({}, extra=_STR), "driver_detail": _STR, "retry_after": _NUM,
-                         "request_id": _STR}, ["type", "title", "status", "detail", "code", "request_id"]),
+                         "outcome": _OUTCOME, "request_id": _STR},
+                        ["type", "title", "status", "detail", "code", "request_id"]),
         "Empty": _obj({"message": {"const": "No results returned"}}, ["message"]),
         "Rows": _arr({"type": "object"}),
         "ParameterRule": _obj(rule_properties, ["type", "required"]),

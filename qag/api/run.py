@@ -593,6 +593,8 @@ class RunHandlers:
             call.cursor = prepared.cursor_pageable
         _pin_names(call, plan, restricted, fields)
         call.identity = row_security(caller, fields, plan.query)
+        # A writable caller's reads run read-write too: only a statement that writes has an outcome to doubt.
+        call.writes = not plan.read_only and bool(plan.prepared.write_ops)
         if timing is not None:
             mark = perf_counter()
         try:

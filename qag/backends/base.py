@@ -15,7 +15,7 @@ class Call:
     the compiled build (~3,800 instructions a call, against about a quarter of that for this one)."""
 
     __slots__ = ("sql", "args", "read_only", "timeout", "fetch", "skip", "schema", "tables", "cursor", "functions",
-                 "connection", "identity", "json_rows", "default_text")
+                 "connection", "identity", "json_rows", "default_text", "writes")
 
     def __init__(self, sql: str, args: tuple, read_only: bool, timeout: float | None, fetch: int, skip: int = 0,
                  schema: str | None = None, tables: frozenset | None = None, cursor: bool = False,
@@ -49,6 +49,10 @@ class Call:
         # the backend runs it only on a session whose own sql_mode reads them so (masking refused by the server's
         # facts as the last connection opened saw them; a pooled one may be older).
         self.default_text = False
+        # The statement may change data: a lost reply or connection after it was sent leaves its outcome unknown
+        # (sent_write_error). Any call that isn't read-only, unless its caller knows better (the run handlers: a
+        # statement with write operations).
+        self.writes = not read_only
 
     def __repr__(self) -> str:
         return "Call(" + ", ".join([f"{name}={getattr(self, name)!r}" for name in Call.__slots__]) + ")"
@@ -100,6 +104,24 @@ def query_failed(detail: str) -> QagError:
 def connection_failed(detail: str) -> QagError:
     return QagError("connection_failed", "Could not connect to the database", detail=detail,
                     retry_after=RETRY_AFTER)
+
+
+def sent_write_error(error: QagError) -> QagError:
+    """The error for a call that may write, once its statement was sent: a reply that never came by the deadline
+    (504 with retry_after) or a connection lost (502) says the outcome is unknown, since the server may have
+    committed before the path failed. Same status and code, but no Retry-After (a client that follows it would
+    apply the write twice) and `outcome: "unknown"`. The server's own refusals and time limit (the statement
+    rolled back) stay as they are."""
+    if error.code == "query_timeout" and "retry_after" in error.extras:
+        shown = error.extras["timeout"]
+        return QagError("query_timeout", f"No reply came from the database within the time limit of {shown} "
+                                         f"seconds: the write may have been applied - check before retrying it",
+                        timeout=shown, outcome="unknown")
+    if error.code == "connection_failed":
+        return QagError("connection_failed", "The connection to the database was lost after the write was sent: "
+                                             "it may have been applied - check before retrying it",
+                        detail=error.extras.get("detail", ""), outcome="unknown")
+    return error
 
 
 class Backend:

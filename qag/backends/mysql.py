@@ -51,7 +51,7 @@ from ..errors import QagError
 from . import _mysql_schema as schema_reader
 from . import _mysql_sql as statements
 from .base import (Backend, Call, Result, connection_failed, network_timeout, other_text_reading, query_failed,
-                   timeout_error)
+                   sent_write_error, timeout_error)
 from .pool import Pool, settings_key
 from .watchdog import WATCHDOG, deadline_of, tcp_keepalive
 
@@ -522,19 +522,23 @@ class MysqlBackend(Backend):
         except _Overdue:
             raise network_timeout(call.timeout) from None
         started = perf_counter()
-        sent = call.sql
+        sent = None     # the statement once it is being sent: from then on it may have run
         token = WATCHDOG.arm(link.fd, deadline, _kill_query, (fields, link.thread_id)) if deadline else 0
         try:
-            sent = self._prepare(link, call.sql, call.timeout)
-            columns, rows = _execute(link, sent, call.args, call.skip, call.fetch, deadline)
+            statement = self._prepare(link, call.sql, call.timeout)
+            sent = statement
+            columns, rows = _execute(link, statement, call.args, call.skip, call.fetch, deadline)
         except BaseException as exc:
             if token and WATCHDOG.disarm(token):
                 self._cut(key, link)
-                raise network_timeout(call.timeout) from None
-            self.pool.release(key, link, False)
-            if isinstance(exc, _DRIVER_ERRORS):
-                raise mapped(exc, call.timeout, fields.get("password"), sent, call.sql) from None
-            raise
+                error = network_timeout(call.timeout)
+            else:
+                self.pool.release(key, link, False)
+                if not isinstance(exc, _DRIVER_ERRORS):
+                    raise
+                error = mapped(exc, call.timeout, fields.get("password"), sent or call.sql, call.sql)
+            # A write commits on its own (autocommit): a reply lost once it was sent leaves its outcome unknown.
+            raise (sent_write_error(error) if sent is not None and call.writes else error) from None
         elapsed = (perf_counter() - started) * 1000.0
         if token and WATCHDOG.disarm(token):
             self._cut(key, link)   # the reply was read whole just as its socket was cut: answered, not pooled

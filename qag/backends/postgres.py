@@ -78,7 +78,8 @@ from .._speedups.pgpipe import Gone as _Gone   # raised by both twins (the compi
 from .._speedups.pgpipe import error_of, name_of   # how both twins read a failure and a column name
 from ..errors import QagError
 from ._postgres_schema import SCHEMA_MAX_TABLES, read_functions, read_schema
-from .base import Backend, Call, Result, connection_failed, network_timeout, query_failed, timeout_error
+from .base import (Backend, Call, Result, connection_failed, network_timeout, query_failed, sent_write_error,
+                   timeout_error)
 from .pool import Pool, settings_key
 from .watchdog import KEEPALIVE_COUNT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, USER_TIMEOUT_MS, deadline_of
 
@@ -556,14 +557,17 @@ class PostgresBackend(Backend):
         self.pool.release(key, link, link.clean())
 
     def _fail(self, key, link: _Link, exc: BaseException, call: Call, shift: int = 0) -> QagError:
-        """The error for a call that failed; its connection is closed, never pooled again."""
+        """The error for a call that failed once its pipeline was being sent; its connection is closed, never
+        pooled again. A write's lost reply or connection is an unknown outcome (sent_write_error): it commits at
+        the Sync, which the server may have reached."""
         link.bad = True
         self.pool.release(key, link, False)
         if isinstance(exc, _Gone):
             # No answer by the deadline: the idle connections of the same settings share the path that stopped
             # answering; a dead one would hold its next call until that call's deadline.
             self.pool.close_idle(key)
-        return mapped(exc, link.fields, call.timeout, shift)
+        error = mapped(exc, link.fields, call.timeout, shift)
+        return sent_write_error(error) if call.writes else error
 
     # --- calls ---------------------------------------------------------------------------------------------
     def _inline_reset(self, link: _Link, call: Call, statements: list[str], reset: bool) -> bool:

@@ -14,9 +14,9 @@ INTERVAL = 1.0   # seconds between two warnings about the same connection
 
 class OutageLog:
     """Logs the refusals a database or its pool caused (those answered with Retry-After: 502 connection_failed,
-    503 pool exhausted, 504 reply never came), at most once per INTERVAL per connection, so an outage under load
-    says why without flooding the log. The reason is the driver's text, which the backends have already
-    scrubbed of the connection's password."""
+    503 pool exhausted, 504 reply never came; a write's lost reply or connection, `outcome: "unknown"`, has no
+    Retry-After), at most once per INTERVAL per connection, so an outage under load says why without flooding the
+    log. The reason is the driver's text, which the backends have already scrubbed of the connection's password."""
 
     def __init__(self) -> None:
         self._last: dict[str, float] = {}
@@ -24,8 +24,9 @@ class OutageLog:
 
     def note(self, what: str, error: QagError, reason: str | None = None) -> None:
         """`what` is unavailable (e.g. "connection 'sales'", "the store"): warn unless it was warned about less than
-        INTERVAL ago. Refusals without Retry-After are the caller's or the statement's, not an outage."""
-        if "retry_after" not in error.extras or error.status < 500:
+        INTERVAL ago. Other refusals without Retry-After are the caller's or the statement's, not an outage."""
+        extras = error.extras
+        if ("retry_after" not in extras and extras.get("outcome") != "unknown") or error.status < 500:
             return
         now = time.monotonic()
         if now - self._last.get(what, -INTERVAL) < INTERVAL:

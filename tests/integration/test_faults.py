@@ -4,7 +4,7 @@ stops or is locked; pool pressure. Real gunicorn (two workers), real MariaDB/Pos
 For each fault the suite checks what docs/deployment.md's fault table promises: the statuses and codes of every
 failed call (each with Retry-After), the longest call against its time limit + the documented margin, the time to
 recover once the fault ends, the same worker pids before and after (nothing crashed), and for writes that none
-was lost or applied twice.
+was lost or applied twice, and none refused with Retry-After was applied.
 """
 
 from __future__ import annotations
@@ -208,6 +208,7 @@ def test_writes_are_never_lost_or_applied_twice_across_faults(request, fault_ser
         server.query(insert, f"INSERT INTO {table} (id) VALUES (:id)", connection)
         server.query(count, f"SELECT id, COUNT(*) AS n FROM {table} GROUP BY id ORDER BY id", connection)
         answered: dict[int, int] = {}
+        told: dict[int, tuple] = {}        # a refused write: (Retry-After, outcome)
         ids = iter(range(1, 1_000_000))
         lock = threading.Lock()
         stop = threading.Event()
@@ -218,6 +219,8 @@ def test_writes_are_never_lost_or_applied_twice_across_faults(request, fault_ser
                     n = next(ids)
                 r = server.post(q(insert) + f"?timeout={LIMIT}", {"params": {"id": n}})
                 answered[n] = r.status
+                if r.status != 200:
+                    told[n] = (r.headers.get("retry-after"), r.json.get("outcome"))
         threads = [threading.Thread(target=writer) for _ in range(3)]
         for t in threads:
             t.start()
@@ -242,6 +245,11 @@ def test_writes_are_never_lost_or_applied_twice_across_faults(request, fault_ser
         ok = {i for i, status in answered.items() if status == 200}
         assert ok and ok <= set(stored), sorted(ok - set(stored))[:10]
         assert all(status in (200, 502, 503, 504) for status in answered.values())
+        # A refusal that says to retry (Retry-After) is one the server never applied; only a write whose statement
+        # was sent when the fault came may have been, and its answer says so.
+        assert all((retry_after is None) == (outcome == "unknown") for retry_after, outcome in told.values()), told
+        retryable = {i for i, (retry_after, _) in told.items() if retry_after is not None}
+        assert not retryable & set(stored), sorted(retryable & set(stored))[:10]
 
 
 def test_pool_waiting_gauge_rises_and_falls(request, make_server, uniq):
