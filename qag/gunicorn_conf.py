@@ -150,11 +150,19 @@ def worker_exit(server, worker):
 
 def child_exit(server, worker):
     """Master, a worker gone: fold its counters into the instance's retired totals, and give back the slots and
-    quota reservations it held."""
+    quota reservations it held: in the host table, and its max_concurrent leases in Redis (bounded: at most two
+    short waits on Redis, once per worker gone; a lease left behind runs out by itself)."""
     from qag.observe import metrics
     from qag.policy import hostlimits
     metrics.retire_worker(worker.pid)
     hostlimits.sweep(worker.pid)
+    if _settings.redis_url:
+        from qag.policy import redislimits
+        try:
+            redislimits.sweep(_settings.redis_url, worker.pid)
+        except Exception as exc:  # Redis down or not answering: the leases run out instead
+            server.log.warning("Could not give back the Redis max_concurrent leases of worker %s (%s); they run "
+                               "out by themselves", worker.pid, type(exc).__name__)
 
 
 def on_exit(server):

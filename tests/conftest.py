@@ -73,13 +73,15 @@ def uniq():
 
 def pytest_sessionfinish(session):
     """The shared Redis keeps no counters of this run: the quota and rate-limit keys named after uniq() names
-    (they would otherwise stay until they expire, a day to 40 days later)."""
+    (they would otherwise stay until they expire, a day to 40 days later), and the index of the max_concurrent
+    sets this process held leases in (a server's workers' are swept by its master)."""
     try:
         import redis
+        from qag.policy.redislimits import holder_index
         client = redis.Redis.from_url(REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
         keys = list(client.scan_iter(f"qag:*{os.getpid()}_*", count=1000))
-        if keys:
-            client.delete(*keys)
+        keys.append(holder_index(os.uname().nodename, os.getpid()))
+        client.delete(*keys)
     except Exception:  # no Redis here, or no client: nothing was written there
         pass
 

@@ -47,7 +47,10 @@ return {ok, string.format('%.17g', tokens)}
 """
 
 # max_concurrent: a sorted set of leases scored by their expiry on Redis's clock. Expired leases go first, so a
-# worker that died holding a slot frees it when its lease ends. ARGV: limit, lease seconds, member.
+# worker that died holding a slot frees it when its lease ends at the latest. KEYS[2], the holder's index
+# (`qag:holder:<host>:<pid>`), names the sets the process holds leases in, kept as long as its longest lease: the
+# master gives a dead worker's leases back at once (sweep) without scanning Redis. ARGV: limit, lease seconds,
+# member.
 _ACQUIRE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -56,21 +59,37 @@ if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[3])
 local ttl = math.ceil(tonumber(ARGV[2])) + 1
 if redis.call('TTL', KEYS[1]) < ttl then redis.call('EXPIRE', KEYS[1], ttl) end
+redis.call('SADD', KEYS[2], KEYS[1])
+if redis.call('TTL', KEYS[2]) < ttl then redis.call('EXPIRE', KEYS[2], ttl) end
 return 1
 """
 
-# Extend a held lease (a stream still sending); a lease that already expired is not brought back.
+# Extend a held lease (a stream still sending), and its holder's index with it; a lease that already expired is not
+# brought back.
 _RENEW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local ok = redis.call('ZADD', KEYS[1], 'XX', 'CH', now + tonumber(ARGV[1]), ARGV[2])
 local ttl = math.ceil(tonumber(ARGV[1])) + 1
 if redis.call('TTL', KEYS[1]) < ttl then redis.call('EXPIRE', KEYS[1], ttl) end
+if redis.call('TTL', KEYS[2]) < ttl then redis.call('EXPIRE', KEYS[2], ttl) end
 return ok
+"""
+
+# A dead process's leases in one set: its members start with ARGV[1] (`<host>:<pid>:`).
+_SWEEP = """
+local freed = 0
+for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  if string.sub(member, 1, #ARGV[1]) == ARGV[1] then freed = freed + redis.call('ZREM', KEYS[1], member) end
+end
+return freed
 """
 
 LEASE_MARGIN = 30.0        # a slot's lease: the call's time limit + this (contract 6.7)
 LEASE_UNLIMITED = 3630.0   # ... or this without a time limit
+RELEASE_RETRY = 1.0        # seconds between two tries at giving back the leases whose release failed
+RELEASES_KEPT = 1024       # failed releases a process keeps to try again; beyond them a lease runs its course
+SWEEP_TIMEOUT = 0.25       # seconds the master waits on Redis for each step of a dead worker's sweep
 
 
 class LimitStats:
@@ -152,10 +171,10 @@ class _RedisSlot:
     """A lease in `qag:running:<key name>`: released once; renewed (at most every third of its length) while a
     stream is still sending."""
 
-    __slots__ = ("pool", "key", "member", "lease", "_renewed")
+    __slots__ = ("pool", "key", "member", "lease", "holder", "_renewed")
 
-    def __init__(self, pool: "SlotPool", key: str, member: str, lease: float):
-        self.pool, self.key, self.member, self.lease = pool, key, member, lease
+    def __init__(self, pool: "SlotPool", key: str, member: str, lease: float, holder: str):
+        self.pool, self.key, self.member, self.lease, self.holder = pool, key, member, lease, holder
         self._renewed = time.monotonic()
 
     def renew(self) -> None:
@@ -165,15 +184,18 @@ class _RedisSlot:
             return
         self._renewed = now
         # On failure the lease simply runs its course; counting goes on in-process for new calls meanwhile.
-        pool.redis.call(lambda r: pool._renew_script(r)(keys=[self.key], args=[self.lease, self.member], client=r),
+        pool.redis.call(lambda r: pool._renew_script(r)(keys=[self.key, self.holder],
+                                                        args=[self.lease, self.member], client=r),
                         lambda: None)
 
     def release(self) -> None:
         pool, self.pool = self.pool, None
         if pool is not None:
             # Tried even while this worker backs off from Redis after a hiccup: a lease left behind would refuse
-            # the key's calls until it runs out (up to an hour without a time limit).
-            pool.redis.call_now(lambda r: r.zrem(self.key, self.member), lambda: None)
+            # the key's calls until it runs out (up to an hour without a time limit). When it fails it is kept
+            # and tried again until Redis answers.
+            pool.redis.call_now(lambda r: r.zrem(self.key, self.member),
+                                lambda: pool._keep(self.key, self.member, self._renewed + self.lease))
 
 
 class _LocalSlot(Slot):
@@ -213,22 +235,64 @@ class SlotPool:
         self._acquire = None
         self._renew = None
         self._host = os.uname().nodename
+        self._unreleased: dict[tuple[str, str], float] = {}    # (set, member) → when its lease runs out (monotonic)
+        self._retrying = False                                 # a thread is trying them again
+        self._lock = threading.Lock()
 
     def acquire(self, name: str, limit: int, timeout: float | None):
         if self.redis is None:
             return self._local(name, limit)
         lease = (timeout + LEASE_MARGIN) if timeout else LEASE_UNLIMITED
         key = f"qag:running:{name}"
-        member = f"{self._host}:{os.getpid()}:{os.urandom(6).hex()}"  # unique per lease, and says whose it is
-        return self.redis.call(lambda r: self._remote(r, key, limit, lease, member),
+        pid = os.getpid()
+        member = f"{self._host}:{pid}:{os.urandom(6).hex()}"  # unique per lease, and says whose it is
+        holder = holder_index(self._host, pid)
+        return self.redis.call(lambda r: self._remote(r, key, limit, lease, member, holder),
                                lambda: self._fallback(name, limit))
 
-    def _remote(self, client, key: str, limit: int, lease: float, member: str):
+    def _remote(self, client, key: str, limit: int, lease: float, member: str, holder: str):
         if self._acquire is None:
             self._acquire = client.register_script(_ACQUIRE)
-        if not int(self._acquire(keys=[key], args=[limit, lease, member], client=client)):
+        if not int(self._acquire(keys=[key, holder], args=[limit, lease, member], client=client)):
             return None
-        return _RedisSlot(self, key, member, lease)
+        return _RedisSlot(self, key, member, lease, holder)
+
+    def _keep(self, key: str, member: str, runs_out: float) -> None:
+        """A release Redis did not take (down, or not answering): kept, and tried again every RELEASE_RETRY s by a
+        thread of its own until Redis answers or the lease has run out by itself. Without it the key's calls
+        would be refused on every instance until then (up to an hour without a time limit)."""
+        with self._lock:
+            if len(self._unreleased) < RELEASES_KEPT:
+                self._unreleased[(key, member)] = runs_out
+            if self._retrying:
+                return
+            self._retrying = True
+        threading.Thread(target=self._retry_releases, name="qag-slot-release", daemon=True).start()
+
+    def _retry_releases(self) -> None:
+        import redis
+        while True:
+            time.sleep(RELEASE_RETRY)
+            with self._lock:
+                now = time.monotonic()
+                for item in [item for item, runs_out in self._unreleased.items() if runs_out <= now]:
+                    del self._unreleased[item]
+                pending = list(self._unreleased)
+                if not pending:
+                    self._retrying = False
+                    return
+            # Straight to the client, not through call(): a try in the background neither starts nor ends the
+            # back-off the calls see.
+            try:
+                pipe = self.redis.client().pipeline(transaction=False)
+                for key, member in pending:
+                    pipe.zrem(key, member)
+                pipe.execute()
+            except (redis.RedisError, OSError, ValueError):
+                continue
+            with self._lock:
+                for item in pending:
+                    self._unreleased.pop(item, None)
 
     def _renew_script(self, client):
         if self._renew is None:
@@ -247,3 +311,31 @@ class SlotPool:
     def _fallback(self, name: str, limit: int):
         self.stats.fell_back()
         return self._local(name, limit)
+
+
+def holder_index(host: str, pid: int) -> str:
+    """The set naming the `qag:running:*` sets a process holds (or held) leases in."""
+    return f"qag:holder:{host}:{pid}"
+
+
+def sweep(url: str, pid: int, host: str | None = None) -> int:
+    """Master, a worker gone: give back the leases it held in Redis, which would otherwise refuse their keys' calls
+    until they run out. Best effort on a connection of its own, closed after: two round trips (its index, then
+    every set it names), each waiting at most SWEEP_TIMEOUT, no retry; a lease left runs out by itself. Returns the
+    leases given back."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+    host = host if host is not None else os.uname().nodename
+    index = holder_index(host, pid)
+    client = redis.Redis.from_url(url, socket_timeout=SWEEP_TIMEOUT, socket_connect_timeout=SWEEP_TIMEOUT,
+                                  health_check_interval=0, retry=Retry(NoBackoff(), 0))
+    try:
+        keys = client.smembers(index)
+        pipe = client.pipeline(transaction=False)
+        for key in keys:
+            pipe.eval(_SWEEP, 1, key, f"{host}:{pid}:")
+        pipe.delete(index)
+        return sum(pipe.execute()[:-1])
+    finally:
+        client.close()
