@@ -7,6 +7,8 @@ import re
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+import regex
+
 from qag.errors import QagError
 
 __all__ = ["validate_definitions", "display", "display_rule", "normalise", "compile_rules", "Resolver"]
@@ -22,6 +24,10 @@ _MAX_CLAIM_NAME = 200
 _RULE_KEY_SET = frozenset(_RULE_KEYS)
 _NAME = re.compile(r"[A-Za-z_]\w*")  # used with fullmatch: `$` would also accept a trailing newline
 _MAX_PATTERN_LENGTH = 500
+# A pattern is matched by the regex module (re's syntax), with a time limit and without the interpreter lock: a
+# pattern that backtracks without end ('(a|aa)+' against 'aaa...b') held re's match, and every thread of the
+# worker, for as long as a caller's value made it take.
+_PATTERN_SECONDS = 0.1
 _INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 _TRUE_WORDS = frozenset(("true", "1", "yes"))
 _FALSE_WORDS = frozenset(("false", "0", "no"))
@@ -220,11 +226,17 @@ class _Rule:
                     raise _Bad(message_long)
             steps.append(check_max_length)
         if self.pattern is not None:
-            fullmatch, message_pattern = re.compile(self.pattern).fullmatch, f"must match the pattern {self.pattern}"
+            fullmatch, message_pattern = regex.compile(self.pattern).fullmatch, f"must match the pattern {self.pattern}"
+            message_slow = f"{message_pattern} (its check took longer than {_PATTERN_SECONDS:g} s)"
 
             def check_pattern(value: Any) -> None:
-                if isinstance(value, str) and fullmatch(value) is None:
-                    raise _Bad(message_pattern)
+                if isinstance(value, str):
+                    try:
+                        matched = fullmatch(value, timeout=_PATTERN_SECONDS, concurrent=True)
+                    except TimeoutError:
+                        raise _Bad(message_slow) from None
+                    if matched is None:
+                        raise _Bad(message_pattern)
             steps.append(check_pattern)
         return steps
 
@@ -319,8 +331,9 @@ def _parse(spec: Any) -> _Rule:
         if not isinstance(pattern, str) or len(pattern) > _MAX_PATTERN_LENGTH:
             raise _Bad(f"'pattern' must be text of at most {_MAX_PATTERN_LENGTH} characters")
         try:
-            re.compile(pattern)
-        except (re.error, OverflowError, RecursionError, ValueError) as error:
+            re.compile(pattern)      # Python's syntax (contract 3.5.2), which the regex module reads alike
+            regex.compile(pattern)
+        except (re.error, regex.error, OverflowError, RecursionError, ValueError) as error:
             # OverflowError: a repeat count like a{4294967296}; RecursionError: absurdly deep nesting
             raise _Bad(f"'pattern' is not a valid regular expression ({error})") from None
         rule.pattern = pattern

@@ -480,6 +480,32 @@ class TestRules:
         assert problems(rules, {"t": "1abc"}) == {"t": "must match the pattern [a-z]+"}
         assert problems({"t": {"pattern": "a|b"}}, {"t": "ab"}) == {"t": "must match the pattern a|b"}
 
+    def test_a_pattern_that_backtracks_without_end_is_cut_short(self):
+        """'(a|aa)+' against a's then a b backtracks for hours in re (holding the interpreter lock, so every thread
+        of the worker): the check has a time limit, the value is refused, and other threads run meanwhile."""
+        import threading
+        import time
+        rules = {"t": {"type": "str", "pattern": "(a|aa)+"}}
+        assert compile_rules(rules).resolve({"t": "aaaa"}) == {"t": "aaaa"}
+        ticks = []
+        stop = threading.Event()
+
+        def tick():
+            while not stop.is_set():
+                ticks.append(1)
+                time.sleep(0.001)
+        other = threading.Thread(target=tick)
+        other.start()
+        try:
+            started = time.monotonic()
+            assert problems(rules, {"t": "a" * 60 + "b"}) == {
+                "t": "must match the pattern (a|aa)+ (its check took longer than 0.1 s)"}
+            assert time.monotonic() - started < 5      # 2**60 steps otherwise
+        finally:
+            stop.set()
+            other.join()
+        assert len(ticks) > 10                          # the other thread ran while the check did
+
     def test_length_before_pattern(self):
         rules = {"t": {"type": "str", "max_length": 2, "pattern": "[a-z]+"}}
         assert problems(rules, {"t": "ABC"}) == {"t": "must be at most 2 characters long"}
