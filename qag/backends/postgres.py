@@ -60,6 +60,7 @@ FORWARD <n> FROM qag_stream` in one segment, each further batch one FETCH, ended
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import math
 from os import urandom
@@ -398,13 +399,35 @@ _ADAPTERS: list = []
 
 
 def _adapters():
-    """psycopg's adapters with _TEXT_TYPES loaded as text; made once, copied by each connection."""
+    """psycopg's adapters with _TEXT_TYPES loaded as text and infinite dates and times read; made once, copied by
+    each connection."""
     if not _ADAPTERS:
         adapters = psycopg.adapt.AdaptersMap(psycopg.adapters)
         for name in _TEXT_TYPES:
             adapters.register_loader(name, TextLoader)
+        for name, loader in _infinite_loaders():
+            adapters.register_loader(name, loader)
         _ADAPTERS.append(_Context(adapters))
     return _ADAPTERS[0]
+
+
+def _infinite_loaders():
+    """date, timestamp and timestamptz loaders that read PostgreSQL's 'infinity' and '-infinity' as the latest and
+    earliest values Python has (as psycopg2, QueryAPIGate's driver, does), where psycopg's own raise DataError and
+    the row can't be read at all. Python-level loaders (a C one's load can't be overridden): they cost a call per
+    value of these types."""
+    from psycopg.types import datetime as types
+    utc = dt.timezone.utc
+    kinds = (("date", types.DateLoader, dt.date.max, dt.date.min),
+             ("timestamp", types.TimestampLoader, dt.datetime.max, dt.datetime.min),
+             ("timestamptz", types.TimestamptzLoader, dt.datetime.max.replace(tzinfo=utc),
+              dt.datetime.min.replace(tzinfo=utc)))
+    for name, base, latest, earliest in kinds:
+        def load(self, data, _base=base, _latest=latest, _earliest=earliest):
+            if data[-8:] == b"infinity":
+                return _earliest if data[:1] == b"-" else _latest
+            return _base.load(self, data)
+        yield name, type(f"Infinite{base.__name__}", (base,), {"load": load})
 
 
 class _Context:

@@ -413,6 +413,22 @@ def conn_name(db, server, writes_server):
     return name
 
 
+def test_infinite_dates_and_times_are_read_as_psycopg2_reads_them(server, conn_name):
+    """PostgreSQL's 'infinity' has no Python date: read as the latest (earliest) one, as QueryAPIGate's psycopg2
+    reads it, where psycopg's own loaders made the row unreadable (a 400 blaming a parameter there was none of)."""
+    sql = ("SELECT 'infinity'::date AS d, '-infinity'::date AS e, 'infinity'::timestamp AS t, "
+           "'-infinity'::timestamptz AS z, '2020-01-02'::date AS plain")
+    r = server.post("/execute_sql", {"sql": sql, "connection_name": conn_name})
+    assert r.status == 200, r
+    row = r.json[0]
+    assert row["d"].startswith("9999-12-31") and row["e"].startswith("0001-01-01"), row
+    assert row["t"].startswith("9999-12-31") and row["z"].startswith("0001-01-01") and row["plain"].startswith("2020-01-02")
+    csv = server.post("/execute_sql", {"sql": sql, "connection_name": conn_name, "format": "csv"})
+    assert csv.status == 200 and b"9999-12-31" in csv.body, csv
+    streamed = server.post("/execute_sql?stream=true&format=ndjson", {"sql": sql, "connection_name": conn_name})
+    assert streamed.status == 200 and b"9999-12-31" in streamed.body, streamed
+
+
 def test_the_admins_database_override_runs_the_call_there(server, conn_name, db):
     """Contract 10.1: a `database` override (admin) replaces the connection's database for this call."""
     def run(**body):
