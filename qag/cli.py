@@ -305,6 +305,17 @@ def cmd_admin(args, settings) -> int:
 
 
 # --- parser ----------------------------------------------------------------------------------------------
+def _port(text: str) -> int:
+    """A TCP port argument: argparse's one-line refusal (exit 2) rather than a traceback from bind()."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"a port is from 1 to 65535, not {port}")
+    return port
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qag", description="Saved SQL queries served as governed HTTP APIs.")
     parser.add_argument("--version", action="version", version=f"qag {__version__}")
@@ -315,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
                                   "names): see docs/configuration.md, and `qag config` for the values in effect.")
     serve.add_argument("--bind", help="host:port to listen on (QAG_BIND)")
     serve.add_argument("--host", help="host to listen on (with --port; QAG_BIND wins when both are given)")
-    serve.add_argument("--port", type=int, help="port to listen on")
+    serve.add_argument("--port", type=_port, help="port to listen on")
     serve.add_argument("--workers", type=int, help="worker processes (QAG_WORKERS)")
     serve.add_argument("--threads", type=int, help="threads per worker (QAG_THREADS)")
     serve.add_argument("--home", help="folder of the store (QAG_HOME)")
@@ -341,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     events = sub.add_parser("events", help="serve GET /events to many clients, with every instance's runs and "
                                            "resume (Last-Event-ID); run beside `qag serve` on the same store")
     events.add_argument("--host", help="host to listen on (QAG_EVENTS_HOST)")
-    events.add_argument("--port", type=int, help="port to listen on (QAG_EVENTS_PORT)")
+    events.add_argument("--port", type=_port, help="port to listen on (QAG_EVENTS_PORT)")
     events.add_argument("--home", help="folder of the store (QAG_HOME)")
 
     store = sub.add_parser("store", help="store maintenance")
