@@ -2,7 +2,7 @@
 (plain or JSON lines, with the request id) and writes them in batches. No request thread formats a line, takes
 the logging module's handler lock, or waits on a write.
 
-Plain: `<time> <LEVEL> qag [<request_id> key=<key>]: <message>` (line breaks escaped); with tracing on (QAG_OTEL)
+Plain: `<time> <LEVEL> qag [<request_id> key=<key>]: <message>` (line breaks and control characters escaped); with tracing on (QAG_OTEL)
 a request's and a run's lines say `[<request_id> key=<key> trace=<trace id>]`.
 JSON:  {"time", "level", "logger", "request_id", "key", ["trace_id",] "message", ...structured extras}.
 """
@@ -20,6 +20,10 @@ from .events import PAUSE_EVERY, BatchWriter, pause
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 _installed: "_Handler | None" = None
 _MILLISECONDS = tuple(f"{n:03d}" for n in range(1000))   # a line's milliseconds, formatted once
+# Line breaks and every other control character a caller can put in a message (a decoded path's NUL, ESC, ...)
+# are written as escapes: one line per record, nothing a terminal or a log shipper would act on.
+_ESCAPED = {c: f"\\u{c:04x}" for c in (*range(0x20), *range(0x7f, 0xa0), 0x2028, 0x2029)} | {
+    ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\t"}
 
 
 class _Handler(logging.Handler):
@@ -144,8 +148,8 @@ class LogWriter:
         if second != self._second:
             self._second = second
             self._stamp = time.strftime("%Y-%m-%d %H:%M:%S,", time.localtime(second))
-        if "\n" in message or "\r" in message:
-            message = message.replace("\r", "\\r").replace("\n", "\\n")
+        if not message.isprintable():
+            message = message.translate(_ESCAPED)
         return (f"{self._stamp}{_MILLISECONDS[milli - second * 1000]} {level} {logger} [{rid or '-'} "
                 f"key={key or '-'}{'' if trace is None else ' trace=' + trace}]: {message}\n")
 

@@ -57,6 +57,15 @@ def test_json_lines_carry_structured_fields():
     assert (second["level"], second["request_id"], second["message"]) == ("WARNING", "rid-2", "two\nlines")
 
 
+def test_control_characters_in_a_message_are_escaped():
+    """A decoded path can carry NUL, ESC or a Unicode line separator into the request line: one line, escaped."""
+    w, out = _writer()
+    logging.getLogger("qag").warning("GET /api/v1/api-keys/\x00\x1b[2J\u2028x\x7f\ty -> 404")
+    w.close()
+    text = out.getvalue()
+    assert text.count("\n") == 1 and text.endswith("GET /api/v1/api-keys/\\u0000\\u001b[2J\\u2028x\\u007f\ty -> 404\n")
+
+
 def test_plain_lines_escape_line_breaks_and_exceptions_are_one_line():
     w, out = _writer()
     try:
