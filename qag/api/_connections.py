@@ -12,6 +12,7 @@ from ..http.response import json_response
 from ..policy import tables as table_policy
 from ..policy.grants import check_connection
 from ._common import CONNECTION_NAME, audit, body_object, check_if_match, keyed_digest, no_content, with_etag
+from .. import shapes
 from ..shapes import DIRECT_FIELDS, SUPPORTED_DB
 SERVER_OWNED = ("name", "created_at", "updated_at", "usage", "example")
 MASKED_PASSWORD = "********"
@@ -45,6 +46,8 @@ def _fields_from_body(body: dict) -> dict:
         if isinstance(fields.get(key), str) and "\x00" in fields[key]:
             raise QagError("invalid_body", f"{key} must not contain a NUL character")
     port = fields.get("port")
+    if isinstance(port, float) and shapes.whole(port) is not None:
+        port = fields["port"] = shapes.whole(port)   # 5432.0 is the integer 5432, as JSON Schema reads it
     if port is not None and (isinstance(port, bool) or not isinstance(port, (int, str))):
         raise QagError("invalid_body", "port must be a number or text")
     if type(port) is int and not 0 < port < 65536:

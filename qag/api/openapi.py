@@ -58,6 +58,11 @@ _BOOL = {"type": "boolean"}
 _TIME = {"type": "string", "description": "Server-local time, YYYY-MM-DD HH:MM:SS (see /health for the zone)",
          "pattern": r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$"}
 _NAMES_OR_ALL = {"oneOf": [{"const": "*"}, _arr(_STR)]}
+# What a management body may store (api/_common.body_object refuses an integer outside 64 bits anywhere in it).
+_NUM64 = {"anyOf": [{"type": "number", "not": {"type": "integer"}},
+                    {"type": "integer", "minimum": shapes.INT64_MIN, "maximum": shapes.INT64_MAX}]}
+_SCALAR64 = {"anyOf": [{"type": ["string", "boolean", "null"]}, *_NUM64["anyOf"]]}
+_COUNT64 = {"type": "integer", "minimum": 0, "maximum": shapes.INT64_MAX}
 _OUTCOME = {"const": "unknown", "description": "A write's reply was lost after its statement was sent: it may have "
                                                "been applied, so check before retrying (no Retry-After)"}
 
@@ -72,7 +77,8 @@ def _schemas() -> dict:
     }
     rule_input = dict(rule_properties, type=_null({"type": "string", "description": "int, float, str or bool "
                                                    "(or integer, number, string, boolean); case-insensitive"}),
-                      example={})
+                      default=_SCALAR64, enum=_arr(_SCALAR64), min=_NUM64, max=_NUM64,
+                      min_length=_COUNT64, max_length=_COUNT64, example=_SCALAR64)
     grants = {
         "connections": _NAMES_OR_ALL,
         "queries": {"oneOf": [{"const": "*"}, _arr({"oneOf": [_STR, _obj(
@@ -392,10 +398,12 @@ def _connection_input(create: bool) -> dict:
     text = {"type": "string", "pattern": r"^[^\u0000]*$"}
     options = {"type": "object", "description": "Driver options (row_security and db_roles: PostgreSQL only)",
                "propertyNames": {"not": {"enum": [*shapes.DIRECT_FIELDS, "db", "active", "name", "row_security",
-                                                  "db_roles"]}}}
+                                                  "db_roles"]}},
+               "additionalProperties": _SCALAR64}   # published as scalars
     properties = {"name": shapes.CONNECTION_NAME_SCHEMA if create else _STR,
                   "db": {"enum": list(shapes.SUPPORTED_DB)}, "host": _null(text),
-                  "port": _null({"anyOf": [{"type": "integer"}, {"type": "string"}]}), "database": _null(text),
+                  "port": _null({"anyOf": [{"type": "integer", "minimum": 1, "maximum": 65535}, {"type": "string"}]}),
+                  "database": _null(text),
                   "user": _null(text), "password": _null(_STR), "active": _BOOL, "options": _null(options)}
     if not create:
         del properties["name"]

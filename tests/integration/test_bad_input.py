@@ -185,6 +185,8 @@ def test_what_a_management_body_stores_fits_64_bits(server, uniq, echo):
     server.query(name, "SELECT :a AS a", "lite", parameters={"a": {"type": "int", "default": 2 ** 63 - 1}})
     assert server.get(q(name)).json == [{"a": 2 ** 63 - 1}]
     assert server.post("/api/v1/connections", {"name": uniq("c"), "db": "mysql", "host": "h", "port": 3306}).status == 201
+    made = server.post("/api/v1/connections", {"name": uniq("c"), "db": "mysql", "host": "h", "port": 3306.0})
+    assert made.status == 201 and made.json["port"] == 3306, made      # JSON Schema's integer: 3306.0 is 3306
     key = server.key(uniq("k"), connections="*", rate_limit="999999999999999999/second")
     assert server.get(q(echo) + "?v=1", key=key).json == [{"v": 1}]
     # a cache_ttl of any size is allowed (contract 7.1) and kept ten years at most, never a 500
