@@ -10,7 +10,7 @@ from qag.worker.wsgi cimport Response
 
 cdef class _Conn:
     cdef public object sock, fd, client, server, base, parser, deadline, started, refusal, in_app, closed, lock
-    cdef public object draining, unsent, then_keep
+    cdef public object draining, unsent, then_keep, queued
 
 
 cdef class _Answerer:

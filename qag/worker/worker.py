@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import itertools
 import logging
 import os
 import queue
 import socket
+import sys
+import termios
 import threading
 import time
 from collections import deque
@@ -24,6 +27,7 @@ from .poller import STOP, make_poller
 
 
 _DRAIN_SECONDS = 2.0   # how long a refused body is discarded before the connection is closed
+_TIOCOUTQ = getattr(termios, "TIOCOUTQ", None)   # a socket's unsent bytes (Linux; elsewhere write events only)
 # A stopping worker (reload, SIGTERM, max_requests) gives an idle kept-alive connection this long (at most its
 # keep-alive deadline) for a last request, answered with Connection: close; a long keepalive must not stall the stop.
 _STOP_IDLE_SECONDS = 1.0
@@ -50,7 +54,7 @@ class _Conn:
     """One client connection: its socket, its parser and the requests parsed but not yet answered."""
 
     __slots__ = ("sock", "fd", "client", "server", "base", "parser", "deadline", "started", "refusal", "in_app",
-                 "closed", "lock", "draining", "unsent", "then_keep")
+                 "closed", "lock", "draining", "unsent", "then_keep", "queued")
 
     def __init__(self, sock, client, server, base_env, parser):
         self.sock, self.client, self.server, self.base = sock, client, server, base_env
@@ -64,9 +68,22 @@ class _Conn:
         self.started = False   # bytes of a request have arrived: the request deadline runs
         self.refusal: HttpError | None = None   # a bad request after pipelined good ones, answered after them
         # The rest of a whole response the socket had no room for (a view), sent as the client reads; the deadline
-        # then bounds the whole response. then_keep: the connection stays open once it is sent.
+        # then bounds each part of it. then_keep: the answers so far let the connection go on once it is sent.
+        # queued: what the kernel still held to send when the deadline was last set (_outq), so the sweep sees a
+        # client that reads, though too slowly to leave room for a write event before the deadline.
         self.unsent = None
         self.then_keep = False
+        self.queued = 0
+
+
+def _outq(sock) -> int:
+    """Bytes the kernel still holds to send on the socket (TIOCOUTQ); -1 where it can't say."""
+    if _TIOCOUTQ is None:
+        return -1
+    try:
+        return int.from_bytes(fcntl.ioctl(sock.fileno(), _TIOCOUTQ, b"\0\0\0\0"), sys.byteorder, signed=True)
+    except OSError:
+        return -1
 
 
 class QagWorker(base.Worker):
@@ -238,6 +255,11 @@ class QagWorker(base.Worker):
                 # Every pool thread was busy when it came: it is a request that has begun (a reset would drop it
                 # unanswered), answered when a thread frees up, within the client timeout.
                 conn.started = True
+                conn.deadline = now + self.client_timeout
+                return
+            if conn.unsent is not None and 0 <= (queued := _outq(conn.sock)) < conn.queued:
+                # The client took some of what the kernel held: it reads, just slowly. The time starts again.
+                conn.queued = queued
                 conn.deadline = now + self.client_timeout
                 return
             conn.closed = True
@@ -459,23 +481,29 @@ class _Answerer:
             except wsgi.ClientGone:
                 pass
             keep = False
+        if conn.unsent is not None:
+            # `keep` as the answers so far left it: once the rest is sent, answer() goes on with the requests
+            # still ready and a refusal after them (a dead parser only ends the connection after those).
+            self.park(conn, keep)
+            return
         # A response that promised keep-alive keeps its connection even when the worker began to stop while it was
         # answered: the client may already be sending its next request, and a close would answer that with a
         # reset. The stop sweep waits a little for that request, which is answered with Connection: close.
         keep = keep and not parser.dead
-        if keep and parser.continue_due is not None and conn.unsent is None:
+        if keep and parser.continue_due is not None:
             # A pipelined request waits for its 100 Continue; read() sends it only when nothing was answered first.
             parser.continue_due = None
             try:
                 conn.unsent = wsgi.send_now(conn.sock, _CONTINUE)
             except wsgi.ClientGone:
                 keep = False
-        if conn.unsent is not None:
-            self.park(conn, keep)
-            return
-        if conn.draining and conn.refusal is None:
-            # The client may still be sending the body we refused: closing now would reset the connection and
-            # could destroy the 413 before it is read. Half-close, discard what comes for a short while.
+            if conn.unsent is not None:
+                self.park(conn, keep)
+                return
+        if (conn.draining and conn.refusal is None) or parser.dead:
+            # The client may still be sending the body we refused, or what follows a request we couldn't read:
+            # closing now would reset the connection and could destroy the answers before they are read.
+            # Half-close, discard what comes for a short while.
             keep = self.half_close(conn, _DRAIN_SECONDS)
         elif not keep and not self.worker.alive:
             # Stopping: a lingering close too (a client may have sent more than it was answered).
@@ -504,9 +532,11 @@ class _Answerer:
 
     def park(self, conn: _Conn, keep: bool) -> None:
         """Keep the rest of an answer on the connection and give the thread back: the client has the client timeout
-        to take the whole of it (the sweep closes it past that), then `keep` says whether the connection stays."""
+        to take each part of it (flush starts the time again on progress; the sweep closes it past that), then
+        `keep` says whether the answers so far let the connection go on."""
         conn.then_keep = keep
         conn.deadline = _monotonic() + self.client_timeout
+        conn.queued = _outq(conn.sock)
         self.wait_room(conn)
 
     def wait_room(self, conn: _Conn) -> None:
@@ -533,6 +563,11 @@ class _Answerer:
             self.answer(conn, False)
             return
         if rest is not None:
+            if len(rest) < len(unsent):
+                # progress: the client is reading, and has the client timeout again for the next part (a large
+                # answer to a slow but steady reader is never cut; one that stops reading is, holding no thread)
+                conn.deadline = _monotonic() + self.client_timeout
+                conn.queued = _outq(conn.sock)
             conn.unsent = rest
             self.wait_room(conn)
             return
