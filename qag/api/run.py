@@ -26,6 +26,7 @@ from ..policy.keyfields import normalise_mask
 from ..policy import masking
 from ..policy import tables as table_policy
 from ..bearer import claim
+from ..sql import functions as sql_functions
 from ..sql.params import compile_rules
 from ..sql.prepare import check_text_values, prepare, render
 from .. import shapes
@@ -593,8 +594,8 @@ class RunHandlers:
             call.cursor = prepared.cursor_pageable
         _pin_names(call, plan, restricted, fields)
         call.identity = row_security(caller, fields, plan.query)
-        # A writable caller's reads run read-write too: only a statement that writes has an outcome to doubt.
-        call.writes = not plan.read_only and bool(plan.prepared.write_ops)
+        # A writable caller's reads run read-write too: only a statement that may write has an outcome to doubt.
+        call.writes = not plan.read_only and _may_write(plan.prepared, fields)
         if timing is not None:
             mark = perf_counter()
         try:
@@ -669,6 +670,18 @@ class RunHandlers:
 
 # The text of the small counts every page's headers carry (X-Page, X-Page-Size, X-Row-Count), made once: a
 # tuple's item instead of a str() call each.
+def _may_write(prepared, fields: dict) -> bool:
+    """Whether a statement run read-write may change data: a write operation, or a call of anything but the
+    engine's own built-ins (a user function can write: `SELECT log_visit(1)`), or a statement qag can't read."""
+    if prepared.write_ops:
+        return True
+    acc = prepared.uses(default_schema(prepared.dialect, fields))
+    if acc.failure is not None or acc.user_functions or acc.table_functions or acc.denied:
+        return True
+    dialect = prepared.dialect
+    return any(not sql_functions.allowed_builtin(schema, name, dialect, None) for schema, name in acc.calls)
+
+
 _COUNT_TEXTS = tuple(str(n) for n in range(1025))
 
 
