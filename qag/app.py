@@ -30,7 +30,7 @@ from .policy.redislimits import LimitStats, RateLimiter, SlotPool
 from .redisconn import from_settings as redis_from_settings
 from .settings import Settings, load
 from .store import open_store
-from .store.base import Store
+from .store.base import Store, StoreTimeout
 from .store.sqlite import store_paths
 
 log = logging.getLogger("qag")
@@ -135,9 +135,15 @@ class Gateway:
                 error = QagError("internal_error")
             else:
                 # The store is down, unreachable or locked: nothing was let in (an unknown key never is) and a
-                # refused write was rolled back with its transaction.
-                error = QagError("unavailable", "The metadata store is unavailable - try again shortly",
-                                 retry_after=STORE_RETRY_AFTER)
+                # refused write was rolled back with its transaction; but a change whose reply never came by the
+                # store's deadline may have been committed (a new key's secret, never shown): no Retry-After.
+                if isinstance(exc, StoreTimeout) and request.method not in ("GET", "HEAD"):
+                    error = QagError("unavailable", "The metadata store did not answer in time: the change may "
+                                                    "have been applied - read it back before retrying",
+                                     outcome="unknown")
+                else:
+                    error = QagError("unavailable", "The metadata store is unavailable - try again shortly",
+                                     retry_after=STORE_RETRY_AFTER)
                 self.outages.note("the store", error, reason)
             response = self._error_response(error, request)
         if response.status == 401 and not response.has_header("WWW-Authenticate"):

@@ -14,6 +14,10 @@ class StoreError(RuntimeError):
     """The store cannot be opened or used (newer schema, unreadable file, ...)."""
 
 
+class StoreTimeout(StoreError):
+    """The store did not answer a round trip in time: its connection was cut, and a write's outcome is unknown."""
+
+
 class Store(abc.ABC):
     """Rows in, rows out: dicts with JSON fields already decoded. No HTTP, no policy."""
 

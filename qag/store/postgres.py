@@ -32,7 +32,7 @@ from typing import Callable, Iterator
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from ..backends.watchdog import NETWORK_MARGIN, Watchdog
-from .base import PAUSE_ROWS, StoreError
+from .base import PAUSE_ROWS, StoreError, StoreTimeout
 from .schema import MIGRATIONS, RUN_COLUMNS, SCHEMA_VERSION, statements
 from .sqlite import _CONFIGURATION, SqliteStore, _dump, _row
 
@@ -52,10 +52,6 @@ _SCHEMA_TABLE = "qag_schema"
 # makes the server cancel the statement anyway).
 _WATCHDOG = Watchdog()
 os.register_at_fork(after_in_child=_WATCHDOG.after_fork)
-
-
-class StoreTimeout(StoreError):
-    """The store did not answer a round trip in time: its connection was cut, and a write's outcome is unknown."""
 
 
 def _driver():

@@ -377,7 +377,11 @@ def test_a_stalled_store_is_answered_within_its_limit_and_nothing_stays_stuck(ma
     assert len(replies) == 7
     for reply, seconds in replies:
         assert reply.status == 503 and reply.json["code"] == "unavailable", reply
-        assert int(reply.headers["retry-after"]) > 0
+        if reply.json.get("outcome") == "unknown":
+            # a change whose reply never came: it may have been applied, so no Retry-After (the POST only)
+            assert "retry-after" not in reply.headers and "read it back" in reply.json["error"], reply
+        else:
+            assert int(reply.headers["retry-after"]) > 0
         # Limit + margin per store round trip, and a call makes a few (the run counts of /api/v1/queries first
         # have the history writers write: 2 s at most for the others): seconds, not the minutes of before.
         assert seconds < 15, seconds
@@ -385,6 +389,8 @@ def test_a_stalled_store_is_answered_within_its_limit_and_nothing_stays_stuck(ma
     wait_for(lambda: server.get("/api/v1/queries").status == 200 or None, "the store answering again", 15.0)
     time.sleep(1.0)
     assert server.get(f"/api/v1/queries/{refused_name}").status == 404   # the held COMMIT never landed
+    doubted = [reply for reply, _ in replies if reply.json.get("outcome") == "unknown"]
+    assert len(doubted) <= 1       # the POST's alone: a read has no outcome to doubt
     for _ in range(3):   # the history writer and the metadata poll survived: runs recorded after the stall
         assert server.get(q("one"), key=key, headers={"X-Request-Id": "after-stall"}).status == 200
     wait_for(lambda: server.get("/api/v1/history", params={"query": "one", "limit": 100}).json["items"][0]
