@@ -62,6 +62,8 @@ def open_store_when_up(settings: Settings, worker, sleep=time.sleep):
         try:
             return open_store(settings, create=False)
         except StoreOpenError as exc:
+            if not exc.transient:
+                raise   # a store that is wrong (a newer schema, a missing database) isn't waited out
             worker.log.warning("worker %s: the store can't be opened (%s); trying again in %g s", os.getpid(),
                                exc, wait)
         until = time.monotonic() + wait

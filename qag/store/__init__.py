@@ -9,11 +9,17 @@ import os
 import re
 import sqlite3
 
-from .base import Store, StoreError
+from .base import Store, StoreError, StoreTimeout
 
 
 class StoreOpenError(StoreError):
-    """The store cannot be opened: one line naming the setting, what went wrong and what to do (exit status 2)."""
+    """The store cannot be opened: one line naming the setting, what went wrong and what to do (exit status 2).
+    transient: the server couldn't be reached or didn't answer (an outage a restarted worker may wait out), not a
+    store that is wrong (a newer schema, a missing database or role)."""
+
+    def __init__(self, message: str, transient: bool = False):
+        super().__init__(message)
+        self.transient = transient
 
 
 # libpq's words for why a connection failed (its own and the server's; a localised server falls through to the
@@ -41,13 +47,23 @@ def open_store(settings, *, url: str | None = None, home: str | None = None, set
             return PostgresStore(url, settings.audit_log_limit, pool_size=settings.threads + 4,
                                  timeout=settings.store_timeout)
         except StoreError as exc:
-            raise StoreOpenError(_postgres_failure(setting or "QAG_DATABASE_URL", url, exc)) from None
+            cause = exc.__context__
+            transient = isinstance(exc, StoreTimeout) or (
+                cause is not None and type(cause).__module__.startswith("psycopg2")
+                and type(cause).__name__ in ("OperationalError", "InterfaceError")
+                and not _lasting(str(cause)))
+            raise StoreOpenError(_postgres_failure(setting or "QAG_DATABASE_URL", url, exc), transient) from None
     from .sqlite import SqliteStore
     folder = home if home is not None else settings.home
     try:
         return SqliteStore(folder, settings.audit_log_limit, create)
     except (OSError, sqlite3.Error, StoreError) as exc:
         raise StoreOpenError(_sqlite_failure(setting or "QAG_HOME", folder, exc)) from None
+
+
+def _lasting(text: str) -> bool:
+    """A libpq failure no wait mends: a database or role that doesn't exist, refused credentials."""
+    return any(pattern.search(text) for pattern, _ in _PG_FAILURES[:2])
 
 
 def _postgres_failure(setting: str, url: str, exc: StoreError) -> str:
