@@ -311,8 +311,8 @@ def _port(text: str) -> int:
         port = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 < port < 65536:
-        raise argparse.ArgumentTypeError(f"a port is from 1 to 65535, not {port}")
+    if not 0 <= port < 65536:   # 0: any free port (the tests' servers take one so)
+        raise argparse.ArgumentTypeError(f"a port is from 0 to 65535, not {port}")
     return port
 
 
