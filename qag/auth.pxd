@@ -10,6 +10,7 @@ cdef class Authenticator:
     cdef public object store, _admin, _admin_caller, tokens, _role_claim, _fixed_role, _user_claim
     cdef public dict _touched   # _touch's lookup: a C call
     cdef public object _role_grants, challenges, _reserved_said
+    cdef public dict _reserved
 
     cpdef auth_required(self)
     cpdef _touch(self, name, previous)

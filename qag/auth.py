@@ -90,6 +90,7 @@ class Authenticator:
             self._user_claim = settings.jwt_user_claim
         self._role_grants: dict[str, Grants] = {}
         self._reserved_said: set[str] = set()
+        self._reserved: dict[str, bool] = {}   # stored key name -> named like a caller that is no key
         # The headers of a 401: one WWW-Authenticate per scheme this server accepts.
         self.challenges: tuple[tuple[str, str], ...] = (("WWW-Authenticate", API_KEY_CHALLENGE),)
         if self.tokens is not None:
@@ -123,8 +124,12 @@ class Authenticator:
         grants = grants_from_json(row["grants_json"])  # compiled once per distinct stored grants
         if not self._valid(row, previous, grants, peer):
             return None
-        if reserved_key_name(row["name"]):
-            self._refuse_reserved(row["name"])
+        name = row["name"]
+        reserved = self._reserved.get(name)
+        if reserved is None:   # judged once per stored name (an NFKC normalisation), not on every call
+            reserved = self._reserved[name] = reserved_key_name(name)
+        if reserved:
+            self._refuse_reserved(name)
             return None
         self._touch(row["name"], previous)
         return Caller(row["name"], False, "key", grants, row)
