@@ -85,6 +85,15 @@ class Drill:
         assert reply.status == 200, reply
         time.sleep(0.3)   # PostgreSQL: the reset queued behind the call is answered before the relay holds replies
 
+    def held(self, warm, call):
+        """`warm` through the relay, then `call`'s reply held past its deadline: the call's answer."""
+        self.warm(warm)
+        self.relay.delay = HELD
+        try:
+            return call()
+        finally:
+            self.relay.delay = 0.0
+
 
 def _unknown(reply, status: int, code: str) -> None:
     assert reply.status == status and reply.json["code"] == code, reply
@@ -111,25 +120,19 @@ def test_a_write_whose_reply_is_held_past_its_deadline_has_an_unknown_outcome(re
     host, port = _upstream(request, db)
     with Relay(host, port) as relay:
         drill = Drill(request, write_server, uniq, db, relay)
-        drill.warm(lambda: drill.write(0))
-        relay.delay = HELD
-        reply = drill.write(1)
-        relay.delay = 0.0
+        reply = drill.held(lambda: drill.write(0), lambda: drill.write(1))
         _unknown(reply, 504, "query_timeout")
         assert reply.json["timeout"] == LIMIT and f"time limit of {LIMIT} seconds" in reply.json["error"]
         assert drill.stored(1) == 1            # what the answer warns about: the server committed it
+
+        def select(v: int):
+            return write_server.post(q(drill.call) + f"?timeout={LIMIT}", {"params": {"v": v}})
         # A SELECT whose function writes: the same unknown outcome, and the row is there
-        drill.warm(lambda: write_server.post(q(drill.call) + f"?timeout={LIMIT}", {"params": {"v": 5}}))
-        relay.delay = HELD
-        reply = write_server.post(q(drill.call) + f"?timeout={LIMIT}", {"params": {"v": 6}})
-        relay.delay = 0.0
-        _unknown(reply, 504, "query_timeout")
+        _unknown(drill.held(lambda: select(5), lambda: select(6)), 504, "query_timeout")
         assert drill.stored(6) == 1
         # A read through the same writable caller (it runs read-write too) is only a read: retryable as before.
-        drill.warm(lambda: write_server.get(q(drill.read)))
-        relay.delay = HELD
-        reply = write_server.get(q(drill.read) + f"?timeout={LIMIT}")
-        relay.delay = 0.0
+        reply = drill.held(lambda: write_server.get(q(drill.read)),
+                           lambda: write_server.get(q(drill.read) + f"?timeout={LIMIT}"))
         _retryable(reply, 504, "query_timeout")
 
 

@@ -111,14 +111,20 @@ def test_workers_share_counts_through_the_store_within_one_flush(tmp_path):
     assert a.begin("k", quota, reserve=False).calls == 5     # a moved its written counts into its view
 
 
+def _counted(tmp_path, calls: int, rows: int = 2):
+    """A store, its quota writer with one call of `rows` counted for key k (quota `calls` a day), and the store's
+    own add_quota_usage, for a test that replaces it."""
+    store = SqliteStore(str(tmp_path))
+    q = Quotas(store, interval=60)
+    quota = {"calls": calls, "per": "day"}
+    q.begin("k", quota, reserve=True).settle(True, rows)
+    return store, q, quota, store.add_quota_usage
+
+
 def test_a_write_whose_commit_reply_was_lost_is_not_counted_twice(tmp_path):
     """The store applied a flush but the reply never came (the connection broke after the COMMIT left): the flush
     is sent again as it was, under its id, and the store skips it; calls counted since go in a flush of their own."""
-    store = SqliteStore(str(tmp_path))
-    q = Quotas(store, interval=60)
-    quota = {"calls": 30, "per": "day"}
-    q.begin("k", quota, reserve=True).settle(True, 2)
-    real = store.add_quota_usage
+    store, q, quota, real = _counted(tmp_path, 30)
 
     def applied_then_lost(*args, **kw):
         real(*args, **kw)
@@ -135,11 +141,7 @@ def test_a_write_whose_commit_reply_was_lost_is_not_counted_twice(tmp_path):
 
 
 def test_a_failed_write_keeps_the_counts(tmp_path):
-    store = SqliteStore(str(tmp_path))
-    q = Quotas(store, interval=60)
-    quota = {"calls": 3, "per": "day"}
-    q.begin("k", quota, reserve=True).settle(True, 2)
-    real = store.add_quota_usage
+    store, q, quota, real = _counted(tmp_path, 3)
 
     def busy(*args, **kw):
         raise RuntimeError("store busy")
