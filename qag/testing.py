@@ -166,6 +166,13 @@ class Relay:
         for s in sockets:
             try:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                # A socket a pump thread is blocked in recv() on outlives close(): nothing would be sent until the
+                # peer spoke again, and a client waiting for its reply would wait out its deadline. SHUT_RD wakes
+                # that thread and sends nothing, so the close() below is the last reference and sends the RST.
+                s.shutdown(socket.SHUT_RD)
+            except OSError:
+                pass
+            try:
                 s.close()
             except OSError:
                 pass
