@@ -41,6 +41,7 @@ _RATE_EXEMPT = frozenset({"/health", "/livez", "/readyz", "/metrics"})
 _OPERATOR_PATHS = _RATE_EXEMPT   # what the admin listener (QAG_ADMIN_BIND) serves
 # Routes whose calls a quota checks before and counts after (contract 0.1 step 7, 6.8).
 _DATA_ENDPOINTS = frozenset({"api.run_named_query", "api.execute_sql_endpoint"})
+_MCP_SEGMENTS = ["mcp"]     # the router's reading of /mcp, however the path spelled it
 
 
 class Gateway:
@@ -181,8 +182,9 @@ class Gateway:
         return body
 
     def _error_response(self, error: QagError, request: Request) -> Response:
-        # An MCP client reads JSON-RPC, not the envelope: /mcp's refusals before its handler ran are JSON-RPC errors.
-        if request.environ.get("PATH_INFO") == "/mcp":
+        # An MCP client reads JSON-RPC, not the envelope: /mcp's refusals before its handler ran are JSON-RPC errors,
+        # at every spelling of the path the router takes for /mcp (`/mcp/`, `//mcp`, `/mcp%2F`).
+        if request.segments == _MCP_SEGMENTS or request.environ.get("PATH_INFO") == "/mcp":
             return self.mcp.refusal(error, request, self.auth.challenges)
         return error_response(error, request.request_id, request.environ.get("HTTP_ACCEPT"))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import logging
 import threading
@@ -112,9 +113,46 @@ def claim(claims: dict, name: str) -> Any:
     return value
 
 
+def key_source_url(url: str) -> bool:
+    """Whether signing keys or a discovery document may be read from `url`: https, or plain http to a loopback
+    host only (tests, a sidecar), judged on the parsed host (`http://127.0.0.1.example.com` is not loopback), with
+    no user information. Keys read over plain HTTP from elsewhere could be swapped on the way."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        parts.port   # raises for a port that is no number or out of range
+    except ValueError:
+        return False
+    scheme = parts.scheme.lower()
+    if not host or "@" in parts.netloc or scheme not in ("https", "http"):
+        return False
+    if scheme == "https":
+        return True
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to where keys may be read from at all: never down to plain HTTP elsewhere."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        if not key_source_url(newurl):
+            raise ValueError("redirected to a URL keys are not read from")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+_opener = urllib.request.build_opener(_CheckedRedirects)
+
+
 def _fetch_json(url: str) -> dict:
+    if not key_source_url(url):
+        raise ValueError("not a URL keys are read from")
     request = urllib.request.Request(url, headers={"Accept": "application/json", "User-Agent": "qag"})
-    with urllib.request.urlopen(request, timeout=_FETCH_TIMEOUT) as response:  # noqa: S310 - URL from settings
+    with _opener.open(request, timeout=_FETCH_TIMEOUT) as response:  # noqa: S310 - checked above
         body = response.read(_MAX_DOCUMENT_BYTES + 1)
     if len(body) > _MAX_DOCUMENT_BYTES:
         raise ValueError("document too large")
@@ -145,7 +183,7 @@ class KeySet:
         # OIDC discovery (OpenID Connect Discovery 1.0 4): the document lives under the issuer's own URL.
         document = self._fetch(self.issuer.rstrip("/") + "/.well-known/openid-configuration")
         uri = document.get("jwks_uri")
-        if not isinstance(uri, str) or not uri.lower().startswith(("https://", "http://127.0.0.1", "http://localhost")):
+        if not isinstance(uri, str) or not key_source_url(uri):
             raise ValueError("the discovery document has no usable jwks_uri")
         if document.get("issuer") != self.issuer:
             # Discovery 4.3: the document must name the issuer it was fetched for.
@@ -229,7 +267,7 @@ class TokenVerifier:
             claims = self._decode(token)
             if self.max_entries:
                 with self._lock:
-                    self._seen[digest] = (float(claims["exp"]), claims)
+                    self._seen[digest] = (claims["exp"], claims)
                     while len(self._seen) > self.max_entries:
                         self._seen.popitem(last=False)   # oldest first: a bounded table, whatever callers send
         # The audience is checked on every call, cached or not: one token may be good at one endpoint only.
@@ -260,14 +298,21 @@ class TokenVerifier:
         else:
             key = self.secret
         try:
+            # `sub` and `jti` are not PyJWT's to judge: the user claim may be a number (qag/auth.py checks it).
             claims = jwt.decode(token, key, algorithms=[alg], issuer=self.issuer, leeway=self.leeway,
-                                options={"require": ["exp"], "verify_aud": False})
+                                options={"require": ["exp"], "verify_aud": False, "verify_sub": False,
+                                         "verify_jti": False})
         except jwt.PyJWTError as exc:  # InvalidKeyError too: an ES token for an RSA key is a bad signature
             code, message = next((_REASONS[c.__name__] for c in type(exc).__mro__ if c.__name__ in _REASONS),
                                  ("token_signature", "The bearer token's signature does not verify"))
             raise refusal(code, message) from None
-        if not isinstance(claims.get("exp"), (int, float)) or isinstance(claims.get("exp"), bool):
+        exp = claims.get("exp")
+        if not isinstance(exp, (int, float)) or isinstance(exp, bool):
             raise refusal("token_claims", "The bearer token lacks a required claim")
+        try:
+            claims["exp"] = float(exp)   # as the verified-token cache compares it
+        except OverflowError:            # an integer past any float: no time at all, so no expiry to check
+            raise refusal("token_claims", "The bearer token's exp is not a time") from None
         return claims
 
 

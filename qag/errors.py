@@ -10,6 +10,7 @@ ERRORS: dict[str, tuple[int, str, str]] = {
     "invalid_body": (400, "Request body must be a JSON object", "body not a JSON object, malformed JSON, bad field values"),
     "unknown_field": (400, "Unknown field(s)", "a management body has fields the resource does not accept"),
     "invalid_name": (400, "Invalid name", "bad connection, query, key or role name"),
+    "invalid_text": (400, "Text can't contain a NUL character", "a name, body text or query-string value the store would keep or look up holds U+0000, which a PostgreSQL store (QAG_DATABASE_URL) can't hold"),
     "sql_required": (400, "SQL query is missing", "missing or blank `sql`"),
     "connection_required": (400, "Connection name is missing", "no `connection_name` anywhere"),
     "multiple_statements": (400, "Only a single SQL statement can be executed at a time", "more than one statement"),

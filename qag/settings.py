@@ -226,13 +226,12 @@ def _jwt_secret(text: str, s: Setting) -> str:
 
 
 def _jwks_url(text: str, s: Setting) -> str | None:
+    from .bearer import key_source_url
     url = text.strip()
     if url == "":
         return None
-    lowered = url.lower()
     # Keys fetched over plain HTTP could be swapped in transit; loopback is for tests and sidecars.
-    if not (lowered.startswith("https://") or lowered.startswith(("http://127.0.0.1", "http://localhost",
-                                                                     "http://[::1]"))):
+    if not key_source_url(url):
         raise SettingsError(f"{s.name} must be {s.accepted}")
     return url
 
@@ -419,8 +418,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("QAG_JWT_SECRET", _jwt_secret, None, "Accept `Authorization: Bearer <JWT>` signed with this shared secret (HS256/384/512; at least 32 bytes). Set this or QAG_JWT_JWKS_URL / QAG_JWT_ISSUER, not both. Needs `pip install 'qag[jwt]'`.",
             "text of at least 32 bytes", alias="QUERYAPIGATE_JWT_SECRET", secret=True),
     Setting("QAG_JWT_JWKS_URL", _jwks_url, None, "Accept bearer tokens signed by the keys published at this JWKS URL (RS/PS/ES/EdDSA); unset with QAG_JWT_ISSUER set = the issuer's OIDC discovery document names it. Keys are cached and fetched again for an unknown `kid` (at most once per QAG_JWT_JWKS_REFRESH_INTERVAL).",
-            "an https:// URL (http:// only for localhost or 127.0.0.1)", alias="QUERYAPIGATE_JWT_JWKS_URL"),
-    Setting("QAG_JWT_ISSUER", _optional_text, None, "The `iss` every bearer token must carry; with no QAG_JWT_SECRET or QAG_JWT_JWKS_URL, also where the OIDC discovery document is read (<issuer>/.well-known/openid-configuration). Required with asymmetric keys.",
+            "an https:// URL (http:// only for a loopback host: localhost, 127.0.0.0/8, [::1])", alias="QUERYAPIGATE_JWT_JWKS_URL"),
+    Setting("QAG_JWT_ISSUER", _optional_text, None, "The `iss` every bearer token must carry; with no QAG_JWT_SECRET or QAG_JWT_JWKS_URL, also where the OIDC discovery document is read (<issuer>/.well-known/openid-configuration), and then it must be an https URL (http only for a loopback host). Required with asymmetric keys.",
             "the issuer's URL as it appears in `iss`", alias="QUERYAPIGATE_JWT_ISSUER"),
     Setting("QAG_JWT_AUDIENCE", _csv, (), "Accepted `aud` values (comma-separated); a token must name one. Required with asymmetric keys; optional with a secret.",
             "a comma-separated list", alias="QUERYAPIGATE_JWT_AUDIENCE"),
@@ -630,6 +629,11 @@ def _check_jwt(values: dict) -> None:
     if keyed and (issuer is None or not values["jwt_audience"]):
         # A provider signs tokens for every application it serves: without both, another app's tokens pass here.
         raise SettingsError("bearer tokens from an issuer's keys need QAG_JWT_ISSUER and QAG_JWT_AUDIENCE set")
+    from .bearer import key_source_url
+    if keyed and jwks is None and not key_source_url(issuer):
+        # The discovery document names the keys: read over plain HTTP from elsewhere, it could name anyone's.
+        raise SettingsError("QAG_JWT_ISSUER is where the signing keys are discovered (no QAG_JWT_JWKS_URL), so it "
+                            "must be an https URL (http only for a loopback host)")
     if values["jwt_role"] is None and values["jwt_role_claim"] is None:
         raise SettingsError("bearer tokens need QAG_JWT_ROLE (the role every signed-in user gets) and/or "
                             "QAG_JWT_ROLE_CLAIM (a claim naming one)")

@@ -92,6 +92,8 @@ def _check_active(active) -> bool:
 
 
 _SECRET_WORDS = ("password", "passwd", "secret", "token")
+# Literal segments of /api/v1/connections/<word> routes: a connection so named couldn't be read at its URL.
+_ROUTE_WORDS = frozenset({"deleted", "test", "databases"})
 
 
 def _is_secret_option(name: str) -> bool:
@@ -171,6 +173,9 @@ class ConnectionHandlers:
         if not isinstance(name, str) or not CONNECTION_NAME.fullmatch(name):
             raise QagError("invalid_name", "A connection name is 1-100 letters, digits, spaces, '.', '_' or '-', "
                                            "starting with a letter or digit")
+        if name in _ROUTE_WORDS:
+            raise QagError("invalid_name", f"'{name}' names a route under /api/v1/connections/ and can't name a "
+                                           f"connection")
         db = _check_db(body.get("db"))
         active = _check_active(body.get("active", True))
         fields = {k: v for k, v in _fields_from_body(body).items() if v is not None}

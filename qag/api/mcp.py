@@ -7,7 +7,7 @@ import logging
 
 from ..version import __version__
 from ..errors import QagError
-from ..http.request import refuse_lone_surrogates
+from ..http.request import refuse_constant, refuse_lone_surrogates
 from ..http.response import Response, json_bytes
 from ..policy import grants as policy
 from .mcp_oauth import ProtectedResource
@@ -64,7 +64,8 @@ class ToolCall:
     def __init__(self, request, name: str, body: dict, page_size: int):
         self.environ = request.environ
         self.method = "POST"
-        self.args = {"page_size": str(page_size)}
+        # json whatever the HTTP request's Accept says: the tool's result is the rows as JSON.
+        self.args = {"page_size": str(page_size), "format": "json"}
         self.page_ceiling = page_size   # MCP_MAX_ROWS is a ceiling of its own, not QAG_MAX_PAGE_SIZE's
         self.request_id = request.request_id
         self.segments = [name]
@@ -107,7 +108,7 @@ class McpHandlers:
         except QagError as error:   # too large (413, before reading), or unreadable: the message was never seen
             return _error_response(error.status, None, RpcError(INVALID_REQUEST, error.message, error.code))
         try:
-            message = json.loads(raw)
+            message = json.loads(raw, parse_constant=refuse_constant)
             refuse_lone_surrogates(message)
         except QagError as error:
             return _error_response(400, None, RpcError(PARSE_ERROR, error.message, "parse_error"))

@@ -214,8 +214,8 @@ class RunHandlers:
         args = request.args
         referenced = name  # the response cache keys on the name as written in the URL (contract 7.1)
         # 1. name validity, then existence (before authorization: contract 3.2).
-        if name.endswith(".json"):
-            name = name[:-5]
+        if name.endswith(".json") and request.transport is None:
+            name = name[:-5]   # a URL's alias (B3.18); an MCP tool's name is the query's own, dots and all
         if not valid_query_name(name):
             raise QagError("forbidden", "Only .json files inside the saved_sql folder can be accessed")
         # Body and version are read now but refused only after the existence check (contract 3.10).

@@ -179,7 +179,8 @@ class Request:
         try:
             # UTF-8 only (RFC 8259), read strictly: json.loads of bytes would also take UTF-16/32 and let encoded
             # surrogates (CESU-8's ED A0 80) through, which no database or file can store.
-            value = json.loads(data.decode("utf-8-sig" if data[:3] == b"\xef\xbb\xbf" else "utf-8"))
+            value = json.loads(data.decode("utf-8-sig" if data[:3] == b"\xef\xbb\xbf" else "utf-8"),
+                               parse_constant=refuse_constant)
         except (ValueError, RecursionError):   # UnicodeDecodeError is a ValueError
             raise QagError("invalid_body", invalid_message) from None
         if not isinstance(value, dict):
@@ -188,6 +189,12 @@ class Request:
             refuse_lone_surrogates(value)
         self._json = value
         return value
+
+
+def refuse_constant(name: str):
+    """json.loads' parse_constant: NaN, Infinity and -Infinity are not JSON (RFC 8259 6); taken, they would be
+    stored and sent back as bare words no strict client can read."""
+    raise ValueError(f"{name} is not JSON")
 
 
 def refuse_lone_surrogates(value) -> None:

@@ -86,8 +86,10 @@ def _positional(sql: str) -> bool:
 # qag's pooled sessions are all one database user, who sees its own sessions without any privilege.
 # MySQL/MariaDB: names anywhere in the statement, by qag's tokens (identifiers unquoted; a string spelled like one
 # counts too, as ANSI_QUOTES would read it as a name): stricter only.
+# general_log and slow_log: the server's logs as tables (log_output=TABLE) hold other callers' statements, with the
+# values the client library put into their text (masking's pads among them on MySQL).
 _MYSQL_ACTIVITY_NAMES = frozenset(("processlist", "performance_schema", "innodb_trx", "innodb_locks",
-                                   "innodb_lock_waits"))
+                                   "innodb_lock_waits", "general_log", "slow_log"))
 # PostgreSQL: every name the parser reads (U&"..." decoded; a function called as a field, `(x).f`, is a name there
 # too), against the activity view and functions, and the functions that run SQL text or read a relation named at
 # run time (ts_stat($$... pg_stat_activity$$), table_to_xml(('pg_stat_' || ...)::regclass)).
@@ -134,8 +136,10 @@ def _mysql_reads_activity(sql: str) -> bool:
             return True                  # the sys schema's views (sys.session, sys.x$processlist, ...)
     words = [t.value.lower() for t in sig if t.kind == lexer.WORD]
     first = words[0] if words else ""
-    if first == "show" and len(words) > 1 and words[1] in ("engine", "explain", "analyze"):
-        return True                      # SHOW ENGINE INNODB STATUS; SHOW EXPLAIN / ANALYZE FOR <thread>
+    if first == "show" and len(words) > 1 and words[1] in ("engine", "explain", "analyze", "binlog", "relaylog"):
+        # SHOW ENGINE INNODB STATUS; SHOW EXPLAIN / ANALYZE FOR <thread>; SHOW BINLOG / RELAYLOG EVENTS (other
+        # callers' writes, values and all)
+        return True
     # EXPLAIN / ANALYZE ... FOR CONNECTION <thread> (MySQL 8, MariaDB 10.9+), whatever else they say
     return first in ("explain", "describe", "desc", "analyze", "show") and any(
         word == "for" and after == "connection" for word, after in zip(words, words[1:]))

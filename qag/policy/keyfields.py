@@ -278,7 +278,8 @@ def _reject_unknown(body: dict, accepted: frozenset) -> None:
 
 
 def _name(value, message: str) -> str:
-    if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
+    # "." and ".." match the pattern but no URL can name them: clients resolve those path segments away.
+    if not isinstance(value, str) or not _NAME_RE.fullmatch(value) or value in (".", ".."):
         raise QagError("invalid_name", message)
     return value
 

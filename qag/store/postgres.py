@@ -32,6 +32,7 @@ from typing import Callable, Iterator
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from ..backends.watchdog import NETWORK_MARGIN, Watchdog
+from ..errors import QagError
 from .base import PAUSE_ROWS, StoreError, StoreTimeout
 from .schema import MIGRATIONS, RUN_COLUMNS, SCHEMA_VERSION, statements
 from .sqlite import _CONFIGURATION, SqliteStore, _dump, _row
@@ -287,6 +288,11 @@ class PostgresStore(SqliteStore):
 
     def _execute(self, sql: str, args: tuple, fetch):
         psycopg2 = _driver()
+        for arg in args:
+            if type(arg) is str and "\x00" in arg:
+                # PostgreSQL text can't hold NUL, so nothing stored has one and the driver refuses to send it:
+                # the caller's input is refused, as a 400, before anything is looked up or written.
+                raise QagError("invalid_text")
         sql = _pg(sql)
         # SQLite stores Python booleans as 0/1 in INTEGER columns; PostgreSQL would call them boolean.
         args = tuple(int(a) if a is True or a is False else a for a in args)

@@ -195,6 +195,47 @@ def test_what_a_management_body_stores_fits_64_bits(server, uniq, echo):
     _good(server, echo)
 
 
+@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity"])
+def test_non_json_numbers_are_refused_wherever_a_body_is_read(server, uniq, echo, constant):
+    """NaN and the infinities are not JSON: taken, a connection's options kept them and every later read of it
+    sent them back as bare words no strict client can parse."""
+    bodies = [
+        ("/api/v1/connections", b'{"name": "%s", "db": "sqlite", "database": "x.db", "options": {"x": %s}}'
+         % (uniq("c").encode(), constant)),
+        ("/api/v1/connections", b'{"name": "%s", "db": "sqlite", "database": "x.db", "x": %s}'
+         % (uniq("c").encode(), constant)),
+        ("/api/v1/api-keys", b'{"name": "%s", "max_rows": %s}' % (uniq("k").encode(), constant)),
+        (q(echo), b'{"params": {"v": %s}}' % constant),
+        ("/execute_sql", b'{"connection_name": "lite", "sql": "SELECT :v AS v", "params": {"v": %s}}' % constant),
+    ]
+    for path, raw in bodies:
+        r = server.request("POST", path, raw=raw, headers={"Content-Type": "application/json"})
+        assert r.status == 400 and r.json["code"] == "invalid_body", (path, r)
+    r = server.request("POST", "/mcp", raw=b'{"jsonrpc": "2.0", "id": %s, "method": "ping"}' % constant,
+                       headers={"Content-Type": "application/json"})
+    assert r.status == 400 and r.json["error"]["data"]["code"] == "parse_error", r
+    assert not [c for c in server.get("/api/v1/connections").json if "NaN" in str(c) or "Infinity" in str(c)]
+    _good(server, echo)
+
+
+def test_names_no_url_can_reach_are_refused(server, uniq):
+    """A connection named like a literal route under /api/v1/connections/ (GET .../deleted lists deleted ones),
+    and a key or role named "." or ".." (clients resolve those segments away), could be made but not read."""
+    for word in ("deleted", "test", "databases"):
+        r = server.post("/api/v1/connections", {"name": word, "db": "sqlite", "database": "x.db"})
+        assert r.status == 400 and r.json["code"] == "invalid_name", (word, r)
+    for path in ("/api/v1/api-keys", "/api/v1/roles"):
+        for name in (".", ".."):
+            r = server.post(path, {"name": name, "connections": "*"})
+            assert r.status == 400 and r.json["code"] == "invalid_name", (path, name, r)
+    # names around them stay valid, and can be read back at their URL
+    for name in (uniq("deleted"), uniq("test") + ".db"):
+        assert server.post("/api/v1/connections", {"name": name, "db": "sqlite", "database": "x.db"}).status == 201
+        assert server.get(f"/api/v1/connections/{name}").json["name"] == name
+    made = server.post("/api/v1/api-keys", {"name": "...", "connections": "*"})
+    assert made.status == 201 and server.get("/api/v1/api-keys/...").json["name"] == "..."
+
+
 def test_stream_file_name_of_a_unicode_query(server):
     server.query("日本 q", "SELECT 1 AS v", "lite")
     r = server.get(q("日本 q") + "?stream=true&format=csv")

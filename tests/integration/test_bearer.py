@@ -164,6 +164,7 @@ def test_no_credential_names_both_schemes(oidc):
     ("alg_not_the_keys", "token_algorithm"),
     ("no_subject", "token_claims"),
     ("subject_forging_a_log_line", "token_claims"),
+    ("exp_past_any_float", "token_claims"),
 ])
 def test_bad_tokens_are_401_with_a_code_and_a_bearer_challenge(oidc, issuer, case, code):
     now = int(time.time())
@@ -194,6 +195,8 @@ def test_bad_tokens_are_401_with_a_code_and_a_bearer_challenge(oidc, issuer, cas
                                                issuer.keys["k1"][1], algorithm="RS256", headers={"kid": "k-ec"}),
         "no_subject": lambda: issuer.token(sub=None),
         "subject_forging_a_log_line": lambda: issuer.token(sub="alice\n127.0.0.1 - admin GET /api/v1/api-keys"),
+        # validly signed, and once a 500: the verified-token cache turned it into a float
+        "exp_past_any_float": lambda: issuer.token(exp=10 ** 400),
     }[case]()
     r = call(oidc, token)
     assert r.status == 401, (case, r)
@@ -206,6 +209,15 @@ def test_bad_tokens_are_401_with_a_code_and_a_bearer_challenge(oidc, issuer, cas
     signature = token.rsplit(".", 1)[-1] or token
     assert signature not in r.body.decode()
     assert not any(token in line or (len(signature) > 8 and signature in line) for line in oidc.log)
+
+
+def test_a_numeric_subject_is_a_user(oidc, issuer):
+    """The user claim may be a string or a number (docs/security.md); PyJWT's own `sub` check refused a number as
+    a bad signature."""
+    r = call(oidc, issuer.token(sub=12))
+    assert r.status == 200, r
+    r = call(oidc, issuer.token(sub={"id": 12}))
+    assert r.status == 401 and r.json["code"] == "token_claims", r
 
 
 def _hs_with_secret(secret: bytes, claims: dict, kid: str) -> str:

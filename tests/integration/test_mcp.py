@@ -294,6 +294,36 @@ def test_transport_edges(srv):
     assert bad.status == 401 and bad.json["error"]["code"] == -32003
 
 
+def test_a_tool_answers_json_rows_whatever_the_http_accept(srv, uniq):
+    """A tools/call followed the HTTP request's Accept: `text/csv` gave an internal error after the query had run,
+    counted against the quota and recorded as a success."""
+    key = srv.key(uniq("acc"), connections=[], queries=["by_id"], quota={"calls": 3, "per": "day"})
+    message = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "by_id", "arguments": {"id": 2}}}
+    for accept in ("text/csv", "application/x-ndjson", "application/json;q=0.5, text/csv"):
+        r = rpc(srv, message, key=key, headers={"Accept": accept})
+        assert r.status == 200 and r.json["result"]["structuredContent"]["rows"] == [{"id": 2, "name": "row 2"}], r
+    third = rpc(srv, message, key=key)
+    assert third.json["result"]["isError"] and third.json["result"]["structuredContent"]["code"] == "quota_exceeded"
+
+
+def test_a_tool_named_like_a_url_alias_runs_itself(srv, uniq):
+    """/q/<name>.json runs <name> (B3.18), but a tool's name is its query's own: a query named `x.json` ran `x`
+    over MCP, another query's SQL under its own description, `mcp: false` or not."""
+    base = uniq("alias")
+    srv.query(base, "SELECT 'base' AS v", "lite", mcp=False)
+    srv.query(base + ".json", "SELECT 'dotted' AS v", "lite")
+    assert base + ".json" in tool_names(srv, srv.admin_key) and base not in tool_names(srv, srv.admin_key)
+    assert call(srv, srv.admin_key, base + ".json", {}).structured_content["rows"] == [{"v": "dotted"}]
+    assert rpc_error(srv, srv.admin_key, base, {}).error.data["code"] == "unknown_tool"
+
+
+@pytest.mark.parametrize("path", ["/mcp/", "//mcp", "/mcp%2F"])
+def test_a_refusal_at_any_spelling_of_mcp_is_json_rpc(srv, path):
+    r = srv.request("POST", path, raw=b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}', key=None,
+                    headers={"Content-Type": "application/json"})
+    assert r.status == 401 and r.json["jsonrpc"] == "2.0" and r.json["error"]["code"] == -32003, r
+
+
 def test_no_internal_errors_logged(srv):
     assert not [line for line in srv.log if "unexpected error" in line or "Traceback" in line]
 

@@ -130,3 +130,36 @@ def test_store_copy_refuses_a_missing_source_and_needs_a_target(tmp_path, pg_sto
 def _password(url: str) -> str:
     from urllib.parse import unquote, urlsplit
     return unquote(urlsplit(url).password)
+
+
+def test_text_with_a_nul_is_refused_by_a_postgresql_store(make_server, pg_store_url, uniq):
+    """PostgreSQL text can't hold NUL, and its driver refuses to send one: a name or text with one, from a URL, a
+    query string or a body, looked up or stored, was a 500 with a traceback in the log (a scoped key could fill
+    the log that way). It is a 400 `invalid_text`, nothing is stored, and the next request is answered."""
+    s = make_server(seed=False, env={"QAG_DATABASE_URL": pg_store_url})
+    s.sqlite_db("lite.db", SEED)
+    s.connection("lite", "lite.db")
+    name = uniq("nul")
+    s.query(name, "SELECT id FROM t WHERE id <= :n", "lite", parameters={"n": "int"})
+    key = s.key(uniq("k"), connections="*")
+    refused = [
+        s.get(q(name) + "?n=1&connection_name=a%00b", key=key),
+        s.post("/execute_sql", {"sql": "SELECT 1", "connection_name": "a\u0000b"}, key=key),
+        s.get("/connections/a%00b/schema", key=key),
+        s.get("/api/v1/connections/a%00b"),
+        s.get("/api/v1/api-keys/a%00b"),
+        s.get("/api/v1/roles/a%00b"),
+        s.get("/api/v1/queries/a%00b"),
+        s.get("/api/v1/history?key=a%00b"),
+        s.post("/api/v1/queries", {"name": uniq("d"), "connection_name": "a\u0000b", "sql": "SELECT 1",
+                                   "description": "d"}),
+    ]
+    for r in refused:
+        assert r.status == 400 and r.json["code"] == "invalid_text", r
+    # Text kept inside a stored JSON document is escaped there, so a description keeps its NUL, as on SQLite.
+    described = uniq("d")
+    made = s.post("/api/v1/queries", {"name": described, "connection_name": "lite", "sql": "SELECT 1",
+                                      "description": "a\u0000b"})
+    assert made.status == 201 and s.get(f"/api/v1/queries/{described}").json["description"] == "a\u0000b"
+    assert s.get(q(name) + "?n=2", key=key).json == [{"id": 1}, {"id": 2}]
+    assert "Traceback" not in "".join(s.log)

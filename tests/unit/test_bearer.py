@@ -156,3 +156,73 @@ def test_unreachable_issuer_is_503_then_known_keys_survive_an_outage():
     with pytest.raises(QagError) as caught:
         keys.get("k1")
     assert caught.value.code == "jwks_unavailable"
+
+
+class TestWhereKeysComeFrom:
+    """Signing keys and discovery documents are read over https, or plain http to a loopback host only, judged on
+    the parsed host, and a redirect is followed only where the same rule holds."""
+
+    @pytest.mark.parametrize("url, ok", [
+        ("https://id.example/jwks", True), ("HTTPS://id.example", True),
+        ("http://127.0.0.1:8080/jwks", True), ("http://127.5.6.7/jwks", True), ("http://localhost/jwks", True),
+        ("http://[::1]:9/jwks", True),
+        ("http://id.example/jwks", False), ("http://127.0.0.1.evil.example/jwks", False),
+        ("http://localhost.evil.example:7150/jwks", False), ("http://user:pw@127.0.0.1/jwks", False),
+        ("http://127.0.0.1:99999/jwks", False), ("ftp://127.0.0.1/jwks", False), ("file:///etc/passwd", False),
+        ("https:///jwks", False), ("http://10.0.0.1/jwks", False),
+    ])
+    def test_key_source_url(self, url, ok):
+        from qag.bearer import key_source_url
+        assert key_source_url(url) is ok
+
+    @pytest.mark.parametrize("env, words", [
+        ({"QAG_JWT_JWKS_URL": "http://127.0.0.1.evil.example/jwks"}, "QAG_JWT_JWKS_URL"),
+        ({"QAG_JWT_JWKS_URL": "http://localhost.evil.example/jwks"}, "QAG_JWT_JWKS_URL"),
+        ({}, "QAG_JWT_ISSUER is where the signing keys are discovered"),
+    ])
+    def test_plain_http_elsewhere_stops_startup(self, tmp_path, env, words):
+        with pytest.raises(SettingsError) as caught:
+            settings(tmp_path, QAG_JWT_ISSUER="http://192.0.2.2:7150", QAG_JWT_AUDIENCE="a", QAG_JWT_ROLE="r", **env)
+        assert words in str(caught.value)
+
+    def test_an_http_issuer_is_fine_where_the_keys_come_from_elsewhere(self, tmp_path):
+        s = settings(tmp_path, QAG_JWT_ISSUER="http://issuer.example", QAG_JWT_AUDIENCE="a", QAG_JWT_ROLE="r",
+                     QAG_JWT_JWKS_URL="https://keys.example/jwks")
+        assert s.jwt_mode == "keys"
+
+    def test_a_redirect_is_followed_only_where_keys_may_come_from(self):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from qag.bearer import _fetch_json
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                targets = {"/away": "http://192.0.2.2:7150/jwks", "/near": "/jwks", "/down": "http://192.0.2.2/x"}
+                if self.path in targets:
+                    self.send_response(302)
+                    self.send_header("Location", targets[self.path])
+                    self.end_headers()
+                    return
+                body = b'{"keys": []}'
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        base = f"http://127.0.0.1:{httpd.server_address[1]}"
+        try:
+            assert _fetch_json(base + "/near") == {"keys": []}
+            for path in ("/away", "/down"):
+                with pytest.raises(ValueError, match="redirected"):
+                    _fetch_json(base + path)
+            with pytest.raises(ValueError):
+                _fetch_json("http://192.0.2.2:7150/jwks")   # refused before any connection is tried
+        finally:
+            httpd.shutdown()
+            httpd.server_close()
