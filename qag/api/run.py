@@ -373,7 +373,9 @@ class RunHandlers:
         if body.get("mask") is not None:
             # The caller's own rules only add masking: its `keep` would name a view column as an administrator
             # does (masking.source_action refuses a view column named like a masked one that no rule names).
-            adhoc_mask = [rule for rule in normalise_mask(body["mask"]) if rule["action"] != "keep"]
+            # Its `hash` is keyed apart from the administrators' (masking.own_rules): hashes of values it chose
+            # must never be comparable with the hashes of values it may not read.
+            adhoc_mask = masking.own_rules(rule for rule in normalise_mask(body["mask"]) if rule["action"] != "keep")
         rules = masking.effective(None if caller.admin else caller.grants.mask, adhoc_mask)
         stream, page, size = self._paging(request.args, caller, fmt, request.page_ceiling)
         connection = self._connection(chosen, self.store.get_connection(chosen))
@@ -499,7 +501,7 @@ class RunHandlers:
     def _statement(self, plan: Plan) -> tuple:
         """(prepared statement, values, qag's own functions) to render: the caller's, or for a masked call the
         statement whose masked tables the engine reads through masked values (policy/_source_mask), with the
-        hash key's pads bound as values."""
+        hash keys' pads bound as values (the administrators' key, and the own key of a caller's own rules)."""
         source = plan.mask.source if plan.mask is not None else None
         if source is None:
             return plan.prepared, plan.values, ()
@@ -507,9 +509,12 @@ class RunHandlers:
         values = plan.values
         functions = ()
         if prepared.dialect == "sqlite":
-            functions = masking.source_functions(self.masking.hasher())
-        elif source.hashes:
-            values = {**values, **self.masking.hasher().pads}
+            functions = self.masking.source_functions()
+        else:
+            if source.hashes:
+                values = {**values, **self.masking.hasher().pads}
+            if source.own_hashes:
+                values = {**values, **self.masking.own_hasher().pads}
         return prepared, values, functions
 
     @staticmethod

@@ -13,7 +13,10 @@ derived tables' own; anything that can't be shown to be covered is refused (Unre
 The masked values are computed by the engine as the contract defines them (docs/masking.md): `hash` is
 HMAC-SHA256 of the value's text, keyed like the post-processing hash — the key's two padded forms travel as bound
 values (`:qag_mask_ipad`, `:qag_mask_opad`, in hex), never in the statement's text; on SQLite the values go through the
-same Python functions, registered on the call's connection.
+same Python functions, registered on the call's connection. A caller's own `hash` rules (/execute_sql's `mask`,
+OWN_HASH) are keyed apart, with a key derived from the mask key (masking.own_key): their pads are bound as
+`:qag_mask_own_ipad`/`:qag_mask_own_opad`, their SQLite function is `qag_mask_own_hash`, so no value a caller hashes
+by its own rule can be compared with one an administrator's rule hashed.
 """
 
 from __future__ import annotations
@@ -25,9 +28,18 @@ from ..sql.prepare import MAX_STATEMENT_CHARS, prepare
 
 IPAD = "qag_mask_ipad"
 OPAD = "qag_mask_opad"
+OWN_IPAD = "qag_mask_own_ipad"     # the pads of the key of a caller's own hash rules (masking.own_key)
+OWN_OPAD = "qag_mask_own_opad"
+PADS = (IPAD, OPAD, OWN_IPAD, OWN_OPAD)
 SQLITE_HASH = "qag_mask_hash"
+SQLITE_OWN_HASH = "qag_mask_own_hash"
 SQLITE_MASK = "qag_mask_text"
-CHANGING = frozenset(("drop", "null", "mask", "hash"))
+FUNCTIONS = (SQLITE_HASH, SQLITE_OWN_HASH, SQLITE_MASK)
+# `hash` by a caller's own rule (/execute_sql's `mask`): keyed with the derived key, never the administrators'. Only
+# masking.own_rules makes it (a stored rule's action is one of MASK_ACTIONS); it ranks just below `hash`, so where an
+# administrator's rule and the caller's both hash a column, the administrator's key is the one used.
+OWN_HASH = "own_hash"
+CHANGING = frozenset(("drop", "null", "mask", "hash", OWN_HASH))
 _TEXT_TYPES = {
     "postgres": ("text", "character varying", "character", "varchar", "char", "bpchar", "citext", "name"),
     "mysql": ("char", "varchar", "text", "tinytext", "mediumtext", "longtext", "enum", "set"),
@@ -43,6 +55,7 @@ class SourceMask:
     sql: str                        # to prepare and render in place of the caller's statement
     hashes: bool                    # it computes `hash`: the key's pads are bound as IPAD/OPAD (SQLite: functions)
     tables: tuple[str, ...]         # schema.table of the tables read masked
+    own_hashes: bool = False        # it computes OWN_HASH: the own key's pads are bound as OWN_IPAD/OWN_OPAD
 
 
 def rewrite(prepared, table_columns, rules_action, default_schema: str | None) -> SourceMask | None:
@@ -74,7 +87,7 @@ def rewrite(prepared, table_columns, rules_action, default_schema: str | None) -
         return None
     out = []
     position = 0
-    hashes = False
+    hashes = own_hashes = False
     for start, end, schema, table, aliased, actions in sorted(plans):
         if start < position:
             raise Unresolvable("two table references overlap")
@@ -82,6 +95,7 @@ def rewrite(prepared, table_columns, rules_action, default_schema: str | None) -
         for name, ctype, action in actions:
             expressions.append(_masked(dialect, _quote(dialect, name), ctype, action) + " AS " + _quote(dialect, name))
             hashes = hashes or action == "hash"
+            own_hashes = own_hashes or action == OWN_HASH
         derived = "(SELECT " + ", ".join(expressions) + " FROM " + sql[start:end] + ")"
         if not aliased:
             derived += " AS " + _quote(dialect, table)
@@ -97,7 +111,7 @@ def rewrite(prepared, table_columns, rules_action, default_schema: str | None) -
                            f"than {MAX_STATEMENT_CHARS} characters")
     masked = {(schema.lower(), table.lower()) for _, _, schema, table, _, _ in plans}
     _verify(text, dialect, masked, len(plans), default_schema)
-    return SourceMask(text, hashes, tuple(sorted(f"{s}.{t}" for s, t in masked)))
+    return SourceMask(text, hashes, tuple(sorted(f"{s}.{t}" for s, t in masked)), own_hashes)
 
 
 def _verify(text: str, dialect: str, masked: set, derived: int, default_schema: str | None) -> None:
@@ -132,10 +146,14 @@ def _masked(dialect: str, column: str, ctype: str, action: str | None) -> str:
     if dialect == "sqlite":
         if action == "hash":
             return f"{SQLITE_HASH}({column})"
+        if action == OWN_HASH:
+            return f"{SQLITE_OWN_HASH}({column})"
         return f"{SQLITE_MASK}({column})" if action == "mask" else "NULL"
+    # The pads of the key the hash is computed with: the administrators' or, for a caller's own rule, the own key.
+    pads = (OWN_IPAD, OWN_OPAD) if action == OWN_HASH else (IPAD, OPAD)
     if dialect == "postgres":
-        return _postgres_masked(column, ctype, action)
-    return _mysql_masked(column, ctype, action)
+        return _postgres_masked(column, ctype, action, pads)
+    return _mysql_masked(column, ctype, action, pads)
 
 
 def _postgres_text(c: str, ctype: str) -> str:
@@ -147,14 +165,15 @@ def _postgres_text(c: str, ctype: str) -> str:
     return f"{c}::text"
 
 
-def _postgres_masked(c: str, ctype: str, action: str) -> str:
+def _postgres_masked(c: str, ctype: str, action: str, pads: tuple[str, str] = (IPAD, OPAD)) -> str:
     if action in ("null", "drop"):
         return f"CAST(NULL AS {ctype})" if ctype and ctype != "USER-DEFINED" else "NULL"
     t = _postgres_text(c, ctype)
-    if action == "hash":
-        inner = f"pg_catalog.sha256(pg_catalog.decode(:{IPAD}, 'hex') || pg_catalog.convert_to({t}, 'UTF8'))"
+    if action in ("hash", OWN_HASH):
+        ipad, opad = pads
+        inner = f"pg_catalog.sha256(pg_catalog.decode(:{ipad}, 'hex') || pg_catalog.convert_to({t}, 'UTF8'))"
         return (f"CASE WHEN {c} IS NULL THEN NULL ELSE pg_catalog.substr(pg_catalog.encode("
-                f"pg_catalog.sha256(pg_catalog.decode(:{OPAD}, 'hex') || {inner}), 'hex'), 1, 16) END")
+                f"pg_catalog.sha256(pg_catalog.decode(:{opad}, 'hex') || {inner}), 'hex'), 1, 16) END")
     if not _textual("postgres", ctype):
         return "CAST(NULL AS text)"
     return (f"CASE WHEN {c} IS NULL OR pg_catalog.length({t}) = 0 THEN NULL "
@@ -163,12 +182,13 @@ def _postgres_masked(c: str, ctype: str, action: str) -> str:
             f"ELSE pg_catalog.left({t}, 1) || pg_catalog.repeat('*', GREATEST(3, pg_catalog.length({t}) - 1)) END")
 
 
-def _mysql_masked(c: str, ctype: str, action: str) -> str:
+def _mysql_masked(c: str, ctype: str, action: str, pads: tuple[str, str] = (IPAD, OPAD)) -> str:
     if action in ("null", "drop"):
         return "NULL"
-    if action == "hash":
-        inner = f"UNHEX(SHA2(CONCAT(UNHEX(:{IPAD}), CONVERT(CAST({c} AS CHAR) USING utf8mb4)), 256))"
-        return f"IF({c} IS NULL, NULL, LEFT(SHA2(CONCAT(UNHEX(:{OPAD}), {inner}), 256), 16))"
+    if action in ("hash", OWN_HASH):
+        ipad, opad = pads
+        inner = f"UNHEX(SHA2(CONCAT(UNHEX(:{ipad}), CONVERT(CAST({c} AS CHAR) USING utf8mb4)), 256))"
+        return f"IF({c} IS NULL, NULL, LEFT(SHA2(CONCAT(UNHEX(:{opad}), {inner}), 256), 16))"
     if not _textual("mysql", ctype):
         return "NULL"
     return (f"CASE WHEN {c} IS NULL OR CHAR_LENGTH({c}) = 0 THEN NULL "

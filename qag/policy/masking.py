@@ -5,6 +5,11 @@ Rules come from the caller's key or role, the saved-query version (every caller,
 source column it is computed from wins (drop > null > mask > hash > keep). The lineage is qag/sql/lineage.py;
 what can't be traced is refused with 403 mask_unresolvable before the query runs.
 
+`hash` is a keyed HMAC so that hashed values can't be dictionary-attacked; nothing a caller chooses may be hashed
+with the administrators' key, or its hashes become that dictionary. So a caller's own `hash` rules (/execute_sql's
+`mask`) are keyed with a key derived from the mask key (own_key, OWN_HASH), and a masked caller's write may not
+name a table with a column its rules mask, nor a view (at_source).
+
 Cost: a caller and version without rules pay one truth test. With rules, a warm call does a dict lookup for the
 connection's schema and one for the plan; per row only the masked columns are touched.
 """
@@ -12,6 +17,7 @@ connection's schema and one for the plan; per row only the masked columns are to
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import secrets
 import threading
@@ -25,11 +31,17 @@ from ..backends.base import other_text_reading, text_read_by_default
 from ..errors import QagError
 from ..sql import lexer
 from ..sql.lineage import DIALECTS, Schema, Source, Unresolvable
-from ._source_mask import IPAD, OPAD, SQLITE_HASH, SQLITE_MASK, SourceMask, rewrite
+from ._source_mask import (CHANGING, FUNCTIONS, IPAD, OPAD, OWN_HASH, OWN_IPAD, OWN_OPAD, PADS, SQLITE_HASH,
+                           SQLITE_MASK, SQLITE_OWN_HASH, SourceMask, rewrite)
 from .keyfields import MASK_ACTIONS
 
-RANK = {action: i for i, action in enumerate(MASK_ACTIONS)}   # lower is stricter
-CHANGING = frozenset(("drop", "null", "mask", "hash"))
+# Lower is stricter: drop > null > mask > hash > OWN_HASH (a caller's own hash rule) > keep. OWN_HASH ranks below
+# `hash`, so where an administrator's rule and the caller's own both hash a column the administrators' key is used.
+RANK = {action: i for i, action in enumerate(
+    a for stored in MASK_ACTIONS for a in ((stored, OWN_HASH) if stored == "hash" else (stored,)))}
+_STORED_RANK = {action: RANK[action] for action in MASK_ACTIONS}   # what a stored (dict) rule may say
+# The message the own key is derived with (own_key): fixed, so every worker and instance on a store derive alike.
+OWN_KEY_LABEL = b"qag mask key: the hash of a caller's own /execute_sql rules"
 UNMASKED_KEYWORDS = frozenset(("show", "describe", "desc", "explain"))  # contract 6.3: not masked
 
 SCHEMA_TTL = 60.0        # a connection's schema is used this long ...
@@ -48,13 +60,15 @@ _REFUSED = "This result can't be masked safely: "
 def _pairs(rules) -> list:
     out = []
     for rule in rules or ():
+        ranks = RANK
         if isinstance(rule, dict):
             column, action = rule.get("column"), rule.get("action")
+            ranks = _STORED_RANK    # a stored rule never says OWN_HASH: only own_rules() makes it
         elif isinstance(rule, (tuple, list)) and len(rule) == 2:
             column, action = rule
         else:
             column = action = None
-        if isinstance(column, str) and action in RANK and 2 <= column.count(".") + 1 <= 3:
+        if isinstance(column, str) and action in ranks and 2 <= column.count(".") + 1 <= 3:
             out.append((column.lower(), action))
         else:
             out.append(_CORRUPT)
@@ -66,6 +80,12 @@ def effective(*sources) -> tuple:
     if not any(sources):
         return ()
     return tuple(sorted({pair for rules in sources for pair in _pairs(rules)}))
+
+
+def own_rules(rules) -> list:
+    """A caller's own rules (/execute_sql's `mask`, normalised) as (column, action) pairs for effective(), each
+    `hash` made OWN_HASH: hashed with the own key (own_key), never comparable with an administrator's `hash`."""
+    return [(rule["column"], OWN_HASH if rule["action"] == "hash" else rule["action"]) for rule in rules or ()]
 
 
 def fingerprint(rules) -> str:
@@ -118,14 +138,14 @@ class Hasher:
 
     __slots__ = ("_inner", "_outer", "pads")
 
-    def __init__(self, key: bytes):
+    def __init__(self, key: bytes, names: tuple[str, str] = (IPAD, OPAD)):
         if len(key) > 64:   # SHA-256's block size: longer keys are hashed first (RFC 2104)
             key = hashlib.sha256(key).digest()
         key = key.ljust(64, b"\0")
         inner, outer = bytes(b ^ 0x36 for b in key), bytes(b ^ 0x5C for b in key)
         # The key XOR ipad and XOR opad, in hex: what an engine needs to compute the same HMAC (masking at the
-        # source), bound as values.
-        self.pads = {IPAD: inner.hex(), OPAD: outer.hex()}
+        # source), bound as values under `names` (the own key's: OWN_IPAD, OWN_OPAD).
+        self.pads = {names[0]: inner.hex(), names[1]: outer.hex()}
         self._inner = hashlib.sha256(inner)
         self._outer = hashlib.sha256(outer)
 
@@ -137,6 +157,18 @@ class Hasher:
         outer = self._outer.copy()
         outer.update(inner.digest())
         return outer.digest()[:8].hex()
+
+
+def own_key(key: bytes) -> bytes:
+    """The key of a caller's own `hash` rules: HMAC-SHA256(mask key, OWN_KEY_LABEL). Without the mask key it can't
+    be told from random, and the mask key can't be recovered from it (its pads travel as bound values, as the mask
+    key's do): hashes made with it say nothing about hashes made with the mask key.
+
+    It is the same for every caller: a caller's own rule hashes only values the caller can read unmasked (where an
+    administrator's rule also matches, the stricter one wins and `hash` is the administrators' key), so its own
+    hashes hide nothing from it; what matters is that they never meet an administrator's. A per-caller key would
+    add only that two callers' own pseudonyms could not be joined, at a key and two bound pads per caller."""
+    return hmac.new(key, OWN_KEY_LABEL, hashlib.sha256).digest()
 
 
 def mask_value(value):
@@ -163,7 +195,8 @@ class MaskPlan:
 
     __slots__ = ("width", "names", "actions", "sources", "changed", "source", "_keep", "_funcs", "_all_kept")
 
-    def __init__(self, outputs, rules: tuple, hasher: Hasher, at_source: SourceMask | None = None):
+    def __init__(self, outputs, rules: tuple, hasher: Hasher, at_source: SourceMask | None = None,
+                 own_hasher: Hasher | None = None):
         actions, sources = [], []
         for out in outputs:
             best, where = None, None
@@ -179,7 +212,8 @@ class MaskPlan:
         self.sources = tuple(sources)
         self.changed = any(a in CHANGING for a in actions) or at_source is not None
         self.source = at_source
-        funcs = {"hash": hasher, "mask": mask_value, "null": null_value}
+        # A caller's own hash rule is keyed with the own key (own_key); without its hasher, NULL (never comparable).
+        funcs = {"hash": hasher, OWN_HASH: own_hasher or null_value, "mask": mask_value, "null": null_value}
         self._keep = tuple(i for i, a in enumerate(actions) if a != "drop")
         self._funcs = () if at_source is not None else \
             tuple((i, funcs[actions[i]]) for i in self._keep if actions[i] in funcs)
@@ -206,8 +240,9 @@ class MaskPlan:
         return out
 
     def report(self, columns) -> list[dict]:
-        """Run history's `masked`: the columns masking changed (names as the driver gave them)."""
-        return [{"column": columns[i], "action": a, "source": self.sources[i]}
+        """Run history's `masked`: the columns masking changed (names as the driver gave them); a caller's own
+        hash rule is reported as the `hash` it asked for."""
+        return [{"column": columns[i], "action": "hash" if a == OWN_HASH else a, "source": self.sources[i]}
                 for i, a in enumerate(self.actions) if a in CHANGING]
 
 
@@ -227,6 +262,7 @@ class Masking:
         self.store = store
         self._configured = settings.mask_key
         self._hasher: Hasher | None = None
+        self._own_hasher: Hasher | None = None
         self._lock = threading.Lock()
         self._schemas: OrderedDict = OrderedDict()   # key → [Schema, raw, read at, refreshing]
         self._plans: OrderedDict = OrderedDict()     # (sql, connection key, generation) → [outputs|_Refusal, {}]
@@ -237,6 +273,16 @@ class Masking:
         if self._hasher is None:
             self._hasher = Hasher(self._key())
         return self._hasher
+
+    def own_hasher(self) -> Hasher:
+        """The hasher of a caller's own `hash` rules: keyed with own_key(), its pads bound as OWN_IPAD/OWN_OPAD."""
+        if self._own_hasher is None:
+            self._own_hasher = Hasher(own_key(self._key()), (OWN_IPAD, OWN_OPAD))
+        return self._own_hasher
+
+    def source_functions(self) -> tuple:
+        """SQLite: the functions a statement masked at the source calls, registered on its connection."""
+        return source_functions(self.hasher(), self.own_hasher())
 
     def _key(self) -> bytes:
         if self._configured:
@@ -290,7 +336,8 @@ class Masking:
             compiled = traced
         else:
             try:
-                compiled = MaskPlan(traced, rules, self.hasher(), at_source(prepared, schema, rules))
+                compiled = MaskPlan(traced, rules, self.hasher(), at_source(prepared, schema, rules),
+                                    self.own_hasher())
             except Unresolvable as why:
                 compiled = _Refusal(str(why))
         with self._lock:
@@ -362,22 +409,47 @@ def at_source(prepared, schema: Schema, rules: tuple) -> SourceMask | None:
         return source_action(Source(schema_name, table, column, (schema_name, table) in schema.views), rules)
 
     # Bound or text ({name}): the pads are bound under these names and take the place of a caller's value.
-    if any(name.lower() in (IPAD, OPAD) for name in prepared.placeholders):
-        raise Unresolvable(f"the placeholder names {IPAD} and {OPAD} are the gateway's own")
-    _check_tables_listed(prepared, schema)
+    if any(name.lower() in PADS for name in prepared.placeholders):
+        raise Unresolvable(f"the placeholder names {', '.join(PADS)} are the gateway's own")
+    uses = _check_tables_listed(prepared, schema)
+    # SQLite: masking's functions are registered on the call's connection; a caller's call of one would hash (with
+    # the administrators' key) a value of its choosing.
+    if any(name.rpartition(".")[2] in FUNCTIONS for name in (*uses.user_functions, *(n for _, n in uses.calls))):
+        raise Unresolvable(f"the function names {', '.join(FUNCTIONS)} are the gateway's own")
     if prepared.dialect == "sqlite" and _sqlite_in_table(prepared.sql):
         raise Unresolvable("SQLite's `IN table` reads a table no reader of the statement sees as one")
+    if prepared.write_ops and any(a in CHANGING for _, a in rules):
+        _check_write(uses, schema, action)
     source = rewrite(prepared, columns, action, schema.default)
     if source is not None and prepared.write_ops:
         raise Unresolvable("a write can't read a table with masked columns")
     return source
 
 
-def _check_tables_listed(prepared, schema: Schema) -> None:
+def _check_write(uses, schema: Schema, action) -> None:
+    """A masked caller's write names no table with a column its rules mask, and no view: every table it names
+    (`Prepared.uses`: written and read alike, every clause; which of them it writes into is not asked). Values the
+    caller chooses must never come back masked: hashed with the administrators' key, they are a dictionary of that
+    key's hashes (insert candidates into a `*.ssn`-hashed `notes.ssn`, read them back hashed, compare with
+    `customers.ssn`'s); nor may a masked value be copied where it is read unmasked. A view is refused whatever its
+    columns: the rows written through it land in tables the statement doesn't name (`CREATE VIEW v AS SELECT id,
+    ssn AS s FROM notes`, then `INSERT INTO v`)."""
+    for table in uses.tables:
+        database, _, name = table.rpartition(".")
+        key = (database.lower(), name.lower())
+        if key in schema.views:
+            raise Unresolvable(f"a write can't name a view ({name}): what it writes lands in tables masking can't "
+                               f"see")
+        if any(action(key[0], key[1], column.lower()) in CHANGING for column, _ in schema.columns[key]):
+            raise Unresolvable(f"a write can't write into or read a table with masked columns ({name})")
+
+
+def _check_tables_listed(prepared, schema: Schema):
     """Every table the statement reads is one the schema lists, by the table check's reading (`Prepared.uses`:
     the engine's own parser on PostgreSQL, every way the server may read quotes and backslashes elsewhere, CTEs
-    scoped as the engine scopes them), writes and every clause included. The rewrite can wrap only a listed table;
-    the trace checks its own scopes too, but sqlglot builds none for some clauses (a set operation's ORDER BY)."""
+    scoped as the engine scopes them), writes and every clause included; that reading is returned. The rewrite can
+    wrap only a listed table; the trace checks its own scopes too, but sqlglot builds none for some clauses (a set
+    operation's ORDER BY)."""
     uses = prepared.uses(schema.default or "")
     if uses.failure is not None:
         raise Unresolvable("the tables it reads can't be read for certain")
@@ -385,6 +457,7 @@ def _check_tables_listed(prepared, schema: Schema) -> None:
         database, _, name = table.rpartition(".")
         if (database.lower(), name.lower()) not in schema.columns:
             raise Unresolvable(f"{name} is not a table of the connection's schema: its columns can't be masked")
+    return uses
 
 
 def _sqlite_in_table(sql: str) -> bool:
@@ -396,9 +469,11 @@ def _sqlite_in_table(sql: str) -> bool:
         for i, token in enumerate(words))
 
 
-def source_functions(hasher: Hasher) -> tuple:
-    """SQLite: the functions a statement masked at the source calls, registered on its connection."""
-    return ((SQLITE_HASH, hasher), (SQLITE_MASK, mask_value))
+def source_functions(hasher: Hasher, own_hasher: Hasher | None = None) -> tuple:
+    """SQLite: the functions a statement masked at the source calls, registered on its connection (a caller's own
+    hash rules call SQLITE_OWN_HASH, keyed with own_key: registered only with its hasher)."""
+    own = () if own_hasher is None else ((SQLITE_OWN_HASH, own_hasher),)
+    return ((SQLITE_HASH, hasher), *own, (SQLITE_MASK, mask_value))
 
 
 def _answer(compiled):

@@ -24,6 +24,18 @@ PEOPLE = [(1, "jane@example.com", "+44 7700 900123", "s3cret", "Jane"), (2, "bo@
 RULES = [{"column": "customers.email", "action": "hash"}, {"column": "*.phone", "action": "mask"},
          {"column": "customers.secret", "action": "drop"}]
 B612_SQL = "SELECT id, email AS contact, phone, secret, name FROM customers ORDER BY id"
+# A caller's own hash rules (/execute_sql's `mask`) are keyed with HMAC-SHA256(mask key, this label), not the mask key.
+OWN_LABEL = b"qag mask key: the hash of a caller's own /execute_sql rules"
+
+
+def hashed(key: bytes, text: str) -> str:
+    """`hash` by an administrator's rule (a key's, a role's, a saved query's): keyed with the mask key."""
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()[:16]
+
+
+def own_hashed(key: bytes, text: str) -> str:
+    """`hash` by a caller's own rule: keyed with the key derived from the mask key."""
+    return hashed(hmac.new(key, OWN_LABEL, hashlib.sha256).digest(), text)
 
 SQLITE_SEED = """
 CREATE TABLE customers (id INTEGER PRIMARY KEY, email TEXT, phone TEXT, secret TEXT, name TEXT);
@@ -466,11 +478,16 @@ def test_hash_key_is_kept_in_the_store_and_shared(make_server):
     body = {"sql": "SELECT email FROM customers WHERE id = 1", "connection_name": "k",
             "mask": [{"column": "customers.email", "action": "hash"}]}
     first = one.post("/execute_sql", body).json[0]["email"]
+    key = one.key("hashed", connections="*", mask=[{"column": "customers.email", "action": "hash"}])
+    keyed = one.post("/execute_sql", {"sql": body["sql"], "connection_name": "k"}, key=key).json[0]["email"]
     two = make_server(seed=False, env={"QAG_HOME": one.home})
     assert two.post("/execute_sql", body).json[0]["email"] == first
+    assert two.post("/execute_sql", {"sql": body["sql"], "connection_name": "k"}, key=key).json[0]["email"] == keyed
     [(stored,)] = one.store_sql("SELECT value FROM meta WHERE key = 'mask_key'")
     assert re.fullmatch(r"[0-9a-f]{64}", stored)
-    assert first == hmac.new(stored.encode(), b"jane@example.com", hashlib.sha256).hexdigest()[:16]
+    # The key's rule hashes with the stored key; the caller's own rule with the key derived from it.
+    assert keyed == hashed(stored.encode(), "jane@example.com")
+    assert first == own_hashed(stored.encode(), "jane@example.com") != keyed
 
 
 def test_configured_mask_key(make_server):
@@ -479,8 +496,10 @@ def test_configured_mask_key(make_server):
     s.connection("k", "k.db")
     r = s.post("/execute_sql", {"sql": "SELECT id, email FROM customers WHERE id = 1", "connection_name": "k",
                                 "mask": [{"column": "customers.email", "action": "hash"}]})
-    assert r.json == [{"id": 1, "email": hmac.new(b"my masking key", b"jane@example.com",
-                                                  hashlib.sha256).hexdigest()[:16]}]
+    assert r.json == [{"id": 1, "email": own_hashed(b"my masking key", "jane@example.com")}]
+    key = s.key("hashed", connections="*", mask=[{"column": "customers.email", "action": "hash"}])
+    r = s.post("/execute_sql", {"sql": "SELECT id, email FROM customers WHERE id = 1", "connection_name": "k"}, key=key)
+    assert r.json == [{"id": 1, "email": hashed(b"my masking key", "jane@example.com")}]
 
 
 def test_postgres_masked_call_reads_the_schema_it_was_traced_in(srv, pg_db, uniq):
@@ -521,7 +540,7 @@ def test_postgres_blank_padded_text_is_masked_and_hashed_as_the_driver_reads_it(
         assert masked.status == 200 and masked.json == [{"code": "a*****", "blank": " ***", "name": "B***"}], masked
         hashed = s.post("/execute_sql", {"sql": sql, "connection_name": "pgpad",
                                          "mask": [{"column": f"{table}.*", "action": "hash"}]})
-        expected = {column: hmac.new(b"padding key", text.encode(), hashlib.sha256).hexdigest()[:16]
+        expected = {column: own_hashed(b"padding key", text)      # the caller's own rule: the derived key
                     for column, text in (("code", "ab    "), ("blank", "    "), ("name", "Bo"))}
         assert hashed.status == 200 and hashed.json == [expected], hashed
         raw = s.post("/execute_sql", {"sql": sql, "connection_name": "pgpad"})
@@ -543,7 +562,7 @@ def test_postgres_a_positional_parameter_never_reads_the_hash_pads(make_server, 
             assert r.status == 400 and r.json["code"] == "invalid_request" and "$1" in r.json["error"], r
             assert b"5c5c5c5c" not in r.body and b"36363636" not in r.body and pads[0].hex().encode() not in r.body
         ok = s.post("/execute_sql", {"sql": f"SELECT ssn FROM {table}", "connection_name": "pgpads", "mask": mask})
-        expected = hmac.new(b"pad key", b"123-45-6789", hashlib.sha256).hexdigest()[:16]
+        expected = own_hashed(b"pad key", "123-45-6789")
         assert ok.status == 200 and ok.json == [{"ssn": expected}], ok
 
 
@@ -597,3 +616,137 @@ def test_mysql_an_unlisted_table_behind_a_decoy_cte_is_refused(srv, mysql_db, un
         for table in (name, name.upper()):
             cur.execute(f"DROP TABLE IF EXISTS `{mysql_db['database']}`.`{table}`")
         admin.close()
+
+
+# --- no hash oracle: values a caller chooses never come back hashed with the administrators' key ---------------
+ORACLE_KEY = b"oracle key"
+SSN = "123-45-6789"
+
+
+@contextlib.contextmanager
+def _oracle(make_server, conn: str, mysql_db, pg_db, uniq):
+    """A writable server with the mask key ORACLE_KEY and a connection of its own to `conn`'s database, holding
+    `people` (id, ssn) with a real SSN, `notes` (id, body, ssn) and `log` (id, body), empty, and `nv`, a view over
+    notes that renames ssn. Yields (server, connection, {role: table name}); the tables are dropped after."""
+    names = {role: uniq(f"o{role[0]}") for role in ("people", "notes", "log", "nv")}
+    text = "VARCHAR(40)"
+    create = [f"CREATE TABLE {names['people']} (id INT PRIMARY KEY, ssn {text})",
+              f"INSERT INTO {names['people']} VALUES (1, '{SSN}'), (2, '987-65-4321')",
+              f"CREATE TABLE {names['notes']} (id INT PRIMARY KEY, body {text}, ssn {text})",
+              f"CREATE TABLE {names['log']} (id INT PRIMARY KEY, body {text})",
+              f"CREATE VIEW {names['nv']} AS SELECT id, ssn AS s FROM {names['notes']}"]
+    drop = [f"DROP VIEW IF EXISTS {names['nv']}",
+            *(f"DROP TABLE IF EXISTS {names[role]}" for role in ("people", "notes", "log"))]
+    s = make_server(env={"QAG_ALLOW_WRITES": "1", "QAG_MASK_KEY": ORACLE_KEY.decode()}, workers=1)
+    if conn == "sqlite":
+        s.sqlite_db("oracle.db", ";\n".join(create) + ";")
+        s.connection("oracle", "oracle.db")
+        yield s, "oracle", names
+        return
+    if conn == "mysql":
+        admin = mysql_admin()
+        cur = admin.cursor()
+        cur.execute(f"USE `{mysql_db['database']}`")
+        fields = mysql_db
+    else:
+        admin = _pg_owner(pg_db)
+        cur = admin.cursor()
+        fields = pg_db
+    try:
+        for statement in create:
+            cur.execute(statement)
+        reply = s.post("/api/v1/connections", {"name": "oracle", "db": conn, **fields})
+        assert reply.status == 201, reply
+        yield s, "oracle", names
+    finally:   # the database is shared by the session's tests: leave it as it was
+        for statement in drop:
+            cur.execute(statement)
+        admin.close()
+
+
+@pytest.mark.parametrize("conn", DIALECTS)
+def test_a_callers_own_hash_rule_is_no_oracle_for_the_administrators_hash(make_server, mysql_db, pg_db, uniq, conn):
+    """The reviewer's attack 1: a writer whose key hashes people.ssn inserts candidate SSNs into notes.body (no
+    masked column there: allowed) and joins the two with its own `hash` rule on notes.body. With one key for both,
+    the join matched and the note's text was the person's real SSN. The caller's own rules now hash with a key
+    derived from the mask key: the join matches nothing; the own hashes are still hashes, and the key's own rule
+    still hashes with the mask key (where both hash a column, the administrators' key is the one used)."""
+    with _oracle(make_server, conn, mysql_db, pg_db, uniq) as (s, name, t):
+        key = s.key(uniq("w"), connections="*", allow_writes=True,
+                    mask=[{"column": f"{t['people']}.ssn", "action": "hash"}])
+
+        def run(sql, who=key, **extra):
+            return s.post("/execute_sql", {"sql": sql, "connection_name": name, **extra}, key=who)
+
+        candidates = ["000-00-0000", SSN, "555-55-5555"]
+        values = ", ".join(f"({i}, '{c}')" for i, c in enumerate(candidates, 1))
+        r = run(f"INSERT INTO {t['notes']} (id, body) VALUES {values}")
+        assert r.status == 200, r
+        own = [{"column": f"{t['notes']}.body", "action": "hash"}]
+        join = f"SELECT n.id AS note, c.id AS person FROM {t['notes']} n JOIN {t['people']} c ON c.ssn = n.body"
+        r = run(join, mask=own)
+        assert r.status == 200 and r.headers["x-row-count"] == "0", r
+        # Both sides are hashes, each of its own key:
+        r = run(f"SELECT body FROM {t['notes']} WHERE id = 2", mask=own)
+        assert r.status == 200 and r.json == [{"body": own_hashed(ORACLE_KEY, SSN)}], r
+        r = run(f"SELECT ssn FROM {t['people']} WHERE id = 1")
+        assert r.json == [{"ssn": hashed(ORACLE_KEY, SSN)}] and hashed(ORACLE_KEY, SSN) != own_hashed(ORACLE_KEY, SSN)
+        # The caller's own hash of a column its key hashes too: the administrators' key, as before.
+        r = run(f"SELECT ssn FROM {t['people']} WHERE id = 1",
+                mask=[{"column": f"{t['people']}.ssn", "action": "hash"}])
+        assert r.json == [{"ssn": hashed(ORACLE_KEY, SSN)}], r
+        # A caller that reads ssn unmasked may hash both sides by its own rules: its own hashes join each other
+        # (they hide nothing from it), and still aren't the administrators' hashes.
+        plain = s.key(uniq("p"), connections="*")
+        both = own + [{"column": f"{t['people']}.ssn", "action": "hash"}]
+        r = run(join, who=plain, mask=both)
+        assert r.status == 200 and r.json == [{"note": 2, "person": 1}], r
+
+
+def _upserts(conn: str, t: dict) -> list[str]:
+    notes = t["notes"]
+    if conn == "sqlite":
+        return [f"INSERT INTO {notes} (id, ssn) VALUES (1, '{SSN}') ON CONFLICT (id) DO UPDATE SET ssn = excluded.ssn",
+                f"INSERT OR REPLACE INTO {notes} (id, ssn) VALUES (1, '{SSN}')",
+                f"REPLACE INTO {notes} (id, ssn) VALUES (1, '{SSN}')"]
+    if conn == "mysql":
+        return [f"INSERT INTO {notes} (id, ssn) VALUES (1, '{SSN}') ON DUPLICATE KEY UPDATE ssn = '{SSN}'",
+                f"INSERT INTO {notes} SET id = 1, ssn = '{SSN}'", f"REPLACE INTO {notes} (id, ssn) VALUES (1, '{SSN}')",
+                f"UPDATE {notes} n JOIN {t['log']} l ON l.id = n.id SET n.ssn = l.body"]
+    return [f"INSERT INTO {notes} AS n (id, ssn) VALUES (1, '{SSN}') ON CONFLICT (id) DO UPDATE SET ssn = EXCLUDED.ssn",
+            f"MERGE INTO {notes} n USING {t['log']} l ON l.id = n.id WHEN MATCHED THEN UPDATE SET ssn = l.body "
+            f"WHEN NOT MATCHED THEN INSERT (id, ssn) VALUES (l.id, l.body)",
+            f"WITH w AS (INSERT INTO {notes} (id, ssn) VALUES (1, '{SSN}')) SELECT 1 AS one"]
+
+
+@pytest.mark.parametrize("conn", DIALECTS)
+def test_a_masked_callers_write_into_a_table_with_masked_columns_is_refused(make_server, mysql_db, pg_db, uniq, conn):
+    """The reviewer's attack 2: a rule that hashes a column the caller can write (`*.ssn` covers notes.ssn as well
+    as people.ssn): insert candidates, read them back hashed with the administrators' key, compare with
+    people.ssn's hashes. A masked caller's write naming a table with a column any of its rules masks is refused
+    before anything runs (403 mask_unresolvable), whatever the write; so is one naming a view, which writes into
+    tables it doesn't name (`nv` renames notes.ssn: no rule matches its columns, the rows land in notes). Writes
+    into a table without masked columns still run."""
+    with _oracle(make_server, conn, mysql_db, pg_db, uniq) as (s, name, t):
+        key = s.key(uniq("w"), connections="*", allow_writes=True, mask=[{"column": "*.ssn", "action": "hash"}])
+        writer = s.key(uniq("o"), connections="*", allow_writes=True)   # no rules of its key: its own rules count
+
+        def run(sql, who=key, **extra):
+            return s.post("/execute_sql", {"sql": sql, "connection_name": name, **extra}, key=who)
+
+        notes = t["notes"]
+        writes = [f"INSERT INTO {notes} (id, ssn) VALUES (1, '{SSN}')",
+                  f"INSERT INTO {notes} (id, body, ssn) SELECT 1, 'x', '{SSN}'",
+                  f"INSERT INTO {t['nv']} (id, s) VALUES (1, '{SSN}')",
+                  f"UPDATE {notes} SET ssn = '{SSN}' WHERE id = 1",
+                  f"DELETE FROM {notes} WHERE id = 1",
+                  *_upserts(conn, t)]
+        assert run(f"INSERT INTO {t['log']} (id, body) VALUES (1, '{SSN}')").status == 200
+        for sql in writes:
+            r = run(sql)
+            assert r.status == 403 and r.json["code"] == "mask_unresolvable", (sql, r)
+        r = run(writes[0], who=writer, mask=[{"column": f"{notes}.ssn", "action": "hash"}])
+        assert r.status == 403 and r.json["code"] == "mask_unresolvable", r
+        # Nothing was written; the same write by a caller without rules runs.
+        assert run(f"SELECT count(*) AS n FROM {notes}", who="admin").json == [{"n": 0}]
+        assert run(writes[0], who=writer).status == 200

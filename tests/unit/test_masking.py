@@ -388,3 +388,169 @@ def test_driver_types():
     h = masking.Hasher(b"k")
     assert h(decimal.Decimal("1.50")) == h("1.50")
     assert h(datetime.datetime(2024, 1, 2, 3, 4, 5)) == h("2024-01-02 03:04:05")
+
+
+# --- no hash oracle ---------------------------------------------------------------------------------------------
+OWN_LABEL = b"qag mask key: the hash of a caller's own /execute_sql rules"
+ORACLE = {"tables": [
+    {"name": "people", "type": "table", "columns": [{"name": "id", "type": "int"}, {"name": "ssn", "type": "text"}]},
+    {"name": "notes", "type": "table", "columns": [{"name": n, "type": "text"} for n in ("id", "body", "ssn")]},
+    {"name": "log", "type": "table", "columns": [{"name": n, "type": "text"} for n in ("id", "body")]},
+    {"name": "nv", "type": "view", "columns": [{"name": "id", "type": "text"}, {"name": "s", "type": "text"}]},
+]}
+
+
+def oracle_schema(dialect: str) -> Schema:
+    db = "main" if dialect == "sqlite" else "shop"
+    return Schema({"tables": [dict(t, schema=db) for t in ORACLE["tables"]]}, dialect, db)
+
+
+def test_the_own_key_is_derived_from_the_mask_key():
+    assert masking.own_key(b"k") == hmac.new(b"k", OWN_LABEL, hashlib.sha256).digest()
+    assert masking.own_key(b"k") != masking.own_key(b"l") and masking.own_key(b"k") != b"k"
+    m = masking.Masking(None, _Settings())
+    own = m.own_hasher()
+    assert own("x") == hmac.new(masking.own_key(b"k"), b"x", hashlib.sha256).hexdigest()[:16] != m.hasher()("x")
+    assert set(own.pads) == {"qag_mask_own_ipad", "qag_mask_own_opad"}
+    assert set(m.hasher().pads) == {"qag_mask_ipad", "qag_mask_opad"}
+    assert set(own.pads.values()).isdisjoint(m.hasher().pads.values())
+
+
+def test_a_callers_own_hash_ranks_below_the_administrators():
+    """own_rules marks a caller's own `hash`: where an administrator's rule hashes the column too, the
+    administrators' `hash` (and key) wins; any stricter action of either wins over both; `keep` loses to it."""
+    admin = [{"column": "people.ssn", "action": "hash"}, {"column": "notes.id", "action": "keep"},
+             {"column": "notes.ssn", "action": "hash"}]
+    own = masking.own_rules([{"column": "people.ssn", "action": "hash"}, {"column": "notes.body", "action": "hash"},
+                             {"column": "notes.id", "action": "hash"}, {"column": "notes.ssn", "action": "mask"}])
+    rules = masking.effective(admin, own)
+    p = masking.MaskPlan(trace("SELECT p.ssn, n.body, n.id, n.ssn FROM people p, notes n", oracle_schema("sqlite")),
+                         rules, masking.Hasher(b"k"), None, masking.Hasher(masking.own_key(b"k")))
+    assert p.actions == ("hash", masking.OWN_HASH, masking.OWN_HASH, "mask")
+    # The value path (no rewrite) hashes with each rule's own key; history says `hash` for both.
+    [row] = p.rows([("1", "1", "1", "Bo")])
+    assert row == (masking.Hasher(b"k")("1"), masking.Hasher(masking.own_key(b"k"))("1"),
+                   masking.Hasher(masking.own_key(b"k"))("1"), "B***")
+    assert [r["action"] for r in p.report(["a", "b", "c", "d"])] == ["hash", "hash", "hash", "mask"]
+    assert masking.fingerprint(masking.effective(own)) != masking.fingerprint(masking.effective(
+        [{"column": c, "action": "hash" if a == masking.OWN_HASH else a} for c, a in own]))
+    # A stored rule can't say OWN_HASH (only own_rules makes it): read as a corrupt rule, it hides everything.
+    assert masking.effective([{"column": "t.c", "action": masking.OWN_HASH}]) == (("*.*", "drop"),)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_the_engine_hashes_a_callers_own_rule_with_the_own_keys_pads(dialect):
+    if dialect == "postgres":
+        pytest.importorskip("pglast")
+    sql = "SELECT n.body, p.ssn FROM notes n JOIN people p ON p.ssn = n.body"
+    rules = masking.effective([{"column": "people.ssn", "action": "hash"}],
+                              masking.own_rules([{"column": "notes.body", "action": "hash"}]))
+    source = masking.at_source(prepare(sql, dialect), oracle_schema(dialect), rules)
+    assert source.hashes and source.own_hashes
+    if dialect == "sqlite":
+        assert "qag_mask_own_hash(\"body\")" in source.sql and "qag_mask_hash(\"ssn\")" in source.sql
+    else:
+        assert source.sql.count(":qag_mask_own_ipad") == 1 and source.sql.count(":qag_mask_ipad") == 1
+    # Only the caller's own rule: only the own key's pads are needed.
+    own = masking.at_source(prepare(sql, dialect), oracle_schema(dialect),
+                            masking.effective(masking.own_rules([{"column": "*.ssn", "action": "hash"}])))
+    assert own.own_hashes and not own.hashes and "qag_mask_ipad" not in own.sql
+
+
+def test_attack_one_a_join_of_own_hashes_with_the_administrators_matches_nothing():
+    """Candidates a writer put into notes.body, hashed by its own rule, against people.ssn hashed by its key's rule:
+    on the engine, through the functions the gateway registers, no candidate matches (with one key, one did)."""
+    m = masking.Masking(None, _Settings())
+    engine = sqlite3.connect(":memory:")
+    engine.execute("CREATE TABLE people (id int, ssn text)")
+    engine.execute("CREATE TABLE notes (id text, body text, ssn text)")
+    engine.execute("INSERT INTO people VALUES (1, '123-45-6789')")
+    engine.executemany("INSERT INTO notes (id, body) VALUES (?, ?)", [("1", "000"), ("2", "123-45-6789")])
+    for name, function in m.source_functions():
+        engine.create_function(name, 1, function, deterministic=True)
+    sql = "SELECT n.id, p.id AS person FROM notes n JOIN people p ON p.ssn = n.body"
+    key_rules = [{"column": "people.ssn", "action": "hash"}]
+    own = [{"column": "notes.body", "action": "hash"}]
+    with_own = masking.effective(key_rules, masking.own_rules(own))
+    source = masking.at_source(prepare(sql, "sqlite"), oracle_schema("sqlite"), with_own)
+    assert engine.execute(source.sql).fetchall() == []
+    # What the fix stops: the caller's rule hashed with the administrators' key matched the real SSN.
+    same_key = masking.at_source(prepare(sql, "sqlite"), oracle_schema("sqlite"), masking.effective(key_rules, own))
+    assert engine.execute(same_key.sql).fetchall() == [("2", 1)]
+
+
+WRITES = {
+    "all": ["INSERT INTO notes (id, ssn) VALUES (1, 'x')", "INSERT INTO notes (id, body) VALUES (1, 'x')",
+            "INSERT INTO notes VALUES (1, 'a', 'x')", "INSERT INTO notes (id, ssn) SELECT 1, 'x'",
+            "UPDATE notes SET ssn = 'x' WHERE id = 1", "DELETE FROM notes WHERE id = 1",
+            "WITH v AS (SELECT 1 AS a) INSERT INTO notes (id, ssn) SELECT a, 'x' FROM v",
+            "INSERT INTO nv (id, s) VALUES (1, 'x')", "UPDATE nv SET s = 'x'",
+            "INSERT INTO log (id, body) SELECT id, s FROM nv",
+            "INSERT INTO log (id, body) SELECT id, ssn FROM people"],
+    "sqlite": ["INSERT OR REPLACE INTO notes (id, ssn) VALUES (1, 'x')",
+               "INSERT INTO notes (id, ssn) VALUES (1, 'x') ON CONFLICT (id) DO UPDATE SET ssn = excluded.ssn",
+               "UPDATE log SET body = 'x' FROM notes WHERE notes.id = log.id"],
+    "mysql": ["INSERT INTO notes SET id = 1, ssn = 'x'", "INSERT notes (id, ssn) VALUES (1, 'x')",
+              "INSERT INTO notes (id, ssn) VALUES (1, 'x') ON DUPLICATE KEY UPDATE ssn = 'y'",
+              "INSERT IGNORE INTO notes (id, ssn) VALUES (1, 'x')", "UPDATE log, notes SET notes.ssn = log.body",
+              "UPDATE notes n JOIN log l ON l.id = n.id SET n.ssn = l.body"],
+    "postgres": ["INSERT INTO notes AS n (id, ssn) VALUES (1, 'x') ON CONFLICT (id) DO UPDATE SET ssn = 'y'",
+                 "MERGE INTO notes n USING log l ON l.id = n.id WHEN MATCHED THEN UPDATE SET ssn = l.body "
+                 "WHEN NOT MATCHED THEN INSERT (id, ssn) VALUES (l.id, l.body)",
+                 "MERGE INTO log l USING notes n ON l.id = n.id WHEN MATCHED THEN UPDATE SET body = 'x'",
+                 "WITH w AS (INSERT INTO notes (id, ssn) VALUES (1, 'x')) SELECT 1 AS one",
+                 "UPDATE notes n SET ssn = 'x'", "INSERT INTO shop.notes (id, ssn) VALUES (1, 'x')"],
+}
+
+
+@pytest.mark.parametrize("dialect,sql", [(d, sql) for d in DIALECTS for sql in WRITES["all"] + WRITES[d]])
+def test_attack_two_a_masked_write_naming_a_table_with_masked_columns_or_a_view_is_refused(dialect, sql):
+    """`*.ssn → hash` covers notes.ssn: a write into it would let the caller read its own candidates back hashed
+    with the administrators' key. Refused before the rewrite, by every table the statement names (written or read),
+    and every view (its rows land in tables it doesn't name: nv renames notes.ssn)."""
+    if dialect == "postgres":
+        pytest.importorskip("pglast")
+    rules = masking.effective([{"column": "*.ssn", "action": "hash"}])
+    with pytest.raises(Unresolvable, match="a write can't"):
+        masking.at_source(prepare(sql, dialect), oracle_schema(dialect), rules)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_masked_write_into_tables_without_masked_columns_runs(dialect):
+    if dialect == "postgres":
+        pytest.importorskip("pglast")
+    for rules in ([{"column": "*.ssn", "action": "hash"}], masking.own_rules([{"column": "*.ssn", "action": "hash"}])):
+        effective = masking.effective(rules)
+        for sql in ("INSERT INTO log (id, body) VALUES (1, 'x')", "UPDATE log SET body = 'y' WHERE id = 1",
+                    "DELETE FROM log WHERE id = 1"):
+            assert masking.at_source(prepare(sql, dialect), oracle_schema(dialect), effective) is None
+    # Only `keep` rules mask nothing: a view may be written.
+    keep = masking.effective([{"column": "*.ssn", "action": "keep"}])
+    assert masking.at_source(prepare("INSERT INTO nv (id, s) VALUES (1, 'x')", dialect), oracle_schema(dialect),
+                             keep) is None
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("sql", [
+    "SELECT id FROM people WHERE ssn = qag_mask_hash('123-45-6789')",
+    "SELECT id FROM people WHERE ssn = QAG_MASK_OWN_HASH('123-45-6789')",
+    "SELECT qag_mask_text(body) AS b FROM log",
+])
+def test_the_gateways_own_function_names_are_refused(sql, dialect):
+    """SQLite registers them on a masked call's connection: a caller's own call would hash a value of its choosing
+    with the administrators' key (allowed_functions naming one would otherwise let it through)."""
+    if dialect == "postgres":
+        pytest.importorskip("pglast")
+    rules = masking.effective([{"column": "people.ssn", "action": "hash"}])
+    with pytest.raises(Unresolvable, match="gateway's own"):
+        masking.at_source(prepare(sql, dialect), oracle_schema(dialect), rules)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_the_own_keys_pads_names_are_refused_as_placeholders(dialect):
+    if dialect == "postgres":
+        pytest.importorskip("pglast")
+    rules = masking.effective([{"column": "people.ssn", "action": "hash"}])
+    for name in ("qag_mask_own_ipad", "qag_mask_own_opad"):
+        with pytest.raises(Unresolvable, match="gateway's own"):
+            masking.at_source(prepare(f"SELECT ssn, :{name} AS p FROM people", dialect), oracle_schema(dialect), rules)
