@@ -126,6 +126,10 @@ class Gateway:
         try:
             response = self.handle(request, origin)
         except QagError as error:
+            if "qag.masked" in environ:
+                # A caller with mask rules: no error of any route carries the driver's text (contract 0.3), which
+                # could quote a masked value, whichever step raised it (handle sets the mark).
+                error.extras.pop("detail", None)
             response = self._error_response(error, request)
         except Exception as exc:
             reason = self.store_unavailable(exc)
@@ -234,6 +238,8 @@ class Gateway:
             timing["auth"] = perf_counter() - mark
         if caller is not None:
             environ["qag.key"] = caller.label
+            if not caller.admin and caller.grants is not None and caller.grants.mask:
+                environ["qag.masked"] = True   # _call drops `detail` from any error of this request
             self._limits(caller, environ, route.endpoint in _DATA_ENDPOINTS)  # before the route: a 403 still counts
         if route.public:
             return route.handler(request, caller, **params)

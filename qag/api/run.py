@@ -548,6 +548,10 @@ class RunHandlers:
         except QagError as error:
             if slot is not None:
                 slot.release()
+            if not plan.show_detail:
+                # Every step of the run decides here, not each where it reads the database (the function catalog,
+                # the server's names, masking's schema, the statement): contract 0.3.
+                error.extras.pop("detail", None)
             observe.failed(plan, at, error)
             raise
         except BaseException:
@@ -610,8 +614,6 @@ class RunHandlers:
                 timing.failed("query", mark, error)   # the trace's database span ends with the error
             self.outages.note(f"connection {connection['name']!r}", error)
             self.usage.record(connection["name"], caller.name if not caller.admin else None, False, 0, 0.0)
-            if not plan.show_detail:
-                error.extras.pop("detail", None)
             raise
         if timing is not None:
             timing["query"] = result.duration_ms / 1000.0   # marked as it ends: the trace's database span
@@ -658,8 +660,6 @@ class RunHandlers:
             columns, batches = backend.stream(fields, call, _STREAM_BATCH, cap)
         except QagError as error:
             self.outages.note(f"connection {plan.connection['name']!r}", error)
-            if not plan.show_detail:
-                error.extras.pop("detail", None)
             raise
         if plan.mask is not None:
             try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 
 from ..errors import QagError
 from ._mysql_schema import server_names
@@ -104,6 +105,53 @@ def query_failed(detail: str) -> QagError:
 def connection_failed(detail: str) -> QagError:
     return QagError("connection_failed", "Could not connect to the database", detail=detail,
                     retry_after=RETRY_AFTER)
+
+
+# Connection fields (and driver options) named like these hold credentials: the password, sslpassword, ...
+SECRET_WORDS = ("password", "passwd", "secret", "token")
+# An opening failure's detail when the client library's text still holds a credential (opening_detail).
+OPENING_WITHHELD = ("The database client's message is not shown: it held a value of one of the connection's "
+                    "credential fields")
+
+
+def is_secret_field(name) -> bool:
+    """Whether a connection field (or driver option) holds a credential."""
+    lowered = str(name).lower()
+    return any(word in lowered for word in SECRET_WORDS)
+
+
+def opening_detail(text: str, fields: dict) -> str:
+    """The detail of a failure to open a connection (the only driver text qag cleans: a client library may
+    describe its options there, while a server's errors about a statement never hold the password unless the
+    caller wrote it, so those are shown as the server wrote them).
+
+    Every value of the connection's non-credential fields (user, host, port, database, file paths: the ones a
+    library or server quotes) is shown as `<field>`, wherever it stands as a whole word, whatever it is: a user
+    name equal to the password reads as any other user name. Text that then still holds a credential's value is
+    withheld whole, for a fixed message. Neither step looks at where a credential is in the text, so the detail
+    never tells where, nor (but for a credential that is a part of the client's own wording) whether, the
+    password equals a part of it; and the caller of a saved connection can change none of it."""
+    names: dict = {}
+    for name in sorted(fields):
+        value = fields[name]
+        if is_secret_field(name) or isinstance(value, bool) or not isinstance(value, (str, int)):
+            continue
+        value = str(value)
+        if value and value not in names:
+            names[value] = name
+    if names:
+        words = sorted(names, key=len, reverse=True)   # the longest first: "bobdb" is never "<user>db"
+        pattern = re.compile(r"(?<!\w)(?:" + "|".join(re.escape(w) for w in words) + r")(?!\w)")
+        text = pattern.sub(lambda m: f"<{names[m.group(0)]}>", text)
+    for name, value in fields.items():
+        if is_secret_field(name) and isinstance(value, str) and value and value in text:
+            return OPENING_WITHHELD
+    return text
+
+
+def opening_failed(text: str, fields: dict) -> QagError:
+    """502 connection_failed for a connection that could not be opened (its detail: opening_detail)."""
+    return connection_failed(opening_detail(text, fields))
 
 
 def sent_write_error(error: QagError) -> QagError:

@@ -50,8 +50,8 @@ from .. import _speedups
 from ..errors import QagError
 from . import _mysql_schema as schema_reader
 from . import _mysql_sql as statements
-from .base import (Backend, Call, Result, connection_failed, network_timeout, other_text_reading, query_failed,
-                   sent_write_error, timeout_error)
+from .base import (Backend, Call, Result, connection_failed, network_timeout, opening_failed, other_text_reading,
+                   query_failed, sent_write_error, timeout_error)
 from .pool import Pool, settings_key
 from .watchdog import WATCHDOG, deadline_of, tcp_keepalive
 
@@ -79,7 +79,6 @@ _SYSTEM_DATABASES = frozenset(("information_schema", "performance_schema", "mysq
 # Read-write statements after which the connection can go back to the pool (anything else - SET, CALL, BEGIN,
 # ... - may leave session state or an open transaction behind, so its connection is closed instead).
 _REUSABLE_AFTER_WRITE = frozenset(("select", "insert", "update", "delete", "replace", "with", "values", "table", "do"))
-_MASK = "********"
 _TRUE_TEXT = ("1", "true", "yes", "on")
 
 
@@ -153,15 +152,15 @@ _ident = settings_key   # the pool's identity of a connection's settings (passwo
 # ------------------------------------------------------------------------------------------- errors
 
 
-def _detail(exc: BaseException, password) -> str:
+def _detail(exc: BaseException) -> str:
+    """The driver's text as the server (or the client library) wrote it: a server's error about a statement never
+    holds the password unless the caller wrote it there (caching_sha2/ed25519 servers never have it in clear), and
+    substituting it would tell a caller which of its guesses it is. Only a failure to open a connection is
+    cleaned (MysqlBackend._open, base.opening_detail)."""
     args = getattr(exc, "args", ())
     if len(args) >= 2 and isinstance(args[0], int):
-        text = f"{args[0]} ({args[1]})" if args[0] else str(args[1])
-    else:
-        text = str(exc)
-    if password:
-        text = text.replace(str(password), _MASK)
-    return text
+        return f"{args[0]} ({args[1]})" if args[0] else str(args[1])
+    return str(exc)
 
 
 def _own_text_removed(detail: str, sent: str | None, own: str | None) -> str:
@@ -174,8 +173,7 @@ def _own_text_removed(detail: str, sent: str | None, own: str | None) -> str:
     return detail
 
 
-def mapped(exc: BaseException, timeout: float | None, password, sent: str | None = None,
-           own: str | None = None) -> QagError:
+def mapped(exc: BaseException, timeout: float | None, sent: str | None = None, own: str | None = None) -> QagError:
     """The contract's error for a driver failure: timeout 504, unreachable 502, a value the database refuses
     for its type 400 value_invalid, text that can't be encoded 400 param_invalid, anything else 500. `sent`/`own`: the
     statement as sent and as the caller wrote it (qag's additions are taken out of the detail)."""
@@ -187,7 +185,7 @@ def mapped(exc: BaseException, timeout: float | None, password, sent: str | None
         if timeout:
             return timeout_error(timeout)
         return QagError("query_timeout", "The query exceeded the database server's own time limit and was cancelled")
-    detail = _own_text_removed(_detail(exc, password), sent, own)
+    detail = _own_text_removed(_detail(exc), sent, own)
     if code in _VALUE_CODES:
         return QagError("value_invalid", _VALUE_MESSAGE, detail=detail)
     lowered = detail.lower()
@@ -384,16 +382,13 @@ class MysqlBackend(Backend):
 
     # --- connections ---------------------------------------------------------------------------------------
     def _open(self, fields: dict, read_only: bool, deadline: float | None = None) -> _Link:
-        password = fields.get("password")
         timeout = CONNECT_TIMEOUT if deadline is None else _left(deadline)
         try:
             conn = MySQLdb.connect(**connect_args(fields, read_only, timeout), conv=_conversions())
         except _DRIVER_ERRORS as exc:
-            # Whatever refused it (unreachable, login or database refused): qag could not connect.
-            error = mapped(exc, None, password)
-            if error.code != "connection_failed":
-                error = connection_failed(_detail(exc, password))
-            raise error from None
+            # Whatever refused it (unreachable, login or database refused): qag could not connect. The client
+            # library's text may describe its options: shown as opening_detail cleans it.
+            raise opening_failed(_detail(exc), fields) from None
         fd = conn.fileno()
         tcp_keepalive(fd)
         token = WATCHDOG.arm(fd, deadline) if deadline is not None else 0
@@ -420,7 +415,7 @@ class MysqlBackend(Backend):
         except _DRIVER_ERRORS as exc:
             cut = token and WATCHDOG.disarm(token)
             conn.close()
-            raise (_Overdue() if cut else mapped(exc, None, password)) from None
+            raise (_Overdue() if cut else mapped(exc, None)) from None
         if token and WATCHDOG.disarm(token):
             conn.close()
             raise _Overdue()
@@ -536,7 +531,7 @@ class MysqlBackend(Backend):
                 self.pool.release(key, link, False)
                 if not isinstance(exc, _DRIVER_ERRORS):
                     raise
-                error = mapped(exc, call.timeout, fields.get("password"), sent or call.sql, call.sql)
+                error = mapped(exc, call.timeout, sent or call.sql, call.sql)
             # A write commits on its own (autocommit): a reply lost once it was sent leaves its outcome unknown.
             raise (sent_write_error(error) if sent is not None and call.writes else error) from None
         elapsed = (perf_counter() - started) * 1000.0
@@ -581,14 +576,13 @@ class MysqlBackend(Backend):
                 raise network_timeout(call.timeout) from None
             self.pool.release(key, link, False)
             if isinstance(exc, _DRIVER_ERRORS):
-                raise mapped(exc, call.timeout, fields.get("password"), sent, call.sql) from None
+                raise mapped(exc, call.timeout, sent, call.sql) from None
             raise
         if token and WATCHDOG.disarm(token):
             self._cut(key, link)
             raise network_timeout(call.timeout)
         done = not columns or len(first) < first_size
-        return columns, _Batches(self, key, link, cursor, first, batch, cap, done, call.sql, call.timeout,
-                                 fields.get("password"))
+        return columns, _Batches(self, key, link, cursor, first, batch, cap, done, call.sql, call.timeout)
 
     def test(self, fields: dict) -> float:
         started = perf_counter()
@@ -597,7 +591,7 @@ class MysqlBackend(Backend):
             link.cursor.execute("SELECT 1")
             link.cursor.finish()
         except _DRIVER_ERRORS as exc:
-            raise mapped(exc, None, fields.get("password")) from None
+            raise mapped(exc, None) from None
         finally:
             _safe_close(link)
         return (perf_counter() - started) * 1000.0
@@ -609,7 +603,7 @@ class MysqlBackend(Backend):
             names = [row[0] for row in link.cursor.page(0, 0)]
             link.cursor.finish()
         except _DRIVER_ERRORS as exc:
-            raise mapped(exc, None, fields.get("password")) from None
+            raise mapped(exc, None) from None
         finally:
             _safe_close(link)
         return [n for n in names if n.lower() not in _SYSTEM_DATABASES]
@@ -665,7 +659,7 @@ class MysqlBackend(Backend):
         except BaseException as exc:
             self.pool.release(key, link, False)
             if isinstance(exc, _DRIVER_ERRORS):
-                raise mapped(exc, None, fields.get("password")) from None
+                raise mapped(exc, None) from None
             raise
         self._give_back(key, link, True, "")
         return found
@@ -728,8 +722,8 @@ class _Batches:
     """The rows of a stream after the first batch; gives its connection back exactly once (also if dropped)."""
 
     def __init__(self, backend: MysqlBackend, key, link: _Link, cursor, first: list, batch: int,
-                 cap: int | None, done: bool, sql: str, timeout: float | None, password):
-        self._timeout, self._password = timeout, password  # to map a failure mid-stream (password scrubbed)
+                 cap: int | None, done: bool, sql: str, timeout: float | None):
+        self._timeout = timeout   # to map a failure mid-stream
         self._backend = backend
         self._key = key
         self._link = link
@@ -762,7 +756,7 @@ class _Batches:
             # Raised, not swallowed: the run is recorded as failed and the body ends incomplete.
             cut = token and WATCHDOG.disarm(token)
             self.close()
-            raise (network_timeout(self._timeout) if cut else mapped(exc, self._timeout, self._password)) from None
+            raise (network_timeout(self._timeout) if cut else mapped(exc, self._timeout)) from None
         if token and WATCHDOG.disarm(token):
             self.close()
             raise network_timeout(self._timeout)

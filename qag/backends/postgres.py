@@ -79,8 +79,8 @@ from .._speedups.pgpipe import Gone as _Gone   # raised by both twins (the compi
 from .._speedups.pgpipe import error_of, name_of   # how both twins read a failure and a column name
 from ..errors import QagError
 from ._postgres_schema import SCHEMA_MAX_TABLES, read_functions, read_schema
-from .base import (Backend, Call, Result, connection_failed, network_timeout, query_failed, sent_write_error,
-                   timeout_error)
+from .base import (Backend, Call, Result, connection_failed, network_timeout, opening_failed, query_failed,
+                   sent_write_error, timeout_error)
 from .pool import Pool, settings_key
 from .watchdog import KEEPALIVE_COUNT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, USER_TIMEOUT_MS, deadline_of
 
@@ -93,7 +93,6 @@ CONNECT_TIMEOUT = 10
 DRIVER_FIELDS = ("host", "port", "user", "password", "sslmode", "sslrootcert", "sslcert", "sslkey", "sslcrl")
 STREAM_CURSOR = "qag_stream"
 PAGE_CURSOR = "qag_page"
-MASK = "********"
 SCHEMA_TTL = 60.0           # a schema older than this is read again before it is served
 SCHEMA_REFRESH = 45.0       # ... and one older than this is served while a background thread reads it again
 SCHEMA_CACHE_SIZE = 64      # schemas kept per backend (per connection settings and database)
@@ -253,14 +252,6 @@ def pool_key(fields: dict, read_only: bool):
     return settings_key(fields), read_only
 
 
-def scrub(text: str, fields: dict) -> str:
-    """Driver text with the password replaced by ********."""
-    password = fields.get("password")
-    if password is not None and password != "":
-        text = text.replace(str(password), MASK)
-    return text
-
-
 # ---------------------------------------------------------------- errors
 
 
@@ -290,16 +281,19 @@ def _own_lines(text: str, shift: int) -> str:
     return _LINE_RE.sub(lambda m: f"LINE {max(1, int(m.group(1)) - shift)}:", text)
 
 
-def mapped(exc: BaseException, fields: dict, timeout: float | None, shift: int = 0) -> QagError:
-    """The contract's error for a failure: cancelled 504, unreachable 502, the server's refusal of a write 403,
-    a value it refuses 400 value_invalid, a parameter it can't be sent 400 param_invalid, a second statement
-    400, anything else it refuses 500."""
+def mapped(exc: BaseException, timeout: float | None, shift: int = 0) -> QagError:
+    """The contract's error for a failure on an open connection: cancelled 504, unreachable 502, the server's
+    refusal of a write 403, a value it refuses 400 value_invalid, a parameter it can't be sent 400 param_invalid, a
+    second statement 400, anything else it refuses 500. The detail is the text as the server (or libpq, for a
+    connection lost) wrote it: the server never has the password in clear to quote (SCRAM), so only a statement
+    that holds it could show it, and substituting it would tell a caller which of its guesses it is. (Opening a
+    connection is another matter: PostgresBackend.connect, opening_detail.)"""
     if isinstance(exc, QagError):
         return exc
     if isinstance(exc, _Gone):
         return network_timeout(timeout) if timeout else connection_failed("The server stopped answering")
     if isinstance(exc, _ServerError):
-        state, text = exc.sqlstate, scrub(_own_lines(exc.text, shift), fields)
+        state, text = exc.sqlstate, _own_lines(exc.text, shift)
         if state == "57014":                     # query_canceled: the statement time limit
             return timeout_error(timeout) if timeout else query_failed(text)
         if state.startswith("08") or state in ("57P01", "57P02", "57P03"):
@@ -317,7 +311,7 @@ def mapped(exc: BaseException, fields: dict, timeout: float | None, shift: int =
         return QagError("param_invalid", "A parameter value can't be sent to PostgreSQL: "
                                          "text may not contain NUL characters or unpaired surrogates")
     if isinstance(exc, (psycopg.Error, OSError)):
-        return connection_failed(scrub(_driver_text(exc), fields))
+        return connection_failed(_driver_text(exc))
     raise exc
 
 
@@ -327,9 +321,9 @@ def mapped(exc: BaseException, fields: dict, timeout: float | None, shift: int =
 class _Link:
     """One server connection in pipeline mode and what qag knows of it."""
 
-    __slots__ = ("conn", "pg", "pipe", "tx", "pending", "bad", "forced", "fields", "version")
+    __slots__ = ("conn", "pg", "pipe", "tx", "pending", "bad", "forced", "version")
 
-    def __init__(self, conn: psycopg.Connection, fields: dict, spin: float = 0.0):
+    def __init__(self, conn: psycopg.Connection, spin: float = 0.0):
         self.conn = conn
         self.pg = conn.pgconn
         self.pipe = _speedups.get("pgpipe").Pipe(self.pg, spin)
@@ -339,7 +333,6 @@ class _Link:
         # Session defaults of this server that qag must not run under: each call sets its own for itself.
         self.forced = tuple((name, value) for name, value, differs in _FORCED
                             if differs(self.pg.parameter_status(name.encode()) or b""))
-        self.fields = fields
         self.version = self.pg.server_version
 
     def readable(self) -> bool:
@@ -526,10 +519,11 @@ class PostgresBackend(Backend):
     # --- connections -------------------------------------------------------------------------------------
     @staticmethod
     def connect(fields: dict, deadline: float | None = None, spin: float = 0.0) -> _Link:
-        """A new connection in pipeline mode; any failure to open one is 502 connection_failed (password
-        scrubbed): a login the server refuses, a server that is down, a database that is missing. With a call's
-        deadline, the connect timeout is what is left of it (whole seconds, at least 2: libpq's rule). `spin`: the
-        Pipe's lone-wait spin (QAG_SPIN_US, in seconds)."""
+        """A new connection in pipeline mode; any failure to open one is 502 connection_failed (libpq's text
+        as base.opening_detail shows it: it may describe the connection's options): a login the server refuses, a
+        server that is down, a database that is missing. With a call's deadline, the connect timeout is what is
+        left of it (whole seconds, at least 2: libpq's rule). `spin`: the Pipe's lone-wait spin (QAG_SPIN_US, in
+        seconds)."""
         args = connect_args(fields)
         if deadline is not None:
             left = deadline - monotonic()
@@ -539,13 +533,13 @@ class PostgresBackend(Backend):
         try:
             conn = psycopg.Connection.connect(autocommit=True, context=_adapters(), **args)
         except Exception as exc:  # OperationalError, or a driver refusal of the options (ProgrammingError)
-            raise connection_failed(scrub(_driver_text(exc), fields)) from None
+            raise opening_failed(_driver_text(exc), fields) from None
         try:
-            link = _Link(conn, fields, spin)
+            link = _Link(conn, spin)
             link.pg.enter_pipeline_mode()
         except (psycopg.Error, OSError) as exc:
             conn.close()
-            raise connection_failed(scrub(_driver_text(exc), fields)) from None
+            raise opening_failed(_driver_text(exc), fields) from None
         return link
 
     def _take(self, key, fields: dict, defer: bool = False, deadline: float | None = None,
@@ -589,7 +583,7 @@ class PostgresBackend(Backend):
             # No answer by the deadline: the idle connections of the same settings share the path that stopped
             # answering; a dead one would hold its next call until that call's deadline.
             self.pool.close_idle(key)
-        error = mapped(exc, link.fields, call.timeout, shift)
+        error = mapped(exc, call.timeout, shift)
         return sent_write_error(error) if call.writes else error
 
     # --- calls ---------------------------------------------------------------------------------------------
@@ -730,7 +724,7 @@ class PostgresBackend(Backend):
             if error is not None:
                 raise error
         except BaseException as exc:
-            raise mapped(exc, fields, call.timeout) from None
+            raise mapped(exc, call.timeout) from None
         finally:
             link.close()
         return (perf_counter() - started) * 1000.0

@@ -16,7 +16,8 @@ class OutageLog:
     """Logs the refusals a database or its pool caused (those answered with Retry-After: 502 connection_failed,
     503 pool exhausted, 504 reply never came; a write's lost reply or connection, `outcome: "unknown"`, has no
     Retry-After), at most once per INTERVAL per connection, so an outage under load says why without flooding the
-    log. The reason is the driver's text, which the backends have already scrubbed of the connection's password."""
+    log. The reason is the driver's text: a statement's as the server wrote it, a failure to open a connection's as
+    base.opening_detail cleaned it (never the connection's password)."""
 
     def __init__(self) -> None:
         self._last: dict[str, float] = {}

@@ -438,8 +438,8 @@ def test_an_error_detail_shows_the_callers_statement_only(server):
 def test_qags_prefix_and_hint_are_taken_out_of_a_detail():
     own = "SELECT x FROM t"
     sent = f"SET STATEMENT max_statement_time = 5, tx_read_only = 1 FOR {own}"
-    e = mapped(MySQLdb.ProgrammingError(1064, f"near '{sent}' at line 1"), 5.0, "", sent, own)
+    e = mapped(MySQLdb.ProgrammingError(1064, f"near '{sent}' at line 1"), 5.0, sent, own)
     assert e.extras["detail"] == f"1064 (near '{own}' at line 1)"
     hinted = "SELECT /*+ MAX_EXECUTION_TIME(5000) */ x FROM t"
-    e = mapped(MySQLdb.ProgrammingError(1064, f"near '{hinted}'"), 5.0, "", hinted, own)
+    e = mapped(MySQLdb.ProgrammingError(1064, f"near '{hinted}'"), 5.0, hinted, own)
     assert e.extras["detail"] == f"1064 (near '{own}')"

@@ -224,17 +224,35 @@ def test_bad_port(port):
 
 
 def test_errors_map_to_the_contract():
-    e = mapped(MySQLdb.OperationalError(1969, "Query execution was interrupted (max_statement_time exceeded)"), 2.0, "")
+    e = mapped(MySQLdb.OperationalError(1969, "Query execution was interrupted (max_statement_time exceeded)"), 2.0)
     assert (e.code, e.extras["timeout"]) == ("query_timeout", 2)
-    e = mapped(MySQLdb.OperationalError(3024, "maximum statement execution time exceeded"), 1.5, "")
+    e = mapped(MySQLdb.OperationalError(3024, "maximum statement execution time exceeded"), 1.5)
     assert (e.code, e.extras["timeout"]) == ("query_timeout", 1.5)
-    e = mapped(MySQLdb.OperationalError(2003, "Can't connect to MySQL server on 'h' (111) pw=hunter2"), None, "hunter2")
-    assert e.code == "connection_failed" and "hunter2" not in e.extras["detail"] and "********" in e.extras["detail"]
+    # A statement's error is shown as the server wrote it (the caller's own text, never a substitution in it).
+    e = mapped(MySQLdb.ProgrammingError(1146, "Table 'db.x|hunter2|y' doesn't exist"), None)
+    assert e.extras["detail"] == "1146 (Table 'db.x|hunter2|y' doesn't exist)"
     for code in (2002, 2005, 2006, 2013):
-        assert mapped(MySQLdb.OperationalError(code, "x"), None, "").code == "connection_failed"
-    e = mapped(MySQLdb.ProgrammingError(1064, "You have an error in your SQL syntax"), 2.0, "")
+        assert mapped(MySQLdb.OperationalError(code, "x"), None).code == "connection_failed"
+    e = mapped(MySQLdb.ProgrammingError(1064, "You have an error in your SQL syntax"), 2.0)
     assert e.code == "query_failed" and e.extras["detail"] == "1064 (You have an error in your SQL syntax)"
-    assert mapped(MySQLdb.OperationalError(1045, "Access denied"), None, "").code == "query_failed"
+    assert mapped(MySQLdb.OperationalError(1045, "Access denied"), None).code == "query_failed"
+
+
+def test_a_connection_that_cant_be_opened_never_shows_the_password(monkeypatch):
+    def refuse(**args):
+        raise MySQLdb.OperationalError(1045, f"Access denied for user '{args['user']}'@'10.0.0.7' (using password: "
+                                             f"YES)")
+    monkeypatch.setattr(mysql_backend.MySQLdb, "connect", refuse)
+    backend = MysqlBackend.__new__(MysqlBackend)
+    shown = {}
+    for user, password in (("alice", "alice"), ("alice", "hunter2"), ("alicex", "alice")):
+        with pytest.raises(QagError) as info:
+            backend._open({"host": "db.example", "user": user, "password": password}, True)
+        err = info.value
+        assert err.code == "connection_failed" and password not in str(err.extras) and "*" not in str(err.extras)
+        shown[(user, password)] = err.extras["detail"]
+    # A password equal to (or part of) the user name reads as any other: the detail is the same.
+    assert set(shown.values()) == {"1045 (Access denied for user '<user>'@'10.0.0.7' (using password: YES))"}
 
 
 # ---------------------------------------------------------------------------------------------- sequences

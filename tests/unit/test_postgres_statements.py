@@ -102,17 +102,37 @@ def test_pool_key_covers_every_field_and_the_access_mode():
     ("42P01", 'relation "nope" does not exist', None, "query_failed", 500),
 ])
 def test_server_refusals_map_to_the_contracts_codes(state, text, timeout, code, status):
-    err = pg.mapped(pg._ServerError(state, "ERROR:  " + text), {}, timeout)
+    err = pg.mapped(pg._ServerError(state, "ERROR:  " + text), timeout)
     assert (err.code, err.status) == (code, status)
 
 
-def test_errors_never_show_the_password():
-    fields = {"password": "s3cret-pw"}
-    for exc in (pg.psycopg.OperationalError("could not connect (password s3cret-pw)"),
-                pg._ServerError("08001", "no route, password s3cret-pw")):
-        err = pg.mapped(exc, fields, None)
+def test_a_statements_error_is_shown_as_the_server_wrote_it():
+    """No substitution in an open connection's errors: the server never has the password to quote, so only the
+    caller's own text could hold it, and replacing it there would tell the caller which guess it is."""
+    for exc in (pg.psycopg.OperationalError("consuming input failed: guess_a|s3cret-pw|guess_c"),
+                pg._ServerError("08001", "no route, guess_a|s3cret-pw|guess_c")):
+        err = pg.mapped(exc, None)
         assert err.code == "connection_failed" and err.status == 502
-        assert "s3cret-pw" not in str(err.extras) and "********" in err.extras["detail"]
+        assert err.extras["detail"].endswith("guess_a|s3cret-pw|guess_c") and "********" not in str(err.extras)
+    err = pg.mapped(pg._ServerError("22P02", 'invalid input syntax for type integer: "x|s3cret-pw|y"'), None)
+    assert err.extras["detail"] == 'invalid input syntax for type integer: "x|s3cret-pw|y"'
+
+
+def test_a_connection_that_cant_be_opened_never_shows_the_password(monkeypatch):
+    def refuse(**args):
+        raise pg.psycopg.OperationalError(f'connection to server at "{args["host"]}", port {args["port"]} failed: '
+                                          f'FATAL:  password authentication failed for user "{args["user"]}"')
+    monkeypatch.setattr(pg.psycopg.Connection, "connect", staticmethod(refuse))
+    shown = {}
+    for user, password in (("alice", "alice"), ("alice", "hunter2")):
+        with pytest.raises(QagError) as info:
+            pg.PostgresBackend.connect({"host": "db.example", "port": 5432, "user": user, "password": password})
+        err = info.value
+        assert err.code == "connection_failed" and password not in str(err.extras) and "*" not in str(err.extras)
+        shown[password] = err.extras["detail"]
+    # A password equal to the user name reads as any other: the detail is the same.
+    assert shown["alice"] == shown["hunter2"] == ('connection to server at "<host>", port <port> '
+                                                  'failed: FATAL:  password authentication failed for user "<user>"')
 
 
 def test_values_a_text_parameter_cannot_hold_are_param_invalid():
