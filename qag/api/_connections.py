@@ -6,7 +6,7 @@ import os
 import re
 
 from ..auth import now_text
-from ..backends.base import default_schema, resolve_fields
+from ..backends.base import default_schema, is_secret_field, resolve_fields
 from ..errors import QagError
 from ..http.response import json_response
 from ..policy import tables as table_policy
@@ -91,14 +91,8 @@ def _check_active(active) -> bool:
     return active
 
 
-_SECRET_WORDS = ("password", "passwd", "secret", "token")
 # Literal segments of /api/v1/connections/<word> routes: a connection so named couldn't be read at its URL.
 _ROUTE_WORDS = frozenset({"deleted", "test", "databases"})
-
-
-def _is_secret_option(name: str) -> bool:
-    """Driver options that hold credentials (sslpassword, ...): shown and audited as "********"."""
-    return any(word in name.lower() for word in _SECRET_WORDS)
 
 
 class ConnectionHandlers:
@@ -136,13 +130,13 @@ class ConnectionHandlers:
     def _detail(self, row: dict) -> dict:
         item = self._item(row)
         item["password"] = _shown_password(row["fields"].get("password"))
-        item["options"] = {k: MASKED_PASSWORD if _is_secret_option(k) and v is not None else v
+        item["options"] = {k: MASKED_PASSWORD if is_secret_field(k) and v is not None else v
                            for k, v in row["fields"].items() if k not in DIRECT_FIELDS}
         return item
 
     def _etag_state(self, row: dict) -> dict:
         """The row with credentials replaced by a keyed digest: an ETag must not let anyone test password guesses."""
-        fields = {k: keyed_digest(self.gateway.secret, v) if k == "password" or _is_secret_option(k) else v
+        fields = {k: keyed_digest(self.gateway.secret, v) if k == "password" or is_secret_field(k) else v
                   for k, v in row["fields"].items()}
         return dict(row, fields=fields)
 
@@ -321,7 +315,7 @@ def _audited(db: str, active: bool, fields: dict) -> dict:
     """Connection fields for the audit log: a password is only ever 'changed'."""
     out = {"db": db, "active": active}
     for key, value in fields.items():
-        out[key] = "changed" if key == "password" or _is_secret_option(key) else value
+        out[key] = "changed" if key == "password" or is_secret_field(key) else value
     return out
 
 
