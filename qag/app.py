@@ -42,6 +42,7 @@ _OPERATOR_PATHS = _RATE_EXEMPT   # what the admin listener (QAG_ADMIN_BIND) serv
 # Routes whose calls a quota checks before and counts after (contract 0.1 step 7, 6.8).
 _DATA_ENDPOINTS = frozenset({"api.run_named_query", "api.execute_sql_endpoint"})
 _MCP_SEGMENTS = ["mcp"]     # the router's reading of /mcp, however the path spelled it
+_EVERY_ADDRESS = frozenset({"0.0.0.0", "::", ""})   # a listener bound to these takes its port on every address
 
 
 class Gateway:
@@ -195,8 +196,9 @@ class Gateway:
     def handle(self, request: Request, origin: str | None) -> Response:
         """Contract 0.1: preflight, authentication, route, open-access guard, admin check, handler."""
         environ = request.environ
+        request.parse_target()
         if self.admin_listener is not None:
-            self._check_listener(environ)
+            self._check_listener(environ, request.segments)
         if (request.method == "OPTIONS" and self.headers.cors_enabled()
                 and request.header("Access-Control-Request-Method")):
             environ["qag.endpoint"] = "preflight"
@@ -207,7 +209,6 @@ class Gateway:
                 and environ.get("PATH_INFO") not in _RATE_EXEMPT
                 and not environ.get("PATH_INFO", "").startswith("/console")):
             self._limit_address(request)
-        request.parse_target()
         try:
             route, params = self.router.match(request.segments, request.method)
         except QagError:
@@ -256,12 +257,20 @@ class Gateway:
         only, and /metrics only through it."""
         self.admin_listener = address
 
-    def _check_listener(self, environ: dict) -> None:
-        # The accepted socket's local address names the listener (one getsockname, only with QAG_ADMIN_BIND).
+    def _check_listener(self, environ: dict, segments: list) -> None:
+        # The accepted socket's local address names the listener (one getsockname, only with QAG_ADMIN_BIND): its
+        # port where the admin listener is bound to every address (no other listener can then have that port), its
+        # host and port where it is bound to one (another address may listen on the same port).
         local = environ["gunicorn.socket"].getsockname()
         admin = self.admin_listener
-        on_admin = local == admin if isinstance(admin, str) else local[1] == admin[1]
-        path = environ.get("PATH_INFO", "")
+        if isinstance(admin, str):
+            on_admin = local == admin
+        elif admin[0] in _EVERY_ADDRESS:
+            on_admin = local[1] == admin[1]
+        else:
+            on_admin = local[:2] == admin[:2]
+        # The path as the router reads it: /metrics/, //metrics and /metrics%2F are /metrics too.
+        path = "/" + "/".join(segments)
         refused = path not in _OPERATOR_PATHS if on_admin else path == "/metrics"
         if refused:
             raise QagError("not_found")

@@ -29,7 +29,7 @@ import re
 import threading
 import time
 from typing import Callable, Iterator
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote
 
 from ..backends.watchdog import NETWORK_MARGIN, Watchdog
 from ..errors import QagError
@@ -65,37 +65,91 @@ def _driver():
     return psycopg2
 
 
-def redact(url: str) -> str:
-    """The URL without its password (for log lines and messages)."""
+_UNREADABLE = ("libpq can't read this URL (percent-encode characters such as @ : / ? # % in the user name and "
+               "password)")
+
+
+def _libpq_fields(url: str) -> dict | None:
+    """The URL as libpq itself reads it (the reading that decides what the password is: an unencoded `#` or `?`
+    in it, a percent-encoded `pass%77ord=` keyword), {} without psycopg2, None when libpq can't read it."""
     try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "postgresql://?"
-    if parts.password is None and "password" not in parts.query.lower():
-        return url
-    if parts.password is not None:
-        netloc = parts.netloc.rsplit("@", 1)
-        user = netloc[0].split(":", 1)[0]
-        parts = parts._replace(netloc=f"{user}:***@{netloc[1]}")
-    if "password" in parts.query.lower():  # libpq also takes ?password=...
-        parts = parts._replace(query=re.sub(r"(?i)(password=)[^&]*", r"\1***", parts.query))
-    return urlunsplit(parts)
+        from psycopg2.extensions import parse_dsn
+    except ImportError:
+        return {}
+    try:
+        return parse_dsn(url)
+    except Exception:   # psycopg2.ProgrammingError: libpq's own refusal
+        return None
+
+
+def _secrets(url: str, fields: dict) -> set:
+    """Every spelling of the URL's credentials, as libpq reads them and as a reader of the text would (what stands
+    between the scheme's `//` and the last `@` after a `:`, a `password=` value), decoded and encoded."""
+    found = {fields.get("password"), fields.get("sslpassword"), _written_password(url)}
+    for match in re.findall(r"(?i)pass(?:word|%77ord)=([^&]*)", url) + re.findall(r"(?i)%70assword=([^&]*)", url):
+        found.add(match)
+    found.update([unquote(secret) for secret in found if secret])
+    return {form for secret in filter(None, found) for form in (secret, quote(secret, safe=""), quote(secret))}
+
+
+def _written_userinfo(url: str) -> tuple[str, str] | None:
+    """What a reader of the URL takes for its user and password: the two sides of the first `:` between `//` and
+    the last `@`; None without both."""
+    head = url.split("://", 1)[1] if "://" in url else ""
+    userinfo = head.rsplit("@", 1)[0] if "@" in head else ""
+    user, colon, password = userinfo.partition(":")
+    return (user, password) if colon else None
+
+
+def _written_password(url: str) -> str | None:
+    written = _written_userinfo(url)
+    return written[1] if written else None
+
+
+def _reads_a_secret(text: str, secrets: set) -> bool:
+    decoded = unquote(text)
+    return any(secret in text or secret in decoded for secret in secrets)
+
+
+def _without_secret_parameters(query: str) -> str:
+    """A URL's query with the values of password parameters (however their names are percent-encoded) as ***."""
+    def one(parameter: str) -> str:
+        name, equals, _ = parameter.partition("=")
+        return f"{name}=***" if equals and unquote(name).lower() in ("password", "sslpassword") else parameter
+    return "&".join(one(p) for p in query.split("&"))
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for log lines and messages: the user information before the last `@` shown
+    as `user:***`, password parameters as `***`; and where some spelling of a credential (libpq's own reading of
+    the URL among them) would still show, only the scheme."""
+    scheme, sep, head = url.partition("://")
+    if not sep:
+        return url if "password" not in url.lower() else "postgresql://***"
+    shown_head = head
+    if "@" in head:
+        userinfo, rest = head.rsplit("@", 1)
+        shown_head = f"{userinfo.split(':', 1)[0]}:***@{rest}" if ":" in userinfo else head
+    where, question, query = shown_head.partition("?")
+    shown = f"{scheme}://{where}" + (f"?{_without_secret_parameters(query)}" if question else "")
+    fields = _libpq_fields(url) or {}
+    if _reads_a_secret(shown, _secrets(url, fields)):
+        return f"{scheme}://***"
+    return shown
 
 
 def driver_text(exc: BaseException, url: str) -> str:
     """The driver's message with every form of the URL's password taken out: libpq quotes the part of a URL it
-    can't parse, which can be the password (a `%` in it, say)."""
+    can't parse, which can be the password (a `%` in it, say), so for a URL libpq can't read nothing of its
+    message is shown."""
+    fields = _libpq_fields(url)
+    written = _written_userinfo(url)
+    if fields is None or (written and unquote(written[0]) != fields.get("user")):
+        # libpq reads the URL otherwise than it looks (`u:pw/x@h`: host u, port "pw"), so its message may quote a
+        # piece of what was meant as the password, which no replacement of the whole would catch.
+        return _UNREADABLE
     text = str(exc).strip()
-    secrets = set()
-    try:
-        parts = urlsplit(url)
-        if parts.password:
-            secrets.update((parts.password, unquote(parts.password)))
-        secrets.update(unquote(m) for m in re.findall(r"(?i)password=([^&]*)", parts.query))
-        secrets.update(re.findall(r"(?i)password=([^&]*)", parts.query))
-    except ValueError:
-        return type(exc).__name__
-    for secret in sorted(filter(None, secrets), key=len, reverse=True):
+    for secret in sorted(_secrets(url, fields), key=len, reverse=True):
         text = text.replace(secret, "***")
     return text
 

@@ -17,6 +17,7 @@ from qag.store.schema import SCHEMA_VERSION
 from qag.store.sqlite import SqliteStore
 from tests.unit import test_store as unit
 from tests.unit.test_store import _fields_of, make_store, raw_sql  # noqa: F401  (make_store: a fixture)
+from tests.server import wait_for
 
 # Every unit test that takes the store as a fixture, collected here again: here the store is PostgreSQL's.
 globals().update({name: test for name, test in vars(unit).items() if name.startswith("test_")
@@ -336,8 +337,10 @@ def test_a_batch_whose_commit_reply_was_lost_is_not_written_twice(pg_store_url):
                     write()
                 timer.join()
                 assert store.unavailable(caught.value), caught.value   # a 503, and the writer holds the batch
-                # ... though the COMMIT was applied: its reply was what got lost.
-                assert store._one("SELECT count(*) AS n FROM applied_writes WHERE id LIKE 'slow%'")["n"] == applied
+                # ... though the COMMIT is applied (the server finishes it after the reset): its reply was what got
+                # lost.
+                wait_for(lambda: store._one("SELECT count(*) AS n FROM applied_writes WHERE id LIKE 'slow%'")["n"]
+                         == applied, "the held COMMIT applied", deadline=10)
                 write()                                                  # sent again: skipped
             assert sorted(r["rid"] for r in store.events(0, 100)) == [f"rid{i}" for i in range(5)]
             assert store.quota_counts([key]) == {key: (20, 3)}

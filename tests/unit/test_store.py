@@ -354,6 +354,39 @@ def test_urls_are_shown_without_passwords():
     assert redact("postgresql:///db") == "postgresql:///db"
 
 
+@pytest.mark.parametrize("url, shown", [
+    # libpq reads the password up to the last @: an unencoded # or ? in it is no fragment or query
+    ("postgresql://postgres:S3cret#PW@127.0.0.1:5432/db", "postgresql://postgres:***@127.0.0.1:5432/db"),
+    ("postgresql://u:p?w@h/db", "postgresql://u:***@h/db"),
+    ("postgresql://u:S3cret/x@h/db", "postgresql://u:***@h/db"),
+    # libpq decodes a parameter's name: pass%77ord= and %70assword= are password=
+    ("postgresql://u@h/db?pass%77ord=S3cretPW", "postgresql://u@h/db?pass%77ord=***"),
+    ("postgresql://u@h/db?%70assword=S3cretPW&sslmode=require", "postgresql://u@h/db?%70assword=***&sslmode=require"),
+    ("postgresql://u@h/db?sslpassword=S3cretPW", "postgresql://u@h/db?sslpassword=***"),
+])
+def test_every_spelling_of_a_password_libpq_reads_is_taken_out(url, shown):
+    """Spellings urlsplit reads otherwise than libpq printed the password whole, in startup lines, `qag config`,
+    outage warnings and /readyz."""
+    from qag.store.postgres import redact
+    assert redact(url) == shown
+    assert "S3cret" not in redact(url) and "p?w" not in redact(url)
+
+
+def test_libpq_text_about_a_url_it_cannot_read_is_not_shown():
+    """libpq quotes the piece of a URL it can't parse, which can be part of the password (`u:S3cret/x@h`: host u,
+    port "S3cret")."""
+    pytest.importorskip("psycopg2")
+    from qag.store.postgres import driver_text
+    url = "postgresql://u:S3cret:x/y@h/db"
+    try:
+        import psycopg2
+        psycopg2.connect(url, connect_timeout=1)
+    except Exception as exc:
+        assert "S3cret" not in driver_text(exc, url)
+    else:
+        raise AssertionError("libpq read a URL it should not")
+
+
 def test_configuration_edits_made_outside_qag_move_the_config_generation(make_store):
     """The store's triggers (SQLite and PostgreSQL) move meta.config_generation, which the metadata cache polls,
     for any change to a configuration row, also one an operator makes by hand; usage stamps don't move it."""
