@@ -71,23 +71,46 @@ def encode(fmt: str, columns: list[str], rows: list) -> bytes:
 
 
 # --- xml -----------------------------------------------------------------------------------------------------
-_NOT_NAME = re.compile(r"[^\w.-]")
+# XML 1.0's NameStartChar and NameChar (section 2.3) without ":" (a namespace prefix): `\w` alone lets in "²", "ª"
+# or "µ", which no XML parser takes in a name.
+_NAME_START = ("A-Z_a-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u02ff\u0370-\u037d\u037f-\u1fff\u200c-\u200d"
+               "\u2070-\u218f\u2c00-\u2fef\u3001-\ud7ff\uf900-\ufdcf\ufdf0-\ufffd\U00010000-\U000effff")
+_NOT_NAME = re.compile(f"[^{_NAME_START}\\-.0-9\u00b7\u0300-\u036f\u203f-\u2040]")
+_NAME_STARTS = re.compile(f"[{_NAME_START}]")
+# Characters XML 1.0 can't hold at all, not even escaped (section 2.2): control characters but tab, LF and CR,
+# U+FFFE/U+FFFF, lone surrogates. Shown as U+FFFD, as an undecodable byte is.
+_NOT_XML_CHAR = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 def xml_name(column: str) -> str:
     name = _NOT_NAME.sub("_", column)
-    return name if name[:1].isalpha() or name[:1] == "_" else "_" + name
+    return name if _NAME_STARTS.match(name) else "_" + name
+
+
+def _xml_tags(columns: list[str]) -> list[str]:
+    """Each column's element name; names that become alike (`a:b` and `a b` are both `a_b`) get `_2`, `_3`, ...
+    as duplicate columns do, so every value keeps an element of its own."""
+    tags: list[str] = []
+    taken: set[str] = set()
+    for column in columns:
+        tag = base = xml_name(column)
+        n = 2
+        while tag in taken:
+            tag, n = f"{base}_{n}", n + 1
+        taken.add(tag)
+        tags.append(tag)
+    return tags
 
 
 def _xml_text(value) -> str:
     if value is None:
         return ""
-    text = cells.field_text(value)
+    text = _NOT_XML_CHAR.sub("\ufffd", cells.field_text(value))
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def encode_xml(columns: list[str], rows: list) -> bytes:
-    tags = [xml_name(c) for c in columns]
+    tags = _xml_tags(columns)
     out = ["<data>"]
     for row in rows:
         out.append("<item>")

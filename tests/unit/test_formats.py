@@ -20,13 +20,27 @@ def _needs(module: str):
 
 
 @pytest.mark.parametrize("column, tag", [("1 id", "_1_id"), ("a b<c>", "a_b_c_"), ("é.x-y", "é.x-y"),
-                                         ("_ok", "_ok"), ("-x", "_-x"), ("", "_")])
+                                         ("_ok", "_ok"), ("-x", "_-x"), ("", "_"),
+                                         # \w takes these, XML names don't
+                                         ("a²", "a_"), ("ª", "_"), ("µs", "_s"), ("x:y", "x_y")])
 def test_xml_names(column, tag):
     assert formats.xml_name(column) == tag
 
 
 def test_xml_repeated_columns_keep_every_value():
     assert encode.encode("xml", ["id", "id"], [(1, 2)]) == b"<data><item><id>1</id><id_2>2</id_2></item></data>"
+
+
+def test_xml_is_well_formed_whatever_the_names_and_values():
+    """Control characters, U+FFFE and lone surrogates can't be in an XML document even escaped, and names that
+    sanitise alike must stay apart: the document parses and every value keeps its own element."""
+    import xml.etree.ElementTree as ElementTree
+    columns = ["a:b", "a b", "a²", "ª", "v"]
+    values = ("a\x01b", "x\ufffey", "\ud800", "tab\tnl\ncr\r", "<&>\x00")
+    root = ElementTree.fromstring(encode.encode("xml", columns, [values]))
+    item = root.find("item")
+    assert [child.tag for child in item] == ["a_b", "a_b_2", "a_", "_", "v"]
+    assert [child.text for child in item] == ["a\ufffdb", "x\ufffdy", "\ufffd", "tab\tnl\ncr\n", "<&>\ufffd"]
 
 
 def test_yaml_writes_a_time_of_day_as_text_and_decimal_nan_as_nan():
