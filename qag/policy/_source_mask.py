@@ -80,7 +80,8 @@ def rewrite(prepared, table_columns, rules_action, default_schema: str | None) -
         if not any(action in CHANGING for _, _, action in actions):
             continue
         if cte_named:
-            # sqlglot doesn't scope CTEs as the engine does: a CTE named like a masked table is refused.
+            # A CTE named like a masked table is refused on every engine: sqlglot doesn't scope CTEs as the engines do,
+            # and the derived table's own FROM would be read in the CTE's scope (WITH RECURSIVE sees later CTEs too).
             raise Unresolvable(f"a CTE is named like the masked table {table}")
         plans.append((start, end, real_schema, table, aliased, actions))
     if not plans:

@@ -336,8 +336,14 @@ class Masking:
             compiled = traced
         else:
             try:
-                compiled = MaskPlan(traced, rules, self.hasher(), at_source(prepared, schema, rules),
-                                    self.own_hasher())
+                source = at_source(prepared, schema, rules)
+                compiled = MaskPlan(traced, rules, self.hasher(), source, self.own_hasher())
+                if source is None and any(a in CHANGING for a in compiled.actions):
+                    # The trace says a result column comes from a masked column, the engine's reading of the
+                    # statement finds no masked table it reads: the readers disagree (a CTE sqlglot takes for the
+                    # table, say), and masking the values here, after the fact, would hash what the caller chose.
+                    raise Unresolvable("the statement's readers disagree on where a masked column's values come "
+                                       "from")
             except Unresolvable as why:
                 compiled = _Refusal(str(why))
         with self._lock:

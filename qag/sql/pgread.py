@@ -131,9 +131,10 @@ class Reference(NamedTuple):
     aliased: bool
 
 
-def references(text: str) -> list[Reference] | None:
-    """Every reference to a table (not a CTE in scope) in a one-statement text, in no particular order; None when
-    the parser refuses the text or it holds more than one statement. Not cached: masking keeps what it builds."""
+def references(text: str) -> tuple[list[Reference], frozenset[str]] | None:
+    """Every reference to a table (not a CTE in scope) in a one-statement text, in no particular order, and the
+    names of every CTE the statement defines (as the parser folds them); None when the parser refuses the text or
+    it holds more than one statement. Not cached: masking keeps what it builds."""
     tree, _failure = _decode(text)
     if tree is None or len(tree.get("stmts") or ()) != 1:
         return None
@@ -142,7 +143,7 @@ def references(text: str) -> list[Reference] | None:
         walk.run(tree["stmts"][0].get("stmt") or {})
     except _TooBig:
         return None
-    return walk.references
+    return walk.references, frozenset(walk.cte_names)
 
 
 def _names(items) -> tuple[str, ...]:
@@ -174,6 +175,7 @@ class _Walk:
         self.functions: set[tuple[str, str]] = set()
         self.names: set[str] = set()
         self.fields: set[str] = set()
+        self.cte_names: set[str] = set()
         self.nodes = 0
 
     def run(self, root: dict) -> None:
@@ -269,11 +271,14 @@ class _Walk:
             return scope
         with_clause = with_clause.get("WithClause", with_clause)
         recursive = bool(with_clause.get("recursive"))
+        ctes = [cte.get("CommonTableExpr") or {} for cte in with_clause.get("ctes") or ()]
+        names = tuple(cte.get("ctename") or "" for cte in ctes)
+        self.cte_names.update(names)
+        # WITH RECURSIVE: every CTE of the list is in scope in every one's body, later ones too (the server orders
+        # them by what refers to what); otherwise a body sees the CTEs before it only.
         inner = scope
-        for cte in with_clause.get("ctes") or ():
-            cte = cte.get("CommonTableExpr") or {}
-            name = cte.get("ctename") or ""
-            push((cte.get("ctequery") or {}, inner + (name,) if recursive else inner, depth + 1))
+        for cte, name in zip(ctes, names):
+            push((cte.get("ctequery") or {}, scope + names if recursive else inner, depth + 1))
             inner = inner + (name,)
         return inner
 

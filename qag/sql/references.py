@@ -44,9 +44,10 @@ def find(sql: str, tokens: list, dialect: str) -> list[tuple[int, int, str, str,
 
 def _postgres_references(sql: str, tokens: list) -> list:
     text = _placeholders_blanked(sql, tokens, "postgres", blank_comments=False)
-    refs = pgread.references(text)
-    if refs is None:
+    read = pgread.references(text)
+    if read is None:
         raise Unresolvable("the statement can't be read as one statement")
+    refs, cte_names = read
     encoded = text.encode("utf-8")
     out = []
     for ref in refs:
@@ -54,7 +55,9 @@ def _postgres_references(sql: str, tokens: list) -> list:
             raise Unresolvable("a table reference without a position")
         start = len(encoded[:ref.location].decode("utf-8", "strict"))
         end = _name_end(text, start, [p for p in (ref.catalog, ref.schema, ref.name) if p])
-        out.append((start, end, ref.schema, ref.name, ref.aliased, False))
+        # Named like a CTE of the statement (wherever it is in scope): masking refuses such a masked table, as on
+        # the other engines, so no reading of CTE scope decides where a masked table's values come from.
+        out.append((start, end, ref.schema, ref.name, ref.aliased, ref.name in cte_names))
     return out
 
 

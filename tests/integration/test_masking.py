@@ -367,6 +367,33 @@ def test_recursive_cte_moves_values_between_columns(srv):
     assert adhoc(srv, "sqlite", sql, key="plain").json == [{"b": "jane@example.com"}]
 
 
+@pytest.mark.parametrize("sql", [
+    # WITH RECURSIVE: `guess` sees the later CTE `customers`, so the derived table masking put around `customers`
+    # in it read the caller's candidates, hashed with the mask key; joined to the real table, a candidate's
+    # plain text sat next to the customer whose hash it matched.
+    "WITH RECURSIVE guess AS (SELECT id AS candidate, email FROM customers), customers AS ("
+    "SELECT g AS id, 'bo@x.org' AS email, NULL::text AS phone, NULL::text AS secret, NULL::text AS name "
+    "FROM generate_series(1, 3) g) "
+    "SELECT r.id AS customer, guess.candidate FROM guess JOIN public.customers r ON r.email = guess.email",
+    # the single-candidate form: the key's hash of a value of the caller's choosing
+    "WITH RECURSIVE a AS (SELECT email FROM customers), customers AS (SELECT 1 AS id, 'bo@x.org'::text AS email, "
+    "NULL::text AS phone, NULL::text AS secret, NULL::text AS name) SELECT email FROM a",
+    # a CTE named like the masked table anywhere in the statement, as on MySQL and SQLite
+    "WITH customers AS (SELECT 1 AS id) SELECT email FROM public.customers",
+])
+def test_postgres_a_cte_named_like_a_masked_table_never_feeds_its_masking(srv, sql):
+    r = adhoc(srv, "postgres", sql)
+    assert r.status == 403 and r.json["code"] == "mask_unresolvable", r
+
+
+def test_postgres_recursive_ctes_see_later_ones_as_the_server_does():
+    from qag.sql import pgread
+    # every CTE of a WITH RECURSIVE is in scope in every body: `a` reads the CTE c, not a table
+    assert pgread.read("WITH RECURSIVE a AS (SELECT * FROM c), c AS (SELECT 1) SELECT * FROM a").tables == ()
+    # without RECURSIVE a body sees only the CTEs before it
+    assert pgread.read("WITH a AS (SELECT * FROM c), c AS (SELECT 1) SELECT * FROM a").tables == (("", "", "c"),)
+
+
 def test_show_tables_and_describe_are_not_masked_explain_is_refused(srv):
     assert adhoc(srv, "mysql", "SHOW TABLES").status == 200
     assert adhoc(srv, "mysql", "DESCRIBE customers").status == 200
