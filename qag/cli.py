@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import secrets
@@ -175,11 +176,24 @@ def cmd_events(args, settings) -> int:
     store = open_store(settings)
     token = settings.metrics_token.encode("utf-8") if settings.metrics_token is not None else None
     server = EventsServer(settings, store, Authenticator(store, settings.api_key, settings), token)
+    host = args.host.strip() if args.host and args.host.strip() else settings.events_host
+    port = args.port if args.port is not None else settings.events_port
+    listening = []
     try:
-        asyncio.run(server.serve(args.host or settings.events_host,
-                                 args.port if args.port is not None else settings.events_port))
+        asyncio.run(server.serve(host, port, ready=listening.append))
     except KeyboardInterrupt:
         pass
+    except OSError as exc:
+        if listening:
+            raise
+        # Before it listened: the address, named by where it came from, not the socket's bare error.
+        if exc.errno == errno.EADDRINUSE:
+            where = f"--port {port}" if args.port is not None else f"QAG_EVENTS_PORT {port}"
+            _err(f"{where}: the port is in use by another process on {host}; pick another (0 = any free port)")
+        else:
+            where = f"--host {host}" if args.host and args.host.strip() else f"QAG_EVENTS_HOST {host}"
+            _err(f"{where}: can't listen there ({exc.strerror or exc}); use a host name or address of this machine")
+        return CLI_USAGE_ERROR
     finally:
         store.close()
     return 0
@@ -219,13 +233,19 @@ def cmd_mcp(args, settings) -> int:
 def cmd_demo(args, settings) -> int:
     from . import demo
     from .server import serve
-    from .server import bind_problem
-    problem = bind_problem(settings.bind, "qag demo")
+    from .server import binds_problem, home_server
+    problem = binds_problem(settings, "qag demo")
     if problem is not None:   # before the first run's minutes of preparation, not after
         _err(problem)
         return CLI_USAGE_ERROR
-    home = os.path.abspath(args.home or settings.demo_home)
+    home = os.path.abspath(args.home.strip() if args.home and args.home.strip() else settings.demo_home)
     demo_settings = settings.with_overrides(home=home, api_key=None)
+    pid = home_server(home) if args.reset else None
+    if pid is not None:
+        # Deleting the home would take the store and keys from under it: it would go on serving a deleted file.
+        _err(f"--reset: a qag server{f' (pid {pid})' if pid else ''} is running on {home}; stop it first (Ctrl-C "
+             f"where it runs{f', or kill -TERM {pid}' if pid else ''}), then run qag demo --reset again")
+        return CLI_USAGE_ERROR
     if args.reset or not os.path.exists(os.path.join(home, demo.KEYS_FILE)):
         # Not on make demo's restart onto the compiled build (build_backend/demo.py): the home is there already.
         print("qag demo: preparing the demo home (first run generates ~90,000 rows)...", file=sys.stderr)
@@ -278,13 +298,37 @@ def cmd_admin(args, settings) -> int:
         for field in ("host", "port", "database", "user", "password"):
             if getattr(args, field) is not None:
                 body[field] = getattr(args, field)
-        body["options"] = dict(o.split("=", 1) for o in args.option or [])
+        port = body.get("port")
+        if port is not None:   # the connection's own port (never QAG_BIND): a number, or a ${VARIABLE} it reads
+            if port.strip().isascii() and port.strip().isdigit():
+                body["port"] = int(port)
+            elif not (port.startswith("${") and port.endswith("}")):
+                _err(f"--port must be the database server's port, a number from 1 to 65535 (or a ${{VARIABLE}} "
+                     f"naming one), not {port!r}")
+                return CLI_USAGE_ERROR
+        body["options"] = {}
+        for option in args.option or []:
+            name, sep, value = option.partition("=")
+            if not sep or not name.strip():   # the text itself is not shown: it could be a password
+                _err("--option takes KEY=VALUE (e.g. --option sslmode=require); one of them has no KEY=")
+                return CLI_USAGE_ERROR
+            body["options"][name.strip()] = value
     elif resource == "queries":
         body = {"name": args.name, "description": args.description, "sql": args.sql, "publish": args.publish}
         if args.connection:
             body["connection_name"] = args.connection
         if args.parameters:
-            body["parameters"] = json.loads(args.parameters)
+            try:
+                body["parameters"] = json.loads(args.parameters)
+            except ValueError as exc:
+                _err(f"--parameters must be a JSON object of parameter rules, e.g. "
+                     f"'{{\"id\": {{\"type\": \"integer\"}}}}'; this is not JSON "
+                     f"({getattr(exc, 'msg', 'unreadable')} at character {getattr(exc, 'pos', 0) + 1})")
+                return CLI_USAGE_ERROR
+            if not isinstance(body["parameters"], dict):
+                _err(f"--parameters must be a JSON object of parameter rules, e.g. "
+                     f"'{{\"id\": {{\"type\": \"integer\"}}}}', not a JSON {type(body['parameters']).__name__}")
+                return CLI_USAGE_ERROR
     else:
         body = {"name": args.name}
         if args.role:
@@ -307,10 +351,10 @@ def cmd_admin(args, settings) -> int:
 # --- parser ----------------------------------------------------------------------------------------------
 def _port(text: str) -> int:
     """A TCP port argument: argparse's one-line refusal (exit 2) rather than a traceback from bind()."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    word = text.strip()
+    if not (word.isascii() and word.lstrip("+-").isdigit()):   # int() takes "٥٠٠٠" and "5_000"; "²" passes isdigit()
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}")
+    port = int(word)
     if not 0 <= port < 65536:   # 0: any free port (the tests' servers take one so)
         raise argparse.ArgumentTypeError(f"a port is from 0 to 65535, not {port}")
     return port
@@ -413,9 +457,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         args = build_parser().parse_args(["serve"])
     # Flags become the environment, so gunicorn's workers see exactly what the master validated.
+    # serve's --host/--port only: `qag events` and `qag connections add` have their own, which are not QAG_BIND.
     host, port = getattr(args, "host", None), getattr(args, "port", None)
-    if (host or port) and not getattr(args, "bind", None) and command != "events":
-        args.bind = f"{host or '127.0.0.1'}:{port if port is not None else 5000}"
+    if command == "serve" and (host or port is not None) and not args.bind:
+        host = (host or "").strip() or "127.0.0.1"
+        args.bind = f"{f'[{host}]' if ':' in host and not host.startswith('[') else host}:" \
+                    f"{port if port is not None else 5000}"
     args.flags_set = {}
     for attr, env in _FLAG_ENV.items():
         value = getattr(args, attr, None)

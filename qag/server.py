@@ -10,7 +10,7 @@ import time
 
 from gunicorn.app.base import BaseApplication
 
-from .settings import Settings
+from .settings import Settings, unix_path
 
 _CONFIG_NAMES = ("bind", "workers", "threads", "worker_class", "timeout", "graceful_timeout", "keepalive",
                  "preload_app", "accesslog", "access_log_format", "errorlog", "loglevel", "proc_name",
@@ -128,34 +128,138 @@ def _sqlite_store_in_use(home: str) -> bool:
 
 
 def bind_problem(bind: str, command: str = "qag serve", setting: str = "QAG_BIND") -> str | None:
-    """One line when `bind` can't be listened on (its port taken, its address not this machine's), found by
-    binding it as gunicorn will; None when it can (or names a Unix socket, or port 0: any free port)."""
+    """One line when `bind` can't be listened on (its port taken, its address not this machine's, a Unix socket's
+    folder missing or not writable, or its socket answering for another process), found by binding it as gunicorn
+    will; None when it can (or port 0: any free port). gunicorn itself would try five times, 1 s apart, and print
+    lines that name no setting."""
     if bind.startswith("unix:"):
+        return _unix_problem(unix_path(bind), bind, setting)
+    host, port = _host_port(bind)
+    if port == 0:
         return None
-    host, _, port = bind.rpartition(":")
-    host = host.strip("[]")
-    if int(port) == 0:
-        return None
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as gunicorn binds: TIME_WAIT is no reason
-        try:
-            probe.bind((host, int(port)))
-        except OSError as exc:
-            pick = f"--bind {host}" if setting == "QAG_BIND" else f"{setting}={host}"
-            if exc.errno == errno.EADDRINUSE:
-                return (f"{setting} {bind}: the port is in use by another process; pick another, e.g. "
-                        f"{command} {pick}:{int(port) + 1} (or {pick}:0 for any free port)")
-            if exc.errno == errno.EACCES:
-                return f"{setting} {bind}: ports below 1024 need privileges; pick a port from 1024 up"
-            return f"{setting} {bind}: can't listen there ({exc.strerror}); use an address of this machine"
+    try:
+        _probe(host, port).close()
+    except OSError as exc:
+        return _tcp_problem(exc, bind, host, port, command, setting)
     return None
+
+
+def binds_problem(settings: Settings, command: str = "qag serve") -> str | None:
+    """bind_problem for QAG_BIND and QAG_ADMIN_BIND, then whether the two can be listened on together: the same
+    address, or the same port on addresses that overlap (0.0.0.0 and 127.0.0.1, [::] and 0.0.0.0, a name and its
+    address), would fail only once gunicorn binds the second."""
+    problem = bind_problem(settings.bind, command)
+    admin = settings.admin_bind
+    if problem is not None or admin is None:
+        return problem
+    problem = bind_problem(admin, command, "QAG_ADMIN_BIND")
+    if problem is not None:
+        return problem
+    clash = f"QAG_ADMIN_BIND {admin} overlaps QAG_BIND {settings.bind}: the admin listener needs an address of its own"
+    if settings.bind.startswith("unix:") or admin.startswith("unix:"):
+        if settings.bind.startswith("unix:") and admin.startswith("unix:") and (
+                os.path.abspath(unix_path(settings.bind)) == os.path.abspath(unix_path(admin))):
+            return f"{clash} (another socket path)"
+        return None
+    host, port = _host_port(settings.bind)
+    admin_host, admin_port = _host_port(admin)
+    if port == 0 or admin_port == 0:
+        return None   # any free port: never the other's
+    try:
+        first = _probe(host, port)
+    except OSError:
+        return None   # free a moment ago: gunicorn will say
+    try:
+        first.listen(1)   # as gunicorn's: Linux lets two sockets share a port (SO_REUSEADDR) until one listens
+        _probe(admin_host, admin_port).close()
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return f"{clash} (another port, e.g. QAG_ADMIN_BIND={admin.rpartition(':')[0]}:{admin_port + 1})"
+    finally:
+        first.close()
+    return None
+
+
+def _host_port(bind: str) -> tuple[str, int]:
+    host, _, port = bind.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _probe(host: str, port: int) -> socket.socket:
+    """A socket bound to (host, port) as gunicorn binds it (its family from the address, SO_REUSEADDR)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as gunicorn binds: TIME_WAIT is no reason
+        probe.bind((host, port))
+    except BaseException:
+        probe.close()
+        raise
+    return probe
+
+
+def _tcp_problem(exc: OSError, bind: str, host: str, port: int, command: str, setting: str) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    pick = f"--bind {shown}" if setting == "QAG_BIND" else f"{setting}={shown}"
+    if exc.errno == errno.EADDRINUSE:
+        return (f"{setting} {bind}: the port is in use by another process; pick another, e.g. "
+                f"{command} {pick}:{port + 1} (or {pick}:0 for any free port)")
+    if exc.errno == errno.EACCES:
+        return f"{setting} {bind}: ports below 1024 need privileges; pick a port from 1024 up"
+    return f"{setting} {bind}: can't listen there ({exc.strerror or exc}); use an address of this machine"
+
+
+_UNIX_PATH_MAX = 107   # sun_path holds 108 bytes, the last a NUL
+
+
+def _unix_problem(path: str, bind: str, setting: str) -> str | None:
+    import stat
+    if len(os.fsencode(path)) > _UNIX_PATH_MAX:
+        return f"{setting} {bind}: a Unix socket's path is at most {_UNIX_PATH_MAX} bytes; pick a shorter one"
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        return f"{setting} {bind}: the folder {folder} does not exist; create it, or pick a path in a folder that does"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{setting} {bind}: this user can't create a socket in {folder}; pick a folder it can write"
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{setting} {bind}: can't use that path ({exc.strerror})"
+    if not stat.S_ISSOCK(mode):
+        return f"{setting} {bind}: {path} exists and is not a socket; pick another path"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except OSError:
+            return None   # a socket left behind by a server that ended: gunicorn replaces it
+    return (f"{setting} {bind}: another process is listening on that socket; stop it, or pick another path")
+
+
+def home_server(home: str) -> int | None:
+    """The pid of the qag server running on `home` (0 when it can't be asked) when its gunicorn control socket
+    (home/gunicorn.ctl) answers, else None. A home too long for a control socket has none: not told."""
+    path = os.path.join(home, "gunicorn.ctl")
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(2.0)
+            probe.connect(path)
+    except OSError:
+        return None
+    try:
+        from gunicorn.ctl.client import ControlClient
+        with ControlClient(path, timeout=2.0) as client:
+            pid = client.send_command("show stats").get("pid")
+    except Exception:  # an older or busy master: that it answers is enough
+        return 0
+    return pid if isinstance(pid, int) and pid > 0 else 0
 
 
 def serve(settings: Settings, banner=None, command: str = "qag serve") -> int:
     """Run the gateway; `banner(base_url)` is printed once it listens (the real port, also for port 0)."""
-    problem = bind_problem(settings.bind, command) or (
-        bind_problem(settings.admin_bind, command, "QAG_ADMIN_BIND") if settings.admin_bind else None)
+    problem = binds_problem(settings, command)
     if problem is not None:
         print(f"qag: {problem}", file=sys.stderr)
         return 2

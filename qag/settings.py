@@ -46,12 +46,24 @@ def _flag(text: str, s: Setting) -> bool:
     raise SettingsError(f"{s.name} must be one of {s.accepted}, not {text!r}")
 
 
+# Numbers are read from ASCII digits only: int() and float() also take other scripts' digits, "1_000", "nan" and
+# "infinity", and "²" passes str.isdigit() (then fails int() with a message naming no setting).
+_INT_TEXT = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
+_PORT_TEXT = re.compile(r"[0-9]{1,5}", re.ASCII)
+
+# PostgreSQL's statement_timeout is an int of milliseconds (at most 2147483.647 s, about 24.8 days), and a call
+# waits for its reply that long plus a second (qag/backends/watchdog.py NETWORK_MARGIN) in poll(), whose timeout
+# is an int of milliseconds too: the longest time limit, in whole seconds, that both take.
+STATEMENT_TIMEOUT_MAX = 2_147_482
+
+
 def _int_range(lo: int, hi: int | None):
     def parse(text: str, s: Setting) -> int:
-        try:
-            value = int(text.strip())
-        except ValueError:
-            raise SettingsError(f"{s.name} must be {s.accepted}, not {text!r}") from None
+        word = text.strip()
+        if not _INT_TEXT.fullmatch(word):
+            raise SettingsError(f"{s.name} must be {s.accepted}, not {text!r}")
+        value = int(word)
         if value < lo or (hi is not None and value > hi):
             raise SettingsError(f"{s.name} must be {s.accepted}, not {text!r}")
         return value
@@ -66,27 +78,30 @@ def _optional_int(lo: int, hi: int | None):
     return parse
 
 
-def _seconds(allow_zero: bool):
+def _number(text: str, s: Setting) -> float:
+    """A finite number written in ASCII (1, 0.5, 1e3), else the setting's one-line refusal."""
+    word = text.strip()
+    if not _FLOAT_TEXT.fullmatch(word):
+        raise SettingsError(f"{s.name} must be {s.accepted}, not {text!r}")
+    value = float(word)
+    if value in (float("inf"), float("-inf")):   # 1e400
+        raise SettingsError(f"{s.name} must be {s.accepted}, not {text!r}")
+    return value
+
+
+def _seconds(allow_zero: bool, hi: float):
+    """Seconds from 0 (or above 0) to `hi`: every such setting becomes whole milliseconds or nanoseconds somewhere
+    (a time limit, a deadline, a TTL), so an absurd value is refused here rather than overflowing there."""
     def parse(text: str, s: Setting) -> float:
-        try:
-            value = float(text.strip())
-        except ValueError:
-            raise SettingsError(f"{s.name} must be {s.accepted}, not {text!r}") from None
-        if value != value or value in (float("inf"), float("-inf")) or value < 0 or (value == 0 and not allow_zero):
+        value = _number(text, s)
+        if value < 0 or (value == 0 and not allow_zero) or value > hi:
             raise SettingsError(f"{s.name} must be {s.accepted}, not {text!r}")
         return value
     return parse
 
 
 def _seconds_max(hi: float):
-    inner = _seconds(True)
-
-    def parse(text: str, s: Setting) -> float:
-        value = inner(text, s)
-        if value > hi:
-            raise SettingsError(f"{s.name} must be {s.accepted}, not {text!r}")
-        return value
-    return parse
+    return _seconds(True, hi)
 
 
 def _text(text: str, s: Setting) -> str:
@@ -97,10 +112,21 @@ def _text_or_default(text: str, s: Setting) -> str:
     return text if text.strip() else s.default  # an empty folder would mean the current directory
 
 
-def _nonempty_secret(text: str, s: Setting) -> str:
-    if text == "":
+def _exact_secret(text: str, s: Setting) -> str:
+    """A key, token or HMAC secret is used exactly as given, never trimmed (that would change it silently): empty,
+    or with whitespace at either end (which HTTP trims from a header, so such a key could never match), or with a
+    control character, it is refused. The value is never shown."""
+    if text.strip() == "":
         raise SettingsError(f"{s.name} is set but empty")
+    if text != text.strip():
+        raise SettingsError(f"{s.name} starts or ends with whitespace (a space, tab or newline; a _FILE may end in "
+                            f"one newline), which can't be meant: remove it")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
+        raise SettingsError(f"{s.name} holds a control character, which no HTTP header can carry: remove it")
     return text
+
+
+_nonempty_secret = _exact_secret
 
 
 def _choice(*choices: str):
@@ -115,12 +141,32 @@ def _choice(*choices: str):
 def _bind(text: str, s: Setting) -> str:
     value = text.strip()
     if value.startswith("unix:"):
+        if not unix_path(value).strip():
+            raise SettingsError(f"{s.name} must name the socket's path after unix: (unix:/run/qag/qag.sock), "
+                                f"not {text!r}")
         return value
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+    if not sep or not _PORT_TEXT.fullmatch(port) or not 0 <= int(port) < 65536:
         raise SettingsError(f"{s.name} must be {s.accepted}, not {text!r}")
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        # gunicorn reads ::1:7501 as host "" and port ":1:7501": an IPv6 address is written in brackets.
+        raise SettingsError(f"{s.name} must be host:port with an IPv6 address in brackets ([::1]:{int(port)}), "
+                            f"not {text!r}")
+    if "[" in host or "]" in host:
+        import ipaddress
+        try:
+            if not (host.startswith("[") and host.endswith("]")):
+                raise ValueError(host)
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise SettingsError(f"{s.name} must be {s.accepted} (an IPv6 address in brackets), not {text!r}") from None
     # ":5000" (or ":0", any free port) is this machine only, as qag's default: never every interface by accident.
-    return value if host else f"127.0.0.1:{int(port)}"
+    return f"{host}:{int(port)}" if host else f"127.0.0.1:{int(port)}"
+
+
+def unix_path(bind: str) -> str:
+    """The path of a unix: bind address, as gunicorn reads it (unix:PATH or unix://PATH)."""
+    return bind[len("unix://"):] if bind.startswith("unix://") else bind[len("unix:"):]
 
 
 def _optional_bind(text: str, s: Setting) -> str | None:
@@ -128,16 +174,14 @@ def _optional_bind(text: str, s: Setting) -> str | None:
 
 
 def _rate(text: str, s: Setting) -> float:
-    try:
-        value = float(text.strip())
-    except ValueError:
-        raise SettingsError(f"{s.name} must be {s.accepted}, not {text!r}") from None
+    value = _number(text, s)
     if not 0 < value <= 1:
         raise SettingsError(f"{s.name} must be {s.accepted}, not {text!r}")
     return value
 
 
 def _token(text: str, s: Setting) -> str:
+    _exact_secret(text, s)
     if len(text) < 16:
         raise SettingsError(f"{s.name} must be at least 16 characters long")
     return text
@@ -188,7 +232,23 @@ def _redis_url(text: str, s: Setting) -> str | None:
     except Exception:  # its message may quote part of the password: never shown
         raise SettingsError(f"{s.name} is not a Redis URL the client can read (host, port and database number, "
                             f"with special characters of the password percent-encoded)") from None
+    _redis_db(url, s)
     return url
+
+
+def _redis_db(url: str, s: Setting) -> None:
+    """The database number as redis-py would read it, checked: it ignores a path that is no number (redis://h/abc
+    quietly uses database 0) and reads /1/2 as 12."""
+    from urllib.parse import parse_qs, unquote, urlsplit
+    parts = urlsplit(url)
+    given = []
+    if parts.scheme != "unix" and unquote(parts.path) not in ("", "/"):
+        given.append(unquote(parts.path)[1:])
+    given += parse_qs(parts.query).get("db", [])
+    for db in given:
+        if not _INT_TEXT.fullmatch(db) or db.startswith(("+", "-")) or int(db) > 2_147_483_647:
+            raise SettingsError(f"{s.name}'s database number (redis://host:6379/0, or ?db=0) must be a whole "
+                                f"number from 0; this URL's is not")
 
 
 def _database_url(text: str, s: Setting) -> str | None:
@@ -219,6 +279,7 @@ def _csv(text: str, s: Setting) -> tuple[str, ...]:
 
 
 def _jwt_secret(text: str, s: Setting) -> str:
+    _exact_secret(text, s)
     # A short HMAC secret can be brute-forced offline from any one token it signed.
     if len(text.encode("utf-8")) < 32:
         raise SettingsError(f"{s.name} must be at least 32 bytes long")
@@ -294,11 +355,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("QAG_STORE_TIMEOUT", _seconds_max(3600.0), 10.0, "Seconds a PostgreSQL store (QAG_DATABASE_URL) has to answer each statement, commit included: the server cancels it then (statement_timeout; also a transaction left waiting that long), and a reply that has not come 1 s later ends the connection (a stalled server or network path). The call gets 503 unavailable with Retry-After; the history, quota and metadata threads try again later. 0 = no limit (not advised: a stalled store then holds request threads until it answers). `qag store copy` and migrations at startup are not limited.",
             "a number of seconds from 0 to 3600"),
     Setting("QAG_API_KEY", _nonempty_secret, None, "The admin key: grants everything. Unset with no scoped keys stored = open mode (loopback callers only).",
-            "any non-empty text", alias="QUERYAPIGATE_API_KEY", secret=True),
+            "non-empty text, without whitespace at either end", alias="QUERYAPIGATE_API_KEY", secret=True),
     Setting("QAG_ALLOW_WRITES", _flag, False, "Server-wide ceiling for writes: statements that write run only when this is on and the caller may write.",
             "1/true/yes/on or 0/false/no/off", alias="QUERYAPIGATE_ALLOW_WRITES"),
-    Setting("QAG_QUERY_TIMEOUT", _seconds(True), 30.0, "Statement time limit in seconds; 0 = none. A request or key may only lower it.",
-            "a number of seconds >= 0", alias="QUERYAPIGATE_QUERY_TIMEOUT"),
+    Setting("QAG_QUERY_TIMEOUT", _seconds(True, STATEMENT_TIMEOUT_MAX), 30.0, "Statement time limit in seconds; 0 = none. A request or key may only lower it. At most 2147482 (about 24.8 days: PostgreSQL's longest statement_timeout, less the second qag waits beyond it); a request's own longer timeout is cut to PostgreSQL's longest.",
+            "a number of seconds from 0 to 2147482", alias="QUERYAPIGATE_QUERY_TIMEOUT"),
     Setting("QAG_MAX_PAGE_SIZE", _int_range(1, 1_000_000), 1000, "Largest page_size a caller may ask for.",
             "a whole number from 1 to 1000000", alias="QUERYAPIGATE_MAX_PAGE_SIZE"),
     Setting("QAG_STREAM_MAX_ROWS", _optional_int(1, None), None, "Row cap for stream=true exports (silently truncates); unset = unbounded.",
@@ -319,12 +380,12 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number from 1 to 256", alias="QUERYAPIGATE_THREADS"),
     Setting("QAG_POOL_SIZE", _optional_int(0, 1024), None, "Idle pooled connections kept per database and access mode in each worker; 0 = no pooling; unset = QAG_THREADS.",
             "a whole number from 0 to 1024", alias="QUERYAPIGATE_POOL_SIZE"),
-    Setting("QAG_POOL_IDLE_TIMEOUT", _seconds(False), 300.0, "Seconds an idle pooled connection is kept before it is closed instead of reused.",
-            "a number of seconds > 0", alias="QUERYAPIGATE_POOL_IDLE_TIMEOUT"),
+    Setting("QAG_POOL_IDLE_TIMEOUT", _seconds(False, 86400.0), 300.0, "Seconds an idle pooled connection is kept before it is closed instead of reused.",
+            "a number of seconds > 0, at most 86400", alias="QUERYAPIGATE_POOL_IDLE_TIMEOUT"),
     Setting("QAG_POOL_MAX", _optional_int(1, 1024), None, "Cap on open connections per database and access mode in each worker; callers beyond it wait QAG_POOL_WAIT, then get 503. Unset = no cap.",
             "a whole number from 1 to 1024"),
-    Setting("QAG_POOL_WAIT", _seconds(False), 5.0, "Seconds a caller waits for a connection under QAG_POOL_MAX before it gets 503 with Retry-After.",
-            "a number of seconds > 0"),
+    Setting("QAG_POOL_WAIT", _seconds(False, 3600.0), 5.0, "Seconds a caller waits for a connection under QAG_POOL_MAX before it gets 503 with Retry-After.",
+            "a number of seconds > 0, at most 3600"),
     Setting("QAG_SPIN_US", _int_range(0, 10000), 200, "Microseconds a worker thread that is alone in its wait looks for its next bytes without sleeping, before it sleeps until they come: a pool thread when no other is answering a request (the next request), a PostgreSQL or MySQL call when no other waits for a reply of its database (the reply). An idle core halts, and waking it takes longer than a lone caller's next request or a short query's reply (on a virtual machine above all). Spent only while the worker has nothing else to do; after a spin that ended before its bytes came, waits sleep at once until one ends sooner than a spin would have. 0 = always sleep.",
             "a whole number of microseconds from 0 to 10000"),
     Setting("QAG_WORKER_SCHED", _choice("batch", "normal"), "batch", "Linux scheduling policy of a worker's threads: batch (SCHED_BATCH: a thread woken by its database's reply or a request's bytes waits for the running thread to block, rather than preempting it, so the interpreter lock changes hands when a thread is done, not in the middle of its work: fewer context switches per call) or normal (SCHED_OTHER, the system's default). Set for the worker process as it starts, before its threads; elsewhere than Linux, nothing.",
@@ -363,8 +424,8 @@ SETTINGS: tuple[Setting, ...] = (
             "1/true/yes/on or 0/false/no/off", alias="QUERYAPIGATE_JSON_LOGS"),
     Setting("QAG_LOG_BUFFER", _int_range(100, 10_000_000), 10_000, "Log lines queued per worker for its writer thread; beyond it the oldest are dropped and counted (qag_log_lines_dropped_total).",
             "a whole number from 100 to 10000000"),
-    Setting("QAG_SLOW_QUERY_THRESHOLD", _seconds(True), 1.0, "Seconds of database time after which a run is logged as a slow-query warning; 0 = off.",
-            "a number of seconds >= 0", alias="QUERYAPIGATE_SLOW_QUERY_THRESHOLD"),
+    Setting("QAG_SLOW_QUERY_THRESHOLD", _seconds(True, STATEMENT_TIMEOUT_MAX), 1.0, "Seconds of database time after which a run is logged as a slow-query warning; 0 = off.",
+            "a number of seconds from 0 to 2147482", alias="QUERYAPIGATE_SLOW_QUERY_THRESHOLD"),
     Setting("QAG_SERVER_TIMING", _flag, False, "Add a Server-Timing header (auth, bind, policy, cache, query, encode durations) to responses.",
             "1/true/yes/on or 0/false/no/off"),
     Setting("QAG_OTEL", _choice("auto", "on", "off"), "auto", "OpenTelemetry tracing: continue an incoming W3C traceparent, a span per request and per stage (auth, bind, policy, cache, database, encode) exported over OTLP/HTTP, the trace id in log lines and run history. auto = on when OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set; on = always (default endpoint http://localhost:4318); OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none turns it off. Configured by the standard OTEL_* variables (service name, endpoint, headers, sampler, batching). Needs pip install 'qag[otel]'; off, nothing of OpenTelemetry is imported.",
@@ -372,7 +433,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("QAG_METRICS_TOKEN", _token, None, "Bearer token /metrics requires (the admin key also works); unset = /metrics is public.",
             "text of at least 16 characters", alias="QUERYAPIGATE_METRICS_TOKEN", secret=True),
     Setting("QAG_MASK_KEY", _nonempty_secret, None, "HMAC key of the `hash` masking action; unset = a random key generated once and kept in the store (shared by every instance using it).",
-            "any non-empty text", alias="QUERYAPIGATE_MASK_KEY", secret=True),
+            "non-empty text, without whitespace at either end", alias="QUERYAPIGATE_MASK_KEY", secret=True),
     Setting("QAG_HISTORY_LIMIT", _int_range(1, 1_000_000), 50, "Runs kept in history per saved-query version (the newest), trimmed after each batch write.",
             "a whole number from 1 to 1000000", alias="QUERYAPIGATE_HISTORY_LIMIT"),
     Setting("QAG_HISTORY_ADHOC_LIMIT", _int_range(1, 10_000_000), 1000, "Ad-hoc (/execute_sql) runs kept in history, the newest.",
@@ -405,8 +466,8 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number from 1 to 1000000", alias="QUERYAPIGATE_EVENTS_MAX_CONNECTIONS"),
     Setting("QAG_REDIS_URL", _redis_url, None, "Redis shared by every worker and instance: rate limits, slots and quotas counted there, the response cache kept there, configuration changes published there. When it fails the host's workers count rate limits, slots and quotas together (QAG_LIMITS_TABLE_ENTRIES), response-cache lookups are misses, and Redis is retried after 5 s. Unset = no Redis.",
             "a redis://, rediss:// or unix:// URL", alias="QUERYAPIGATE_REDIS_URL", secret=True),
-    Setting("QAG_METADATA_CACHE_TTL", _seconds(True), 60.0, "Seconds the key, saved-query and connection rows every call needs are reused from the host's shared-memory cache; 0 = read the store on every call (a non-number is refused at startup, where QueryAPIGate silently turned the cache off). Changes through this instance are seen at once, other instances' within about a second (the store is polled; at once with QAG_REDIS_URL): the TTL only bounds a change nothing announced, so the default is on.",
-            "seconds, 0 or more (0 = off)", alias="QUERYAPIGATE_METADATA_CACHE_TTL"),
+    Setting("QAG_METADATA_CACHE_TTL", _seconds(True, 86400.0), 60.0, "Seconds the key, saved-query and connection rows every call needs are reused from the host's shared-memory cache; 0 = read the store on every call (a non-number is refused at startup, where QueryAPIGate silently turned the cache off). Changes through this instance are seen at once, other instances' within about a second (the store is polled; at once with QAG_REDIS_URL): the TTL only bounds a change nothing announced, so the default is on.",
+            "seconds from 0 to 86400 (0 = off)", alias="QUERYAPIGATE_METADATA_CACHE_TTL"),
     Setting("QAG_METADATA_POLL_INTERVAL", _seconds_max(3600.0), 1.0, "Seconds between reads of the store's config generation, by one worker per host: how soon a change made by another instance (or straight in the store) is seen without Redis. 0 = no polling.",
             "seconds from 0 to 3600"),
     Setting("QAG_LIMITS_TABLE_ENTRIES", _int_range(64, 1 << 22), 16_384, "Places in the host's shared-memory table of rate-limit buckets, max_concurrent slots and quota counters, shared by every worker (192 bytes each, plus 8 of index; memory is only used as places fill). A full table makes room by dropping what loses nothing (a refilled bucket, an unheld slot, a quota counter the store holds); when nothing can go, that identity is counted by each worker alone and the call counted in queryapigate_rate_limit_fallbacks_total.",
@@ -468,6 +529,9 @@ class Settings:
         return Settings({**self.values, **changes})
 
 
+_SECRET_FILE_MAX = 65_536   # a key, a token or a URL: a larger file is the wrong one (or /dev/zero)
+
+
 def _raw(s: Setting, env: Mapping[str, str]) -> tuple[str | None, str | None]:
     """(value, the variable it came from) honouring the alias and the NAME_FILE form."""
     found: list[tuple[str, str]] = []
@@ -480,9 +544,14 @@ def _raw(s: Setting, env: Mapping[str, str]) -> tuple[str | None, str | None]:
             path = env[f"{name}_FILE"]
             try:
                 with open(path, encoding="utf-8") as fh:
-                    content = fh.read()
+                    content = fh.read(_SECRET_FILE_MAX + 1)
             except OSError as exc:
                 raise SettingsError(f"{name}_FILE: cannot read {path!r} ({exc.strerror})") from None
+            except UnicodeDecodeError:   # its message would quote the file's bytes: never shown
+                raise SettingsError(f"{name}_FILE: {path!r} is not UTF-8 text; it must hold the value alone") from None
+            if len(content) > _SECRET_FILE_MAX:
+                raise SettingsError(f"{name}_FILE: {path!r} is longer than {_SECRET_FILE_MAX} characters; it must "
+                                    f"hold the value alone") from None
             for ending in ("\r\n", "\n"):
                 if content.endswith(ending):
                     content = content[: -len(ending)]
@@ -543,16 +612,16 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         raise SettingsError(f"{name} is not a qag setting; {hint}")
     values: dict[str, Any] = {}
     for s in SETTINGS:
-        raw, source = _raw(s, env)
-        if raw is None:
-            values[s.attr] = s.default
-            continue
-        named = s if source in (s.name, None) else Setting(source, s.parse, s.default, s.doc, s.accepted)
-        values[s.attr] = s.parse(raw, named)
-    if not any(n in env for n in ("QAG_BIND",)) and ("QUERYAPIGATE_HOST" in env or "QUERYAPIGATE_PORT" in env):
-        # QueryAPIGate's serve defaults: QUERYAPIGATE_HOST / QUERYAPIGATE_PORT make up the bind address.
-        bind = f"{env.get('QUERYAPIGATE_HOST', '127.0.0.1').strip()}:{env.get('QUERYAPIGATE_PORT', '5000').strip()}"
-        values["bind"] = _bind(bind, Setting("QUERYAPIGATE_HOST/QUERYAPIGATE_PORT", _bind, None, "", "host and port"))
+        values[s.attr] = _read(s, env)
+    host, port = (env.get(n, "").strip() for n in _BIND_PARTS)
+    if not env.get("QAG_BIND", "").strip() and (host or port):
+        # QueryAPIGate's serve defaults: QUERYAPIGATE_HOST / QUERYAPIGATE_PORT make up the bind address (a bare
+        # IPv6 host goes in brackets, as gunicorn reads it).
+        host = host or "127.0.0.1"
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        values["bind"] = _bind(f"{host}:{port or '5000'}", Setting("QUERYAPIGATE_HOST/QUERYAPIGATE_PORT", _bind,
+                                                                   None, "", "a host and a port from 0 to 65535"))
     _check_jwt(values)
     _check_mcp_oauth(values)
     if values["pool_size"] is None:
@@ -651,15 +720,25 @@ def _check_mcp_oauth(values: dict) -> None:
                             f"with QAG_JWT_ISSUER (or QAG_JWT_JWKS_URL / QAG_JWT_SECRET) and QAG_JWT_AUDIENCE")
 
 
+def _read(s: Setting, env: Mapping[str, str]) -> Any:
+    """One setting's value. The rule for every value: surrounding whitespace (spaces, tabs, newlines) is removed,
+    and empty means unset (the default), except for the secrets, which are read as given (a key, a token or an
+    HMAC secret refuses empty and surrounding whitespace, the URLs trim it)."""
+    raw, source = _raw(s, env)
+    if raw is not None and not s.secret:
+        raw = raw.strip()
+        if raw == "":
+            raw = None
+    if raw is None:
+        return s.default
+    return s.parse(raw, s if source in (s.name, None) else Setting(source, s.parse, s.default, s.doc, s.accepted))
+
+
 def value(name: str, env: Mapping[str, str] | None = None) -> Any:
     """One setting's value, read and checked as load() reads it (SettingsError otherwise), without the others:
     for what must be decided before load() can run (QAG_SPEEDUPS, when qag is imported)."""
     env = os.environ if env is None else env
-    s = next(s for s in SETTINGS if s.name == name)
-    raw, source = _raw(s, env)
-    if raw is None:
-        return s.default
-    return s.parse(raw, s if source in (s.name, None) else Setting(source, s.parse, s.default, s.doc, s.accepted))
+    return _read(next(s for s in SETTINGS if s.name == name), env)
 
 
 def sources(env: Mapping[str, str] | None = None) -> list[tuple[Setting, str | None]]:
@@ -668,7 +747,9 @@ def sources(env: Mapping[str, str] | None = None) -> list[tuple[Setting, str | N
     env = os.environ if env is None else env
     out = []
     for s in SETTINGS:
-        source = _raw(s, env)[1]
+        raw, source = _raw(s, env)
+        if raw is not None and not s.secret and raw.strip() == "":
+            source = None   # set but empty: the default, as load() reads it
         if s.name == "QAG_OTEL" and source is None and _tracing("auto", env) == "on":
             # auto turned tracing on: say which of the SDK's variables did.
             source = next(n for n in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -687,6 +768,16 @@ def generate_markdown() -> str:
         "qag is configured with environment variables only. Each `QAG_*` name also answers to the",
         "`QUERYAPIGATE_*` name of QueryAPIGate 0.43 where one exists (setting both is refused). Settings marked",
         "*secret* also accept `NAME_FILE`, the path of a file holding the value (one trailing newline removed).",
+        "",
+        "Whitespace and empty values: surrounding spaces, tabs and newlines are removed from every value, and a",
+        "variable set to an empty value counts as unset (the default), so `QAG_EVENTS_HOST=` is 127.0.0.1 and",
+        "`QAG_HOME=\" /srv/qag\"` is /srv/qag. Secrets are the exception: a key, token or HMAC secret",
+        "(`QAG_API_KEY`, `QAG_MCP_API_KEY`, `QAG_METRICS_TOKEN`, `QAG_MASK_KEY`, `QAG_JWT_SECRET`) is used exactly",
+        "as given, so an empty one, or one starting or ending with whitespace (HTTP trims it from a header: such",
+        "a key could never match), is refused; the URLs (`QAG_DATABASE_URL`, `QAG_REDIS_URL`) are trimmed, and",
+        "empty means unset. Numbers are written in ASCII digits (`1.5`, `2e3`; not `nan`, `inf` or `1_000`), an",
+        "IPv6 address in a bind address in brackets (`[::1]:5000`).",
+        "",
         "An invalid value stops startup with one line naming the setting and what it accepts. So does an unknown",
         "`QAG_*` name (a typo such as `QAG_WORKER`), naming the closest setting; names starting with",
         ", ".join(f"`{p}`" for p in ALLOWED_PREFIXES[:-1]) + f" or `{ALLOWED_PREFIXES[-1]}` are left alone "

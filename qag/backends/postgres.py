@@ -130,11 +130,18 @@ def _explicit(call: Call, statements: list[str]) -> bool:
     return call.read_only or len(statements) > 1
 
 
+STATEMENT_TIMEOUT_MAX_MS = 2147483647   # statement_timeout is an int: a larger value is refused by the server
+
+
 def timeout_ms(timeout: float | None) -> int | None:
-    """statement_timeout in whole milliseconds; never 0 for a limit that applies (0 would mean none)."""
+    """statement_timeout in whole milliseconds; never 0 for a limit that applies (0 would mean none), and never
+    more than the server takes (about 24.8 days: a caller's ?timeout=1e12 runs with that limit, not 400)."""
     if not timeout:
         return None
-    return max(1, int(round(timeout * 1000)))
+    ms = timeout * 1000.0
+    if not ms < STATEMENT_TIMEOUT_MAX_MS:   # larger, infinite or NaN: the longest limit there is
+        return STATEMENT_TIMEOUT_MAX_MS
+    return max(1, int(round(ms)))
 
 
 def search_path(schema: str) -> str:

@@ -64,6 +64,7 @@ SLOT_BYTES = 4096
 SLOT_HEAD = 40
 PROBE = 4
 MIN_SLOTS = 16
+TTL_NS_MAX = (1 << 62) - 1   # a TTL of about 146 years: what Segment.find and put compare as int64 nanoseconds
 
 GENERATION, LOCK, POLL_AT, POLL_BY, CONFIG_SEEN, MESSAGE, EVICTIONS = 24, 32, 40, 48, 56, 64, 72
 _ENTRY = struct.Struct("<QQQII")  # gen, stored_ns, hash, length, crc (the 32 bytes after seq)
@@ -295,7 +296,10 @@ class Cache:
     def __init__(self, segment: Segment, ttl: float, *, worker: int | None = None,
                  clock: Callable[[], int] = time.monotonic_ns, local_max: int | None = None):
         self.segment = segment
-        self.ttl_ns = int(ttl * 1e9)
+        # Nanoseconds as the segment keeps them (int64): a larger TTL (QAG_METADATA_CACHE_TTL is bounded, a caller
+        # of this class may not be) is the longest one there is, never an OverflowError in every worker.
+        ns = ttl * 1e9
+        self.ttl_ns = int(ns) if ns < TTL_NS_MAX else TTL_NS_MAX
         self.worker = os.getpid() if worker is None else worker
         self.clock = clock
         # The header word read straight through the segment's Sync (no Segment.generation frame): three reads a call.

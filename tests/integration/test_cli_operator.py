@@ -139,3 +139,75 @@ def test_a_taken_port_is_said_once_before_anything_else(tmp_path):
         assert len(demo.stderr.splitlines()) == 1 and not (tmp_path / "demo").exists()
     finally:
         taken.close()
+
+
+def _one_line(r, rc: int = 2) -> str:
+    assert r.returncode == rc and "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("qag: "), r.stderr
+    return lines[0]
+
+
+def test_a_subcommands_own_arguments_are_named_when_wrong(tmp_path):
+    home = str(tmp_path)
+    # connections add's --port is the database's, never QAG_BIND ("QAG_BIND must be host:port" before).
+    assert _one_line(qag_cli("connections", "add", "x", "--db", "postgres", "--port", "abc", home=home)) == \
+        "qag: --port must be the database server's port, a number from 1 to 65535 (or a ${VARIABLE} naming one), " \
+        "not 'abc'"
+    ok = qag_cli("connections", "add", "y", "--db", "postgres", "--host", "db.example", "--port", "5433", home=home)
+    assert ok.returncode == 0, ok.stderr
+    shown = json.loads(qag_cli("connections", "show", "y", home=home).stdout)
+    assert (shown["host"], shown["port"]) == ("db.example", 5433)
+    # A bare JSON error and "dictionary update sequence element #0 has length 1" before.
+    assert _one_line(qag_cli("queries", "add", "q", "--sql", "SELECT 1", "--description", "d", "--parameters",
+                             "notjson", home=home)).startswith(
+        "qag: --parameters must be a JSON object of parameter rules, e.g. '{\"id\": {\"type\": \"integer\"}}'; "
+        "this is not JSON (")
+    assert _one_line(qag_cli("connections", "add", "z", "--db", "sqlite", "--database", "z.db", "--option",
+                             "a=1", "--option", "pw-not-shown", home=home)) == \
+        "qag: --option takes KEY=VALUE (e.g. --option sslmode=require); one of them has no KEY="
+
+
+def test_events_names_the_address_it_cannot_listen_on(tmp_path):
+    # A bare "[Errno -2] Name or service not known" before.
+    assert _one_line(qag_cli("events", "--host", "nohost.invalid", "--port", "7621", home=str(tmp_path))) == \
+        "qag: --host nohost.invalid: can't listen there (Name or service not known); use a host name or address " \
+        "of this machine"
+    assert _one_line(qag_cli("events", env={"QAG_EVENTS_HOST": "nohost.invalid", "QAG_EVENTS_PORT": "7621"},
+                             home=str(tmp_path))).startswith("qag: QAG_EVENTS_HOST nohost.invalid: can't listen there")
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        port = taken.getsockname()[1]
+        assert _one_line(qag_cli("events", "--port", str(port), home=str(tmp_path))) == \
+            f"qag: --port {port}: the port is in use by another process on 127.0.0.1; pick another (0 = any free port)"
+    finally:
+        taken.close()
+
+
+def test_events_host_set_but_empty_is_the_default_loopback(tmp_path):
+    # QAG_EVENTS_HOST= listened on 0.0.0.0 and [::] before.
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("QAG_", "QUERYAPIGATE_"))}
+    full.update({"QAG_HOME": str(tmp_path), "QAG_EVENTS_HOST": "", "QAG_EVENTS_PORT": "0"})
+    proc = subprocess.Popen([sys.executable, "-m", "qag", "events"], env=full, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert re.match(r"qag events: listening at http://127\.0\.0\.1:\d+$", line.strip()), line
+    finally:
+        _stop(proc)
+
+
+def test_demo_reset_refuses_while_a_server_runs_on_its_home(tmp_path):
+    # The home of a running server was deleted under it before (D/gunicorn.ctl answering).
+    proc, lines = _serve_until_listening(tmp_path, "--bind", ":0")
+    try:
+        assert lines and lines[-1].startswith("qag: listening on"), lines
+        r = qag_cli("demo", "--reset", "--home", str(tmp_path), "--bind", "127.0.0.1:0")
+        line = _one_line(r)
+        assert line == (f"qag: --reset: a qag server (pid {proc.pid}) is running on {tmp_path}; stop it first "
+                        f"(Ctrl-C where it runs, or kill -TERM {proc.pid}), then run qag demo --reset again"), line
+        assert (tmp_path / "qag.db").exists()
+    finally:
+        _stop(proc)

@@ -15,6 +15,7 @@ import psycopg
 import psycopg2
 import pytest
 
+from qag import _speedups
 from qag import settings as qag_settings
 from qag.backends import postgres as pg
 from qag.backends.base import Call
@@ -657,3 +658,34 @@ def test_calls_draw_no_warning_from_the_server(backend, db):
     columns, batches = b.stream(db, Call("SELECT n FROM pgt_big ORDER BY n", (), True, None, 0), 100, 250)
     assert sum(len(rows) for rows in batches) == 250
     assert notices == []
+
+
+
+def test_the_longest_query_timeout_setting_works_on_every_call(backend, db, make_server):
+    """QAG_QUERY_TIMEOUT=3000000 passed startup, then every call was refused by the server (400 value_invalid,
+    "Value exceeds integer range" from statement_timeout); 1e308 was a 500 (OverflowError). The setting now stops at
+    the longest limit every wait of a call takes, and that limit works."""
+    b = backend()
+    assert read(b, db, "SELECT current_setting('statement_timeout')", timeout=2147482).rows == [("2147482s",)]
+    server = make_server(env={"QAG_QUERY_TIMEOUT": "2147482"})
+    assert server.post("/api/v1/connections", {"name": "pg_long", "db": "postgres", **db}).status == 201
+    r = server.post("/execute_sql", {"sql": "SELECT current_setting('statement_timeout') AS t",
+                                     "connection_name": "pg_long"})
+    assert r.status == 200 and r.json == [{"t": "2147482s"}], r
+
+
+@pytest.mark.xfail(_speedups.choices().get("pgpipe") == "pure", strict=True, raises=(OverflowError, AssertionError),
+                   reason="the pure pgpipe twin's _wait passes poll() more than 2147483647 ms (OverflowError, a 500); "
+                          "the compiled twin clamps it: qag/_speedups/pgpipe.py is outside this change")
+def test_a_callers_timeout_beyond_statement_timeouts_range_runs_with_the_longest(backend, db, make_server):
+    """With no QAG_QUERY_TIMEOUT to lower it, a caller's ?timeout=1e12 runs with PostgreSQL's longest
+    statement_timeout (timeout_ms clamps), where it was a 400 value_invalid."""
+    b = backend()
+    for seconds in (3_000_000, 1e12, 1e308):
+        assert read(b, db, "SELECT current_setting('statement_timeout')", timeout=seconds).rows == [("2147483647ms",)]
+    server = make_server(env={"QAG_QUERY_TIMEOUT": "0"})
+    assert server.post("/api/v1/connections", {"name": "pg_long", "db": "postgres", **db}).status == 201
+    sql = "SELECT current_setting('statement_timeout') AS t"
+    for timeout in ("1e12", "3000000"):
+        r = server.post(f"/execute_sql?timeout={timeout}", {"sql": sql, "connection_name": "pg_long"})
+        assert r.status == 200 and r.json == [{"t": "2147483647ms"}], r

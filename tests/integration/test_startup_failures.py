@@ -130,3 +130,60 @@ def test_a_missing_driver_is_said_once_at_startup(tmp_path):
                       "open shared object file): pip install 'qag[mysql]', after the MySQL client headers "
                       "(Debian/Ubuntu: apt-get install build-essential pkg-config default-libmysqlclient-dev; other "
                       "platforms: README, 'Installing')"]
+
+
+@pytest.mark.parametrize("env,line", [
+    # Accepted before, then every PostgreSQL call failed (400 "Value exceeds integer range", or 500).
+    ({"QAG_QUERY_TIMEOUT": "3000000"},
+     "qag: QAG_QUERY_TIMEOUT must be a number of seconds from 0 to 2147482, not '3000000'"),
+    # Accepted before, then every worker failed to boot (OverflowError in the metadata cache).
+    ({"QAG_METADATA_CACHE_TTL": "1e308"},
+     "qag: QAG_METADATA_CACHE_TTL must be seconds from 0 to 86400 (0 = off), not '1e308'"),
+    ({"QAG_BIND": "127.0.0.1:²"}, "qag: QAG_BIND must be host:port or unix:/path, not '127.0.0.1:²'"),
+    # gunicorn said "'' is not a valid port number".
+    ({"QAG_BIND": "::1:7601"},
+     "qag: QAG_BIND must be host:port with an IPv6 address in brackets ([::1]:7601), not '::1:7601'"),
+    ({"QAG_BIND": "unix:"}, "qag: QAG_BIND must name the socket's path after unix: (unix:/run/qag/qag.sock), "
+                            "not 'unix:'"),
+    # gunicorn retried for 5 s and printed lines naming no setting.
+    ({"QAG_BIND": "unix:/nonexistent-qag-dir/x.sock"},
+     "qag: QAG_BIND unix:/nonexistent-qag-dir/x.sock: the folder /nonexistent-qag-dir does not exist; create it, or "
+     "pick a path in a folder that does"),
+    ({"QAG_BIND": "127.0.0.1:7611", "QAG_ADMIN_BIND": "127.0.0.1:7611"},
+     "qag: QAG_ADMIN_BIND 127.0.0.1:7611 overlaps QAG_BIND 127.0.0.1:7611: the admin listener needs an address of "
+     "its own (another port, e.g. QAG_ADMIN_BIND=127.0.0.1:7612)"),
+    ({"QAG_BIND": "0.0.0.0:7613", "QAG_ADMIN_BIND": "127.0.0.1:7613"},
+     "qag: QAG_ADMIN_BIND 127.0.0.1:7613 overlaps QAG_BIND 0.0.0.0:7613: the admin listener needs an address of "
+     "its own (another port, e.g. QAG_ADMIN_BIND=127.0.0.1:7614)"),
+    ({"QAG_REDIS_URL": f"redis://:{PASSWORD}@127.0.0.1:6379/abc"},
+     "qag: QAG_REDIS_URL's database number (redis://host:6379/0, or ?db=0) must be a whole number from 0; this "
+     "URL's is not"),
+    ({"QAG_API_KEY": f" {PASSWORD} "},
+     "qag: QAG_API_KEY starts or ends with whitespace (a space, tab or newline; a _FILE may end in one newline), "
+     "which can't be meant: remove it"),
+])
+def test_values_that_failed_later_are_refused_at_startup(tmp_path, env, line):
+    assert serve({"QAG_HOME": str(tmp_path), **env}) == line
+
+
+def test_a_secret_file_that_is_not_text_and_two_unix_binds_on_one_socket(tmp_path):
+    key = tmp_path / "key.bin"
+    key.write_bytes(PASSWORD.encode() + b"\xff\xfe")
+    assert serve({"QAG_HOME": str(tmp_path), "QAG_API_KEY_FILE": str(key)}) == \
+        f"qag: QAG_API_KEY_FILE: {str(key)!r} is not UTF-8 text; it must hold the value alone"
+    sock = f"unix:{tmp_path}/qag.sock"
+    assert serve({"QAG_HOME": str(tmp_path), "QAG_BIND": sock, "QAG_ADMIN_BIND": sock}) == \
+        f"qag: QAG_ADMIN_BIND {sock} overlaps QAG_BIND {sock}: the admin listener needs an address of its own " \
+        f"(another socket path)"
+    (tmp_path / "file").write_text("x")
+    assert serve({"QAG_HOME": str(tmp_path), "QAG_BIND": f"unix:{tmp_path}/file"}) == \
+        f"qag: QAG_BIND unix:{tmp_path}/file: {tmp_path}/file exists and is not a socket; pick another path"
+    taken = socket.socket(socket.AF_UNIX)
+    taken.bind(str(tmp_path / "taken.sock"))
+    taken.listen(1)
+    try:
+        assert serve({"QAG_HOME": str(tmp_path), "QAG_BIND": f"unix:{tmp_path}/taken.sock"}) == \
+            f"qag: QAG_BIND unix:{tmp_path}/taken.sock: another process is listening on that socket; stop it, or " \
+            f"pick another path"
+    finally:
+        taken.close()

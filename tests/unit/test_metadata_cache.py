@@ -466,3 +466,13 @@ def test_rotation_grace_ends_on_time_with_the_row_cached(tmp_path, monkeypatch):
     assert app.call("GET", "/q/films", query="n=1", key=old)[0] == 200
     hits, misses = app.gateway.metadata.cache.counts()
     assert misses == misses_before and hits > hits_before  # the same cached row all along
+
+
+def test_a_huge_ttl_is_the_longest_one_not_an_overflow(segment):
+    # QAG_METADATA_CACHE_TTL=1e308 was OverflowError in every worker (int(ttl * 1e9)): the master stopped with
+    # "Worker failed to boot". The setting is bounded now; the cache takes whatever it is given all the same.
+    for ttl in (1e308, float("inf"), 1e10):
+        cache = Cache(segment, ttl, worker=7)
+        assert cache.ttl_ns == (shm.TTL_NS_MAX if ttl * 1e9 >= shm.TTL_NS_MAX else int(ttl * 1e9))
+        cache.put("k1", {"v": 1}, cache.generation())
+        assert Cache(segment, ttl, worker=8).get("k1") == {"v": 1}

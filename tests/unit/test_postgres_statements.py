@@ -148,3 +148,15 @@ def test_numeric_style_numbers_every_slot_and_leaves_percent_alone():
     assert r.sql == "SELECT $1, '50%' AS p, $2, $3 WHERE x LIKE '%' || $4" and r.args == (1, "x", 1, "x")
     r = render(prepare("SELECT '{t}'", "postgres"), {"t": "v"}, "numeric")
     assert r.sql == "SELECT $1" and r.args == ("v",)
+
+
+@pytest.mark.parametrize("seconds,ms", [(None, None), (0, None), (0.0001, 1), (1.5, 1500), (2147483, 2147483000),
+                                        (2147483.647, 2147483647), (3_000_000, 2147483647), (1e12, 2147483647),
+                                        (1e308, 2147483647), (float("inf"), 2147483647)])
+def test_statement_timeout_is_clamped_to_what_the_server_takes(seconds, ms):
+    # statement_timeout is an int of milliseconds: 3000000 s was "Value exceeds integer range" (400 value_invalid)
+    # on every call, 1e308 an OverflowError (500).
+    assert pg.timeout_ms(seconds) == ms
+    if ms is not None:
+        sql, values = pg.settings_statement(seconds, None)
+        assert values[0] == str(ms).encode()

@@ -121,3 +121,122 @@ def test_unknown_queryapigate_names_are_ignored_and_listed():
     assert settings.unused_aliases(env) == ["QUERYAPIGATE_DEBUG", "QUERYAPIGATE_WORKERS"]
     del env["QUERYAPIGATE_API_KEY_FILE"]
     assert load(env).threads == 3   # QueryAPIGate names qag lacks stop nothing
+
+
+# --- values that passed startup and broke later, or were refused in a line naming no setting ------------------
+@pytest.mark.parametrize("name,value", [
+    ("QAG_QUERY_TIMEOUT", "3000000"), ("QAG_QUERY_TIMEOUT", "1e308"), ("QAG_QUERY_TIMEOUT", "inf"),
+    ("QAG_QUERY_TIMEOUT", "2147483"), ("QAG_METADATA_CACHE_TTL", "1e308"), ("QAG_METADATA_CACHE_TTL", "86401"),
+    ("QAG_POOL_WAIT", "1e308"), ("QAG_POOL_IDLE_TIMEOUT", "1e308"), ("QAG_SLOW_QUERY_THRESHOLD", "1e308"),
+    ("QUERYAPIGATE_QUERY_TIMEOUT", "1e400"),
+])
+def test_seconds_that_become_milliseconds_or_nanoseconds_are_bounded(name, value):
+    # PostgreSQL's statement_timeout takes at most 2147483647 ms; the metadata cache keeps int64 nanoseconds.
+    with pytest.raises(SettingsError) as raised:
+        load({name: value})
+    assert str(raised.value).startswith(f"{name} must be ") and value in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_the_largest_accepted_seconds_still_work():
+    s = load({"QAG_QUERY_TIMEOUT": "2147482", "QAG_METADATA_CACHE_TTL": "86400", "QAG_POOL_WAIT": "3600"})
+    assert (s.query_timeout, s.metadata_cache_ttl, s.pool_wait) == (2147482.0, 86400.0, 3600.0)
+    assert load({"QAG_QUERY_TIMEOUT": "1e3"}).query_timeout == 1000.0
+
+
+@pytest.mark.parametrize("name,value", [
+    ("QAG_BIND", "127.0.0.1:²"), ("QAG_BIND", "127.0.0.1:٥٠٠٠"), ("QAG_THREADS", "٤"), ("QAG_THREADS", "1_0"),
+    ("QAG_QUERY_TIMEOUT", "1_0"), ("QAG_QUERY_TIMEOUT", "infinity"), ("QAG_HISTORY_SAMPLE_RATE", "nan"),
+    ("QAG_ADMIN_BIND", ":²"), ("QUERYAPIGATE_PORT", "٥٠٠٠"),
+])
+def test_numbers_are_ascii_digits_and_refused_naming_the_setting(name, value):
+    with pytest.raises(SettingsError) as raised:
+        load({name: value})
+    assert name in str(raised.value) and "invalid literal" not in str(raised.value)
+
+
+def test_ipv6_binds_are_written_in_brackets():
+    with pytest.raises(SettingsError) as raised:
+        load({"QAG_BIND": "::1:7501"})   # gunicorn read it as host "" and port ":1:7501"
+    assert str(raised.value) == ("QAG_BIND must be host:port with an IPv6 address in brackets ([::1]:7501), "
+                                 "not '::1:7501'")
+    assert load({"QAG_BIND": "[::1]:7501"}).bind == "[::1]:7501"
+    assert load({"QAG_ADMIN_BIND": "[::]:7502"}).admin_bind == "[::]:7502"
+    for bad in ("[::1:7501", "[nothost]:7501", "a]:7501"):
+        with pytest.raises(SettingsError, match="QAG_BIND must be host:port"):
+            load({"QAG_BIND": bad})
+    # QueryAPIGate's host alone is only a host: put in brackets for gunicorn.
+    assert load({"QUERYAPIGATE_HOST": "::1"}).bind == "[::1]:5000"
+    assert load({"QUERYAPIGATE_HOST": "::", "QUERYAPIGATE_PORT": "7503"}).bind == "[::]:7503"
+
+
+@pytest.mark.parametrize("value", ["unix:", "unix:  ", "unix://"])
+def test_a_unix_bind_needs_a_path(value):
+    with pytest.raises(SettingsError, match="QAG_BIND must name the socket's path"):
+        load({"QAG_BIND": value})
+
+
+def test_a_secret_file_that_is_not_text_is_refused_without_its_bytes(tmp_path):
+    f = tmp_path / "key.bin"
+    f.write_bytes(b"sk_abc\xff\xfe\x80secretbytes")
+    with pytest.raises(SettingsError) as raised:
+        load({"QAG_API_KEY_FILE": str(f)})
+    message = str(raised.value)
+    assert message == f"QAG_API_KEY_FILE: {str(f)!r} is not UTF-8 text; it must hold the value alone"
+    assert "secretbytes" not in message and "0xff" not in message and "codec" not in message
+
+
+def test_text_values_are_trimmed_and_empty_is_unset():
+    s = load({"QAG_HOME": " /srv/x\n", "QAG_EVENTS_HOST": "", "QAG_THREADS": " ", "QAG_LOG_LEVEL": " debug\n",
+              "QAG_BIND": " :7504 "})
+    assert (s.home, s.events_host, s.threads, s.log_level, s.bind) == \
+        ("/srv/x", "127.0.0.1", 8, "debug", "127.0.0.1:7504")
+    assert load({"QAG_EVENTS_HOST": "  \t"}).events_host == "127.0.0.1"
+    assert load({"QAG_BIND": "", "QUERYAPIGATE_PORT": "7505"}).bind == "127.0.0.1:7505"
+    # qag config names the default as the source of a set-but-empty variable, as load() reads it.
+    source = dict((s.name, src) for s, src in settings.sources({"QAG_EVENTS_HOST": "", "QAG_THREADS": "3"}))
+    assert source["QAG_EVENTS_HOST"] is None and source["QAG_THREADS"] == "QAG_THREADS"
+
+
+@pytest.mark.parametrize("name", ["QAG_API_KEY", "QAG_MCP_API_KEY", "QAG_MASK_KEY", "QAG_METRICS_TOKEN",
+                                  "QAG_JWT_SECRET"])
+@pytest.mark.parametrize("value", [" sk_admin_key_0123456789abcdefghijkl", "sk_admin_key_0123456789abcdefghijkl ",
+                                   "sk_admin_key_0123456789abcdefghijkl\n", "\tsk_admin_key_0123456789abcdefghijkl"])
+def test_keys_with_surrounding_whitespace_are_refused_never_shown(name, value):
+    # HTTP trims a header's value: an admin key with a space at either end could never be matched.
+    with pytest.raises(SettingsError) as raised:
+        load({name: value})
+    message = str(raised.value)
+    assert message.startswith(f"{name} starts or ends with whitespace") and "sk_admin" not in message
+
+
+def test_blank_keys_and_keys_from_a_file_with_two_newlines_are_refused(tmp_path):
+    with pytest.raises(SettingsError, match="^QAG_API_KEY is set but empty$"):
+        load({"QAG_API_KEY": " "})
+    f = tmp_path / "key"
+    f.write_text("sk_from_a_file_42\n\n")
+    with pytest.raises(SettingsError) as raised:
+        load({"QAG_API_KEY_FILE": str(f)})
+    assert str(raised.value).startswith("QAG_API_KEY_FILE starts or ends with whitespace")
+    assert "sk_from_a_file_42" not in str(raised.value)
+    f.write_text("sk_from_a_file_42\n")   # one newline: the file's end, removed
+    assert load({"QAG_API_KEY_FILE": str(f)}).api_key == "sk_from_a_file_42"
+    with pytest.raises(SettingsError, match="^QAG_API_KEY holds a control character"):
+        load({"QAG_API_KEY": "sk_a\x00b"})
+
+
+@pytest.mark.parametrize("url", ["redis://h:6379/abc", "redis://:pw-never-shown@h:6379/abc", "redis://h:6379/-1",
+                                 "redis://h:6379/1/2", "redis://h:6379/99999999999", "rediss://h/%31x",
+                                 "redis://h:6379/0?db=abc"])
+def test_a_redis_database_that_is_no_number_is_refused(url):
+    # redis-py's parse_url ignores such a path (database 0, quietly) and reads /1/2 as database 12.
+    with pytest.raises(SettingsError) as raised:
+        load({"QAG_REDIS_URL": url})
+    assert str(raised.value).startswith("QAG_REDIS_URL") and "pw-never-shown" not in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_redis_databases_that_are_numbers_pass():
+    for url in ("redis://h:6379", "redis://h:6379/", "redis://h:6379/0", "redis://:p@h:6379/15", "unix:///tmp/r.sock",
+                "unix:///tmp/r.sock?db=3", "redis://h?db=2"):
+        assert load({"QAG_REDIS_URL": url}).redis_url == url
