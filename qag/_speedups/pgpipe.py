@@ -148,7 +148,8 @@ def _wait(poller, deadline: float | None) -> list:
     if deadline is None:
         return poller.poll()
     left = deadline - time.monotonic()
-    ready = poller.poll(left * 1000.0) if left > 0 else None
+    # poll() takes an int of milliseconds: a deadline further off than that (a huge ?timeout=) waits its longest.
+    ready = poller.poll(min(left * 1000.0, 2147483647.0)) if left > 0 else None
     if not ready:
         raise Gone()
     return ready

@@ -35,6 +35,9 @@ _WORD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012
 _SESSION_LIMITED = frozenset(("(", "with", "table", "values"))
 
 
+_MAX_EXECUTION_MS = 4294967295   # MySQL's max_execution_time: a 32-bit unsigned count of milliseconds
+
+
 class Timed(NamedTuple):
     """The statement to send, and the session max_execution_time (ms) to set before it (MySQL only), or None."""
 
@@ -43,8 +46,9 @@ class Timed(NamedTuple):
 
 
 def milliseconds(timeout: float) -> int:
-    """A time limit in whole milliseconds, at least 1 (MAX_EXECUTION_TIME(0) would mean no limit)."""
-    return max(1, int(round(timeout * 1000)))
+    """A time limit in whole milliseconds, at least 1 (MAX_EXECUTION_TIME(0) would mean no limit) and at most
+    what MySQL's max_execution_time takes (a caller's ?timeout=1e12 runs with the longest)."""
+    return max(1, min(_MAX_EXECUTION_MS, int(round(min(timeout, 1e15) * 1000))))
 
 
 def seconds_text(timeout: float) -> str:

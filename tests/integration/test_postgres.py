@@ -15,7 +15,6 @@ import psycopg
 import psycopg2
 import pytest
 
-from qag import _speedups
 from qag import settings as qag_settings
 from qag.backends import postgres as pg
 from qag.backends.base import Call
@@ -674,9 +673,6 @@ def test_the_longest_query_timeout_setting_works_on_every_call(backend, db, make
     assert r.status == 200 and r.json == [{"t": "2147482s"}], r
 
 
-@pytest.mark.xfail(_speedups.choices().get("pgpipe") == "pure", strict=True, raises=(OverflowError, AssertionError),
-                   reason="the pure pgpipe twin's _wait passes poll() more than 2147483647 ms (OverflowError, a 500); "
-                          "the compiled twin clamps it: qag/_speedups/pgpipe.py is outside this change")
 def test_a_callers_timeout_beyond_statement_timeouts_range_runs_with_the_longest(backend, db, make_server):
     """With no QAG_QUERY_TIMEOUT to lower it, a caller's ?timeout=1e12 runs with PostgreSQL's longest
     statement_timeout (timeout_ms clamps), where it was a 400 value_invalid."""

@@ -67,8 +67,9 @@ def test_no_limit_no_hint(timeout):
     assert s.mysql_statement(with_sql, timeout) == (with_sql, None)
 
 
-@pytest.mark.parametrize("timeout,ms", [(2, 2000), (1.5, 1500), (0.0004, 1), (0.0015, 2), (30.0, 30000)])
-def test_milliseconds_never_zero(timeout, ms):
+@pytest.mark.parametrize("timeout,ms", [(2, 2000), (1.5, 1500), (0.0004, 1), (0.0015, 2), (30.0, 30000),
+                                        (4294967.295, 4294967295), (1e12, 4294967295), (1e308, 4294967295)])
+def test_milliseconds_never_zero_nor_past_what_mysql_takes(timeout, ms):
     assert s.milliseconds(timeout) == ms
 
 
