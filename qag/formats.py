@@ -15,8 +15,12 @@ observed to write them:
   as text, never read as a formula or a link. NaN and infinities, which Excel cannot hold, are empty cells.
 - parquet: one column per result column, typed by its values (bool, int64, double, decimal128(38, s), timestamp
   [us] with UTC for aware ones, date32, time64[us], strings; bytes as lower-case hex text as QueryAPIGate wrote
-  them); a column whose values mix types, or only NULLs, is text. A stream writes one row group per
-  `row_group` rows, so a stream's memory is bounded by its row group, not by its length.
+  them); integers with decimals are decimal, numbers with floats double; a column whose values mix other types,
+  holds only NULLs, or has a decimal over decimal128's 38 digits is text (never NULL or rounded: a decimal in a
+  text column is its exact text, not the float the other formats write). A stream writes one row group per
+  `row_group` rows, so a stream's memory is bounded by its row group, not by its length; its first row group fixes
+  the column types, and a later value they can't hold as it is ends the stream with 400 invalid_stream
+  (ParquetStream).
 
 The libraries are the `formats` extra (PyYAML, XlsxWriter, pyarrow). Without the one a format needs, asking for
 it is `500 format_unavailable`, checked before the database is touched.
@@ -215,10 +219,14 @@ def _kind(value) -> str | None:
 def _column_kind(values: list) -> str:
     kinds = {_kind(v) for v in values} - {None}
     if len(kinds) == 1:
-        return kinds.pop()
-    if kinds and kinds <= {"int", "float", "decimal"}:
-        return "float" if "float" in kinds else "decimal"
-    return "text"
+        kind = kinds.pop()
+    elif kinds and kinds <= {"int", "float", "decimal"}:
+        kind = "float" if "float" in kinds else "decimal"
+    else:
+        return "text"
+    if kind == "decimal" and _decimal_scale(values) is None:
+        return "text"   # over decimal128's 38 digits: the values as their text, never NULL or rounded
+    return kind
 
 
 def _text(value) -> str | None:
@@ -226,13 +234,19 @@ def _text(value) -> str | None:
         return None
     if isinstance(value, _BINARY):
         return bytes(value).hex()
+    if isinstance(value, Decimal):
+        return str(value)   # the driver's exact text, not the float repr the other formats write (lossy)
     return value if type(value) is str else cells.field_text(value)
 
 
 class ParquetStream:
-    """A parquet file written in pieces: `chunk(rows)` gives the bytes ready so far, `finish()` the rest. The
-    column types are fixed by the first rows written; a later value that doesn't fit its column's type is
-    written as NULL in a numeric or time column and as its text in a text column."""
+    """A parquet file written in pieces: `chunk(rows)` gives the bytes ready so far, `finish()` the rest.
+
+    A parquet file has one type per column, so the first rows written (the first row group) fix them. A later
+    value is written only as that type holds it (an integer or a decimal in a double column as a page writes
+    one, a decimal at the column's scale only when that keeps its value, anything as its text in a text
+    column); any other value can't be written without changing it (never NULL or rounded instead): `chunk` or
+    `finish` raises 400 invalid_stream naming the column and the row, and the stream's body ends cut."""
 
     def __init__(self, columns: list[str], row_group: int = 10_000):
         import pyarrow  # noqa: F401 - the format's library, refused up front by check_available
@@ -243,6 +257,7 @@ class ParquetStream:
         self._schema = None
         self._kinds: list[str] = []
         self._held: list = []
+        self._written = 0   # rows in the row groups written so far
 
     def chunk(self, rows: list) -> bytes:
         self._held.extend(rows)
@@ -275,16 +290,67 @@ class ParquetStream:
                       in zip(self.columns, self._kinds, by_column)]
             self._schema = pa.schema(fields)
             self._writer = pq.ParquetWriter(self._sink, self._schema)
-        arrays = [_arrow_array(kind, values, field.type) for kind, values, field
-                  in zip(self._kinds, by_column, self._schema)]
+        arrays = []
+        for name, kind, values, field in zip(self.columns, self._kinds, by_column, self._schema):
+            try:
+                arrays.append(_arrow_array(kind, values, field.type))
+            except _Misfit as misfit:
+                raise self._changed(name, kind, field.type, misfit) from None
         self._writer.write_table(pa.Table.from_arrays(arrays, schema=self._schema))
+        self._written += len(rows)
+
+    def _changed(self, name: str, kind: str, arrow_type, misfit: "_Misfit") -> QagError:
+        was = f"decimal({arrow_type.precision}, {arrow_type.scale})" if kind == "decimal" else _KIND_NAMES[kind]
+        return QagError("invalid_stream", f"Column '{name}' of this parquet stream can't hold the value in row "
+                        f"{self._written + misfit.index + 1} ({misfit.what}): a parquet file has one type per "
+                        f"column, and the stream's first {self._written} rows made this one {was}. Cast the "
+                        "column to one type in the SQL, or ask for csv, tsv, ndjson or a page")
+
+
+_KIND_NAMES = {"bool": "boolean", "int": "int64", "float": "double", "decimal": "decimal", "text": "text",
+               "timestamp": "timestamp", "timestamptz": "timestamp with a time zone", "date": "date",
+               "time": "time"}
+
+
+class _Misfit(Exception):
+    """A value its column's parquet type can't hold as it is (a stream's row group after the first)."""
+
+    def __init__(self, index: int, what: str):
+        super().__init__(what)
+        self.index, self.what = index, what
+
+
+def _decimal_digits(value) -> tuple[int, int] | None:
+    """(digits before the point, digits after it) of an integer or a finite Decimal; None beyond 38 digits."""
+    if isinstance(value, int):
+        if -_TEN_38 < value < _TEN_38:
+            return len(str(abs(value))), 0
+        return None
+    _, digits, exponent = value.as_tuple()
+    return max(len(digits) + exponent, 0), max(-exponent, 0)
+
+
+_TEN_38 = 10 ** 38
+
+
+def _decimal_scale(values: list) -> int | None:
+    """The scale of decimal128(38, s) that holds every one of `values` as it is, or None when none does (more
+    than 38 digits in all: the column is written as text)."""
+    before = after = 0
+    for value in values:
+        if value is None or not isinstance(value, (int, Decimal)):
+            continue
+        digits = _decimal_digits(value)
+        if digits is None:
+            return None
+        before, after = max(before, digits[0]), max(after, digits[1])
+    return after if before + after <= 38 else None
 
 
 def _arrow_type(kind: str, values: list):
     import pyarrow as pa
     if kind == "decimal":
-        scale = max((-v.as_tuple().exponent for v in values if isinstance(v, Decimal) and v.is_finite()), default=0)
-        return pa.decimal128(38, max(0, min(scale, 37)))
+        return pa.decimal128(38, _decimal_scale(values))
     return {"bool": pa.bool_(), "int": pa.int64(), "float": pa.float64(), "timestamp": pa.timestamp("us"),
             "timestamptz": pa.timestamp("us", tz="UTC"), "date": pa.date32(), "time": pa.time64("us")
             }.get(kind, pa.string())
@@ -295,30 +361,39 @@ def _fits(kind: str, value) -> bool:
     return got == kind or (kind == "float" and got in ("int", "decimal")) or (kind == "decimal" and got == "int")
 
 
+_VALUE_NAMES = {"bool": "a boolean", "int": "an integer", "float": "a floating-point number", "decimal": "a decimal",
+                "timestamp": "a timestamp without a time zone", "timestamptz": "a timestamp with a time zone",
+                "date": "a date", "time": "a time of day", "text": "text"}
+
+
 def _arrow_array(kind: str, values: list, arrow_type):
+    """The column's values as `arrow_type` holds them; _Misfit for the first one it can't hold as it is."""
     import pyarrow as pa
     if kind == "text":
         return pa.array([_text(v) for v in values], type=arrow_type)
+    for i, v in enumerate(values):
+        if v is not None and not _fits(kind, v):
+            raise _Misfit(i, _VALUE_NAMES[_kind(v)])
     if kind == "float":
-        values = [float(v) if v is not None and _fits(kind, v) else None for v in values]
+        values = [float(v) if v is not None else None for v in values]
     elif kind == "decimal":
-        values = [_scaled(v, arrow_type.scale) if v is not None and _fits(kind, v) else None for v in values]
+        values = [_scaled(i, v, arrow_type.scale) if v is not None else None for i, v in enumerate(values)]
     elif kind == "timestamptz":
-        values = [v.astimezone(_dt.timezone.utc) if _fits(kind, v) else None for v in values]
-    else:
-        values = [v if v is not None and _fits(kind, v) else None for v in values]
+        values = [v.astimezone(_dt.timezone.utc) if v is not None else None for v in values]
     return pa.array(values, type=arrow_type)
 
 
 _DIGITS_38 = Context(prec=38)
 
 
-def _scaled(value, scale: int):
-    """A Decimal at the column's scale, or None when it doesn't fit 38 digits."""
+def _scaled(index: int, value, scale: int) -> Decimal:
+    """A Decimal at the column's scale, the same number (_Misfit when that would round it or take more than
+    decimal128's 38 digits)."""
     try:
         # decimal128's 38 digits, not the default context's 28 (which made 29-38 digit values NULL)
         exact = Decimal(value).quantize(Decimal(1).scaleb(-scale), context=_DIGITS_38)
     except ArithmeticError:
-        return None
-    return exact if len(exact.as_tuple().digits) <= 38 else None
-
+        exact = None
+    if exact is None or exact != value:
+        raise _Misfit(index, f"a decimal that decimal(38, {scale}) can't hold as it is")
+    return exact

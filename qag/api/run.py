@@ -750,10 +750,16 @@ def _apply_mask(plan: Plan, columns: list, rows: list) -> tuple[list, list]:
 class _Export:
     """A stream's body. The server closes it when the client goes away (or when it never read it, HEAD): the
     cursor's batches are closed with it, so its connection is released now, and the run is recorded exactly
-    once, however it ended."""
+    once, however it ended.
+
+    Made in the run, it reads and encodes rows until the body's first bytes are ready (or the rows end): a
+    failure before then is raised from here, so the caller gets the normal error response (status, envelope,
+    X-Request-Id, headers) and not a broken 200. csv, tsv and ndjson have bytes from their first batch; parquet
+    only from its first row group (QAG_PARQUET_ROW_GROUP rows, several batches). Once they went out, a failure
+    ends the chunked body without its terminator."""
 
     __slots__ = ("plan", "columns", "batches", "observe", "at", "cap", "sent", "recorded", "slot", "meter",
-                 "row_group")
+                 "row_group", "encoder", "rows", "ready", "waiting", "ended")
 
     def __init__(self, plan: Plan, columns, batches, observe, at: float, cap: int | None, row_group: int):
         self.plan, self.columns, self.batches, self.observe, self.at, self.cap = plan, columns, batches, observe, at, cap
@@ -762,25 +768,61 @@ class _Export:
         self.recorded = False
         self.slot = None   # a max_concurrent slot, renewed while sending and released when the run ends
         self.meter = None  # rows as they leave, for the caller's quota (set by the gateway, contract 6.8)
+        self.ready = b""   # the body's first bytes, made before the status line goes out
+        self.waiting = 0   # the rows in them: counted as sent (and metered) when they leave
+        self.ended = False
+        try:
+            self.encoder = encode.StreamEncoder(plan.fmt, columns, row_group)
+            self.rows = iter(batches)
+            self._first_bytes()
+        except BaseException:
+            # The caller (RunHandlers.run) records the failed run and answers with the error.
+            self.recorded = True
+            batches.close()
+            raise
+
+    def _first_bytes(self) -> None:
+        mask = self.plan.mask
+        encoder = self.encoder
+        for rows in self.rows:
+            if mask is not None:
+                rows = mask.rows(rows)
+            self.waiting += len(rows)
+            body = encoder.chunk(rows)
+            if body:
+                self.ready = body
+                return
+        self.ready = encoder.finish()
+        self.ended = True
 
     def __iter__(self):
         mask = self.plan.mask
         try:
-            encoder = encode.StreamEncoder(self.plan.fmt, self.columns, self.row_group)
-            for rows in self.batches:
-                if mask is not None:
-                    rows = mask.rows(rows)
-                self.sent += len(rows)
+            encoder = self.encoder
+            if self.waiting:
+                self.sent += self.waiting
                 if self.meter is not None:
-                    self.meter(len(rows))
-                if self.slot is not None:
-                    self.slot.renew()
-                body = encoder.chunk(rows)
-                if body:
-                    yield body
-            body = encoder.finish()
+                    self.meter(self.waiting)
+            if self.slot is not None:
+                self.slot.renew()
+            body, self.ready = self.ready, b""
             if body:
                 yield body
+            if not self.ended:
+                for rows in self.rows:
+                    if mask is not None:
+                        rows = mask.rows(rows)
+                    self.sent += len(rows)
+                    if self.meter is not None:
+                        self.meter(len(rows))
+                    if self.slot is not None:
+                        self.slot.renew()
+                    body = encoder.chunk(rows)
+                    if body:
+                        yield body
+                body = encoder.finish()
+                if body:
+                    yield body
         except QagError as error:
             self._record(error)
             raise

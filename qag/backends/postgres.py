@@ -271,6 +271,20 @@ class _ServerError(Exception):
         self.text = text
 
 
+class _Unreadable(Exception):
+    """A value of a result the driver can't read (text that isn't UTF-8 in a SQL_ASCII database, a loader's
+    refusal): the database ran the statement; nothing the caller sent was at fault."""
+
+
+def _read_rows(link, result, start: int, end: int) -> list:
+    """Rows `start` to `end` of a result (Pipe.rows, either twin); a value it can't read is _Unreadable."""
+    try:
+        return link.pipe.rows(result, link.tx, start, end)
+    except (psycopg.DataError, ValueError, NotImplementedError, OverflowError) as exc:
+        # ValueError: UnicodeDecodeError, and what a loader raises itself
+        raise _Unreadable(_driver_text(exc)) from None
+
+
 def _server_error(result) -> _ServerError:
     state, text = error_of(result.error_field(_SQLSTATE), result.error_message)
     return _ServerError(state, text or _REFUSED)
@@ -291,10 +305,11 @@ def _own_lines(text: str, shift: int) -> str:
 def mapped(exc: BaseException, timeout: float | None, shift: int = 0) -> QagError:
     """The contract's error for a failure on an open connection: cancelled 504, unreachable 502, the server's
     refusal of a write 403, a value it refuses 400 value_invalid, a parameter it can't be sent 400 param_invalid, a
-    second statement 400, anything else it refuses 500. The detail is the text as the server (or libpq, for a
-    connection lost) wrote it: the server never has the password in clear to quote (SCRAM), so only a statement
-    that holds it could show it, and substituting it would tell a caller which of its guesses it is. (Opening a
-    connection is another matter: PostgresBackend.connect, opening_detail.)"""
+    second statement 400, anything else it refuses 500, and a result value the driver can't read (_Unreadable) 500
+    query_failed, never blamed on a parameter. The detail is the text as the server (or libpq, for a connection
+    lost) wrote it: the server never has the password in clear to quote (SCRAM), so only a statement that holds it
+    could show it, and substituting it would tell a caller which of its guesses it is. (Opening a connection is
+    another matter: PostgresBackend.connect, opening_detail.)"""
     if isinstance(exc, QagError):
         return exc
     if isinstance(exc, _Gone):
@@ -313,6 +328,9 @@ def mapped(exc: BaseException, timeout: float | None, shift: int = 0) -> QagErro
         if state.startswith("22"):               # data_exception: a value the database can't take
             return QagError("value_invalid", "The database refused a value of this call", detail=text)
         return query_failed(text)
+    if isinstance(exc, _Unreadable):
+        return QagError("query_failed", "A value of the result can't be read: the statement ran, but its driver "
+                                        "can't read what PostgreSQL returned", detail=str(exc))
     if isinstance(exc, (UnicodeError, psycopg.DataError)) or (isinstance(exc, ValueError) and "NUL" in str(exc)):
         # A parameter value PostgreSQL can't hold: a NUL character or a lone surrogate.
         return QagError("param_invalid", "A parameter value can't be sent to PostgreSQL: "
@@ -399,35 +417,47 @@ _ADAPTERS: list = []
 
 
 def _adapters():
-    """psycopg's adapters with _TEXT_TYPES loaded as text and infinite dates and times read; made once, copied by
-    each connection."""
+    """psycopg's adapters with _TEXT_TYPES loaded as text and dates, times and intervals read leniently
+    (_datetime_loaders); made once, copied by each connection."""
     if not _ADAPTERS:
         adapters = psycopg.adapt.AdaptersMap(psycopg.adapters)
         for name in _TEXT_TYPES:
             adapters.register_loader(name, TextLoader)
-        for name, loader in _infinite_loaders():
+        for name, loader in _datetime_loaders():
             adapters.register_loader(name, loader)
         _ADAPTERS.append(_Context(adapters))
     return _ADAPTERS[0]
 
 
-def _infinite_loaders():
-    """date, timestamp and timestamptz loaders that read PostgreSQL's 'infinity' and '-infinity' as the latest and
-    earliest values Python has (as psycopg2, QueryAPIGate's driver, does), where psycopg's own raise DataError and
-    the row can't be read at all. Python-level loaders (a C one's load can't be overridden): they cost a call per
-    value of these types."""
+def _datetime_loaders():
+    """date, timestamp, timestamptz, time, timetz and interval loaders for the values PostgreSQL has and Python
+    hasn't, where psycopg's own raise DataError and the row can't be read at all:
+    - 'infinity' and '-infinity' dates and timestamps: the latest and earliest values Python has (as psycopg2,
+      QueryAPIGate's driver, reads them);
+    - any other value Python's types can't hold (a date BC or after 9999, the time 24:00:00, an interval over
+      timedelta's 999,999,999 days, or in an IntervalStyle psycopg can't parse): PostgreSQL's own text of it,
+      so the caller gets the value.
+    Python-level loaders (a C one's load can't be overridden): they cost a call per value of these types. The
+    interval one reads through psycopg's Python loader, which refuses what its C loader silently wraps (178000000
+    years read as 545490560 days)."""
     from psycopg.types import datetime as types
     utc = dt.timezone.utc
     kinds = (("date", types.DateLoader, dt.date.max, dt.date.min),
              ("timestamp", types.TimestampLoader, dt.datetime.max, dt.datetime.min),
              ("timestamptz", types.TimestamptzLoader, dt.datetime.max.replace(tzinfo=utc),
-              dt.datetime.min.replace(tzinfo=utc)))
+              dt.datetime.min.replace(tzinfo=utc)),
+             ("time", types.TimeLoader, None, None),
+             ("timetz", types.TimetzLoader, None, None),
+             ("interval", types.IntervalLoader, None, None))
     for name, base, latest, earliest in kinds:
         def load(self, data, _base=base, _latest=latest, _earliest=earliest):
-            if data[-8:] == b"infinity":
+            if _latest is not None and data[-8:] == b"infinity":
                 return _earliest if data[:1] == b"-" else _latest
-            return _base.load(self, data)
-        yield name, type(f"Infinite{base.__name__}", (base,), {"load": load})
+            try:
+                return _base.load(self, data)
+            except (psycopg.DataError, NotImplementedError):   # the latter: an IntervalStyle psycopg can't read
+                return bytes(data).decode("utf-8", "replace")
+        yield name, type(f"Lenient{base.__name__}", (base,), {"load": load})
 
 
 class _Context:
@@ -684,7 +714,7 @@ class PostgresBackend(Backend):
                 if call.json_rows and end > skip:
                     body = link.pipe.json(result, link.tx, skip, min(end, skip + call.json_rows), columns)
                 if body is None:
-                    rows = link.pipe.rows(result, link.tx, skip, end) if end > skip else []
+                    rows = _read_rows(link, result, skip, end) if end > skip else []
                 else:
                     rows, count = None, end - skip
         except BaseException as exc:
@@ -714,7 +744,7 @@ class PostgresBackend(Backend):
                 raise error
             result = results[-1]
             columns = _columns(result)
-            first = link.pipe.rows(result, link.tx, 0, result.ntuples)
+            first = _read_rows(link, result, 0, result.ntuples)
         except BaseException as exc:
             raise self._fail(key, link, exc, read, 1) from None
         return columns, _Batches(self, key, link, first, first_n, batch, cap, read)
@@ -853,7 +883,7 @@ class _Batches:
                 error = _first_error(results)
                 if error is not None:
                     raise error
-                rows = link.pipe.rows(results[-1], link.tx, 0, results[-1].ntuples)
+                rows = _read_rows(link, results[-1], 0, results[-1].ntuples)
             except BaseException as exc:
                 # Raised, not swallowed: the run is recorded as failed and the server ends the chunked body
                 # without its terminator, so the client can tell the export is incomplete.

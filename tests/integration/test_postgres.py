@@ -429,6 +429,27 @@ def test_infinite_dates_and_times_are_read_as_psycopg2_reads_them(server, conn_n
     assert streamed.status == 200 and b"9999-12-31" in streamed.body, streamed
 
 
+def test_values_python_cant_hold_are_read_as_postgresqls_own_text(server, conn_name):
+    """A date BC or after 9999, the time 24:00:00, a timestamp in year 294276, an interval over timedelta's range:
+    the value as PostgreSQL wrote it (psycopg's loaders refused the row, and the refusal was blamed on a parameter
+    though none was sent). 178000000 years is not the 545490560 days psycopg's C loader would make of it."""
+    sql = ("SELECT '4713-01-01 BC'::date AS bc, '10000-01-01'::date AS far, '24:00:00'::time AS midnight, "
+           "'24:00:00+02'::timetz AS midnight_tz, '294276-01-01'::timestamp AS ts, "
+           "'294276-01-01 00:00:00+00'::timestamptz AS tz, '178000000 years'::interval AS years, "
+           "'1000000000 days'::interval AS days, ARRAY['4713-01-01 BC'::date] AS dates, "
+           "'2020-01-02'::date AS plain, '03:04:05'::time AS t")
+    r = server.post("/execute_sql", {"sql": sql, "connection_name": conn_name})
+    assert r.status == 200, r
+    assert r.json == [{"bc": "4713-01-01 BC", "far": "10000-01-01", "midnight": "24:00:00", "midnight_tz": "24:00:00+02",
+                       "ts": "294276-01-01 00:00:00", "tz": "294276-01-01 00:00:00+00", "years": "178000000 years",
+                       "days": "1000000000 days", "dates": '["4713-01-01 BC"]', "plain": "2020-01-02",
+                       "t": "03:04:05"}]
+    csv = server.post("/execute_sql", {"sql": sql, "connection_name": conn_name, "format": "csv"})
+    assert csv.status == 200 and b"4713-01-01 BC,10000-01-01,24:00:00," in csv.body, csv
+    streamed = server.post("/execute_sql?stream=true&format=ndjson", {"sql": sql, "connection_name": conn_name})
+    assert streamed.status == 200 and b'"bc": "4713-01-01 BC"' in streamed.body, streamed
+
+
 def test_the_admins_database_override_runs_the_call_there(server, conn_name, db):
     """Contract 10.1: a `database` override (admin) replaces the connection's database for this call."""
     def run(**body):

@@ -62,10 +62,21 @@ def test_parquet_columns_that_mix_types_are_text_and_numbers_widen():
                                  {"mixed": None, "num": 3.0, "nulls": None}]
 
 
-def test_parquet_decimals_beyond_38_digits_are_null_not_an_error():
+def test_parquet_decimals_beyond_38_digits_make_a_text_column_not_nulls():
+    """decimal128 holds 38 digits: a page's column with a wider value (MySQL DECIMAL(65,30), PostgreSQL numeric)
+    is written as text, every value as JSON and csv give it; one within 38 digits stays decimal."""
     _needs("pyarrow.parquet")
-    body = encode.encode("parquet", ["d"], [(Decimal("1.5"),), (Decimal("9" * 40),), (Decimal("9" * 36 + ".5"),)])
-    assert _read(body).to_pylist() == [{"d": Decimal("1.5")}, {"d": None}, {"d": Decimal("9" * 36 + ".5")}]
+    wide = Decimal("9" * 38 + ".5")
+    table = _read(encode.encode("parquet", ["d", "ok"], [(Decimal("1.5"), Decimal("9" * 36 + ".5")), (wide, None),
+                                                        (Decimal("9" * 40), Decimal("1"))]))
+    assert [str(f.type) for f in table.schema] == ["string", "decimal128(38, 1)"]
+    assert table.to_pylist() == [{"d": "1.5", "ok": Decimal("9" * 36 + ".5")}, {"d": "9" * 38 + ".5", "ok": None},
+                                 {"d": "9" * 40, "ok": Decimal("1.0")}]
+    # 38 digits in all, whichever side of the point: decimal; a value's scale is kept, never rounded
+    table = _read(encode.encode("parquet", ["d"], [(Decimal("1E-38"),), (Decimal("0.5"),)]))
+    assert str(table.schema[0].type) == "decimal128(38, 38)" and table.to_pylist()[0]["d"] == Decimal("1E-38")
+    table = _read(encode.encode("parquet", ["d"], [(Decimal("1E-38"),), (Decimal("1.5"),)]))
+    assert table.to_pylist() == [{"d": "1E-38"}, {"d": "1.5"}]
 
 
 def test_parquet_integers_wider_than_64_bits_are_decimals_not_an_error():
@@ -75,21 +86,72 @@ def test_parquet_integers_wider_than_64_bits_are_decimals_not_an_error():
     table = _read(encode.encode("parquet", ["u", "m"], [(wide, -(10 ** 30)), (1, 2)]))
     assert [str(f.type) for f in table.schema] == ["decimal128(38, 0)", "decimal128(38, 0)"]
     assert table.to_pylist() == [{"u": Decimal(wide), "m": Decimal(-(10 ** 30))}, {"u": Decimal(1), "m": Decimal(2)}]
-    # an int64 column that meets a wider integer later: NULL, as any value that doesn't fit its column's type
+    # an int64 column that meets a wider integer later: the stream ends with an error, never a NULL
     stream = encode.StreamEncoder("parquet", ["i"], parquet_row_group=1)
-    body = b"".join([stream.chunk([(5,)]), stream.chunk([(wide,)]), stream.finish()])
-    assert _read(body).to_pylist() == [{"i": 5}, {"i": None}]
+    assert stream.chunk([(5,)])
+    with pytest.raises(QagError) as raised:
+        stream.chunk([(wide,)])
+    assert raised.value.code == "invalid_stream" and "Column 'i'" in raised.value.message
 
 
 def test_a_parquet_stream_keeps_its_first_types_for_later_batches():
     pq = _needs("pyarrow.parquet")
     stream = encode.StreamEncoder("parquet", ["id", "v"], parquet_row_group=2)
-    parts = [stream.chunk([(1, "a")]), stream.chunk([(2, "b"), (3, 4)]), stream.chunk([("x", None)]), stream.finish()]
+    parts = [stream.chunk([(1, "a")]), stream.chunk([(2, "b"), (3, 4)]), stream.chunk([(None, None)]), stream.finish()]
     assert parts[0] == b""                                  # one row held: not a row group yet
     table = pq.ParquetFile(io.BytesIO(b"".join(parts)))
     assert table.metadata.num_row_groups == 2                # four rows in groups of two
     assert table.read().to_pylist() == [{"id": 1, "v": "a"}, {"id": 2, "v": "b"}, {"id": 3, "v": "4"},
                                         {"id": None, "v": None}]
+
+
+def _streamed(columns: list, groups: list, row_group: int = 2) -> list:
+    stream = encode.StreamEncoder("parquet", columns, parquet_row_group=row_group)
+    body = b"".join([stream.chunk(rows) for rows in groups] + [stream.finish()])
+    return _read(body).to_pylist()
+
+
+@pytest.mark.parametrize("first, later, what", [
+    ([(1,), (2,)], (2.5,), "a floating-point number"),                    # SQLite: integers, then a float
+    ([(1,), (2,)], ("x",), "text"),                                       # ... then text
+    ([(1.5,), (2.5,)], ("x",), "text"),
+    ([(Decimal("1"),), (Decimal("2"),)], (Decimal("2.5"),), "decimal(38, 0) can't hold as"),   # would round to 3
+    ([(Decimal("1.5"),), (Decimal("2"),)], (Decimal("9" * 38),), "decimal(38, 1) can't hold as"),
+    ([(Decimal("1.5"),), (Decimal("2"),)], (Decimal("NaN"),), "a floating-point number"),
+    ([(True,), (False,)], (1,), "an integer"),
+    ([(dt.date(2024, 1, 2),), (None,)], (dt.datetime(2024, 1, 2, 3, 4),), "a timestamp without a time zone"),
+    ([(dt.datetime(2024, 1, 2),), (None,)], (dt.datetime(2024, 1, 2, tzinfo=dt.timezone.utc),), "time zone"),
+    ([(dt.time(1, 2),), (None,)], ("24:00:00",), "text"),                # PostgreSQL's own text of a time
+])
+def test_a_later_value_its_streams_column_type_cant_hold_ends_the_stream(first, later, what):
+    """The first row group fixes the column types. A later value they can't hold as it is is never written as a
+    NULL or rounded: 400 invalid_stream naming the column, the row and what it was (the body is cut)."""
+    _needs("pyarrow.parquet")
+    stream = encode.StreamEncoder("parquet", ["id", "c"], parquet_row_group=2)
+    assert stream.chunk([(i, v[0]) for i, v in enumerate(first, 1)])
+    with pytest.raises(QagError) as raised:
+        stream.chunk([(3, later[0]), (4, None)])
+    assert raised.value.code == "invalid_stream"
+    assert raised.value.message.startswith("Column 'c' of this parquet stream can't hold the value in row 3 (")
+    assert what in raised.value.message and "first 2 rows" in raised.value.message
+
+
+def test_a_later_value_its_streams_column_type_holds_is_written_as_it_is():
+    _needs("pyarrow.parquet")
+    # decimal(38, 1): 3 and 4.50 are the same numbers at scale 1
+    assert _streamed(["d"], [[(Decimal("1.5"),), (Decimal("2"),)], [(3,), (Decimal("4.50"),)]]) == [
+        {"d": Decimal("1.5")}, {"d": Decimal("2.0")}, {"d": Decimal("3.0")}, {"d": Decimal("4.5")}]
+    # a double column takes integers and decimals as a page's mixed column does
+    assert _streamed(["f"], [[(1.5,), (2,)], [(3,), (Decimal("4.5"),)]]) == [
+        {"f": 1.5}, {"f": 2.0}, {"f": 3.0}, {"f": 4.5}]
+    # a text column (mixed, or only NULLs in the first group) takes anything as its text
+    assert _streamed(["t"], [[(None,), (None,)], [(3,), (dt.date(2024, 1, 2),)]]) == [
+        {"t": None}, {"t": None}, {"t": "3"}, {"t": "2024-01-02"}]
+    # an aware timestamp in any zone is the same instant in UTC
+    east = dt.timezone(dt.timedelta(hours=2))
+    rows = _streamed(["z"], [[(dt.datetime(2024, 1, 2, tzinfo=dt.timezone.utc),), (None,)],
+                             [(dt.datetime(2024, 1, 2, 5, tzinfo=east),)]])
+    assert rows[2]["z"] == dt.datetime(2024, 1, 2, 3, tzinfo=dt.timezone.utc)
 
 
 @pytest.mark.parametrize("fmt, package", [("yaml", "yaml"), ("xlsx", "xlsxwriter"), ("parquet", "pyarrow.parquet")])

@@ -142,6 +142,37 @@ def test_values_a_text_parameter_cannot_hold_are_param_invalid():
         assert err.code == "param_invalid" and err.status == 400
 
 
+def test_a_result_value_the_driver_cant_read_is_not_blamed_on_a_parameter():
+    """A loader's refusal while the rows are read (either twin's Pipe.rows) is 500 query_failed saying a value of
+    the result can't be read: the statement ran and no parameter was sent (it was 400 param_invalid, 'A parameter
+    value can't be sent to PostgreSQL')."""
+    class Pipe:
+        def __init__(self, exc):
+            self.exc = exc
+
+        def rows(self, result, tx, start, end):
+            raise self.exc
+
+    class Link:
+        tx = None
+
+    for exc in (pg.psycopg.DataError("date too small (before year 1): '4713-01-01 BC'"),
+                UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"),
+                NotImplementedError("can't parse interval with IntervalStyle iso_8601: 'P1Y'")):
+        link = Link()
+        link.pipe = Pipe(exc)
+        with pytest.raises(pg._Unreadable) as raised:
+            pg._read_rows(link, None, 0, 1)
+        err = pg.mapped(raised.value, None)
+        assert (err.code, err.status) == ("query_failed", 500)
+        assert err.message.startswith("A value of the result can't be read") and "parameter" not in err.message
+        assert err.extras["detail"] == str(exc)
+    link = Link()
+    link.pipe = Pipe(pg.psycopg.OperationalError("consuming input failed"))
+    with pytest.raises(pg.psycopg.OperationalError):     # a lost connection is not a value: connection_failed
+        pg._read_rows(link, None, 0, 1)
+
+
 def test_numeric_style_numbers_every_slot_and_leaves_percent_alone():
     p = prepare("SELECT :a, '50%' AS p, :b, :a WHERE x LIKE '%' || :b", "postgres")
     r = render(p, {"a": 1, "b": "x"}, "numeric")
