@@ -126,9 +126,6 @@ def _exact_secret(text: str, s: Setting) -> str:
     return text
 
 
-_nonempty_secret = _exact_secret
-
-
 def _choice(*choices: str):
     def parse(text: str, s: Setting) -> str:
         word = text.strip().lower()
@@ -354,7 +351,7 @@ SETTINGS: tuple[Setting, ...] = (
             "a postgresql:// or postgres:// URL", alias="QUERYAPIGATE_DATABASE_URL", secret=True),
     Setting("QAG_STORE_TIMEOUT", _seconds_max(3600.0), 10.0, "Seconds a PostgreSQL store (QAG_DATABASE_URL) has to answer each statement, commit included: the server cancels it then (statement_timeout; also a transaction left waiting that long), and a reply that has not come 1 s later ends the connection (a stalled server or network path). The call gets 503 unavailable with Retry-After; the history, quota and metadata threads try again later. 0 = no limit (not advised: a stalled store then holds request threads until it answers). `qag store copy` and migrations at startup are not limited.",
             "a number of seconds from 0 to 3600"),
-    Setting("QAG_API_KEY", _nonempty_secret, None, "The admin key: grants everything. Unset with no scoped keys stored = open mode (loopback callers only).",
+    Setting("QAG_API_KEY", _exact_secret, None, "The admin key: grants everything. Unset with no scoped keys stored = open mode (loopback callers only).",
             "non-empty text, without whitespace at either end", alias="QUERYAPIGATE_API_KEY", secret=True),
     Setting("QAG_ALLOW_WRITES", _flag, False, "Server-wide ceiling for writes: statements that write run only when this is on and the caller may write.",
             "1/true/yes/on or 0/false/no/off", alias="QUERYAPIGATE_ALLOW_WRITES"),
@@ -366,7 +363,7 @@ SETTINGS: tuple[Setting, ...] = (
             "a positive whole number", alias="QUERYAPIGATE_STREAM_MAX_ROWS"),
     Setting("QAG_MCP_MAX_ROWS", _int_range(1, 1_000_000), 200, "Rows one MCP tool call returns at most (a key's max_rows narrows it; QAG_MAX_PAGE_SIZE doesn't apply); the result says when it was cut.",
             "a whole number from 1 to 1000000", alias="QUERYAPIGATE_MCP_MAX_ROWS"),
-    Setting("QAG_MCP_API_KEY", _nonempty_secret, None, "The key `qag mcp` (MCP over stdio) calls with: its tools, grants and limits are this key's; unset = QAG_API_KEY (the admin key), or open mode.",
+    Setting("QAG_MCP_API_KEY", _exact_secret, None, "The key `qag mcp` (MCP over stdio) calls with: its tools, grants and limits are this key's; unset = QAG_API_KEY (the admin key), or open mode.",
             "an API key (sk_...)", secret=True),
     Setting("QAG_PARQUET_ROW_GROUP", _int_range(100, 1_000_000), 10_000, "Rows per row group of a parquet stream: a stream holds at most this many rows (and their encoding) in memory, however long it is. A paged xlsx, xml, yaml or parquet body is bounded by QAG_MAX_PAGE_SIZE.",
             "a whole number from 100 to 1000000"),
@@ -432,7 +429,7 @@ SETTINGS: tuple[Setting, ...] = (
             "auto, on or off"),
     Setting("QAG_METRICS_TOKEN", _token, None, "Bearer token /metrics requires (the admin key also works); unset = /metrics is public.",
             "text of at least 16 characters", alias="QUERYAPIGATE_METRICS_TOKEN", secret=True),
-    Setting("QAG_MASK_KEY", _nonempty_secret, None, "HMAC key of the `hash` masking action; unset = a random key generated once and kept in the store (shared by every instance using it).",
+    Setting("QAG_MASK_KEY", _exact_secret, None, "HMAC key of the `hash` masking action; unset = a random key generated once and kept in the store (shared by every instance using it).",
             "non-empty text, without whitespace at either end", alias="QUERYAPIGATE_MASK_KEY", secret=True),
     Setting("QAG_HISTORY_LIMIT", _int_range(1, 1_000_000), 50, "Runs kept in history per saved-query version (the newest), trimmed after each batch write.",
             "a whole number from 1 to 1000000", alias="QUERYAPIGATE_HISTORY_LIMIT"),
