@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 
 import pytest
 
@@ -133,7 +134,17 @@ def pg_schema_url(fields: dict):
     admin.cursor().execute(f'CREATE SCHEMA "{schema}" AUTHORIZATION "{fields["user"]}"')
 
     def cleanup():
-        admin.cursor().execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        import psycopg2
+        # A server of the test may still be writing to the schema (fixtures are torn down before make_server's
+        # servers when the test names them first): the DROP can then deadlock with its writer. Once more, then.
+        for attempt in range(20):
+            try:
+                admin.cursor().execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+                break
+            except psycopg2.errors.DeadlockDetected:
+                if attempt == 19:
+                    raise
+                time.sleep(0.25)
         admin.close()
 
     return pg_url(fields, schema), cleanup

@@ -144,6 +144,9 @@ def _schemas() -> dict:
         "Validation": _obj({"valid": _BOOL, "errors": _arr(_obj({"message": _STR, "field": _STR,
                                                                   "parameters": _obj({}, extra=_STR)})),
                             "placeholders": _arr(_STR), "tables": _arr(_STR)}),
+        # What a management body may hold where its route ignores fields (publish): any JSON whose integers fit 64
+        # bits, as api/_common.body_object refuses a wider one anywhere in a body.
+        "Json64": {"anyOf": [_SCALAR64, _arr(_ref("Json64")), _obj({}, extra=_ref("Json64"))]},
         "Flow": _obj({"tables": _arr(_STR), "joins": _arr(_obj({"left": _STR, "right": _STR, "type": _STR,
                                                                "on": _STR})),
                       "formatted": _null(_STR), "error": _null(_STR)}),
@@ -659,7 +662,8 @@ def _admin_paths(view: View) -> dict:
             {"200": _json("Flow", _ref("Flow"))}, params=[query, _p("Version")], errors=(*_MANAGE_ERRORS, "404"))},
         "/api/v1/queries/{name}/publish": {"post": _op(
             "publishQuery", "Serve this version (newer or older)", Q, {"200": detail_query},
-            params=[query, if_match], body=_obj({"version": shapes.VERSION_NUMBER}, ["version"]),
+            params=[query, if_match], body=_obj({"version": shapes.VERSION_NUMBER}, ["version"],
+                                                extra=_ref("Json64")),
             errors=(*_MANAGE_ERRORS, "404", "412"), **etag_only)},
         "/api/v1/queries/{name}/unpublish": {"post": _op(
             "unpublishQuery", "Serve no version (versions are kept)", Q, {"200": detail_query},

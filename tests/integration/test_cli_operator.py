@@ -18,6 +18,7 @@ import pytest
 from qag.sizing import MEASURED_CPU_US
 
 from tests.integration.test_ops_and_cli import qag_cli
+from tests.server import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -204,6 +205,9 @@ def test_demo_reset_refuses_while_a_server_runs_on_its_home(tmp_path):
     proc, lines = _serve_until_listening(tmp_path, "--bind", ":0")
     try:
         assert lines and lines[-1].startswith("qag: listening on"), lines
+        # gunicorn opens its control socket on its own schedule, after the listening line at times
+        from qag.server import home_server
+        wait_for(lambda: home_server(str(tmp_path)) is not None, "the server's control socket")
         r = qag_cli("demo", "--reset", "--home", str(tmp_path), "--bind", "127.0.0.1:0")
         line = _one_line(r)
         assert line == (f"qag: --reset: a qag server (pid {proc.pid}) is running on {tmp_path}; stop it first "
