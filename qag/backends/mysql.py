@@ -315,10 +315,13 @@ _RAND_CALL = re.compile(r"(?<![\w$])rand(?![\w$])")
 # (they list last_insert_id, identity, warning_count); information_schema.OPTIMIZER_TRACE (the session's last
 # statements with their values, once a stored function or trigger turned tracing on); and for SHOW: SHOW
 # WARNINGS / ERRORS / [SESSION] STATUS / PROFILE(S).
-_SESSION_TEXT = ("@", "lock", "temporary", "last_insert_id", "nextval", "next value", "setval", "lastval",
+_SESSION_TEXT = ("@", "lock", "temporary", "last_insert_id", "nextval", "setval", "lastval",
                  "previous", "prepare", "handler", "found_rows", "row_count", "warning_count", "error_count",
                  "diagnostics", "identity", "insert_id", "session_status", "variables", "optimizer_trace")
 _SESSION_TEXT_AFTER_SHOW = ("warnings", "errors", "status", "profile")
+# NEXT VALUE FOR: two words, which the server reads with any space or comment between them (`next  value`,
+# `next/**/value`): looked for with those taken out (a false alarm, `SELECT next value`, only costs a connection).
+_BETWEEN_WORDS = re.compile(r"\s+|/\*.*?\*/|--[^\n]*|#[^\n]*", re.S)
 
 
 def _session_use(sql: str) -> int:
@@ -341,7 +344,8 @@ def _judge_session_use(sql: str) -> int:
     low = sql.lower()
     # A statement whose first word can't be read (an unterminated comment, a code comment first) counts as a SHOW.
     hit = any(word in low for word in _SESSION_TEXT) or (
-        statements.first_word(sql) in ("show", "") and any(word in low for word in _SESSION_TEXT_AFTER_SHOW))
+        statements.first_word(sql) in ("show", "") and any(word in low for word in _SESSION_TEXT_AFTER_SHOW)) or (
+        "next" in low and "nextvalue" in _BETWEEN_WORDS.sub("", low))
     return (_LEAVES | _READS if hit else 0) | (_RANDOM if _RAND_CALL.search(low) else 0)
 
 
@@ -430,7 +434,7 @@ class MysqlBackend(Backend):
         state; it is closed after the call (_LEAVES)."""
         opening = (fields, read_only, deadline)
         if sql and _session_use(sql) & _READS:
-            return self.pool.acquire(key, self._open, _never, 1 << 62, deadline, label, False, opening)[0]
+            return self.pool.acquire(key, self._open, None, 0, deadline, label, False, opening, True)[0]
         while True:
             link, reused = self.pool.acquire(key, self._open, _preferred, self._grow, deadline, label, False, opening)
             if not reused:
@@ -663,10 +667,6 @@ class MysqlBackend(Backend):
             raise
         self._give_back(key, link, True, "")
         return found
-
-
-def _never(link) -> bool:
-    return False
 
 
 class _Overdue(Exception):

@@ -86,7 +86,7 @@ class Pool:
     def acquire(self, key: Hashable, open_conn: Callable[[], Any],
                 prefer: Callable[[Any], bool] | None = None, grow_below: int = 0,
                 deadline: float | None = None, label: str = "", oldest: bool = False,
-                open_args: tuple = ()) -> tuple[Any, bool]:
+                open_args: tuple = (), fresh: bool = False) -> tuple[Any, bool]:
         """(connection, reused) — an idle one when there is one (preferring `prefer(conn)`), else a new one,
         `open_conn(*open_args)` (its arguments apart: a closure over them would be made on every call).
 
@@ -96,30 +96,39 @@ class Pool:
         again on release. deadline: the call's (monotonic); a wait for the cap ends by then at the latest.
         oldest: the connections idle longest first, rather than the most recent (PostgreSQL: a reset sent on
         release has had the most time to be answered), both for `prefer` and without it.
+        fresh: a new connection and never an idle one, also at the cap (MySQL: a statement that reads what an
+        earlier caller left on a session); there an idle connection is closed to make room, or the caller waits.
         """
         stale: list[Any] = []
         try:
             with self._lock:
-                fallback = prefer is None or self._open.get(key, 0) >= grow_below
-                slot = self._take_idle(key, prefer, stale, fallback, oldest)
-                if slot is not None:
-                    return slot[0], True
+                if not fresh:
+                    fallback = prefer is None or self._open.get(key, 0) >= grow_below
+                    slot = self._take_idle(key, prefer, stale, fallback, oldest)
+                    if slot is not None:
+                        return slot[0], True
                 if self.max_open is not None and self._open.get(key, 0) >= self.max_open:
                     self.waits += 1
                     until = monotonic() + self.wait
                     if deadline is not None and deadline < until:
                         until = deadline
                     while True:
-                        slot = self._take_idle(key, prefer, stale)
-                        if slot is not None:
-                            return slot[0], True
+                        if fresh:
+                            self._close_one_idle(key, stale)
+                        else:
+                            slot = self._take_idle(key, prefer, stale)
+                            if slot is not None:
+                                return slot[0], True
                         if self._open.get(key, 0) < self.max_open:
                             break
                         left = until - monotonic()
                         if left <= 0 or not self._wait_freed(left, label):
-                            slot = self._take_idle(key, prefer, stale)   # freed as the wait ran out
-                            if slot is not None:
-                                return slot[0], True
+                            if fresh:
+                                self._close_one_idle(key, stale)   # freed as the wait ran out
+                            else:
+                                slot = self._take_idle(key, prefer, stale)   # freed as the wait ran out
+                                if slot is not None:
+                                    return slot[0], True
                             if self._open.get(key, 0) >= self.max_open:
                                 raise QagError("unavailable", "Every connection this worker may open to this "
                                                               "database is busy - try again shortly", retry_after=1)
@@ -132,6 +141,14 @@ class Pool:
         except BaseException:
             self._forget(key)
             raise
+
+    def _close_one_idle(self, key: Hashable, stale: list) -> None:
+        """At the cap, for a caller that needs a new connection: the oldest idle one is closed (after the lock is
+        let go), which makes room for it."""
+        idle = self._idle.get(key)
+        if idle:
+            stale.append(idle.pop(0)[0])
+            self._open[key] -= 1
 
     def _wait_freed(self, seconds: float, label: str) -> bool:
         """Wait (holding the lock) until a connection is freed or `seconds` pass; False on timeout."""

@@ -10,7 +10,7 @@ cdef class PostgresBackend(Backend):
     cdef public Pool pool
 
     cpdef _take(self, key, dict fields, defer=*, deadline=*, label=*)
-    cpdef _give_back(self, key, link)
+    cpdef _give_back(self, key, link, str sql=*)
     cpdef _inline_reset(self, link, Call call, list statements, reset)
     cpdef _exchange(self, key, dict fields, Call call, list statements)
     cpdef _attempt(self, link, Call call, list statements, reset, deadline)

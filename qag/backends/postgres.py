@@ -102,6 +102,19 @@ _SQLSTATE = pq.DiagnosticField.SQLSTATE
 _BEGIN = {True: b"BEGIN READ ONLY", False: b"BEGIN"}
 _END = {True: b"ROLLBACK", False: b"COMMIT"}
 _DISCARD = b"DISCARD ALL"
+# Statements that may leave dblink connections open on the session (dblink_connect, named or not): judged once per
+# statement text (saved queries repeat); such a call's connection is closed, not pooled.
+_REMOTE_SESSIONS: dict = {}
+
+
+def _keeps_remote_sessions(sql: str) -> bool:
+    found = _REMOTE_SESSIONS.get(sql)
+    if found is None:
+        found = "dblink" in sql.lower()
+        if len(_REMOTE_SESSIONS) >= 1024:
+            _REMOTE_SESSIONS.clear()
+        _REMOTE_SESSIONS[sql] = found
+    return found
 _RESET_ITEMS = (_DISCARD, None)   # the reset's own segment (see _Link.send_reset), as Pipe.put items
 _SEED_SCALE = 2 ** 52        # a seed of 52 random bits, as setseed's [0, 1)
 _AUTO = PyFormat.AUTO        # read once: an Enum member read off its class costs ~850 instructions a read
@@ -605,10 +618,11 @@ class PostgresBackend(Backend):
             # Dead, or its reset failed: close it and take another.
             self.pool.release(key, link, False)
 
-    def _give_back(self, key, link: _Link) -> None:
+    def _give_back(self, key, link: _Link, sql: str = "") -> None:
         """Pool a clean connection (its reset queued: read when it is next taken, by then it has arrived) or
-        close it."""
-        self.pool.release(key, link, link.clean())
+        close it: also after a statement that may have opened dblink connections, which DISCARD ALL leaves
+        open (a later caller would use them, with their credentials and their remote session)."""
+        self.pool.release(key, link, link.clean() and not _keeps_remote_sessions(sql))
 
     def _fail(self, key, link: _Link, exc: BaseException, call: Call, shift: int = 0) -> QagError:
         """The error for a call that failed once its pipeline was being sent; its connection is closed, never
@@ -719,7 +733,7 @@ class PostgresBackend(Backend):
                     rows, count = None, end - skip
         except BaseException as exc:
             raise self._fail(key, link, exc, call) from None
-        self._give_back(key, link)
+        self._give_back(key, link, call.sql)
         return Result(columns, rows, (perf_counter() - started) * 1000.0, body, count)
 
     def stream(self, fields: dict, call: Call, batch: int, cap: int | None):
@@ -918,7 +932,7 @@ class _Batches:
         if link.bad:
             backend.pool.release(self._key, link, False)
         else:
-            backend._give_back(self._key, link)
+            backend._give_back(self._key, link, self._call.sql)
 
     def __del__(self):
         # Never iterated nor closed. The pool's lock is taken on another thread: a collection may run this

@@ -232,9 +232,13 @@ def test_the_driver_refuses_a_second_statement_past_the_guard(db, read_only):
 # ------------------------------------------------------------------------------------------- session state (goal 4)
 
 
-@pytest.fixture(scope="module")
-def state_server(db):
-    server = _server(db, QAG_ALLOW_WRITES="1")
+@pytest.fixture(scope="module", params=["uncapped", "capped"])
+def state_server(request, db):
+    # capped: QAG_POOL_MAX equal to the pool's size, its steady state: a statement that must have a session of its
+    # own found the cap reached by the idle connection and was handed that one (an earlier caller's warnings,
+    # LAST_INSERT_ID, FOUND_ROWS, sequence values).
+    cap = {"QAG_POOL_MAX": "1"} if request.param == "capped" else {}
+    server = _server(db, QAG_ALLOW_WRITES="1", **cap)
     keys = {kind: [_key(server, f"state-{kind}-{i}", allow_writes=kind == "write") for i in (1, 2)]
             for kind in ("read", "write")}
     state_cases.assert_one_connection(keys, lambda key: sql(server, "SELECT CONNECTION_ID() AS id", key=key).json)

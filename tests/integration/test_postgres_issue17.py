@@ -409,3 +409,24 @@ def test_a_write_waits_for_the_reset_reply_before_it_is_sent(backend, db, monkey
     run(b, db, "INSERT INTO notes (body) VALUES ('after a reset')", read_only=False)
     run(b, db, "SELECT 1")
     assert seen == [False, True]   # the write found its reset read; the read went behind its connection's reset
+
+
+@pytest.mark.e2e
+def test_dblink_connections_never_reach_another_caller(http, db):
+    """dblink's connections live outside everything DISCARD ALL resets: one a caller opened stayed on the pooled
+    session, and the next caller queried the remote database through it, with the first one's credentials. A
+    statement naming dblink has its connection closed, not pooled."""
+    from tests.services import pg_admin
+    admin = pg_admin(db["database"])
+    admin.cursor().execute("CREATE EXTENSION IF NOT EXISTS dblink")
+    # dblink_connect refuses a password-less (trust) login to non-superusers; the _u variant, granted, doesn't.
+    admin.cursor().execute(f'GRANT EXECUTE ON FUNCTION dblink_connect_u(text, text) TO "{db["user"]}"')
+    admin.close()
+    server, keys = http
+    setter, probe = keys["write"]
+    conninfo = (f"host={db['host']} port={db['port']} dbname={db['database']} user={db['user']} "
+                f"password={db['password']}")
+    r = sql(server, f"SELECT dblink_connect_u('qag_state_link', '{conninfo}') AS v", key=setter)
+    assert r.status == 200 and r.json == [{"v": "OK"}], r
+    r = sql(server, "SELECT dblink_get_connections() AS v", key=probe)
+    assert r.status == 200 and r.json == [{"v": None}], r

@@ -215,3 +215,21 @@ def test_a_new_connection_is_opened_with_the_arguments_given():
     pool.release("k", conn)
     assert pool.acquire("k", lambda *args: opened.append(args) or Conn(), open_args=(3,)) == (conn, True)
     assert opened == [(1, "two")]
+
+
+def test_a_fresh_connection_is_never_an_idle_one_also_at_the_cap():
+    """MySQL's statements that read what a session keeps (warnings, LAST_INSERT_ID(), ...) ask for a new
+    connection: at the cap, the idle one was handed out instead (an earlier caller's session). It is closed to
+    make room; with every connection busy the caller waits, then gets the 503."""
+    pool = Pool(idle_limit=1, idle_timeout=60, max_open=1, wait=0.2)
+    first, _ = pool.acquire("k", Conn)
+    pool.release("k", first)
+    fresh, reused = pool.acquire("k", Conn, fresh=True)
+    assert fresh is not first and not reused and first.closed
+    assert pool.stats()["active"] == 1
+    with pytest.raises(QagError) as caught:        # the one connection is busy: no idle one to make room with
+        pool.acquire("k", Conn, fresh=True)
+    assert caught.value.code == "unavailable"
+    pool.release("k", fresh)
+    again, reused = pool.acquire("k", Conn)        # an ordinary caller still reuses the idle connection
+    assert again is fresh and reused
