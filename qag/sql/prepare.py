@@ -35,6 +35,7 @@ _TEXT_IN_STR = 2    # {name} inside a string literal - bound as text, the litera
 _TEXT_VALUE_RE = re.compile(r"[\w\s.,:@%+/\-]*")
 _INT_TEXT_RE = re.compile(r"[+-]?[0-9]+")
 _DECIMAL_TEXT_RE = re.compile(r"[+-]?(?:[0-9]+\.[0-9]*|\.[0-9]+)")
+_INT64_TEXT_MAX = 24   # characters: a sign and 64 bits' 19 digits, with leading zeros to spare
 # numeric: $n, for drivers that send the values apart from the statement (psycopg 3's extended protocol).
 _MARKERS = {"qmark": "?", "format": "%s", "numeric": None}
 
@@ -232,6 +233,10 @@ def _prepare(sql: str, dialect: str, text_placeholders: bool) -> Prepared:
         unreadable = "no statement"
     elif k < 0:
         unreadable = "it does not start with a keyword"
+    elif dialect == "mysql" and _slots_move(text, tokens, text_placeholders):
+        unreadable = ("its placeholders sit elsewhere for a server whose sql_mode reads backslashes or double quotes "
+                      "otherwise (NO_BACKSLASH_ESCAPES, ANSI_QUOTES); write a quote inside a literal as '' rather "
+                      "than \\'")
 
     if unreadable is not None:
         ops = {UNREADABLE_OP}
@@ -337,6 +342,26 @@ def _alternative_readings(tokens: list[Token], text: str, dialect: str) -> list[
         if any(t.kind == STRING and t.value == "'" and "\\" in text[t.start:t.end] for t in tokens):
             return [{"backslash_single": True}]
     return []
+
+
+def _slots_move(text: str, tokens: list[Token], text_placeholders: bool) -> bool:
+    """Whether a MySQL/MariaDB server that reads backslashes or double quotes otherwise would find a :name or
+    {name} slot somewhere else: inside a literal or a comment, or where qag reads literal text. mysqlclient's values
+    are spliced into the text at the slots qag reads, escaped for the session's own mode, so on such a server a
+    caller's value would close a literal and run as SQL. A reading that leaves a literal open counts too: the
+    values' own quotes can close it. Nothing is spliced into a statement without slots: the server reads it as
+    written."""
+    readings = _alternative_readings(tokens, text, "mysql")
+    if not readings:
+        return False
+    full = _template(text, tokens, "mysql", text_placeholders, None)[0]
+    if all(type(item) is str for item in full):
+        return False
+    for alt in readings:
+        alt_tokens = lexer.tokenize(text, "mysql", text_placeholders=text_placeholders, **alt)
+        if _template(text, alt_tokens, "mysql", text_placeholders, None)[0] != full:
+            return True
+    return False
 
 
 def _write_ops(text: str, tokens: list[Token], sig: list[Token], dialect: str) -> set[str]:
@@ -521,12 +546,15 @@ def _text_arg(name: str, value, kind: int):
         return value if type(value) is str else str(value)
     if type(value) is str:
         # The old substitution made '5' the number 5: bind it as one so results and comparisons match.
-        if _INT_TEXT_RE.fullmatch(value):
+        # Longer texts are past 64 bits (and int() refuses past 4300 digits): they stay text.
+        if len(value) <= _INT64_TEXT_MAX and _INT_TEXT_RE.fullmatch(value):
             n = int(value)
             if _INT64_MIN <= n <= _INT64_MAX:
                 return n
         elif _DECIMAL_TEXT_RE.fullmatch(value):
-            return float(value)
+            number = float(value)
+            if math.isfinite(number):   # past a double's range the number stays text (MySQL can't bind inf)
+                return number
     return value
 
 

@@ -175,7 +175,10 @@ def operand_value(op: Operand | None, values: dict, word: str) -> int | None:
     if type(value) is int:
         n = value
     elif type(value) is str and value.isascii() and value.isdigit():
-        n = int(value)
+        # Past 20 digits the number is past any window an engine takes (and int() refuses past 4300 digits):
+        # it is clamped like any huge one.
+        digits = value.lstrip("0")
+        n = int(digits or "0") if len(digits) <= 20 else 10 ** 20
     elif type(value) is float and math.isfinite(value) and value.is_integer():
         n = int(value)
     else:

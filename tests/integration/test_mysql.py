@@ -383,6 +383,22 @@ def test_injection_strings_are_data(writes_server, db, uniq):
 
 
 @pytest.mark.e2e
+def test_a_slot_another_sql_mode_would_read_elsewhere_never_runs(read_server, uniq):
+    # On a server with NO_BACKSLASH_ESCAPES, 'a\\'' ends at the backslash and the :v slot sits inside the next
+    # literal: the value spliced there would close it and run as SQL. Refused on every server, saved or ad hoc,
+    # and the next call answers.
+    statement = "SELECT 'a\\'' AS p, :v AS q -- '"
+    name = uniq("mysql_nbe")
+    read_server.query(name, statement, "my")
+    r = read_server.get(q(name), params={"v": ", (SELECT 1) AS leaked, "})
+    assert r.status == 403 and r.json["code"] == "read_only" and "NO_BACKSLASH_ESCAPES" in r.json["error"], r
+    r = sql(read_server, statement, params={"v": "x"})
+    assert r.status == 403 and r.json["code"] == "read_only", r
+    r = sql(read_server, "SELECT 'a\\\\' AS p, :v AS q", params={"v": "it's"})
+    assert r.status == 200 and r.json == [{"p": "a\\", "q": "it's"}], r
+
+
+@pytest.mark.e2e
 def test_writes_are_committed(writes_server, db):
     r = sql(writes_server, "UPDATE customer SET name = :name WHERE id = 2", params={"name": "Grace H."})
     assert r.status == 200, r

@@ -321,10 +321,48 @@ def test_missing_window_operand_is_required():
     assert (err.code, err.message) == ("param_required", "No value provided for parameter(s): n")
 
 
-def test_huge_windows_are_clamped_to_what_engines_take():
-    r = render(prepare("SELECT id FROM t LIMIT :n OFFSET :o", "sqlite"), {"n": 10**30, "o": str(10**30)},
+@pytest.mark.parametrize("huge", [str(10**30), "1" * 5000, "0" * 5000 + "7"])
+def test_huge_windows_are_clamped_to_what_engines_take(huge):
+    r = render(prepare("SELECT id FROM t LIMIT :n OFFSET :o", "sqlite"), {"n": 10**30, "o": huge},
                "qmark", 11, 10)
-    assert r.sql.endswith(f"\nLIMIT 11 OFFSET {2**63 - 1}")
+    assert r.sql.endswith(f"\nLIMIT 11 OFFSET {7 + 10 if huge.endswith('7') else 2**63 - 1}")
+    r = render(prepare("SELECT id FROM t LIMIT {n}", "sqlite"), {"n": huge}, "qmark")
+    assert r.sql.endswith(f"LIMIT {7 if huge.endswith('7') else 2**63 - 1} OFFSET 0")
+
+
+# A MySQL server whose sql_mode has NO_BACKSLASH_ESCAPES or ANSI_QUOTES ends a literal at a backslash-quote. Values
+# are spliced into MySQL's text at the slots qag reads, so a slot that such a server reads elsewhere (inside a
+# literal or comment, or after a literal the values' own quotes would close) would run a caller's value as SQL.
+@pytest.mark.parametrize("sql", [
+    "SELECT 'a\\'' AS p, :v AS q -- '",        # NBE: the slot is inside the literal that starts after 'a\'
+    "SELECT 'x\\'' , :v",                       # NBE leaves a literal open: a value's quotes would close it
+    "SELECT 'a\\'b', :v",
+    "SELECT \"a\\\"\" AS p, :v AS q -- \"",     # ANSI_QUOTES: "a\" is an identifier
+    "SELECT 'a\\'' , {v} -- '",                   # a text placeholder the same way
+    "SELECT ':v\\'', :w -- '",
+])
+def test_mysql_slots_another_sql_mode_reads_elsewhere_are_refused(sql):
+    p = prepare(sql, "mysql")
+    assert p.unreadable is not None and "NO_BACKSLASH_ESCAPES" in p.unreadable
+    assert p.write_ops == frozenset({prepare_module.UNREADABLE_OP})
+    assert error(render, p, {"v": "x", "w": "y"}, "format").code == "invalid_request"
+
+
+@pytest.mark.parametrize("sql,bound", [
+    ("SELECT 'a\\\\b', :v", ("v",)),              # 'a\\b': the same literal in every reading
+    ("SELECT 'it''s', :v", ("v",)),
+    ("SELECT 'a\\'' AS p -- '", ()),               # no slot: nothing is spliced, the server reads it as written
+    ("SELECT :v, 'a\\nb'", ("v",)),
+])
+def test_mysql_slots_every_sql_mode_reads_alike_are_kept(sql, bound):
+    p = prepare(sql, "mysql")
+    assert p.unreadable is None and p.bound_names == bound
+
+
+def test_other_dialects_bind_values_so_backslash_readings_dont_refuse():
+    # PostgreSQL and SQLite bind values apart from the text: a backslash-quote can't turn a value into SQL there.
+    for dialect in ("postgres", "sqlite"):
+        assert prepare("SELECT 'C:\\' AS p, :v AS q", dialect).unreadable is None
 
 
 # B3.7 and contract 3.5.1: text placeholder values.
@@ -340,7 +378,9 @@ def test_text_values_refused(value):
 
 @pytest.mark.parametrize("value,bound", [("5", 5), ("-7", -7), ("2.5", 2.5), (3, 3), (1.5, 1.5), (True, True),
                                          ("abc", "abc"), ("a b.c,d:e@f%g+h/i-j", "a b.c,d:e@f%g+h/i-j"),
-                                         ("", ""), ("Zürich", "Zürich"), ("99999999999999999999", "99999999999999999999")])
+                                         ("", ""), ("Zürich", "Zürich"), ("99999999999999999999", "99999999999999999999"),
+                                         # past int()'s 4300 digits, past a double's range: text, not a 500
+                                         ("1" * 5000, "1" * 5000), ("1" * 400 + ".5", "1" * 400 + ".5")])
 def test_text_values_accepted(value, bound):
     p = prepare("SELECT {v}, '{v}'", "sqlite")
     check_text_values(p, {"v": value})
