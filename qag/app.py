@@ -27,7 +27,7 @@ from .observe.stages import Stages
 from .policy import hostlimits
 from .policy.quotas import Quotas
 from .policy.redislimits import LimitStats, RateLimiter, SlotPool
-from .redisconn import from_settings as redis_from_settings
+from .redisconn import from_settings as redis_from_settings, namespace_prefix
 from .settings import Settings, load
 from .store import open_store
 from .store.base import Store, StoreTimeout
@@ -53,7 +53,10 @@ class Gateway:
         self.settings = settings
         self.store = store if store is not None else open_store(settings)
         self.store_unavailable = self.store.unavailable
-        self.redis = redis_from_settings(settings)  # None without QAG_REDIS_URL (qag/redisconn.py)
+        self.secret = self._server_secret()
+        # None without QAG_REDIS_URL (qag/redisconn.py); its names are this store's: a deployment with a store of
+        # its own on the same Redis shares nothing with this one.
+        self.redis = redis_from_settings(settings, namespace_prefix(self.secret))
         # The per-call reads (key, saved query, connection) from the host's metadata cache; every change made
         # through either view is announced to every worker and instance (qag/cache/metadata.py).
         self.metadata = metadata_store(self.store, settings, self.redis)
@@ -61,7 +64,6 @@ class Gateway:
         self.outages = OutageLog()
         self.store_files = store_paths(settings.home)
         self.backends = Backends(settings, self.store_files)
-        self.secret = self._server_secret()
         self.auth = Authenticator(self.metadata, settings.api_key, settings)
         self.headers = HeaderPolicy(settings.cors_origins, settings.hsts_max_age)
         self.max_body = settings.max_body_bytes
@@ -212,6 +214,11 @@ class Gateway:
         try:
             route, params = self.router.match(request.segments, request.method)
         except QagError:
+            if environ.get("PATH_INFO", "").startswith("/console"):
+                # The contract's Console paths are public and never rate limited, and qag serves no Console: 404
+                # for everyone, unauthenticated. Authenticating there would tell a right key from a wrong one at
+                # any rate.
+                raise
             # An unknown route is not public: without a credential the caller learns nothing about it.
             caller = self.auth.authenticate(request.header("X-API-Key"), request.peer,
                                             request.header("Authorization"))

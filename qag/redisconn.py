@@ -3,6 +3,7 @@ for a few seconds after a failure so a dead Redis costs a call one short timeout
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -26,8 +27,11 @@ class SharedRedis:
     fallback means (count in-process, a cache miss); nothing here raises a Redis error to a request."""
 
     def __init__(self, url: str, *, socket_timeout: float = SOCKET_TIMEOUT, retry_after: float = RETRY_AFTER,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, prefix: str = "qag:"):
         self.url = url
+        # Every key and channel name starts with it: one deployment's (namespace_prefix), so two deployments with
+        # stores of their own never read each other's cached bodies, counters or events through one Redis.
+        self.prefix = prefix
         self.socket_timeout = socket_timeout
         self.retry_after = retry_after
         self.clock = clock
@@ -92,7 +96,13 @@ class SharedRedis:
                         type(error).__name__, self.retry_after)
 
 
-def from_settings(settings) -> SharedRedis | None:
+def namespace_prefix(server_secret: bytes) -> str:
+    """The names' prefix of one deployment: a digest of the store's random server secret, the same for every
+    worker and instance that shares the store, another for any other store (and never the secret itself)."""
+    return "qag:" + hashlib.sha256(b"qag redis namespace\0" + server_secret).hexdigest()[:16] + ":"
+
+
+def from_settings(settings, prefix: str = "qag:") -> SharedRedis | None:
     """The process's Redis, or None when QAG_REDIS_URL is unset."""
     url = getattr(settings, "redis_url", None)
-    return SharedRedis(url) if url else None
+    return SharedRedis(url, prefix=prefix) if url else None

@@ -133,6 +133,12 @@ class Server:
         return store_sql(os.path.join(self.home, "qag.db"), self.database_url, statement, args)
 
     # --- HTTP ----------------------------------------------------------------------------------------------
+    def redis_prefix(self) -> str:
+        """The names this server's deployment gives Redis start with this (qag/redisconn.namespace_prefix)."""
+        from qag.redisconn import namespace_prefix
+        (secret,) = self.store_sql("SELECT value FROM meta WHERE key = 'server_secret'")[0]
+        return namespace_prefix(secret.encode("ascii"))
+
     def request(self, method: str, path: str, *, body=None, raw: bytes | None = None, key: str | None = "admin",
                 headers: dict[str, str] | None = None, params: dict | None = None, host: str | None = None) -> Reply:
         all_headers = dict(headers or {})

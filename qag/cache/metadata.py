@@ -15,7 +15,7 @@ Invalidation, from the closest to the farthest change:
 - other instances on the store, other hosts, the CLI elsewhere: one worker per host (elected through the
   segment) reads `config_generation` about once a second and drops everything when it moved; the SQLite
   store's triggers move it for edits made straight in the store file too (qag/store/sqlite.py);
-- with Redis, each change is also PUBLISHed on `qag:invalidate` and a subscriber thread in every worker drops
+- with Redis, each change is also PUBLISHed on `qag:<deployment>:invalidate` and a subscriber thread in every worker drops
   everything at once; Redis down means polling only, and the subscriber reconnects by itself.
 The gateway's management handlers use `fresh()`, the same store whose reads all go to the store.
 A subscriber per worker rather than per host: no election, nothing to hand over when a worker dies, and
@@ -39,7 +39,7 @@ from .shm import MISS, Cache, Segment
 
 log = logging.getLogger("qag")
 
-CHANNEL = "qag:invalidate"
+CHANNEL = "invalidate"   # after the deployment's prefix (SharedRedis.prefix)
 CONFIG_KEY = "config_generation"
 POLL_INTERVAL = 1.0        # seconds between polls of the store's config generation, per host
 _TICK = 0.2                # how often each worker checks whether the poll is due
@@ -191,7 +191,8 @@ class MetadataStore(_Reads):
         if self._cache is not None:  # (a private cache not made yet holds nothing)
             self._cache.segment.invalidate(config=config, message=token)
         if self.redis is not None:
-            self.redis.call(lambda client: _publish(client, f"{token:x}"), lambda: None)
+            channel = self.redis.prefix + CHANNEL
+            self.redis.call(lambda client: _publish(client, channel, f"{token:x}"), lambda: None)
 
     # --- background: the poll and the Redis subscriber (one of each per worker) ----------------------------
     def _start_threads(self) -> None:
@@ -207,7 +208,7 @@ class MetadataStore(_Reads):
                 threading.Thread(target=_poll_loop, args=(ref, self._stop), name="qag-metadata-poll",
                                  daemon=True).start()
             if self.redis is not None:
-                threading.Thread(target=_subscribe_loop, args=(ref, self._stop, self.redis.url),
+                threading.Thread(target=_subscribe_loop, args=(ref, self._stop, self.redis.url, self.redis.prefix + CHANNEL),
                                  name="qag-metadata-redis", daemon=True).start()
 
     def stop(self) -> None:
@@ -275,14 +276,14 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
-def _publish(client, message: str) -> None:
+def _publish(client, channel: str, message: str) -> None:
     """PUBLISH, once more on a fresh connection when the pooled one was cut while idle (Redis restarted): else the
     first change after a Redis restart would go unannounced and make this worker back off from Redis."""
     import redis as redis_lib
     try:
-        client.publish(CHANNEL, message)
+        client.publish(channel, message)
     except redis_lib.ConnectionError:
-        client.publish(CHANNEL, message)
+        client.publish(channel, message)
 
 
 class FreshView:
@@ -320,7 +321,7 @@ def _poll_loop(ref: "weakref.ref[MetadataStore]", stop: threading.Event) -> None
         del store
 
 
-def _subscribe_loop(ref: "weakref.ref[MetadataStore]", stop: threading.Event, url: str) -> None:
+def _subscribe_loop(ref: "weakref.ref[MetadataStore]", stop: threading.Event, url: str, channel: str) -> None:
     import redis as redis_lib
     delay = 0.5
     while not stop.is_set() and ref() is not None:
@@ -329,7 +330,7 @@ def _subscribe_loop(ref: "weakref.ref[MetadataStore]", stop: threading.Event, ur
             client = redis_lib.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=5.0,
                                               health_check_interval=5, retry_on_timeout=False)
             pubsub = client.pubsub(ignore_subscribe_messages=True)
-            pubsub.subscribe(CHANNEL)
+            pubsub.subscribe(channel)
             store = ref()
             if store is None:
                 return

@@ -1,5 +1,5 @@
 """The response cache (contract 7.1, 7.2): rendered /q responses per saved-query version's `cache_ttl`, kept in
-the host's shared-memory LRU for every worker (qag/cache/hostentries.py), or in Redis (hash `qag:cache:<key>`)
+the host's shared-memory LRU for every worker (qag/cache/hostentries.py), or in Redis (hash `qag:<deployment>:cache:<key>`)
 when QAG_REDIS_URL is set.
 
 The data plane asks `ResponseCache.lookup()` once the call has passed every check before the database and, on a
@@ -23,7 +23,7 @@ from ..http.response import Response
 
 MAX_ENTRIES = 10_000          # contract 7.1: at most 10,000 entries (per host here, where the contract has per process)
 WORKSPACE = "default"         # the only workspace this server has (contract: the key includes it)
-REDIS_PREFIX = "qag:cache:"
+REDIS_PREFIX = "cache:"   # after the deployment's prefix (SharedRedis.prefix)
 _SCAN_BATCH = 500
 _KEPT_MAX_SECONDS = 10 * 366 * 86400   # an entry's longest life, whatever its version's cache_ttl
 # Vary is the call's own: the key holds the format, but whether Accept chose it (and so whether the answer varies
@@ -142,9 +142,10 @@ class RedisEntries:
 
     def __init__(self, shared):
         self.shared = shared
+        self.prefix = shared.prefix + REDIS_PREFIX
 
     def get(self, key: str) -> Entry | None:
-        fields = self.shared.call(lambda r: r.hgetall(REDIS_PREFIX + key), dict)
+        fields = self.shared.call(lambda r: r.hgetall(self.prefix + key), dict)
         return _entry_from_redis(fields) if fields else None
 
     def put(self, key: str, entry: Entry, ttl: int) -> None:
@@ -154,15 +155,15 @@ class RedisEntries:
         def write(r):
             # One MULTI/EXEC: an entry never exists without its expiry.
             pipe = r.pipeline(transaction=True)
-            pipe.hset(REDIS_PREFIX + key, mapping=mapping)
-            pipe.expire(REDIS_PREFIX + key, ttl)
+            pipe.hset(self.prefix + key, mapping=mapping)
+            pipe.expire(self.prefix + key, ttl)
             pipe.execute()
 
         self.shared.call(write, lambda: None)
 
     def live(self) -> list[tuple[str, dict, str, int, float]]:
         def read(r):
-            names = list(r.scan_iter(match=REDIS_PREFIX + "*", count=_SCAN_BATCH))
+            names = list(r.scan_iter(match=self.prefix + "*", count=_SCAN_BATCH))
             pipe = r.pipeline(transaction=False)
             for name in names:
                 pipe.hmget(name, "content_type", "meta")
@@ -176,7 +177,7 @@ class RedisEntries:
                     continue  # expired between SCAN and read, or not a cache entry
                 try:
                     meta = json.loads(meta)
-                    out.append((name.decode()[len(REDIS_PREFIX):], meta, content_type.decode(), size, pttl / 1000.0))
+                    out.append((name.decode()[len(self.prefix):], meta, content_type.decode(), size, pttl / 1000.0))
                 except (ValueError, UnicodeDecodeError):
                     continue
             return out
@@ -184,15 +185,15 @@ class RedisEntries:
         return self.shared.call(read, _unavailable)
 
     def peek(self, key: str) -> Entry | None:
-        fields = self.shared.call(lambda r: r.hgetall(REDIS_PREFIX + key), _unavailable)
+        fields = self.shared.call(lambda r: r.hgetall(self.prefix + key), _unavailable)
         return _entry_from_redis(fields) if fields else None
 
     def remove(self, key: str) -> None:
-        self.shared.call(lambda r: r.delete(REDIS_PREFIX + key), _unavailable)
+        self.shared.call(lambda r: r.delete(self.prefix + key), _unavailable)
 
     def clear(self, workspace: str) -> None:
         def clear(r):
-            names = list(r.scan_iter(match=REDIS_PREFIX + "*", count=_SCAN_BATCH))
+            names = list(r.scan_iter(match=self.prefix + "*", count=_SCAN_BATCH))
             pipe = r.pipeline(transaction=False)
             for name in names:
                 pipe.hget(name, "meta")

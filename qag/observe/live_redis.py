@@ -21,8 +21,8 @@ import time
 
 log = logging.getLogger("qag")
 
-CHANNEL = "qag:events"
-LISTENERS = "qag:events:listeners"
+CHANNEL = "events"                 # both after the deployment's prefix (SharedRedis.prefix)
+LISTENERS = "events:listeners"
 LISTENERS_TTL = 10          # seconds the key lives without a renewal (an instance that died stops it)
 RENEW = 3.0                 # seconds between renewals by a host that holds streams
 LOOK = 1.0                  # seconds between two looks at LISTENERS by a worker
@@ -32,8 +32,9 @@ QUEUE = 10_000              # events waiting for the publisher before the oldest
 class Relay:
     """One per worker."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, prefix: str = "qag:"):
         self.url = url
+        self.channel, self.listeners = prefix + CHANNEL, prefix + LISTENERS
         # Whether some instance holds a stream, as the publisher thread last saw LISTENERS; None until its first look
         # (a worker's first runs are offered, not lost: the look that follows publishes them or drops them).
         self._remote: bool | None = None
@@ -88,13 +89,13 @@ class Relay:
                 now = time.monotonic()
                 if now - looked >= LOOK:
                     looked = now
-                    self._remote = bool(client.exists(LISTENERS))
+                    self._remote = bool(client.exists(self.listeners))
                     if not self._remote:
                         self._queue.clear()   # offered before the look said no instance listens
                 if self._queue:
                     pipe = client.pipeline(transaction=False)
                     while self._queue:
-                        pipe.publish(CHANNEL, self._queue.popleft())
+                        pipe.publish(self.channel, self._queue.popleft())
                     pipe.execute()
             except Exception:   # Redis down: events stay on their host; look again after a pause
                 client = None
@@ -124,12 +125,12 @@ class Relay:
                 try:
                     client = self._client(timeout=5.0)
                     pubsub = client.pubsub(ignore_subscribe_messages=True)
-                    pubsub.subscribe(CHANNEL)
+                    pubsub.subscribe(self.channel)
                     renewed = 0.0
                     while ring.listening():
                         now = time.monotonic()
                         if now - renewed >= RENEW:
-                            client.set(LISTENERS, b"1", ex=LISTENERS_TTL)
+                            client.set(self.listeners, b"1", ex=LISTENERS_TTL)
                             renewed = now
                         message = pubsub.get_message(timeout=0.5)
                         if message is None or message.get("type") != "message":

@@ -43,7 +43,7 @@ class Observer:
         relay = None
         if settings.redis_url:
             from .live_redis import Relay
-            relay = Relay(settings.redis_url)
+            relay = Relay(settings.redis_url, gateway.redis.prefix)
         self.live = LiveEvents(settings.events_ring_bytes, settings.events_max_streams, relay)
         self.log_requests = settings.log_requests
         self.log_statements = settings.log_requests and settings.log_statements   # one line a request by default

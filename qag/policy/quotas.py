@@ -17,7 +17,7 @@ without Redis exceed a quota by at most what the others serve in QAG_HISTORY_FLU
 (never refuse early). A counter the host table has no room for is checked by the worker alone: the store's counts
 (re-read at most once a second) plus its own.
 
-With Redis the counter is the hash `qag:quota:<workspace>~<caller>:<day:YYYY-MM-DD|month:YYYY-MM>` (fields calls,
+With Redis the counter is the hash `qag:<deployment>:quota:<workspace>~<caller>:<day:YYYY-MM-DD|month:YYYY-MM>` (fields calls,
 rows, at; 40-day expiry), checked and reserved atomically by one Lua script and seeded from the store when missing,
 so the limit is exact across instances. While Redis fails, the host table decides, as without Redis.
 """
@@ -428,7 +428,7 @@ class Quotas:
     # --- Redis ----------------------------------------------------------------------------------------------
     def redis_key(self, key: tuple) -> str:
         workspace, caller, per, text = key
-        return f"qag:quota:{workspace}~{caller}:{per}:{text}"
+        return f"{self.redis.prefix}quota:{workspace}~{caller}:{per}:{text}"
 
     def _remote_reserve(self, client, t: Ticket, reserve: bool):
         if self._reserve is None:

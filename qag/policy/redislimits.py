@@ -137,7 +137,7 @@ class RateLimiter:
         if redis is None:
             result = self._host(ident, count, period)
         else:
-            key = f"qag:ratelimit:{self.kind}:{count}/{int(period)}:{ident}"
+            key = f"{redis.prefix}ratelimit:{self.kind}:{count}/{int(period)}:{ident}"
             result = redis.call(lambda r: self._remote(r, key, count, period),
                                 lambda: self._fallback(ident, count, period))
         if result[1]:
@@ -168,7 +168,7 @@ class RateLimiter:
 
 
 class _RedisSlot:
-    """A lease in `qag:running:<key name>`: released once; renewed (at most every third of its length) while a
+    """A lease in `qag:<deployment>:running:<key name>`: released once; renewed (at most every third of its length) while a
     stream is still sending."""
 
     __slots__ = ("pool", "key", "member", "lease", "holder", "_renewed")
@@ -243,7 +243,7 @@ class SlotPool:
         if self.redis is None:
             return self._local(name, limit)
         lease = (timeout + LEASE_MARGIN) if timeout else LEASE_UNLIMITED
-        key = f"qag:running:{name}"
+        key = f"{self.redis.prefix}running:{name}"
         pid = os.getpid()
         member = f"{self._host}:{pid}:{os.urandom(6).hex()}"  # unique per lease, and says whose it is
         holder = holder_index(self._host, pid)
@@ -314,7 +314,7 @@ class SlotPool:
 
 
 def holder_index(host: str, pid: int) -> str:
-    """The set naming the `qag:running:*` sets a process holds (or held) leases in."""
+    """The set naming the `qag:<deployment>:running:*` sets a process holds (or held) leases in."""
     return f"qag:holder:{host}:{pid}"
 
 

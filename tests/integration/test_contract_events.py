@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from tests.conftest import SEED
 from tests.server import q, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -283,15 +284,18 @@ def test_a_hundred_subscribers_on_two_workers_get_exactly_what_they_may_see(make
             stream.close()
 
 
-def test_with_redis_every_instances_runs_reach_every_instances_streams_once(make_server):
+def test_with_redis_every_instances_runs_reach_every_instances_streams_once(make_server, pg_store_url):
     from tests.services import redis_url
     url = redis_url()
-    one = make_server(env={"QAG_REDIS_URL": url})
-    two = make_server(env={"QAG_REDIS_URL": url})
-    for s in (one, two):
+    deployment = {"QAG_REDIS_URL": url, "QAG_DATABASE_URL": pg_store_url}
+    one = make_server(env=deployment)
+    two = make_server(env=deployment, seed=False)   # the same store: `lite` resolves in its own home
+    two.sqlite_db("lite.db", SEED)
+    other = make_server(env={"QAG_REDIS_URL": url})  # another deployment (a store of its own) on the same Redis
+    for s in (one, other):
         s.query("ev_films", "SELECT id, name FROM t WHERE id <= :n ORDER BY id", "lite",
                 parameters={"n": {"type": "int", "default": 2}})
-    (on_one,), (on_two,) = _open(one, 1), _open(two, 1)
+    (on_one,), (on_two,), (on_other,) = _open(one, 1), _open(two, 1), _open(other, 1)
     try:
         # The relays subscribe and announce themselves, and every worker looks at the announcement once a second:
         # until then a run stays on its own host (live only). Batches until one crosses whole, both ways.
@@ -308,6 +312,8 @@ def test_with_redis_every_instances_runs_reach_every_instances_streams_once(make
         for stream in (on_one, on_two):
             ids = [e["entry"]["request_id"] for e in stream.events if e["entry"]["request_id"] in from_one | from_two]
             assert len(ids) == len(set(ids)) == 12, "an event came twice"
+        assert not (from_one | from_two) & on_other.request_ids(), "another deployment's runs reached a stream"
     finally:
         on_one.close()
         on_two.close()
+        on_other.close()

@@ -81,6 +81,19 @@ def test_b6_21_limit_comes_before_authentication(limited):
     assert r.status == 429 and r.json["code"] == "rate_limited"
 
 
+def test_the_console_paths_never_rate_limited_never_test_a_key(limited):
+    # The contract exempts /console* from the server-wide limit; qag serves no Console, so those paths are 404 for
+    # a right key, a wrong one and none alike: else they would be an unthrottled oracle for key guessing.
+    client = _from("10.0.0.4")
+    for i in range(8):
+        for path in ("/console", "/console/", "/console/x"):
+            r = limited.get(path, key=f"wrong-{i}", headers=client)
+            assert r.status == 404 and r.json["code"] == "not_found" and "x-ratelimit-limit" not in r.headers, r
+    for key in ("admin", None):
+        assert limited.get("/console/x", key=key, headers=client).status == 404
+    assert limited.get("/api/v1/connections", headers=client).status == 200   # the budget was never spent
+
+
 def test_every_counted_route_carries_the_headers(limited):
     client = _from("10.0.0.3")
     for path, status in (("/openapi.json", 200), ("/no/such/route", 404), ("/q/nothing", 404)):

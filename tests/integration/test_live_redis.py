@@ -12,18 +12,16 @@ from tests.services import redis_url
 
 
 @pytest.fixture
-def names(monkeypatch):
-    """A channel and a listeners key of this test's own (the test Redis is shared)."""
-    suffix = secrets.token_hex(6)
-    monkeypatch.setattr(live_redis, "CHANNEL", f"qag-test:events:{suffix}")
-    monkeypatch.setattr(live_redis, "LISTENERS", f"qag-test:events:listeners:{suffix}")
+def names():
+    """A deployment prefix of this test's own (the test Redis is shared), so its channel and listeners key too."""
+    prefix = f"qag-test:{secrets.token_hex(6)}:"
     import redis
     client = redis.Redis.from_url(redis_url(), socket_timeout=2)
     pubsub = client.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(live_redis.CHANNEL)
-    yield client, pubsub
+    pubsub.subscribe(prefix + live_redis.CHANNEL)
+    yield client, pubsub, prefix
     pubsub.close()
-    client.delete(live_redis.LISTENERS)
+    client.delete(prefix + live_redis.LISTENERS)
 
 
 def _published(pubsub, seconds: float) -> list[bytes]:
@@ -39,9 +37,9 @@ def test_a_workers_first_runs_reach_another_instances_streams(names):
     """A worker that has not looked at LISTENERS yet (its first run) offers the run: the look that follows at once
     finds another instance's streams and publishes it. Before, the first look came a second later and the runs of
     that second stayed on their own host."""
-    client, pubsub = names
-    client.set(live_redis.LISTENERS, b"1", ex=30)
-    relay = live_redis.Relay(redis_url())
+    client, pubsub, prefix = names
+    client.set(prefix + live_redis.LISTENERS, b"1", ex=30)
+    relay = live_redis.Relay(redis_url(), prefix)
     assert relay.remote_listeners                  # not looked yet: offered, not dropped
     relay.offer(7, b"first run")
     assert _published(pubsub, 0.8) == [b"7\nfirst run"]   # well within the second the old first look took
@@ -51,8 +49,8 @@ def test_a_workers_first_runs_reach_another_instances_streams(names):
 def test_without_listeners_what_was_offered_before_the_first_look_is_dropped(names):
     """No instance holds a stream: the first look says so, drops what was offered before it, and runs are no longer
     offered."""
-    _, pubsub = names
-    relay = live_redis.Relay(redis_url())
+    _, pubsub, prefix = names
+    relay = live_redis.Relay(redis_url(), prefix)
     assert relay.remote_listeners
     relay.offer(7, b"nobody listens")
     deadline = time.monotonic() + 3

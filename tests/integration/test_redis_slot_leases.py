@@ -120,7 +120,7 @@ def test_a_killed_worker_gives_back_its_redis_leases(uniq):
     s = Server(env={"QAG_REDIS_URL": redis_url(), "QAG_ACCESS_LOG": "on"}, workers=2)
     direct = _direct()
     name = uniq("killed")
-    key = f"qag:running:{name}"
+    key = f"{s.redis_prefix()}running:{name}"
     host = os.uname().nodename
     try:
         s.sqlite_db("lite.db", "CREATE TABLE t (id INTEGER PRIMARY KEY); INSERT INTO t VALUES (1);")

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import socket
+import sqlite3
 import time
 from urllib.parse import urlsplit, urlunsplit
 
@@ -362,30 +363,60 @@ def test_redis_key_layout_and_expiry(make_server, uniq):
     s.query(name, "SELECT id FROM t WHERE id <= 2", "lite", cache_ttl=60)
     live = s.get(q(name))
     key = entry_of(s, name)["key"]
-    fields = _redis().hgetall("qag:cache:" + key)
+    prefix = s.redis_prefix()
+    fields = _redis().hgetall(prefix + "cache:" + key)
     assert set(fields) == {b"body", b"content_type", b"etag", b"headers", b"meta"}
     assert fields[b"body"] == live.body and fields[b"etag"].decode() == live.headers["etag"]
     assert fields[b"content_type"] == b"application/json"
     assert dict(json.loads(fields[b"headers"])) == {"X-Page": "1", "X-Page-Size": "10", "X-Row-Count": "2",
                                                     "X-Has-More": "false"}
     assert json.loads(fields[b"meta"])["name"] == name
-    assert 0 < _redis().ttl("qag:cache:" + key) <= 60
+    assert 0 < _redis().ttl(prefix + "cache:" + key) <= 60
 
 
-def test_redis_cache_is_shared_by_every_worker_and_instance(make_server, uniq):
+def test_redis_cache_is_shared_by_every_worker_and_instance_of_a_store(make_server, uniq, pg_store_url):
     url = redis_url()
-    one = make_server(env={"QAG_REDIS_URL": url}, workers=4)
-    two = make_server(env={"QAG_REDIS_URL": url}, workers=2)
+    store = {"QAG_REDIS_URL": url, "QAG_DATABASE_URL": pg_store_url}
+    one = make_server(env=store, workers=4)
+    two = make_server(env=store, workers=2, seed=False)   # another instance of the same deployment
+    two.sqlite_db("lite.db", SEED)                        # (its `lite` resolves in its own home: the same rows)
     name = uniq("c")
-    for s in (one, two):
-        s.query(name, "SELECT id FROM t WHERE id <= 2", "lite", cache_ttl=60)
+    one.query(name, "SELECT id FROM t WHERE id <= 2", "lite", cache_ttl=60)
     first = one.get(q(name))
     assert first.headers["x-cache"] == "MISS"
     for _ in range(24):  # a new connection each call: gunicorn hands them to any of the 4 workers
         r = one.get(q(name))
         assert r.headers["x-cache"] == "HIT" and r.body == first.body
-    r = two.get(q(name))   # another instance, its own store, the same Redis
+    r = two.get(q(name))
     assert r.headers["x-cache"] == "HIT" and r.headers["etag"] == first.headers["etag"]
+
+
+def test_deployments_with_stores_of_their_own_share_nothing_through_redis(make_server, uniq):
+    # Two deployments on one Redis, each with its own store and the same names: neither is served the other's
+    # rows, nor refused for the other's calls, nor sees its entries.
+    url = redis_url()
+    one = make_server(env={"QAG_REDIS_URL": url}, workers=2)
+    two = make_server(env={"QAG_REDIS_URL": url}, workers=2)
+    with sqlite3.connect(os.path.join(two.home, "lite.db")) as db:
+        db.execute("UPDATE t SET name = 'other deployment' WHERE id = 1")
+    name = uniq("c")
+    for s in (one, two):
+        s.query(name, "SELECT id, name FROM t WHERE id = 1", "lite", cache_ttl=60)
+    first = one.get(q(name))
+    assert first.headers["x-cache"] == "MISS" and one.get(q(name)).headers["x-cache"] == "HIT"
+    r = two.get(q(name))
+    assert r.headers["x-cache"] == "MISS" and r.json == [{"id": 1, "name": "other deployment"}], r
+    assert first.json != r.json
+    assert [i["meta"]["name"] for i in two.get("/api/v1/cache/entries").json["items"]].count(name) == 1
+    key_name = uniq("k")
+    keys = [s.key(key_name, rate_limit="2/hour", quota={"calls": 2, "per": "day"}) for s in (one, two)]
+    for _ in range(2):
+        assert one.get(q(name), key=keys[0]).status == 200
+    assert one.get(q(name), key=keys[0]).status == 429
+    for _ in range(2):   # the other deployment's key of the same name still has all of its calls
+        r = two.get(q(name), key=keys[1])
+        assert r.status == 200, r
+    assert one.redis_prefix() != two.redis_prefix()
 
 
 def test_clear_all_on_redis(make_server, uniq):
