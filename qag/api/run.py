@@ -308,15 +308,16 @@ class RunHandlers:
             # Only the values the statement binds: any other (?junk=1) changes nothing in the body, and would
             # otherwise make an entry of its own for each value, a way to flush everyone's entries.
             used = {name: values[name] for name in prepared.placeholders if name in values}
+            fields = resolved(connection["fields"], environ)
             key = cache_key(referenced, version["version"], chosen, used, fmt, page, size,
                             mask_fingerprint=masking.fingerprint(rules),
-                            source=source_of(version, row))
+                            source=source_of(version, row, fields))
             if not caller.admin:
                 # The statement checks an API key gets (other sessions' activity; a masked key's functions and
                 # catalogs) come before the cache: an entry the admin's run filled must not answer a key the
                 # same checks refuse. A refused key skips the cache, and _run refuses it as a run (recorded).
                 try:
-                    self._check_tables(plan, caller, resolved(connection["fields"], environ))
+                    self._check_tables(plan, caller, fields)
                 except QagError:
                     key = None
         if key is not None:

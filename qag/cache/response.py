@@ -40,8 +40,8 @@ def cache_key(name: str, version: int, connection: str, values: dict, fmt: str, 
     int; JSON keeps 1, 1.0, "1" and true apart, so values that may bind differently never share an entry.
     `source` is what the body is made from besides (source_of: the version's SQL and output columns, the
     connection's database): a query deleted and made again with other SQL, or a connection pointed elsewhere,
-    never meets the entries of the old one (instances with stores of their own still share entries through
-    Redis, the source being the same)."""
+    never meets the entries of the old one. (Deployments with stores of their own never share entries: their
+    Redis names differ, qag/redisconn.namespace_prefix.)"""
     canonical = json.dumps([name, version, connection, values, fmt, page, size, mask_fingerprint, workspace, source],
                            sort_keys=True, separators=(",", ":"), default=_tagged)
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
@@ -52,28 +52,30 @@ def _tagged(value) -> dict:
     return {"\x00type": type(value).__name__, "repr": repr(value)}
 
 
-_SOURCES: dict[tuple[int, int], tuple[dict, object, str]] = {}
+_SOURCES: dict[tuple[int, int, int], tuple[dict, object, object, str]] = {}
 _SOURCES_MAX = 4096
 
 
-def source_of(version: dict, connection: dict | None) -> str:
+def source_of(version: dict, connection: dict | None, fields: dict | None) -> str:
     """What a cached body is made from besides the call's inputs - the version's SQL and output columns, the
-    connection's database and fields - as a digest for cache_key's `source`.
+    connection's database and its fields as this process resolves them (`${VAR}` filled from the environment:
+    an instance restarted with another value never meets the entries the old one made) - as a digest for
+    cache_key's `source`.
 
     The rows come from the metadata cache, which hands every call the same objects while they are unchanged
-    (and never changes them in place), so the digest is worked out once per pair of rows: the memo holds the
-    rows themselves, so an id is never taken for another row's."""
-    memo = (id(version), id(connection))
+    (and never changes them in place), and backends.base.resolved hands out the same fields while the variables
+    they read keep their values, so the digest is worked out once per triple: the memo holds the objects
+    themselves, so an id is never taken for another's."""
+    memo = (id(version), id(connection), id(fields))
     known = _SOURCES.get(memo)
-    if known is not None and known[0] is version and known[1] is connection:
-        return known[2]
-    text = json.dumps([version.get("sql"), version.get("columns"), connection and connection.get("db"),
-                       connection and connection.get("fields")], sort_keys=True, separators=(",", ":"),
-                      default=_tagged)
+    if known is not None and known[0] is version and known[1] is connection and known[2] is fields:
+        return known[3]
+    text = json.dumps([version.get("sql"), version.get("columns"), connection and connection.get("db"), fields],
+                      sort_keys=True, separators=(",", ":"), default=_tagged)
     digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
     if len(_SOURCES) >= _SOURCES_MAX:
         _SOURCES.clear()  # bounded: start over
-    _SOURCES[memo] = (version, connection, digest)
+    _SOURCES[memo] = (version, connection, fields, digest)
     return digest
 
 

@@ -172,3 +172,18 @@ def test_only_complete_200_bodies_are_stored():
     cache.store("k2", Response(200, iter([b"a"]), [], "text/csv"), 60, {})
     assert cache.lookup("k1", 60, None) is None and cache.lookup("k2", 60, None) is None
     assert cache.list() == []
+
+
+def test_the_source_is_the_connection_as_this_process_resolves_it():
+    # A `${VAR}` field read from the environment: an instance restarted with another value (or another instance
+    # of the deployment with its own) reaches another database, so it must never meet the entries the old value
+    # made through Redis. The same value gives the same source (and the same memo entry) call after call.
+    from qag.backends.base import resolved
+    from qag.cache.response import source_of
+    version = {"sql": "SELECT 1", "columns": None}
+    row = {"db": "mysql", "fields": {"host": "127.0.0.1", "database": "${SHOP_DATABASE_NAME}"}}
+    first = source_of(version, row, resolved(row["fields"], {"SHOP_DATABASE_NAME": "shop_eu"}))
+    again = source_of(version, row, resolved(row["fields"], {"SHOP_DATABASE_NAME": "shop_eu"}))
+    other = source_of(version, row, resolved(row["fields"], {"SHOP_DATABASE_NAME": "shop_us"}))
+    assert first == again and first != other
+    assert source_of({"sql": "SELECT 2", "columns": None}, row, resolved(row["fields"], {"SHOP_DATABASE_NAME": "shop_eu"})) != first
