@@ -76,7 +76,7 @@ class Gateway:
         self.rate_limit = settings.rate_limit
         self.limit_stats = LimitStats()
         self.limit_table = hostlimits.shared(settings.limits_table_entries)
-        self.address_buckets = RateLimiter("client", self.redis, self.limit_stats, table=self.limit_table)
+        self.address_buckets = RateLimiter(hostlimits.CLIENT, self.redis, self.limit_stats, table=self.limit_table)
         self.key_buckets = RateLimiter("key", self.redis, self.limit_stats, table=self.limit_table)
         self.slots = SlotPool(self.redis, self.limit_stats, table=self.limit_table)
         self.quotas = Quotas(self.store, self.redis, self.limit_stats, interval=settings.history_flush_interval,

@@ -247,7 +247,7 @@ TABLE_HEADER = 64
 TABLE_LOCK, TABLE_FULL, TABLE_EVICTIONS = 16, 24, 32
 TABLE_ENTRY = 192
 TABLE_PROBE = 8
-BUCKET, SLOTS, QUOTA = 1, 2, 3
+BUCKET, SLOTS, QUOTA, ADDRESS = 1, 2, 3, 4
 SLOT_PIDS = 20
 QUOTA_PIDS = 11
 FLUSH_GRACE = 30.0
@@ -262,6 +262,8 @@ cdef enum:
     K_BUCKET = 1
     K_SLOTS = 2
     K_QUOTA = 3
+    K_ADDRESS = 4
+    R_SPENT_ADDRESS = 4   # the eviction rank of a spent address bucket, for a key's entry only (shmsync.py says why)
     N_SLOT_PIDS = 20
     N_QUOTA_PIDS = 11
 cdef double T_FLUSH_GRACE = 30.0
@@ -383,14 +385,16 @@ cdef class Table:
     cdef inline char *_at(self, Py_ssize_t place) noexcept:
         return self._base + self._data + place * T_ENTRY
 
-    cdef Py_ssize_t _find(self, uint64_t h1, uint64_t h2, double now, bint insert, bint *found) except -2:
-        """The entry's place (*found set), else a place to put it in (a free one, or one whose entry may go), else
-        -1."""
+    cdef Py_ssize_t _find(self, uint64_t h1, uint64_t h2, double now, bint insert, bint *found,
+                          bint address=False) except -2:
+        """The entry's place (*found set), else a place to put it in (a free one, or one whose entry may go: for a
+        key's entry, `address` False, the least recently used spent address bucket last), else -1."""
         cdef Py_ssize_t start = <Py_ssize_t>(h1 % <uint64_t>(self.entries - T_PROBE + 1))
         cdef uint64_t *words = self._index(start)
         cdef int j, r, rank = 9
         cdef Py_ssize_t victim = -1
-        cdef double wall
+        cdef double wall, used, oldest = 0.0
+        cdef char *e
         found[0] = False
         for j in range(T_PROBE):
             if words[j] == h1 and (<qt_head *>self._at(start + j)).h2 == h2:
@@ -403,20 +407,25 @@ cdef class Table:
                 return start + j
         wall = self._walltime()
         for j in range(T_PROBE):
-            r = self._evictable(self._at(start + j), now, wall)
-            if r < rank:
+            e = self._at(start + j)
+            r = self._evictable(e, now, wall, address)
+            if r == R_SPENT_ADDRESS:
+                used = (<qt_head *>e).used
+                if rank > r or (rank == r and used < oldest):
+                    victim, rank, oldest = start + j, r, used
+            elif r < rank:
                 victim, rank = start + j, r
         return victim
 
-    cdef int _evictable(self, char *e, double now, double wall) noexcept:
+    cdef int _evictable(self, char *e, double now, double wall, bint address) noexcept:
         cdef qt_bucket *b
         cdef qt_quota *q
         cdef int64_t kind = (<qt_head *>e).kind
-        if kind == K_BUCKET:
+        if kind == K_BUCKET or kind == K_ADDRESS:
             b = <qt_bucket *>e
             if b.period <= 0 or b.tokens + (now - b.at) * <double>b.count / b.period >= <double>b.count:
                 return 1
-            return 9
+            return R_SPENT_ADDRESS if kind == K_ADDRESS and not address else 9
         if kind == K_SLOTS:
             return 2 if (<qt_slots *>e).held <= 0 else 9
         if kind == K_QUOTA:
@@ -444,9 +453,9 @@ cdef class Table:
         return self._data + place * T_ENTRY if found else -1
 
     # --- token buckets ---------------------------------------------------------------------------------------
-    cdef object _take(self, uint64_t h1, uint64_t h2, int64_t count, double period, double now):
+    cdef object _take(self, uint64_t h1, uint64_t h2, int64_t count, double period, double now, bint address):
         cdef bint found
-        cdef Py_ssize_t place = self._find(h1, h2, now, True, &found)
+        cdef Py_ssize_t place = self._find(h1, h2, now, True, &found, address)
         cdef qt_bucket *b
         cdef double tokens, refilled
         cdef object result
@@ -464,15 +473,16 @@ cdef class Table:
             result = (<int64_t>tokens, 0)
         else:
             result = (0, max(<int64_t>1, <int64_t>ceil((1.0 - tokens) * period / <double>count)))
-        b.h2, b.kind, b.used, b.tokens, b.at, b.count, b.period = h2, K_BUCKET, now, tokens, now, count, period
+        b.h2, b.kind, b.used, b.tokens, b.at, b.count, b.period = (h2, K_ADDRESS if address else K_BUCKET, now,
+                                                                    tokens, now, count, period)
         if not found:
             self._claim(place, h1)
         return result
 
-    def take(self, uint64_t h1, uint64_t h2, int64_t count, double period):
+    def take(self, uint64_t h1, uint64_t h2, int64_t count, double period, bint address=False):
         self._lock()
         try:
-            return self._take(h1, h2, count, period, self._now())
+            return self._take(h1, h2, count, period, self._now(), address)
         finally:
             self._unlock()
 
@@ -591,13 +601,14 @@ cdef class Table:
             self._unlock()
 
     def admit(self, uint64_t bh1, uint64_t bh2, int64_t count, double period, uint64_t qh1, uint64_t qh2,
-              int64_t calls_limit, int64_t rows_limit, bint reserve, double reread_every, uint32_t pid):
+              int64_t calls_limit, int64_t rows_limit, bint reserve, double reread_every, uint32_t pid,
+              bint address=False):
         cdef double now
         cdef object taken
         self._lock()
         try:
             now = self._now()
-            taken = self._take(bh1, bh2, count, period, now)
+            taken = self._take(bh1, bh2, count, period, now, address)
             if taken is None:
                 return None
             left, retry = taken

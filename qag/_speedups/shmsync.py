@@ -147,10 +147,14 @@ TABLE_HEADER = 64
 TABLE_LOCK, TABLE_FULL, TABLE_EVICTIONS = 16, 24, 32
 TABLE_ENTRY = 192
 TABLE_PROBE = 8
-BUCKET, SLOTS, QUOTA = 1, 2, 3
+BUCKET, SLOTS, QUOTA, ADDRESS = 1, 2, 3, 4   # entry kinds: ADDRESS is a client address's bucket (a BUCKET's layout)
 SLOT_PIDS = 20
 QUOTA_PIDS = 11
 FLUSH_GRACE = 30.0   # seconds after which a flush that never reported back (its worker died) stops counting
+# The eviction rank of an address bucket that has not refilled: it may go only for a key's entry (a bucket, slots or
+# quota counter of an API key), and only when nothing that loses nothing can; an address gets a fresh budget, which
+# an attacker with many addresses has anyway, while a key's entry kept out would be counted per worker.
+_SPENT_ADDRESS = 4
 
 _HEAD = struct.Struct("<Qqd")                    # h2, kind, used_at
 _BUCKET = struct.Struct("<Qqdddqd")              # + tokens, refilled at, count, period
@@ -226,9 +230,10 @@ class Table:
         self._wall = wall
 
     # --- places (under the lock) ----------------------------------------------------------------------------
-    def _find(self, h1: int, h2: int, now: float, insert: bool = True):
+    def _find(self, h1: int, h2: int, now: float, insert: bool = True, address: bool = False):
         """(place of the entry, True) when present, else (a place to put it in, False) - a free one, or one whose
-        entry may go - or (None, False) when none may."""
+        entry may go (for a key's entry, `address` False, the least recently used spent address bucket last) - or
+        (None, False) when none may."""
         start = h1 % (self.entries - TABLE_PROBE + 1)
         buf = self._buf
         words = _INDEX.unpack_from(buf, TABLE_HEADER + start * 8)
@@ -246,20 +251,28 @@ class Table:
         if 0 in words:
             return start + words.index(0), False
         wall = self._wall()
-        victim, rank = None, 9
+        victim, rank, oldest = None, 9, 0.0
         for j in range(TABLE_PROBE):
-            r = self._evictable(data + (start + j) * TABLE_ENTRY, now, wall)
-            if r < rank:
+            off = data + (start + j) * TABLE_ENTRY
+            r = self._evictable(off, now, wall, address)
+            if r == _SPENT_ADDRESS:
+                used = _HEAD.unpack_from(buf, off)[2]
+                if rank > r or (rank == r and used < oldest):
+                    victim, rank, oldest = start + j, r, used
+            elif r < rank:
                 victim, rank = start + j, r
         return victim, False
 
-    def _evictable(self, off: int, now: float, wall: float) -> int:
-        """1 (a full bucket), 2 (unheld slots), 3 (a written, unheld quota entry or a past period), 9 (keep)."""
+    def _evictable(self, off: int, now: float, wall: float, address: bool) -> int:
+        """1 (a full bucket), 2 (unheld slots), 3 (a written, unheld quota entry or a past period), 4 (a spent
+        address bucket, when the entry to place is a key's: `address` False), 9 (keep)."""
         buf = self._buf
         kind = _HEAD.unpack_from(buf, off)[1]
-        if kind == BUCKET:
+        if kind == BUCKET or kind == ADDRESS:
             _h2, _k, _u, tokens, at, count, per = _BUCKET.unpack_from(buf, off)
-            return 1 if per <= 0 or tokens + (now - at) * count / per >= count else 9   # per 0: never written
+            if per <= 0 or tokens + (now - at) * count / per >= count:   # per 0: never written
+                return 1
+            return _SPENT_ADDRESS if kind == ADDRESS and not address else 9
         if kind == SLOTS:
             return 2 if _SLOTS.unpack_from(buf, off)[3] <= 0 else 9
         if kind == QUOTA:
@@ -286,8 +299,8 @@ class Table:
         return self._data + place * TABLE_ENTRY if found else -1
 
     # --- token buckets --------------------------------------------------------------------------------------
-    def _take(self, h1: int, h2: int, count: int, period: float, now: float):
-        place, found = self._find(h1, h2, now)
+    def _take(self, h1: int, h2: int, count: int, period: float, now: float, address: bool):
+        place, found = self._find(h1, h2, now, True, address)
         if place is None:
             self._add_word(TABLE_FULL)
             return None
@@ -304,17 +317,18 @@ class Table:
             result = (int(tokens), 0)
         else:
             result = (0, max(1, math.ceil((1.0 - tokens) * period / count)))
-        _BUCKET.pack_into(buf, off, h2, BUCKET, now, tokens, now, count, float(period))
+        _BUCKET.pack_into(buf, off, h2, ADDRESS if address else BUCKET, now, tokens, now, count, float(period))
         if not found:
             self._claim(place, h1)
         return result
 
-    def take(self, h1: int, h2: int, count: int, period: float):
-        """Spend one token of the bucket: (whole tokens left, 0) or (0, retry_after); None when there is no room."""
+    def take(self, h1: int, h2: int, count: int, period: float, address: bool = False):
+        """Spend one token of the bucket: (whole tokens left, 0) or (0, retry_after); None when there is no room.
+        `address`: the bucket is a client address's (an ADDRESS entry, which never keeps a key's entry out)."""
         sync = self._sync
         sync.lock(TABLE_LOCK)
         try:
-            return self._take(h1, h2, count, period, self._clock())
+            return self._take(h1, h2, count, period, self._clock(), address)
         finally:
             sync.unlock(TABLE_LOCK)
 
@@ -435,15 +449,15 @@ class Table:
             sync.unlock(TABLE_LOCK)
 
     def admit(self, bh1: int, bh2: int, count: int, period: float, qh1: int, qh2: int, calls_limit: int,
-              rows_limit: int, reserve: bool, reread_every: float, pid: int):
-        """A call's token and its quota in one critical section: take() of the bucket, then quota() of the counter,
-        which reserves only when `reserve` and the bucket let the call through. (left, retry_after, quota()'s
-        result), or None when the bucket has no room (then nothing else was done)."""
+              rows_limit: int, reserve: bool, reread_every: float, pid: int, address: bool = False):
+        """A call's token and its quota in one critical section: take() of the bucket (`address` as take()'s),
+        then quota() of the counter, which reserves only when `reserve` and the bucket let the call through.
+        (left, retry_after, quota()'s result), or None when the bucket has no room (then nothing else was done)."""
         sync = self._sync
         sync.lock(TABLE_LOCK)
         try:
             now = self._clock()
-            taken = self._take(bh1, bh2, count, period, now)
+            taken = self._take(bh1, bh2, count, period, now, address)
             if taken is None:
                 return None
             left, retry = taken

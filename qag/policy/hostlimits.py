@@ -16,10 +16,11 @@ Layout (little-endian, 8-byte words):
     header   +0 magic b"QAGLIMT1"   +8 entries   +16 lock   +24 full (no room: counted per worker)
              +32 evictions   +40..+63 zero
     index    entries words at +64: h1 of the entry in that place (0 = free)
-    entries  ENTRY bytes each, after the index: h2, kind, used_at, then by kind
-             bucket  tokens (f64), refilled at (f64), count, period (f64)
-             slots   held, then SLOT_PIDS holder pids (u32) and as many counts (u32)
-             quota   calls, rows, base_calls, base_rows, other_calls, other_rows, read_at (f64), flushing,
+    entries  ENTRY bytes each, after the index: h2, kind, used_at (f64), then by kind
+             bucket  (kind 1, a key's; kind 4, a client address's) tokens (f64), refilled at (f64), count,
+                     period (f64)
+             slots   (kind 2) held, then SLOT_PIDS holder pids (u32) and as many counts (u32)
+             quota   (kind 3) calls, rows, base_calls, base_rows, other_calls, other_rows, read_at (f64), flushing,
                      flush_deadline (f64), reset_at (f64, Unix), then QUOTA_PIDS holder pids and counts (u32)
 
 A holder is a pid and how many slots (or reserved, unsettled quota calls) that process holds, so the
@@ -29,9 +30,13 @@ holds of a process that died (SIGKILL) are given back: when a key is at its limi
 An identity (kind and name) hashes to 128 bits (blake2b): h1 in the index, h2 in the entry. It lives in one of
 PROBE consecutive places from h1. A full window evicts, in this order, only what loses nothing: a bucket that
 has refilled to its capacity, a slots entry that no one holds, a quota entry whose counts are all in the store
-and that no one holds (or whose period ended). When nothing can go, the call is counted by its worker alone
-(`None` is returned; the caller falls back to its per-worker limiter) and `full` is counted: a limited key is
-never let through because the table is full.
+and that no one holds (or whose period ended). A key's entry (its bucket, slots or quota counter) then evicts
+the least recently used client-address bucket of the window: anyone can make address buckets (one request from
+each of many addresses, cheap with IPv6), so they must never keep a key's limits out of the table, and an
+address bucket dropped only gives that address a fresh budget, which an attacker with many addresses has anyway.
+An address bucket never evicts anything that has not refilled. When nothing can go, the call is counted by its
+worker alone (`None` is returned; the caller falls back to its per-worker limiter) and `full` is counted: a
+limited key is never let through because the table is full.
 """
 
 from __future__ import annotations
@@ -54,7 +59,8 @@ PROBE = 8
 MIN_ENTRIES = 64
 DEFAULT_ENTRIES = 16384
 
-BUCKET, SLOTS, QUOTA = 1, 2, 3
+BUCKET, SLOTS, QUOTA, ADDRESS = 1, 2, 3, 4   # entry kinds; ADDRESS: a client address's bucket
+CLIENT = "client"   # the bucket kind (RateLimiter.kind) of client addresses: made ADDRESS entries
 SLOT_PIDS = 20
 QUOTA_PIDS = 11
 FLUSH_GRACE = 30.0   # seconds after which a flush that never reported back (its worker died) stops counting
@@ -121,7 +127,7 @@ class HostTable:
         """Spend one token of the bucket: as limits.Buckets.take, (left, 0) or (0, retry_after); None when the
         table has no room for it."""
         h1, h2 = identity("b" + kind, str(ident))
-        return self.ops.take(h1, h2, count, period)
+        return self.ops.take(h1, h2, count, period, kind == CLIENT)
 
     def admit(self, kind: str, ident, count: int, period: float, key: str, calls_limit: int, rows_limit: int,
               reserve: bool, reread_every: float):
@@ -131,7 +137,7 @@ class HostTable:
         bh1, bh2 = identity("b" + kind, str(ident))
         qh1, qh2 = identity("q", key)
         return self.ops.admit(bh1, bh2, count, period, qh1, qh2, calls_limit, rows_limit, reserve, reread_every,
-                              _pid[0])
+                              _pid[0], kind == CLIENT)
 
     # --- max_concurrent slots (contract 6.7) -------------------------------------------------------------
     def acquire(self, name: str, limit: int):

@@ -1,7 +1,8 @@
 """Host-wide rate limits, max_concurrent slots and quotas (issue 19) against a real gunicorn with 4 workers, every
 worker answering some calls (told by the access log): without Redis (the host table) and with Redis, a key limited
 to N gets exactly N across the workers, with the contract's headers (6.6, 6.7, 6.8); a worker SIGKILLed while it
-holds a slot and a reserved call gives both back, and the counts stay exact."""
+holds a slot and a reserved call gives both back, and the counts stay exact; a flood of client addresses filling
+the host table never makes a key's limits per worker."""
 
 from __future__ import annotations
 
@@ -295,5 +296,36 @@ def test_a_killed_worker_gives_back_its_slot_and_its_reserved_call(uniq):
                  "the 8 calls written to the store")
         time.sleep(0.5)
         assert s.store_sql("SELECT SUM(calls) FROM quota_usage WHERE caller = ?", (name,))[0][0] == 8
+    finally:
+        s.close()
+
+
+# --- a flood of client addresses -----------------------------------------------------------------------------------
+def test_a_flood_of_client_addresses_never_makes_a_keys_limits_per_worker(uniq):
+    """Hundreds of client addresses, one unauthenticated call each (cheap with IPv6), fill a 64-place host table with
+    spent address buckets (QAG_RATE_LIMIT); a key's rate limit, quota, and both at once are still one count for the
+    host's two workers (a key's entry takes the place of an address bucket), not one per worker."""
+    s = Server(env=_env("host", QAG_LIMITS_TABLE_ENTRIES="64", QAG_RATE_LIMIT="1000/hour", QAG_TRUST_PROXY="1"),
+               workers=2)
+    try:
+        s.sqlite_db("lite.db", _SEED)
+        s.connection("lite", "lite.db")
+        s.query("ids", "SELECT id FROM t ORDER BY id", "lite")
+        keys = [s.key(uniq("rl"), rate_limit="3/hour"), s.key(uniq("qc"), quota={"calls": 3, "per": "day"}),
+                s.key(uniq("rq"), rate_limit="3/hour", quota={"calls": 5, "per": "day"})]
+        conns = list(s.connections_per_worker(2, "/health").values())
+        flood = [conns[i % 2].get("/api/v1/connections", key=None, headers={"X-Forwarded-For": f"2001:db8::{i:x}"})
+                 for i in range(400)]
+        assert {r.status for r in flood} == {401} and len(s.workers_of(flood[:8])) == 2
+        client = {"X-Forwarded-For": "2001:db8:1::1"}
+        for key in keys:
+            replies = [conns[i % 2].get(q("ids"), key=key, headers=client) for i in range(8)]
+            assert len(s.workers_of(replies)) == 2
+            assert [r.status for r in replies] == [200] * 3 + [429] * 5          # not 3 per worker
+            limit = "x-ratelimit-key-remaining" if "x-ratelimit-key-limit" in replies[0].headers else \
+                "x-quota-remaining-calls"
+            assert [r.headers[limit] for r in replies[:3]] == ["2", "1", "0"]    # one count, in turn
+        for c in conns:
+            c.close()
     finally:
         s.close()

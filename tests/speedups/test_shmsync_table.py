@@ -77,19 +77,20 @@ def test_layout_constants_agree(twin_pair):
             hostlimits.HEADER, hostlimits.LOCK, hostlimits.FULL, hostlimits.EVICTIONS)
         assert (module.TABLE_ENTRY, module.TABLE_PROBE, module.SLOT_PIDS, module.QUOTA_PIDS) == (
             hostlimits.ENTRY, hostlimits.PROBE, hostlimits.SLOT_PIDS, hostlimits.QUOTA_PIDS)
-        assert (module.BUCKET, module.SLOTS, module.QUOTA, module.FLUSH_GRACE) == (
-            hostlimits.BUCKET, hostlimits.SLOTS, hostlimits.QUOTA, hostlimits.FLUSH_GRACE)
+        assert (module.BUCKET, module.SLOTS, module.QUOTA, module.ADDRESS, module.FLUSH_GRACE) == (
+            hostlimits.BUCKET, hostlimits.SLOTS, hostlimits.QUOTA, hostlimits.ADDRESS, hostlimits.FLUSH_GRACE)
 
 
 def _ident(kind: int, n: int) -> tuple[int, int]:
-    """Identities of one kind; many share a window (h1 % MODULUS), so windows fill and entries get evicted."""
+    """Identities of one kind (1 key buckets, 2 slots, 3 quota counters, 4 address buckets); many share a window
+    (h1 % MODULUS), so windows fill and entries get evicted."""
     return (MODULUS * (3 * n + kind) + 5 if n % 2 else 7919 * (n + 1) * (kind + 2) + 1), 0x9E3779B97F4A7C15 ^ (n << 8) ^ kind
 
 
 _n = st.integers(0, 5)
 _pid = st.sampled_from(PIDS)
 OPS = st.one_of(
-    st.tuples(st.just("take"), _n, st.integers(1, 5), st.sampled_from([0.5, 1.0, 60.0, 3600.0])),
+    st.tuples(st.just("take"), _n, st.integers(1, 5), st.sampled_from([0.5, 1.0, 60.0, 3600.0]), st.booleans()),
     st.tuples(st.just("acquire"), _n, st.integers(0, 3), _pid),
     st.tuples(st.just("release"), _n, _pid, st.booleans()),
     st.tuples(st.just("held"), _n),
@@ -113,8 +114,8 @@ OPS = st.one_of(
 def _apply(side: Side, op: tuple, slots: dict):
     t = side.table
     name = op[0]
-    if name == "take":
-        return t.take(*_ident(1, op[1]), op[2], op[3])
+    if name == "take":   # op[4]: a client address's bucket
+        return t.take(*_ident(4 if op[4] else 1, op[1]), op[2], op[3], op[4])
     if name == "acquire":
         at = t.acquire(*_ident(2, op[1]), op[2], op[3])
         if at is not None and at is not False:
@@ -176,7 +177,7 @@ def _random_op(rnd) -> tuple:
     name = rnd.choice(["take", "acquire", "acquire", "release", "release", "held", "quota", "quota", "admit",
                        "admit", "seed", "reread", "add", "add", "peek", "writing", "sweep", "tick", "tick"])
     if name == "take":
-        return name, n, rnd.randint(1, 5), rnd.choice([0.5, 1.0, 60.0, 3600.0])
+        return name, n, rnd.randint(1, 5), rnd.choice([0.5, 1.0, 60.0, 3600.0]), rnd.random() < 0.4
     if name == "acquire":
         return name, n, rnd.randint(0, 3), pid
     if name == "release":
@@ -243,6 +244,73 @@ def test_twins_agree_when_every_window_fills(sides):
                                                                                          hostlimits.FULL)
     assert struct.unpack_from("<Q", sides[0].mm, hostlimits.FULL)[0] > 0      # some found no room
     assert struct.unpack_from("<Q", sides[0].mm, hostlimits.EVICTIONS)[0] > 0  # and some places were reused
+
+
+def test_twins_agree_when_addresses_flood_every_window(sides):
+    """Spent address buckets in every place, then keys' buckets, slots and quota counters taking the least recently
+    used ones' places, and more addresses finding none: the same answers and bytes on both."""
+    pid = os.getpid()
+    for i in range(300):
+        for side in sides:
+            side.clock.now += 0.01
+        ident = (i * 2654435761 % 2**63) | 1, i
+        results = [side.table.take(*ident, 4, 60.0, True) for side in sides]
+        assert results[0] == results[1]
+        if i % 7 == 0:   # an older address comes back: no longer the least recently used
+            results = [side.table.take((i // 2 * 2654435761 % 2**63) | 1, i // 2, 4, 60.0, True) for side in sides]
+            assert results[0] == results[1]
+    assert sides[0].mm[:] == sides[1].mm[:] and sides[0].table.used() == ENTRIES
+    for i in range(40):
+        key = (i * 40503 % 2**63) | 1, 1000 + i
+        for side in sides:
+            side.clock.now += 0.01
+        ops = [lambda t: t.take(*key, 3, 3600.0),
+               lambda t: t.acquire(key[0] ^ 2, key[1], 1, pid),
+               lambda t: t.quota_seed(key[0] ^ 4, key[1], 0, 0, 2e9),
+               lambda t: t.admit(key[0] ^ 8, key[1], 3, 3600.0, key[0] ^ 4, key[1], 5, 0, True, 60.0, pid),
+               lambda t: t.take(key[0] ^ 16, key[1], 3, 3600.0, True)]
+        for op in ops:
+            results = [op(side.table) for side in sides]
+            assert results[0] == results[1] and type(results[0]) is type(results[1])
+            assert sides[0].mm[:] == sides[1].mm[:]
+    assert struct.unpack_from("<QQ", sides[0].mm, hostlimits.FULL) == struct.unpack_from("<QQ", sides[1].mm,
+                                                                                         hostlimits.FULL)
+
+
+def test_a_keys_entry_evicts_the_least_recently_used_address_bucket(speedups):
+    """A window of spent address buckets: a key's bucket, slots and quota counter each take the place of the one
+    used longest ago (its address starts over); an address bucket takes none, nor a key's entry's."""
+    side = Side(speedups.shmsync)
+    try:
+        t, clock, pid = side.table, side.clock, os.getpid()
+        window = [(MODULUS * k + 5, 0xA000 + k) for k in range(1, 9)]     # all start at place 5
+        for ident in window:
+            clock.now += 1.0
+            assert t.take(*ident, 2, 60.0, True) == (1, 0)
+        clock.now += 1.0
+        assert t.take(*window[0], 2, 60.0, True) == (0, 0)                 # the oldest is used again
+        stranger = (MODULUS * 20 + 5, 0xB000)
+        assert t.take(*stranger, 2, 60.0, True) is None                     # an address evicts no spent address
+        assert struct.unpack_from("<QQ", side.mm, hostlimits.FULL) == (1, 0)
+        key, slots, counter = (MODULUS * 21 + 5, 0xC001), (MODULUS * 22 + 5, 0xC002), (MODULUS * 23 + 5, 0xC003)
+        data = hostlimits.HEADER + ENTRIES * 8
+        assert t.take(*key, 3, 3600.0) == (2, 0)                            # in window[1]'s place (6)
+        assert t.acquire(*slots, 1, pid) == data + 7 * hostlimits.ENTRY     # in window[2]'s
+        assert t.quota_seed(*counter, 0, 0, side.wall.now + 3600)           # in window[3]'s
+        assert t.quota(*counter, 5, 0, True, 3600.0, pid)[:3] == (1, 1, 0)   # a reserved call: it may not go
+        assert struct.unpack_from("<Q", side.mm, hostlimits.HEADER + 8 * 8)[0] == counter[0]
+        assert struct.unpack_from("<QQ", side.mm, hostlimits.FULL) == (1, 3)   # no room once, 3 evictions
+        # The three least recently used addresses are gone (now without a place: each worker counts them); the
+        # others keep their spent buckets.
+        again = [t.take(*ident, 2, 60.0, True) for ident in window]
+        assert [r is None for r in again] == [False, True, True, True, False, False, False, False]
+        assert again[0][1] > 0 and all(r == (0, 0) for r in again[4:])
+        # No address takes a key's place: a spent key bucket, a held slot, an unwritten count stay.
+        for k in range(30, 60):
+            assert t.take(MODULUS * k + 5, 0xD000 + k, 2, 60.0, True) is None
+        assert t.take(*key, 3, 3600.0) == (1, 0) and t.held(*slots) == 1 and t.quota_peek(*counter) == (1, 0)
+    finally:
+        side.close()
 
 
 @pytest.mark.parametrize("kind", ["pure", "compiled"])
