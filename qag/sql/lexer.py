@@ -18,6 +18,7 @@ TEXT = "text"              # legacy {name}; value: the name
 SEMI = "semi"
 PUNCT = "punct"            # value: the text ("::" is one token, everything else one character)
 BAD = "bad"                # unterminated literal, identifier or comment; value says which; runs to the end
+VARIABLE = "variable"      # SQLite's own variables ($x, @x, #x, ?, ?1, :x::y(...)) other than a plain :name; value: the text
 
 DIALECTS = ("sqlite", "mysql", "postgres")
 
@@ -67,6 +68,35 @@ def _quoted(sql: str, pos: int, quote: str, backslash: bool) -> int:
         else:
             i += 1
     return -1
+
+
+def _sqlite_variable_end(sql: str, pos: int) -> int:
+    """End of the variable SQLite reads at pos ($, @, #, : or ?), as its tokenizer does (tokenize.c): `?` and its
+    digits; else identifier characters, `::` between them, and after at least one of them a `(...)` suffix that
+    runs to the next `)` (included) or whitespace - quotes, colons and all. Text SQLite reads as one variable
+    must be one token here too: `$x::t(:p,')` holds no parameter and opens no string."""
+    n = len(sql)
+    i = pos + 1
+    if sql[pos] == "?":
+        while i < n and "0" <= sql[i] <= "9":
+            i += 1
+        return i
+    named = False
+    while i < n:
+        c = sql[i]
+        if c.isascii() and (c.isalnum() or c in "_$") or c >= "\u0080":
+            named = True
+            i += 1
+        elif c == "(" and named:
+            i += 1
+            while i < n and sql[i] not in _WS_CHARS and sql[i] != ")":
+                i += 1
+            return i + 1 if i < n and sql[i] == ")" else i
+        elif c == ":" and sql.startswith("::", i):
+            i += 2
+        else:
+            break
+    return i
 
 
 def _block_comment_end(sql: str, pos: int, nested: bool) -> int:
@@ -191,6 +221,15 @@ def tokenize(sql: str, dialect: str, *, backslash_single: bool | None = None,
                 break
             append(Token(STRING, i, j + len(tag), tag))
             i = j + len(tag)
+        elif sqlite and c in "$@#:?":
+            # SQLite's reading of its variables (qag's own :name included): a plain :name is a parameter, any other
+            # variable is refused by prepare() - qag binds by name only.
+            end = _sqlite_variable_end(sql, i)
+            if c == ":" and _NAME_RE.fullmatch(sql, i + 1, end):
+                append(Token(PARAM, i, end, sql[i + 1:end]))
+            else:
+                append(Token(VARIABLE, i, end, sql[i:end]))
+            i = end
         elif c == ":":
             if sql.startswith("::", i):
                 append(Token(PUNCT, i, i + 2, "::"))

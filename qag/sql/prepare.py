@@ -233,6 +233,9 @@ def _prepare(sql: str, dialect: str, text_placeholders: bool) -> Prepared:
         unreadable = "no statement"
     elif k < 0:
         unreadable = "it does not start with a keyword"
+    elif dialect == "sqlite" and any(t.kind == lexer.VARIABLE for t in tokens):
+        unreadable = ("SQLite's own variables ($x, @x, #x, ?, or :x followed by :: or a parenthesis) aren't "
+                      "placeholders here: values are bound by name (:name)")
     elif dialect == "mysql" and _slots_move(text, tokens, text_placeholders):
         unreadable = ("its placeholders sit elsewhere for a server whose sql_mode reads backslashes or double quotes "
                       "otherwise (NO_BACKSLASH_ESCAPES, ANSI_QUOTES); write a quote inside a literal as '' rather "

@@ -74,6 +74,19 @@ def test_b4_6_allowed_write_ops(writes_server, uniq):
     assert run(writes_server, "SELECT 1 AS v", key=key).status == 200
 
 
+def test_sqlite_variables_hide_no_statement_from_the_checks(writes_server, uniq):
+    # SQLite reads $x::t(:p,') as one variable (its suffix runs to ')' through the quote), so a reading that saw a
+    # string open there would miss the DELETE after it. Refused whatever the key, and nothing is deleted.
+    key = writes_server.key(uniq("ins"), allow_writes=True, allowed_write_ops=["insert"])
+    assert run(writes_server, "insert into notes (body) values ('kept')", key=key).status == 200
+    before = run(writes_server, "SELECT count(*) AS n FROM notes").json
+    trick = "WITH x AS (SELECT $x::t(:p,')) DELETE FROM notes --')) INSERT INTO notes (body) VALUES ('a')"
+    for caller in (key, "admin"):
+        r = run(writes_server, trick, params={"p": 1}, key=caller)
+        assert r.status == 400 and r.json["code"] == "invalid_request" and "SQLite's own variables" in r.json["error"]
+    assert run(writes_server, "SELECT count(*) AS n FROM notes").json == before
+
+
 def test_b4_7_params_validation(server):
     assert run(server, "SELECT :a AS a", params={"a": [1]}).json["code"] == "param_invalid"
     r = run(server, "SELECT :a AS a", params={})

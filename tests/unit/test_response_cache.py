@@ -182,8 +182,9 @@ def test_the_source_is_the_connection_as_this_process_resolves_it():
     from qag.cache.response import source_of
     version = {"sql": "SELECT 1", "columns": None}
     row = {"db": "mysql", "fields": {"host": "127.0.0.1", "database": "${SHOP_DATABASE_NAME}"}}
-    first = source_of(version, row, resolved(row["fields"], {"SHOP_DATABASE_NAME": "shop_eu"}))
-    again = source_of(version, row, resolved(row["fields"], {"SHOP_DATABASE_NAME": "shop_eu"}))
-    other = source_of(version, row, resolved(row["fields"], {"SHOP_DATABASE_NAME": "shop_us"}))
+    eu, us = {"SHOP_DATABASE_NAME": "shop_eu"}, {"SHOP_DATABASE_NAME": "shop_us"}
+    first = source_of(version, row, resolved(row["fields"], eu))
+    again = source_of(version, row, resolved(row["fields"], eu))
+    other = source_of(version, row, resolved(row["fields"], us))
     assert first == again and first != other
-    assert source_of({"sql": "SELECT 2", "columns": None}, row, resolved(row["fields"], {"SHOP_DATABASE_NAME": "shop_eu"})) != first
+    assert source_of({"sql": "SELECT 2", "columns": None}, row, resolved(row["fields"], eu)) != first

@@ -84,7 +84,8 @@ def test_aliases_and_unknown_dialect():
 
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_placeholder_names(dialect):
-    sql = ("SELECT :b, {t2}, :a, :b, ':c', \"{t9}\", /* :d {t8} */ x::e, '{t1}-{t2}', {t3}, :_z -- :f {t7}\n")
+    cast = "x" if dialect == "sqlite" else "x::e"   # SQLite has no :: cast: it reads a variable of its own there
+    sql = ("SELECT :b, {t2}, :a, :b, ':c', \"{t9}\", /* :d {t8} */ " + cast + ", '{t1}-{t2}', {t3}, :_z -- :f {t7}\n")
     p = prepare(sql, dialect)
     assert p.bound_names == ("b", "a", "_z")
     # In MySQL "..." is a string, so {t9} inside it is a placeholder there.
@@ -189,7 +190,7 @@ def test_sqlglot_finds_writes_the_keyword_rule_misses():
 
 
 def test_sqlglot_failure_alone_is_not_a_write():
-    p = prepare("SELECT * FROM t WHERE a = ANY(ARRAY[1,2]) AND b ~ 'x' AND c @@ to_tsquery('q')", "sqlite")
+    p = prepare("SELECT * FROM t WHERE a = ANY(ARRAY[1,2]) AND b ~ 'x' AND c ~* to_tsquery('q')", "sqlite")
     assert p.write_ops == frozenset() and p.unreadable is None
 
 
@@ -414,7 +415,8 @@ _values = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1),
        st.fixed_dictionaries({"a": _values, "b": _values, "n": st.integers(0, 50)}),
        st.sampled_from(DIALECTS), st.sampled_from(("qmark", "format")))
 def test_values_never_enter_the_sql_text(v1, v2, dialect, style):
-    sql = "SELECT :a, x::int, ':a', '%' FROM t WHERE b = :b OR c = :a -- :b\nORDER BY 1"
+    cast = "x" if dialect == "sqlite" else "x::int"   # SQLite reads :int as a variable of its own (refused)
+    sql = f"SELECT :a, {cast}, ':a', '%' FROM t WHERE b = :b OR c = :a -- :b\nORDER BY 1"
     p = prepare(sql, dialect)
     r1 = render(p, v1, style)
     r2 = render(p, v2, style)
