@@ -28,7 +28,7 @@ ERRORS: dict[str, tuple[int, str, str]] = {
     "reason_required": (400, "A reason is required to delete a connection", "deleting a connection without `reason`"),
     "unsupported_database": (400, "Unsupported database", "connection `db` not supported at run time"),
     "unsupported_operation": (400, "Unsupported operation", "for example listing databases on SQLite"),
-    "connection_misconfigured": (400, "The connection is misconfigured", "missing file path (400); unresolvable `${VAR}` (500)"),
+    "connection_misconfigured": (400, "The connection is misconfigured", "missing file path or a SQLite file that is not a database (400); unresolvable `${VAR}` (500)"),
     "malformed_http": (400, "Malformed HTTP request", "refused by qag's worker before the app: bad request line, header or body framing (incl. Content-Length with Transfer-Encoding); the connection is closed"),
     "unauthorized": (401, "Unauthorized", "no or invalid credential"),
     "token_malformed": (401, "The bearer token is not a well-formed JWT", "`Authorization: Bearer` value that is not a compact JWS (or is over 16 KiB)"),

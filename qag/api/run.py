@@ -606,6 +606,7 @@ class RunHandlers:
         call.identity = row_security(caller, fields, plan.query)
         # A writable caller's reads run read-write too: only a statement that may write has an outcome to doubt.
         call.writes = not plan.read_only and _may_write(plan.prepared, fields)
+        call.write_ops = allowed_ops
         if timing is not None:
             mark = perf_counter()
         try:

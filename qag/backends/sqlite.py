@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 from ..errors import QagError
 from ..sql.functions import GENERATORS, SQLITE_CHANGING, sqlite_library_builtins
+from ..policy.guard import write_op_not_allowed_message
 from .base import Backend, Call, Result, connection_failed, query_failed, timeout_error
 
 # The time limit is checked every this many VM steps: a step can be one whole built-in call over a large value,
@@ -68,10 +69,33 @@ _ACTION_NAMES = {getattr(sqlite3, "SQLITE_" + name): name.replace("_", " ") for 
     "CREATE_VTABLE", "DROP_VTABLE", "FUNCTION", "SAVEPOINT", "RECURSIVE")}
 
 _TABLE_ACTIONS = {sqlite3.SQLITE_READ, sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE}
-# The engine's own tables: its schema table (read and "updated" while preparing an eponymous virtual table; a
-# key's statement naming one is refused before this, in qag/policy/tables) and the pure generators the check
-# allows, which SQLite reports as tables.
-_ENGINE_TABLES = _SCHEMA_TABLES | GENERATORS
+_ROW_WRITES = frozenset({sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE})
+
+# The write operations (qag/sql/writes.py's names, which a key's allowed_write_ops lists) each write action may
+# stand for: a call allowed any one of them may do the action. SQLite reports REPLACE INTO as an INSERT.
+_ACTION_OPS = {sqlite3.SQLITE_INSERT: frozenset({"insert", "replace"}),
+               sqlite3.SQLITE_UPDATE: frozenset({"update"}), sqlite3.SQLITE_DELETE: frozenset({"delete"}),
+               sqlite3.SQLITE_ALTER_TABLE: frozenset({"alter"}), sqlite3.SQLITE_ANALYZE: frozenset({"analyze"}),
+               sqlite3.SQLITE_REINDEX: frozenset({"reindex"}), sqlite3.SQLITE_PRAGMA: frozenset({"pragma"})}
+_ACTION_OPS.update({getattr(sqlite3, "SQLITE_" + name): frozenset({name.split("_")[0].lower()}) for name in (
+    "CREATE_INDEX", "CREATE_TABLE", "CREATE_TEMP_INDEX", "CREATE_TEMP_TABLE", "CREATE_TEMP_TRIGGER",
+    "CREATE_TEMP_VIEW", "CREATE_TRIGGER", "CREATE_VIEW", "CREATE_VTABLE", "DROP_INDEX", "DROP_TABLE",
+    "DROP_TEMP_INDEX", "DROP_TEMP_TABLE", "DROP_TEMP_TRIGGER", "DROP_TEMP_VIEW", "DROP_TRIGGER", "DROP_VIEW",
+    "DROP_VTABLE")})
+# TRANSACTION and SAVEPOINT name their operation in their first argument.
+_TRANSACTION_OPS = {"begin": "begin", "commit": "commit", "rollback": "rollback"}
+_SAVEPOINT_OPS = {"begin": "savepoint", "release": "release", "rollback": "rollback"}
+
+
+def _needed_ops(action, arg1, arg2, source) -> frozenset | None:
+    """The write operations of which one allows this action, or None when it writes nothing."""
+    if action == sqlite3.SQLITE_TRANSACTION:
+        return frozenset({_TRANSACTION_OPS.get((arg1 or "").lower(), "begin")})
+    if action == sqlite3.SQLITE_SAVEPOINT:
+        return frozenset({_SAVEPOINT_OPS.get((arg1 or "").lower(), "savepoint")})
+    if action == sqlite3.SQLITE_PRAGMA and _read_only_refusal(action, arg1, arg2, source) is None:
+        return None                     # a pragma queried, which writes nothing
+    return _ACTION_OPS.get(action)
 
 
 def _read_only_refusal(action, arg1, arg2, source) -> str | None:
@@ -95,15 +119,20 @@ class _Authorizer:
     - every call: ATTACH/DETACH, and functions that change something (`SQLITE_CHANGING`);
     - a read-only call: any action other than reading (`read_only`), and functions not built into the library
       except the read-only extension functions;
+    - a write call with `write_ops` (the key's allowed_write_ops): any write action of the statement itself
+      outside them (`write_op_not_allowed`); a trigger's are the schema's. A row write that may be a virtual
+      table's own statements on its shadow tables (an R*Tree prepares them when opened) is held back for check(),
+      which allows it only on a shadow table of a virtual table the statement uses;
     - a table-restricted call (`grants`: its qualified tables): any function that is not a built-in
       (`function_not_allowed`), and any table outside the grants read or written by the statement itself
       (`table_not_allowed`). Access on behalf of a view or trigger (`source` set) is judged after the prepare,
       from the whole record (`check`): SQLite names a CTE the same way, so a CTE named like a view is not the
-      view.
+      view, nor one named like a trigger the trigger. A table named like a generator is only passed when it
+      is the eponymous virtual table, not a table of the file.
     """
 
     __slots__ = ("read_only", "grants", "own", "tables", "functions", "actions", "expanded", "via", "refused",
-                 "refusal")
+                 "refusal", "write_ops", "statement", "named", "shadow")
 
     def __init__(self, read_only: bool, grants: frozenset | None, own: frozenset = frozenset()):
         self.read_only = read_only
@@ -116,10 +145,15 @@ class _Authorizer:
         self.via: list[tuple] = []              # (qualified table, column, source) read on behalf of `source`
         self.refused: list[str] = []            # forbidden tables (table_not_allowed)
         self.refusal: QagError | None = None    # the first other refusal
+        # A write call's allowed operations (None = any), set once the call's own BEGIN has run.
+        self.write_ops: frozenset | None = None
+        self.statement: tuple | None = None     # (sql, args) of the call, for check()'s trigger-free reading
+        self.named: list[tuple] = []            # (qualified table, column, source) named like a generator
+        self.shadow: list[tuple] = []           # (qualified table, refusal) written as a virtual table's own
 
     def reset(self) -> None:
         self.tables.clear(), self.functions.clear(), self.actions.clear(), self.expanded.clear()
-        self.via.clear()
+        self.via.clear(), self.named.clear(), self.shadow.clear()
         self.refused.clear()
         self.refusal = None
 
@@ -130,11 +164,28 @@ class _Authorizer:
 
     def __call__(self, action, arg1, arg2, dbname, source):
         self.actions.add(action)
+        refusal = None
         if self.read_only:
             refused = _read_only_refusal(action, arg1, arg2, source)
             if refused is not None:
-                return self._deny("read_only", f"A read-only call may not run {refused} (refused by SQLite's "
-                                  "authorizer)")
+                refusal = ("read_only", f"A read-only call may not run {refused} (refused by SQLite's authorizer)")
+        elif self.write_ops is not None and source is None:
+            # A write on behalf of a source is a trigger's (a view or CTE never writes): the schema's own.
+            needed = _needed_ops(action, arg1, arg2, source)
+            if needed is not None and not needed & self.write_ops:
+                refusal = ("write_op_not_allowed", write_op_not_allowed_message(self.write_ops)[:-1]
+                           + f" (SQLite's authorizer refused {_ACTION_NAMES.get(action, action)}).")
+        if refusal is not None:
+            table = (arg1 or "").lower()
+            if action in _ROW_WRITES and table in _SCHEMA_TABLES and not self.read_only:
+                pass    # the engine's own record of a granted CREATE/DROP, or of an eponymous virtual table
+            elif action in _ROW_WRITES and source is None and "_" in table and (dbname or "main") == "main":
+                # Maybe a virtual table's own statements on its shadow tables (an R*Tree prepares its writes
+                # when opened): judged in check(), which knows the schema. A read-only call can't write the file
+                # anyway (mode=ro).
+                self.shadow.append((f"main.{table}", refusal))
+            else:
+                return self._deny(*refusal)
         if action in _TABLE_ACTIONS and arg1:
             table = arg1.lower()
             # No schema is given for a read of no column (count(*), EXISTS): this connection has only main
@@ -149,7 +200,9 @@ class _Authorizer:
                         self.refused.append(name)
                         return sqlite3.SQLITE_DENY
                 elif table in GENERATORS:
-                    pass
+                    # An eponymous virtual table (json_each) is the engine's; a table of the file named so is
+                    # not: check() tells them apart from the schema.
+                    self.named.append((name, arg2, source))
                 elif source is None and arg2:
                     self.refused.append(name)
                     return sqlite3.SQLITE_DENY
@@ -181,9 +234,16 @@ class _Authorizer:
     def check(self, conn) -> QagError | None:
         """After the prepare: the refusal recorded, or one judged from the whole record. A table read on behalf
         of a view is allowed only when a granted view read by this statement reads that column itself (the
-        engine's own record of `SELECT * FROM <view>`); on behalf of a trigger only in a write call."""
-        if self.refusal is not None and self.refusal.code == "read_only":
-            return self.refusal              # the guard's order: read_only, tables, functions
+        engine's own record of `SELECT * FROM <view>`); on behalf of a trigger only in a write call, and only
+        when the statement compiled without triggers names no source of that name (a CTE's, a view's)."""
+        if self.refusal is not None and self.refusal.code in ("read_only", "write_op_not_allowed"):
+            return self.refusal              # the guard's order: read_only, write ops, tables, functions
+        if self.shadow:
+            refusal = self._shadow_refusal(conn)
+            if refusal is not None:
+                return refusal
+        if self.named:
+            self._named_tables(conn)
         if self.refused:
             return _table_refusal(self.refused, self.grants)
         if self.refusal is not None:
@@ -196,6 +256,12 @@ class _Authorizer:
                                       "('view', 'trigger')").fetchall())
         finally:
             conn.set_authorizer(self)
+        # A CTE (or a view) named like a trigger reports its reads under the trigger's name: a source is a
+        # trigger's only when the statement, compiled with no trigger at all, names no such source itself.
+        expanded = None
+        if not self.read_only and any(source is not None and kinds.get(source.lower()) == "trigger"
+                                      for _, _, source in self.via):
+            expanded = _sources_without_triggers(conn, self.statement, self)
         closures: dict[str, set] = {}
 
         def reads(view):
@@ -216,12 +282,83 @@ class _Authorizer:
         for name, column, source in self.via:
             if source is not None:
                 source = source.lower()
-                if kinds.get(source) == "trigger" and not self.read_only:
+                if (kinds.get(source) == "trigger" and not self.read_only and expanded is not None
+                        and source not in expanded):
                     continue
             behalf = source is None or (kinds.get(source) == "view" and source in self.expanded)
             if not (behalf and any(covers(view, name, column) for view in granted)):
                 forbidden.append(name)
         return _table_refusal(forbidden, self.grants) if forbidden else None
+
+    def _shadow_refusal(self, conn) -> QagError | None:
+        """A write recorded as maybe a virtual table's own: allowed only on a shadow table of a virtual table
+        this statement uses (SQLite's own record: pragma table_list), else the refusal it was held back for."""
+        conn.set_authorizer(None)
+        try:
+            listed = conn.execute("SELECT lower(name), type FROM pragma_table_list WHERE schema = 'main' AND type "
+                                  "IN ('shadow', 'virtual')").fetchall()
+        except sqlite3.Error:
+            listed = []
+        finally:
+            conn.set_authorizer(self)
+        shadows = {f"main.{name}" for name, kind in listed if kind == "shadow"}
+        used = [f"main.{name}_" for name, kind in listed if kind == "virtual" and f"main.{name}" in self.tables]
+        for table, (code, message) in self.shadow:
+            if table not in shadows or not any(table.startswith(prefix) for prefix in used):
+                return QagError(code, message)
+        return None
+
+    def _named_tables(self, conn) -> None:
+        """Tables named like a generator: the file's own (a table or view of its schema, which SQLite reads
+        instead of the eponymous virtual table) are judged like any table."""
+        conn.set_authorizer(None)
+        try:
+            own = {name for (name,) in conn.execute(
+                "SELECT lower(name) FROM main.sqlite_schema WHERE type IN ('table', 'view')").fetchall()}
+        finally:
+            conn.set_authorizer(self)
+        for name, column, source in self.named:
+            schema, _, table = name.partition(".")
+            if schema != "main" or table in own:
+                if source is None and column:
+                    self.refused.append(name)
+                else:
+                    self.via.append((name, column, source))
+
+
+def _sources_without_triggers(conn, statement, authorizer) -> set | None:
+    """The sources (CTEs, views) SQLite names while compiling the statement on a copy of the file's tables and
+    views that has no trigger: any of them named like a trigger is not that trigger. None when it can't tell."""
+    if statement is None:
+        return None
+    conn.set_authorizer(None)
+    try:
+        ddl = conn.execute("SELECT sql FROM main.sqlite_schema WHERE type IN ('table', 'view') AND sql IS NOT NULL "
+                           "AND name NOT LIKE 'sqlite^_%' ESCAPE '^' ORDER BY rowid").fetchall()
+    finally:
+        conn.set_authorizer(authorizer)
+    copy = sqlite3.connect(":memory:", isolation_level=None)
+    seen: set = set()
+
+    def record(action, arg1, arg2, dbname, source):
+        if source is not None:
+            seen.add(source.lower())
+        return sqlite3.SQLITE_OK
+
+    try:
+        for (text,) in ddl:
+            try:
+                copy.execute(text)
+            except sqlite3.Error:
+                pass    # a virtual table's shadow table, made with it
+        copy.set_authorizer(record)
+        # EXPLAIN compiles the statement without running it.
+        copy.execute("EXPLAIN " + statement[0], statement[1]).fetchall()
+    except (sqlite3.Error, OverflowError, ValueError):
+        return None
+    finally:
+        copy.close()
+    return seen
 
 
 def _view_reads(conn, view: str, authorizer) -> set:
@@ -312,13 +449,24 @@ def _mapped(exc: Exception, deadline: float | None, timeout: float | None) -> Qa
         return QagError("read_only", "The database refused a write on a read-only call")
     if "unable to open database file" in text:
         return connection_failed(text)
-    return query_failed(text)
+    return _file_error(exc) or query_failed(text)
+
+
+def _file_error(exc: Exception) -> QagError | None:
+    """The connection's own fault, not the statement's: its file is not a SQLite database (a saved path pointing
+    at any other file). The connection's setup to fix, so 400 connection_misconfigured, never a 500."""
+    if getattr(exc, "sqlite_errorname", None) == "SQLITE_NOTADB" or str(exc) == "file is not a database":
+        return QagError("connection_misconfigured", "The connection's file is not a SQLite database",
+                        detail=str(exc))
+    return None
 
 
 def _failure(exc: Exception, authorizer, conn, deadline, timeout) -> QagError:
     """The error for a failed call: what the authorizer refused if it did, else the driver's error mapped."""
-    if authorizer is not None and (authorizer.refusal is not None or authorizer.refused):
-        return authorizer.check(conn)
+    if authorizer is not None and (authorizer.refusal is not None or authorizer.refused or authorizer.shadow):
+        refusal = authorizer.check(conn)
+        if refusal is not None:
+            return refusal
     return _mapped(exc, deadline, timeout)
 
 
@@ -334,9 +482,11 @@ def run(path: str, call: Call) -> Result:
         conn.set_progress_handler(lambda: time.monotonic() > deadline, _PROGRESS_STEPS)
     started = time.perf_counter()
     try:
+        authorizer.statement = (call.sql, call.args)
         if not call.read_only:
             conn.execute("BEGIN")
             authorizer.reset()
+            authorizer.write_ops = call.write_ops   # from here on: the caller's statement, not the call's BEGIN
         cursor = conn.execute(call.sql, call.args)
         # Prepared (and its first row computed, nothing returned yet; a write call's changes are still in its
         # transaction): judged from the engine's whole record before any row leaves or anything is committed.
@@ -383,7 +533,7 @@ def read_schema(path: str, max_tables: int = 1000) -> dict:
             tables.append({"name": name, "schema": "main", "type": "view" if kind == "view" else "table",
                            "columns": columns})
     except sqlite3.Error as exc:
-        raise query_failed(str(exc)) from None
+        raise _file_error(exc) or query_failed(str(exc)) from None
     finally:
         conn.close()
     return {"tables": tables, "truncated": len(objects) > max_tables}
@@ -400,7 +550,7 @@ def read_ddl(path: str, table: str) -> str | None:
         row = conn.execute("SELECT sql FROM sqlite_master WHERE type IN ('table', 'view') AND name = ? "
                            "AND name NOT LIKE 'sqlite_%'", (table,)).fetchone()
     except sqlite3.Error as exc:
-        raise query_failed(str(exc)) from None
+        raise _file_error(exc) or query_failed(str(exc)) from None
     finally:
         conn.close()
     return None if row is None else row[0]

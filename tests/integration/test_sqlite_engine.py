@@ -296,3 +296,114 @@ def test_engine_reading_within_qags(db, sql):
     if direct:
         assert outcome == "table_not_allowed", (sql, direct)
 
+
+
+# ------------------------------------------------------------------ the engine alone: write ops, names, R*Tree
+
+GUARDED = """
+CREATE TABLE t(a);
+CREATE TABLE log(msg);
+CREATE TABLE other(y);
+CREATE TABLE secret(token);
+CREATE TABLE audit(x);
+CREATE TABLE numbers(n);
+CREATE VIRTUAL TABLE rt USING rtree(id, x0, x1);
+INSERT INTO t VALUES (1);
+INSERT INTO secret VALUES ('s3cret');
+INSERT INTO numbers VALUES (42);
+INSERT INTO rt VALUES (1, 0, 5);
+CREATE TRIGGER pub_ins AFTER INSERT ON other BEGIN INSERT INTO audit SELECT token FROM secret; END;
+CREATE TRIGGER log_ins AFTER INSERT ON log BEGIN INSERT INTO audit SELECT token FROM secret; END;
+"""
+
+
+@pytest.fixture
+def guarded(tmp_path):
+    path = str(tmp_path / "guarded.db")
+    conn = sqlite3.connect(path)
+    conn.executescript(GUARDED)
+    conn.close()
+    return path
+
+
+def write(path, sql, ops=None, tables=None):
+    call = Call(sql, (), False, 5.0, 10, tables=None if tables is None else frozenset(tables))
+    call.write_ops = None if ops is None else frozenset(ops)
+    return backend.run(path, call)
+
+
+def refused(code, fn, *args, **kw):
+    with pytest.raises(QagError) as raised:
+        fn(*args, **kw)
+    assert raised.value.code == code, raised.value.message
+    return raised.value
+
+
+def count(path, table):
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def test_write_ops_outside_the_calls_allowed_ones_are_refused_by_the_engine(guarded):
+    refused("write_op_not_allowed", write, guarded, "DELETE FROM t", ["insert"])
+    refused("write_op_not_allowed", write, guarded, "UPDATE t SET a = 2", ["insert"])
+    refused("write_op_not_allowed", write, guarded, "CREATE TABLE made(a)", ["insert"])
+    refused("write_op_not_allowed", write, guarded, "DROP TABLE t", ["insert", "delete"])
+    refused("write_op_not_allowed", write, guarded, "INSERT INTO t VALUES (2)", [])
+    assert count(guarded, "t") == 1
+    write(guarded, "INSERT INTO t VALUES (2)", ["insert"])
+    write(guarded, "REPLACE INTO t VALUES (3)", ["replace"])
+    write(guarded, "SELECT * FROM t, json_each('[1]')", ["insert"])     # the engine's own schema-table write
+    # A trigger's own write (into audit) is the schema's, whatever the call's operations.
+    write(guarded, "INSERT INTO other VALUES (1)", ["insert"])
+    assert count(guarded, "audit") == 1
+    write(guarded, "DELETE FROM t WHERE a > 1", ["delete"])
+    write(guarded, "DELETE FROM t WHERE a > 1")                           # None: any operation
+    assert count(guarded, "t") == 1
+
+
+def test_a_table_named_like_a_generator_is_checked_like_any_table(guarded):
+    refused("table_not_allowed", run, guarded, "SELECT * FROM numbers", ["main.t"])
+    refused("table_not_allowed", run, guarded, "SELECT count(*) FROM numbers", ["main.t"])
+    refused("table_not_allowed", run, guarded, "WITH x AS (SELECT n FROM numbers) SELECT * FROM x", ["main.t"])
+    assert run(guarded, "SELECT * FROM numbers", ["main.numbers"]).rows == [(42,)]
+    # The eponymous virtual table of a generator's name still passes.
+    assert run(guarded, "SELECT value FROM json_each('[7]')", ["main.t"]).rows == [(7,)]
+
+
+def test_a_cte_named_like_a_trigger_is_not_the_trigger(guarded):
+    # The trigger pub_ins is on another table (it can't fire); log_ins on the very table written.
+    for sql in ("WITH pub_ins AS (SELECT token FROM secret) INSERT INTO log(msg) SELECT * FROM pub_ins",
+                "WITH log_ins AS (SELECT token FROM secret) INSERT INTO log(msg) SELECT * FROM log_ins"):
+        refused("table_not_allowed", write, guarded, sql, tables=["main.log"])
+    assert count(guarded, "log") == 0
+    # The triggers' own reads and writes, on behalf of a granted write, still run.
+    write(guarded, "INSERT INTO log(msg) VALUES ('m')", tables=["main.log"])
+    write(guarded, "INSERT INTO other(y) VALUES (1)", tables=["main.other"])
+    assert count(guarded, "log") == 1 and count(guarded, "audit") == 2
+
+
+def test_rtree_reads_and_schema(guarded):
+    assert run(guarded, "SELECT * FROM rt").rows == [(1, 0.0, 5.0)]
+    assert run(guarded, "SELECT id FROM rt WHERE x0 < 1 AND x1 > 4").rows == [(1,)]
+    assert "rt" in {t["name"] for t in backend.read_schema(guarded)["tables"]}
+    # Its shadow tables are written only by the R*Tree itself: a read-only call writing one is still refused.
+    refused("read_only", run, guarded, "INSERT INTO rt_node VALUES (9, x'00')")
+    refused("read_only", run, guarded, "WITH x AS (SELECT * FROM rt) DELETE FROM rt_node")   # mode=ro
+    # In a write call the R*Tree's own statements aren't the caller's operations; the caller's are.
+    write(guarded, "INSERT INTO rt VALUES (2, 1, 2)", ["insert"])
+    refused("write_op_not_allowed", write, guarded, "DELETE FROM rt_node WHERE nodeno = 99", ["insert"])
+    refused("write_op_not_allowed", write, guarded, "DELETE FROM rt WHERE id = 2", ["insert"])
+    assert run(guarded, "SELECT count(*) FROM rt").rows == [(2,)]
+
+
+def test_a_file_that_is_not_a_database_is_the_connections_fault(tmp_path):
+    path = tmp_path / "passwd"
+    path.write_text("root:x:0:0:root:/root:/bin/bash\n" * 50)
+    error = refused("connection_misconfigured", run, str(path), "SELECT * FROM sqlite_schema")
+    assert error.status == 400
+    refused("connection_misconfigured", backend.read_schema, str(path))
+    refused("connection_misconfigured", write, str(path), "SELECT * FROM sqlite_schema")

@@ -24,3 +24,44 @@ def test_restricted_key_engine_refusals(server, uniq):
     assert sql(server, "SELECT upper(name) AS n FROM t LIMIT 1", key).status == 200
     r = sql(server, "WITH x AS (SELECT email FROM secret) SELECT * FROM x", key)
     assert r.status == 403 and r.json["code"] == "table_not_allowed"
+
+
+def test_rtree_connection_reads_and_describes(server, uniq):
+    name = uniq("rt")
+    server.sqlite_db(f"{name}.db", "CREATE VIRTUAL TABLE rt USING rtree(id, x0, x1); INSERT INTO rt VALUES (1, 0, 5);"
+                                   "CREATE TABLE people(id INTEGER PRIMARY KEY, email TEXT);"
+                                   "INSERT INTO people VALUES (1, 'a@example.com');")
+    server.connection(name, f"{name}.db")
+    r = server.get(f"/api/v1/connections/{name}/schema")
+    assert r.status == 200 and "rt" in {t["name"] for t in r.json["tables"]}, r
+    r = server.post("/execute_sql", {"sql": "SELECT id, x0, x1 FROM rt", "connection_name": name})
+    assert r.status == 200 and r.json == [{"id": 1, "x0": 0.0, "x1": 5.0}], r
+    # A masked key reads the connection's schema to trace its columns.
+    masked = server.key(uniq("m"), connections=[name], mask=[{"column": "*.email", "action": "hash"}])
+    r = server.post("/execute_sql", {"sql": "SELECT id, email FROM people", "connection_name": name}, key=masked)
+    assert r.status == 200 and r.json[0]["email"] != "a@example.com", r
+
+
+def test_a_connection_to_a_file_that_is_not_a_database_is_400(server, uniq):
+    name = uniq("notdb")
+    server.connection(name, "/etc/passwd")
+    r = server.post("/execute_sql", {"sql": "SELECT name FROM sqlite_schema", "connection_name": name})
+    assert r.status == 400 and r.json["code"] == "connection_misconfigured", r
+
+
+def test_an_insert_only_key_writes_an_rtree_and_a_triggers_table(writes_server, uniq):
+    # The call carries the key's operations to SQLite's authorizer: the R*Tree's own statements on its shadow
+    # tables and a trigger's writes aren't the caller's, so a granted INSERT runs; a DELETE doesn't.
+    s, name = writes_server, uniq("ins")
+    s.sqlite_db(f"{name}.db", "CREATE VIRTUAL TABLE rt USING rtree(id, x0, x1); CREATE TABLE log(msg);"
+                              "CREATE TABLE audit(n); CREATE TRIGGER log_ins AFTER INSERT ON log "
+                              "BEGIN INSERT INTO audit VALUES (1); END;")
+    s.connection(name, f"{name}.db")
+    key = s.key(uniq("k"), connections=[name], allow_writes=True, allowed_write_ops=["insert"])
+    for statement in ("INSERT INTO rt VALUES (1, 0, 5)", "INSERT INTO log VALUES ('m')"):
+        r = s.post("/execute_sql", {"sql": statement, "connection_name": name}, key=key)
+        assert r.status == 200, r
+    r = s.post("/execute_sql", {"sql": "SELECT count(*) AS n FROM audit", "connection_name": name}, key=key)
+    assert r.status == 200 and r.json == [{"n": 1}], r
+    r = s.post("/execute_sql", {"sql": "DELETE FROM log", "connection_name": name}, key=key)
+    assert r.status == 403 and r.json["code"] == "write_op_not_allowed", r
