@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 from ..errors import QagError
 from ..sql.functions import GENERATORS, SQLITE_CHANGING, sqlite_library_builtins
-from ..policy.guard import write_op_not_allowed_message
+from ..sql.writes import write_op_not_allowed_message
 from .base import Backend, Call, Result, connection_failed, query_failed, timeout_error
 
 # The time limit is checked every this many VM steps: a step can be one whole built-in call over a large value,

@@ -5,17 +5,10 @@ from __future__ import annotations
 from qag.errors import QagError
 from qag.sql import lexer
 from qag.sql.prepare import Prepared
-from qag.sql.writes import read_only_message
+from qag.sql.writes import read_only_message, write_op_not_allowed_message
 
 _UNREADABLE = ("Only read-only statements (SELECT, WITH, SHOW, DESCRIBE, EXPLAIN) are allowed - this statement "
                "can't be classified ({}), so it is refused.")
-
-
-def write_op_not_allowed_message(allowed_write_ops: frozenset[str]) -> str:
-    """The write_op_not_allowed refusal, naming the operations the key may perform."""
-    if not allowed_write_ops:
-        return "This API key may not perform write operations."
-    return "This API key may only perform these write operations: " + ", ".join(sorted(allowed_write_ops)) + "."
 
 
 def check(prepared: Prepared, *, writes_allowed: bool, allowed_write_ops: frozenset[str] | None) -> None:

@@ -70,6 +70,13 @@ def read_only_message(write_ops: frozenset[str]) -> str:
     return _READ_ONLY.format(write_ops_text(write_ops))
 
 
+def write_op_not_allowed_message(allowed_write_ops: frozenset[str]) -> str:
+    """The write_op_not_allowed refusal, naming the operations the key may perform (the guard's and SQLite's)."""
+    if not allowed_write_ops:
+        return "This API key may not perform write operations."
+    return "This API key may only perform these write operations: " + ", ".join(sorted(allowed_write_ops)) + "."
+
+
 def _skip_parens(sig: list[Token], k: int) -> int:
     """Index after the parenthesised group opening at sig[k] (len(sig) if it never closes)."""
     depth = 0
