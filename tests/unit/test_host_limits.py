@@ -274,39 +274,42 @@ def test_client_addresses_never_keep_a_keys_entries_out(twin, tmp_path):
     pools = [SlotPool(None, s, table=table) for s in stats]
     store = SqliteStore(str(tmp_path))
     quotas = [Quotas(store, None, s, interval=60, table=table) for s in stats]
+    try:
+        # The key's rate limit, 3 an hour: 3 calls in all, not 3 per worker.
+        assert [keys[i % 2].take("k", 3, 3600.0)[1] == 0 for i in range(8)] == [True] * 3 + [False] * 5
+        # max_concurrent 1: one slot for the host, held in the table.
+        held = pools[0].acquire("k", 1, None)
+        assert isinstance(held, _HostSlot) and pools[1].acquire("k", 1, None) is None and table.held("k") == 1
+        # A call quota of 3 a day: 3 calls in all, each counted in the table.
+        quota = {"calls": 3, "per": "day"}
+        tickets = [quotas[i % 2].begin("k", quota, reserve=True) for i in range(6)]
+        assert all(t.host for t in tickets)
+        assert [t.refused for t in tickets] == [None] * 3 + ["calls"] * 3
+        for t in tickets:
+            t.settle(t.refused is None, 0)
+        # Both at once (Quotas.admit, one section of the table) for another key: 3 in all.
+        quota2 = {"calls": 3, "per": "day"}
+        admitted = [quotas[i % 2].admit("k2", quota2, True, keys[i % 2], 10, 3600.0) for i in range(6)]
+        assert all(t.host for t, _taken in admitted)
+        assert [t.refused for t, _taken in admitted] == [None] * 3 + ["calls"] * 3
+        assert [taken for _t, taken in admitted] == [(9 - i, 0) for i in range(6)]
+        for t, _taken in admitted:
+            t.settle(t.refused is None, 0)
+        assert stats[0].table_full == stats[1].table_full == 0                # never a fallback
+        assert table.stats()["full"] == flooded and table.stats()["evictions"] >= 5   # address buckets made room
 
-    # The key's rate limit, 3 an hour: 3 calls in all, not 3 per worker.
-    assert [keys[i % 2].take("k", 3, 3600.0)[1] == 0 for i in range(8)] == [True] * 3 + [False] * 5
-    # max_concurrent 1: one slot for the host, held in the table.
-    held = pools[0].acquire("k", 1, None)
-    assert isinstance(held, _HostSlot) and pools[1].acquire("k", 1, None) is None and table.held("k") == 1
-    # A call quota of 3 a day: 3 calls in all, each counted in the table.
-    quota = {"calls": 3, "per": "day"}
-    tickets = [quotas[i % 2].begin("k", quota, reserve=True) for i in range(6)]
-    assert all(t.host for t in tickets)
-    assert [t.refused for t in tickets] == [None] * 3 + ["calls"] * 3
-    for t in tickets:
-        t.settle(t.refused is None, 0)
-    # Both at once (Quotas.admit, one section of the table) for another key: 3 in all.
-    quota2 = {"calls": 3, "per": "day"}
-    admitted = [quotas[i % 2].admit("k2", quota2, True, keys[i % 2], 10, 3600.0) for i in range(6)]
-    assert all(t.host for t, _taken in admitted)
-    assert [t.refused for t, _taken in admitted] == [None] * 3 + ["calls"] * 3
-    assert [taken for _t, taken in admitted] == [(9 - i, 0) for i in range(6)]
-    for t, _taken in admitted:
-        t.settle(t.refused is None, 0)
-    assert stats[0].table_full == stats[1].table_full == 0                # never a fallback
-    assert table.stats()["full"] == flooded and table.stats()["evictions"] >= 5   # address buckets made room
-
-    # More addresses: none takes a key's place (its counts would start over).
-    for i in range(1000, 2000):
-        clock.now += 0.001
-        addresses.take(f"2001:db8::{i:x}", 5, 60.0)
-    assert table.stats()["full"] > flooded
-    assert keys[1].take("k", 3, 3600.0)[1] > 0 and table.held("k") == 1
-    again = quotas[0].begin("k", quota, reserve=False)
-    assert again.host and again.calls == 3
-    assert quotas[1].begin("k2", quota2, reserve=True).refused == "calls"
-    assert stats[1].table_full == 0
-    held.release()
-    assert table.held("k") == 0
+        # More addresses: none takes a key's place (its counts would start over).
+        for i in range(1000, 2000):
+            clock.now += 0.001
+            addresses.take(f"2001:db8::{i:x}", 5, 60.0)
+        assert table.stats()["full"] > flooded
+        assert keys[1].take("k", 3, 3600.0)[1] > 0 and table.held("k") == 1
+        again = quotas[0].begin("k", quota, reserve=False)
+        assert again.host and again.calls == 3
+        assert quotas[1].begin("k2", quota2, reserve=True).refused == "calls"
+        assert stats[1].table_full == 0
+        held.release()
+        assert table.held("k") == 0
+    finally:
+        for writer in quotas:   # their writer threads, before the table they write to goes
+            writer.close()
