@@ -236,10 +236,8 @@ def _prepare(sql: str, dialect: str, text_placeholders: bool) -> Prepared:
     elif dialect == "sqlite" and any(t.kind == lexer.VARIABLE for t in tokens):
         unreadable = ("SQLite's own variables ($x, @x, #x, ?, or :x followed by :: or a parenthesis) aren't "
                       "placeholders here: values are bound by name (:name)")
-    elif dialect == "mysql" and _slots_move(text, tokens, text_placeholders):
-        unreadable = ("its placeholders sit elsewhere for a server whose sql_mode reads backslashes or double quotes "
-                      "otherwise (NO_BACKSLASH_ESCAPES, ANSI_QUOTES); write a quote inside a literal as '' rather "
-                      "than \\'")
+    elif dialect == "mysql":
+        unreadable = _mysql_unreadable(text, tokens, text_placeholders)
 
     if unreadable is not None:
         ops = {UNREADABLE_OP}
@@ -345,6 +343,34 @@ def _alternative_readings(tokens: list[Token], text: str, dialect: str) -> list[
         if any(t.kind == STRING and t.value == "'" and "\\" in text[t.start:t.end] for t in tokens):
             return [{"backslash_single": True}]
     return []
+
+
+def _mysql_unreadable(text: str, tokens: list[Token], text_placeholders: bool) -> str | None:
+    """Why a MySQL/MariaDB statement can't be read as every server reads it, or None.
+
+    - A `[` outside literals and comments, in any backslash reading: MariaDB's sql_mode MSSQL reads `[...]` as a
+      quoted name (where every other mode refuses the statement), so its literals, comments and slots would be
+      elsewhere than qag reads them. Up to the first such bracket that server reads as one of these readings.
+    - Slots in a statement with an executable comment (/*! */, /*M! */): the server reads the comment's inside as
+      code, where a literal holding `*/` ends it elsewhere than qag's reading does.
+    - Slots another backslash reading puts elsewhere (_slots_move)."""
+    readings = [tokens] + [alt for alt, _, _ in _alternatives(tokens, text, "mysql", text_placeholders)]
+    if "[" in text and any(t.kind == PUNCT and t.value == "[" for reading in readings for t in reading):
+        return ("a square bracket outside a literal, which a server whose sql_mode has MSSQL reads as a quoted name "
+                "(and any other server refuses)")
+    slots = any(t.kind in (PARAM, TEXT) for t in tokens) or (
+        text_placeholders and "{" in text and any(type(item) is tuple for item in _template(
+            text, tokens, "mysql", text_placeholders, None)[0]))
+    if not slots:
+        return None   # nothing is spliced: the server reads the text as written
+    if "/*" in text and any(t.kind == XCOMMENT for reading in readings for t in reading):
+        return ("its placeholders share the statement with an executable comment (/*! */, /*M! */), whose inside "
+                "the server reads as code")
+    if _slots_move(text, tokens, text_placeholders):
+        return ("its placeholders sit elsewhere for a server whose sql_mode reads backslashes or double quotes "
+                "otherwise (NO_BACKSLASH_ESCAPES, ANSI_QUOTES); write a quote inside a literal as '' rather than "
+                "\\'")
+    return None
 
 
 def _slots_move(text: str, tokens: list[Token], text_placeholders: bool) -> bool:
