@@ -57,6 +57,8 @@ def app(environ, start_response):
         write(b"one ")
         write(b"two ")
         return [b"three"]
+    if path == "/raise":   # fails before its status line: the worker answers for it
+        raise RuntimeError("internal text a client must not see")
     if path == "/exc":
         try:
             raise ValueError("boom")

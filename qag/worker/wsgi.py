@@ -344,13 +344,22 @@ _CODES = {400: "malformed_http", 414: "request_line_too_long", 417: "expectation
           500: "internal_error"}
 
 
+# What the app adds to every response (contract 0.4-0.5), here for the answers the worker gives itself: a request
+# it can't read, or an app that failed before its status line.
+_SECURITY_HEADERS = (b"X-Content-Type-Options: nosniff\r\nContent-Security-Policy: default-src 'none'; "
+                     b"frame-ancestors 'none'\r\nReferrer-Policy: no-referrer\r\nCache-Control: no-store\r\n")
+
+
 def error_response(status: int, reason: str, message: str) -> bytes:
-    """A refusal in qag's error envelope (docs/errors.md), and the connection closed after it."""
-    body = json.dumps({"error": message or reason, "code": _CODES.get(status, "malformed_http"),
-                       "request_id": os.urandom(6).hex()}).encode() + b"\n"
+    """A refusal in qag's error envelope (docs/errors.md) with its X-Request-Id, and the connection closed after it.
+    A 500 says only "An error occurred" (contract 0.3: no internal text)."""
+    request_id = os.urandom(6).hex()
+    error = "An error occurred" if status >= 500 else (message or reason)
+    body = json.dumps({"error": error, "code": _CODES.get(status, "malformed_http"),
+                       "request_id": request_id}).encode() + b"\n"
     return (b"HTTP/1.1 %d %s\r\nServer: qag\r\n" % (status, reason.encode()) + _date()
-            + b"Connection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
-            + body)
+            + b"Connection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % len(body)
+            + b"X-Request-Id: %s\r\n" % request_id.encode() + _SECURITY_HEADERS + b"\r\n" + body)
 
 
 def log_error(log, message: str) -> None:

@@ -95,8 +95,12 @@ def test_corpus(http_server, expect, data):
         assert expect == "ok-or-refuse"
     if http_server.worker_class == "qag" and statuses and statuses[0] >= 400 and expect == "refuse":
         # qag's worker refuses in qag's error envelope, with a stable code (docs/errors.md)
-        body = answer.split(b"\r\n\r\n", 1)[1]
-        assert json.loads(body)["code"] in ("malformed_http", "request_line_too_long", "header_fields_too_large",
+        head, body = answer.split(b"\r\n\r\n", 1)
+        envelope = json.loads(body)
+        # the envelope's request id is the response's X-Request-Id (contract 0.4), with the security headers (0.5)
+        assert b"\r\nX-Request-Id: %s\r\n" % envelope["request_id"].encode() in head, answer
+        assert b"\r\nX-Content-Type-Options: nosniff\r\n" in head, answer
+        assert envelope["code"] in ("malformed_http", "request_line_too_long", "header_fields_too_large",
                                             "expectation_failed", "method_not_allowed", "payload_too_large"), answer
     # never a crash: the same worker process, and a new connection is served
     assert worker_pids(http_server) == http_server.pids

@@ -144,6 +144,14 @@ def test_write_callable_exc_info_and_head(start):
     assert s.get("/write")[2] == b"one two three"
     status, _, body = s.get("/exc")
     assert status == 500 and body == b"handled"
+    # an app that fails before its status line: the contract's envelope, no internal text, the usual headers
+    status, headers, body = s.get("/raise")
+    envelope = json.loads(body)
+    assert status == 500 and list(envelope) == ["error", "code", "request_id"], body
+    assert envelope["error"] == "An error occurred" and envelope["code"] == "internal_error"
+    assert headers["x-request-id"] == envelope["request_id"] and headers["x-content-type-options"] == "nosniff"
+    assert headers["cache-control"] == "no-store" and b"internal text" not in body
+    assert s.get("/write")[2] == b"one two three"
     status, headers, body = s.get("/stream", method="HEAD")
     assert status == 200 and body == b""
     # HEAD never runs the stream: it is closed unread
