@@ -52,6 +52,8 @@ def on_starting(server):
         shm.start_instance(_settings.metadata_cache_bytes)
     from qag.policy import hostlimits  # rate limits, max_concurrent slots and quotas of every worker
     hostlimits.start_instance(_settings.limits_table_entries)
+    from qag.policy import redislimits  # the tag naming this instance's workers' Redis leases
+    redislimits.start_instance()
     if _settings.redis_url is None:  # the response cache's host segment (with Redis it is kept there instead)
         from qag.cache import hostentries
         hostentries.start_instance(_settings.response_cache_max_bytes)

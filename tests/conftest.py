@@ -77,10 +77,10 @@ def pytest_sessionfinish(session):
     sets this process held leases in (a server's workers' are swept by its master)."""
     try:
         import redis
-        from qag.policy.redislimits import holder_index
+        from qag.policy.redislimits import holder_host, holder_index
         client = redis.Redis.from_url(REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
         keys = list(client.scan_iter(f"qag:*{os.getpid()}_*", count=1000))
-        keys.append(holder_index(os.uname().nodename, os.getpid()))
+        keys.append(holder_index(holder_host(), os.getpid()))
         client.delete(*keys)
     except Exception:  # no Redis here, or no client: nothing was written there
         pass

@@ -48,7 +48,7 @@ return {ok, string.format('%.17g', tokens)}
 
 # max_concurrent: a sorted set of leases scored by their expiry on Redis's clock. Expired leases go first, so a
 # worker that died holding a slot frees it when its lease ends at the latest. KEYS[2], the holder's index
-# (`qag:holder:<host>:<pid>`), names the sets the process holds leases in, kept as long as its longest lease: the
+# (`qag:holder:<holder host>:<pid>`, see holder_host), names the sets the process holds leases in, kept as long as its longest lease: the
 # master gives a dead worker's leases back at once (sweep) without scanning Redis. ARGV: limit, lease seconds,
 # member.
 _ACQUIRE = """
@@ -234,7 +234,7 @@ class SlotPool:
         self.table = table
         self._acquire = None
         self._renew = None
-        self._host = os.uname().nodename
+        self._host = holder_host()
         self._unreleased: dict[tuple[str, str], float] = {}    # (set, member) → when its lease runs out (monotonic)
         self._retrying = False                                 # a thread is trying them again
         self._lock = threading.Lock()
@@ -313,6 +313,24 @@ class SlotPool:
         return self._local(name, limit)
 
 
+_instance: str | None = None   # set by the master before it forks (start_instance); its workers inherit it
+
+
+def start_instance() -> None:
+    """Master, before any fork: a random tag of this gunicorn instance that its workers inherit, so that the leases
+    and holder indexes of two instances whose host names and worker pids are the same (containers) stay apart
+    though the master's sweep opens no store and so doesn't know the deployment's prefix."""
+    global _instance
+    if _instance is None:
+        _instance = os.urandom(6).hex()
+
+
+def holder_host() -> str:
+    """Who holds a lease, before the pid: the host name, and the gunicorn instance's tag when there is one."""
+    host = os.uname().nodename
+    return host if _instance is None else f"{host}/{_instance}"
+
+
 def holder_index(host: str, pid: int) -> str:
     """The set naming the `qag:<deployment>:running:*` sets a process holds (or held) leases in."""
     return f"qag:holder:{host}:{pid}"
@@ -326,7 +344,7 @@ def sweep(url: str, pid: int, host: str | None = None) -> int:
     import redis
     from redis.backoff import NoBackoff
     from redis.retry import Retry
-    host = host if host is not None else os.uname().nodename
+    host = host if host is not None else holder_host()
     index = holder_index(host, pid)
     client = redis.Redis.from_url(url, socket_timeout=SWEEP_TIMEOUT, socket_connect_timeout=SWEEP_TIMEOUT,
                                   health_check_interval=0, retry=Retry(NoBackoff(), 0))

@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from qag.policy import redislimits
-from qag.policy.redislimits import LimitStats, SlotPool, holder_index
+from qag.policy.redislimits import LimitStats, SlotPool, holder_host, holder_index
 from qag.redisconn import SharedRedis
 from qag.testing import Relay
 from tests.server import Server, q, wait_for
@@ -49,7 +49,7 @@ def test_a_release_redis_missed_is_given_back_once_redis_answers(uniq):
         try:
             held = [pool.acquire(name, 2, 5.0), pool.acquire(name, 2, None)]   # leases of 35 s and of an hour
             assert None not in held and pool.acquire(name, 2, 5.0) is None
-            assert key.encode() in direct.smembers(holder_index(os.uname().nodename, os.getpid()))
+            assert key.encode() in direct.smembers(holder_index(holder_host(), os.getpid()))
             relay.blackhole()                  # Redis stalls: each release gives up after the socket timeout
             for slot in held:
                 slot.release()
@@ -62,7 +62,7 @@ def test_a_release_redis_missed_is_given_back_once_redis_answers(uniq):
             wait_for(lambda: not pool._retrying or None, "the retrying thread ended", 5.0)
             assert pool._unreleased == {}
         finally:
-            direct.delete(key, holder_index(os.uname().nodename, os.getpid()))
+            direct.delete(key, holder_index(holder_host(), os.getpid()))
 
 
 def test_failed_releases_are_kept_only_until_their_lease_runs_out(monkeypatch):
@@ -98,6 +98,45 @@ def test_sweep_removes_a_dead_process_leases_only(uniq):
         assert redislimits.sweep(redis_url(), dead, host) == 0   # nothing left: nothing to do
     finally:
         direct.delete(*keys, index)
+
+
+def test_a_sweep_gives_back_only_its_own_instances_leases(uniq, monkeypatch):
+    """Two gunicorn instances on one Redis whose host names and worker pids are the same (containers): a master's
+    sweep of its dead worker leaves the other instance's live worker's leases alone."""
+    name = uniq("twin")
+    key = f"qag:running:{name}"
+    direct = _direct()
+    held = {}
+    try:
+        for tag in ("aaaaaa", "bbbbbb"):
+            monkeypatch.setattr(redislimits, "_instance", tag)   # as each master's start_instance() left it
+            held[tag] = SlotPool(SharedRedis(redis_url()), LimitStats()).acquire(name, 2, 5.0)
+        assert None not in held.values() and direct.zcard(key) == 2
+        hosts = {tag: f"{os.uname().nodename}/{tag}" for tag in held}
+        assert redislimits.sweep(redis_url(), os.getpid()) == 1          # instance bbbbbb's master, same pid
+        assert [m.decode().split(":")[0] for m in direct.zrange(key, 0, -1)] == [hosts["aaaaaa"]]
+        assert direct.exists(holder_index(hosts["aaaaaa"], os.getpid()))
+        assert not direct.exists(holder_index(hosts["bbbbbb"], os.getpid()))
+    finally:
+        direct.delete(key, *(holder_index(f"{os.uname().nodename}/{tag}", os.getpid()) for tag in held))
+
+
+def test_start_instance_tags_the_workers_it_forks(monkeypatch):
+    monkeypatch.setattr(redislimits, "_instance", None)   # this test's master tag is undone after it
+    redislimits.start_instance()
+    tag = redislimits.holder_host()
+    assert tag.startswith(os.uname().nodename + "/") and len(tag.rsplit("/", 1)[1]) == 12
+    redislimits.start_instance()                      # once per master: a second call keeps the tag
+    assert redislimits.holder_host() == tag
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:                                     # a worker forked afterwards names the same holder
+        os.write(write, redislimits.holder_host().encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    assert os.read(read, 200).decode() == tag
+    os.close(read)
 
 
 def test_sweep_is_bounded_when_redis_does_not_answer():
@@ -143,6 +182,9 @@ def test_a_killed_worker_gives_back_its_redis_leases(uniq):
         wait_for(lambda: direct.zcard(key) == 2 or None, "both calls holding a lease")
         members = [m.decode() for m in direct.zrange(key, 0, -1)]
         assert sorted(m.split(":")[1] for m in members) == sorted([str(victim), str(other)])
+        # the workers' leases name the host and their master's instance tag, the same for both
+        assert len({m.split(":")[0] for m in members}) == 1 and members[0].startswith(f"{host}/")
+        host = members[0].split(":")[0]
         assert s.get(q("ids"), key=token).status == 429
         os.kill(victim, signal.SIGKILL)
         callers[0].join(30)
