@@ -257,9 +257,22 @@ def home_server(home: str) -> int | None:
     return pid if isinstance(pid, int) and pid > 0 else 0
 
 
+def _home_problem(home: str) -> str | None:
+    """A second server on a home whose server runs would take over its control socket (qag reload and qag stop
+    would reach the newcomer) and keep host state apart from the first; refused. Not for gunicorn's own re-exec of
+    its master (USR2, GUNICORN_FD set), which starts beside the old one on purpose."""
+    if os.environ.get("GUNICORN_FD"):
+        return None
+    pid = home_server(home)
+    if pid is None:
+        return None
+    return (f"a qag server{f' (pid {pid})' if pid else ''} is already running on {home}; stop it first, or give this "
+            f"one a home of its own (QAG_HOME)")
+
+
 def serve(settings: Settings, banner=None, command: str = "qag serve") -> int:
     """Run the gateway; `banner(base_url)` is printed once it listens (the real port, also for port 0)."""
-    problem = binds_problem(settings, command)
+    problem = binds_problem(settings, command) or _home_problem(settings.home)
     if problem is not None:
         print(f"qag: {problem}", file=sys.stderr)
         return 2

@@ -200,6 +200,28 @@ def test_events_host_set_but_empty_is_the_default_loopback(tmp_path):
         _stop(proc)
 
 
+def test_a_second_server_on_a_running_servers_home_is_refused(tmp_path):
+    # It took over the first one's control socket before: qag reload and qag stop reached the newcomer.
+    proc, lines = _serve_until_listening(tmp_path, "--bind", ":0")
+    try:
+        assert lines and lines[-1].startswith("qag: listening on"), lines
+        from qag.server import home_server
+        wait_for(lambda: home_server(str(tmp_path)) is not None, "the server's control socket")
+        second, second_lines = _serve_until_listening(tmp_path, "--bind", ":0")
+        assert second.wait(30) == 2
+        assert second_lines == [f"qag: a qag server (pid {proc.pid}) is already running on {tmp_path}; stop it "
+                                f"first, or give this one a home of its own (QAG_HOME)"], second_lines
+        assert home_server(str(tmp_path)) == proc.pid     # the first one still answers on its socket
+    finally:
+        _stop(proc)
+    # once it has stopped, a server starts on that home again
+    again, lines = _serve_until_listening(tmp_path, "--bind", ":0")
+    try:
+        assert lines and lines[-1].startswith("qag: listening on"), lines
+    finally:
+        _stop(again)
+
+
 def test_demo_reset_refuses_while_a_server_runs_on_its_home(tmp_path):
     # The home of a running server was deleted under it before (D/gunicorn.ctl answering).
     proc, lines = _serve_until_listening(tmp_path, "--bind", ":0")
