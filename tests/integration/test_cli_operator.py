@@ -208,7 +208,11 @@ def test_a_second_server_on_a_running_servers_home_is_refused(tmp_path):
         from qag.server import home_server
         wait_for(lambda: home_server(str(tmp_path)) is not None, "the server's control socket")
         second, second_lines = _serve_until_listening(tmp_path, "--bind", ":0")
-        assert second.wait(30) == 2
+        try:
+            assert second.wait(30) == 2
+        finally:
+            if second.poll() is None:   # it started: a defect, but never left running
+                _stop(second)
         assert second_lines == [f"qag: a qag server (pid {proc.pid}) is already running on {tmp_path}; stop it "
                                 f"first, or give this one a home of its own (QAG_HOME)"], second_lines
         assert home_server(str(tmp_path)) == proc.pid     # the first one still answers on its socket
