@@ -20,7 +20,9 @@ from .hostlimits import HostTable
 from .limits import Buckets, Slot, Slots
 
 # A token bucket on Redis's clock: hash fields tokens and seen (seconds, fractional). Refills continuously at
-# count per period, capped at count; takes one token when there is one. The hash expires once it would be full
+# count per period, capped at count; takes one token when there is one. The count and period come with each call,
+# not in the bucket's name: a key whose limit an administrator changes keeps what it used, within the new
+# capacity (as in the host table), instead of starting over with a full bucket. The hash expires once it would be full
 # again, so idle identities cost nothing. Returns {1 or 0, tokens left as text}.
 _BUCKET = """
 local t = redis.call('TIME')
@@ -137,7 +139,7 @@ class RateLimiter:
         if redis is None:
             result = self._host(ident, count, period)
         else:
-            key = f"{redis.prefix}ratelimit:{self.kind}:{count}/{int(period)}:{ident}"
+            key = f"{redis.prefix}ratelimit:{self.kind}:{ident}"
             result = redis.call(lambda r: self._remote(r, key, count, period),
                                 lambda: self._fallback(ident, count, period))
         if result[1]:

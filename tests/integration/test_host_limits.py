@@ -137,6 +137,21 @@ def test_key_limit_is_exact_across_the_workers(keyed, uniq):
     assert "x-ratelimit-key-limit" not in keyed.get(q("ids")).headers
 
 
+def test_a_patched_limit_keeps_what_the_key_used(keyed, uniq):
+    """A PATCH applies at once on every worker, and what the key used stays used within the new capacity: an
+    administrator who lowers an abusive key's limit doesn't hand it a fresh budget (with Redis it did: the limit
+    was part of the bucket's name)."""
+    name = uniq("rl")
+    key = keyed.key(name, rate_limit="10/hour")   # hours: nothing refills while the test runs
+    replies = _every_worker(keyed, q("ids"), 14, key=key)
+    assert sorted(r.status for r in replies) == [200] * 10 + [429] * 4
+    for limit in ("8/hour", "9/hour", "10/hour", "12/hour"):
+        assert keyed.request("PATCH", f"/api/v1/api-keys/{name}", body={"rate_limit": limit}).status == 200
+        replies = _every_worker(keyed, q("ids"), WORKERS, key=key)
+        assert [r.status for r in replies] == [429] * WORKERS, (limit, [r.status for r in replies])
+        assert {r.headers["x-ratelimit-key-limit"] for r in replies} == {limit.split("/")[0]}
+
+
 # --- 6.8 quotas ----------------------------------------------------------------------------------------------------
 def test_call_quota_is_exact_across_the_workers(keyed, uniq):
     name = uniq("qc")

@@ -29,6 +29,6 @@ def test_admit_with_redis_is_take_then_begin(tmp_path, uniq):
         assert stats.rejections == 1 and table.stats()["used"] == 0   # nothing counted on this host
     finally:
         key = ("default", name, "day", period("day", time.time())[0])
-        shared.client().delete(quotas.redis_key(key), f"qag:ratelimit:key:3/60:{name}")
+        shared.client().delete(quotas.redis_key(key), f"qag:ratelimit:key:{name}")
         quotas.close()
         table.close()

@@ -15,7 +15,7 @@ def test_bucket_in_redis_is_shared_and_keyed_as_the_contract_says(uniq):
     ident = uniq("10.0.0.")
     a = RateLimiter("client", shared, LimitStats())
     b = RateLimiter("client", SharedRedis(redis_url()), LimitStats())   # another worker (or instance)
-    key = f"qag:ratelimit:client:3/60:{ident}"
+    key = f"qag:ratelimit:client:{ident}"
     try:
         assert [a.take(ident, 3, 60)[0], b.take(ident, 3, 60)[0], a.take(ident, 3, 60)[0]] == [2, 1, 0]
         left, retry = b.take(ident, 3, 60)
@@ -24,11 +24,34 @@ def test_bucket_in_redis_is_shared_and_keyed_as_the_contract_says(uniq):
         stored = shared.client().hgetall(key)
         assert set(stored) == {b"tokens", b"seen"} and 0 <= float(stored[b"tokens"]) < 1
         assert 0 < shared.client().ttl(key) <= 61
-        # Another identity, or the same one under another limit, has its own bucket.
+        # Another identity, or a key of the same name, has its own bucket.
         assert a.take(ident + "x", 3, 60) == (2, 0)
         assert RateLimiter("key", shared, LimitStats()).take(ident, 3, 60) == (2, 0)
     finally:
-        shared.client().delete(key, f"qag:ratelimit:client:3/60:{ident}x", f"qag:ratelimit:key:3/60:{ident}")
+        shared.client().delete(key, f"qag:ratelimit:client:{ident}x", f"qag:ratelimit:key:{ident}")
+
+
+def test_a_changed_limit_keeps_what_the_bucket_used(uniq):
+    """An administrator who lowers (or raises) a key's limit doesn't hand it a fresh, full bucket: what it used
+    stays used, within the new capacity, on every worker and instance (each reads the limit from the key row)."""
+    shared = SharedRedis(redis_url())
+    ident = uniq("k")
+    limiter = RateLimiter("key", shared, LimitStats())
+    try:
+        assert [limiter.take(ident, 10, 60)[0] for _ in range(10)] == list(range(9, -1, -1))
+        assert limiter.take(ident, 10, 60)[0:1] == (0,) and limiter.stats.rejections == 1
+        for count in (8, 9, 10, 600):   # lowered, raised again, and raised past what a minute refills
+            left, retry = limiter.take(ident, count, 60)
+            assert left == 0 and retry >= 1, (count, left, retry)
+        assert limiter.stats.rejections == 5
+        stored = shared.client().hgetall(f"qag:ratelimit:key:{ident}")
+        assert 0 <= float(stored[b"tokens"]) < 1
+        # a limit lowered below what is left caps it there
+        other = ident + "y"
+        assert limiter.take(other, 10, 60) == (9, 0)
+        assert limiter.take(other, 3, 60) == (2, 0)
+    finally:
+        shared.client().delete(f"qag:ratelimit:key:{ident}", f"qag:ratelimit:key:{ident}y")
 
 
 def test_bucket_refills_on_redis_clock(uniq):
@@ -42,7 +65,7 @@ def test_bucket_refills_on_redis_clock(uniq):
         time.sleep(0.6)                      # 2 per second: one token back after half a second
         assert limiter.take(ident, 2, 1) == (0, 0)
     finally:
-        shared.client().delete(f"qag:ratelimit:key:2/1:{ident}")
+        shared.client().delete(f"qag:ratelimit:key:{ident}")
 
 
 def test_bucket_falls_back_in_process_and_counts_it():
