@@ -206,15 +206,18 @@ class Gateway:
             environ["qag.endpoint"] = "preflight"
             return self.headers.preflight(origin)
         # Only a CORS preflight (answered above) is exempt among OPTIONS: a plain OPTIONS is authenticated, so it
-        # must spend tokens like any request that can test a key.
+        # must spend tokens like any request that can test a key. What is exempt is judged on the path the router
+        # reads (request.path), never on the server's PATH_INFO: where the two read a target differently (a
+        # fragment), a path exempt by one and routed by the other would test keys at any rate.
+        path = request.path
         if (self.rate_limit is not None
-                and environ.get("PATH_INFO") not in _RATE_EXEMPT
-                and not environ.get("PATH_INFO", "").startswith("/console")):
+                and path not in _RATE_EXEMPT
+                and not path.startswith("/console")):
             self._limit_address(request)
         try:
             route, params = self.router.match(request.segments, request.method)
         except QagError:
-            if environ.get("PATH_INFO", "").startswith("/console"):
+            if path.startswith("/console"):
                 # The contract's Console paths are public and never rate limited, and qag serves no Console: 404
                 # for everyone, unauthenticated. Authenticating there would tell a right key from a wrong one at
                 # any rate.

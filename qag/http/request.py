@@ -105,6 +105,9 @@ class Request:
         if raw:
             if raw.startswith(("http://", "https://")):
                 raw = "/" + raw.split("://", 1)[1].partition("/")[2]
+            # A fragment is never part of a request's target (RFC 9112 3.2); the servers drop it from PATH_INFO
+            # and QUERY_STRING, and so does this reading.
+            raw = raw.partition("#")[0]
             path, _, query = raw.partition("?")
             path = _decode_component(path, False)
         else:

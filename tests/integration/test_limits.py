@@ -94,6 +94,28 @@ def test_the_console_paths_never_rate_limited_never_test_a_key(limited):
     assert limited.get("/api/v1/connections", headers=client).status == 200   # the budget was never spent
 
 
+@pytest.mark.parametrize("worker_class", ["qag", "gthread"])
+def test_a_fragment_in_the_target_is_read_as_the_router_reads_it(worker_class):
+    """The servers drop a target's #fragment from PATH_INFO; the router read it from the raw target. So
+    `/health#/x` was exempt from the limit by one reading and an unknown route, answered 401 or 404 by key, by the
+    other: an unthrottled key-guessing oracle. Both readings drop it now."""
+    s = Server(env={"QAG_RATE_LIMIT": "3/minute", "QAG_TRUST_PROXY": "1", "QAG_WORKER_CLASS": worker_class},
+               workers=1)
+    try:
+        client = _from("10.0.0.6")
+        for i in range(6):
+            for target in ("/health#/x", "/health#", "/livez#/api/v1/connections"):
+                r = s.get(target, key=f"wrong-{i}", headers=client)
+                assert r.status == 200 and "x-ratelimit-limit" not in r.headers, (target, r)
+        statuses = [s.get("/api/v1/connections#frag", key=f"wrong-{i}", headers=client).status for i in range(5)]
+        assert statuses == [401, 401, 401, 429, 429]
+        other = _from("10.0.0.7")
+        r = s.get("/api/v1/connections#/x?y=1", headers=other)   # the fragment's text is neither path nor query
+        assert r.status == 200 and "items" in r.json and r.headers["x-ratelimit-remaining"] == "2"
+    finally:
+        s.close()
+
+
 def test_every_counted_route_carries_the_headers(limited):
     client = _from("10.0.0.3")
     for path, status in (("/openapi.json", 200), ("/no/such/route", 404), ("/q/nothing", 404)):
