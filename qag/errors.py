@@ -173,7 +173,7 @@ def generate_markdown() -> str:
         "`driver_detail` there. `*/*` and `application/*` keep the object above, byte for byte. These errors carry",
         "`Vary: Accept`; a `401` carries `WWW-Authenticate: ApiKey realm=\"qag\", name=\"X-API-Key\", in=\"header\"`",
         "(`Bearer realm=\"metrics\"` on `/metrics`), a `405` an `Allow` header with the methods the path takes. The",
-        "refusals of qag's worker before the app (`malformed_http`, `request_line_too_long`, `expectation_failed`,",
+        "refusals of the worker before the app (either worker class: `malformed_http`, `request_line_too_long`, `expectation_failed`,",
         "`header_fields_too_large`, and `internal_error` when the app fails before its status line) are always the object",
         "above, with the `X-Request-Id` it names and the security headers of every response; the connection is closed",
         "after them.",

@@ -13,7 +13,7 @@ _settings = _load()
 bind = [_settings.bind] + ([_settings.admin_bind] if _settings.admin_bind else [])
 workers = _settings.workers
 threads = _settings.threads
-worker_class = "qag.worker.QagWorker" if _settings.worker_class == "qag" else "gthread"
+worker_class = "qag.worker.QagWorker" if _settings.worker_class == "qag" else "qag.worker.gthread.QagThreadWorker"
 timeout = _settings.timeout
 graceful_timeout = _settings.graceful_timeout
 keepalive = 5

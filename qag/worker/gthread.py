@@ -1,0 +1,100 @@
+"""gunicorn's gthread worker as `QAG_WORKER_CLASS=gthread` runs it: client sockets that wait at most the client
+timeout, and refusals in qag's error envelope instead of gunicorn's HTML page."""
+
+from __future__ import annotations
+
+import socket
+
+from gunicorn.http import errors as http_errors
+from gunicorn.workers.gthread import ThreadWorker
+
+from . import wsgi
+
+# What gunicorn refuses before the app, as the qag worker answers it (docs/errors.md): status, reason phrase.
+_REFUSALS = (
+    (http_errors.LimitRequestLine, 414, "URI Too Long"),
+    (http_errors.LimitRequestHeaders, 431, "Request Header Fields Too Large"),
+    (http_errors.ExpectationFailed, 417, "Expectation Failed"),
+    (http_errors.ForbiddenProxyRequest, 403, "Forbidden"),
+)
+# The application's fault or the server's, not the client's: a 500.
+_NOT_THE_CLIENTS = (http_errors.InvalidResponseHeader, http_errors.InvalidResponseHeaderName,
+                    http_errors.ConfigurationProblem)
+
+
+class _ClientSocket(socket.socket):
+    """A client connection on which gunicorn's "blocking" means blocking for at most `timeout` seconds: gthread
+    reads a request's head and body in a pool thread with no limit of its own, so a few clients that send half a
+    request and wait would hold every thread. A read that times out is the client gone (NoMoreData: a head is
+    dropped quietly, a body the app reads is refused as incomplete); a write waits at most the timeout for each
+    part the client takes (any progress starts it again, as the qag worker counts), then fails as a reset would."""
+
+    __slots__ = ()
+    timeout_seconds = 30.0
+
+    def setblocking(self, flag: bool) -> None:
+        if flag:
+            self.settimeout(self.timeout_seconds)
+        else:
+            super().setblocking(False)
+
+    def recv(self, size: int, flags: int = 0) -> bytes:
+        try:
+            return super().recv(size, flags)
+        except TimeoutError:
+            raise http_errors.NoMoreData() from None
+
+    def sendall(self, data, flags: int = 0) -> None:
+        # socket.sendall's timeout bounds the whole call (Python 3.5+): a large body to a slow but steady reader
+        # would fail at the timeout. Each send() here waits at most the timeout for room.
+        with memoryview(data) as view, view.cast("B") as octets:
+            sent, total = 0, len(octets)
+            while sent < total:
+                sent += self.send(octets[sent:], flags)
+
+
+class QagThreadWorker(ThreadWorker):
+    """gunicorn's ThreadWorker; only its client sockets and its refusals are qag's."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        from ..settings import load
+        _ClientSocket.timeout_seconds = float(load().client_timeout)
+
+    def enqueue_req(self, conn):
+        if type(conn.sock) is socket.socket:   # a new connection: wrapped once, before anything reads or polls it
+            sock = conn.sock
+            conn.sock = _ClientSocket(sock.family, sock.type, sock.proto, fileno=sock.detach())
+            conn.sock.setblocking(False)
+        super().enqueue_req(conn)
+
+    def _keepalive_after(self, conn, keepalive):
+        # After the app has answered, gthread reads the body the app left unread; one that doesn't parse (a bad
+        # chunk) ended in a second, unasked-for answer, which a client that pipelined would take for its next
+        # request's. The connection is closed without one instead.
+        try:
+            return super()._keepalive_after(conn, keepalive)
+        except (http_errors.ParseException, OSError):
+            return False
+
+    def handle_error(self, req, client, addr, exc):
+        """The qag worker's answer to the same refusal: its envelope, X-Request-Id and security headers, and the
+        connection closed after it (gthread closes it)."""
+        if isinstance(exc, _NOT_THE_CLIENTS) or not isinstance(exc, http_errors.ParseException):
+            if req is not None and hasattr(req, "uri"):
+                self.log.exception("Error handling request %s %s", getattr(req, "method", ""), req.uri)
+            else:
+                self.log.exception("Error handling request (no URI read)")
+            status, reason, message = 500, "Internal Server Error", ""
+        else:
+            status, reason = 400, "Bad Request"
+            for kind, refused_status, refused_reason in _REFUSALS:
+                if isinstance(exc, kind):
+                    status, reason = refused_status, refused_reason
+                    break
+            message = f"{reason}: {exc}" if status == 400 else reason
+            self.log.warning("Invalid request from ip=%s: %s", (addr or ("",))[0], exc)
+        try:
+            client.sendall(wsgi.error_response(status, reason, message))
+        except OSError:
+            self.log.debug("Failed to send error message.")
