@@ -21,8 +21,17 @@ REFRESH_AFTER = 45.0   # ... and after this many a background thread reads it ag
 ENTRIES = 64           # (settings, database) pairs kept per backend
 
 
+def _nameable(*names: str) -> bool:
+    """Whether each could name a database or table: MySQL/MariaDB hold names in utf8mb3, so a character past U+FFFF
+    names nothing, and comparing one with the catalog's utf8mb3 columns is an error ("Illegal mix of
+    collations") rather than no match."""
+    return all(max(name, default="\0") <= "\uffff" for name in names)
+
+
 def read(cursor, database: str) -> dict:
     """{"tables": [...], "truncated": bool} as contract 5.2's schema route, on a buffered qag cursor."""
+    if not _nameable(database):
+        return {"tables": [], "truncated": False}
     cursor.execute("SELECT TABLE_NAME, TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
                    "ORDER BY TABLE_NAME LIMIT %s", (database, MAX_TABLES + 1))
     objects = cursor.page(0, 0)
@@ -56,6 +65,8 @@ def read_ddl(cursor, database: str, table: str) -> str | None:
     """SHOW CREATE of one table or view of `database`, None when there is none. The caller's name is only ever a
     bound value: the catalog finds the table (exactly, or as the server folds names when lower_case_table_names
     is set), and the statement names the table as the catalog spells it, quoted."""
+    if not _nameable(database, table):
+        return None
     cursor.execute("SELECT TABLE_NAME, @@lower_case_table_names FROM information_schema.TABLES "
                    "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s", (database, table))
     rows = cursor.page(0, 0)
@@ -80,7 +91,7 @@ def read_functions(cursor, database: str):
     functions (mysql.func, when the connection's user may read it), lower-case. MySQL/MariaDB list no native
     functions, so `builtins` is None (the hand-written list decides which names are built-ins)."""
     names: set[str] = set()
-    if database:
+    if database and _nameable(database):
         cursor.execute("SELECT ROUTINE_NAME FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = %s "
                        "AND ROUTINE_TYPE = 'FUNCTION'", (database,))
         names.update(str(row[0]).lower() for row in cursor.page(0, 0))

@@ -183,7 +183,8 @@ def test_table_ddl_on_mariadb_names_only_what_the_catalog_has(server, mysql_db, 
         assert film.status == 200 and film.json["ddl"].startswith("CREATE TABLE `film` (")
         assert "`title` varchar(20)" in film.json["ddl"]
         assert _ddl(server, name, "we`ird").json["ddl"].startswith("CREATE TABLE `we``ird`")
-        for bad in ("nope", "film`; DROP TABLE film; --", "film' OR '1'='1", "mysql.user", f"{db}.film", "film "):
+        for bad in ("nope", "film`; DROP TABLE film; --", "film' OR '1'='1", "mysql.user", f"{db}.film", "film ",
+                    "\U0001F600", "film\U0001F600"):   # past U+FFFF: no utf8mb3 name (was a 500)
             reply = _ddl(server, name, bad)
             assert reply.status == 404 and reply.json["code"] == "table_not_found", (bad, reply)
         cur.execute("SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = 'film'",
