@@ -259,7 +259,7 @@ class ConnectionHandlers:
         return json_response({"elapsed_ms": round(elapsed, 3)})
 
     def runtime_schema(self, request, caller, name):
-        return json_response(self.schema_for(caller, name, request.args.get("database")))
+        return json_response(self.schema_for(caller, name, _database_arg(request)))
 
     def schema_for(self, caller, name: str, database: str | None) -> dict:
         """A connection's tables and columns as this caller may see them (the schema route, MCP's list_tables)."""
@@ -308,7 +308,16 @@ class ConnectionHandlers:
     def schema(self, request, caller, name):
         row = self._existing(name)
         backend = self.gateway.backends.get(row["db"])
-        return json_response(backend.schema(resolve_fields(row["fields"], os.environ), request.args.get("database")))
+        return json_response(backend.schema(resolve_fields(row["fields"], os.environ), _database_arg(request)))
+
+
+def _database_arg(request) -> str | None:
+    """?database=, refused when it holds a NUL: the drivers' connection strings end at one, so `a%00b` would read
+    the schema of a database named `a`."""
+    database = request.args.get("database")
+    if database is not None and "\x00" in database:
+        raise QagError("invalid_text", "database can't contain a NUL character")
+    return database
 
 
 def _audited(db: str, active: bool, fields: dict) -> dict:

@@ -206,3 +206,15 @@ def test_table_ddl_on_postgres_is_unsupported_naming_the_dialect(server, pg_db):
     assert reply.status == 400 and reply.json["code"] == "unsupported_operation"
     assert "'postgres'" in reply.json["error"]
     assert _ddl(server, name, None).json["code"] == "table_required"
+
+
+def test_schema_of_another_database_refuses_a_nul_in_its_name(server, pg_db):
+    # libpq's connection string ends at a NUL: `<db>%00x` read the schema of <db> (and `a%00b` of a database `a`).
+    name = f"pgnul_{pg_db['database']}"
+    if server.get(f"/api/v1/connections/{name}").status == 404:
+        assert server.post("/api/v1/connections", {"name": name, "db": "postgres", **pg_db}).status == 201
+    for path in (f"/api/v1/connections/{name}/schema", f"/connections/{name}/schema"):
+        assert server.get(path, params={"database": pg_db["database"]}).status == 200
+        for database in (pg_db["database"] + "\x00x", "\x00", "a\x00b"):
+            r = server.get(path, params={"database": database})
+            assert r.status == 400 and r.json["code"] == "invalid_text", (path, database, r)
