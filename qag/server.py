@@ -257,22 +257,24 @@ def home_server(home: str) -> int | None:
     return pid if isinstance(pid, int) and pid > 0 else 0
 
 
-def _home_problem(home: str) -> str | None:
-    """A second server on a home whose server runs would take over its control socket (qag reload and qag stop
-    would reach the newcomer) and keep host state apart from the first; refused. Not for gunicorn's own re-exec of
-    its master (USR2, GUNICORN_FD set), which starts beside the old one on purpose."""
+def _home_taken(home: str) -> str | None:
+    """What to say when another server runs on this home: two instances may share a home (its store) on purpose,
+    but the second must not take over the first's control socket (gunicornc, qag demo --reset's check would reach
+    the newcomer, and the first would lose its socket when the second stops). Not for gunicorn's own re-exec of
+    its master (USR2, GUNICORN_FD set), which replaces the old one on purpose."""
     if os.environ.get("GUNICORN_FD"):
         return None
     pid = home_server(home)
     if pid is None:
         return None
-    return (f"a qag server{f' (pid {pid})' if pid else ''} is already running on {home}; stop it first, or give this "
-            f"one a home of its own (QAG_HOME)")
+    return (f"a qag server{f' (pid {pid})' if pid else ''} already runs on {home}: this one opens no control socket "
+            f"(gunicornc and qag demo --reset reach that one); give each instance a QAG_HOME of its own to control "
+            f"both")
 
 
 def serve(settings: Settings, banner=None, command: str = "qag serve") -> int:
     """Run the gateway; `banner(base_url)` is printed once it listens (the real port, also for port 0)."""
-    problem = binds_problem(settings, command) or _home_problem(settings.home)
+    problem = binds_problem(settings, command)
     if problem is not None:
         print(f"qag: {problem}", file=sys.stderr)
         return 2
@@ -284,6 +286,10 @@ def serve(settings: Settings, banner=None, command: str = "qag serve") -> int:
     from . import gunicorn_conf
     gunicorn_conf.ready_banner = banner
     options = {name: getattr(gunicorn_conf, name) for name in _CONFIG_NAMES}
+    taken = _home_taken(settings.home)
+    if taken is not None:
+        print(f"qag: {taken}", file=sys.stderr)
+        options["control_socket_disable"] = True
     if settings.api_key is None:
         local = settings.bind.startswith(("127.", "localhost", "[::1]", "unix:"))
         print("qag: open mode (no QAG_API_KEY): " + (

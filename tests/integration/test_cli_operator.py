@@ -200,8 +200,9 @@ def test_events_host_set_but_empty_is_the_default_loopback(tmp_path):
         _stop(proc)
 
 
-def test_a_second_server_on_a_running_servers_home_is_refused(tmp_path):
-    # It took over the first one's control socket before: qag reload and qag stop reached the newcomer.
+def test_a_second_server_on_a_running_servers_home_leaves_it_its_control_socket(tmp_path):
+    # Two instances may share a home (its store); the second took over the first one's control socket before, and
+    # removed it when it stopped: gunicornc and qag demo --reset then reached the wrong server, or none.
     proc, lines = _serve_until_listening(tmp_path, "--bind", ":0")
     try:
         assert lines and lines[-1].startswith("qag: listening on"), lines
@@ -209,21 +210,17 @@ def test_a_second_server_on_a_running_servers_home_is_refused(tmp_path):
         wait_for(lambda: home_server(str(tmp_path)) is not None, "the server's control socket")
         second, second_lines = _serve_until_listening(tmp_path, "--bind", ":0")
         try:
-            assert second.wait(30) == 2
+            assert second_lines and second_lines[-1].startswith("qag: listening on"), second_lines
+            assert (f"qag: a qag server (pid {proc.pid}) already runs on {tmp_path}: this one opens no control "
+                    f"socket (gunicornc and qag demo --reset reach that one); give each instance a QAG_HOME of its "
+                    f"own to control both") in second_lines, second_lines
+            time.sleep(1.0)                                  # when gunicorn would have opened its socket
+            assert home_server(str(tmp_path)) == proc.pid
         finally:
-            if second.poll() is None:   # it started: a defect, but never left running
-                _stop(second)
-        assert second_lines == [f"qag: a qag server (pid {proc.pid}) is already running on {tmp_path}; stop it "
-                                f"first, or give this one a home of its own (QAG_HOME)"], second_lines
-        assert home_server(str(tmp_path)) == proc.pid     # the first one still answers on its socket
+            _stop(second)
+        assert home_server(str(tmp_path)) == proc.pid     # the first one's socket outlives the second
     finally:
         _stop(proc)
-    # once it has stopped, a server starts on that home again
-    again, lines = _serve_until_listening(tmp_path, "--bind", ":0")
-    try:
-        assert lines and lines[-1].startswith("qag: listening on"), lines
-    finally:
-        _stop(again)
 
 
 def test_demo_reset_refuses_while_a_server_runs_on_its_home(tmp_path):
