@@ -30,7 +30,7 @@ from .policy.redislimits import LimitStats, RateLimiter, SlotPool
 from .redisconn import from_settings as redis_from_settings, namespace_prefix
 from .settings import Settings, load
 from .store import open_store
-from .store.base import Store, StoreTimeout
+from .store.base import Store, StoreUnanswered
 from .store.sqlite import store_paths
 
 log = logging.getLogger("qag")
@@ -143,11 +143,12 @@ class Gateway:
                 error = QagError("internal_error")
             else:
                 # The store is down, unreachable or locked: nothing was let in (an unknown key never is) and a
-                # refused write was rolled back with its transaction; but a change whose reply never came by the
-                # store's deadline may have been committed (a new key's secret, never shown): no Retry-After.
-                if isinstance(exc, StoreTimeout) and request.method not in ("GET", "HEAD"):
-                    error = QagError("unavailable", "The metadata store did not answer in time: the change may "
-                                                    "have been applied - read it back before retrying",
+                # refused write was rolled back with its transaction; but a change whose reply never came (the
+                # store's deadline passed, or its connection was lost after the COMMIT was sent) may have been
+                # committed (a new key's secret, never shown): no Retry-After.
+                if isinstance(exc, StoreUnanswered) and request.method not in ("GET", "HEAD"):
+                    error = QagError("unavailable", "The metadata store's reply never came: the change may have "
+                                                    "been applied - read it back before retrying",
                                      outcome="unknown")
                 else:
                     error = QagError("unavailable", "The metadata store is unavailable - try again shortly",

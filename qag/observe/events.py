@@ -21,8 +21,13 @@ from . import hostflush
 
 log = logging.getLogger("qag")
 
-_RETRIES = 30           # attempts (one an interval) for a batch the store refused (busy, locked, down) before it
-                        # counts as failed: a store outage of about half a minute loses no record
+HOLD_SECONDS = 30.0     # how long a batch the store refused (busy, locked, down) is held and retried, counted from
+                        # its first failure, before it counts as failed: a store outage of half a minute loses no
+                        # record. Time, not attempts: every history read asks every writer for one more attempt
+                        # (hostflush), so an administrator polling a management view made 30 attempts in a second.
+CLOSE_SECONDS = 5.0     # at close (a reload, a stop, a recycle), how long a refused batch is still retried: a short
+                        # outage then loses nothing, and the worker's exit waits for a down store only this long
+_CLOSE_RETRY = 0.25     # seconds between those last attempts
 _DROP_LOG_EVERY = 60.0  # seconds between "buffer full" log lines
 
 _writers: "weakref.WeakSet[BatchWriter]" = weakref.WeakSet()
@@ -75,7 +80,7 @@ class BatchWriter:
         self._closed = False
         self._held: list = []                 # a batch the store refused, retried first
         self._held_id = ""                    # ... under the id it was first written with
-        self._attempts = 0
+        self._held_since = 0.0                # when the held batch's first write failed (monotonic), 0: none held
         self.dropped = 0
         self.written = 0
         self.failed = 0
@@ -163,12 +168,15 @@ class BatchWriter:
                 except Exception as exc:  # a failed sweep is retried at the next tick
                     log.warning("%s: background sweep failed: %s", self.name, exc)
 
-    def _drain(self, final: bool) -> None:
+    def _drain(self, final: bool, linger: float = 0.0) -> None:
         with self._flush_lock:
-            self._drain_locked(final, False)
+            self._drain_locked(final, False, linger)
 
-    def _drain_locked(self, final: bool, until_empty: bool) -> None:
+    def _drain_locked(self, final: bool, until_empty: bool, linger: float = 0.0) -> None:
+        """final: write everything now, nothing is held for later; a batch the store refuses is retried for
+        `linger` seconds more (close), then lost."""
         queue = self._queue
+        give_up = time.monotonic() + linger
         while True:
             if self._held:
                 # Sent again alone, as it was and under its id: a write that failed may have been applied (its
@@ -190,22 +198,27 @@ class BatchWriter:
                 if not self._retry(exc):
                     self._lost(batch, exc)
                 else:
-                    self._attempts += 1
-                    if self._attempts < _RETRIES and not final:
-                        self._held, self._held_id = batch, batch_id
-                        if self._attempts == 1:   # once an outage, not once an interval
-                            log.warning("%s: store unavailable, %d records held for the next write (%s)",
-                                        self.name, len(batch), exc)
+                    now = time.monotonic()
+                    if not self._held_since:   # once an outage, not once an attempt
+                        self._held_since = now
+                        log.warning("%s: store unavailable, %d records held for the next write (%s)",
+                                    self.name, len(batch), exc)
+                    self._held, self._held_id = batch, batch_id
+                    if not final and now - self._held_since < HOLD_SECONDS:
                         return
+                    if final and now < give_up:
+                        time.sleep(_CLOSE_RETRY)
+                        continue
+                    self._held = []
                     self._lost(batch, exc)
             else:
-                self._attempts = 0
+                self._held_since = 0.0
                 self.written += len(batch)
             if not final and not until_empty and len(queue) < self.wake_at:
                 return
 
     def _lost(self, batch: list, exc: BaseException) -> None:
-        self._attempts = 0
+        self._held_since = 0.0
         self.failed += len(batch)
         log.error("%s: %d records could not be written and are lost: %s", self.name, len(batch), exc)
 
@@ -230,13 +243,15 @@ class BatchWriter:
                 self._flush_lock.release()
 
     def close(self) -> None:
-        """Final flush; later records are written at once by the closing thread (nothing is left behind)."""
+        """Final flush; later records are written at once by the closing thread (nothing is left behind). What
+        the store refuses is retried for CLOSE_SECONDS, then lost (logged with its count): nothing outlives the
+        process to write it later."""
         self._closed = True
         self._wake.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread() and self._running:
             thread.join(5.0)
-        self._drain(final=True)
+        self._drain(final=True, linger=CLOSE_SECONDS)
         self._log_drops_now()
 
     def _log_drops_now(self) -> None:

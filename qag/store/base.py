@@ -14,7 +14,13 @@ class StoreError(RuntimeError):
     """The store cannot be opened or used (newer schema, unreadable file, ...)."""
 
 
-class StoreTimeout(StoreError):
+class StoreUnanswered(StoreError):
+    """A change was sent to the store and its reply never came (its connection was cut at the deadline, or lost):
+    it may have been applied, so its outcome is unknown (a 503 without Retry-After; a writer thread resends its
+    batch under the same id, which the store skips if it has it)."""
+
+
+class StoreTimeout(StoreUnanswered):
     """The store did not answer a round trip in time: its connection was cut, and a write's outcome is unknown."""
 
 

@@ -26,6 +26,7 @@ import hashlib
 import io
 import os
 import re
+import select
 import threading
 import time
 from typing import Callable, Iterator
@@ -33,7 +34,7 @@ from urllib.parse import quote, unquote
 
 from ..backends.watchdog import NETWORK_MARGIN, Watchdog
 from ..errors import QagError
-from .base import PAUSE_ROWS, StoreError, StoreTimeout
+from .base import PAUSE_ROWS, StoreError, StoreTimeout, StoreUnanswered
 from .schema import MIGRATIONS, RUN_COLUMNS, SCHEMA_VERSION, statements
 from .sqlite import _CONFIGURATION, SqliteStore, _dump, _row
 
@@ -230,22 +231,38 @@ class _Pool:
                              f"{driver_text(exc, self.url)}") from None
         return conn
 
-    def get(self):
+    def get(self, fresh: bool = False):
+        """A connection: an idle one the server has not ended meanwhile, else a new one. fresh: a new one (in the
+        place of an idle one when the pool is full): a retry after a pooled connection turned out dead, whose
+        idle siblings (ended by the same restart or pg_terminate_backend) may be dead too."""
         if self._pid != os.getpid():
             self._reset()
         deadline = time.monotonic() + POOL_WAIT
-        with self._cond:
-            while True:
-                if self._idle:
-                    return self._idle.pop()
-                if self._open < self.size:
-                    self._open += 1
-                    break
-                left = deadline - time.monotonic()
-                if left <= 0 or not self._cond.wait(left):
-                    if not self._idle and self._open >= self.size:
-                        raise StoreError(f"no store connection free within {POOL_WAIT:g} s "
-                                         f"({self.size} in use by this process)")
+        stale: list = []
+        try:
+            with self._cond:
+                while True:
+                    while self._idle and not fresh:
+                        conn = self._idle.pop()
+                        if not _ended(conn):
+                            return conn
+                        stale.append(conn)
+                        self._open -= 1
+                    if fresh and self._idle and self._open >= self.size:
+                        stale.append(self._idle.pop(0))   # the one idle longest
+                        self._open -= 1
+                    if self._open < self.size:
+                        self._open += 1
+                        break
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not self._cond.wait(left):
+                        if not self._idle and self._open >= self.size:
+                            raise StoreError(f"no store connection free within {POOL_WAIT:g} s "
+                                             f"({self.size} in use by this process)")
+        finally:
+            for conn in stale:
+                with contextlib.suppress(Exception):
+                    conn.close()
         try:
             return self.connect(min(CONNECT_TIMEOUT, self.timeout or CONNECT_TIMEOUT))
         except BaseException:
@@ -279,6 +296,21 @@ class _Pool:
         for conn in idle:
             with contextlib.suppress(Exception):
                 conn.close()
+
+
+def _ended(conn) -> bool:
+    """Whether the server ended an idle pooled connection meanwhile (a restart, pg_terminate_backend, an idle
+    timeout): its socket is readable (the server's last message, or the end of the stream) where an idle
+    session's never is. A look, nothing sent: a statement is never sent down a connection already known dead,
+    so a write that fails on one is not one whose outcome is in doubt."""
+    if conn.closed:
+        return True
+    try:
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError, TypeError):
+        return True
 
 
 @contextlib.contextmanager
@@ -356,7 +388,7 @@ class PostgresStore(SqliteStore):
                 cur.execute(sql, args)
                 return fetch(cur)
         for attempt in (0, 1):
-            conn = self._pool.get()
+            conn = self._pool.get(fresh=attempt == 1)
             try:
                 with bounded(conn, self.timeout), conn.cursor() as cur:
                     cur.execute(sql, args)
@@ -364,13 +396,17 @@ class PostgresStore(SqliteStore):
             except StoreTimeout:
                 self._pool.put(conn, broken=True)
                 raise   # never again: the statement may be running, and the caller has waited long enough
-            except psycopg2.Error:
+            except psycopg2.Error as exc:
                 broken = bool(conn.closed)
                 self._pool.put(conn, broken=broken)
-                # A pooled connection the server dropped (restart, idle timeout): a read once more on a fresh one.
-                # Not a write: the connection may have broken after the server ran it, with only the reply lost.
+                # A pooled connection the server dropped (restart, idle timeout): a read once more on a new one
+                # (not another pooled one: the same restart may have ended it too).
                 if broken and attempt == 0 and _rerunnable(sql):
                     continue
+                if broken and not _rerunnable(sql):
+                    # Never a write: the connection may have broken after the server ran (in autocommit: committed)
+                    # it, with only the reply lost. Its outcome is unknown, as at the deadline.
+                    raise StoreUnanswered(_lost_reply(exc, self.url)) from exc
                 raise
             self._pool.put(conn)
             return result
@@ -414,7 +450,7 @@ class PostgresStore(SqliteStore):
             return
         psycopg2 = _driver()
         for attempt in (0, 1):
-            conn = self._pool.get()
+            conn = self._pool.get(fresh=attempt == 1)
             broken = False
             try:
                 # Waiting for another instance's migration has no limit (nor has the migration itself).
@@ -441,13 +477,19 @@ class PostgresStore(SqliteStore):
                 raise
             break
         local.conn, local.pid, local.depth, local.locks = conn, os.getpid(), 1, {lock}
+        committing = False
         try:
             yield
+            committing = True
             with bounded(conn, self.timeout), conn.cursor() as cur:
                 cur.execute("COMMIT")
         except BaseException as exc:
             if isinstance(exc, StoreTimeout) or conn.closed:
                 broken = True   # cut, or lost: the server ends the transaction with the connection
+                if committing and isinstance(exc, psycopg2.Error):
+                    # Lost with the COMMIT sent: the server may have committed it before the connection went (a
+                    # lost connection before the COMMIT rolls the transaction back: the caller may retry that).
+                    raise StoreUnanswered(_lost_reply(exc, self.url)) from exc
             else:
                 try:
                     with bounded(conn, self.timeout), conn.cursor() as cur:
@@ -591,6 +633,12 @@ class PostgresStore(SqliteStore):
     def _has_id(self, table: str) -> bool:
         return self._one("SELECT count(*) AS n FROM information_schema.columns WHERE table_name = ? "
                          "AND column_name = 'id' AND table_schema = current_schema()", (table,))["n"] > 0
+
+
+def _lost_reply(exc: BaseException, url: str) -> str:
+    text = driver_text(exc, url).strip().splitlines()
+    return ("the store's connection was lost before its reply came; the change may have been applied"
+            + (f" ({text[0]})" if text else ""))
 
 
 def _ident(name: str) -> str:

@@ -346,3 +346,134 @@ def test_a_batch_whose_commit_reply_was_lost_is_not_written_twice(pg_store_url):
             assert store.quota_counts([key]) == {key: (20, 3)}
         finally:
             store.close()
+
+
+def _end_store_sessions(url: str) -> None:
+    """pg_terminate_backend on every qag store session of the database (an operator's or a failover's), and wait
+    until the server has ended them."""
+    from tests.services import pg_admin
+    admin = pg_admin(_fields_of(url)["database"])
+    try:
+        with admin.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'qag-store' "
+                        "AND datname = current_database() AND pid <> pg_backend_pid()")
+
+        def gone():
+            with admin.cursor() as cur:
+                cur.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'qag-store' "
+                            "AND datname = current_database()")
+                return cur.fetchone()[0] == 0
+        wait_for(gone, "the store's sessions ended", 10)
+    finally:
+        admin.close()
+
+
+def test_every_idle_connection_ended_at_once_costs_no_call(pg_store_url):
+    """Fault drill: after pg_terminate_backend of the store's idle pooled sessions (the store up), 2 of 120 reads
+    answered 503: the retry took the next pooled connection, dead too. A connection the server ended while idle
+    is seen before anything is sent on it (its socket is readable) and replaced; a retried read takes a new one.
+    So reads, writes (never retried) and transactions all go through."""
+    from qag.store.postgres import PostgresStore
+    store = PostgresStore(pg_store_url, pool_size=4)
+    try:
+        store.set_meta("a", "1")
+
+        def fill_pool():   # four idle pooled connections, as a worker has after a burst of requests
+            conns = [store._pool.get() for _ in range(4)]
+            for conn in conns:
+                store._pool.put(conn)
+            assert len(store._pool._idle) == 4
+
+        for step in range(4):
+            fill_pool()
+            _end_store_sessions(pg_store_url)
+            if step == 0:
+                assert store.get_meta("a") == "1"
+            elif step == 1:
+                store.set_meta("a", "2")          # a write is never sent down a connection known dead
+            elif step == 2:
+                with store.transaction():
+                    store.set_meta("a", store.get_meta("a") + "3")
+            else:
+                assert store.list_connections() == []
+        assert store.get_meta("a") == "23"
+    finally:
+        store.close()
+
+
+def _slow_commits(url: str, table: str, column: str) -> None:
+    """A deferred trigger that holds the COMMIT of a row whose `column` starts with 'slow' for 1.5 s (its
+    transaction is applied: the server finishes it even when the client's connection is gone meanwhile)."""
+    import psycopg2
+    owner = psycopg2.connect(url)
+    owner.autocommit = True
+    with owner.cursor() as cur:
+        cur.execute(f"CREATE OR REPLACE FUNCTION slow_commit_{table}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                    f"IF NEW.{column} LIKE 'slow%' THEN PERFORM pg_sleep(1.5); END IF; RETURN NULL; END $$")
+        cur.execute(f"CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON {table} DEFERRABLE INITIALLY DEFERRED "
+                    f"FOR EACH ROW EXECUTE FUNCTION slow_commit_{table}()")
+    owner.close()
+
+
+def test_a_change_whose_connection_is_reset_after_its_commit_has_an_unknown_outcome(pg_store_url):
+    """Fault drill: a store write whose connection was reset right after its COMMIT was sent answered like a
+    refused one (503 with Retry-After), though it was committed. Lost with the COMMIT sent (a transaction's, or
+    an autocommit write's), it is StoreUnanswered: its outcome unknown, as when the reply is held past the
+    deadline. Lost before the COMMIT, the server rolled it back: still a plain, retryable failure."""
+    from urllib.parse import urlsplit
+    from qag.store.base import StoreUnanswered
+    from qag.store.postgres import PostgresStore
+    from qag.testing import Relay
+    parts = urlsplit(pg_store_url)
+    PostgresStore(pg_store_url).close()
+    _slow_commits(pg_store_url, "meta", "key")
+    with Relay(parts.hostname, parts.port) as relay:
+        store = PostgresStore(_relayed(pg_store_url, relay), timeout=10)
+        try:
+            def in_transaction():
+                with store.transaction():
+                    store.set_meta("slow-tx", "1")
+
+            for key, write in (("slow-tx", in_transaction), ("slow-auto", lambda: store.set_meta("slow-auto", "1"))):
+                timer = threading.Timer(0.7, relay.reset_connections)   # while the COMMIT is held
+                timer.start()
+                with pytest.raises(StoreUnanswered) as caught:
+                    write()
+                timer.join()
+                assert store.unavailable(caught.value)   # a writer thread holds its batch and resends it
+                wait_for(lambda: store.get_meta(key) == "1", f"{key} committed after all", 10)
+            # Lost before the COMMIT: rolled back, so no doubt about it.
+            with pytest.raises(Exception) as caught:
+                with store.transaction():
+                    store.set_meta("never", "1")
+                    relay.reset_connections()
+                    store.get_meta("never")
+            assert not isinstance(caught.value, StoreUnanswered) and store.unavailable(caught.value)
+            assert store.get_meta("never") is None
+        finally:
+            store.close()
+
+
+def test_a_new_key_whose_commit_reply_was_lost_is_answered_as_unknown(pg_store_url, tmp_path):
+    """POST /api/v1/api-keys whose store connection is reset once its COMMIT was sent: the key exists, its secret
+    was never shown; the answer is 503 with outcome "unknown" and no Retry-After (before: Retry-After: 2, and a
+    client that followed it made a second key)."""
+    from urllib.parse import urlsplit
+    from qag.store.postgres import PostgresStore
+    from qag.testing import Relay
+    from tests.unit.test_observe_history import App
+    parts = urlsplit(pg_store_url)
+    PostgresStore(pg_store_url).close()
+    _slow_commits(pg_store_url, "api_keys", "name")
+    with Relay(parts.hostname, parts.port) as relay:
+        app = App(str(tmp_path), {"QAG_DATABASE_URL": _relayed(pg_store_url, relay)})
+        try:
+            timer = threading.Timer(0.7, relay.reset_connections)
+            timer.start()
+            status, headers, body = app.call("POST", "/api/v1/api-keys", {"name": "slow-key"})
+            timer.join()
+            assert status == 503 and body["code"] == "unavailable" and body["outcome"] == "unknown", body
+            assert "retry-after" not in {h.lower() for h in headers} and "read it back" in body["error"]
+            wait_for(lambda: app.call("GET", "/api/v1/api-keys/slow-key")[0] == 200, "the key, committed", 10)
+        finally:
+            app.gateway.close()

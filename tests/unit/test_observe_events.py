@@ -170,3 +170,57 @@ def test_pause_lets_another_thread_take_the_interpreter_lock():
         sys.setswitchinterval(before)
         thread.join(10)
     assert took_it
+
+
+def test_a_held_batch_is_kept_by_time_not_by_how_often_readers_ask(monkeypatch):
+    """Fault drill: every history read (GET /api/v1/queries, /history) has every worker's writer try once more, so
+    an administrator polling a management view burnt the 30 attempts within a second of a store outage and its
+    runs were lost. The batch is held for HOLD_SECONDS from its first failure, however many writes are asked."""
+    from qag.observe import events
+    sink = Sink()
+    w = BatchWriter("t", sink.write, capacity=100, interval=3600,
+                    retry=lambda exc: isinstance(exc, sqlite3.OperationalError))
+    sink.fail_with = sqlite3.OperationalError("the store is down")
+    w.put(1)
+    for _ in range(100):   # readers' flushes during the outage
+        w.flush()
+    assert (w.failed, w.pending) == (0, 1) and len(sink.ids) == 100
+    sink.fail_with = None
+    w.flush()
+    assert sink.items == [1] and w.written == 1
+    # Past its time the batch counts as failed (the next one's time starts at its own first failure).
+    monkeypatch.setattr(events, "HOLD_SECONDS", 0.2)
+    sink.fail_with = sqlite3.OperationalError("the store is down")
+    w.put(2)
+    w.flush()
+    assert (w.failed, w.pending) == (0, 1)
+    threading.Event().wait(0.3)
+    w.flush()
+    assert (w.failed, w.pending) == (1, 0)
+    w.close()
+
+
+def test_close_retries_a_refused_batch_for_a_few_seconds(monkeypatch):
+    """Fault drill: a reload (SIGHUP) or a recycled worker during a store outage lost everything queued at the
+    first refusal of the final write. close() now tries again for CLOSE_SECONDS: a short outage loses nothing."""
+    from qag.observe import events
+    sink = Sink()
+    w = BatchWriter("t", sink.write, capacity=100, interval=3600,
+                    retry=lambda exc: isinstance(exc, sqlite3.OperationalError))
+    sink.fail_with = sqlite3.OperationalError("the store is down")
+    w.put(1)
+    w.flush()
+    w.put(2)
+    back = threading.Timer(0.5, lambda: setattr(sink, "fail_with", None))   # the store is back half a second later
+    back.start()
+    w.close()
+    back.join()
+    assert sink.items == [1, 2] and w.failed == 0 and w.pending == 0
+    # A store that stays down: the records are lost once the time is up, and counted.
+    monkeypatch.setattr(events, "CLOSE_SECONDS", 0.3)
+    w2 = BatchWriter("t", sink.write, capacity=100, interval=3600,
+                     retry=lambda exc: isinstance(exc, sqlite3.OperationalError))
+    sink.fail_with = sqlite3.OperationalError("the store is down")
+    w2.put(3)
+    w2.close()
+    assert (w2.failed, w2.pending) == (1, 0)
