@@ -152,8 +152,9 @@ def worker_exit(server, worker):
 
 def child_exit(server, worker):
     """Master, a worker gone: fold its counters into the instance's retired totals, and give back the slots and
-    quota reservations it held: in the host table, and its max_concurrent leases in Redis (bounded: at most two
-    short waits on Redis, once per worker gone; a lease left behind runs out by itself)."""
+    quota reservations it held: in the host table, and its max_concurrent leases and quota reservations in Redis
+    (bounded: at most two short waits on Redis, once per worker gone; a lease left behind runs out by itself, a
+    reservation stays counted)."""
     from qag.observe import metrics
     from qag.policy import hostlimits
     metrics.retire_worker(worker.pid)
@@ -163,8 +164,9 @@ def child_exit(server, worker):
         try:
             redislimits.sweep(_settings.redis_url, worker.pid)
         except Exception as exc:  # Redis down or not answering: the leases run out instead
-            server.log.warning("Could not give back the Redis max_concurrent leases of worker %s (%s); they run "
-                               "out by themselves", worker.pid, type(exc).__name__)
+            server.log.warning("Could not give back the Redis max_concurrent leases and quota reservations of "
+                               "worker %s (%s); the leases run out by themselves, the reservations stay counted",
+                               worker.pid, type(exc).__name__)
 
 
 def on_exit(server):

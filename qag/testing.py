@@ -99,8 +99,8 @@ class Relay:
     """A TCP relay for tests and benchmarks: `with Relay(host, port, delay=0.01) as relay:`, then connect to
     127.0.0.1:relay.port. It adds a delay to the server's replies, counts the client's request turns, and makes the
     faults of a network path on demand: cut (close both ways), reset (RST to the client), black-hole (hold every
-    byte, both ways, connections stay open: what a dropped route looks like to both ends) and refuse new
-    connections.
+    byte, both ways, connections stay open: what a dropped route looks like to both ends), hold the replies only
+    (requests still reach the server: a command done whose reply is lost) and refuse new connections.
 
     A "turn" is a burst of client bytes that follows server bytes (or starts the conversation): one round trip the
     client waited for. Each chunk from the server is forwarded `delay` seconds after it arrived, so a reply split
@@ -121,6 +121,8 @@ class Relay:
         self.refusing = False  # down(): new connections are closed at once, as if the server had stopped
         self._flowing = threading.Event()   # cleared by blackhole(): nothing is forwarded until restore()
         self._flowing.set()
+        self._replying = threading.Event()  # cleared by hold_replies(): the server's bytes wait until restore()
+        self._replying.set()
         self._sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -138,6 +140,7 @@ class Relay:
         """Stop accepting (new connections are refused) and break the open ones."""
         self._closed = True
         self._flowing.set()   # let held pumps run into the closed sockets and end
+        self._replying.set()
         # shutdown() first: close() alone leaves a socket that a thread is blocked in accept() on still listening.
         try:
             self._listener.shutdown(socket.SHUT_RDWR)
@@ -181,8 +184,13 @@ class Relay:
         """Hold every byte in both directions (open connections and new ones) until restore()."""
         self._flowing.clear()
 
+    def hold_replies(self) -> None:
+        """Forward the client's bytes but hold the server's (open connections and new ones) until restore()."""
+        self._replying.clear()
+
     def restore(self) -> None:
         self._flowing.set()
+        self._replying.set()
 
     def down(self) -> None:
         """Stop the upstream as seen through the relay: break open connections and refuse new ones until up()."""
@@ -254,6 +262,7 @@ class Relay:
                             continue
                         heapq.heappop(pending)
                     self._flowing.wait()
+                    self._replying.wait()
                     client.sendall(data)
             except OSError:
                 pass

@@ -19,7 +19,13 @@ without Redis exceed a quota by at most what the others serve in QAG_HISTORY_FLU
 
 With Redis the counter is the hash `qag:<deployment>:quota:<workspace>~<caller>:<day:YYYY-MM-DD|month:YYYY-MM>` (fields calls,
 rows, at; 40-day expiry), checked and reserved atomically by one Lua script and seeded from the store when missing,
-so the limit is exact across instances. While Redis fails, the host table decides, as without Redis.
+so the limit is exact across instances. While Redis fails, the host table decides, as without Redis. A reservation
+in Redis is held by its process like a slot lease: the script records it under a random token in the process's
+`qag:reserved:<host>/<instance>:<pid>` hash (redislimits.reserved_index), the settle removes it and applies the
+call's outcome only when it was still there (so a settle is applied once however often it is sent), and the master
+gives back what a dead worker left there (redislimits.sweep). A settle Redis did not take, and a reservation whose
+reply was lost (the call then counts in the host table), are sent again by a thread until Redis answers or the
+period ends.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from typing import Callable
 
 from ..errors import QagError
 from .hostlimits import HostTable
+from .redislimits import holder_host, reserved_index
 
 log = logging.getLogger("qag")
 
@@ -42,11 +49,14 @@ WORKSPACE = "default"
 RETENTION_DAYS = 400          # stored counts are kept this long (contract 6.8)
 REDIS_EXPIRY = 40 * 86400     # seconds a Redis counter lives after its last change
 VIEW_MAX_AGE = 1.0            # seconds: a worker re-reads a caller's stored counts at most this often
+SETTLE_RETRY = 1.0            # seconds between two tries at the Redis settles that failed
+SETTLES_KEPT = 1024           # failed settles a process keeps to try again; beyond them a reservation stays counted
 _PRUNE_EVERY = 3600.0
 _LOG_EVERY = 60.0
 
 # Check (and with ARGV[6] = 1 reserve one call of) a counter; seed it from ARGV[3..4] when it is missing, or
 # answer {-1} when no seed was given so the caller can read the store and ask again. ARGV[1..2]: limits, 0 = none.
+# A reservation is recorded in the process's hash KEYS[2] (token ARGV[7] -> the counter) until it is settled.
 # Returns {1 allowed / 0 refused, calls, rows} after the reservation.
 _RESERVE = """
 local k = KEYS[1]
@@ -66,15 +76,34 @@ if ARGV[6] == '1' then
   else
     c = redis.call('HINCRBY', k, 'calls', 1)
     redis.call('HSET', k, 'at', redis.call('TIME')[1])
+    redis.call('HSET', KEYS[2], ARGV[7], k)
+    redis.call('EXPIRE', KEYS[2], ARGV[5])
   end
 end
 redis.call('EXPIRE', k, ARGV[5])
 return {ok, c, r}
 """
 
-# Add to a counter (a refunded call is -1); returns {calls, rows}.
+# Add a stream's rows to a counter; returns {calls, rows}, or nil when the counter is gone (Redis lost it: the next
+# reservation seeds it again from the store, which gets these rows too, where adding them would make a counter
+# without the store's counts).
 _ADD = """
 local k = KEYS[1]
+if redis.call('EXISTS', k) == 0 then return false end
+local c = redis.call('HINCRBY', k, 'calls', ARGV[1])
+local r = redis.call('HINCRBY', k, 'rows', ARGV[2])
+redis.call('HSET', k, 'at', redis.call('TIME')[1])
+redis.call('EXPIRE', k, ARGV[3])
+return {c, r}
+"""
+
+# Settle the reservation ARGV[4] held in KEYS[2] (a process's reserved_index): add ARGV[1] calls (0 keeps it, -1
+# gives it back) and ARGV[2] rows to its counter KEYS[1], only when the reservation was still held, so sending it
+# again after a lost reply (the retry thread), or the master's sweep after a settle, changes nothing. Returns
+# {calls, rows}, or nil when nothing was done.
+SETTLE = """
+local k = KEYS[1]
+if redis.call('HDEL', KEYS[2], ARGV[4]) == 0 or redis.call('EXISTS', k) == 0 then return false end
 local c = redis.call('HINCRBY', k, 'calls', ARGV[1])
 local r = redis.call('HINCRBY', k, 'rows', ARGV[2])
 redis.call('HSET', k, 'at', redis.call('TIME')[1])
@@ -110,7 +139,7 @@ class Ticket:
     X-Quota-* headers) and, for a data call, the reserved call to settle once the response is known."""
 
     __slots__ = ("quotas", "key", "host_key", "per", "calls_limit", "rows_limit", "reset_at", "reset_text",
-                 "start_at", "calls", "rows", "refused", "reserved", "remote", "host", "now")
+                 "start_at", "calls", "rows", "refused", "reserved", "remote", "host", "now", "token")
 
     def headers(self) -> list[tuple[str, str]]:
         out = [("X-Quota-Reset", self.reset_text)]
@@ -180,7 +209,11 @@ class Quotas:
         self._unwritten: dict[tuple, list] = {}
         self._in_flight: dict[tuple, list] = {}  # being written by flush(), or whose write failed
         self._in_flight_id = ""                  # ... and its id: sent again under it (Store.add_quota_usage)
-        self._reserve = self._add_script = None
+        self._reserve = self._add_script = self._settle_script = None
+        self._holder = (None, "")                # (pid, its reserved_index): the hash of its Redis reservations
+        # token -> (counter, reserved_index, calls, rows, period's end): Redis settles that failed, tried again
+        self._unsettled: dict[str, tuple] = {}
+        self._settling = False                   # a thread is trying them again
         # (caller, per) -> _Period: the period's texts and times and the caller's keys, for calls within it
         self._periods: dict[tuple, _Period] = {}
         self._thread_pid = None
@@ -236,7 +269,7 @@ class Quotas:
         t.quotas, t.key, t.host_key, t.per, t.now = self, p.key, p.host_key, per, now
         t.calls_limit, t.rows_limit = calls_limit, rows_limit
         t.start_at, t.reset_at, t.reset_text = p.start_at, p.reset, p.reset_text
-        t.refused, t.reserved, t.remote, t.host = None, False, False, False
+        t.refused, t.reserved, t.remote, t.host, t.token = None, False, False, False, None
         return t
 
     def _period(self, name: str, per: str, now: float) -> "_Period":
@@ -393,7 +426,10 @@ class Quotas:
             self._count_stored(t.key, stored, rows, t.host)
         totals = None
         if t.remote:
-            if calls or rows:
+            if settle:   # even a kept call without rows: its reservation is let go
+                totals = self.redis.call(lambda r: self._remote_settle(r, t, calls, rows),
+                                         lambda: self._settle_failed(t, calls, rows))
+            elif calls or rows:
                 totals = self.redis.call(lambda r: self._remote_add(r, t, calls, rows), self._fell_back)
         elif t.host:
             totals = self.table.quota_add(t.host_key, calls, rows, settle)
@@ -430,15 +466,31 @@ class Quotas:
         workspace, caller, per, text = key
         return f"{self.redis.prefix}quota:{workspace}~{caller}:{per}:{text}"
 
+    def _reserved_index(self) -> str:
+        pid = os.getpid()
+        if self._holder[0] != pid:   # first use, or a forked child
+            self._holder = (pid, reserved_index(holder_host(), pid))
+        return self._holder[1]
+
     def _remote_reserve(self, client, t: Ticket, reserve: bool):
         if self._reserve is None:
             self._reserve = client.register_script(_RESERVE)
         rk = self.redis_key(t.key)
-        args = [t.calls_limit or 0, t.rows_limit or 0, "", "", REDIS_EXPIRY, 1 if reserve else 0]
-        found = self._reserve(keys=[rk], args=args, client=client)
-        if int(found[0]) == -1:  # no counter yet for this period (new, expired, or Redis restarted): seed it
-            args[2], args[3] = self._seed(t.key)
-            found = self._reserve(keys=[rk], args=args, client=client)
+        held = self._reserved_index()
+        token = t.token = os.urandom(6).hex() if reserve else ""
+        args = [t.calls_limit or 0, t.rows_limit or 0, "", "", REDIS_EXPIRY, 1 if reserve else 0, token]
+        try:
+            found = self._reserve(keys=[rk, held], args=args, client=client)
+            if int(found[0]) == -1:  # no counter yet for this period (new, expired, or Redis restarted): seed it
+                args[2], args[3] = self._seed(t.key)
+                found = self._reserve(keys=[rk, held], args=args, client=client)
+        except BaseException:
+            if reserve:
+                # The outcome is unknown (the script may have run and its reply been lost): the call is counted
+                # in the host table instead, so a reservation it may have made in Redis is given back, as a
+                # failed settle is. Giving back one never made does nothing (the token isn't held).
+                self._keep_settle(rk, held, token, -1, 0, t.reset_at)
+            raise
         return int(found[0]), int(found[1]), int(found[2])
 
     def _seed(self, key: tuple) -> tuple[int, int]:
@@ -460,7 +512,67 @@ class Quotas:
         if self._add_script is None:
             self._add_script = client.register_script(_ADD)
         found = self._add_script(keys=[self.redis_key(t.key)], args=[calls, rows, REDIS_EXPIRY], client=client)
-        return int(found[0]), int(found[1])
+        return None if found is None else (int(found[0]), int(found[1]))
+
+    def _settle(self, client):
+        if self._settle_script is None:
+            self._settle_script = client.register_script(SETTLE)
+        return self._settle_script
+
+    def _remote_settle(self, client, t: Ticket, calls: int, rows: int):
+        found = self._settle(client)(keys=[self.redis_key(t.key), self._reserved_index()],
+                                     args=[calls, rows, REDIS_EXPIRY, t.token], client=client)
+        return None if found is None else (int(found[0]), int(found[1]))
+
+    def _settle_failed(self, t: Ticket, calls: int, rows: int):
+        """A settle Redis did not take (down, backing off, or its reply lost): tried again later."""
+        self._fell_back()
+        self._keep_settle(self.redis_key(t.key), self._reserved_index(), t.token, calls, rows, t.reset_at)
+        return None
+
+    def _keep_settle(self, rk: str, held: str, token: str, calls: int, rows: int, until: float) -> None:
+        """Keep a settle to send again every SETTLE_RETRY s, by a thread of its own, until Redis answers or the
+        period ends (`until`, Unix; the counter then decides nothing any more). Without it a given-back call would
+        stay counted in Redis for the whole period, refusing the caller's last calls."""
+        with self._lock:
+            if len(self._unsettled) < SETTLES_KEPT:
+                self._unsettled[token] = (rk, held, calls, rows, until)
+            if self._settling:
+                return
+            self._settling = True
+        threading.Thread(target=self._retry_settles, name="qag-quota-settle", daemon=True).start()
+
+    def _retry_settles(self) -> None:
+        while not self._closed:
+            time.sleep(SETTLE_RETRY)
+            if not self._send_settles():
+                return
+
+    def _send_settles(self) -> bool:
+        """One try at the kept settles, straight to the client (a background try neither starts nor ends the
+        back-off the calls see). False once none is left (the retrying thread then ends)."""
+        import redis
+        with self._lock:
+            now = self.clock()
+            for token in [token for token, v in self._unsettled.items() if v[4] <= now]:
+                del self._unsettled[token]
+            pending = list(self._unsettled.items())
+            if not pending:
+                self._settling = False
+                return False
+        try:
+            client = self.redis.client()
+            script = self._settle(client)
+            pipe = client.pipeline(transaction=False)
+            for token, (rk, held, calls, rows, _) in pending:
+                script(keys=[rk, held], args=[calls, rows, REDIS_EXPIRY, token], client=pipe)
+            pipe.execute()
+        except (redis.RedisError, OSError, ValueError):
+            return True
+        with self._lock:
+            for token, _ in pending:
+                self._unsettled.pop(token, None)
+        return True
 
     # --- /api/v1/usage/quotas -------------------------------------------------------------------------------
     def usage(self) -> list[dict]:
@@ -574,11 +686,14 @@ class Quotas:
         return True
 
     def close(self) -> None:
-        """Graceful end of the worker: stop the writer and write what is left."""
+        """Graceful end of the worker: stop the writer and write what is left; one last try at the Redis settles
+        that failed (what is still held then, the master's sweep gives back)."""
         if self._closed:
             return
         self._closed = True
         self._stop.set()
+        if self._unsettled:
+            self._send_settles()
         if self._unwritten or self._in_flight:
             self.flush()
 
@@ -595,6 +710,7 @@ def _after_fork() -> None:
         quotas._lock = threading.Lock()
         quotas._io = threading.Lock()
         quotas._thread_pid = None
+        quotas._settling = False   # the retrying thread stayed behind too; the next failed settle starts one
 
 
 os.register_at_fork(after_in_child=_after_fork)

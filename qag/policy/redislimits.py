@@ -255,14 +255,24 @@ class SlotPool:
     def _remote(self, client, key: str, limit: int, lease: float, member: str, holder: str):
         if self._acquire is None:
             self._acquire = client.register_script(_ACQUIRE)
-        if not int(self._acquire(keys=[key, holder], args=[limit, lease, member], client=client)):
+        try:
+            took = int(self._acquire(keys=[key, holder], args=[limit, lease, member], client=client))
+        except BaseException:
+            # The outcome is unknown (the script may have run and its reply been lost): the call goes on with the
+            # host's count, so a lease it may have added is given back as a failed release is; otherwise nothing
+            # but a refused call would remove it before it runs out (up to an hour). Removing a member that was
+            # never added does nothing.
+            self._keep(key, member, time.monotonic() + lease)
+            raise
+        if not took:
             return None
         return _RedisSlot(self, key, member, lease, holder)
 
     def _keep(self, key: str, member: str, runs_out: float) -> None:
-        """A release Redis did not take (down, or not answering): kept, and tried again every RELEASE_RETRY s by a
-        thread of its own until Redis answers or the lease has run out by itself. Without it the key's calls
-        would be refused on every instance until then (up to an hour without a time limit)."""
+        """A release Redis did not take (down, or not answering), or an acquire whose outcome is unknown: kept, and
+        tried again every RELEASE_RETRY s by a thread of its own until Redis answers or the lease has run out by
+        itself. Without it the key's calls would be refused on every instance until then (up to an hour without
+        a time limit)."""
         with self._lock:
             if len(self._unreleased) < RELEASES_KEPT:
                 self._unreleased[(key, member)] = runs_out
@@ -338,24 +348,39 @@ def holder_index(host: str, pid: int) -> str:
     return f"qag:holder:{host}:{pid}"
 
 
+def reserved_index(host: str, pid: int) -> str:
+    """The hash of the quota calls a process reserved in Redis and has not settled yet: a token per reservation
+    -> the `qag:<deployment>:quota:*` counter it is counted in (quotas.py)."""
+    return f"qag:reserved:{host}:{pid}"
+
+
 def sweep(url: str, pid: int, host: str | None = None) -> int:
     """Master, a worker gone: give back the leases it held in Redis, which would otherwise refuse their keys' calls
-    until they run out. Best effort on a connection of its own, closed after: two round trips (its index, then
-    every set it names), each waiting at most SWEEP_TIMEOUT, no retry; a lease left runs out by itself. Returns the
-    leases given back."""
+    until they run out, and the quota calls it reserved and never settled, which would otherwise stay counted
+    for the period. Best effort on a connection of its own, closed after: two round trips (its two indexes, then
+    every set and counter they name), each waiting at most SWEEP_TIMEOUT, no retry; a lease left runs out by
+    itself, a reservation left stays counted. Returns the leases and reservations given back."""
     import redis
     from redis.backoff import NoBackoff
     from redis.retry import Retry
+
+    from .quotas import REDIS_EXPIRY, SETTLE
     host = host if host is not None else holder_host()
-    index = holder_index(host, pid)
+    index, reserved = holder_index(host, pid), reserved_index(host, pid)
     client = redis.Redis.from_url(url, socket_timeout=SWEEP_TIMEOUT, socket_connect_timeout=SWEEP_TIMEOUT,
                                   health_check_interval=0, retry=Retry(NoBackoff(), 0))
     try:
-        keys = client.smembers(index)
+        pipe = client.pipeline(transaction=False)
+        pipe.smembers(index)
+        pipe.hgetall(reserved)
+        keys, held = pipe.execute()
         pipe = client.pipeline(transaction=False)
         for key in keys:
             pipe.eval(_SWEEP, 1, key, f"{host}:{pid}:")
-        pipe.delete(index)
-        return sum(pipe.execute()[:-1])
+        for token, counter in held.items():   # each given back as its worker would have (once, by its token)
+            pipe.eval(SETTLE, 2, counter, reserved, -1, 0, REDIS_EXPIRY, token)
+        pipe.delete(index, reserved)
+        done = pipe.execute()[:-1]
+        return sum(done[:len(keys)]) + sum(1 for given in done[len(keys):] if given is not None)
     finally:
         client.close()

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import time
+from urllib.parse import urlsplit
 
+import redis
+
+from qag.policy import redislimits
+from qag.policy.hostlimits import HostTable
 from qag.policy.quotas import Quotas, period
+from qag.policy.redislimits import LimitStats, holder_host, reserved_index
 from qag.redisconn import SharedRedis
 from qag.store.sqlite import SqliteStore
+from qag.testing import Relay
+from tests.server import wait_for
 from tests.services import redis_url
+
+
+def redis_shared() -> SharedRedis:
+    return SharedRedis(redis_url())
 
 
 def _cleanup(shared: SharedRedis, q: Quotas, name: str) -> None:
@@ -40,3 +53,106 @@ def test_redis_counter_is_seeded_from_the_store_and_exact(tmp_path, uniq):
         assert [(u["per"], u["calls"], u["rows"]) for u in items] == [("day", 4, 11)]
     finally:
         _cleanup(shared, a, name)
+
+
+# --- reservations that never settled (found by a fault drill with a TCP relay in front of Redis) ------------------
+def _via(relay: Relay) -> str:
+    parts = urlsplit(redis_url())
+    return parts._replace(netloc=f"127.0.0.1:{relay.port}").geturl()
+
+
+def _calls(q: Quotas, name: str) -> int | None:
+    found = redis.Redis.from_url(redis_url()).hget(q.redis_key(("default", name, "day", period("day", time.time())[0])),
+                                                    "calls")
+    return None if found is None else int(found)
+
+
+def _held(q: Quotas, name: str) -> int:
+    """This process's reservations in Redis not settled yet, of name's counter."""
+    counter = q.redis_key(("default", name, "day", period("day", time.time())[0])).encode()
+    held = redis.Redis.from_url(redis_url()).hgetall(reserved_index(holder_host(), os.getpid()))
+    return sum(1 for c in held.values() if c == counter)
+
+
+def test_a_give_back_redis_missed_is_sent_again_once(tmp_path, uniq):
+    """A call that ended non-200 while Redis was unreachable kept its reserved call counted in Redis for the rest
+    of the period; now the give-back is sent again once Redis answers, and a give-back whose reply was lost is
+    not applied twice."""
+    name = uniq("giveback")
+    quota = {"calls": 5, "per": "day"}
+    table = HostTable.create(64)
+    parts = urlsplit(redis_url())
+    with Relay(parts.hostname, parts.port or 6379) as relay:
+        shared = SharedRedis(_via(relay))
+        q = Quotas(SqliteStore(str(tmp_path)), shared, LimitStats(), interval=60, table=table)
+        try:
+            t = q.begin(name, quota, reserve=True)
+            assert t.remote and _calls(q, name) == 1 and _held(q, name) == 1
+            relay.down()                            # Redis unreachable as the call ends
+            t.settle(False)
+            assert _calls(q, name) == 1             # the give-back did not reach Redis
+            relay.up()
+            wait_for(lambda: _calls(q, name) == 0 or None, "the give-back sent again", 10.0)
+            wait_for(lambda: not q._settling or None, "the retrying thread ended", 5.0)
+            assert _held(q, name) == 0
+
+            shared._down_until = 0.0                # past the back-off (not waited for)
+            t = q.begin(name, quota, reserve=True)
+            assert t.remote and _calls(q, name) == 1
+            relay.hold_replies()                    # the give-back is done, but its reply never comes
+            t.settle(False)
+            assert _calls(q, name) == 0 and q._unsettled
+            relay.restore()
+            wait_for(lambda: not q._settling or None, "the give-back sent again", 10.0)
+            assert _calls(q, name) == 0 and _held(q, name) == 0   # applied once: its reservation was already let go
+        finally:
+            _cleanup(redis_shared(), q, name)
+            q.close()
+            table.close()
+
+
+def test_a_reservation_whose_reply_is_lost_is_given_back_in_redis(tmp_path, uniq):
+    """A reservation that reached Redis but whose reply never came counted there AND in the host table the call
+    fell back to; now the one in Redis is given back once it answers."""
+    name = uniq("lostreserve")
+    quota = {"calls": 5, "per": "day"}
+    table = HostTable.create(64)
+    parts = urlsplit(redis_url())
+    with Relay(parts.hostname, parts.port or 6379) as relay:
+        shared = SharedRedis(_via(relay))
+        q = Quotas(SqliteStore(str(tmp_path)), shared, LimitStats(), interval=60, table=table)
+        try:
+            assert q.begin(name, quota, reserve=False).remote and _calls(q, name) == 0   # the counter, seeded
+            relay.hold_replies()
+            t = q.begin(name, quota, reserve=True)
+            assert t.host and not t.remote and t.calls == 1      # counted by the host table
+            assert _calls(q, name) == 1                          # ... and reserved in Redis, unknown to the worker
+            relay.restore()
+            wait_for(lambda: _calls(q, name) == 0 or None, "the lost reservation given back", 10.0)
+            t.settle(True, 3)
+            assert table.quota_peek(t.host_key) == (1, 3) and _held(q, name) == 0
+        finally:
+            _cleanup(redis_shared(), q, name)
+            q.close()
+            table.close()
+
+
+def test_the_master_gives_back_a_dead_workers_reservations(tmp_path, uniq):
+    """A worker killed mid-call (SIGKILL) left its reserved call counted in Redis for good; the master's sweep
+    (gunicorn_conf.child_exit -> redislimits.sweep) gives it back, once: a settle after it changes nothing."""
+    name = uniq("swept")
+    shared = redis_shared()
+    q = Quotas(SqliteStore(str(tmp_path)), shared, interval=60)
+    quota = {"calls": 5, "per": "day"}
+    shared.client().delete(reserved_index(holder_host(), os.getpid()))   # nothing an earlier test left is swept
+    try:
+        kept, lost = (q.begin(name, quota, reserve=True) for _ in range(2))
+        kept.settle(True, 2)
+        assert _calls(q, name) == 2 and _held(q, name) == 1
+        assert redislimits.sweep(redis_url(), os.getpid()) == 1   # as if this process were the dead worker
+        assert _calls(q, name) == 1 and _held(q, name) == 0
+        lost.settle(False)                                          # already given back: not again
+        assert _calls(q, name) == 1
+    finally:
+        _cleanup(shared, q, name)
+        q.close()

@@ -1,6 +1,6 @@
 """max_concurrent leases in Redis never outlive their holders: a release Redis missed (it stalled, then its
 connections dropped) is given back once Redis answers again, and the master gives back the leases of a worker
-killed while it held them (gunicorn_conf.child_exit → redislimits.sweep).
+killed while it held them (gunicorn_conf.child_exit → redislimits.sweep), with its unsettled quota reservations.
 
 Found by a fault drill: with max_concurrent 2 and two calls in flight across a Redis stall, the failed ZREMs were
 dropped and the key got 429 too_many_concurrent for ~25 s after Redis came back (until the leases ran out; an hour
@@ -21,7 +21,9 @@ import pytest
 import redis
 
 from qag.policy import redislimits
-from qag.policy.redislimits import LimitStats, SlotPool, holder_host, holder_index
+from qag.policy.hostlimits import HostTable
+from qag.policy.quotas import period
+from qag.policy.redislimits import LimitStats, SlotPool, holder_host, holder_index, reserved_index
 from qag.redisconn import SharedRedis
 from qag.testing import Relay
 from tests.server import Server, q, wait_for
@@ -63,6 +65,33 @@ def test_a_release_redis_missed_is_given_back_once_redis_answers(uniq):
             assert pool._unreleased == {}
         finally:
             direct.delete(key, holder_index(holder_host(), os.getpid()))
+
+
+def test_an_acquire_whose_reply_is_lost_leaves_no_lease_behind(uniq):
+    """Found by a fault drill: an ACQUIRE that reached Redis but whose reply never came back (the call went on with
+    the host's count) left its lease in the set, so once Redis answered again every call of a max_concurrent=1 key
+    was refused 429 too_many_concurrent until the lease ran out (an hour without a time limit)."""
+    name = uniq("lost")
+    key = f"qag:running:{name}"
+    direct = _direct()
+    parts = urlsplit(redis_url())
+    table = HostTable.create(64)
+    with Relay(parts.hostname, parts.port or 6379) as relay:
+        pool = SlotPool(SharedRedis(_via(relay)), LimitStats(), table=table)
+        try:
+            pool.acquire(name, 1, None).release()          # connected: the relay holds replies on a live connection
+            assert direct.zcard(key) == 0
+            relay.hold_replies()                           # Redis runs the commands; their replies never come
+            slot = pool.acquire(name, 1, None)
+            assert isinstance(slot, redislimits._HostSlot) and pool.stats.fallbacks == 1   # the host's count
+            assert direct.zcard(key) == 1                  # ... but Redis took the lease
+            slot.release()
+            relay.restore()
+            wait_for(lambda: direct.zcard(key) == 0 or None, "the lease of the lost reply given back", 10.0)
+            wait_for(lambda: not pool._retrying or None, "the retrying thread ended", 5.0)
+        finally:
+            direct.delete(key, holder_index(holder_host(), os.getpid()))
+            table.close()
 
 
 def test_failed_releases_are_kept_only_until_their_lease_runs_out(monkeypatch):
@@ -161,12 +190,14 @@ def test_a_killed_worker_gives_back_its_redis_leases(uniq):
     name = uniq("killed")
     key = f"{s.redis_prefix()}running:{name}"
     host = os.uname().nodename
+    counter = key     # the key's quota counter, once the server's prefix is known
     try:
         s.sqlite_db("lite.db", "CREATE TABLE t (id INTEGER PRIMARY KEY); INSERT INTO t VALUES (1);")
         s.connection("lite", "lite.db")
         s.query("ids", "SELECT id FROM t", "lite")
         s.query("endless", _SLOW.format(n=1_000_000_000), "lite")
-        token = s.key(name, max_concurrent=2)
+        token = s.key(name, max_concurrent=2, quota={"calls": 100, "per": "day"})
+        counter = f"{s.redis_prefix()}quota:default~{name}:day:{period('day', time.time())[0]}"
         workers = s.connections_per_worker(2, "/api/v1/connections")
         victim, other = sorted(workers)
         outcome: dict = {}
@@ -195,11 +226,16 @@ def test_a_killed_worker_gives_back_its_redis_leases(uniq):
         # Given back as the master reaped it, not when its lease (60 + 30 s) runs out.
         assert [m.decode().split(":")[1] for m in direct.zrange(key, 0, -1)] == [str(other)]
         assert not direct.exists(holder_index(host, victim))
+        # ... and its reserved quota call too (found by a fault drill: it stayed counted for the period): only the
+        # other call's reservation is left (the 429's was given back when it ended).
+        assert direct.hget(counter, "calls") == b"1"
+        assert not direct.exists(reserved_index(host, victim))
         r = s.get(q("ids"), key=token)
         assert r.status == 200, r
         callers[1].join(30)
         assert outcome[other].status == 504
         assert direct.zcard(key) == 0
+        assert direct.hget(counter, "calls") == b"1"    # the 200 kept, the 504 given back
         pids = _children(master)
         s.stop()
         # A graceful stop sweeps every worker's index too, and never blocked the master.
@@ -208,4 +244,4 @@ def test_a_killed_worker_gives_back_its_redis_leases(uniq):
                     if int(k.decode().rsplit(":", 1)[1]) in pids | {victim}]
     finally:
         s.close()
-        direct.delete(key)
+        direct.delete(key, counter)
