@@ -57,6 +57,13 @@ def app(environ, start_response):
         write(b"one ")
         write(b"two ")
         return [b"three"]
+    if path == "/refused-mid-stream":   # the app's own refusal once the body began (a database failing mid-stream)
+        def body():
+            yield b"first\n"
+            from qag.errors import QagError
+            raise QagError("connection_failed", "lost the database")
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return body()
     if path == "/raise":   # fails before its status line: the worker answers for it
         raise RuntimeError("internal text a client must not see")
     if path == "/exc":

@@ -21,6 +21,7 @@ from gunicorn.workers import base
 
 from .. import _speedups
 from . import wsgi
+from ..errors import QagError
 from ..http11 import HttpError, Limits, Request
 from .parser import parser_class
 from .poller import STOP, make_poller
@@ -613,10 +614,17 @@ class _Answerer:
                 resp.finish()
             except wsgi.ClientGone:
                 resp.close = True
-            except Exception:
+            except Exception as exc:
                 resp.close = True
                 if resp.headers_sent:
-                    wsgi.log_error(self.log, f"Error handling request {req.method} {req.uri}")
+                    if isinstance(exc, QagError):
+                        # The app's own refusal once the body had begun (a database that failed mid-stream): the
+                        # run is recorded with its code and the outage logged by the app, the cut body tells the
+                        # client; a traceback a stream would say nothing more.
+                        self.log.warning("%s %s: the body ended early (%s %s)", req.method, req.uri, exc.status,
+                                         exc.code)
+                    else:
+                        wsgi.log_error(self.log, f"Error handling request {req.method} {req.uri}")
                 else:
                     wsgi.log_error(self.log, f"Error handling request {req.method} {req.uri}")
                     resp.status, resp.code = "500 Internal Server Error", 500

@@ -162,6 +162,25 @@ def test_write_callable_exc_info_and_head(start):
 
 
 @pytest.mark.parametrize("worker", [QAG, FALLBACK])
+def test_a_refusal_mid_stream_cuts_the_body_and_logs_one_line(start, worker):
+    s = start(worker)
+    with socket.create_connection((s.host, s.port), timeout=5) as sock:
+        sock.sendall(b"GET /refused-mid-stream HTTP/1.1\r\nHost: h\r\n\r\n")
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    # the body is cut (no last chunk), so the client can tell it from a whole one; the connection is closed
+    assert answer.startswith(b"HTTP/1.1 200") and b"first\n" in answer and not answer.endswith(b"0\r\n\r\n")
+    line = "GET /refused-mid-stream: the body ended early (502 connection_failed)"
+    deadline = time.monotonic() + 5
+    while not any(line in entry for entry in s.lines) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert any(line in entry and "WARNING" in entry for entry in s.lines), s.lines
+    assert not any("Traceback" in entry for entry in s.lines), "".join(s.lines)   # the app said what happened
+    assert s.get("/write")[2] == b"one two three"
+
+
+@pytest.mark.parametrize("worker", [QAG, FALLBACK])
 def test_stream_is_chunked_and_closed_when_the_client_leaves(start, worker):
     s = start(worker)
     status, headers, body = s.get("/stream?n=3&pause=0")
