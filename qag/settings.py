@@ -405,7 +405,7 @@ SETTINGS: tuple[Setting, ...] = (
             "a comma-separated list of origins, or *", alias="QUERYAPIGATE_CORS_ORIGINS"),
     Setting("QAG_HSTS_MAX_AGE", _optional_int(1, 63_072_000), None, "Strict-Transport-Security max-age, sent only on HTTPS requests; unset = off.",
             "a whole number of seconds from 1 to 63072000", alias="QUERYAPIGATE_HSTS_MAX_AGE"),
-    Setting("QAG_TRUST_PROXY", _int_range(0, 16), 0, "Reverse-proxy hops whose X-Forwarded-For/-Proto are trusted; 0 = judge the socket peer.",
+    Setting("QAG_TRUST_PROXY", _int_range(0, 16), 0, "Reverse-proxy hops whose X-Forwarded-For/-Proto are trusted; 0 = judge the socket peer. The client address is the entry that many hops from the right, read as the address it names (a :port, [brackets], an IPv6 zone and ::ffff: mapping dropped) for rate limits, allowed_ips and logs.",
             "a whole number from 0 to 16", alias="QUERYAPIGATE_TRUST_PROXY"),
     Setting("QAG_RATE_LIMIT", _rate_limit, None, "Server-wide rate limit per client address (token bucket, before authentication; not /health, /livez, /readyz, /metrics, OPTIONS). Counted for every worker of the host (in Redis for every instance with QAG_REDIS_URL). Unset = off.",
             "N/second, N/minute, N/hour or N/day (N >= 1, plural accepted)", alias="QUERYAPIGATE_RATE_LIMIT"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import random
 import re
@@ -208,6 +209,25 @@ def refuse_lone_surrogates(value) -> None:
         raise QagError("invalid_body", "Request body holds an unpaired UTF-16 surrogate escape") from None
 
 
+def forwarded_address(text: str) -> str:
+    """A proxy's X-Forwarded-For entry as the address it names, spelt one way (a port, brackets, an IPv6 zone and
+    the ::ffff: mapping of an IPv4 address dropped), so that one client is one rate-limit bucket and one allowed_ips
+    match however its proxy writes it: some append the client's source port, which made each new connection a fresh
+    budget for key guessing. Text that names no address is kept as written (it matches no allow-list entry)."""
+    host = text
+    if host.startswith("["):
+        host = host[1:].partition("]")[0]
+    elif host.count(":") == 1:
+        host = host.partition(":")[0]          # an IPv4 address with a port
+    host = host.partition("%")[0]              # an IPv6 zone
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return text
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped if mapped is not None else address)
+
+
 def _client(environ: dict, trust_proxy: int) -> tuple[str | None, bool]:
     """(client address, arrived over HTTPS): the socket peer unless proxies are trusted."""
     peer = environ.get("REMOTE_ADDR") or None
@@ -215,7 +235,7 @@ def _client(environ: dict, trust_proxy: int) -> tuple[str | None, bool]:
     if trust_proxy:
         forwarded = [p.strip() for p in environ.get("HTTP_X_FORWARDED_FOR", "").split(",") if p.strip()]
         if len(forwarded) >= trust_proxy:
-            peer = forwarded[-trust_proxy]
+            peer = forwarded_address(forwarded[-trust_proxy])
         proto = [p.strip().lower() for p in environ.get("HTTP_X_FORWARDED_PROTO", "").split(",") if p.strip()]
         if len(proto) >= trust_proxy:
             https = proto[-trust_proxy] == "https"

@@ -94,6 +94,24 @@ def test_the_console_paths_never_rate_limited_never_test_a_key(limited):
     assert limited.get("/api/v1/connections", headers=client).status == 200   # the budget was never spent
 
 
+def test_a_forwarded_address_is_one_client_however_the_proxy_spells_it(limited, uniq):
+    """Some proxies append the client's source port to X-Forwarded-For: each connection was a fresh budget for key
+    guessing (and an allowed_ips key never matched). The address is read as the address it names."""
+    spellings = ["203.0.113.77:40001", "203.0.113.77:40002", "[203.0.113.77]:40003", "::ffff:203.0.113.77",
+                 "::ffff:cb00:714d", "203.0.113.77"]
+    statuses = [limited.get("/api/v1/connections", key=f"wrong-{i}", headers=_from(spelling)).status
+                for i, spelling in enumerate(spellings)]
+    assert statuses == [401, 401, 401, 429, 429, 429]
+    key = limited.key(uniq("ip"), allowed_ips=["198.51.100.0/24", "2001:db8::/32"])
+    for spelling in ("198.51.100.7:5555", "[198.51.100.8]", "::ffff:198.51.100.9", "[2001:DB8::1]:443",
+                     "2001:db8::2%eth0"):
+        r = limited.get("/api/v1/connections", key=key, headers=_from(spelling))   # the key is known: the route's 403
+        assert r.status == 403 and r.json["code"] == "admin_only", (spelling, r)
+    for spelling in ("198.51.101.7:5555", "unknown", "2001:db9::1"):
+        r = limited.get("/api/v1/connections", key=key, headers=_from(spelling))
+        assert r.status == 401, (spelling, r)
+
+
 @pytest.mark.parametrize("worker_class", ["qag", "gthread"])
 def test_a_fragment_in_the_target_is_read_as_the_router_reads_it(worker_class):
     """The servers drop a target's #fragment from PATH_INFO; the router read it from the raw target. So
