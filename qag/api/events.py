@@ -13,25 +13,36 @@ STREAM_HEADERS = (("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no"))
 # found behind in the ring) after this much, instead of after the megabytes autotuning would let it hold.
 SEND_BUFFER = 64 * 1024
 KEEPALIVE = b": keepalive\n\n"
+RECHECK = 1.0   # seconds: a stream's credential is checked again before it is sent events, at most this often
 
 
 class EventStream:
     """A stream's body: headers at once, then `data:` frames as events arrive and a keepalive comment after
-    `keepalive` seconds without one. Ends when the worker stops or the client fell a whole ring behind; the server
-    closes it when the client goes away, which gives the stream back."""
+    `keepalive` seconds without one. Ends when the worker stops, the client fell a whole ring behind, or the
+    credential it was opened with no longer names its caller (`still_allowed`: a key revoked, rotated away,
+    expired or deactivated; checked before events are sent, at most every RECHECK s, and at each keepalive: a
+    stream follows a key name, which a new key may take); the server closes it when the client goes away, which
+    gives the stream back."""
 
-    def __init__(self, live, stream, keepalive: float):
+    def __init__(self, live, stream, keepalive: float, still_allowed=None):
         self.live, self.stream, self.keepalive = live, stream, keepalive or 1.0
+        self.still_allowed = still_allowed
 
     def __iter__(self):
-        live, stream = self.live, self.stream
+        live, stream, still_allowed = self.live, self.stream, self.still_allowed
         yield b""   # the head goes out now: a client sees 200 before the first event
         keepalive = self.keepalive
         quiet_until = time.monotonic() + keepalive
+        checked = time.monotonic()
         try:
             while not stream.dropped and not live.stopping:
                 stream.ready.wait(max(0.0, quiet_until - time.monotonic()))
                 stream.ready.clear()
+                now = time.monotonic()
+                if still_allowed is not None and now - checked >= RECHECK:
+                    if not still_allowed():
+                        return
+                    checked = now
                 events = live.take(stream)
                 if events:
                     yield b"".join(b"data: " + event + b"\n\n" for event in events)
@@ -53,6 +64,7 @@ class EventsHandlers:
     def __init__(self, gateway):
         self.live = gateway.observe.live
         self.keepalive = gateway.settings.events_keepalive
+        self.auth = gateway.auth
 
     def register(self, router) -> None:
         router.add("GET", "/events", self.events, "api.stream_events")
@@ -71,5 +83,20 @@ class EventsHandlers:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
             except OSError:
                 pass   # a socket that refuses it keeps the kernel's default
-        return Response(200, EventStream(self.live, stream, self.keepalive), list(STREAM_HEADERS),
-                        "text/event-stream")
+        return Response(200, EventStream(self.live, stream, self.keepalive, self._still(request, caller)),
+                        list(STREAM_HEADERS), "text/event-stream")
+
+    def _still(self, request, caller):
+        """Whether the credential this stream was opened with still names the same caller."""
+        environ, auth = request.environ, self.auth
+
+        def still_allowed() -> bool:
+            try:
+                again = auth.authenticate(environ.get("HTTP_X_API_KEY"), request.peer,
+                                          environ.get("HTTP_AUTHORIZATION"))
+            except QagError:           # a bearer token that expired, or one no longer accepted
+                return False
+            except Exception:          # the store unreachable: a key can't be revoked meanwhile either
+                return True
+            return again is not None and again.admin == caller.admin and again.name == caller.name
+        return still_allowed

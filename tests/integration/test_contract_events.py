@@ -160,6 +160,36 @@ def test_a_key_sees_only_its_own_runs_and_an_administrator_sees_all(ev, uniq):
             s.close()
 
 
+@pytest.mark.parametrize("change", ["delete", "rotate", "deactivate"])
+def test_a_stream_ends_when_its_key_stops_naming_its_caller(ev, uniq, change):
+    """A stream follows a key name: one opened with a key that is then revoked, rotated away or deactivated
+    went on receiving that name's runs, those of a new key created under the same name included."""
+    name = uniq("gone")
+    old = ev.key(name, connections=["lite"])
+    (stream,) = _open(ev, 1, old)
+    try:
+        before = {r.headers["x-request-id"] for r in _calls(ev, 2, old)}
+        wait_for(lambda: before <= stream.request_ids(), "the key's own runs")
+        if change == "delete":
+            assert ev.request("DELETE", f"/api/v1/api-keys/{name}").status == 204
+            new = ev.key(name, connections=["lite"])                 # the name taken by a new key
+        elif change == "rotate":
+            r = ev.request("POST", f"/api/v1/api-keys/{name}/rotate", body={"grace_minutes": 0})
+            assert r.status in (200, 201), r
+            new = r.json.get("key") or r.json.get("secret")
+            assert new, r.json
+        else:
+            assert ev.request("PATCH", f"/api/v1/api-keys/{name}", body={"active": False}).status == 200
+            new = None
+        assert stream.done.wait(10), "the stream was not ended"
+        if new is not None:
+            after = {r.headers["x-request-id"] for r in _calls(ev, 2, new)}
+            time.sleep(0.5)
+            assert not (stream.request_ids() & after)
+    finally:
+        stream.close()
+
+
 def test_filters_and_their_refusals(ev):
     for params in ("?kind=other", "?status=failed"):
         s = Subscriber(ev, params=params)
