@@ -5,8 +5,10 @@ from __future__ import annotations
 import datetime as _dt
 import hmac
 import logging
+import math
 import os
 import threading
+import time
 
 from .. import encode
 from ..version import __version__
@@ -45,6 +47,9 @@ def local_zone() -> tuple[str | None, str]:
     return name, text
 
 
+_GUESSING_KEPT = 4096   # addresses a worker remembers as out of /metrics guesses
+
+
 class OpsHandlers:
     """Public routes that never touch a data database."""
 
@@ -52,6 +57,8 @@ class OpsHandlers:
         self.gateway = gateway
         token = gateway.settings.metrics_token
         self.metrics_token = token.encode("utf-8") if token is not None else None
+        # Client address -> monotonic time until which its /metrics credentials are not looked at (see metrics).
+        self._guessing: dict[str, float] = {}
 
     def register(self, router) -> None:
         router.add("GET", "/health", self.health, "api.health", public=True)
@@ -86,10 +93,41 @@ class OpsHandlers:
 
     def metrics(self, request, caller):
         """Prometheus text, summed over every worker of this instance (contract 9.2)."""
-        if self.metrics_token is not None and not self._may_scrape(request, caller):
-            raise QagError("unauthorized", "Unauthorized - /metrics needs its token (QUERYAPIGATE_METRICS_TOKEN)",
-                           headers=[("WWW-Authenticate", 'Bearer realm="metrics"')])
+        if self.metrics_token is not None:
+            limit = self.gateway.rate_limit
+            if limit is not None:
+                self._refuse_guessing(request.peer or "")
+            if not self._may_scrape(request, caller):
+                if limit is not None:
+                    self._count_guess(request.peer or "", limit)
+                raise QagError("unauthorized", "Unauthorized - /metrics needs its token (QUERYAPIGATE_METRICS_TOKEN)",
+                               headers=[("WWW-Authenticate", 'Bearer realm="metrics"')])
         return Response(200, self.gateway.observe.scrape(), [], _METRICS_TYPE)
+
+    # /metrics is exempt from the server-wide limit (contract 6.6, 9.2) and takes the admin key: unthrottled, a 401
+    # or a 200 there would test admin keys at any rate. So a refused credential spends a token of its address's
+    # bucket, and once that bucket is empty the address's /metrics credentials are not looked at, right or wrong,
+    # until it refills (429): a scraper with its token spends nothing. The refusal is remembered by each worker
+    # as it meets it, so at most one more guess per worker gets through per refill.
+    def _refuse_guessing(self, address: str) -> None:
+        until = self._guessing.get(address)
+        if until is not None:
+            left = until - time.monotonic()
+            if left > 0:
+                raise QagError("rate_limited", "Rate limit exceeded", retry_after=max(1, math.ceil(left)))
+            self._guessing.pop(address, None)
+
+    def _count_guess(self, address: str, limit: tuple) -> None:
+        count, period = limit
+        _, retry_after = self.gateway.address_buckets.take(address, count, period)
+        if retry_after:
+            if len(self._guessing) >= _GUESSING_KEPT:
+                now = time.monotonic()
+                self._guessing = {a: t for a, t in self._guessing.items() if t > now}
+                if len(self._guessing) >= _GUESSING_KEPT:
+                    self._guessing.clear()   # a flood of addresses: each starts over at its bucket
+            self._guessing[address] = time.monotonic() + retry_after
+            raise QagError("rate_limited", "Rate limit exceeded", retry_after=retry_after)
 
     def _may_scrape(self, request, caller) -> bool:
         if caller is not None and caller.admin and caller.via != "open":

@@ -94,6 +94,28 @@ def test_the_console_paths_never_rate_limited_never_test_a_key(limited):
     assert limited.get("/api/v1/connections", headers=client).status == 200   # the budget was never spent
 
 
+def test_metrics_is_no_way_around_the_limit_for_guessing_keys():
+    """/metrics is exempt from the limit and takes the admin key: its 401 or 200 tested admin keys at any rate.
+    A refused credential there spends the address's budget; once it is spent, no credential is looked at."""
+    token = "metrics-token-" + "x" * 20
+    s = Server(env={"QAG_RATE_LIMIT": "3/minute", "QAG_TRUST_PROXY": "1", "QAG_METRICS_TOKEN": token}, workers=1)
+    try:
+        scraper, guesser = _from("10.0.1.1"), _from("10.0.1.2")
+        bearer = {"Authorization": f"Bearer {token}"}
+        for _ in range(6):   # a scraper with its token (or the admin key) spends nothing
+            assert s.get("/metrics", key=None, headers={**scraper, **bearer}).status == 200
+            assert s.get("/metrics", headers=scraper).status == 200
+        statuses = [s.get("/metrics", key=f"wrong-{i}", headers=guesser).status for i in range(5)]
+        assert statuses == [401, 401, 401, 429, 429]
+        r = s.get("/metrics", headers=guesser)                           # the right admin key: not looked at
+        assert r.status == 429 and r.json["code"] == "rate_limited" and int(r.headers["retry-after"]) >= 1
+        assert s.get("/metrics", key=None, headers={**guesser, **bearer}).status == 429
+        assert s.get("/api/v1/connections", headers=guesser).status == 429   # one budget for the address
+        assert s.get("/metrics", key=None, headers={**scraper, **bearer}).status == 200
+    finally:
+        s.close()
+
+
 def test_a_forwarded_address_is_one_client_however_the_proxy_spells_it(limited, uniq):
     """Some proxies append the client's source port to X-Forwarded-For: each connection was a fresh budget for key
     guessing (and an allowed_ips key never matched). The address is read as the address it names."""
