@@ -365,7 +365,8 @@ class Gateway:
 
     def _guard_open_mode(self, request: Request, origin: str | None) -> None:
         """Open mode serves this machine only: a loopback peer, a loopback Host (no DNS rebinding), and no
-        cross-origin browser request (a page the local user visits must not drive the server)."""
+        cross-origin browser request (a page the local user visits must not drive the server) but from an origin
+        QAG_CORS_ORIGINS names: `*` lets every page read answers, never drive a server without keys."""
         if not is_loopback(request.environ.get("REMOTE_ADDR")):
             raise QagError("open_access_remote", "This server has no API key configured, so it only answers "
                            "callers on this machine - set QAG_API_KEY to serve others")
@@ -374,7 +375,7 @@ class Gateway:
         if host and name != "localhost" and not is_loopback(name):
             raise QagError("open_access_remote", "This server has no API key configured and answers requests "
                            "addressed to localhost only")
-        if origin is not None and self.headers.allowed_origin(origin) is None:
+        if origin is not None and not self.headers.listed(origin):
             raise QagError("open_access_remote", "This server has no API key configured and refuses "
                            "cross-origin browser requests")
 

@@ -91,6 +91,11 @@ class HeaderPolicy:
     def cors_enabled(self) -> bool:
         return bool(self.cors_origins)
 
+    def listed(self, origin: str) -> bool:
+        """Whether the origin is named in QAG_CORS_ORIGINS itself (not only let in by `*`)."""
+        name = origin.rstrip("/").lower()
+        return name != "*" and name in self.cors_origins
+
     def allowed_origin(self, origin: str | None) -> str | None:
         if not origin or not self.cors_origins:
             return None

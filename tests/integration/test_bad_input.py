@@ -254,6 +254,20 @@ def test_open_mode_refuses_cross_origin_and_foreign_host(make_server):
     assert s.get("/api/v1/api-keys", key=None).json == {"items": []}
 
 
+def test_open_mode_with_cors_for_every_origin_still_refuses_pages_it_does_not_name(make_server):
+    # QAG_CORS_ORIGINS=* let every page read answers; on a server without keys it let any page the local user
+    # visits drive it (make keys, run SQL). Only origins the setting names may, there.
+    s = make_server(admin_key=None, seed=False, env={"QAG_CORS_ORIGINS": "*, https://tool.example"})
+    for origin in ("https://evil.example", "null", "http://localhost:1234"):
+        r = s.request("POST", "/api/v1/api-keys", body={"name": "x"}, key=None, headers={"Origin": origin})
+        assert r.status == 403 and r.json["code"] == "open_access_remote", (origin, r)
+        r = s.get("/api/v1/connections", key=None, headers={"Origin": origin})
+        assert r.status == 403 and r.json["code"] == "open_access_remote", (origin, r)
+    assert s.get("/api/v1/api-keys", key=None).json == {"items": []}       # nothing was made
+    r = s.get("/api/v1/connections", key=None, headers={"Origin": "https://TOOL.example/"})
+    assert r.status == 200 and r.headers["access-control-allow-origin"] == "*"
+
+
 def test_store_is_owner_only(server):
     import os
     import stat
