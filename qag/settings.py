@@ -393,7 +393,7 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number of seconds from 1 to 86400"),
     Setting("QAG_WORKER_CLASS", _choice("qag", "gthread"), "qag", "gunicorn worker class of `qag serve`: qag's own (qag.worker.QagWorker: compiled HTTP parsing, a selector thread and QAG_THREADS app threads) or gunicorn's gthread.",
             "qag or gthread"),
-    Setting("QAG_CLIENT_TIMEOUT", _int_range(1, 3600), 30, "qag worker: seconds a client has to send a whole request (head and body) once it starts, to take each part of an answer (any progress starts the time again; a stream: each of its writes), and for a request that came while every app thread was busy to wait for one past the keep-alive deadline; a slower client is disconnected without holding an app thread (a stream's thread waits for it). gthread: seconds each read of a request and each part of an answer may wait.",
+    Setting("QAG_CLIENT_TIMEOUT", _int_range(1, 3600), 30, "qag worker: seconds a client has to send a whole request (head and body) once it starts, to take each part of an answer (any progress starts the time again; a stream: each of its writes), and for a request that came while every app thread was busy to wait for one past the keep-alive deadline; a slower client is disconnected without holding an app thread (a stream's thread waits for it). gthread: seconds a request (head and body) has to arrive once a thread takes it, and each part of an answer may wait.",
             "a whole number of seconds from 1 to 3600"),
     Setting("QAG_MAX_BODY_BYTES", _int_range(1, 1 << 30), 1_048_576, "Largest request body; a larger one is refused with 413 before it is read.",
             "a whole number of bytes from 1 to 1073741824"),

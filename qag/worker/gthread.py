@@ -4,6 +4,7 @@ timeout, and refusals in qag's error envelope instead of gunicorn's HTML page.""
 from __future__ import annotations
 
 import socket
+import time
 
 from gunicorn.http import errors as http_errors
 from gunicorn.workers.gthread import ThreadWorker
@@ -23,26 +24,37 @@ _NOT_THE_CLIENTS = (http_errors.InvalidResponseHeader, http_errors.InvalidRespon
 
 
 class _ClientSocket(socket.socket):
-    """A client connection on which gunicorn's "blocking" means blocking for at most `timeout` seconds: gthread
-    reads a request's head and body in a pool thread with no limit of its own, so a few clients that send half a
-    request and wait would hold every thread. A read that times out is the client gone (NoMoreData: a head is
-    dropped quietly, a body the app reads is refused as incomplete); a write waits at most the timeout for each
-    part the client takes (any progress starts it again, as the qag worker counts), then fails as a reset would."""
+    """A client connection on which gunicorn's "blocking" means blocking for a bounded time: gthread reads a
+    request's head and body in a pool thread with no limit of its own, so a few clients that send half a request
+    and wait, or trickle it a byte at a time, would hold every thread. As the qag worker counts: a request (head
+    and body, read by gthread or by the app) must arrive within `timeout_seconds` of the pool thread taking it
+    (gthread makes the socket blocking then), or the client is gone (NoMoreData: a head is dropped quietly, a body
+    the app reads is refused as incomplete); a write waits at most `timeout_seconds` for each part the client takes
+    (any progress starts it again), then fails as a reset would."""
 
-    __slots__ = ()
+    __slots__ = ("_deadline",)
     timeout_seconds = 30.0
 
     def setblocking(self, flag: bool) -> None:
         if flag:
+            self._deadline = time.monotonic() + self.timeout_seconds   # a request is to be read: its time starts
             self.settimeout(self.timeout_seconds)
         else:
             super().setblocking(False)
 
     def recv(self, size: int, flags: int = 0) -> bytes:
+        left = getattr(self, "_deadline", 0.0) - time.monotonic()
+        if left <= 0:
+            raise http_errors.NoMoreData()
+        self.settimeout(min(left, self.timeout_seconds))
         try:
             return super().recv(size, flags)
         except TimeoutError:
             raise http_errors.NoMoreData() from None
+
+    def send(self, data, flags: int = 0) -> int:
+        self.settimeout(self.timeout_seconds)
+        return super().send(data, flags)
 
     def sendall(self, data, flags: int = 0) -> None:
         # socket.sendall's timeout bounds the whole call (Python 3.5+): a large body to a slow but steady reader

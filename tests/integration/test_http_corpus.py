@@ -7,6 +7,7 @@ import json
 import os
 import re
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -136,5 +137,46 @@ def test_clients_that_send_half_a_request_hold_no_thread_for_long(worker_class):
         assert s.get("/health").status == 200
     finally:
         for sock in silent:
+            sock.close()
+        s.close()
+
+
+@pytest.mark.parametrize("worker_class", ["gthread", "qag"])
+def test_clients_that_trickle_a_request_hold_no_thread_for_long(worker_class):
+    """More clients than threads sending a body a byte at a time (each byte well within QAG_CLIENT_TIMEOUT): a
+    request has the client timeout in all, so they are cut and a new client is answered. gthread read each byte
+    with its own timeout, and drained a body the app had not read the same way."""
+    s = Server(env={"QAG_WORKER_CLASS": worker_class, "QAG_CLIENT_TIMEOUT": "2"}, workers=1, threads=2)
+    socks, stop = [], threading.Event()
+
+    def trickle(sock: socket.socket) -> None:
+        try:
+            while not stop.is_set():
+                sock.sendall(b"x")
+                stop.wait(0.5)
+        except OSError:
+            return   # cut by the server
+    try:
+        for path in ("/health", "/api/v1/queries", "/health", "/api/v1/queries"):
+            sock = socket.create_connection((s.host, s.port), timeout=15)
+            sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nX-API-Key: %s\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100000\r\n\r\n" % (path.encode(), s.admin_key.encode()))
+            socks.append(sock)
+            threading.Thread(target=trickle, args=(sock,), daemon=True).start()
+        started = time.monotonic()
+        assert s.get("/health").status == 200
+        for sock in socks:      # each cut: answered (a 4xx, or the route's refusal) and closed, or just closed
+            answer = b""
+            try:
+                while chunk := sock.recv(65536):
+                    answer += chunk
+            except ConnectionResetError:
+                pass
+            assert answer == b"" or re.match(rb"HTTP/1\.1 4\d\d ", answer), answer[:200]
+        assert time.monotonic() - started < 15
+        assert s.get("/health").status == 200
+    finally:
+        stop.set()
+        for sock in socks:
             sock.close()
         s.close()
