@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import secrets
 from time import perf_counter, time as wall_time
 
 from . import _speedups
@@ -13,7 +12,7 @@ from .api.manage import ManageHandlers
 from .api.mcp import McpHandlers
 from .api.ops import OpsHandlers
 from .api.run import RunHandlers
-from .auth import Authenticator, Caller, is_loopback
+from .auth import Authenticator, Caller, guard_open_mode
 from .backends.registry import Backends
 from .cache.metadata import build as metadata_store
 from .cache.response import ResponseCache
@@ -29,7 +28,7 @@ from .policy.quotas import Quotas
 from .policy.redislimits import LimitStats, RateLimiter, SlotPool
 from .redisconn import from_settings as redis_from_settings, namespace_prefix
 from .settings import Settings, load
-from .store import open_store
+from .store import open_store, server_secret
 from .store.base import Store, StoreUnanswered
 from .store.sqlite import store_paths
 
@@ -104,14 +103,7 @@ class Gateway:
 
     def _server_secret(self) -> bytes:
         """A random key kept in the store, for digests of secrets (ETags); shared by every worker and instance."""
-        value = self.store.get_meta("server_secret")
-        if value is None:
-            with self.store.transaction():
-                value = self.store.get_meta("server_secret")
-                if value is None:
-                    value = secrets.token_hex(32)
-                    self.store.set_meta("server_secret", value)
-        return value.encode("ascii")
+        return server_secret(self.store)
 
     def __call__(self, environ: dict, start_response):
         return self._call(environ, start_response)
@@ -364,20 +356,8 @@ class Gateway:
         response.headers += ticket.headers()
 
     def _guard_open_mode(self, request: Request, origin: str | None) -> None:
-        """Open mode serves this machine only: a loopback peer, a loopback Host (no DNS rebinding), and no
-        cross-origin browser request (a page the local user visits must not drive the server) but from an origin
-        QAG_CORS_ORIGINS names: `*` lets every page read answers, never drive a server without keys."""
-        if not is_loopback(request.environ.get("REMOTE_ADDR")):
-            raise QagError("open_access_remote", "This server has no API key configured, so it only answers "
-                           "callers on this machine - set QAG_API_KEY to serve others")
-        host = (request.environ.get("HTTP_HOST") or "").lower()
-        name = host[1:].split("]", 1)[0] if host.startswith("[") else host.rsplit(":", 1)[0]
-        if host and name != "localhost" and not is_loopback(name):
-            raise QagError("open_access_remote", "This server has no API key configured and answers requests "
-                           "addressed to localhost only")
-        if origin is not None and not self.headers.listed(origin):
-            raise QagError("open_access_remote", "This server has no API key configured and refuses "
-                           "cross-origin browser requests")
+        """Open mode serves this machine only (qag/auth.py guard_open_mode, shared with `qag events`)."""
+        guard_open_mode(request.environ.get("REMOTE_ADDR"), request.environ.get("HTTP_HOST"), origin, self.headers)
 
 
 def server_timing(timing: dict) -> str:

@@ -68,6 +68,25 @@ def is_loopback(peer: str | None) -> bool:
     return address.is_loopback
 
 
+def guard_open_mode(peer: str | None, host: str | None, origin: str | None, cors) -> None:
+    """Open mode serves this machine only (contract 1.4): a loopback peer (the socket's, never X-Forwarded-For), a
+    loopback Host (no DNS rebinding), and no cross-origin browser request (a page the local user visits must not
+    drive the server) but from an origin QAG_CORS_ORIGINS names (`*` lets every page read answers, never drive a
+    server without keys); raises 403 open_access_remote. `cors`: the HeaderPolicy. The gateway's rule and
+    `qag events`'."""
+    if not is_loopback(peer):
+        raise QagError("open_access_remote", "This server has no API key configured, so it only answers "
+                       "callers on this machine - set QAG_API_KEY to serve others")
+    host = (host or "").lower()
+    name = host[1:].split("]", 1)[0] if host.startswith("[") else host.rsplit(":", 1)[0]
+    if host and name != "localhost" and not is_loopback(name):
+        raise QagError("open_access_remote", "This server has no API key configured and answers requests "
+                       "addressed to localhost only")
+    if origin is not None and not cors.listed(origin):
+        raise QagError("open_access_remote", "This server has no API key configured and refuses "
+                       "cross-origin browser requests")
+
+
 def now_text() -> str:
     return strftime("%Y-%m-%d %H:%M:%S")
 

@@ -407,7 +407,7 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number of seconds from 1 to 63072000", alias="QUERYAPIGATE_HSTS_MAX_AGE"),
     Setting("QAG_TRUST_PROXY", _int_range(0, 16), 0, "Reverse-proxy hops whose X-Forwarded-For/-Proto are trusted; 0 = judge the socket peer. The client address is the entry that many hops from the right, read as the address it names (a :port, [brackets], an IPv6 zone and ::ffff: mapping dropped) for rate limits, allowed_ips and logs.",
             "a whole number from 0 to 16", alias="QUERYAPIGATE_TRUST_PROXY"),
-    Setting("QAG_RATE_LIMIT", _rate_limit, None, "Server-wide rate limit per client address (token bucket, before authentication; not /health, /livez, /readyz, /metrics, OPTIONS). Counted for every worker of the host (in Redis for every instance with QAG_REDIS_URL). Unset = off.",
+    Setting("QAG_RATE_LIMIT", _rate_limit, None, "Server-wide rate limit per client address (token bucket, before authentication; not /health, /livez, /readyz, /metrics, OPTIONS). Counted for every worker of the host (in Redis for every instance with QAG_REDIS_URL); `qag events` counts its connection attempts to /events in the same buckets (its own, without Redis). Unset = off.",
             "N/second, N/minute, N/hour or N/day (N >= 1, plural accepted)", alias="QUERYAPIGATE_RATE_LIMIT"),
     Setting("QAG_AUDIT_LOG_LIMIT", _int_range(1, 10_000_000), 500, "Audit-log entries kept (newest first); also bounds GET /api/v1/connections/deleted.",
             "a whole number from 1 to 10000000", alias="QUERYAPIGATE_AUDIT_LOG_LIMIT"),

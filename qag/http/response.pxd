@@ -8,6 +8,7 @@ cdef class HeaderPolicy:
     cdef public object cors_any, cors_origins, hsts
 
     cpdef allowed_origin(self, origin)
+    cpdef list cors_headers(self, origin)
     @cython.locals(roles=dict)
     cpdef finish(self, response, request_id, origin, https)
 

@@ -147,10 +147,16 @@ class HeaderPolicy:
             headers.append(_NO_STORE)
         if self.hsts and https:
             headers.append(("Strict-Transport-Security", self.hsts))
-        allowed = self.allowed_origin(origin)
-        if allowed:
-            headers.append(("Access-Control-Allow-Origin", allowed))
-            if allowed != "*":
-                headers.append(("Vary", "Origin"))
-            headers.append(("Access-Control-Expose-Headers", _CORS_EXPOSE))
+        if origin and self.cors_origins:
+            headers += self.cors_headers(origin)
         return headers
+
+    def cors_headers(self, origin: str | None) -> list[tuple[str, str]]:
+        """The CORS headers of a response to `origin` (none for an origin not allowed); also `qag events`'."""
+        allowed = self.allowed_origin(origin)
+        if not allowed:
+            return []
+        if allowed == "*":
+            return [("Access-Control-Allow-Origin", allowed), ("Access-Control-Expose-Headers", _CORS_EXPOSE)]
+        return [("Access-Control-Allow-Origin", allowed), ("Vary", "Origin"),
+                ("Access-Control-Expose-Headers", _CORS_EXPOSE)]

@@ -8,6 +8,11 @@ same rule as the main server's GET /events, live.wanted). A client resumes with 
 gap or repeat. A client more than 1,000 events behind is disconnected (it resumes), a key is checked again every
 60 s (a revoked or expired key's stream is closed), and QAG_EVENTS_MAX_CONNECTIONS bounds the open streams.
 
+A request is judged as the main server judges it: the client address from QAG_TRUST_PROXY's hop (a key's
+allowed_ips), one token of that address's QAG_RATE_LIMIT bucket per connection attempt before authenticating (the
+main server's buckets: in Redis when configured), open mode for this machine only (contract 1.4), and CORS from
+QAG_CORS_ORIGINS (preflights answered).
+
 On a PostgreSQL store ids are taken before their transaction commits, so a run can appear with an id lower than
 one already sent: the tail reads from a little below its last id and sends what it has not sent yet, so a live
 client gets it (late); a client resuming from an id above it does not.
@@ -23,7 +28,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs
 
+from ..auth import guard_open_mode
 from ..errors import QagError
+from ..http.request import _client
+from ..http.response import HeaderPolicy
+from ..policy import hostlimits
+from ..policy.redislimits import LimitStats, RateLimiter
+from ..redisconn import from_settings as redis_from_settings, namespace_prefix
+from ..store import server_secret
 from .history import event
 from .live import read_filters, wanted
 
@@ -47,6 +59,19 @@ _STATUS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
 def _meta(row: dict) -> list:
     return [row["key_name"], "success" if row["ok"] else "error", "saved" if row["query"] is not None else "adhoc",
             row["query"], row["connection"]]
+
+
+def _resume_id(value: str | None) -> int | None:
+    """Last-Event-ID as an event id, or None (live only) for anything but ASCII digits of a 64-bit id: str.isdigit
+    also takes other scripts' digits (int() refuses some, "²"), and the store holds no id beyond 2**63 - 1."""
+    value = (value or "").strip()
+    if value.isascii() and value.isdigit() and len(value) <= 19 and int(value) < 1 << 63:
+        return int(value)
+    return None
+
+
+def _fields(headers) -> bytes:
+    return b"".join(f"{name}: {value}\r\n".encode("latin-1", "replace") for name, value in headers)
 
 
 def _since(created_at: str | None) -> int:
@@ -92,6 +117,16 @@ class EventsServer:
         self._sent: collections.OrderedDict = collections.OrderedDict()   # ids the tail has handed out lately
         self._pool = ThreadPoolExecutor(4, thread_name_prefix="qag-events-store")
         self.delivered = self.replayed = self.slow_disconnects = 0
+        self.trust_proxy = settings.trust_proxy
+        self.headers = HeaderPolicy(settings.cors_origins, settings.hsts_max_age)
+        self.rate_limit = settings.rate_limit
+        self.address_buckets = None
+        if self.rate_limit is not None:
+            # The main server's client-address buckets (app.py Gateway): with Redis under the deployment's names,
+            # so attempts here and calls there spend one budget; without, this process's own table.
+            redis = redis_from_settings(settings, namespace_prefix(server_secret(store)))
+            self.address_buckets = RateLimiter(hostlimits.CLIENT, redis, LimitStats(),
+                                               table=hostlimits.shared(settings.limits_table_entries))
 
     async def _store(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
@@ -153,26 +188,33 @@ class EventsServer:
             return
         path, _, query = target.partition("?")
         args = {k: v[0] for k, v in parse_qs(query, keep_blank_values=True).items()}
-        if path not in ("/events", "/health", "/metrics"):
-            await _answer(writer, 404, {"error": "Not found"})
+        origin = headers.get("origin")
+        cors = _fields(self.headers.cors_headers(origin)) if origin else b""
+        if method == "OPTIONS" and self.headers.cors_enabled() and headers.get("access-control-request-method"):
+            # A CORS preflight, as the gateway answers it (before routing, never authenticated or counted).
+            writer.write(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n%s%s%s\r\n" % (
+                _fields(self.headers.preflight(origin).headers), cors, _SECURITY))
+            await _close(writer)
+        elif path not in ("/events", "/health", "/metrics"):
+            await _answer(writer, 404, {"error": "Not found"}, cors)
         elif method != "GET":
-            await _answer(writer, 405, {"error": "Method not allowed"}, b"Allow: GET\r\n")
+            await _answer(writer, 405, {"error": "Method not allowed"}, b"Allow: GET\r\n" + cors)
         elif path == "/health":
             await _answer(writer, 200, {"status": "ok", "connections": len(self.clients),
-                                        "delivered": self.delivered})
+                                        "delivered": self.delivered}, cors)
         elif path == "/metrics":
-            await self._metrics(writer, headers)
+            await self._metrics(writer, headers, cors)
         else:
-            await self._events(writer, headers, args)
+            await self._events(writer, headers, args, cors)
 
-    async def _metrics(self, writer, headers: dict) -> None:
+    async def _metrics(self, writer, headers: dict, cors: bytes = b"") -> None:
         if self.metrics_token is not None:
             scheme, _, presented = headers.get("authorization", "").strip().partition(" ")
             caller = await self._store(self.auth.authenticate, headers.get("x-api-key"), None)
             ok = (caller is not None and caller.admin and caller.via != "open") or (
                 scheme.lower() == "bearer" and presented.strip().encode("utf-8", "replace") == self.metrics_token)
             if not ok:
-                await _answer(writer, 401, {"error": "Unauthorized"}, _METRICS_CHALLENGE)
+                await _answer(writer, 401, {"error": "Unauthorized"}, _METRICS_CHALLENGE + cors)
                 return
         lines = [
             "# HELP queryapigate_events_streams Open event streams.", "# TYPE queryapigate_events_streams gauge",
@@ -189,34 +231,50 @@ class EventsServer:
         ]
         body = ("\n".join(lines) + "\n").encode()
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
-                     b"Content-Length: %d\r\nConnection: close\r\n%s\r\n%s" % (len(body), _SECURITY, body))
+                     b"Content-Length: %d\r\nConnection: close\r\n%s%s\r\n%s" % (len(body), cors, _SECURITY, body))
         await _close(writer)
 
-    async def _events(self, writer, headers: dict, args: dict) -> None:
+    async def _events(self, writer, headers: dict, args: dict, cors: bytes = b"") -> None:
         key_header = headers.get("x-api-key")
         authorization = headers.get("authorization")
-        peer = (writer.get_extra_info("peername") or (None,))[0]
+        socket_peer = (writer.get_extra_info("peername") or (None,))[0]
+        # The client address as the main server reads it (request.py): X-Forwarded-For's hop QAG_TRUST_PROXY
+        # names, else the socket peer; what a key's allowed_ips and the address's rate-limit bucket are judged on.
+        peer = _client({"REMOTE_ADDR": socket_peer, "HTTP_X_FORWARDED_FOR": headers.get("x-forwarded-for", ""),
+                        "HTTP_X_FORWARDED_PROTO": headers.get("x-forwarded-proto", "")}, self.trust_proxy)[0]
+        extra = cors
+        if self.address_buckets is not None:
+            # Contract 8.6/6.6: one token per connection attempt, before authentication (401s count too).
+            count, period = self.rate_limit
+            left, retry_after = await self._store(self.address_buckets.take, peer or "", count, period)
+            extra += b"X-RateLimit-Limit: %d\r\nX-RateLimit-Remaining: %d\r\n" % (count, left)
+            if retry_after:
+                await _refuse(writer, QagError("rate_limited", "Rate limit exceeded", retry_after=retry_after), extra)
+                return
         try:
             caller = await self._store(self.auth.authenticate, key_header, peer, authorization)
         except QagError as refused:   # a bad bearer token: its code and challenges, as the gateway answers it
-            extra = b"".join(f"{name}: {value}\r\n".encode("latin-1", "replace") for name, value in refused.headers)
-            await _answer(writer, refused.status, {"error": refused.message, "code": refused.code}, extra)
+            await _refuse(writer, refused, _fields(refused.headers) + extra)
             return
         if caller is None:
-            await _answer(writer, 401, {"error": "Unauthorized"}, b"".join(
-                f"{name}: {value}\r\n".encode("ascii") for name, value in self.auth.challenges))
+            await _answer(writer, 401, {"error": "Unauthorized"}, _fields(self.auth.challenges) + extra)
             return
+        if caller.via == "open":
+            try:   # judged on the socket's peer, never on X-Forwarded-For (contract 1.4)
+                guard_open_mode(socket_peer, headers.get("host"), headers.get("origin"), self.headers)
+            except QagError as refused:
+                await _refuse(writer, refused, extra)
+                return
         try:
             filters = read_filters(args)
         except QagError as error:
-            await _answer(writer, error.status, {"error": error.message, "code": error.code})
+            await _answer(writer, error.status, {"error": error.message, "code": error.code}, extra)
             return
         if len(self.clients) >= self.max_connections:
             await _answer(writer, 503, {"error": "Too many open event streams - try again in a few seconds",
-                                        "code": "too_many_streams", "retry_after": 5}, b"Retry-After: 5\r\n")
+                                        "code": "too_many_streams", "retry_after": 5}, b"Retry-After: 5\r\n" + extra)
             return
-        resume = headers.get("last-event-id", args.get("last_event_id"))
-        resume_id = int(resume) if resume is not None and resume.strip().isdigit() else None
+        resume_id = _resume_id(headers.get("last-event-id", args.get("last_event_id")))
         since = 0
         if caller.via == "jwt":
             since = int(time.time())   # a signed-in user has no creation date: its own runs from now on
@@ -227,7 +285,7 @@ class EventsServer:
                         key_header, peer, authorization if caller.via == "jwt" else None)
         self.clients.add(client)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                     b"X-Accel-Buffering: no\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n" + _SECURITY
+                     b"X-Accel-Buffering: no\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n" + extra + _SECURITY
                      + b"\r\n" + _chunk(b"retry: 3000\n\n"))
         try:
             await writer.drain()
@@ -311,13 +369,16 @@ def _parse(head: bytes) -> tuple[str, str, dict]:
     method, target, version = lines[0].split(" ")
     if not version.startswith("HTTP/1."):
         raise ValueError(version)
-    headers = {}
+    headers: dict[str, str] = {}
     for line in lines[1:]:
         if line:
             name, sep, value = line.partition(":")
             if not sep:
                 raise ValueError(line)
-            headers[name.strip().lower()] = value.strip()
+            name, value = name.strip().lower(), value.strip()
+            # A repeated field is joined, as the main server's workers join it (so X-Forwarded-For's hops are the
+            # same list there and here, and a second Host or X-API-Key is no way around what the first says).
+            headers[name] = f"{headers[name]},{value}" if name in headers else value
     return method, target, headers
 
 
@@ -326,6 +387,14 @@ async def _answer(writer, status: int, body: dict, extra: bytes = b"") -> None:
     writer.write(b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n"
                  b"%s%s\r\n%s" % (status, _STATUS[status].encode(), len(data), extra, _SECURITY, data))
     await _close(writer)
+
+
+async def _refuse(writer, error: QagError, extra: bytes = b"") -> None:
+    """A refusal with its code and extras (retry_after, also as Retry-After), as the other answers here: no
+    request id."""
+    if "retry_after" in error.extras:
+        extra += b"Retry-After: %d\r\n" % error.extras["retry_after"]
+    await _answer(writer, error.status, {"error": error.message, "code": error.code, **error.extras}, extra)
 
 
 async def _close(writer) -> None:

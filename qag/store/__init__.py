@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import sqlite3
 
 from .base import Store, StoreError, StoreTimeout
@@ -59,6 +60,19 @@ def open_store(settings, *, url: str | None = None, home: str | None = None, set
         return SqliteStore(folder, settings.audit_log_limit, create)
     except (OSError, sqlite3.Error, StoreError) as exc:
         raise StoreOpenError(_sqlite_failure(setting or "QAG_HOME", folder, exc)) from None
+
+
+def server_secret(store: Store) -> bytes:
+    """A random key kept in the store, for digests of secrets (ETags) and the deployment's Redis names; shared by
+    every worker and instance (and `qag events`), made by the first to ask."""
+    value = store.get_meta("server_secret")
+    if value is None:
+        with store.transaction():
+            value = store.get_meta("server_secret")
+            if value is None:
+                value = secrets.token_hex(32)
+                store.set_meta("server_secret", value)
+    return value.encode("ascii")
 
 
 def _lasting(text: str) -> bool:

@@ -1,6 +1,8 @@
 """Contract 8.6: `qag events`, the standalone SSE server, beside a real gunicorn with two workers on the same
 store - every worker's runs with their event ids, resume with Last-Event-ID with no gap or repeat, a key's own
-runs only and none from before the key, filters, the connection cap, /health, /metrics, 404 and 405."""
+runs only and none from before the key, filters, the connection cap, /health, /metrics, 404 and 405; judged as the
+main server judges a request: open mode for this machine only, QAG_TRUST_PROXY's client address, QAG_RATE_LIMIT on
+connection attempts, CORS."""
 
 from __future__ import annotations
 
@@ -8,14 +10,18 @@ import http.client
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
+from types import SimpleNamespace
 
 import pytest
 
-from tests.server import q, terminate, wait_for
+from tests.server import Server, q, terminate, wait_for
+from tests.services import redis_url
 
 pytestmark = pytest.mark.e2e
 
@@ -23,26 +29,31 @@ _LISTENING = re.compile(r"qag events: listening at http://([\d.]+):(\d+)")
 
 
 class EventsProcess:
-    """`qag events` on a server's home (and store), on a free port."""
+    """`qag events` on a server's home (and store), on a free port; `host`: its --host (default loopback)."""
 
-    def __init__(self, server, **env):
+    def __init__(self, server, host: str | None = None, **env):
         full = {k: v for k, v in os.environ.items() if not k.startswith(("QAG_", "QUERYAPIGATE_"))}
-        full.update({"QAG_HOME": server.home, "QAG_API_KEY": server.admin_key, "QAG_EVENTS_POLL_INTERVAL": "0.1"})
+        full.update({"QAG_HOME": server.home, "QAG_EVENTS_POLL_INTERVAL": "0.1"})
+        if server.admin_key is not None:   # None: open mode, when the store holds no key either
+            full["QAG_API_KEY"] = server.admin_key
         if server.database_url:
             full["QAG_DATABASE_URL"] = server.database_url
         if "QAG_SPEEDUPS" in os.environ:
             full["QAG_SPEEDUPS"] = os.environ["QAG_SPEEDUPS"]
         full.update(env)
-        self.proc = subprocess.Popen([sys.executable, "-m", "qag", "events", "--port", "0"], env=full,
+        self.proc = subprocess.Popen([sys.executable, "-m", "qag", "events", "--port", "0"]
+                                     + (["--host", host] if host else []), env=full,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=server.home)
         line = self.proc.stdout.readline()
         m = _LISTENING.search(line)
         assert m, line + self.proc.stdout.read()
         self.host, self.port = m.group(1), int(m.group(2))
+        if self.host == "0.0.0.0":
+            self.host = "127.0.0.1"   # every address: reached on loopback unless a test names another
         self.admin_key = server.admin_key
 
-    def request(self, method: str, path: str, key="admin", headers=None):
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
+    def request(self, method: str, path: str, key="admin", headers=None, address: str | None = None):
+        conn = http.client.HTTPConnection(address or self.host, self.port, timeout=10)
         all_headers = dict(headers or {})
         if key is not None:
             all_headers["X-API-Key"] = self.admin_key if key == "admin" else key
@@ -280,3 +291,151 @@ def test_signed_in_users_stream_their_own_runs(make_module_server, uniq):
             stream.close()
     finally:
         events.close()
+
+
+def _this_machines_address() -> str:
+    """An IPv4 address of this machine that is not loopback (a connection to it has a non-loopback peer)."""
+    for target in ("192.0.2.1", "10.255.255.255", "198.51.100.1"):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            try:
+                probe.connect((target, 9))   # a datagram socket sends nothing: this only picks the route's address
+            except OSError:
+                continue
+            address = probe.getsockname()[0]
+            if not address.startswith("127."):
+                return address
+    pytest.skip("this machine has no non-loopback IPv4 address to be a remote peer from")
+
+
+def test_open_mode_serves_this_machine_only(tmp_path):
+    """Contract 1.4 on `qag events` (no admin key, no key stored): a remote peer, a Host that is not loopback (DNS
+    rebinding) and a cross-origin browser request are refused 403 open_access_remote, as by the gateway."""
+    address = _this_machines_address()
+    events = EventsProcess(SimpleNamespace(home=str(tmp_path), admin_key=None, database_url=None), host="0.0.0.0")
+    try:
+        status, _, body = events.request("GET", "/events", key=None, address=address)
+        assert status == 403 and json.loads(body)["code"] == "open_access_remote"
+        assert events.request("GET", "/health", key=None, address=address)[0] == 200   # public, as the gateway's
+        rebound = f"rebind.attacker.example:{events.port}"
+        for headers in ({"Host": rebound, "Origin": f"http://{rebound}"}, {"Host": rebound},
+                        {"Origin": "https://evil.example"}):
+            status, _, body = events.request("GET", "/events", key=None, headers=headers)
+            assert status == 403 and json.loads(body)["code"] == "open_access_remote", headers
+        stream = Stream(events, key=None, headers={"Host": f"localhost:{events.port}"})
+        try:
+            assert stream.status == 200 and stream.headers["content-type"] == "text/event-stream"
+        finally:
+            stream.close()
+    finally:
+        events.close()
+
+
+def test_allowed_ips_are_judged_on_the_trusted_proxy_hop(pair, uniq):
+    """QAG_TRUST_PROXY: a key's allowed_ips are judged on X-Forwarded-For's trusted hop, as by the gateway."""
+    server, untrusting = pair
+    key = server.key(uniq("evproxy"), connections=["lite"], allowed_ips=["203.0.113.7"])
+    forwarded = {"X-Forwarded-For": "203.0.113.7"}
+    assert untrusting.request("GET", "/events", key=key, headers=forwarded)[0] == 401   # 0 hops: the socket peer
+    events = EventsProcess(server, QAG_TRUST_PROXY="1")
+    try:
+        stream = Stream(events, key=key, headers=forwarded)
+        try:
+            assert stream.status == 200
+        finally:
+            stream.close()
+        assert events.request("GET", "/events", key=key)[0] == 401   # no hop: the socket peer, 127.0.0.1
+        # The last hop is the one the trusted proxy wrote; what the client put before it is not judged.
+        assert events.request("GET", "/events", key=key,
+                              headers={"X-Forwarded-For": "203.0.113.7, 198.51.100.9"})[0] == 401
+    finally:
+        events.close()
+
+
+def test_connection_attempts_spend_the_server_wide_rate_limit(pair):
+    """QAG_RATE_LIMIT: one token of the client address's bucket per attempt, before authentication (wrong keys
+    count); /health and /metrics are exempt."""
+    server, _ = pair
+    events = EventsProcess(server, QAG_RATE_LIMIT="3/minute")
+    try:
+        replies = [events.request("GET", "/events", key=f"wrong-{i}") for i in range(6)]
+        assert [status for status, _, _ in replies] == [401, 401, 401, 429, 429, 429]
+        assert [headers["x-ratelimit-remaining"] for _, headers, _ in replies[:3]] == ["2", "1", "0"]
+        status, headers, body = replies[3]
+        refusal = json.loads(body)
+        assert refusal["code"] == "rate_limited" and int(headers["retry-after"]) == refusal["retry_after"] >= 1
+        assert headers["x-ratelimit-limit"] == "3"
+        assert events.request("GET", "/events")[0] == 429    # the right key too: the address is out of tokens
+        for path in ("/health", "/metrics"):
+            assert events.request("GET", path, key=None)[0] == 200
+    finally:
+        events.close()
+
+
+def test_the_rate_limit_is_the_main_servers_bucket_in_redis(make_server):
+    """With QAG_REDIS_URL the attempts spend the same bucket as the client's calls to the main server."""
+    env = {"QAG_REDIS_URL": redis_url(), "QAG_RATE_LIMIT": "4/minute", "QAG_TRUST_PROXY": "1"}
+    server = make_server(env=env, workers=1)
+    events = EventsProcess(server, **env)
+    client = {"X-Forwarded-For": "203.0.113.44"}
+    try:
+        assert [server.get("/api/v1/connections", headers=client).status for _ in range(3)] == [200, 200, 200]
+        status, headers, _ = events.request("GET", "/events", key="wrong", headers=client)
+        assert status == 401 and headers["x-ratelimit-remaining"] == "0"
+        assert events.request("GET", "/events", headers=client)[0] == 429
+        assert server.get("/api/v1/connections", headers=client).status == 429
+        assert events.request("GET", "/events", key="wrong", headers={"X-Forwarded-For": "203.0.113.45"})[0] == 401
+    finally:
+        events.close()
+
+
+def test_cors_when_configured(pair):
+    """QAG_CORS_ORIGINS: an allowed origin's stream and refusals carry the gateway's CORS headers, and a preflight
+    is answered 204 (it was 405)."""
+    server, _ = pair
+    events = EventsProcess(server, QAG_CORS_ORIGINS="https://app.example")
+    origin = {"Origin": "https://app.example"}
+    try:
+        stream = Stream(events, headers=origin)
+        try:
+            assert stream.status == 200 and stream.headers["access-control-allow-origin"] == "https://app.example"
+            assert stream.headers["vary"] == "Origin" and "access-control-expose-headers" in stream.headers
+        finally:
+            stream.close()
+        status, headers, _ = events.request("GET", "/events", key="wrong", headers=origin)
+        assert status == 401 and headers["access-control-allow-origin"] == "https://app.example"
+        status, headers, _ = events.request("OPTIONS", "/events", key=None, headers={
+            **origin, "Access-Control-Request-Method": "GET", "Access-Control-Request-Headers": "x-api-key"})
+        assert status == 204 and headers["access-control-allow-origin"] == "https://app.example"
+        assert "X-API-Key" in headers["access-control-allow-headers"] and "GET" in headers["access-control-allow-methods"]
+        status, headers, _ = events.request("GET", "/events", key="wrong", headers={"Origin": "https://evil.example"})
+        assert status == 401 and "access-control-allow-origin" not in headers
+        assert events.request("OPTIONS", "/events", key=None)[0] == 405   # no preflight: as any other method
+    finally:
+        events.close()
+
+
+def test_a_last_event_id_that_is_no_ascii_number_means_live_only(pair):
+    """Other scripts' digits ("²": str.isdigit takes it, int() does not; "٣": int() reads it), more digits than
+    int() reads and an id beyond the store's 64 bits are non-numeric: the stream is live only (the handler crashed
+    without an answer, or after its first chunk)."""
+    server, events = pair
+    reference = Stream(events)
+    try:
+        before = _runs(server, 6)   # handed out before each stream below opens: only a replay would send them
+        wait_for(lambda: set(before) <= set(reference.request_ids()), "the runs before")
+    finally:
+        reference.close()
+    header_values = ("²", "9" * 5000, "9" * 20)
+    cases = [("header", v) for v in header_values] + [("query", v) for v in header_values + ("٣", "1²")]
+    for where, value in cases:
+        if where == "header":   # the value's bytes as sent (latin-1), read back as the same text by the server
+            stream = Stream(events, headers={"Last-Event-ID": value.encode("latin-1")})
+        else:
+            stream = Stream(events, path="/events?last_event_id=" + urllib.parse.quote(value))
+        try:
+            assert stream.status == 200, (where, value[:10])
+            ran = _runs(server, 1)
+            wait_for(lambda: set(ran) <= set(stream.request_ids()), f"the run, live ({where}, {value[:10]})")
+            assert not set(before) & set(stream.request_ids()), (where, value[:10])
+        finally:
+            stream.close()
