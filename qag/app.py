@@ -244,7 +244,11 @@ class Gateway:
             environ["qag.key"] = caller.label
             if not caller.admin and caller.grants is not None and caller.grants.mask:
                 environ["qag.masked"] = True   # _call drops `detail` from any error of this request
-            self._limits(caller, environ, route.endpoint in _DATA_ENDPOINTS)  # before the route: a 403 still counts
+            if path not in _RATE_EXEMPT:
+                # before the route: a 403 still counts. Not on the routes exempt from the address's limit
+                # (/readyz, /metrics): a key's X-Quota-* and X-RateLimit-Key-* headers there would tell a right key
+                # from a wrong one at any rate.
+                self._limits(caller, environ, route.endpoint in _DATA_ENDPOINTS)
         if route.public:
             return route.handler(request, caller, **params)
         if caller is None:

@@ -194,6 +194,22 @@ def test_per_key_limit_counts_403s_and_is_per_key(keyed, uniq):
     assert r.status == 200 and "x-ratelimit-key-limit" not in r.headers
 
 
+def test_the_exempt_routes_tell_no_key_from_another(keyed, uniq):
+    """/readyz and /metrics are exempt from the address's limit; a key's X-Quota-* and X-RateLimit-Key-* headers
+    there told a right key from a wrong one at any rate. They answer a key as they answer anyone, and spend none of
+    its budget."""
+    key = keyed.key(uniq("ex"), rate_limit="2/hour", quota={"calls": 5, "per": "day"}, connections=["lite"])
+    for path in ("/readyz", "/metrics", "/health", "/livez"):
+        right, wrong = keyed.get(path, key=key), keyed.get(path, key="sk_wrong")
+        assert right.status == wrong.status == 200, (path, right, wrong)
+        for name in ("x-quota-reset", "x-quota-remaining-calls", "x-ratelimit-key-limit", "x-ratelimit-key-remaining"):
+            assert name not in right.headers, (path, name)
+        assert right.body == wrong.body or path == "/metrics", path
+    r = keyed.get(q("small"), key=key)     # nothing spent above: the key's first call
+    assert r.status == 200 and r.headers["x-ratelimit-key-remaining"] == "1"
+    assert r.headers["x-quota-remaining-calls"] == "4"
+
+
 def test_per_key_limit_follows_a_patch(keyed, uniq):
     name = uniq("rl")
     key = keyed.key(name, rate_limit="1/hour", connections=["lite"])
