@@ -104,7 +104,7 @@ class Request:
         """Decode the path and query; raises QagError (400) for a malformed target."""
         raw = self.environ.get("RAW_URI") or self.environ.get("REQUEST_URI")
         if raw:
-            if raw.startswith(("http://", "https://")):
+            if raw[0] != "/" and raw[:8].lower().startswith(("http://", "https://")):   # a scheme in any case
                 raw = "/" + raw.split("://", 1)[1].partition("/")[2]
             # A fragment is never part of a request's target (RFC 9112 3.2); the servers drop it from PATH_INFO
             # and QUERY_STRING, and so does this reading.
