@@ -100,7 +100,8 @@ class Relay:
     127.0.0.1:relay.port. It adds a delay to the server's replies, counts the client's request turns, and makes the
     faults of a network path on demand: cut (close both ways), reset (RST to the client), black-hole (hold every
     byte, both ways, connections stay open: what a dropped route looks like to both ends), hold the replies only
-    (requests still reach the server: a command done whose reply is lost) and refuse new connections.
+    (requests still reach the server: a command done whose reply is lost), hold the connections open at that moment
+    while new ones pass (a request delivered late, after its client gave up on it) and refuse new connections.
 
     A "turn" is a burst of client bytes that follows server bytes (or starts the conversation): one round trip the
     client waited for. Each chunk from the server is forwarded `delay` seconds after it arrived, so a reply split
@@ -124,6 +125,10 @@ class Relay:
         self._replying = threading.Event()  # cleared by hold_replies(): the server's bytes wait until restore()
         self._replying.set()
         self._sockets: list[socket.socket] = []
+        # Per connection: (gate, ended). hold_old() clears the gates of the connections open then (bytes both ways
+        # wait until restore()); ended is set once the server closed its side.
+        self._conns: list[tuple[threading.Event, threading.Event]] = []
+        self._held: list[tuple[threading.Event, threading.Event]] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def __enter__(self) -> "Relay":
@@ -141,6 +146,8 @@ class Relay:
         self._closed = True
         self._flowing.set()   # let held pumps run into the closed sockets and end
         self._replying.set()
+        for gate, _ in self._held:
+            gate.set()
         # shutdown() first: close() alone leaves a socket that a thread is blocked in accept() on still listening.
         try:
             self._listener.shutdown(socket.SHUT_RDWR)
@@ -188,9 +195,26 @@ class Relay:
         """Forward the client's bytes but hold the server's (open connections and new ones) until restore()."""
         self._replying.clear()
 
+    def hold_old(self) -> None:
+        """Hold every byte, both ways, of the connections open now (what their clients send is read and kept) while
+        new connections pass; restore() delivers what was held, late: a request its client gave up on (it timed
+        out, closed, and went on over a new connection) still reaches the server."""
+        with self._lock:
+            self._conns = [c for c in self._conns if not c[1].is_set()]
+            self._held += self._conns
+        for gate, _ in self._conns:
+            gate.clear()
+
+    def held_open(self) -> int:
+        """The connections hold_old() held that the server has not closed yet: after restore(), 0 once the server
+        read what was held and closed them (it did what they asked before it saw their end)."""
+        return sum(1 for _, ended in self._held if not ended.is_set())
+
     def restore(self) -> None:
         self._flowing.set()
         self._replying.set()
+        for gate, _ in self._held:
+            gate.set()
 
     def down(self) -> None:
         """Stop the upstream as seen through the relay: break open connections and refuse new ones until up()."""
@@ -218,19 +242,25 @@ class Relay:
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 s.settimeout(None)
             self._sockets += [client, server]
+            conn = (threading.Event(), threading.Event())
+            conn[0].set()
             with self._lock:
                 self.connections += 1
+                self._conns = [c for c in self._conns if not c[1].is_set()]   # the ended ones go
+                self._conns.append(conn)
             state = {"last": "server"}
-            threading.Thread(target=self._client_to_server, args=(client, server, state), daemon=True).start()
-            threading.Thread(target=self._server_to_client, args=(server, client, state), daemon=True).start()
+            threading.Thread(target=self._client_to_server, args=(client, server, state, conn[0]), daemon=True).start()
+            threading.Thread(target=self._server_to_client, args=(server, client, state, conn), daemon=True).start()
 
-    def _client_to_server(self, client: socket.socket, server: socket.socket, state: dict) -> None:
+    def _client_to_server(self, client: socket.socket, server: socket.socket, state: dict,
+                          gate: threading.Event) -> None:
         try:
             while True:
                 data = client.recv(65536)
                 if not data:
                     break
                 self._flowing.wait()
+                gate.wait()
                 with self._lock:
                     if state["last"] == "server":
                         self.turns += 1
@@ -241,7 +271,9 @@ class Relay:
         finally:
             _shutdown(server)
 
-    def _server_to_client(self, server: socket.socket, client: socket.socket, state: dict) -> None:
+    def _server_to_client(self, server: socket.socket, client: socket.socket, state: dict,
+                          conn: tuple[threading.Event, threading.Event]) -> None:
+        gate, ended = conn
         pending: list[tuple[float, int, bytes]] = []
         cond = threading.Condition()
         done = threading.Event()
@@ -263,6 +295,7 @@ class Relay:
                         heapq.heappop(pending)
                     self._flowing.wait()
                     self._replying.wait()
+                    gate.wait()
                     client.sendall(data)
             except OSError:
                 pass
@@ -284,6 +317,7 @@ class Relay:
         except OSError:
             pass
         finally:
+            ended.set()
             done.set()
             with cond:
                 cond.notify()

@@ -73,13 +73,15 @@ def uniq():
 
 def pytest_sessionfinish(session):
     """The shared Redis keeps no counters of this run: the quota and rate-limit keys named after uniq() names
-    (they would otherwise stay until they expire, a day to 40 days later), and the index of the max_concurrent
-    sets this process held leases in (a server's workers' are swept by its master)."""
+    (they would otherwise stay until they expire, a day to 40 days later), the index of the max_concurrent
+    sets this process held leases in (a server's workers' are swept by its master), and the tombstones of the
+    quota reservations it gave back without knowing their outcome (they stay until the period ends)."""
     try:
         import redis
-        from qag.policy.redislimits import holder_host, holder_index
+        from qag.policy.redislimits import holder_host, holder_index, reserved_index
         client = redis.Redis.from_url(REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
         keys = list(client.scan_iter(f"qag:*{os.getpid()}_*", count=1000))
+        keys += client.scan_iter(reserved_index(holder_host(), os.getpid()) + ":gone:*", count=1000)
         keys.append(holder_index(holder_host(), os.getpid()))
         client.delete(*keys)
     except Exception:  # no Redis here, or no client: nothing was written there

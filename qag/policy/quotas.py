@@ -25,7 +25,8 @@ in Redis is held by its process like a slot lease: the script records it under a
 call's outcome only when it was still there (so a settle is applied once however often it is sent), and the master
 gives back what a dead worker left there (redislimits.sweep). A settle Redis did not take, and a reservation whose
 reply was lost (the call then counts in the host table), are sent again by a thread until Redis answers or the
-period ends.
+period ends; the latter leaves a tombstone of its token, so its RESERVE, if Redis gets it only later (held in the old
+connection), reserves nothing.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from typing import Callable
 
 from ..errors import QagError
 from .hostlimits import HostTable
-from .redislimits import holder_host, reserved_index
+from .redislimits import gone_key, holder_host, reserved_index
 
 log = logging.getLogger("qag")
 
@@ -56,9 +57,12 @@ _LOG_EVERY = 60.0
 
 # Check (and with ARGV[6] = 1 reserve one call of) a counter; seed it from ARGV[3..4] when it is missing, or
 # answer {-1} when no seed was given so the caller can read the store and ask again. ARGV[1..2]: limits, 0 = none.
-# A reservation is recorded in the process's hash KEYS[2] (token ARGV[7] -> the counter) until it is settled.
-# Returns {1 allowed / 0 refused, calls, rows} after the reservation.
+# A reservation is recorded in the process's hash KEYS[2] (token ARGV[7] -> the counter) until it is settled; one
+# whose token has a tombstone KEYS[3] (see SETTLE) was given back already - its worker gave up on it, and it reached
+# Redis late, over the connection it was sent on - and changes nothing ({0, 0, 0}, as a refusal: nobody waits for
+# its reply). Returns {1 allowed / 0 refused, calls, rows} after the reservation.
 _RESERVE = """
+if ARGV[6] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then return {0, 0, 0} end
 local k = KEYS[1]
 if redis.call('EXISTS', k) == 0 then
   if ARGV[3] == '' then return {-1, 0, 0} end
@@ -99,9 +103,14 @@ return {c, r}
 
 # Settle the reservation ARGV[4] held in KEYS[2] (a process's reserved_index): add ARGV[1] calls (0 keeps it, -1
 # gives it back) and ARGV[2] rows to its counter KEYS[1], only when the reservation was still held, so sending it
-# again after a lost reply (the retry thread), or the master's sweep after a settle, changes nothing. Returns
-# {calls, rows}, or nil when nothing was done.
+# again after a lost reply (the retry thread), or the master's sweep after a settle, changes nothing. The give-back
+# of a reservation whose RESERVE's outcome is unknown (its reply lost) also leaves the token's tombstone KEYS[3] for
+# ARGV[5] seconds (until the period ends), so the RESERVE, if it is still on its way (TCP delivers what an old
+# connection held late, after this ran over a new one), reserves nothing; without ARGV[5] (or 0) there is none.
+# Returns {calls, rows}, or nil when nothing was done.
 SETTLE = """
+local gone = tonumber(ARGV[5])
+if gone and gone > 0 then redis.call('SET', KEYS[3], '1', 'EX', gone) end
 local k = KEYS[1]
 if redis.call('HDEL', KEYS[2], ARGV[4]) == 0 or redis.call('EXISTS', k) == 0 then return false end
 local c = redis.call('HINCRBY', k, 'calls', ARGV[1])
@@ -211,7 +220,8 @@ class Quotas:
         self._in_flight_id = ""                  # ... and its id: sent again under it (Store.add_quota_usage)
         self._reserve = self._add_script = self._settle_script = None
         self._holder = (None, "")                # (pid, its reserved_index): the hash of its Redis reservations
-        # token -> (counter, reserved_index, calls, rows, period's end): Redis settles that failed, tried again
+        # token -> (counter, reserved_index, calls, rows, period's end, tombstone: the RESERVE's outcome unknown):
+        # Redis settles that failed, tried again
         self._unsettled: dict[str, tuple] = {}
         self._settling = False                   # a thread is trying them again
         # (caller, per) -> _Period: the period's texts and times and the caller's keys, for calls within it
@@ -479,17 +489,19 @@ class Quotas:
         held = self._reserved_index()
         token = t.token = os.urandom(6).hex() if reserve else ""
         args = [t.calls_limit or 0, t.rows_limit or 0, "", "", REDIS_EXPIRY, 1 if reserve else 0, token]
+        keys = [rk, held, gone_key(held, token)]
         try:
-            found = self._reserve(keys=[rk, held], args=args, client=client)
+            found = self._reserve(keys=keys, args=args, client=client)
             if int(found[0]) == -1:  # no counter yet for this period (new, expired, or Redis restarted): seed it
                 args[2], args[3] = self._seed(t.key)
-                found = self._reserve(keys=[rk, held], args=args, client=client)
+                found = self._reserve(keys=keys, args=args, client=client)
         except BaseException:
             if reserve:
-                # The outcome is unknown (the script may have run and its reply been lost): the call is counted
-                # in the host table instead, so a reservation it may have made in Redis is given back, as a
-                # failed settle is. Giving back one never made does nothing (the token isn't held).
-                self._keep_settle(rk, held, token, -1, 0, t.reset_at)
+                # The outcome is unknown (the script may have run and its reply been lost, or it may still be on
+                # its way): the call is counted in the host table instead, so a reservation it may have made in
+                # Redis is given back, as a failed settle is, with a tombstone that keeps the RESERVE from
+                # reserving later. Giving back one never made does nothing (the token isn't held).
+                self._keep_settle(rk, held, token, -1, 0, t.reset_at, unknown=True)
             raise
         return int(found[0]), int(found[1]), int(found[2])
 
@@ -530,13 +542,15 @@ class Quotas:
         self._keep_settle(self.redis_key(t.key), self._reserved_index(), t.token, calls, rows, t.reset_at)
         return None
 
-    def _keep_settle(self, rk: str, held: str, token: str, calls: int, rows: int, until: float) -> None:
+    def _keep_settle(self, rk: str, held: str, token: str, calls: int, rows: int, until: float,
+                     unknown: bool = False) -> None:
         """Keep a settle to send again every SETTLE_RETRY s, by a thread of its own, until Redis answers or the
         period ends (`until`, Unix; the counter then decides nothing any more). Without it a given-back call would
-        stay counted in Redis for the whole period, refusing the caller's last calls."""
+        stay counted in Redis for the whole period, refusing the caller's last calls. unknown: the give-back of a
+        reservation whose outcome is unknown, sent with its tombstone (SETTLE)."""
         with self._lock:
             if len(self._unsettled) < SETTLES_KEPT:
-                self._unsettled[token] = (rk, held, calls, rows, until)
+                self._unsettled[token] = (rk, held, calls, rows, until, unknown)
             if self._settling:
                 return
             self._settling = True
@@ -564,8 +578,10 @@ class Quotas:
             client = self.redis.client()
             script = self._settle(client)
             pipe = client.pipeline(transaction=False)
-            for token, (rk, held, calls, rows, _) in pending:
-                script(keys=[rk, held], args=[calls, rows, REDIS_EXPIRY, token], client=pipe)
+            for token, (rk, held, calls, rows, until, unknown) in pending:
+                gone = max(1, math.ceil(until - now)) if unknown else 0   # the tombstone lasts the period out
+                script(keys=[rk, held, gone_key(held, token)], args=[calls, rows, REDIS_EXPIRY, token, gone],
+                       client=pipe)
             pipe.execute()
         except (redis.RedisError, OSError, ValueError):
             return True

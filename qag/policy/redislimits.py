@@ -51,9 +51,12 @@ return {ok, string.format('%.17g', tokens)}
 # max_concurrent: a sorted set of leases scored by their expiry on Redis's clock. Expired leases go first, so a
 # worker that died holding a slot frees it when its lease ends at the latest. KEYS[2], the holder's index
 # (`qag:holder:<holder host>:<pid>`, see holder_host), names the sets the process holds leases in, kept as long as its longest lease: the
-# master gives a dead worker's leases back at once (sweep) without scanning Redis. ARGV: limit, lease seconds,
-# member.
+# master gives a dead worker's leases back at once (sweep) without scanning Redis. KEYS[3], the member's tombstone
+# (`<set>:gone:<member>`, see _GIVE_BACK): an ACQUIRE that finds it was given back already - its worker gave up on
+# it, and it reached Redis late, over the connection it was sent on - adds nothing (0, as a refusal: nobody waits for
+# its reply). ARGV: limit, lease seconds, member.
 _ACQUIRE = """
+if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -76,6 +79,15 @@ local ttl = math.ceil(tonumber(ARGV[1])) + 1
 if redis.call('TTL', KEYS[1]) < ttl then redis.call('EXPIRE', KEYS[1], ttl) end
 if redis.call('TTL', KEYS[2]) < ttl then redis.call('EXPIRE', KEYS[2], ttl) end
 return ok
+"""
+
+# Give back a lease whose ACQUIRE's outcome is unknown (its reply was lost): remove the member if it is there, and
+# leave its tombstone KEYS[2] for ARGV[2] seconds (the lease's length), so the ACQUIRE, if it is still on its way
+# (TCP delivers what an old connection held late, after this ran over a new one), adds nothing. Removing alone left
+# that late lease to refuse the key's calls on every instance until it ran out.
+_GIVE_BACK = """
+redis.call('SET', KEYS[2], '1', 'EX', ARGV[2])
+return redis.call('ZREM', KEYS[1], ARGV[1])
 """
 
 # A dead process's leases in one set: its members start with ARGV[1] (`<host>:<pid>:`).
@@ -236,8 +248,10 @@ class SlotPool:
         self.table = table
         self._acquire = None
         self._renew = None
+        self._give_back = None
         self._host = holder_host()
-        self._unreleased: dict[tuple[str, str], float] = {}    # (set, member) → when its lease runs out (monotonic)
+        # (set, member) → (when its lease runs out (monotonic), its tombstone's seconds: 0 for a lease held)
+        self._unreleased: dict[tuple[str, str], tuple[float, int]] = {}
         self._retrying = False                                 # a thread is trying them again
         self._lock = threading.Lock()
 
@@ -256,26 +270,28 @@ class SlotPool:
         if self._acquire is None:
             self._acquire = client.register_script(_ACQUIRE)
         try:
-            took = int(self._acquire(keys=[key, holder], args=[limit, lease, member], client=client))
+            took = int(self._acquire(keys=[key, holder, gone_key(key, member)], args=[limit, lease, member],
+                                     client=client))
         except BaseException:
-            # The outcome is unknown (the script may have run and its reply been lost): the call goes on with the
-            # host's count, so a lease it may have added is given back as a failed release is; otherwise nothing
-            # but a refused call would remove it before it runs out (up to an hour). Removing a member that was
-            # never added does nothing.
-            self._keep(key, member, time.monotonic() + lease)
+            # The outcome is unknown (the script may have run and its reply been lost, or it may still be on its
+            # way): the call goes on with the host's count, so a lease it may have added is given back as a failed
+            # release is, with a tombstone that keeps the ACQUIRE from adding it later; otherwise nothing but a
+            # refused call would remove it before it runs out (up to an hour). Removing a member that was never
+            # added does nothing.
+            self._keep(key, member, time.monotonic() + lease, math.ceil(lease) + 1)
             raise
         if not took:
             return None
         return _RedisSlot(self, key, member, lease, holder)
 
-    def _keep(self, key: str, member: str, runs_out: float) -> None:
-        """A release Redis did not take (down, or not answering), or an acquire whose outcome is unknown: kept, and
-        tried again every RELEASE_RETRY s by a thread of its own until Redis answers or the lease has run out by
-        itself. Without it the key's calls would be refused on every instance until then (up to an hour without
-        a time limit)."""
+    def _keep(self, key: str, member: str, runs_out: float, gone: int = 0) -> None:
+        """A release Redis did not take (down, or not answering), or an acquire whose outcome is unknown (`gone`:
+        its tombstone's seconds): kept, and tried again every RELEASE_RETRY s by a thread of its own until Redis
+        answers or the lease has run out by itself. Without it the key's calls would be refused on every instance
+        until then (up to an hour without a time limit)."""
         with self._lock:
             if len(self._unreleased) < RELEASES_KEPT:
-                self._unreleased[(key, member)] = runs_out
+                self._unreleased[(key, member)] = (runs_out, gone)
             if self._retrying:
                 return
             self._retrying = True
@@ -287,23 +303,29 @@ class SlotPool:
             time.sleep(RELEASE_RETRY)
             with self._lock:
                 now = time.monotonic()
-                for item in [item for item, runs_out in self._unreleased.items() if runs_out <= now]:
+                for item in [item for item, (runs_out, _) in self._unreleased.items() if runs_out <= now]:
                     del self._unreleased[item]
-                pending = list(self._unreleased)
+                pending = list(self._unreleased.items())
                 if not pending:
                     self._retrying = False
                     return
             # Straight to the client, not through call(): a try in the background neither starts nor ends the
             # back-off the calls see.
             try:
-                pipe = self.redis.client().pipeline(transaction=False)
-                for key, member in pending:
-                    pipe.zrem(key, member)
+                client = self.redis.client()
+                if self._give_back is None:
+                    self._give_back = client.register_script(_GIVE_BACK)
+                pipe = client.pipeline(transaction=False)
+                for (key, member), (_, gone) in pending:
+                    if gone:
+                        self._give_back(keys=[key, gone_key(key, member)], args=[member, gone], client=pipe)
+                    else:
+                        pipe.zrem(key, member)
                 pipe.execute()
             except (redis.RedisError, OSError, ValueError):
                 continue
             with self._lock:
-                for item in pending:
+                for item, _ in pending:
                     self._unreleased.pop(item, None)
 
     def _renew_script(self, client):
@@ -341,6 +363,13 @@ def holder_host() -> str:
     """Who holds a lease, before the pid: the host name, and the gunicorn instance's tag when there is one."""
     host = os.uname().nodename
     return host if _instance is None else f"{host}/{_instance}"
+
+
+def gone_key(key: str, member: str) -> str:
+    """The tombstone of a hold given back before the outcome of the script that took it was known: of a lease
+    (`key` its set, `member` the lease) or of a quota reservation (`key` the reserved_index, `member` its token).
+    Key names and host names have no ':', so no set or index is named so."""
+    return f"{key}:gone:{member}"
 
 
 def holder_index(host: str, pid: int) -> str:

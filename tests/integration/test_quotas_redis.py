@@ -137,6 +137,40 @@ def test_a_reservation_whose_reply_is_lost_is_given_back_in_redis(tmp_path, uniq
             table.close()
 
 
+def test_a_reservation_delivered_after_its_give_back_counts_nothing(tmp_path, uniq):
+    """Found by a review with a TCP relay: a RESERVE whose reply never came was given back over a new connection
+    while the old one still held the command; delivered late, after the give-back (which then found nothing), it
+    counted the call and left its token in the live worker's hash, counted until that worker died. The give-back
+    leaves a tombstone the late RESERVE respects."""
+    name = uniq("latereserve")
+    quota = {"calls": 5, "per": "day"}
+    table = HostTable.create(64)
+    parts = urlsplit(redis_url())
+    with Relay(parts.hostname, parts.port or 6379) as relay:
+        shared = SharedRedis(_via(relay))
+        q = Quotas(SqliteStore(str(tmp_path)), shared, LimitStats(), interval=60, table=table)
+        try:
+            assert q.begin(name, quota, reserve=False).remote and _calls(q, name) == 0   # seeded, connected
+            relay.hold_old()                                     # the connection keeps the RESERVE; new ones pass
+            t = q.begin(name, quota, reserve=True)
+            assert t.host and not t.remote and t.calls == 1      # counted by the host table
+            assert _calls(q, name) == 0                          # the RESERVE has not reached Redis yet
+            wait_for(lambda: not q._settling or None, "the give-back taken over a new connection", 10.0)
+            relay.restore()                                      # ... and now it does, late
+            wait_for(lambda: relay.held_open() == 0 or None, "Redis ran what the old connection held", 10.0)
+            assert _calls(q, name) == 0 and _held(q, name) == 0  # nothing counted, nothing held
+            t.settle(True, 3)
+            assert table.quota_peek(t.host_key) == (1, 3)
+        finally:
+            _cleanup(redis_shared(), q, name)
+            direct = redis.Redis.from_url(redis_url())
+            gone = [*direct.scan_iter(reserved_index(holder_host(), os.getpid()) + ":gone:*")]
+            if gone:
+                direct.delete(*gone)
+            q.close()
+            table.close()
+
+
 def test_the_master_gives_back_a_dead_workers_reservations(tmp_path, uniq):
     """A worker killed mid-call (SIGKILL) left its reserved call counted in Redis for good; the master's sweep
     (gunicorn_conf.child_exit -> redislimits.sweep) gives it back, once: a settle after it changes nothing."""

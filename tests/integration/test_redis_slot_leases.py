@@ -94,6 +94,40 @@ def test_an_acquire_whose_reply_is_lost_leaves_no_lease_behind(uniq):
             table.close()
 
 
+def test_an_acquire_delivered_after_its_give_back_adds_no_lease(uniq):
+    """Found by a review with a TCP relay: an ACQUIRE whose reply never came was given back over a new connection
+    while the old one still held the command; delivered late, after the give-back (which then removed nothing), it
+    added a lease nobody would remove, and the key was refused 429 too_many_concurrent on every instance until the
+    lease ran out (an hour without a time limit). The give-back leaves a tombstone the late ACQUIRE respects."""
+    name = uniq("late")
+    key = f"qag:running:{name}"
+    direct = _direct()
+    parts = urlsplit(redis_url())
+    table = HostTable.create(64)
+    with Relay(parts.hostname, parts.port or 6379) as relay:
+        shared = SharedRedis(_via(relay))
+        pool = SlotPool(shared, LimitStats(), table=table)
+        try:
+            pool.acquire(name, 1, None).release()          # connected: the relay holds a live connection
+            relay.hold_old()                               # it keeps the ACQUIRE; new connections pass
+            slot = pool.acquire(name, 1, None)
+            assert isinstance(slot, redislimits._HostSlot) and pool.stats.fallbacks == 1   # the host's count
+            assert direct.zcard(key) == 0                  # the ACQUIRE has not reached Redis yet
+            wait_for(lambda: not pool._retrying or None, "the give-back taken over a new connection", 10.0)
+            relay.restore()                                # ... and now it does, late
+            wait_for(lambda: relay.held_open() == 0 or None, "Redis ran what the old connection held", 10.0)
+            assert direct.zcard(key) == 0                  # no lease left behind
+            slot.release()
+            shared._down_until = 0.0                       # past the back-off (not waited for)
+            again = pool.acquire(name, 1, None)            # the key's slot is free in Redis
+            assert isinstance(again, redislimits._RedisSlot)
+            again.release()
+            assert direct.zcard(key) == 0
+        finally:
+            direct.delete(key, holder_index(holder_host(), os.getpid()), *direct.scan_iter(f"{key}:gone:*"))
+            table.close()
+
+
 def test_failed_releases_are_kept_only_until_their_lease_runs_out(monkeypatch):
     monkeypatch.setattr(redislimits, "RELEASE_RETRY", 0.05)
     monkeypatch.setattr(redislimits, "RELEASES_KEPT", 3)
@@ -105,7 +139,7 @@ def test_failed_releases_are_kept_only_until_their_lease_runs_out(monkeypatch):
     time.sleep(0.6)
     assert list(pool._unreleased) == [("qag:running:gone", "m0")]   # the others' leases ran out: dropped
     assert pool._retrying
-    pool._unreleased[("qag:running:gone", "m0")] = time.monotonic()
+    pool._unreleased[("qag:running:gone", "m0")] = (time.monotonic(), 0)
     wait_for(lambda: not pool._retrying or None, "the thread ending with nothing left", 2.0)
 
 
