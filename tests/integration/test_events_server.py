@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.server import Server, q, terminate, wait_for
+from tests.server import q, terminate, wait_for
 from tests.services import redis_url
 
 pytestmark = pytest.mark.e2e
