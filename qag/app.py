@@ -210,10 +210,10 @@ class Gateway:
         try:
             route, params = self.router.match(request.segments, request.method)
         except QagError:
-            if path.startswith("/console"):
+            if path.startswith("/console") or path in _RATE_EXEMPT:
                 # The contract's Console paths are public and never rate limited, and qag serves no Console: 404
-                # for everyone, unauthenticated. Authenticating there would tell a right key from a wrong one at
-                # any rate.
+                # for everyone, unauthenticated; a wrong method on a route exempt from the limit (POST /health) is
+                # 405 for everyone. Authenticating there would tell a right key from a wrong one at any rate.
                 raise
             # An unknown route is not public: without a credential the caller learns nothing about it.
             caller = self.auth.authenticate(request.header("X-API-Key"), request.peer,

@@ -123,7 +123,8 @@ class OpsHandlers:
         if retry_after:
             if len(self._guessing) >= _GUESSING_KEPT:
                 now = time.monotonic()
-                self._guessing = {a: t for a, t in self._guessing.items() if t > now}
+                # a copy of the items first: other request threads add and drop entries meanwhile
+                self._guessing = {a: t for a, t in list(self._guessing.items()) if t > now}
                 if len(self._guessing) >= _GUESSING_KEPT:
                     self._guessing.clear()   # a flood of addresses: each starts over at its bucket
             self._guessing[address] = time.monotonic() + retry_after

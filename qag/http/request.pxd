@@ -9,7 +9,7 @@ cpdef str _decode_component(raw, plus_is_space)
 cpdef str _new_request_id()
 @cython.locals(args=dict, part=str, name=str, value=str)
 cpdef dict parse_query(str query)
-cpdef tuple _client(dict environ, trust_proxy)
+cpdef tuple client_of(dict environ, trust_proxy)
 
 
 cdef class Request:

@@ -95,7 +95,7 @@ class Request:
         self.max_body = max_body
         self._body: bytes | None = None
         self._json = None
-        self.peer, self.https = _client(env, trust_proxy)
+        self.peer, self.https = client_of(env, trust_proxy)
         self.path = ""
         self.segments: list[str] = []
         self.args: dict[str, str] = {}
@@ -104,11 +104,15 @@ class Request:
         """Decode the path and query; raises QagError (400) for a malformed target."""
         raw = self.environ.get("RAW_URI") or self.environ.get("REQUEST_URI")
         if raw:
-            if raw[0] != "/" and raw[:8].lower().startswith(("http://", "https://")):   # a scheme in any case
-                raw = "/" + raw.split("://", 1)[1].partition("/")[2]
             # A fragment is never part of a request's target (RFC 9112 3.2); the servers drop it from PATH_INFO
             # and QUERY_STRING, and so does this reading.
             raw = raw.partition("#")[0]
+            if raw[:1] != "/" and raw[:8].lower().startswith(("http://", "https://")):   # a scheme in any case
+                rest = raw.split("://", 1)[1]            # the authority ends at the path or the query
+                ends = [i for i in (rest.find("/"), rest.find("?")) if i >= 0]
+                raw = rest[min(ends):] if ends else ""
+                if not raw.startswith("/"):
+                    raw = "/" + raw
             path, _, query = raw.partition("?")
             path = _decode_component(path, False)
         else:
@@ -214,6 +218,8 @@ def forwarded_address(text: str) -> str:
     the ::ffff: mapping of an IPv4 address dropped), so that one client is one rate-limit bucket and one allowed_ips
     match however its proxy writes it: some append the client's source port, which made each new connection a fresh
     budget for key guessing. Text that names no address is kept as written (it matches no allow-list entry)."""
+    if ":" not in text and "%" not in text and not text.startswith("["):
+        return text   # an IPv4 address as written, or text that names none: read as written either way
     host = text
     if host.startswith("["):
         host = host[1:].partition("]")[0]
@@ -228,7 +234,7 @@ def forwarded_address(text: str) -> str:
     return str(mapped if mapped is not None else address)
 
 
-def _client(environ: dict, trust_proxy: int) -> tuple[str | None, bool]:
+def client_of(environ: dict, trust_proxy: int) -> tuple[str | None, bool]:
     """(client address, arrived over HTTPS): the socket peer unless proxies are trusted."""
     peer = environ.get("REMOTE_ADDR") or None
     https = environ.get("wsgi.url_scheme") == "https"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hmac
 import json
 import logging
 import time
@@ -30,7 +31,7 @@ from urllib.parse import parse_qs
 
 from ..auth import guard_open_mode
 from ..errors import QagError
-from ..http.request import _client
+from ..http.request import client_of
 from ..http.response import HeaderPolicy
 from ..policy import hostlimits
 from ..policy.redislimits import LimitStats, RateLimiter
@@ -209,12 +210,18 @@ class EventsServer:
 
     async def _metrics(self, writer, headers: dict, cors: bytes = b"") -> None:
         if self.metrics_token is not None:
+            # It takes the admin key: each attempt spends a token of the address's bucket first, as /events does
+            # (else a 401 or 200 here would test admin keys at any rate).
+            extra = await self._spend(writer, self._peer(writer, headers), cors)
+            if extra is None:
+                return
             scheme, _, presented = headers.get("authorization", "").strip().partition(" ")
             caller = await self._store(self.auth.authenticate, headers.get("x-api-key"), None)
             ok = (caller is not None and caller.admin and caller.via != "open") or (
-                scheme.lower() == "bearer" and presented.strip().encode("utf-8", "replace") == self.metrics_token)
+                scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode("utf-8", "replace"),
+                                                                  self.metrics_token))
             if not ok:
-                await _answer(writer, 401, {"error": "Unauthorized"}, _METRICS_CHALLENGE + cors)
+                await _answer(writer, 401, {"error": "Unauthorized"}, _METRICS_CHALLENGE + extra)
                 return
         lines = [
             "# HELP queryapigate_events_streams Open event streams.", "# TYPE queryapigate_events_streams gauge",
@@ -234,23 +241,34 @@ class EventsServer:
                      b"Content-Length: %d\r\nConnection: close\r\n%s%s\r\n%s" % (len(body), cors, _SECURITY, body))
         await _close(writer)
 
-    async def _events(self, writer, headers: dict, args: dict, cors: bytes = b"") -> None:
-        key_header = headers.get("x-api-key")
-        authorization = headers.get("authorization")
+    def _peer(self, writer, headers: dict) -> str | None:
+        """The client address as the main server reads it (request.py): X-Forwarded-For's hop QAG_TRUST_PROXY
+        names, else the socket peer; what a key's allowed_ips and the address's rate-limit bucket are judged on."""
         socket_peer = (writer.get_extra_info("peername") or (None,))[0]
-        # The client address as the main server reads it (request.py): X-Forwarded-For's hop QAG_TRUST_PROXY
-        # names, else the socket peer; what a key's allowed_ips and the address's rate-limit bucket are judged on.
-        peer = _client({"REMOTE_ADDR": socket_peer, "HTTP_X_FORWARDED_FOR": headers.get("x-forwarded-for", ""),
+        return client_of({"REMOTE_ADDR": socket_peer, "HTTP_X_FORWARDED_FOR": headers.get("x-forwarded-for", ""),
                         "HTTP_X_FORWARDED_PROTO": headers.get("x-forwarded-proto", "")}, self.trust_proxy)[0]
+
+    async def _spend(self, writer, peer: str | None, cors: bytes) -> bytes | None:
+        """Contract 8.6/6.6: one token of the address's bucket per attempt, before authentication (401s count
+        too). The headers to add to the answer, or None when it was refused here (429)."""
         extra = cors
         if self.address_buckets is not None:
-            # Contract 8.6/6.6: one token per connection attempt, before authentication (401s count too).
             count, period = self.rate_limit
             left, retry_after = await self._store(self.address_buckets.take, peer or "", count, period)
             extra += b"X-RateLimit-Limit: %d\r\nX-RateLimit-Remaining: %d\r\n" % (count, left)
             if retry_after:
                 await _refuse(writer, QagError("rate_limited", "Rate limit exceeded", retry_after=retry_after), extra)
-                return
+                return None
+        return extra
+
+    async def _events(self, writer, headers: dict, args: dict, cors: bytes = b"") -> None:
+        key_header = headers.get("x-api-key")
+        authorization = headers.get("authorization")
+        socket_peer = (writer.get_extra_info("peername") or (None,))[0]
+        peer = self._peer(writer, headers)
+        extra = await self._spend(writer, peer, cors)
+        if extra is None:
+            return
         try:
             caller = await self._store(self.auth.authenticate, key_header, peer, authorization)
         except QagError as refused:   # a bad bearer token: its code and challenges, as the gateway answers it

@@ -43,10 +43,23 @@ class _ClientSocket(socket.socket):
             super().setblocking(False)
 
     def recv(self, size: int, flags: int = 0) -> bytes:
+        current = self.gettimeout()
+        if current == 0.0:
+            return super().recv(size, flags)   # a non-blocking look (the poller's side): as asked
         left = getattr(self, "_deadline", 0.0) - time.monotonic()
         if left <= 0:
-            raise http_errors.NoMoreData()
-        self.settimeout(min(left, self.timeout_seconds))
+            # The time is up, but what already arrived is still read (an app slow to read a body sent at once
+            # must not refuse it); only waiting for more is over.
+            self.settimeout(0.0)
+            try:
+                return super().recv(size, flags)
+            except BlockingIOError:
+                raise http_errors.NoMoreData() from None
+            finally:
+                self.settimeout(current)
+        # Never longer than a wait the caller set itself (gunicorn's lingering close gives a client 2 s, on the
+        # worker's main thread).
+        self.settimeout(min(left, current) if current is not None else left)
         try:
             return super().recv(size, flags)
         except TimeoutError:

@@ -371,6 +371,22 @@ def test_connection_attempts_spend_the_server_wide_rate_limit(pair):
         events.close()
 
 
+def test_metrics_with_a_token_spends_the_rate_limit_like_events(pair):
+    """With QAG_METRICS_TOKEN, /metrics takes the admin key: each attempt spends the address's budget (it tested
+    admin keys at any rate); without a token it stays open and exempt."""
+    server, _ = pair
+    token = "events-metrics-" + "t" * 20
+    events = EventsProcess(server, QAG_RATE_LIMIT="3/minute", QAG_METRICS_TOKEN=token)
+    try:
+        replies = [events.request("GET", "/metrics", key=f"wrong-{i}")[0] for i in range(5)]
+        assert replies == [401, 401, 401, 429, 429]
+        assert events.request("GET", "/metrics")[0] == 429                 # the right admin key: out of tokens
+        assert events.request("GET", "/metrics", key=None, headers={"Authorization": f"Bearer {token}"})[0] == 429
+        assert events.request("GET", "/health", key=None)[0] == 200
+    finally:
+        events.close()
+
+
 def test_the_rate_limit_is_the_main_servers_bucket_in_redis(make_server):
     """With QAG_REDIS_URL the attempts spend the same bucket as the client's calls to the main server."""
     env = {"QAG_REDIS_URL": redis_url(), "QAG_RATE_LIMIT": "4/minute", "QAG_TRUST_PROXY": "1"}

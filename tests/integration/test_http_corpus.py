@@ -180,3 +180,26 @@ def test_clients_that_trickle_a_request_hold_no_thread_for_long(worker_class):
         for sock in socks:
             sock.close()
         s.close()
+
+
+@pytest.mark.parametrize("worker_class", ["gthread", "qag"])
+def test_clients_that_keep_a_closed_connection_open_hold_up_no_one(worker_class):
+    """After an answer with Connection: close the server lingers a moment for the client to read it (gunicorn: 2 s,
+    on gthread's main thread); a client that keeps its end open must not stretch that to QAG_CLIENT_TIMEOUT, which
+    held the whole worker (no accepts, no keep-alive) meanwhile."""
+    s = Server(env={"QAG_WORKER_CLASS": worker_class, "QAG_CLIENT_TIMEOUT": "30"}, workers=1, threads=4)
+    held = []
+    try:
+        for _ in range(3):
+            sock = socket.create_connection((s.host, s.port), timeout=15)
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+            held.append(sock)                      # read, never closed
+        started = time.monotonic()
+        for _ in range(3):
+            assert s.get("/health").status == 200
+        assert time.monotonic() - started < 10     # each lingering close ends within seconds, not 30
+    finally:
+        for sock in held:
+            sock.close()
+        s.close()
