@@ -368,7 +368,8 @@ def holder_host() -> str:
 def gone_key(key: str, member: str) -> str:
     """The tombstone of a hold given back before the outcome of the script that took it was known: of a lease
     (`key` its set, `member` the lease) or of a quota reservation (`key` the reserved_index, `member` its token).
-    Key names and host names have no ':', so no set or index is named so."""
+    A set or index named like a tombstone would need a caller's name (a bearer user's may hold ':') to end in
+    `<set>:gone:` followed by a random member or token, which no name can know beforehand."""
     return f"{key}:gone:{member}"
 
 
