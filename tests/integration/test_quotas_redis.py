@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 import redis
@@ -74,41 +75,52 @@ def _held(q: Quotas, name: str) -> int:
     return sum(1 for c in held.values() if c == counter)
 
 
+@contextmanager
+def _quotas_behind_a_relay(tmp_path, name: str):
+    """(relay, Quotas, host table): a worker's quotas whose Redis is reached through a relay the test drives; what
+    they left in Redis (the counter, this process's reservations and their tombstones) removed after."""
+    table = HostTable.create(64)
+    parts = urlsplit(redis_url())
+    with Relay(parts.hostname, parts.port or 6379) as relay:
+        q = Quotas(SqliteStore(str(tmp_path)), SharedRedis(_via(relay)), LimitStats(), interval=60, table=table)
+        try:
+            yield relay, q, table
+        finally:
+            _cleanup(redis_shared(), q, name)
+            direct = redis.Redis.from_url(redis_url())
+            gone = [*direct.scan_iter(reserved_index(holder_host(), os.getpid()) + ":gone:*")]
+            if gone:
+                direct.delete(*gone)
+            q.close()
+            table.close()
+
+
 def test_a_give_back_redis_missed_is_sent_again_once(tmp_path, uniq):
     """A call that ended non-200 while Redis was unreachable kept its reserved call counted in Redis for the rest
     of the period; now the give-back is sent again once Redis answers, and a give-back whose reply was lost is
     not applied twice."""
     name = uniq("giveback")
     quota = {"calls": 5, "per": "day"}
-    table = HostTable.create(64)
-    parts = urlsplit(redis_url())
-    with Relay(parts.hostname, parts.port or 6379) as relay:
-        shared = SharedRedis(_via(relay))
-        q = Quotas(SqliteStore(str(tmp_path)), shared, LimitStats(), interval=60, table=table)
-        try:
-            t = q.begin(name, quota, reserve=True)
-            assert t.remote and _calls(q, name) == 1 and _held(q, name) == 1
-            relay.down()                            # Redis unreachable as the call ends
-            t.settle(False)
-            assert _calls(q, name) == 1             # the give-back did not reach Redis
-            relay.up()
-            wait_for(lambda: _calls(q, name) == 0 or None, "the give-back sent again", 10.0)
-            wait_for(lambda: not q._settling or None, "the retrying thread ended", 5.0)
-            assert _held(q, name) == 0
+    with _quotas_behind_a_relay(tmp_path, name) as (relay, q, table):
+        t = q.begin(name, quota, reserve=True)
+        assert t.remote and _calls(q, name) == 1 and _held(q, name) == 1
+        relay.down()                            # Redis unreachable as the call ends
+        t.settle(False)
+        assert _calls(q, name) == 1             # the give-back did not reach Redis
+        relay.up()
+        wait_for(lambda: _calls(q, name) == 0 or None, "the give-back sent again", 10.0)
+        wait_for(lambda: not q._settling or None, "the retrying thread ended", 5.0)
+        assert _held(q, name) == 0
 
-            shared._down_until = 0.0                # past the back-off (not waited for)
-            t = q.begin(name, quota, reserve=True)
-            assert t.remote and _calls(q, name) == 1
-            relay.hold_replies()                    # the give-back is done, but its reply never comes
-            t.settle(False)
-            assert _calls(q, name) == 0 and q._unsettled
-            relay.restore()
-            wait_for(lambda: not q._settling or None, "the give-back sent again", 10.0)
-            assert _calls(q, name) == 0 and _held(q, name) == 0   # applied once: its reservation was already let go
-        finally:
-            _cleanup(redis_shared(), q, name)
-            q.close()
-            table.close()
+        q.redis._down_until = 0.0                # past the back-off (not waited for)
+        t = q.begin(name, quota, reserve=True)
+        assert t.remote and _calls(q, name) == 1
+        relay.hold_replies()                    # the give-back is done, but its reply never comes
+        t.settle(False)
+        assert _calls(q, name) == 0 and q._unsettled
+        relay.restore()
+        wait_for(lambda: not q._settling or None, "the give-back sent again", 10.0)
+        assert _calls(q, name) == 0 and _held(q, name) == 0   # applied once: its reservation was already let go
 
 
 def test_a_reservation_whose_reply_is_lost_is_given_back_in_redis(tmp_path, uniq):
@@ -116,25 +128,16 @@ def test_a_reservation_whose_reply_is_lost_is_given_back_in_redis(tmp_path, uniq
     fell back to; now the one in Redis is given back once it answers."""
     name = uniq("lostreserve")
     quota = {"calls": 5, "per": "day"}
-    table = HostTable.create(64)
-    parts = urlsplit(redis_url())
-    with Relay(parts.hostname, parts.port or 6379) as relay:
-        shared = SharedRedis(_via(relay))
-        q = Quotas(SqliteStore(str(tmp_path)), shared, LimitStats(), interval=60, table=table)
-        try:
-            assert q.begin(name, quota, reserve=False).remote and _calls(q, name) == 0   # the counter, seeded
-            relay.hold_replies()
-            t = q.begin(name, quota, reserve=True)
-            assert t.host and not t.remote and t.calls == 1      # counted by the host table
-            assert _calls(q, name) == 1                          # ... and reserved in Redis, unknown to the worker
-            relay.restore()
-            wait_for(lambda: _calls(q, name) == 0 or None, "the lost reservation given back", 10.0)
-            t.settle(True, 3)
-            assert table.quota_peek(t.host_key) == (1, 3) and _held(q, name) == 0
-        finally:
-            _cleanup(redis_shared(), q, name)
-            q.close()
-            table.close()
+    with _quotas_behind_a_relay(tmp_path, name) as (relay, q, table):
+        assert q.begin(name, quota, reserve=False).remote and _calls(q, name) == 0   # the counter, seeded
+        relay.hold_replies()
+        t = q.begin(name, quota, reserve=True)
+        assert t.host and not t.remote and t.calls == 1      # counted by the host table
+        assert _calls(q, name) == 1                          # ... and reserved in Redis, unknown to the worker
+        relay.restore()
+        wait_for(lambda: _calls(q, name) == 0 or None, "the lost reservation given back", 10.0)
+        t.settle(True, 3)
+        assert table.quota_peek(t.host_key) == (1, 3) and _held(q, name) == 0
 
 
 def test_a_reservation_delivered_after_its_give_back_counts_nothing(tmp_path, uniq):
@@ -144,31 +147,18 @@ def test_a_reservation_delivered_after_its_give_back_counts_nothing(tmp_path, un
     leaves a tombstone the late RESERVE respects."""
     name = uniq("latereserve")
     quota = {"calls": 5, "per": "day"}
-    table = HostTable.create(64)
-    parts = urlsplit(redis_url())
-    with Relay(parts.hostname, parts.port or 6379) as relay:
-        shared = SharedRedis(_via(relay))
-        q = Quotas(SqliteStore(str(tmp_path)), shared, LimitStats(), interval=60, table=table)
-        try:
-            assert q.begin(name, quota, reserve=False).remote and _calls(q, name) == 0   # seeded, connected
-            relay.hold_old()                                     # the connection keeps the RESERVE; new ones pass
-            t = q.begin(name, quota, reserve=True)
-            assert t.host and not t.remote and t.calls == 1      # counted by the host table
-            assert _calls(q, name) == 0                          # the RESERVE has not reached Redis yet
-            wait_for(lambda: not q._settling or None, "the give-back taken over a new connection", 10.0)
-            relay.restore()                                      # ... and now it does, late
-            wait_for(lambda: relay.held_open() == 0 or None, "Redis ran what the old connection held", 10.0)
-            assert _calls(q, name) == 0 and _held(q, name) == 0  # nothing counted, nothing held
-            t.settle(True, 3)
-            assert table.quota_peek(t.host_key) == (1, 3)
-        finally:
-            _cleanup(redis_shared(), q, name)
-            direct = redis.Redis.from_url(redis_url())
-            gone = [*direct.scan_iter(reserved_index(holder_host(), os.getpid()) + ":gone:*")]
-            if gone:
-                direct.delete(*gone)
-            q.close()
-            table.close()
+    with _quotas_behind_a_relay(tmp_path, name) as (relay, q, table):
+        assert q.begin(name, quota, reserve=False).remote and _calls(q, name) == 0   # seeded, connected
+        relay.hold_old()                                     # the connection keeps the RESERVE; new ones pass
+        t = q.begin(name, quota, reserve=True)
+        assert t.host and not t.remote and t.calls == 1      # counted by the host table
+        assert _calls(q, name) == 0                          # the RESERVE has not reached Redis yet
+        wait_for(lambda: not q._settling or None, "the give-back taken over a new connection", 10.0)
+        relay.restore()                                      # ... and now it does, late
+        wait_for(lambda: relay.held_open() == 0 or None, "Redis ran what the old connection held", 10.0)
+        assert _calls(q, name) == 0 and _held(q, name) == 0  # nothing counted, nothing held
+        t.settle(True, 3)
+        assert table.quota_peek(t.host_key) == (1, 3)
 
 
 def test_the_master_gives_back_a_dead_workers_reservations(tmp_path, uniq):

@@ -15,6 +15,7 @@ import os
 import signal
 import threading
 import time
+from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 import pytest
@@ -67,6 +68,21 @@ def test_a_release_redis_missed_is_given_back_once_redis_answers(uniq):
             direct.delete(key, holder_index(holder_host(), os.getpid()))
 
 
+@contextmanager
+def _pool_behind_a_relay(key: str):
+    """(relay, SlotPool): a worker's max_concurrent slots whose Redis is reached through a relay the test drives,
+    with a host table to fall back to; the set `key`, this process's index and the set's tombstones removed after."""
+    table = HostTable.create(64)
+    parts = urlsplit(redis_url())
+    with Relay(parts.hostname, parts.port or 6379) as relay:
+        try:
+            yield relay, SlotPool(SharedRedis(_via(relay)), LimitStats(), table=table)
+        finally:
+            direct = _direct()
+            direct.delete(key, holder_index(holder_host(), os.getpid()), *direct.scan_iter(f"{key}:gone:*"))
+            table.close()
+
+
 def test_an_acquire_whose_reply_is_lost_leaves_no_lease_behind(uniq):
     """Found by a fault drill: an ACQUIRE that reached Redis but whose reply never came back (the call went on with
     the host's count) left its lease in the set, so once Redis answered again every call of a max_concurrent=1 key
@@ -74,24 +90,17 @@ def test_an_acquire_whose_reply_is_lost_leaves_no_lease_behind(uniq):
     name = uniq("lost")
     key = f"qag:running:{name}"
     direct = _direct()
-    parts = urlsplit(redis_url())
-    table = HostTable.create(64)
-    with Relay(parts.hostname, parts.port or 6379) as relay:
-        pool = SlotPool(SharedRedis(_via(relay)), LimitStats(), table=table)
-        try:
-            pool.acquire(name, 1, None).release()          # connected: the relay holds replies on a live connection
-            assert direct.zcard(key) == 0
-            relay.hold_replies()                           # Redis runs the commands; their replies never come
-            slot = pool.acquire(name, 1, None)
-            assert isinstance(slot, redislimits._HostSlot) and pool.stats.fallbacks == 1   # the host's count
-            assert direct.zcard(key) == 1                  # ... but Redis took the lease
-            slot.release()
-            relay.restore()
-            wait_for(lambda: direct.zcard(key) == 0 or None, "the lease of the lost reply given back", 10.0)
-            wait_for(lambda: not pool._retrying or None, "the retrying thread ended", 5.0)
-        finally:
-            direct.delete(key, holder_index(holder_host(), os.getpid()))
-            table.close()
+    with _pool_behind_a_relay(key) as (relay, pool):
+        pool.acquire(name, 1, None).release()          # connected: the relay holds replies on a live connection
+        assert direct.zcard(key) == 0
+        relay.hold_replies()                           # Redis runs the commands; their replies never come
+        slot = pool.acquire(name, 1, None)
+        assert isinstance(slot, redislimits._HostSlot) and pool.stats.fallbacks == 1   # the host's count
+        assert direct.zcard(key) == 1                  # ... but Redis took the lease
+        slot.release()
+        relay.restore()
+        wait_for(lambda: direct.zcard(key) == 0 or None, "the lease of the lost reply given back", 10.0)
+        wait_for(lambda: not pool._retrying or None, "the retrying thread ended", 5.0)
 
 
 def test_an_acquire_delivered_after_its_give_back_adds_no_lease(uniq):
@@ -102,30 +111,22 @@ def test_an_acquire_delivered_after_its_give_back_adds_no_lease(uniq):
     name = uniq("late")
     key = f"qag:running:{name}"
     direct = _direct()
-    parts = urlsplit(redis_url())
-    table = HostTable.create(64)
-    with Relay(parts.hostname, parts.port or 6379) as relay:
-        shared = SharedRedis(_via(relay))
-        pool = SlotPool(shared, LimitStats(), table=table)
-        try:
-            pool.acquire(name, 1, None).release()          # connected: the relay holds a live connection
-            relay.hold_old()                               # it keeps the ACQUIRE; new connections pass
-            slot = pool.acquire(name, 1, None)
-            assert isinstance(slot, redislimits._HostSlot) and pool.stats.fallbacks == 1   # the host's count
-            assert direct.zcard(key) == 0                  # the ACQUIRE has not reached Redis yet
-            wait_for(lambda: not pool._retrying or None, "the give-back taken over a new connection", 10.0)
-            relay.restore()                                # ... and now it does, late
-            wait_for(lambda: relay.held_open() == 0 or None, "Redis ran what the old connection held", 10.0)
-            assert direct.zcard(key) == 0                  # no lease left behind
-            slot.release()
-            shared._down_until = 0.0                       # past the back-off (not waited for)
-            again = pool.acquire(name, 1, None)            # the key's slot is free in Redis
-            assert isinstance(again, redislimits._RedisSlot)
-            again.release()
-            assert direct.zcard(key) == 0
-        finally:
-            direct.delete(key, holder_index(holder_host(), os.getpid()), *direct.scan_iter(f"{key}:gone:*"))
-            table.close()
+    with _pool_behind_a_relay(key) as (relay, pool):
+        pool.acquire(name, 1, None).release()          # connected: the relay holds a live connection
+        relay.hold_old()                               # it keeps the ACQUIRE; new connections pass
+        slot = pool.acquire(name, 1, None)
+        assert isinstance(slot, redislimits._HostSlot) and pool.stats.fallbacks == 1   # the host's count
+        assert direct.zcard(key) == 0                  # the ACQUIRE has not reached Redis yet
+        wait_for(lambda: not pool._retrying or None, "the give-back taken over a new connection", 10.0)
+        relay.restore()                                # ... and now it does, late
+        wait_for(lambda: relay.held_open() == 0 or None, "Redis ran what the old connection held", 10.0)
+        assert direct.zcard(key) == 0                  # no lease left behind
+        slot.release()
+        pool.redis._down_until = 0.0                   # past the back-off (not waited for)
+        again = pool.acquire(name, 1, None)            # the key's slot is free in Redis
+        assert isinstance(again, redislimits._RedisSlot)
+        again.release()
+        assert direct.zcard(key) == 0
 
 
 def test_failed_releases_are_kept_only_until_their_lease_runs_out(monkeypatch):

@@ -79,10 +79,15 @@ def test_a_full_buffer_drops_the_oldest_and_counts_exactly_across_threads():
     w.close()
 
 
+def _store_writer(sink) -> BatchWriter:
+    """A writer that holds a batch the store refuses as busy or down (sqlite3.OperationalError) for later."""
+    return BatchWriter("t", sink.write, capacity=100, interval=3600,
+                       retry=lambda exc: isinstance(exc, sqlite3.OperationalError))
+
+
 def test_a_busy_store_holds_the_batch_and_writes_it_later():
     sink = Sink()
-    w = BatchWriter("t", sink.write, capacity=100, interval=3600,
-                    retry=lambda exc: isinstance(exc, sqlite3.OperationalError))
+    w = _store_writer(sink)
     sink.fail_with = sqlite3.OperationalError("database is locked")
     w.put(1)
     w.flush()
@@ -178,8 +183,7 @@ def test_a_held_batch_is_kept_by_time_not_by_how_often_readers_ask(monkeypatch):
     runs were lost. The batch is held for HOLD_SECONDS from its first failure, however many writes are asked."""
     from qag.observe import events
     sink = Sink()
-    w = BatchWriter("t", sink.write, capacity=100, interval=3600,
-                    retry=lambda exc: isinstance(exc, sqlite3.OperationalError))
+    w = _store_writer(sink)
     sink.fail_with = sqlite3.OperationalError("the store is down")
     w.put(1)
     for _ in range(100):   # readers' flushes during the outage
@@ -205,8 +209,7 @@ def test_close_retries_a_refused_batch_for_a_few_seconds(monkeypatch):
     first refusal of the final write. close() now tries again for CLOSE_SECONDS: a short outage loses nothing."""
     from qag.observe import events
     sink = Sink()
-    w = BatchWriter("t", sink.write, capacity=100, interval=3600,
-                    retry=lambda exc: isinstance(exc, sqlite3.OperationalError))
+    w = _store_writer(sink)
     sink.fail_with = sqlite3.OperationalError("the store is down")
     w.put(1)
     w.flush()
@@ -218,8 +221,7 @@ def test_close_retries_a_refused_batch_for_a_few_seconds(monkeypatch):
     assert sink.items == [1, 2] and w.failed == 0 and w.pending == 0
     # A store that stays down: the records are lost once the time is up, and counted.
     monkeypatch.setattr(events, "CLOSE_SECONDS", 0.3)
-    w2 = BatchWriter("t", sink.write, capacity=100, interval=3600,
-                     retry=lambda exc: isinstance(exc, sqlite3.OperationalError))
+    w2 = _store_writer(sink)
     sink.fail_with = sqlite3.OperationalError("the store is down")
     w2.put(3)
     w2.close()
