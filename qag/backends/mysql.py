@@ -48,6 +48,7 @@ from MySQLdb.constants import FIELD_TYPE
 
 from .. import _speedups
 from ..errors import QagError
+from ..sql import lexer
 from . import _mysql_schema as schema_reader
 from . import _mysql_sql as statements
 from .base import (Backend, Call, Result, connection_failed, network_timeout, opening_failed, other_text_reading,
@@ -313,11 +314,13 @@ _RAND_CALL = re.compile(r"(?<![\w$])rand(?![\w$])")
 # handlers, FOUND_ROWS()/SQL_CALC_FOUND_ROWS, ROW_COUNT(), @@warning_count / @@error_count / @@identity /
 # @@insert_id, GET DIAGNOSTICS, information_schema.SESSION_STATUS, SHOW [SESSION] VARIABLES and SESSION_VARIABLES
 # (they list last_insert_id, identity, warning_count); information_schema.OPTIMIZER_TRACE (the session's last
-# statements with their values, once a stored function or trigger turned tracing on); and for SHOW: SHOW
-# WARNINGS / ERRORS / [SESSION] STATUS / PROFILE(S).
+# statements with their values, once a stored function or trigger turned tracing on); EXECUTE [IMMEDIATE] (SQL
+# built at run time, whose words no text shows); and for SHOW: SHOW WARNINGS / ERRORS / [SESSION] STATUS /
+# PROFILE(S). The text is folded as the server folds information_schema's names (SESSİON_VARİABLES is one).
 _SESSION_TEXT = ("@", "lock", "temporary", "last_insert_id", "nextval", "setval", "lastval",
                  "previous", "prepare", "handler", "found_rows", "row_count", "warning_count", "error_count",
-                 "diagnostics", "identity", "insert_id", "session_status", "variables", "optimizer_trace")
+                 "diagnostics", "identity", "insert_id", "session_status", "variables", "optimizer_trace",
+                 "execute")
 _SESSION_TEXT_AFTER_SHOW = ("warnings", "errors", "status", "profile")
 # NEXT VALUE FOR: two words, which the server reads with any space or comment between them (`next  value`,
 # `next/**/value`): looked for with those taken out (a false alarm, `SELECT next value`, only costs a connection).
@@ -341,7 +344,7 @@ def _session_use(sql: str) -> int:
 
 def _judge_session_use(sql: str) -> int:
     # Apart from _session_use: its generators would make a closure on every call, the remembered ones included.
-    low = sql.lower()
+    low = lexer.mysql_name_fold(sql)
     # A statement whose first word can't be read (an unterminated comment, a code comment first) counts as a SHOW.
     hit = any(word in low for word in _SESSION_TEXT) or (
         statements.first_word(sql) in ("show", "") and any(word in low for word in _SESSION_TEXT_AFTER_SHOW)) or (

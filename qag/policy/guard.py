@@ -88,31 +88,43 @@ _MYSQL_ACTIVITY_NAMES = frozenset(("processlist", "performance_schema", "innodb_
 # run time (ts_stat($$... pg_stat_activity$$), table_to_xml(('pg_stat_' || ...)::regclass)).
 _PG_ACTIVITY = ("pg_stat_activity", "pg_stat_get_activity", "pg_stat_get_backend_", "table_to_xml", "schema_to_xml",
                 "database_to_xml", "cursor_to_xml", "query_to_xml", "ts_stat", "ts_rewrite")
-_READS_OTHER_SESSIONS: dict = {}     # (dialect, statement) -> bool: saved queries repeat
+_READS_OTHER_SESSIONS: dict = {}     # (dialect, statement) -> (code, message) of its refusal, or (): saved queries repeat
 _READS_OTHER_SESSIONS_MAX = 1024
+
+
+_ACTIVITY_REFUSED = ("table_not_allowed", "API keys may not read other sessions' activity (the server's process list "
+                                          "and activity views): it shows other callers' statements")
+# MySQL/MariaDB statements built at run time (EXECUTE IMMEDIATE <expression>, PREPARE ... FROM <expression>, and
+# EXECUTE of one): what they read is known only when they run, so none of an API key's checks could read it.
+_RUNTIME_SQL_REFUSED = ("table_check_failed", "API keys may not run SQL built at run time (EXECUTE, EXECUTE "
+                                              "IMMEDIATE, PREPARE ... FROM): what it would read can't be checked")
+# SHOW GRANTS / SHOW CREATE USER: the connection's own account, with its password's hash (mysql_native_password's
+# is unsalted, so a guess can be checked offline).
+_CREDENTIALS_REFUSED = ("table_not_allowed", "API keys may not read the connection's account (SHOW GRANTS, SHOW "
+                                             "CREATE USER): it holds the password's hash")
 
 
 def check_other_sessions(prepared: Prepared) -> None:
     """An API key's statement never reads other sessions' activity (the process list, activity views, MariaDB's
-    SHOW EXPLAIN / ANALYZE FOR a thread): 403 table_not_allowed. The administrator's may."""
+    SHOW EXPLAIN / ANALYZE FOR a thread; 403 table_not_allowed), the connection's account (SHOW GRANTS), nor runs
+    SQL built at run time (403 table_check_failed). The administrator's may."""
     key = (prepared.dialect, prepared.sql)
-    reads = _READS_OTHER_SESSIONS.get(key)
-    if reads is None:
+    refusal = _READS_OTHER_SESSIONS.get(key)
+    if refusal is None:
         if prepared.dialect == "mysql":
-            reads = _mysql_reads_activity(prepared.sql)
+            refusal = _mysql_refusal(prepared.sql)
         elif prepared.dialect == "postgres":
-            reads = _postgres_reads_activity(prepared)
+            refusal = _ACTIVITY_REFUSED if _postgres_reads_activity(prepared) else ()
         else:
-            reads = False
+            refusal = ()
         if len(_READS_OTHER_SESSIONS) >= _READS_OTHER_SESSIONS_MAX:
             _READS_OTHER_SESSIONS.clear()
-        _READS_OTHER_SESSIONS[key] = reads
-    if reads:
-        raise QagError("table_not_allowed", "API keys may not read other sessions' activity (the server's process "
-                                            "list and activity views): it shows other callers' statements")
+        _READS_OTHER_SESSIONS[key] = refusal
+    if refusal:
+        raise QagError(*refusal)
 
 
-def _mysql_reads_activity(sql: str) -> bool:
+def _mysql_refusal(sql: str) -> tuple:
     sig = lexer.significant(lexer.tokenize(sql, "mysql"))
     if any(token.kind == lexer.XCOMMENT for token in sig):
         # Code in /*! ... */ or /*M! ... */ runs: read the statement with it in place, as the server does.
@@ -124,18 +136,25 @@ def _mysql_reads_activity(sql: str) -> bool:
         if i and sig[i - 1].kind == lexer.PUNCT and sig[i - 1].value == "@":
             continue                     # @@performance_schema, @@innodb_lock_wait_timeout: settings, not tables
         if name in _MYSQL_ACTIVITY_NAMES:
-            return True
+            return _ACTIVITY_REFUSED
         if name == "sys" and i + 1 < len(sig) and sig[i + 1].kind == lexer.PUNCT and sig[i + 1].value == ".":
-            return True                  # the sys schema's views (sys.session, sys.x$processlist, ...)
+            return _ACTIVITY_REFUSED     # the sys schema's views (sys.session, sys.x$processlist, ...)
+    # Keywords: the server reads them in ASCII only (`SHOW WARNİNGS` is a syntax error), as the tokens do.
     words = [t.value.lower() for t in sig if t.kind == lexer.WORD]
     first = words[0] if words else ""
+    if first in ("execute", "prepare"):
+        return _RUNTIME_SQL_REFUSED
     if first == "show" and len(words) > 1 and words[1] in ("engine", "explain", "analyze", "binlog", "relaylog"):
         # SHOW ENGINE INNODB STATUS; SHOW EXPLAIN / ANALYZE FOR <thread>; SHOW BINLOG / RELAYLOG EVENTS (other
         # callers' writes, values and all)
-        return True
+        return _ACTIVITY_REFUSED
+    if first == "show" and words[1:2] == ["grants"] or words[:3] == ["show", "create", "user"]:
+        return _CREDENTIALS_REFUSED
     # EXPLAIN / ANALYZE ... FOR CONNECTION <thread> (MySQL 8, MariaDB 10.9+), whatever else they say
-    return first in ("explain", "describe", "desc", "analyze", "show") and any(
-        word == "for" and after == "connection" for word, after in zip(words, words[1:]))
+    if first in ("explain", "describe", "desc", "analyze", "show") and any(
+            word == "for" and after == "connection" for word, after in zip(words, words[1:])):
+        return _ACTIVITY_REFUSED
+    return ()
 
 
 def _code_of(comment: str) -> str:
@@ -146,12 +165,13 @@ def _code_of(comment: str) -> str:
 
 
 def _name_of(sql: str, token) -> str:
-    # A word as written, a quoted name or a string without its quotes (a doubled quote inside stays: stricter).
+    # A word as written, a quoted name or a string without its quotes (a doubled quote inside stays: stricter),
+    # folded as the server folds information_schema's table names.
     text = sql[token.start:token.end]
     if token.kind == lexer.WORD:
-        return text.lower()
+        return lexer.mysql_name_fold(text)
     if token.kind in (lexer.QIDENT, lexer.STRING):
-        return text[1:-1].lower()
+        return lexer.mysql_name_fold(text[1:-1])
     return ""
 
 

@@ -166,6 +166,9 @@ _ACTIVITY = [
     ("mysql", "SELECT ID, INFO FROM /*!information_schema.processlist*/", True),   # executable comments run
     ("mysql", "SHOW /*M!100000 FULL PROCESSLIST*/", True),
     ("mysql", "SHOW /*!EXPLAIN*/ FOR 5", True),
+    # the server folds information_schema's table names by each character's simple lower case (İ is "i" there)
+    ("mysql", "SELECT ID, INFO FROM information_schema.PROCESSL\u0130ST", True),
+    ("mysql", "SELECT * FROM information_schema.`\u0130NNODB_TRX`", True),
     ("mysql", "EXPLAIN FOR /*!CONNECTION*/ 5", True),
     ("mysql", "SELECT @@innodb_lock_wait_timeout, @@performance_schema", False),
     ("mysql", "SELECT id FROM processlist_archive", False),
@@ -187,6 +190,32 @@ _ACTIVITY = [
     ("postgres", "SELECT 'pg_stat_activity' AS v, * FROM customers", False),
     ("sqlite", "SELECT * FROM processlist", False),
 ]
+
+
+@pytest.mark.parametrize("sql,code", [
+    ("EXECUTE IMMEDIATE 'SELECT ID, INFO FROM information_schema.PROCESSLIST'", "table_check_failed"),
+    ("EXECUTE IMMEDIATE CONCAT('SELECT INFO FROM information_schema.PROCES', 'SLIST')", "table_check_failed"),
+    ("PREPARE s FROM CONCAT('SELECT INFO FROM information_schema.PROCES', 'SLIST')", "table_check_failed"),
+    ("execute s", "table_check_failed"),
+    ("PREPARE s FROM 'SELECT 4242'", "table_check_failed"),   # no use to a key: sessions are never carried over
+    ("/*!EXECUTE*/ IMMEDIATE @q", "table_check_failed"),
+    ("SHOW GRANTS", "table_not_allowed"),
+    ("show grants for current_user()", "table_not_allowed"),
+    ("SHOW CREATE USER CURRENT_USER", "table_not_allowed"),
+])
+def test_what_an_api_key_can_not_have_checked_on_mysql(sql, code):
+    """Found by an attacker review: SQL built at run time read the process list (with other callers' values and
+    masking's pads) past every check of an API key that may write; SHOW GRANTS showed the connection's password
+    hash. The administrator's statements are not checked here."""
+    with pytest.raises(QagError) as refused:
+        check_other_sessions(prepare(sql, "mysql"))
+    assert (refused.value.code, refused.value.status) == (code, 403)
+
+
+@pytest.mark.parametrize("sql", ["SHOW TABLES", "SHOW CREATE TABLE t", "SELECT executed_at FROM jobs",
+                                 "SELECT 'EXECUTE IMMEDIATE' AS v", "SHOW COLUMNS FROM grants"])
+def test_what_looks_like_it_but_is_not_refused_on_mysql(sql):
+    check_other_sessions(prepare(sql, "mysql"))
 
 
 @pytest.mark.parametrize("dialect,sql,reads", _ACTIVITY)

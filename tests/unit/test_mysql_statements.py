@@ -534,6 +534,12 @@ def test_a_connection_that_raised_is_closed(fake, monkeypatch):
     ("select get_lock('a', 0)", True), ("SELECT Release_Lock('a')", True), ("SELECT blocked FROM t", True),
     ("SELECT LOC\u212a FROM t", True),   # the Kelvin sign lower-cases to k: erring closed, as lower() did
     ("SELECT loc, k FROM t", False),
+    # information_schema's names are folded by each character's simple lower case: İ (U+0130) is "i" there
+    ("SELECT VARIABLE_VALUE FROM information_schema.SESS\u0130ON_VAR\u0130ABLES", True),
+    ("SELECT * FROM information_schema.SESSION_STATUS", True),
+    # SQL built at run time: no text shows what it reads or leaves
+    ("EXECUTE IMMEDIATE CONCAT('SELECT 1 FROM information_schema.SESS', 'ION_VARIABLES')", True),
+    ("PREPARE s FROM 'SELECT 4242'", True), ("EXECUTE s", True),   # the administrator's (API keys are refused them)
 ])
 def test_statements_that_may_leave_session_state(sql, leaves):
     assert bool(mysql_backend._session_use(sql) & mysql_backend._LEAVES) is leaves
