@@ -79,14 +79,30 @@ def when_ready(server):
 # an instance that is serving: qag.server waits for a store that can't be opened then, rather than fail to boot
 # (gunicorn would halt the master, and with it the workers still serving from their metadata cache).
 forked = 0
+_reload_forks = 0   # forks left of the round a reload (SIGHUP) started: on_reload
 # In a worker: gunicorn's worker object (its heartbeat and `alive` while the app is still being built).
 this_worker = None
 
 
 def pre_fork(server, worker):
     """Master, about to fork a worker."""
-    global forked
+    global forked, _reload_forks
     forked += 1
+    if _reload_forks > 0:
+        _reload_forks -= 1
+        worker.qag_reload_round = True   # set on the master's object before the fork: the worker sees it
+
+
+def on_reload(server):
+    """Master, on SIGHUP, before it forks a new round of workers (and then retires the old ones)."""
+    global _reload_forks
+    _reload_forks = server.cfg.workers
+
+
+def reload_round() -> bool:
+    """In a worker: whether a reload forked it (every worker of the instance is being replaced, so no other may
+    be serving when this one can't open the store)."""
+    return bool(getattr(this_worker, "qag_reload_round", False))
 
 
 def respawned() -> bool:
@@ -112,15 +128,13 @@ def set_scheduling(policy: str) -> None:
 
 
 def post_worker_init(worker):
-    """Worker, its gateway built: qag's log lines go through the worker's log writer thread, and the garbage
-    collector is set for a server's allocation pattern."""
+    """Worker, its app loaded: the gateway's start (gateway_started; a worker waiting for its store calls it once
+    the store opens: storewait.py), a graceful stop that ends /events streams, and the garbage collector set for
+    a server's allocation pattern."""
     gateway = getattr(worker, "wsgi", None)
-    if _settings.admin_bind and gateway is not None and len(worker.sockets) > 1:
-        gateway.serve_admin_on(worker.sockets[1].getsockname())
-    observe = getattr(gateway, "observe", None)
-    if observe is not None:
-        observe.logs.install()
-        _end_streams_on_term(observe.live)
+    if getattr(gateway, "observe", None) is not None:
+        gateway_started(worker, gateway)
+    _end_streams_on_term(worker)
     # What start-up built (modules, sqlglot's tables, the app) lives as long as the worker: out of the
     # collector's generations, full collections don't walk it again. A call allocates a few hundred containers
     # that die by reference count, so collecting young objects every 700 allocations (Python's default) ran
@@ -130,13 +144,24 @@ def post_worker_init(worker):
     gc.set_threshold(10_000, 20, 20)
 
 
-def _end_streams_on_term(live):
+def gateway_started(worker, gateway) -> None:
+    """Worker, its gateway built: the admin listener's requests, and qag's log lines through the worker's log
+    writer thread."""
+    if _settings.admin_bind and len(worker.sockets) > 1:
+        gateway.serve_admin_on(worker.sockets[1].getsockname())
+    gateway.observe.logs.install()
+
+
+def _end_streams_on_term(worker):
     """A graceful stop (SIGTERM, and a reload's) ends the worker's /events streams at once: a stream has no end of
-    its own, and the worker would otherwise wait the whole graceful timeout for it."""
+    its own, and the worker would otherwise wait the whole graceful timeout for it. The gateway is looked up when
+    the signal comes (a worker waiting for its store has none yet)."""
     previous = signal.getsignal(signal.SIGTERM)
 
     def on_term(sig, frame):
-        live.stop()
+        observe = getattr(getattr(worker, "wsgi", None), "observe", None)
+        if observe is not None:
+            observe.live.stop()
         if callable(previous):
             previous(sig, frame)
 

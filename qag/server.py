@@ -14,7 +14,7 @@ from .settings import Settings, unix_path
 
 _CONFIG_NAMES = ("bind", "workers", "threads", "worker_class", "timeout", "graceful_timeout", "keepalive",
                  "preload_app", "accesslog", "access_log_format", "errorlog", "loglevel", "proc_name",
-                 "on_starting", "when_ready", "pre_fork", "post_fork", "post_worker_init", "worker_exit", "child_exit",
+                 "on_starting", "on_reload", "when_ready", "pre_fork", "post_fork", "post_worker_init", "worker_exit", "child_exit",
                  "on_exit", "control_socket", "logger_class",
                  "control_socket_disable")
 
@@ -35,17 +35,29 @@ class _Server(BaseApplication):
         # The master created the store (check_startup): a worker started later, after its file was moved or
         # deleted, fails to boot (and gunicorn stops) rather than serving from a new empty store of its own.
         # A PostgreSQL store that can't be reached when a worker restarts is an outage, not a wrong setting: that
-        # worker waits for it (open_store_when_up) while the others serve.
+        # worker waits for it (open_store_when_up) while the others serve. A reload replaces every worker, so
+        # none would serve: its workers answer meanwhile instead (/livez 200, the rest 503: storewait.py).
         from . import gunicorn_conf
         from .app import create_app
         from .settings import load
-        from .store import open_store
+        from .store import StoreOpenError, open_store
         settings = load()
-        if settings.database_url and gunicorn_conf.respawned() and gunicorn_conf.this_worker is not None:
-            store = open_store_when_up(settings, gunicorn_conf.this_worker)
-        else:
-            store = open_store(settings, create=False)
-        return create_app(settings, store)
+        worker = gunicorn_conf.this_worker
+        if settings.database_url and gunicorn_conf.respawned() and worker is not None:
+            if not gunicorn_conf.reload_round():
+                return create_app(settings, open_store_when_up(settings, worker))
+            try:
+                return create_app(settings, open_store(settings, create=False))
+            except StoreOpenError as exc:
+                if not exc.transient:
+                    raise   # a store that is wrong (a newer schema, a missing database) isn't waited out
+                from .storewait import StoreWaiting
+                worker.log.warning("worker %s: the store can't be opened (%s); answering 503 until it can",
+                                   os.getpid(), exc)
+                return StoreWaiting(settings, lambda: open_store(settings, create=False),
+                                    lambda opened: create_app(settings, opened),
+                                    lambda gateway: gunicorn_conf.gateway_started(worker, gateway))
+        return create_app(settings, open_store(settings, create=False))
 
 
 RETRY_FIRST, RETRY_MOST = 1.0, 30.0   # seconds between a restarted worker's attempts to open the store: doubling

@@ -466,3 +466,47 @@ def test_a_worker_restarted_during_a_store_outage_waits_for_the_store(make_serve
              "both workers serving again", 60)
     log = "".join(server.log)
     assert "Worker failed to boot" not in log and "Traceback" not in log
+
+
+def test_a_reload_during_a_store_outage_answers_meanwhile(make_server, uniq, store_relay):
+    """Fault drill: a reload (SIGHUP) with the store unreachable replaced every worker with one that waited for the
+    store inside gunicorn's load(): every connection, /livez included, hung until the store came back (an
+    orchestrator would have killed the instance). Now the new workers answer at once, /livez 200 and the rest
+    503 unavailable with Retry-After, and serve once the store is back."""
+    import signal
+    relay, url = store_relay
+    server = make_server(env={"QAG_DATABASE_URL": url, "QAG_ACCESS_LOG": "on", "QAG_STORE_TIMEOUT": "2"},
+                         workers=2)
+    key = server.key(uniq("k"), queries=["one"])
+    server.query("one", "SELECT 1 AS v", "lite")
+    old = worker_pids(server)
+    relay.down()
+    try:
+        os.kill(server.proc.pid, signal.SIGHUP)
+        wait_for(lambda: "".join(server.log).count("answering 503 until it can") >= 2 or None,
+                 "both new workers answering while they wait", 30)
+        wait_for(lambda: not (worker_pids(server) & old) or None, "the old workers gone", 30)
+        for _ in range(4):
+            started = time.monotonic()
+            live = server.get("/livez", key=None)
+            ready = server.get("/readyz", key=None)
+            call = server.get(q("one"), key=key)
+            assert time.monotonic() - started < 5
+            assert live.status == 200 and live.json == {"status": "ok"}, live
+            assert ready.status == 503 and ready.json["code"] == "unavailable", ready
+            assert call.status == 503 and call.json["code"] == "unavailable", call
+            assert int(call.headers["retry-after"]) > 0
+    finally:
+        relay.up()
+    _serving_again(server, key)
+    assert server.get("/readyz", key=None).status == 200
+    log = "".join(server.log)
+    assert "Worker failed to boot" not in log and "Traceback" not in log
+
+
+def _serving_again(server: Server, key: str) -> None:
+    """Every worker serving `one` once the store is back: a worker that waited for it answers 503 until its next
+    attempt to open it, which the first request asks for (storewait.RETRY_ASKED)."""
+    wait_for(lambda: all(server.get(q("one"), key=key).status == 200 for _ in range(8)) or None,
+             "the workers serving once the store is back", 60)
+    assert len(server.answered_by_every_worker(q("one"), 2, key=key, deadline=60)) == 2
