@@ -58,7 +58,11 @@ WRITING_NAMES = frozenset(("lo_create", "lo_creat", "lo_import", "lo_export", "l
                            "brin_summarize_new_values", "brin_summarize_range", "brin_desummarize_range",
                            "gin_clean_pending_list",
                            # pg_stat_statements' counters, which a rollback doesn't restore either
-                           "pg_stat_statements_reset"))
+                           "pg_stat_statements_reset",
+                           # assign the transaction an xid, which the rollback doesn't give back: a read-only
+                           # caller's loop would bring the server nearer wraparound (the *_if_assigned variants
+                           # assign none)
+                           "txid_current", "pg_current_xact_id"))
 _UNAVAILABLE = "pglast is not installed"
 
 

@@ -53,6 +53,11 @@ def test_statements_are_counted_where_postgresql_ends_them(sql, count):
     ("SELECT pg_catalog.brin_desummarize_range('i', 5), brin_summarize_range('i', 5)",
      {"brin_desummarize_range()", "brin_summarize_range()"}, ""),
     ("SELECT public.pg_stat_statements_reset()", {"pg_stat_statements_reset()"}, ""),
+    # each assigns the transaction an xid, which the read-only call's ROLLBACK doesn't give back
+    ("SELECT txid_current(), pg_current_xact_id()", {"txid_current()", "pg_current_xact_id()"}, ""),
+    ("SELECT pg_catalog.txid_current() AS a, pg_catalog.pg_current_xact_id() AS b",
+     {"txid_current()", "pg_current_xact_id()"}, ""),
+    ("SELECT txid_current_if_assigned(), pg_current_xact_id_if_assigned()", set(), ""),
     # written as a field of a value, a function is called all the same (attribute notation)
     ("SELECT (1).pg_cancel_backend AS x", {"pg_cancel_backend()"}, ""),
     ("SELECT ('i'::regclass).brin_summarize_new_values", {"brin_summarize_new_values()"}, ""),
