@@ -9,12 +9,15 @@ from qag.sql.writes import read_only_message, write_op_not_allowed_message
 
 _UNREADABLE = ("Only read-only statements (SELECT, WITH, SHOW, DESCRIBE, EXPLAIN) are allowed - this statement "
                "can't be classified ({}), so it is refused.")
+# value_invalid, as SQLite's own refusal of a NUL in the statement was answered (qag/backends/sqlite.py).
+NUL_IN_STATEMENT = "The database can't use a value of this statement (a NUL character in the statement)"
 
 
 def check(prepared: Prepared, *, writes_allowed: bool, allowed_write_ops: frozenset[str] | None) -> None:
     """Refuse the statement for this call, or return None.
 
-    Order (contract 6.2): several statements (400 multiple_statements) → a PostgreSQL positional parameter (400
+    Order (contract 6.2): a NUL character in the statement (400 value_invalid) → several statements (400
+    multiple_statements) → a PostgreSQL positional parameter (400
     invalid_request) → a write when writes aren't allowed (403 read_only) → a write operation outside
     allowed_write_ops (403 write_op_not_allowed; None = any). Then the tables (6.2), then check_copy.
     A statement that can't be classified (empty, unterminated literal or comment) never runs: 403 read_only
@@ -22,6 +25,11 @@ def check(prepared: Prepared, *, writes_allowed: bool, allowed_write_ops: frozen
     statement we can't read can't be checked against allowed_write_ops.
     """
     p = prepared
+    if "\x00" in p.sql:
+        # The engines don't read past a NUL as qag's tokenizer does: PostgreSQL (and pglast) end the statement
+        # there, so `... = :v \0 AND ...` ran without the rest while :names after it were still bound; MariaDB
+        # ends a -- comment there; SQLite refuses it. What qag checked would not be what runs.
+        raise QagError("value_invalid", NUL_IN_STATEMENT)
     if p.multiple:
         raise QagError("multiple_statements", "Only a single SQL statement can be executed at a time")
     if p.dialect == "postgres" and _positional(p.sql):

@@ -433,6 +433,17 @@ def test_a_nul_byte_in_a_text_parameter_is_data(server, db):
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("statement", ["SELECT 1 AS one -- \x00\n, 2 AS two", "SELECT 'a\x00b' AS s",
+                                       "SELECT 1 AS `a\x00b`", "SELECT 1 AS one WHERE 1 = :v \x00 AND 1 = 2"])
+def test_a_nul_in_the_statement_is_400_before_anything_runs(server, db, statement):
+    """mysqlclient sends a NUL and MariaDB reads it otherwise than qag's tokenizer (it ends a -- comment or a
+    backquoted name there): refused as on PostgreSQL and SQLite. A NUL as data is a bound value."""
+    r = sql(server, statement, params={"v": 1})
+    assert r.status == 400 and r.json["code"] == "value_invalid" and "NUL" in r.json["error"], r
+    assert sql(server, "SELECT :v AS s", params={"v": "a\x00b"}).json == [{"s": "a\x00b"}]
+
+
+@pytest.mark.e2e
 def test_an_error_detail_shows_the_callers_statement_only(server):
     r = sql(server, "SELECT * FROM no_such_table_17 WHERE", timeout=5)
     assert r.status == 500 and r.json["code"] == "query_failed", r

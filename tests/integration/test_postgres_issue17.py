@@ -254,6 +254,24 @@ def test_caller_errors_are_4xx_with_the_callers_own_text(backend, db):
     assert run(b, db, "SELECT 3 AS ok").rows == [(3,)]
 
 
+@pytest.mark.e2e
+def test_a_nul_in_the_statement_is_400_before_anything_runs(http, db):
+    """The server (and pglast) end the statement at a NUL, while qag's tokenizer read on and bound the :names after
+    it: `... WHERE id = :v \0 AND id = 2` ran as `... WHERE id = $1`. Refused as SQLite refuses it."""
+    server, keys = http
+    owner_sql(db, "INSERT INTO notes (id, body) VALUES (1017, 'nul')")
+    try:
+        for statement in ("SELECT id FROM notes WHERE id = :v \x00 AND id = 2", "SELECT id FROM notes -- \x00",
+                          "SELECT id FROM notes WHERE id = :v\x00"):
+            for key in ("admin", keys["read"][0], keys["write"][0]):
+                r = sql(server, statement, key=key, params={"v": 1017})
+                assert r.status == 400 and r.json["code"] == "value_invalid" and "NUL" in r.json["error"], (key, r)
+        r = sql(server, "SELECT id FROM notes WHERE id = :v", params={"v": 1017})
+        assert r.status == 200 and r.json == [{"id": 1017}], r
+    finally:
+        owner_sql(db, "DELETE FROM notes WHERE id = 1017")
+
+
 def test_a_login_the_server_refuses_is_connection_failed(backend, db):
     b = backend()
     # (A wrong password can't be shown here: this server trusts loopback logins.)

@@ -65,3 +65,9 @@ def test_an_insert_only_key_writes_an_rtree_and_a_triggers_table(writes_server, 
     assert r.status == 200 and r.json == [{"n": 1}], r
     r = s.post("/execute_sql", {"sql": "DELETE FROM log", "connection_name": name}, key=key)
     assert r.status == 403 and r.json["code"] == "write_op_not_allowed", r
+
+
+def test_a_nul_in_the_statement_is_refused_as_on_every_database(server):
+    from qag.policy.guard import NUL_IN_STATEMENT
+    r = sql(server, "SELECT count(*) AS n FROM t -- \x00")
+    assert (r.status, r.json["code"], r.json["error"]) == (400, "value_invalid", NUL_IN_STATEMENT), r

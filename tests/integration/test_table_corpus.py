@@ -23,9 +23,10 @@ CASES = Path(__file__).resolve().parents[1] / "cases" / "tables"
 DIALECTS = ("mysql", "postgres", "sqlite")
 CONNECTION = "corpus"
 
-# The codes a case may expect, with their status (contract 2; function_not_allowed is issue 4's).
+# The codes a case may expect, with their status (contract 2; function_not_allowed is issue 4's; value_invalid is
+# the guard's first refusal, a NUL character in the statement).
 CODES = {"multiple_statements": 400, "read_only": 403, "write_op_not_allowed": 403, "table_not_allowed": 403,
-         "table_check_failed": 403, "function_not_allowed": 403}
+         "table_check_failed": 403, "function_not_allowed": 403, "value_invalid": 400}
 FIELDS = {"sql", "generate", "allowed_tables", "allowed_functions", "writes", "expect", "code", "forbidden",
           "why", "max_seconds"}
 GENERATE_FIELDS = {"prefix", "repeat", "times", "middle", "close", "suffix"}

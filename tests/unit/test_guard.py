@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from qag.errors import QagError
-from qag.policy.guard import check, check_copy, check_other_sessions
+from qag.policy.guard import NUL_IN_STATEMENT, check, check_copy, check_other_sessions
 from qag.sql.prepare import prepare
 
 CASES = Path(__file__).resolve().parents[1] / "cases" / "guard"
@@ -111,6 +111,18 @@ def test_check_order(dialect):
     assert err.code == "read_only"
     err = refusal(prepare("SELECT 'abc; DELETE FROM t", dialect), writes_allowed=False, allowed_write_ops=None)
     assert err.code == "read_only" and "unterminated string literal" in err.message
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("sql", ["SELECT id FROM customers WHERE id = :v \x00 AND id = 2", "SELECT 'a\x00b'",
+                                 "SELECT 1 -- \x00\n, 2", "SELECT 1 /* \x00 */", 'SELECT 1 AS "a\x00b"',
+                                 "SELECT 1\x00", "SELECT 1 \x00; DELETE FROM t"])
+def test_a_nul_in_the_statement_is_refused_first_on_every_database(dialect, sql):
+    """PostgreSQL ends the statement at a NUL (so did its parser), MariaDB a comment or a quoted name, SQLite
+    refuses it: what qag read after it would not be what runs. 400 value_invalid for every caller, first."""
+    for writes in (False, True):
+        err = refusal(prepare(sql, dialect), writes_allowed=writes, allowed_write_ops=None)
+        assert (err.code, err.status, err.message) == ("value_invalid", 400, NUL_IN_STATEMENT)
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
