@@ -87,7 +87,7 @@ ERRORS: dict[str, tuple[int, str, str]] = {
     "quota_exceeded": (429, "This caller's quota is used up", "quota used up"),
     "too_many_concurrent": (429, "Too many queries running at once for this API key", "key's `max_concurrent` reached"),
     "header_fields_too_large": (431, "Request header fields too large", "qag's worker: a header over limit_request_field_size, more than limit_request_fields, or a head too large"),
-    "query_failed": (500, "An error occurred while executing the SQL query", "the database rejected the query"),
+    "query_failed": (500, "An error occurred while executing the SQL query", "the database rejected the query, or another session cancelled it before its time limit (KILL QUERY, pg_cancel_backend)"),
     "driver_missing": (500, "The driver for this database is not installed", "driver package not installed"),
     "internal_error": (500, "An error occurred", "unexpected"),
     "format_unavailable": (500, "This format is not available on this server", "an optional package for the format is missing"),

@@ -82,7 +82,8 @@ from ._postgres_schema import SCHEMA_MAX_TABLES, read_functions, read_schema
 from .base import (Backend, Call, Result, connection_failed, network_timeout, opening_failed, query_failed,
                    sent_write_error, timeout_error)
 from .pool import Pool, settings_key
-from .watchdog import KEEPALIVE_COUNT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, USER_TIMEOUT_MS, deadline_of
+from .watchdog import (KEEPALIVE_COUNT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, NETWORK_MARGIN, USER_TIMEOUT_MS,
+                       deadline_of)
 
 __all__ = ["PostgresBackend", "read_schema", "SCHEMA_MAX_TABLES"]
 
@@ -315,8 +316,18 @@ def _own_lines(text: str, shift: int) -> str:
     return _LINE_RE.sub(lambda m: f"LINE {max(1, int(m.group(1)) - shift)}:", text)
 
 
-def mapped(exc: BaseException, timeout: float | None, shift: int = 0) -> QagError:
-    """The contract's error for a failure on an open connection: cancelled 504, unreachable 502, the server's
+def _time_up(timeout: float, deadline: float | None) -> bool:
+    """Whether a statement cancelled now (SQLSTATE 57014) can have been cancelled by the call's statement_timeout.
+    The server starts timing the statement after qag set the call's deadline (deadline_of: the limit plus
+    NETWORK_MARGIN), so the limit can't end sooner than `deadline - NETWORK_MARGIN`, give or take the limit's
+    rounding to a millisecond and the two clocks' rates. Sooner, someone else cancelled it (pg_cancel_backend, a
+    SIGINT): qag itself never sends a cancel. Without a deadline, it is taken for the time limit."""
+    return deadline is None or monotonic() >= deadline - NETWORK_MARGIN - 0.001 - timeout * 0.001
+
+
+def mapped(exc: BaseException, timeout: float | None, shift: int = 0, deadline: float | None = None) -> QagError:
+    """The contract's error for a failure on an open connection: cancelled by its time limit 504, cancelled by
+    someone else 500 query_failed (as MariaDB's KILL QUERY is answered), unreachable 502, the server's
     refusal of a write 403, a value it refuses 400 value_invalid, a parameter it can't be sent 400 param_invalid, a
     second statement 400, anything else it refuses 500, and a result value the driver can't read (_Unreadable) 500
     query_failed, never blamed on a parameter. The detail is the text as the server (or libpq, for a connection
@@ -329,8 +340,8 @@ def mapped(exc: BaseException, timeout: float | None, shift: int = 0) -> QagErro
         return network_timeout(timeout) if timeout else connection_failed("The server stopped answering")
     if isinstance(exc, _ServerError):
         state, text = exc.sqlstate, _own_lines(exc.text, shift)
-        if state == "57014":                     # query_canceled: the statement time limit
-            return timeout_error(timeout) if timeout else query_failed(text)
+        if state == "57014":                     # query_canceled: the statement time limit, or a cancel
+            return timeout_error(timeout) if timeout and _time_up(timeout, deadline) else query_failed(text)
         if state.startswith("08") or state in ("57P01", "57P02", "57P03"):
             return connection_failed(text)
         if state == "25006":                     # read_only_sql_transaction: the engine refused a write
@@ -624,17 +635,18 @@ class PostgresBackend(Backend):
         open (a later caller would use them, with their credentials and their remote session)."""
         self.pool.release(key, link, link.clean() and not _keeps_remote_sessions(sql))
 
-    def _fail(self, key, link: _Link, exc: BaseException, call: Call, shift: int = 0) -> QagError:
+    def _fail(self, key, link: _Link, exc: BaseException, call: Call, shift: int = 0,
+              deadline: float | None = None) -> QagError:
         """The error for a call that failed once its pipeline was being sent; its connection is closed, never
         pooled again. A write's lost reply or connection is an unknown outcome (sent_write_error): it commits at
-        the Sync, which the server may have reached."""
+        the Sync, which the server may have reached. `deadline`: the one the statement was sent with (mapped)."""
         link.bad = True
         self.pool.release(key, link, False)
         if isinstance(exc, _Gone):
             # No answer by the deadline: the idle connections of the same settings share the path that stopped
             # answering; a dead one would hold its next call until that call's deadline.
             self.pool.close_idle(key)
-        error = mapped(exc, call.timeout, shift)
+        error = mapped(exc, call.timeout, shift, deadline)
         return sent_write_error(error) if call.writes else error
 
     # --- calls ---------------------------------------------------------------------------------------------
@@ -689,7 +701,7 @@ class PostgresBackend(Backend):
         except QagError:
             raise
         except BaseException as exc:
-            raise self._fail(key, link, exc, call, shift) from None
+            raise self._fail(key, link, exc, call, shift, deadline) from None
 
     def _attempt(self, link: _Link, call: Call, statements: list[str], reset: bool, deadline) -> tuple:
         """(the call's rows result or None, its column names) from the call's segment (raises the first error).
@@ -760,7 +772,7 @@ class PostgresBackend(Backend):
             columns = _columns(result)
             first = _read_rows(link, result, 0, result.ntuples)
         except BaseException as exc:
-            raise self._fail(key, link, exc, read, 1) from None
+            raise self._fail(key, link, exc, read, 1, deadline) from None
         return columns, _Batches(self, key, link, first, first_n, batch, cap, read)
 
     def test(self, fields: dict) -> float:
@@ -775,7 +787,7 @@ class PostgresBackend(Backend):
             if error is not None:
                 raise error
         except BaseException as exc:
-            raise mapped(exc, call.timeout) from None
+            raise mapped(exc, call.timeout, 0, deadline) from None
         finally:
             link.close()
         return (perf_counter() - started) * 1000.0
@@ -902,7 +914,7 @@ class _Batches:
                 # Raised, not swallowed: the run is recorded as failed and the server ends the chunked body
                 # without its terminator, so the client can tell the export is incomplete.
                 self._done = True
-                raise self._backend._fail(self._key, link, exc, self._call) from None
+                raise self._backend._fail(self._key, link, exc, self._call, 0, deadline) from None
             if left is not None:
                 self._left = left - len(rows)
             self._more = len(rows) == n

@@ -272,6 +272,51 @@ def test_a_nul_in_the_statement_is_400_before_anything_runs(http, db):
         owner_sql(db, "DELETE FROM notes WHERE id = 1017")
 
 
+@pytest.mark.parametrize("read_only", [True, False], ids=["read", "write"])
+def test_a_cancel_by_someone_else_is_query_failed_not_a_timeout(backend, db, read_only):
+    """pg_cancel_backend from another session (an operator's) 0.5 s into a call with a 20 s limit: answered as
+    MariaDB's KILL QUERY is, 500 query_failed with the server's text, never 504 "exceeded the time limit of 20
+    seconds". The statement was rolled back, so a write's outcome is known (no outcome: unknown)."""
+    import threading
+    b = backend()
+    marker = f"cancel_me_{'read' if read_only else 'write'}"
+    statement = (f"SELECT pg_sleep(3) AS {marker}" if read_only
+                 else f"INSERT INTO notes (body) SELECT '{marker}' FROM pg_sleep(3)")
+    call = Call(statement, (), read_only, 20.0, 11)
+    call.writes = not read_only
+    outcome = {}
+
+    def call_it():
+        try:
+            b.run(db, call)
+        except QagError as error:
+            outcome["error"] = error
+
+    worker = threading.Thread(target=call_it)
+    started = time.monotonic()
+    worker.start()
+    try:
+        pids = []
+        while not pids and time.monotonic() < started + 2.5:
+            time.sleep(0.05)
+            pids = owner_sql(db, "SELECT pid FROM pg_stat_activity WHERE state = 'active' AND query LIKE "
+                                 f"'%{marker}%' AND pid <> pg_backend_pid()")
+        assert len(pids) == 1, pids
+        assert owner_sql(db, f"SELECT pg_cancel_backend({pids[0][0]})") == [(True,)]
+    finally:
+        worker.join(10)
+    error = outcome["error"]
+    assert time.monotonic() - started < 3
+    assert (error.code, error.status) == ("query_failed", 500), error
+    assert "canceling statement due to user request" in error.extras["detail"], error.extras
+    assert "outcome" not in error.extras and "timeout" not in error.extras
+    assert owner_sql(db, f"SELECT count(*) FROM notes WHERE body = '{marker}'") == [(0,)]
+    # The time limit itself is still a timeout.
+    with pytest.raises(QagError) as info:
+        b.run(db, Call("SELECT pg_sleep(3)", (), read_only, 0.5, 11))
+    assert (info.value.code, info.value.status, info.value.extras["timeout"]) == ("query_timeout", 504, 0.5)
+
+
 def test_a_login_the_server_refuses_is_connection_failed(backend, db):
     b = backend()
     # (A wrong password can't be shown here: this server trusts loopback logins.)

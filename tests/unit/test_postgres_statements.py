@@ -106,6 +106,17 @@ def test_server_refusals_map_to_the_contracts_codes(state, text, timeout, code, 
     assert (err.code, err.status) == (code, status)
 
 
+def test_a_cancel_before_the_time_limit_is_someone_elses():
+    """SQLSTATE 57014 is the time limit only once the call's time is up (the server times the statement from
+    after the deadline was set); sooner, another session cancelled it (pg_cancel_backend): 500 with its text."""
+    cancelled = pg._ServerError("57014", "ERROR:  canceling statement due to user request")
+    err = pg.mapped(cancelled, 20.0, 0, pg.monotonic() + 19.4 + pg.NETWORK_MARGIN)
+    assert (err.code, err.status) == ("query_failed", 500) and "user request" in err.extras["detail"]
+    timed_out = pg._ServerError("57014", "ERROR:  canceling statement due to statement timeout")
+    err = pg.mapped(timed_out, 20.0, 0, pg.monotonic() + pg.NETWORK_MARGIN)
+    assert (err.code, err.status, err.extras["timeout"]) == ("query_timeout", 504, 20)
+
+
 def test_a_statements_error_is_shown_as_the_server_wrote_it():
     """No substitution in an open connection's errors: the server never has the password to quote, so only the
     caller's own text could hold it, and replacing it there would tell the caller which guess it is."""
