@@ -37,6 +37,10 @@ _WS_CHARS = " \t\n\r\f\v"
 # Engines treat every non-ASCII character as an identifier character, so the tokenizer does too.
 _WORD_RE = re.compile(r"[A-Za-z0-9_$\u0080-\U0010ffff]*")
 _NUMBER_RE = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[A-Za-z0-9_$\u0080-\U0010ffff]*")
+# PostgreSQL ends a number before a `$` right after its digits (`1$1` is 1 then the parameter $1, `1$a$...` 1 then a
+# dollar-quoted string); after a letter or `_` the rest is one run (`1a$1`: trailing junk the server refuses).
+_PG_NUMBER_RE = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+                           r"(?:(?!\$)[A-Za-z0-9_$\u0080-\U0010ffff]+)?")
 _NAME_RE = re.compile(r"[A-Za-z_]\w*")
 _TEXT_RE = re.compile(r"\{([A-Za-z_]\w*)\}")
 _DOLLAR_TAG_RE = re.compile(r"\$(?:[A-Za-z_\u0080-\U0010ffff][A-Za-z0-9_\u0080-\U0010ffff]*)?\$")
@@ -255,7 +259,7 @@ def tokenize(sql: str, dialect: str, *, backslash_single: bool | None = None,
             append(Token(SEMI, i, i + 1, ";"))
             i += 1
         elif "0" <= c <= "9" or (c == "." and i + 1 < n and "0" <= sql[i + 1] <= "9"):
-            m = _NUMBER_RE.match(sql, i)
+            m = (_PG_NUMBER_RE if pg else _NUMBER_RE).match(sql, i)
             append(Token(NUMBER, i, m.end(), m.group()))
             i = m.end()
         elif c.isalpha() or c == "_" or c >= "\u0080":

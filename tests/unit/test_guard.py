@@ -132,7 +132,8 @@ def test_b4_4_writes_allowed_runs_writes(dialect):
 
 
 @pytest.mark.parametrize("sql", ["SELECT $1", "SELECT id::text || $1::text AS a FROM t", "SELECT * FROM t WHERE a = $2",
-                                 "SELECT 1 WHERE left($1::text, 1) = 'a'", "SELECT $1 FROM t WHERE id = :id"])
+                                 "SELECT 1 WHERE left($1::text, 1) = 'a'", "SELECT $1 FROM t WHERE id = :id",
+                                 "SELECT 1$1", "SELECT * FROM t WHERE a = 1.5$2"])
 def test_a_positional_parameter_on_postgres_is_refused_for_every_caller(sql):
     """qag numbers the values it binds itself ($1, $2 ...: the caller's :names, masking's hash pads), so a caller's
     own $n would read one of them (a masked caller read the pads, and with them the mask key)."""
@@ -143,7 +144,8 @@ def test_a_positional_parameter_on_postgres_is_refused_for_every_caller(sql):
 
 
 @pytest.mark.parametrize("sql", ["SELECT '$1'", "SELECT $$ $1 $$", "SELECT $q$ $1 $q$", "SELECT 1 -- $1",
-                                 "SELECT 1 /* $1 */", 'SELECT "a$1" FROM t', "SELECT a$1 FROM t", "SELECT :id"])
+                                 "SELECT 1 /* $1 */", 'SELECT "a$1" FROM t', "SELECT a$1 FROM t", "SELECT :id",
+                                 "SELECT 1$a$ $1 $a$"])
 def test_dollar_signs_that_are_no_parameter_pass(sql):
     check(prepare(sql, "postgres"), writes_allowed=False, allowed_write_ops=None)
     check(prepare(sql, "mysql"), writes_allowed=False, allowed_write_ops=None)

@@ -65,6 +65,17 @@ def test_postgres_escape_and_dollar_strings():
     assert kinds("SELECT E'x'", "sqlite")[1:] == [(WORD, "E"), (STRING, "'x'")]
 
 
+def test_a_postgres_number_ends_before_a_dollar_as_the_server_reads_it():
+    """`1$1` is 1 then the parameter $1, `1$a$...$a$` 1 then a dollar-quoted string (as pglast's scanner reads
+    them); after a letter the run is one token (`1a$1`, the server's trailing junk). MySQL: one name."""
+    assert kinds("SELECT 1$1", "postgres")[1:] == [(NUMBER, "1"), (PUNCT, "$"), (NUMBER, "1")]
+    assert kinds("SELECT 1.5$2, .5$3", "postgres")[1:] == [
+        (NUMBER, "1.5"), (PUNCT, "$"), (NUMBER, "2"), (PUNCT, ","), (NUMBER, ".5"), (PUNCT, "$"), (NUMBER, "3")]
+    assert kinds("SELECT 1$a$ :v $a$", "postgres")[1:] == [(NUMBER, "1"), (STRING, "$a$ :v $a$")]
+    assert kinds("SELECT 1a$1", "postgres")[1:] == [(NUMBER, "1a$1")]
+    assert kinds("SELECT 1$1", "mysql")[1:] == [(NUMBER, "1$1")]
+
+
 def test_unterminated_dollar_string():
     assert kinds("SELECT $$abc", "postgres")[-1] == (BAD, "$$abc")
     assert kinds("SELECT $a$ abc $b$", "postgres")[-1][0] == BAD
