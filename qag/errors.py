@@ -46,6 +46,7 @@ ERRORS: dict[str, tuple[int, str, str]] = {
     "connection_inactive": (403, "The connection is currently not active", "connection `active: false`"),
     "read_only": (403, "Only read-only statements are allowed", "statement writes and writes are not allowed"),
     "write_op_not_allowed": (403, "This API key may not perform this write operation", "write keyword outside `allowed_write_ops`"),
+    "pragma_not_allowed": (403, "The gateway never sets this pragma", "SQLite: setting a pragma whose value is the whole process's, not the connection's (`hard_heap_limit`, `soft_heap_limit`, `temp_store_directory`, `data_store_directory`), for any caller, an administrator included (docs/security.md)"),
     "table_not_allowed": (403, "This API key may not query this table", "statement touches a table outside `allowed_tables`; any API key's statement that reads other sessions' activity (the process list, `performance_schema`, `pg_stat_activity`: docs/security.md)"),
     "table_check_failed": (403, "The tables of this statement cannot be checked", "table-restricted key, statement whose tables can't be determined"),
     "function_not_allowed": (403, "This API key may not call this function", "table-restricted or masked key calling a denied function, a side-channel one (settings, statistics, activity, `@@variables`) or one that isn't the engine's own built-in, outside `allowed_functions`"),

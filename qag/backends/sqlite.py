@@ -61,6 +61,10 @@ _DESCRIBING_PRAGMAS = frozenset({"table_info", "table_xinfo", "index_info", "ind
                                  "table_list"})
 # Pragmas that act when queried without an argument.
 _ACTING_PRAGMAS = frozenset({"optimize", "shrink_memory", "incremental_vacuum", "wal_checkpoint"})
+# Pragmas whose value is the library's, not the connection's (SQLite's pragma docs): setting one changes every
+# connection of the worker, the store's included (hard_heap_limit=200000 made each later call a MemoryError), so
+# no caller may set one, an administrator included. Querying them only reads.
+_PROCESS_PRAGMAS = frozenset({"hard_heap_limit", "soft_heap_limit", "temp_store_directory", "data_store_directory"})
 _ACTION_NAMES = {getattr(sqlite3, "SQLITE_" + name): name.replace("_", " ") for name in (
     "CREATE_INDEX", "CREATE_TABLE", "CREATE_TEMP_INDEX", "CREATE_TEMP_TABLE", "CREATE_TEMP_TRIGGER",
     "CREATE_TEMP_VIEW", "CREATE_TRIGGER", "CREATE_VIEW", "DELETE", "DROP_INDEX", "DROP_TABLE", "DROP_TEMP_INDEX",
@@ -116,7 +120,8 @@ class _Authorizer:
     """The engine as reader of record: records every action, table and function SQLite reports while it
     prepares the call's statement, and refuses there what the call may never do, whatever qag's guard read.
 
-    - every call: ATTACH/DETACH, and functions that change something (`SQLITE_CHANGING`);
+    - every call: ATTACH/DETACH, functions that change something (`SQLITE_CHANGING`), and setting a pragma
+      whose value is the process's (`pragma_not_allowed`);
     - a read-only call: any action other than reading (`read_only`), and functions not built into the library
       except the read-only extension functions;
     - a write call with `write_ops` (the key's allowed_write_ops): any write action of the statement itself
@@ -164,6 +169,10 @@ class _Authorizer:
 
     def __call__(self, action, arg1, arg2, dbname, source):
         self.actions.add(action)
+        if action == sqlite3.SQLITE_PRAGMA and arg2 is not None and (arg1 or "").lower() in _PROCESS_PRAGMAS:
+            # Before any other judgement: the same refusal for every caller, whatever its key may write.
+            return self._deny("pragma_not_allowed", f"The gateway never sets PRAGMA {arg1.lower()} on SQLite: it "
+                              "applies to the whole worker process, not to this call's connection")
         refusal = None
         if self.read_only:
             refused = _read_only_refusal(action, arg1, arg2, source)
@@ -236,7 +245,8 @@ class _Authorizer:
         of a view is allowed only when a granted view read by this statement reads that column itself (the
         engine's own record of `SELECT * FROM <view>`); on behalf of a trigger only in a write call, and only
         when the statement compiled without triggers names no source of that name (a CTE's, a view's)."""
-        if self.refusal is not None and self.refusal.code in ("read_only", "write_op_not_allowed"):
+        if self.refusal is not None and self.refusal.code in ("pragma_not_allowed", "read_only",
+                                                              "write_op_not_allowed"):
             return self.refusal              # the guard's order: read_only, write ops, tables, functions
         if self.shadow:
             refusal = self._shadow_refusal(conn)

@@ -407,3 +407,41 @@ def test_a_file_that_is_not_a_database_is_the_connections_fault(tmp_path):
     assert error.status == 400
     refused("connection_misconfigured", backend.read_schema, str(path))
     refused("connection_misconfigured", write, str(path), "SELECT * FROM sqlite_schema")
+
+
+# ------------------------------------------------------------------ pragmas whose value is the process's
+
+def _process_pragma(name):
+    conn = sqlite3.connect(":memory:")
+    try:
+        row = conn.execute(f"PRAGMA {name}").fetchone()
+        return None if row is None else row[0]
+    finally:
+        conn.close()
+
+
+def test_no_caller_sets_a_process_wide_pragma(guarded, tmp_path):
+    # This test's own process is the worker here: what the refused statements would set, it puts back.
+    soft, temp = _process_pragma("soft_heap_limit"), _process_pragma("temp_store_directory")
+    directory = str(tmp_path).replace("'", "''")
+    try:
+        for sql in ("PRAGMA soft_heap_limit = 123456", "PRAGMA Soft_Heap_Limit(123456)",
+                    "PRAGMA main.soft_heap_limit = 123456", f"PRAGMA temp_store_directory = '{directory}'",
+                    f"PRAGMA TEMP_STORE_DIRECTORY('{directory}')", "PRAGMA data_store_directory = ''"):
+            refused("pragma_not_allowed", write, guarded, sql)                  # any operation (an administrator)
+            refused("pragma_not_allowed", write, guarded, sql, ["pragma"])
+            refused("pragma_not_allowed", run, guarded, sql)                    # read-only: the same code
+        assert _process_pragma("soft_heap_limit") == soft and _process_pragma("temp_store_directory") == temp
+    finally:
+        conn = sqlite3.connect(":memory:")
+        conn.execute(f"PRAGMA soft_heap_limit = {int(soft)}")
+        conn.execute("PRAGMA temp_store_directory = '" + (temp or "").replace("'", "''") + "'")
+        conn.close()
+    # hard_heap_limit can only be lowered once set, so it is judged without running it: the authorizer denies it.
+    authorizer = backend._Authorizer(False, None)
+    authorizer.write_ops = None
+    assert authorizer(sqlite3.SQLITE_PRAGMA, "hard_heap_limit", "200000", "main", None) == sqlite3.SQLITE_DENY
+    assert authorizer.refusal.code == "pragma_not_allowed" and authorizer.refusal.status == 403
+    # Querying one only reads; a pragma of the connection alone is still the caller's to set.
+    assert run(guarded, "PRAGMA soft_heap_limit").rows == [(soft,)]
+    assert write(guarded, "PRAGMA cache_size = 100").columns == []

@@ -71,3 +71,15 @@ def test_a_nul_in_the_statement_is_refused_as_on_every_database(server):
     from qag.policy.guard import NUL_IN_STATEMENT
     r = sql(server, "SELECT count(*) AS n FROM t -- \x00")
     assert (r.status, r.json["code"], r.json["error"]) == (400, "value_invalid", NUL_IN_STATEMENT), r
+
+
+def test_an_administrator_may_not_set_a_process_wide_pragma(writes_server):
+    # Set to the value it already has, so nothing changes in the server's workers whatever the answer.
+    s = writes_server
+    r = s.post("/execute_sql", {"sql": "PRAGMA soft_heap_limit", "connection_name": "lite"})
+    assert r.status == 200, r
+    current = int(list(r.json[0].values())[0])
+    r = s.post("/execute_sql", {"sql": f"PRAGMA soft_heap_limit = {current}", "connection_name": "lite"})
+    assert r.status == 403 and r.json["code"] == "pragma_not_allowed", r
+    r = s.post("/execute_sql", {"sql": "SELECT 1 AS one", "connection_name": "lite"})
+    assert r.status == 200 and r.json == [{"one": 1}], r           # the next good request succeeds
