@@ -11,6 +11,7 @@ from ..errors import QagError
 from ..http.response import json_response
 from ..policy import tables as table_policy
 from ..policy.grants import check_connection
+from ..sql.names import fold
 from ._common import CONNECTION_NAME, audit, body_object, check_if_match, keyed_digest, no_content, with_etag
 from .. import shapes
 from ..shapes import DIRECT_FIELDS, SUPPORTED_DB
@@ -331,11 +332,12 @@ def _audited(db: str, active: bool, fields: dict) -> dict:
 def granted_tables(allowed_tables, default_schema: str, dialect: str):
     """granted("schema.table") for a table-restricted key: names compared as the table policy compares them
     (contract 6.2)."""
-    grants = table_policy.qualified_grants(frozenset(allowed_tables), default_schema)
+    grants = table_policy.qualified_grants(frozenset(allowed_tables), default_schema, dialect)
     exact = table_policy.names_exact(dialect, default_schema)
+    lower = fold(dialect)
 
     def granted(qualified: str) -> bool:
-        return (qualified if exact else qualified.lower()) in grants
+        return (qualified if exact else lower(qualified)) in grants
 
     return granted
 

@@ -484,7 +484,7 @@ class RunHandlers:
             table_policy.masked_verdict(acc, dialect, grants.allowed_functions, catalog)
             return None
         table_policy.verdict(acc, dialect, schema, grants.allowed_tables, grants.allowed_functions, catalog)
-        return schema, table_policy.qualified_grants(grants.allowed_tables, schema)
+        return schema, table_policy.qualified_grants(grants.allowed_tables, schema, dialect)
 
     def _function_catalog(self, plan: Plan, fields: dict, schema: str | None, acc):
         """The engine's facts about function names for this call (functions.Catalog), from the backend's schema

@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 from ..errors import QagError
 from ..sql.functions import GENERATORS, SQLITE_CHANGING, sqlite_library_builtins
+from ..sql.names import ascii_lower
 from ..sql.writes import write_op_not_allowed_message
 from .base import Backend, Call, Result, connection_failed, query_failed, timeout_error
 
@@ -106,7 +107,7 @@ def _read_only_refusal(action, arg1, arg2, source) -> str | None:
     """Why a read-only call may not do this action, or None."""
     if action in _READ_ACTIONS:
         return None
-    if action == sqlite3.SQLITE_UPDATE and arg1 and arg1.lower() in _SCHEMA_TABLES and source is None:
+    if action == sqlite3.SQLITE_UPDATE and arg1 and ascii_lower(arg1) in _SCHEMA_TABLES and source is None:
         return None
     if action == sqlite3.SQLITE_PRAGMA:
         name = (arg1 or "").lower()
@@ -185,7 +186,7 @@ class _Authorizer:
                 refusal = ("write_op_not_allowed", write_op_not_allowed_message(self.write_ops)[:-1]
                            + f" (SQLite's authorizer refused {_ACTION_NAMES.get(action, action)}).")
         if refusal is not None:
-            table = (arg1 or "").lower()
+            table = ascii_lower(arg1 or "")
             if action in _ROW_WRITES and table in _SCHEMA_TABLES and not self.read_only:
                 pass    # the engine's own record of a granted CREATE/DROP, or of an eponymous virtual table
             elif action in _ROW_WRITES and source is None and "_" in table and (dbname or "main") == "main":
@@ -196,10 +197,12 @@ class _Authorizer:
             else:
                 return self._deny(*refusal)
         if action in _TABLE_ACTIONS and arg1:
-            table = arg1.lower()
+            # Folded as SQLite compares names, ASCII letters alone: Python's lower() would make the table Ärger
+            # the granted ärger (and the Kelvin sign's \u212Aeys the granted keys).
+            table = ascii_lower(arg1)
             # No schema is given for a read of no column (count(*), EXISTS): this connection has only main
             # (ATTACH refused) and an empty temp (creating anything refused), so it is main.
-            name = f"{(dbname or 'main').lower()}.{table}"
+            name = f"{ascii_lower(dbname or 'main')}.{table}"
             self.tables.add(name)
             grants = self.grants
             if grants is not None and name not in grants:
@@ -235,7 +238,7 @@ class _Authorizer:
                 return self._deny("read_only", f"A read-only call may not run {name}(): it is not one of "
                                   "SQLite's built-in functions, so it may change something")
         elif action == sqlite3.SQLITE_SELECT and source is not None:
-            self.expanded.add(source.lower())
+            self.expanded.add(ascii_lower(source))
         elif action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
             return self._deny("forbidden", "The gateway never attaches or detaches databases on SQLite")
         return sqlite3.SQLITE_OK
@@ -269,7 +272,7 @@ class _Authorizer:
         # A CTE (or a view) named like a trigger reports its reads under the trigger's name: a source is a
         # trigger's only when the statement, compiled with no trigger at all, names no such source itself.
         expanded = None
-        if not self.read_only and any(source is not None and kinds.get(source.lower()) == "trigger"
+        if not self.read_only and any(source is not None and kinds.get(ascii_lower(source)) == "trigger"
                                       for _, _, source in self.via):
             expanded = _sources_without_triggers(conn, self.statement, self)
         closures: dict[str, set] = {}
@@ -291,7 +294,7 @@ class _Authorizer:
         forbidden = []
         for name, column, source in self.via:
             if source is not None:
-                source = source.lower()
+                source = ascii_lower(source)
                 if (kinds.get(source) == "trigger" and not self.read_only and expanded is not None
                         and source not in expanded):
                     continue
@@ -352,7 +355,7 @@ def _sources_without_triggers(conn, statement, authorizer) -> set | None:
 
     def record(action, arg1, arg2, dbname, source):
         if source is not None:
-            seen.add(source.lower())
+            seen.add(ascii_lower(source))
         return sqlite3.SQLITE_OK
 
     try:
@@ -377,7 +380,7 @@ def _view_reads(conn, view: str, authorizer) -> set:
 
     def record(action, arg1, arg2, dbname, source):
         if action == sqlite3.SQLITE_READ and arg1 and source is not None:
-            seen.add((f"{(dbname or 'main').lower()}.{arg1.lower()}", arg2))
+            seen.add((f"{ascii_lower(dbname or 'main')}.{ascii_lower(arg1)}", arg2))
         return sqlite3.SQLITE_OK
 
     conn.set_authorizer(record)

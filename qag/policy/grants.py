@@ -10,6 +10,7 @@ from functools import lru_cache
 from typing import Mapping
 
 from qag.errors import QagError
+from qag.sql.names import ascii_lower
 from qag.settings import parse_rate_limit
 
 ALL = "*"
@@ -131,12 +132,12 @@ def _names(value) -> frozenset:
     return frozenset(v for v in value if isinstance(v, str))
 
 
-def _lower_names(value) -> frozenset | None:
+def _lower_names(value, lower=str.lower) -> frozenset | None:
     if value is None:
         return None
     if not isinstance(value, (list, tuple)):
         return frozenset()  # corrupt → the narrowest reading
-    return frozenset(v.lower() for v in value if isinstance(v, str))
+    return frozenset(lower(v) for v in value if isinstance(v, str))
 
 
 class Grants:
@@ -174,7 +175,8 @@ class Grants:
         self.collections = _names(stored.get("collections"))
         self.allow_writes = stored.get("allow_writes") is True
         self.allowed_write_ops = _lower_names(stored.get("allowed_write_ops"))
-        self.allowed_tables = _lower_names(stored.get("allowed_tables"))
+        # ASCII case alone: each engine folds the rest its own way (qag.policy.tables.qualified_grants).
+        self.allowed_tables = _lower_names(stored.get("allowed_tables"), ascii_lower)
         # User-defined functions a table-restricted key may call (qag/policy/tables); None = none.
         self.allowed_functions = _lower_names(stored.get("allowed_functions"))
         try:

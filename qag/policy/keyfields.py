@@ -9,6 +9,7 @@ from typing import Collection, Mapping
 
 from qag import shapes
 from qag.errors import QagError
+from qag.sql.names import ascii_lower
 from qag.policy.grants import ALL, GRANT_FIELDS, key_grant_defaults, parse_rate_limit
 
 KEY_NAME_MESSAGE = "An API key name is 1-100 letters, digits, spaces, '.', '_' or '-'"
@@ -150,11 +151,11 @@ def _bool(field: str):
     return check
 
 
-def _lowered_names(message: str):
+def _lowered_names(message: str, lower=str.lower):
     def check(value):
         if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
             raise _bad(message)
-        return sorted({v.lower() for v in value})
+        return sorted({lower(v) for v in value})
     return check
 
 
@@ -253,7 +254,10 @@ _CHECKS = {
     "allowed_ips": _allowed_ips,
     "allowed_write_ops": _lowered_names(
         'allowed_write_ops must be a list of SQL keywords (e.g. "insert", "update"), or null for no restriction'),
-    "allowed_tables": _lowered_names("allowed_tables must be a list of table names, or null for no restriction"),
+    # Table names keep all but their ASCII case: each engine folds the rest its own way when it compares them
+    # (qag.policy.tables.qualified_grants); SQLite's ärger and Ärger are two tables.
+    "allowed_tables": _lowered_names("allowed_tables must be a list of table names, or null for no restriction",
+                                     ascii_lower),
     "allowed_functions": _lowered_names("allowed_functions must be a list of function names a table-restricted key "
                                         "may call besides the built-in ones, or null for none"),
     "mask": normalise_mask,

@@ -8,6 +8,7 @@ from qag import _speedups
 from qag.errors import QagError
 from qag.sql import functions
 from qag.sql.access import DIALECTS, Access, is_exact
+from qag.sql.names import ascii_lower
 from qag.sql.prepare import prepare
 
 CACHE_SIZE = 1024
@@ -21,22 +22,26 @@ _TABLE_FUNCTION = ("This API key may only query its allowed tables - a table fun
 def names_exact(dialect: str, default_schema: str) -> bool:
     """Whether the allow-list compares a catalog's table names as written: on PostgreSQL (the catalog holds names
     as the server folded them) and on a MySQL/MariaDB server that compares names exactly (ExactSchema); elsewhere
-    they are lower-cased, as qualified_grants lower-cases the grants."""
+    they are lower-cased as the engine folds them, as qualified_grants lower-cases the grants."""
     return dialect == "postgres" or is_exact(default_schema)
 
 
-def qualified_grants(allowed_tables: frozenset, default_schema: str) -> frozenset:
+def qualified_grants(allowed_tables: frozenset, default_schema: str, dialect: str) -> frozenset:
     """Grants qualified like references: a bare `t` is `<default schema>.t`; qualified grants stay as written.
-    Lower-cased, except on a MySQL/MariaDB server that compares names exactly (ExactSchema)."""
-    return _qualified_grants(allowed_tables, str(default_schema or ""), is_exact(default_schema))
+    Lower-cased as the dialect's engine folds names (qag.sql.names: SQLite and PostgreSQL ASCII letters alone,
+    so a grant ärger is never the table Ärger), except on a MySQL/MariaDB server that compares names exactly
+    (ExactSchema)."""
+    return _qualified_grants(allowed_tables, str(default_schema or ""), is_exact(default_schema),
+                             dialect == "mysql")
 
 
 @functools.lru_cache(maxsize=CACHE_SIZE)
-def _qualified_grants(allowed_tables: frozenset, default_schema: str, exact: bool) -> frozenset:
+def _qualified_grants(allowed_tables: frozenset, default_schema: str, exact: bool, unicode_case: bool) -> frozenset:
     if exact:
         return frozenset(g if "." in g else f"{default_schema}.{g}" for g in allowed_tables)
-    default_schema = default_schema.lower()
-    return frozenset(g.lower() if "." in g else f"{default_schema}.{g.lower()}" for g in allowed_tables)
+    lower = str.lower if unicode_case else ascii_lower
+    default_schema = lower(default_schema)
+    return frozenset(lower(g) if "." in g else f"{default_schema}.{lower(g)}" for g in allowed_tables)
 
 
 def _table_message(grants: frozenset, forbidden: tuple[str, ...]) -> str:
@@ -58,7 +63,7 @@ def verdict(acc: Access, dialect: str, default_schema: str, allowed_tables, allo
     for name in acc.table_functions:
         if name not in granted_functions:
             raise QagError("table_not_allowed", _TABLE_FUNCTION.format(name))
-    grants = qualified_grants(frozenset(allowed_tables), default_schema)
+    grants = qualified_grants(frozenset(allowed_tables), default_schema, dialect)
     forbidden = _speedups.get("tables").forbidden(acc.tables, grants)
     if forbidden:
         raise QagError("table_not_allowed", _table_message(grants, forbidden))

@@ -8,6 +8,7 @@ import sqlglot
 from sqlglot import exp
 
 from qag.sql import functions, lexer, writes
+from qag.sql.names import fold
 from qag.sql.lexer import BAD, COMMENT, NUMBER, PARAM, PUNCT, QIDENT, SEMI, STRING, TEXT, WORD, WS, XCOMMENT
 
 DIALECTS = ("mysql", "postgres", "sqlite")
@@ -159,11 +160,12 @@ def _cte_matches(cte: tuple[str, bool], ref: tuple[str, bool], dialect: str) -> 
     as a table (refused unless granted) rather than hiding one."""
     name, quoted = cte
     ref_name, ref_quoted = ref
+    lower = fold(dialect)          # SQLite, PostgreSQL: ASCII letters alone (a CTE ärger is never the table Ärger)
     if dialect == "postgres":      # unquoted names fold to lower case, quoted ones are exact
-        return (name if quoted else name.lower()) == (ref_name if ref_quoted else ref_name.lower())
+        return (name if quoted else lower(name)) == (ref_name if ref_quoted else lower(ref_name))
     # MySQL/MariaDB and SQLite match CTE names case-insensitively; a quoted CTE name is matched exactly
     # (contract 6.2), which is never wider than what the engine does.
-    return name == ref_name if quoted else name.lower() == ref_name.lower()
+    return name == ref_name if quoted else lower(name) == lower(ref_name)
 
 
 def _function_name(node: exp.Func) -> tuple[str, tuple[str, ...]]:
@@ -199,6 +201,7 @@ class _Walk:
     def __init__(self, dialect: str, exact: bool = False):
         self.dialect = dialect
         self.exact = exact                        # MySQL lower_case_table_names=0: names kept as written
+        self.fold = fold(dialect)                 # else lower-cased as the engine folds them (SQLite: ASCII)
         self.refs: set[tuple] = set()             # (catalog, schema, name), lower-case; '' when not written
         self.table_functions: set[str] = set()
         self.functions: set[str] = set()          # lower-case, 'schema.name' when qualified, not typed built-ins
@@ -307,8 +310,9 @@ class _Walk:
         if self.exact:
             self.refs.add(((catalog[0] if catalog else ""), (schema[0] if schema else ""), name[0]))
         else:
-            self.refs.add(((catalog[0].lower() if catalog else ""), (schema[0].lower() if schema else ""),
-                           name[0].lower()))
+            lower = self.fold
+            self.refs.add(((lower(catalog[0]) if catalog else ""), (lower(schema[0]) if schema else ""),
+                           lower(name[0])))
 
     def _table_function(self, func: exp.Func, schema: str | None) -> None:
         name, names = _function_name(func)
@@ -515,7 +519,7 @@ def from_tokens(text: str, readings: list, dialect: str, default_schema) -> Acce
     exact_names = dialect == "mysql" and is_exact(default_schema)
     default_schema = str(default_schema or "")
     if not exact_names:
-        default_schema = default_schema.lower()
+        default_schema = fold(dialect)(default_schema)
     tokens = readings[0] if readings else None
     try:
         if not readings:

@@ -445,3 +445,18 @@ def test_no_caller_sets_a_process_wide_pragma(guarded, tmp_path):
     # Querying one only reads; a pragma of the connection alone is still the caller's to set.
     assert run(guarded, "PRAGMA soft_heap_limit").rows == [(soft,)]
     assert write(guarded, "PRAGMA cache_size = 100").columns == []
+
+
+# ------------------------------------------------------------------ names compared as SQLite compares them
+
+def test_the_engine_folds_ascii_letters_alone(tmp_path):
+    path = str(tmp_path / "names.db")
+    conn = sqlite3.connect(path)
+    conn.executescript('CREATE TABLE "ärger"(v); CREATE TABLE "Ärger"(v); CREATE TABLE keys(v); '
+                       'CREATE TABLE "\u212Aeys"(v); INSERT INTO "Ärger" VALUES (\'other\'); '
+                       'INSERT INTO "\u212Aeys" VALUES (\'kelvin\');')
+    conn.close()
+    grants = ["main.ärger", "main.keys"]
+    for sql in ('SELECT * FROM "Ärger"', 'SELECT * FROM "\u212Aeys"', 'SELECT count(*) FROM "\u212Aeys"'):
+        refused("table_not_allowed", run, path, sql, grants)
+    assert run(path, 'SELECT count(*) FROM "ärger", KEYS', grants).rows == [(0,)]

@@ -138,6 +138,29 @@ def test_schema_route_lists_only_allowed_tables(make_server, uniq):
     assert len(admin["tables"]) == 3
 
 
+def test_sqlite_names_are_compared_as_sqlite_compares_them(server, uniq):
+    # SQLite folds ASCII letters alone: "Ärger" and "\u212Aeys" (the Kelvin sign) are other tables than ärger
+    # and keys, on every route; a grant keeps its non-ASCII case (Ärger is Ärger).
+    name = uniq("names")
+    server.sqlite_db(f"{name}.db", 'CREATE TABLE "ärger"(v); CREATE TABLE "Ärger"(v); CREATE TABLE keys(v); '
+                                   'CREATE TABLE "\u212Aeys"(v); INSERT INTO "Ärger" VALUES (\'other\'); '
+                                   'INSERT INTO "\u212Aeys" VALUES (\'kelvin\');')
+    server.connection(name, f"{name}.db")
+    key = server.key(uniq("k"), connections=[name], allowed_tables=["ärger", "keys"])
+    for statement in ('SELECT * FROM "Ärger"', 'SELECT * FROM "\u212Aeys"'):
+        r = sql(server, key, statement, name)
+        assert r.status == 403 and r.json["code"] == "table_not_allowed", (statement, r)
+    assert sql(server, key, 'SELECT count(*) AS n FROM "ärger", KEYS', name).json == [{"n": 0}]
+    body = server.get(f"/connections/{name}/schema", key=key).json
+    assert sorted(t["name"] for t in body["tables"]) == ["keys", "ärger"]
+    for table in ("Ärger", "\u212Aeys"):
+        r = server.get(f"/connections/{name}/table_ddl", key=key, params={"table": table})
+        assert r.status == 404 and r.json["code"] == "table_not_found", (table, r)
+    upper = server.key(uniq("k"), connections=[name], allowed_tables=["Ärger"])
+    assert sql(server, upper, 'SELECT v FROM "Ärger"', name).json == [{"v": "other"}]
+    r = sql(server, upper, 'SELECT v FROM "ärger"', name)
+    assert r.status == 403 and r.json["code"] == "table_not_allowed", r
+
 def test_parser_stress_is_refused_fast(server, uniq):
     key = server.key(uniq("k"), connections=["lite"], allowed_tables=["t"])
     statements = [

@@ -96,6 +96,31 @@ def test_contract_behaviours():
     check_tables("SELECT * FROM anything", "sqlite", "main", None)       # unrestricted
 
 
+def test_names_are_folded_as_each_engine_folds_them():
+    # SQLite folds ASCII letters alone: "Ärger" and the Kelvin sign's "\u212Aeys" are other tables than ärger and
+    # keys (Python's lower() made them the same), and a CTE ärger is not the table Ärger.
+    granted = ("ärger", "keys")
+    for sql in ('SELECT * FROM "Ärger"', "SELECT * FROM Ärger", 'SELECT * FROM "\u212Aeys"', "SELECT * FROM main.\u212Aeys",
+                "WITH ärger AS (SELECT 1) SELECT * FROM Ärger"):
+        assert code(sql, "sqlite", granted) == "table_not_allowed", sql
+    for sql in ('SELECT * FROM "ärger"', "SELECT * FROM KEYS", "SELECT * FROM Main.Keys"):
+        assert code(sql, "sqlite", granted) is None, sql
+    assert code("SELECT * FROM Ärger", "sqlite", ("Ärger",)) is None
+    assert code("SELECT * FROM ärger", "sqlite", ("Ärger",)) == "table_not_allowed"
+    # MySQL/MariaDB (lower_case_table_names 1 or 2) fold names in the server's character set, Ä to ä: unchanged.
+    assert code("SELECT * FROM Ärger", "mysql", ("ärger",)) is None
+
+
+@needs_pglast
+def test_postgres_compares_quoted_names_exactly_and_folds_ascii_alone():
+    granted = ("ärger", "keys")
+    for sql in ('SELECT * FROM "Ärger"', "SELECT * FROM Ärger", 'SELECT * FROM "\u212Aeys"'):
+        assert code(sql, "postgres", granted) == "table_not_allowed", sql
+    assert code('SELECT * FROM "ärger", KEYS', "postgres", granted) is None
+    # A grant of Ärger is the table Ärger (unquoted: PostgreSQL folds ASCII letters alone), not ärger.
+    assert code('SELECT * FROM "Ärger", Ärger', "postgres", ("Ärger",)) is None
+    assert code('SELECT * FROM "ärger"', "postgres", ("Ärger",)) == "table_not_allowed"
+
 def test_messages():
     with pytest.raises(QagError) as caught:
         check_tables("SELECT * FROM secret JOIN t JOIN b.c", "sqlite", "main", ["t", "film"])
