@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 from ..errors import QagError
 from ..sql.functions import GENERATORS, SQLITE_CHANGING, sqlite_library_builtins
+from ..sql import lexer
 from ..sql.names import ascii_lower
 from ..sql.writes import write_op_not_allowed_message
 from .base import Backend, Call, Result, connection_failed, query_failed, timeout_error
@@ -89,6 +90,12 @@ _ACTION_OPS.update({getattr(sqlite3, "SQLITE_" + name): frozenset({name.split("_
     "DROP_VTABLE")})
 # TRANSACTION and SAVEPOINT name their operation in their first argument.
 _TRANSACTION_OPS = {"begin": "begin", "commit": "commit", "rollback": "rollback"}
+# A row write that deletes or changes rows besides its own (check()): into a table whose PRIMARY KEY or UNIQUE
+# constraint is declared ON CONFLICT REPLACE, a plain INSERT or UPDATE deletes the row it conflicts with; an
+# INSERT naming a virtual table's column named like the table is a command (FTS3/4/5: 'delete-all', 'delete',
+# 'rebuild', 'optimize', 'merge', ('rank', ...) settings), whose value may be any of them.
+_REPLACING_OPS = frozenset({"delete", "replace"})
+_COMMAND_OPS = frozenset({"delete", "update"})
 _SAVEPOINT_OPS = {"begin": "savepoint", "release": "release", "rollback": "rollback"}
 
 
@@ -138,7 +145,7 @@ class _Authorizer:
     """
 
     __slots__ = ("read_only", "grants", "own", "tables", "functions", "actions", "expanded", "via", "refused",
-                 "refusal", "write_ops", "statement", "named", "shadow")
+                 "refusal", "write_ops", "statement", "named", "shadow", "rows")
 
     def __init__(self, read_only: bool, grants: frozenset | None, own: frozenset = frozenset()):
         self.read_only = read_only
@@ -156,10 +163,11 @@ class _Authorizer:
         self.statement: tuple | None = None     # (sql, args) of the call, for check()'s trigger-free reading
         self.named: list[tuple] = []            # (qualified table, column, source) named like a generator
         self.shadow: list[tuple] = []           # (qualified table, refusal) written as a virtual table's own
+        self.rows: set[tuple] = set()           # (action, table of main) inserted or updated by the statement
 
     def reset(self) -> None:
         self.tables.clear(), self.functions.clear(), self.actions.clear(), self.expanded.clear()
-        self.via.clear(), self.named.clear(), self.shadow.clear()
+        self.via.clear(), self.named.clear(), self.shadow.clear(), self.rows.clear()
         self.refused.clear()
         self.refusal = None
 
@@ -185,6 +193,8 @@ class _Authorizer:
             if needed is not None and not needed & self.write_ops:
                 refusal = ("write_op_not_allowed", write_op_not_allowed_message(self.write_ops)[:-1]
                            + f" (SQLite's authorizer refused {_ACTION_NAMES.get(action, action)}).")
+            elif action in (sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE) and arg1 and (dbname or "main") == "main":
+                self.rows.add((action, ascii_lower(arg1)))     # what else it does is judged in check()
         if refusal is not None:
             table = ascii_lower(arg1 or "")
             if action in _ROW_WRITES and table in _SCHEMA_TABLES and not self.read_only:
@@ -255,6 +265,10 @@ class _Authorizer:
             refusal = self._shadow_refusal(conn)
             if refusal is not None:
                 return refusal
+        if self.rows and self.write_ops is not None:
+            refusal = self._rows_refusal(conn)
+            if refusal is not None:
+                return refusal
         if self.named:
             self._named_tables(conn)
         if self.refused:
@@ -321,6 +335,35 @@ class _Authorizer:
                 return QagError(code, message)
         return None
 
+    def _rows_refusal(self, conn) -> QagError | None:
+        """A row write counted as what it does (_REPLACING_OPS, _COMMAND_OPS), from the schema: refused when the
+        call's operations don't cover it."""
+        ops = self.write_ops
+        replaces = not ops & _REPLACING_OPS
+        commands = not _COMMAND_OPS <= ops
+        if not (replaces or commands):
+            return None
+        conn.set_authorizer(None)
+        try:
+            ddl = {ascii_lower(name): text for name, text in conn.execute(
+                "SELECT name, sql FROM main.sqlite_schema WHERE type = 'table' AND sql IS NOT NULL").fetchall()}
+        finally:
+            conn.set_authorizer(self)
+        for action, table in sorted(self.rows):
+            text = ddl.get(table)
+            if text is None:
+                continue
+            virtual = _is_virtual(text)
+            if replaces and not virtual and _declares_replace(text):
+                return QagError("write_op_not_allowed", write_op_not_allowed_message(ops)[:-1] + f" (the table "
+                                f"{table} is declared ON CONFLICT REPLACE: a row written into it deletes the row it "
+                                "conflicts with, so it needs delete or replace).")
+            if commands and virtual and _names_command_column(conn, self.statement, table, self):
+                return QagError("write_op_not_allowed", write_op_not_allowed_message(ops)[:-1] + f" (a write "
+                                f"naming the column {table} of the virtual table {table} is a command, such as "
+                                "FTS's 'delete-all', 'rebuild' or 'optimize', so it needs delete and update).")
+        return None
+
     def _named_tables(self, conn) -> None:
         """Tables named like a generator: the file's own (a table or view of its schema, which SQLite reads
         instead of the eponymous virtual table) are judged like any table."""
@@ -337,6 +380,77 @@ class _Authorizer:
                     self.refused.append(name)
                 else:
                     self.via.append((name, column, source))
+
+
+def _is_virtual(ddl: str) -> bool:
+    words = [t.value.lower() for t in lexer.significant(lexer.tokenize(ddl, "sqlite"))[:3] if t.kind == lexer.WORD]
+    return words[:2] == ["create", "virtual"]
+
+
+def _declares_replace(ddl: str) -> bool:
+    """Whether a CREATE TABLE declares ON CONFLICT REPLACE on a PRIMARY KEY or UNIQUE constraint (the only other
+    constraints that take it, NULL and NOT NULL, replace a value, not a row). Read from SQLite's own record of the
+    table; a word sequence elsewhere that reads alike only makes the answer stricter."""
+    words = [t.value.lower() for t in lexer.significant(lexer.tokenize(ddl, "sqlite")) if t.kind == lexer.WORD]
+    return any(words[i:i + 3] == ["on", "conflict", "replace"] and (i == 0 or words[i - 1] != "null")
+               for i in range(len(words)))
+
+
+def _names_command_column(conn, statement, table: str, authorizer) -> bool:
+    """Whether the statement writes the column named like the virtual table `table` (FTS's command column).
+    SQLite compiles the statement on an in-memory copy of the file's tables and views where that table is a plain
+    table with its hidden columns generated (left out of an INSERT's implicit column list, as the virtual
+    table's are, and refused when named); a hidden column other than the command column that the statement names
+    (FTS4's docid) is made plain, and the statement compiled again. True when it can't tell."""
+    if statement is None:
+        return True
+    conn.set_authorizer(None)
+    try:
+        ddl = conn.execute("SELECT name, sql FROM main.sqlite_schema WHERE type IN ('table', 'view') AND sql IS NOT "
+                           "NULL AND name NOT LIKE 'sqlite^_%' ESCAPE '^' ORDER BY rowid").fetchall()
+        columns = conn.execute("SELECT name, hidden FROM pragma_table_xinfo(?)", (table,)).fetchall()
+    except sqlite3.Error:
+        return True
+    finally:
+        conn.set_authorizer(authorizer)
+    named: set[str] = set()             # hidden columns the statement names, made plain
+    for _ in range(len(columns) + 1):
+        definition = ", ".join(_quoted(name) + ("" if not hidden or name in named else " ANY AS (NULL)")
+                               for name, hidden in columns)
+        refused = _compile_on_copy(ddl, table, f"({definition})", statement)
+        if refused is None:
+            return False
+        found = next((name for name, hidden in columns if hidden and ascii_lower(name) != table
+                      and name not in named and refused in (f'cannot INSERT into generated column "{name}"',
+                                                            f'cannot UPDATE generated column "{name}"')), None)
+        if found is None:
+            return True                 # the command column, or an error that doesn't say
+        named.add(found)
+    return True
+
+
+def _compile_on_copy(ddl: list, table: str, definition: str, statement) -> str | None:
+    """SQLite's error compiling the statement on an in-memory copy of the tables and views `ddl`, `table` made a
+    plain table of `definition`; None when it compiles."""
+    copy = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        for name, text in ddl:
+            if ascii_lower(name) == table:
+                text = f"CREATE TABLE {_quoted(name)}{definition}"
+            try:
+                copy.execute(text)
+            except sqlite3.Error:
+                pass    # a virtual table's shadow table, made with it
+        copy.execute("EXPLAIN " + statement[0], statement[1]).fetchall()
+    except (sqlite3.Error, OverflowError, ValueError) as exc:
+        return str(exc)
+    finally:
+        copy.close()
+    return None
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _sources_without_triggers(conn, statement, authorizer) -> set | None:
@@ -476,7 +590,8 @@ def _file_error(exc: Exception) -> QagError | None:
 
 def _failure(exc: Exception, authorizer, conn, deadline, timeout) -> QagError:
     """The error for a failed call: what the authorizer refused if it did, else the driver's error mapped."""
-    if authorizer is not None and (authorizer.refusal is not None or authorizer.refused or authorizer.shadow):
+    if authorizer is not None and (authorizer.refusal is not None or authorizer.refused or authorizer.shadow
+                                   or authorizer.rows):
         refusal = authorizer.check(conn)
         if refusal is not None:
             return refusal

@@ -261,15 +261,15 @@ def statement_ops(sql: str, tokens: list[Token], sig: list[Token], k: int, diale
     else:
         ops = {first}
     ops |= _sqlglot_ops(_parse_text(sql, tokens, sig[k].start), dialect, skip_root=first not in READ_FIRST)
-    if "insert" in ops:
+    if "insert" in ops or "update" in ops:
         ops |= _upsert_ops(sig, j)
     return ops
 
 
 def _upsert_ops(sig: list[Token], k: int) -> set[str]:
-    """What an INSERT does to rows already there: ON CONFLICT ... DO UPDATE (PostgreSQL, SQLite) and ON DUPLICATE
-    KEY UPDATE (MySQL) update them, SQLite's INSERT OR REPLACE replaces them (deletes, then inserts), so a key
-    allowed to insert only may do neither."""
+    """What an INSERT or UPDATE does to rows already there: ON CONFLICT ... DO UPDATE (PostgreSQL, SQLite) and ON
+    DUPLICATE KEY UPDATE (MySQL) update them, SQLite's INSERT OR REPLACE and UPDATE OR REPLACE replace them
+    (delete the rows they conflict with), so a key allowed to insert or update only may do neither."""
     words = [t.value.lower() for t in sig[k:] if t.kind == WORD]
     ops: set[str] = set()
     conflict = False
@@ -280,6 +280,6 @@ def _upsert_ops(sig: list[Token], k: int) -> set[str]:
         if (word == "duplicate" and before == "on" and after == "key") or (
                 word == "do" and after == "update" and conflict):
             ops.add("update")
-        elif word == "or" and after == "replace" and before == "insert":
+        elif word == "or" and after == "replace" and before in ("insert", "update"):
             ops.add("replace")
     return ops

@@ -460,3 +460,74 @@ def test_the_engine_folds_ascii_letters_alone(tmp_path):
     for sql in ('SELECT * FROM "Ärger"', 'SELECT * FROM "\u212Aeys"', 'SELECT count(*) FROM "\u212Aeys"'):
         refused("table_not_allowed", run, path, sql, grants)
     assert run(path, 'SELECT count(*) FROM "ärger", KEYS', grants).rows == [(0,)]
+
+
+# ------------------------------------------------------------------ writes counted as what they do
+
+REPLACING = """
+CREATE TABLE pk(id INTEGER PRIMARY KEY ON CONFLICT REPLACE, v);
+CREATE TABLE uq(id INTEGER PRIMARY KEY, email TEXT, UNIQUE (email) ON CONFLICT REPLACE);
+CREATE TABLE nn(id INTEGER PRIMARY KEY, v TEXT NOT NULL ON CONFLICT REPLACE DEFAULT 'd');
+CREATE VIRTUAL TABLE ft USING fts5(body);
+CREATE VIRTUAL TABLE cl USING fts5(body, content='');
+CREATE VIRTUAL TABLE f4 USING fts4(body);
+INSERT INTO pk VALUES (1, 'kept');
+INSERT INTO uq VALUES (1, 'a@example.com');
+INSERT INTO ft VALUES ('hello world');
+INSERT INTO cl(rowid, body) VALUES (1, 'hello world');
+INSERT INTO f4(docid, body) VALUES (1, 'hello world');
+"""
+
+
+@pytest.fixture
+def replacing(tmp_path):
+    path = str(tmp_path / "replacing.db")
+    conn = sqlite3.connect(path)
+    conn.executescript(REPLACING)
+    conn.close()
+    return path
+
+
+def _fts_rows(path):
+    conn = sqlite3.connect(path)
+    try:
+        return [conn.execute(f"SELECT rowid FROM {t} WHERE {t} MATCH 'hello'").fetchall() for t in ("ft", "cl", "f4")] \
+            + [conn.execute("SELECT * FROM pk").fetchall(), conn.execute("SELECT * FROM uq").fetchall(),
+               conn.execute("SELECT * FROM ft_config").fetchall()]
+    finally:
+        conn.close()
+
+
+def test_a_write_that_deletes_or_changes_rows_needs_those_operations(replacing):
+    before = _fts_rows(replacing)
+    # A table declared ON CONFLICT REPLACE: a plain INSERT or UPDATE deletes the row it conflicts with.
+    for sql, ops in (("INSERT INTO pk VALUES (1, 'new')", ["insert"]),
+                     ("INSERT INTO uq(email) VALUES ('a@example.com')", ["insert"]),
+                     ("INSERT INTO uq(id, email) VALUES (2, 'b@example.com')", ["insert", "update"]),
+                     ("UPDATE uq SET email = 'a@example.com' WHERE id = 9", ["update"])):
+        error = refused("write_op_not_allowed", write, replacing, sql, ops)
+        assert "ON CONFLICT REPLACE" in error.message
+    # FTS commands: the INSERT (or UPDATE) of the column named like the table, in any spelling.
+    for sql, ops in (("INSERT INTO ft(ft) VALUES ('delete-all')", ["insert"]),
+                     ("INSERT INTO cl(cl) VALUES ('delete-all')", ["insert"]),
+                     ("INSERT INTO cl(cl, rowid, body) VALUES ('delete', 1, 'hello world')", ["insert", "delete"]),
+                     ('INSERT INTO ft("FT") VALUES (\'rebuild\')', ["insert", "replace"]),
+                     ("INSERT INTO ft(ft) VALUES ('optimize')", ["insert", "update"]),
+                     ("INSERT INTO ft(ft, rank) VALUES ('rank', 'bm25(10.0)')", ["insert"]),
+                     ("INSERT INTO ft(ft, rank) SELECT 'merge', 16", ["insert"]),
+                     ("INSERT INTO f4(docid, f4) VALUES (2, 'optimize')", ["insert"]),
+                     ("UPDATE ft SET ft = 'delete-all'", ["update"])):
+        error = refused("write_op_not_allowed", write, replacing, sql, ops)
+        assert "is a command" in error.message
+    assert _fts_rows(replacing) == before
+    # What only inserts (or updates) still runs: a NOT NULL's REPLACE changes no other row; FTS4's docid is a
+    # column of its own; a key allowed to delete may replace.
+    write(replacing, "INSERT INTO nn VALUES (1, NULL)", ["insert"])
+    write(replacing, "INSERT INTO ft VALUES ('more')", ["insert"])
+    write(replacing, "INSERT INTO ft(body) SELECT 'and more'", ["insert"])
+    write(replacing, "INSERT INTO f4(docid, body) VALUES (3, 'more')", ["insert"])
+    write(replacing, "UPDATE ft SET body = 'hello again' WHERE rowid = 1", ["update"])
+    write(replacing, "INSERT INTO pk VALUES (1, 'replaced')", ["insert", "delete"])
+    write(replacing, "INSERT INTO ft(ft) VALUES ('optimize')", ["insert", "update", "delete"])
+    write(replacing, "INSERT INTO pk VALUES (1, 'again')")                                  # any operation
+    assert count(replacing, "pk") == 1 and count(replacing, "ft") == 3

@@ -83,3 +83,23 @@ def test_an_administrator_may_not_set_a_process_wide_pragma(writes_server):
     assert r.status == 403 and r.json["code"] == "pragma_not_allowed", r
     r = s.post("/execute_sql", {"sql": "SELECT 1 AS one", "connection_name": "lite"})
     assert r.status == 200 and r.json == [{"one": 1}], r           # the next good request succeeds
+
+
+def test_an_insert_only_key_deletes_nothing(writes_server, uniq):
+    # A plain INSERT into a table declared ON CONFLICT REPLACE deletes the row it meets; an FTS command inserted
+    # into the column named like the table deletes or changes the index: neither is an insert.
+    s, name = writes_server, uniq("repl")
+    s.sqlite_db(f"{name}.db", "CREATE TABLE pk(id INTEGER PRIMARY KEY ON CONFLICT REPLACE, v);"
+                              "INSERT INTO pk VALUES (1, 'kept'); CREATE VIRTUAL TABLE cl USING fts5(body, content='');"
+                              "INSERT INTO cl(rowid, body) VALUES (1, 'hello');")
+    s.connection(name, f"{name}.db")
+    key = s.key(uniq("k"), connections=[name], allow_writes=True, allowed_write_ops=["insert"])
+    for statement in ("INSERT INTO pk VALUES (1, 'gone')", "INSERT INTO cl(cl) VALUES ('delete-all')"):
+        r = s.post("/execute_sql", {"sql": statement, "connection_name": name}, key=key)
+        assert r.status == 403 and r.json["code"] == "write_op_not_allowed", (statement, r)
+    r = s.post("/execute_sql", {"sql": "SELECT v FROM pk UNION ALL SELECT rowid FROM cl WHERE cl MATCH 'hello'",
+                                "connection_name": name}, key=key)
+    assert r.status == 200 and r.json == [{"v": "kept"}, {"v": 1}], r
+    r = s.post("/execute_sql", {"sql": "INSERT INTO cl(rowid, body) VALUES (2, 'more')", "connection_name": name},
+               key=key)
+    assert r.status == 200, r
