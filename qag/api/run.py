@@ -735,6 +735,8 @@ def _pin_names(call: Call, plan: Plan, restricted: tuple[str, frozenset] | None,
         call.schema = masking.default_schema("postgres", fields, plan.database)
     if plan.mask is not None and plan.prepared.dialect == "mysql":
         call.default_text = True     # traced in MySQL's default reading: run only on a session that reads so
+    if plan.mask is not None and plan.prepared.dialect == "sqlite":
+        call.masked = True           # no shadow table, nor an FTS table over another's content (the authorizer)
 
 
 _GONE = "The client went away before the export finished"

@@ -4,7 +4,7 @@
 
 cdef class Call:
     cdef public object sql, args, read_only, timeout, fetch, skip, schema, tables, cursor, functions, connection
-    cdef public object identity, json_rows, default_text, writes, write_ops
+    cdef public object identity, json_rows, default_text, writes, write_ops, masked
 
 
 cdef class Result:

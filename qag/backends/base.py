@@ -16,7 +16,7 @@ class Call:
     the compiled build (~3,800 instructions a call, against about a quarter of that for this one)."""
 
     __slots__ = ("sql", "args", "read_only", "timeout", "fetch", "skip", "schema", "tables", "cursor", "functions",
-                 "connection", "identity", "json_rows", "default_text", "writes", "write_ops")
+                 "connection", "identity", "json_rows", "default_text", "writes", "write_ops", "masked")
 
     def __init__(self, sql: str, args: tuple, read_only: bool, timeout: float | None, fetch: int, skip: int = 0,
                  schema: str | None = None, tables: frozenset | None = None, cursor: bool = False,
@@ -57,6 +57,10 @@ class Call:
         # The write operations the caller may perform (a key's allowed_write_ops, qag/sql/writes.py's names); None
         # = any. SQLite's authorizer refuses a write action outside them, whatever qag's guard read.
         self.write_ops = None
+        # The call's result is masked (a caller or version with mask rules): SQLite's authorizer refuses reading
+        # what holds a table's values outside the table masking wraps (a virtual table's shadow tables, an FTS
+        # table over another table's content).
+        self.masked = False
 
     def __repr__(self) -> str:
         return "Call(" + ", ".join([f"{name}={getattr(self, name)!r}" for name in Call.__slots__]) + ")"

@@ -145,10 +145,12 @@ class _Authorizer:
     """
 
     __slots__ = ("read_only", "grants", "own", "tables", "functions", "actions", "expanded", "via", "refused",
-                 "refusal", "write_ops", "statement", "named", "shadow", "rows")
+                 "refusal", "write_ops", "statement", "named", "shadow", "rows", "masked")
 
-    def __init__(self, read_only: bool, grants: frozenset | None, own: frozenset = frozenset()):
+    def __init__(self, read_only: bool, grants: frozenset | None, own: frozenset = frozenset(),
+                 masked: bool = False):
         self.read_only = read_only
+        self.masked = masked                    # the result is masked: no table holding values masking can't see
         self.grants = grants
         self.own = own                          # qag's own functions registered for the call (masking)
         self.tables: set[str] = set()           # qualified tables read or written, directly or not
@@ -254,7 +256,15 @@ class _Authorizer:
         return sqlite3.SQLITE_OK
 
     def check(self, conn) -> QagError | None:
-        """After the prepare: the refusal recorded, or one judged from the whole record. A table read on behalf
+        """After the prepare: the refusal recorded, or one judged from the whole record; for a masked call then
+        (tables before masking, contract 3.10) the tables masking can't see (_masked_refusal)."""
+        refusal = self._check(conn)
+        if refusal is None and self.masked:
+            refusal = self._masked_refusal(conn)
+        return refusal
+
+    def _check(self, conn) -> QagError | None:
+        """The refusal recorded, or one judged from the whole record. A table read on behalf
         of a view is allowed only when a granted view read by this statement reads that column itself (the
         engine's own record of `SELECT * FROM <view>`); on behalf of a trigger only in a write call, and only
         when the statement compiled without triggers names no source of that name (a CTE's, a view's)."""
@@ -335,6 +345,36 @@ class _Authorizer:
                 return QagError(code, message)
         return None
 
+    def _masked_refusal(self, conn) -> QagError | None:
+        """A masked call reads a table masking wraps, never what holds that table's values elsewhere: an FTS table
+        over another table's content (`content=`: it shows that table's values through its own columns) and a
+        virtual table's shadow tables (`notes_content` holds an FTS table's text). Reading a virtual table reads
+        its shadow tables on its behalf, reported alike; so the statement's own reads (a view's included) are
+        SQLite's compile of it on an in-memory copy where every virtual table is a plain table."""
+        conn.set_authorizer(None)
+        try:
+            virtual = {ascii_lower(name): text for name, text in conn.execute(
+                "SELECT name, sql FROM main.sqlite_schema WHERE type = 'table' AND sql IS NOT NULL").fetchall()
+                if _is_virtual(text)}
+            try:
+                shadows = {f"main.{name}" for (name,) in conn.execute(
+                    "SELECT lower(name) FROM pragma_table_list WHERE schema = 'main' AND type = 'shadow'")}
+            except sqlite3.Error:
+                shadows = None          # SQLite before 3.37 doesn't say which tables are shadow tables
+        finally:
+            conn.set_authorizer(self)
+        if not virtual:
+            return None
+        over = sorted(name for name, text in virtual.items() if f"main.{name}" in self.tables and _reads_content(text))
+        if over:
+            return QagError("mask_unresolvable", f"This result can't be masked safely: {over[0]} is a full-text "
+                            "table over another table's content, whose values masking can't see there")
+        if shadows is None or shadows & self.tables and _reads_any(conn, self.statement, shadows, virtual, self):
+            return QagError("mask_unresolvable", "This result can't be masked safely: the statement reads a virtual "
+                            "table's own (shadow) table, which holds that table's values where masking can't see "
+                            "them")
+        return None
+
     def _rows_refusal(self, conn) -> QagError | None:
         """A row write counted as what it does (_REPLACING_OPS, _COMMAND_OPS), from the schema: refused when the
         call's operations don't cover it."""
@@ -396,6 +436,45 @@ def _declares_replace(ddl: str) -> bool:
                for i in range(len(words)))
 
 
+def _reads_content(ddl: str) -> bool:
+    """Whether a virtual table's CREATE statement names another table as its content (FTS4/FTS5 `content=`);
+    `content=''` (contentless) holds none."""
+    sig = lexer.significant(lexer.tokenize(ddl, "sqlite"))
+    for i, t in enumerate(sig[:-2]):
+        if t.kind == lexer.WORD and t.value.lower() == "content" and sig[i + 1].value == "=":
+            value = sig[i + 2]
+            if not (value.kind == lexer.STRING and value.end - value.start <= 2):
+                return True
+    return False
+
+
+def _reads_any(conn, statement, tables: set, virtual: dict, authorizer) -> bool:
+    """Whether the statement itself reads any of `tables` (qualified), directly or through a view: SQLite compiles
+    it on an in-memory copy of the file's tables and views where each virtual table is a plain table of its
+    columns (so no module reads anything on its behalf). True when it can't tell."""
+    if statement is None:
+        return True
+    conn.set_authorizer(None)
+    try:
+        ddl = conn.execute("SELECT name, sql FROM main.sqlite_schema WHERE type IN ('table', 'view') AND sql IS NOT "
+                           "NULL AND name NOT LIKE 'sqlite^_%' ESCAPE '^' ORDER BY rowid").fetchall()
+        plain = {name: "(" + ", ".join(_quoted(column) for (column,) in conn.execute(
+            "SELECT name FROM pragma_table_xinfo(?)", (name,))) + ")" for name in virtual}
+    except sqlite3.Error:
+        return True
+    finally:
+        conn.set_authorizer(authorizer)
+    seen: set = set()
+
+    def record(action, arg1, arg2, dbname, source):
+        if action == sqlite3.SQLITE_READ and arg1:
+            seen.add(f"{ascii_lower(dbname or 'main')}.{ascii_lower(arg1)}")
+        return sqlite3.SQLITE_OK
+
+    refused = _compile_on_copy(ddl, plain, statement, record, authorizer.own)
+    return refused is not None or bool(seen & tables)
+
+
 def _names_command_column(conn, statement, table: str, authorizer) -> bool:
     """Whether the statement writes the column named like the virtual table `table` (FTS's command column).
     SQLite compiles the statement on an in-memory copy of the file's tables and views where that table is a plain
@@ -417,7 +496,7 @@ def _names_command_column(conn, statement, table: str, authorizer) -> bool:
     for _ in range(len(columns) + 1):
         definition = ", ".join(_quoted(name) + ("" if not hidden or name in named else " ANY AS (NULL)")
                                for name, hidden in columns)
-        refused = _compile_on_copy(ddl, table, f"({definition})", statement)
+        refused = _compile_on_copy(ddl, {table: f"({definition})"}, statement, own=authorizer.own)
         if refused is None:
             return False
         found = next((name for name, hidden in columns if hidden and ascii_lower(name) != table
@@ -429,23 +508,34 @@ def _names_command_column(conn, statement, table: str, authorizer) -> bool:
     return True
 
 
-def _compile_on_copy(ddl: list, table: str, definition: str, statement) -> str | None:
-    """SQLite's error compiling the statement on an in-memory copy of the tables and views `ddl`, `table` made a
-    plain table of `definition`; None when it compiles."""
+def _compile_on_copy(ddl: list, plain: dict, statement, record=None, own: frozenset = frozenset()) -> str | None:
+    """SQLite's error compiling the statement on an in-memory copy of the tables and views `ddl`, each table named
+    in `plain` (lower-cased) made a plain table of its definition; None when it compiles. `record`: the copy's
+    authorizer while it compiles. The FTS and R*Tree query functions and qag's own functions of the call (`own`:
+    masking's) are there, answering nothing: a plain table can stand for a virtual one in MATCH, highlight()."""
     copy = sqlite3.connect(":memory:", isolation_level=None)
     try:
+        for name in (*_EXTENSION_READS, *own):
+            copy.create_function(name, -1, _nothing)
         for name, text in ddl:
-            if ascii_lower(name) == table:
+            definition = plain.get(ascii_lower(name))
+            if definition is not None:
                 text = f"CREATE TABLE {_quoted(name)}{definition}"
             try:
                 copy.execute(text)
             except sqlite3.Error:
                 pass    # a virtual table's shadow table, made with it
+        if record is not None:
+            copy.set_authorizer(record)
         copy.execute("EXPLAIN " + statement[0], statement[1]).fetchall()
     except (sqlite3.Error, OverflowError, ValueError) as exc:
         return str(exc)
     finally:
         copy.close()
+    return None
+
+
+def _nothing(*_args):
     return None
 
 
@@ -524,7 +614,7 @@ def resolve_path(database: str | None, home: str, store_files: tuple[str, ...]) 
     return path
 
 
-def _open(path: str, read_only: bool, tables: frozenset | None = None, functions: tuple = ()):
+def _open(path: str, read_only: bool, tables: frozenset | None = None, functions: tuple = (), masked: bool = False):
     if read_only:
         conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=10.0, isolation_level=None,
                                check_same_thread=False)
@@ -534,7 +624,7 @@ def _open(path: str, read_only: bool, tables: frozenset | None = None, functions
         conn.setlimit(limit, value)
     for name, function in functions:
         conn.create_function(name, 1, function, deterministic=True)
-    authorizer = _Authorizer(read_only, tables, frozenset(name for name, _ in functions))
+    authorizer = _Authorizer(read_only, tables, frozenset(name for name, _ in functions), masked)
     conn.set_authorizer(authorizer)
     return conn, authorizer
 
@@ -601,7 +691,7 @@ def _failure(exc: Exception, authorizer, conn, deadline, timeout) -> QagError:
 def run(path: str, call: Call) -> Result:
     """Run one statement; read-only calls can't write even if the guard were bypassed (mode=ro, authorizer)."""
     try:
-        conn, authorizer = _open(path, call.read_only, call.tables, call.functions)
+        conn, authorizer = _open(path, call.read_only, call.tables, call.functions, call.masked)
     except sqlite3.Error as exc:
         raise connection_failed(str(exc)) from None
     deadline = None
@@ -690,7 +780,7 @@ def stream(path: str, call: Call, batch: int, cap: int | None):
     The file stays open while the caller iterates; the time limit covers the whole export.
     """
     try:
-        conn, authorizer = _open(path, True, call.tables, call.functions)
+        conn, authorizer = _open(path, True, call.tables, call.functions, call.masked)
     except sqlite3.Error as exc:
         raise connection_failed(str(exc)) from None
     timeout = call.timeout

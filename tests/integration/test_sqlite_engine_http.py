@@ -103,3 +103,29 @@ def test_an_insert_only_key_deletes_nothing(writes_server, uniq):
     r = s.post("/execute_sql", {"sql": "INSERT INTO cl(rowid, body) VALUES (2, 'more')", "connection_name": name},
                key=key)
     assert r.status == 200, r
+
+
+def test_a_masked_key_reads_no_fts_copy_of_a_masked_column(server, uniq):
+    # An FTS5 table over src's content shows src.body through its own column; an FTS5 table's shadow tables hold
+    # its text: for a key with mask rules both are refused, while the masked tables themselves read masked.
+    name = uniq("fts")
+    server.sqlite_db(f"{name}.db", "CREATE TABLE src(id INTEGER PRIMARY KEY, body TEXT);"
+                                   "INSERT INTO src VALUES (1, 'secret text');"
+                                   "CREATE VIRTUAL TABLE ft USING fts5(body, content='src', content_rowid='id');"
+                                   "INSERT INTO ft(ft) VALUES ('rebuild');"
+                                   "CREATE VIRTUAL TABLE notes USING fts5(body);"
+                                   "INSERT INTO notes VALUES ('clear note');"
+                                   "CREATE VIEW nv AS SELECT * FROM notes_content;")
+    server.connection(name, f"{name}.db")
+    key = server.key(uniq("m"), connections=[name], mask=[{"column": "src.body", "action": "mask"},
+                                                          {"column": "notes.body", "action": "mask"}])
+    for statement in ("SELECT body FROM ft", "SELECT rowid AS id FROM ft WHERE ft MATCH 'secret'",
+                      "SELECT * FROM notes_content", "SELECT c0 FROM nv", "SELECT block FROM notes_data"):
+        r = server.post("/execute_sql", {"sql": statement, "connection_name": name}, key=key)
+        assert r.status == 403 and r.json["code"] == "mask_unresolvable", (statement, r)
+    for statement in ("SELECT body FROM src", "SELECT body FROM notes"):
+        r = server.post("/execute_sql", {"sql": statement, "connection_name": name}, key=key)
+        assert r.status == 200 and r.json[0]["body"] not in ("secret text", "clear note"), (statement, r)
+    # Without mask rules nothing changes.
+    r = server.post("/execute_sql", {"sql": "SELECT body FROM ft", "connection_name": name})
+    assert r.status == 200 and r.json == [{"body": "secret text"}], r
