@@ -48,7 +48,7 @@ from MySQLdb.constants import FIELD_TYPE
 
 from .. import _speedups
 from ..errors import QagError
-from ..sql import lexer
+from ..sql.names import mysql_lower
 from . import _mysql_schema as schema_reader
 from . import _mysql_sql as statements
 from .base import (Backend, Call, Result, connection_failed, network_timeout, opening_failed, other_text_reading,
@@ -344,7 +344,7 @@ def _session_use(sql: str) -> int:
 
 def _judge_session_use(sql: str) -> int:
     # Apart from _session_use: its generators would make a closure on every call, the remembered ones included.
-    low = lexer.mysql_name_fold(sql)
+    low = mysql_lower(sql)
     # A statement whose first word can't be read (an unterminated comment, a code comment first) counts as a SHOW.
     hit = any(word in low for word in _SESSION_TEXT) or (
         statements.first_word(sql) in ("show", "") and any(word in low for word in _SESSION_TEXT_AFTER_SHOW)) or (

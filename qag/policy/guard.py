@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from qag.errors import QagError
 from qag.sql import lexer
+from qag.sql.names import mysql_lower
 from qag.sql.prepare import Prepared
 from qag.sql.writes import read_only_message, write_op_not_allowed_message
 
@@ -177,9 +178,9 @@ def _name_of(sql: str, token) -> str:
     # folded as the server folds information_schema's table names.
     text = sql[token.start:token.end]
     if token.kind == lexer.WORD:
-        return lexer.mysql_name_fold(text)
+        return mysql_lower(text)
     if token.kind in (lexer.QIDENT, lexer.STRING):
-        return lexer.mysql_name_fold(text[1:-1])
+        return mysql_lower(text[1:-1])
     return ""
 
 

@@ -281,14 +281,6 @@ def tokenize(sql: str, dialect: str, *, backslash_single: bool | None = None,
     return tokens
 
 
-def mysql_name_fold(text: str) -> str:
-    """Lower case as MySQL/MariaDB compares information_schema's table names (and column names): by each
-    character's simple lower-case mapping. Python's lower() maps U+0130 (İ) to two characters, "i" and a
-    combining dot, where the server reads "i" (`information_schema.PROCESSLİST` is the process list); the
-    Kelvin sign's "k" they share."""
-    return text.replace("\u0130", "i").lower() if not text.isascii() else text.lower()
-
-
 def significant(tokens: list[Token]) -> list[Token]:
     """The tokens that are not whitespace or plain comments."""
     return [t for t in tokens if t.kind not in TRIVIA]

@@ -12,8 +12,15 @@ def ascii_lower(name: str) -> str:
     return name.lower() if name.isascii() else name.translate(_ASCII_LOWER)
 
 
+def mysql_lower(name: str) -> str:
+    """The name lower-cased as MySQL/MariaDB compare names case-insensitively (information_schema's table names
+    always; others with lower_case_table_names 1 or 2): each character by its simple lower-case mapping, which
+    folds Ä and the Kelvin sign as Python's lower() does. Python's lower() maps U+0130 (İ) to two characters, "i"
+    and a combining dot, where the server reads "i" (`information_schema.PROCESSLİST` is the process list)."""
+    return name.lower() if name.isascii() else name.replace("\u0130", "i").lower()
+
+
 def fold(dialect: str):
     """The case folding of table names on a dialect's engine (when it compares them case-insensitively at all):
-    MySQL/MariaDB with lower_case_table_names 1 or 2 lower-case names in the server's own character set, which
-    folds Ä and the Kelvin sign as Python's lower() does; every other engine ASCII letters alone."""
-    return str.lower if dialect == "mysql" else ascii_lower
+    MySQL/MariaDB's mysql_lower; every other engine ASCII letters alone."""
+    return mysql_lower if dialect == "mysql" else ascii_lower
