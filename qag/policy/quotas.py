@@ -19,7 +19,9 @@ without Redis exceed a quota by at most what the others serve in QAG_HISTORY_FLU
 
 With Redis the counter is the hash `qag:<deployment>:quota:<workspace>~<caller>:<day:YYYY-MM-DD|month:YYYY-MM>` (fields calls,
 rows, at; 40-day expiry), checked and reserved atomically by one Lua script and seeded from the store when missing,
-so the limit is exact across instances. While Redis fails, the host table decides, as without Redis. A reservation
+so the limit is exact across instances. While Redis fails, the host table decides, as without Redis; what a worker
+counted there meanwhile is added to the Redis counter by its next call that reaches Redis (_OWED), unless the
+counter was seeded after them (from the store, which may hold them already). A reservation
 in Redis is held by its process like a slot lease: the script records it under a random token in the process's
 `qag:reserved:<host>/<instance>:<pid>` hash (redislimits.reserved_index), the settle removes it and applies the
 call's outcome only when it was still there (so a settle is applied once however often it is sent), and the master
@@ -66,7 +68,7 @@ if ARGV[6] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then return {0, 0, 0} e
 local k = KEYS[1]
 if redis.call('EXISTS', k) == 0 then
   if ARGV[3] == '' then return {-1, 0, 0} end
-  redis.call('HSET', k, 'calls', ARGV[3], 'rows', ARGV[4])
+  redis.call('HSET', k, 'calls', ARGV[3], 'rows', ARGV[4], 'born', redis.call('TIME')[1])
 end
 local h = redis.call('HMGET', k, 'calls', 'rows')
 local c = tonumber(h[1]) or 0
@@ -86,6 +88,21 @@ if ARGV[6] == '1' then
 end
 redis.call('EXPIRE', k, ARGV[5])
 return {ok, c, r}
+"""
+
+# Add what a worker counted in the host table while Redis failed (ARGV[1] calls, ARGV[2] rows, the first of them
+# counted at ARGV[3], Unix seconds) to the counter, when the counter was seeded before that ('born', RESERVE): a
+# counter seeded later read the store, which may hold them already (a worker writes its counts every second), so
+# they are left out rather than counted twice. Returns 1 when added.
+_OWED = """
+local k = KEYS[1]
+local born = tonumber(redis.call('HGET', k, 'born'))
+if not born or born > tonumber(ARGV[3]) then return 0 end
+redis.call('HINCRBY', k, 'calls', ARGV[1])
+redis.call('HINCRBY', k, 'rows', ARGV[2])
+redis.call('HSET', k, 'at', redis.call('TIME')[1])
+redis.call('EXPIRE', k, ARGV[4])
+return 1
 """
 
 # Add a stream's rows to a counter; returns {calls, rows}, or nil when the counter is gone (Redis lost it: the next
@@ -218,7 +235,10 @@ class Quotas:
         self._unwritten: dict[tuple, list] = {}
         self._in_flight: dict[tuple, list] = {}  # being written by flush(), or whose write failed
         self._in_flight_id = ""                  # ... and its id: sent again under it (Store.add_quota_usage)
-        self._reserve = self._add_script = self._settle_script = None
+        self._reserve = self._add_script = self._settle_script = self._owed_script = None
+        # key -> [calls, rows, first counted at (Unix)]: counted in the host table while Redis failed, to add to
+        # Redis's counter once it answers (_send_owed): without them a caller got its quota again after a stall
+        self._owed: dict[tuple, list] = {}
         self._holder = (None, "")                # (pid, its reserved_index): the hash of its Redis reservations
         # token -> (counter, reserved_index, calls, rows, period's end, tombstone: the RESERVE's outcome unknown):
         # Redis settles that failed, tried again
@@ -434,6 +454,8 @@ class Quotas:
                     self._reserved.pop(t.key, None)
         if stored or rows:
             self._count_stored(t.key, stored, rows, t.host)
+            if t.host and self.redis is not None:
+                self._owe(t.key, stored, rows)
         totals = None
         if t.remote:
             if settle:   # even a kept call without rows: its reservation is let go
@@ -482,7 +504,39 @@ class Quotas:
             self._holder = (pid, reserved_index(holder_host(), pid))
         return self._holder[1]
 
+    def _owe(self, key: tuple, calls: int, rows: int) -> None:
+        with self._lock:
+            owed = self._owed.get(key)
+            if owed is None:
+                if len(self._owed) >= _PERIODS_MAX:
+                    return        # many callers in one outage: the rest are left to the store's count
+                owed = self._owed[key] = [0, 0, self.clock()]
+            owed[0] += calls
+            owed[1] += rows
+
+    def _send_owed(self, client) -> None:
+        """Add the counts the host table took while Redis failed to Redis's counters (_OWED), before Redis decides
+        again; kept for the next try when Redis fails meanwhile."""
+        with self._lock:
+            owed, self._owed = self._owed, {}
+        if self._owed_script is None:
+            self._owed_script = client.register_script(_OWED)
+        try:
+            pipe = client.pipeline(transaction=False)
+            for key, (calls, rows, since) in owed.items():
+                self._owed_script(keys=[self.redis_key(key)], args=[calls, rows, int(since), REDIS_EXPIRY],
+                                  client=pipe)
+            pipe.execute()
+        except BaseException:
+            with self._lock:
+                for key, (calls, rows, since) in owed.items():
+                    now = self._owed.setdefault(key, [0, 0, since])
+                    now[0], now[1], now[2] = now[0] + calls, now[1] + rows, min(now[2], since)
+            raise
+
     def _remote_reserve(self, client, t: Ticket, reserve: bool):
+        if self._owed:
+            self._send_owed(client)
         if self._reserve is None:
             self._reserve = client.register_script(_RESERVE)
         rk = self.redis_key(t.key)

@@ -180,3 +180,43 @@ def test_the_master_gives_back_a_dead_workers_reservations(tmp_path, uniq):
     finally:
         _cleanup(shared, q, name)
         q.close()
+
+
+def test_what_the_host_table_counted_while_redis_failed_is_added_to_redis(tmp_path, uniq):
+    """Fault drill (CLIENT PAUSE): calls counted in the host table while Redis failed were never added to Redis's
+    counter, so once Redis answered again the caller got them back (14 calls on a quota of 12). Now they are
+    added before Redis decides again, once; and not to a counter seeded after them (from the store, which may
+    hold them already)."""
+    name = uniq("stall")
+    quota = {"calls": 10, "per": "day"}
+    with _quotas_behind_a_relay(tmp_path, name) as (relay, q, table):
+        assert q.begin(name, quota, reserve=False).remote and _calls(q, name) == 0   # seeded before the stall
+        relay.down()
+        for rows in (3, 4):
+            t = q.begin(name, quota, reserve=True)
+            assert t.host and not t.remote
+            t.settle(True, rows)
+        assert _calls(q, name) == 0
+        relay.up()
+        q.redis._down_until = 0.0                            # past the back-off (not waited for)
+        t = q.begin(name, quota, reserve=True)
+        assert t.remote and (t.calls, t.rows) == (3, 7)      # the stall's two calls and their rows, then this one
+        t.settle(True, 1)
+        assert (_calls(q, name), q._owed) == (3, {})
+        t = q.begin(name, quota, reserve=True)               # added once
+        assert t.remote and t.calls == 4
+        t.settle(False)
+
+        # Redis loses the counter (a restart) after a stall: the counter seeded again from the store and this
+        # worker's unwritten counts holds the stall's calls already; they are not added a second time.
+        relay.down()
+        t = q.begin(name, quota, reserve=True)
+        assert t.host
+        t.settle(True, 2)
+        redis.Redis.from_url(redis_url()).delete(q.redis_key(("default", name, "day", period("day", time.time())[0])))
+        time.sleep(1.1)                                      # the new counter is born a second later
+        relay.up()
+        q.redis._down_until = 0.0
+        t = q.begin(name, quota, reserve=True)
+        assert t.remote and t.calls == 5                     # 3 + the stall's 1 (seeded) + this one
+        t.settle(False)
