@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..sql import lexer
 from ..sql.lineage import Unresolvable
 from ..sql.prepare import MAX_STATEMENT_CHARS, prepare
 
@@ -86,6 +87,7 @@ def rewrite(prepared, table_columns, rules_action, default_schema: str | None) -
         plans.append((start, end, real_schema, table, aliased, actions))
     if not plans:
         return None
+    _refuse_schema_named_columns(sql, dialect, {table.lower() for _, _, _, table, _, _ in plans})
     out = []
     position = 0
     hashes = own_hashes = False
@@ -113,6 +115,22 @@ def rewrite(prepared, table_columns, rules_action, default_schema: str | None) -
     masked = {(schema.lower(), table.lower()) for _, _, schema, table, _, _ in plans}
     _verify(text, dialect, masked, len(plans), default_schema)
     return SourceMask(text, hashes, tuple(sorted(f"{s}.{t}" for s, t in masked)), own_hashes)
+
+
+def _refuse_schema_named_columns(sql: str, dialect: str, tables: set) -> None:
+    """A column written with its table's schema (`main.pub.email`, `public.customers.ssn`) where the table is read
+    masked: the derived table that replaces the table is named by the table alone, so the engine refused the name
+    and the call was a 500. Refused here, clearly (any name . <masked table> . name or *: stricter only)."""
+    sig = lexer.significant(lexer.tokenize(sql, dialect))
+    names = (lexer.WORD, lexer.QIDENT)
+    for i in range(2, len(sig) - 2):
+        before, dot, middle, dot2, after = sig[i - 2], sig[i - 1], sig[i], sig[i + 1], sig[i + 2]
+        if (middle.kind in names and before.kind in names and dot.kind == dot2.kind == lexer.PUNCT
+                and dot.value == dot2.value == "." and (after.kind in names or after.value == "*")):
+            text = sql[middle.start:middle.end]
+            if (text[1:-1] if middle.kind == lexer.QIDENT else text).lower() in tables:
+                raise Unresolvable(f"a column of the masked table {text} is named with its schema: name it "
+                                   f"{text}.<column>, or give the table an alias")
 
 
 def _verify(text: str, dialect: str, masked: set, derived: int, default_schema: str | None) -> None:

@@ -217,6 +217,21 @@ REFUSED = {
 }
 
 
+@pytest.mark.parametrize("conn", DIALECTS)
+def test_a_column_named_with_its_schema_is_refused_clearly(srv, mysql_db, conn):
+    """Found by an attacker review: `SELECT main.customers.email FROM customers` was a 500 for a masked caller (the
+    derived table that reads the table masked is named by the table alone, so the engine refused the name). It is
+    a valid statement: the plain key's answer shows it; the masked caller's is a clear 403."""
+    schema = {"sqlite": "main", "mysql": mysql_db["database"], "postgres": "public"}[conn]
+    for sql in (f"SELECT {schema}.customers.email FROM customers",
+                f"SELECT id FROM customers WHERE {schema}.customers.email LIKE 'j%'"):
+        assert adhoc(srv, conn, sql, key="plain").status == 200, sql
+        r = adhoc(srv, conn, sql)
+        assert r.status == 403 and r.json["code"] == "mask_unresolvable" and "schema" in r.json["error"], r
+    r = adhoc(srv, conn, "SELECT customers.id, c.name FROM customers JOIN customers c ON c.id = customers.id")
+    assert r.status == 200, r                                  # two-part names are the derived table's own
+
+
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_fail_closed(srv, case):
     conn, sql = REFUSED[case]
