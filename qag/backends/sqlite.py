@@ -145,7 +145,7 @@ class _Authorizer:
     """
 
     __slots__ = ("read_only", "grants", "own", "tables", "functions", "actions", "expanded", "via", "refused",
-                 "refusal", "write_ops", "statement", "named", "shadow", "rows", "masked")
+                 "refusal", "write_ops", "statement", "named", "shadow", "rows", "masked", "own_via")
 
     def __init__(self, read_only: bool, grants: frozenset | None, own: frozenset = frozenset(),
                  masked: bool = False):
@@ -166,11 +166,12 @@ class _Authorizer:
         self.named: list[tuple] = []            # (qualified table, column, source) named like a generator
         self.shadow: list[tuple] = []           # (qualified table, refusal) written as a virtual table's own
         self.rows: set[tuple] = set()           # (action, table of main) inserted or updated by the statement
+        self.own_via: list[str] = []            # sources (a view's, a trigger's, a CTE's) calling qag's functions
 
     def reset(self) -> None:
         self.tables.clear(), self.functions.clear(), self.actions.clear(), self.expanded.clear()
         self.via.clear(), self.named.clear(), self.shadow.clear(), self.rows.clear()
-        self.refused.clear()
+        self.refused.clear(), self.own_via.clear()
         self.refusal = None
 
     def _deny(self, code: str, message: str) -> int:
@@ -238,6 +239,8 @@ class _Authorizer:
             name = arg2.lower()
             self.functions.add(name)
             if name in self.own:
+                if source is not None:
+                    self.own_via.append(source)   # masking's own are top-level or in the statement's CTEs
                 return sqlite3.SQLITE_OK
             if name in SQLITE_CHANGING:
                 return self._deny("function_not_allowed" if self.grants is not None else "forbidden",
@@ -263,6 +266,24 @@ class _Authorizer:
             refusal = self._masked_refusal(conn)
         return refusal
 
+    def _own_via_refusal(self, conn) -> QagError | None:
+        """qag's masking functions (registered on a masked call's connection, keyed with the mask key) called by a
+        view or trigger of the file: a view `SELECT qag_mask_hash(value) ... FROM json_each(<guesses>)` would hash
+        any value a caller chose with the mask key (an oracle for hashed columns). Masking puts them in the
+        statement itself, at its top level or inside its own CTEs; a CTE named like a view or trigger is refused
+        too (SQLite reports both under the name)."""
+        conn.set_authorizer(None)     # qag's own reading of the schema, not the caller's
+        try:
+            names = {name for (name,) in conn.execute("SELECT lower(name) FROM main.sqlite_schema WHERE type IN "
+                                                      "('view', 'trigger')")}
+        finally:
+            conn.set_authorizer(self)
+        for source in self.own_via:
+            if ascii_lower(source) in names:
+                return QagError("forbidden", f"The view or trigger {source} calls one of the gateway's masking "
+                                             "functions, which run only where masking puts them")
+        return None
+
     def _check(self, conn) -> QagError | None:
         """The refusal recorded, or one judged from the whole record. A table read on behalf
         of a view is allowed only when a granted view read by this statement reads that column itself (the
@@ -271,6 +292,10 @@ class _Authorizer:
         if self.refusal is not None and self.refusal.code in ("pragma_not_allowed", "read_only",
                                                               "write_op_not_allowed"):
             return self.refusal              # the guard's order: read_only, write ops, tables, functions
+        if self.own_via:
+            refusal = self._own_via_refusal(conn)
+            if refusal is not None:
+                return refusal
         if self.shadow:
             refusal = self._shadow_refusal(conn)
             if refusal is not None:
@@ -742,12 +767,21 @@ def read_schema(path: str, max_tables: int = 1000) -> dict:
         tables = []
         for name, kind in objects[:max_tables]:
             # Table names come from sqlite_master, never from the caller, and are passed as a bound value.
-            foreign = {row[3]: {"table": row[2], "column": row[4]}
-                       for row in conn.execute("SELECT * FROM pragma_foreign_key_list(?)", (name,))}
-            columns = [{"name": col, "type": ctype or None, "nullable": not notnull, "position": cid + 1,
-                        "primary_key": pk > 0, "foreign_key": foreign.get(col)}
-                       for cid, col, ctype, notnull, _default, pk in
-                       conn.execute("SELECT cid, name, type, \"notnull\", dflt_value, pk FROM pragma_table_info(?)", (name,))]
+            try:
+                foreign = {row[3]: {"table": row[2], "column": row[4]}
+                           for row in conn.execute("SELECT * FROM pragma_foreign_key_list(?)", (name,))}
+                columns = [{"name": col, "type": ctype or None, "nullable": not notnull, "position": cid + 1,
+                            "primary_key": pk > 0, "foreign_key": foreign.get(col)}
+                           for cid, col, ctype, notnull, _default, pk in
+                           conn.execute("SELECT cid, name, type, \"notnull\", dflt_value, pk FROM "
+                                        "pragma_table_info(?)", (name,))]
+            except sqlite3.OperationalError:
+                if kind != "view":
+                    raise
+                # A view that doesn't compile (its table dropped, a function this connection lacks) has no
+                # columns to show: left out, so a masked call reading it is refused as reading an unknown table,
+                # rather than every masked call of the connection and this route answering 500.
+                continue
             tables.append({"name": name, "schema": "main", "type": "view" if kind == "view" else "table",
                            "columns": columns})
     except sqlite3.Error as exc:

@@ -531,3 +531,29 @@ def test_a_write_that_deletes_or_changes_rows_needs_those_operations(replacing):
     write(replacing, "INSERT INTO ft(ft) VALUES ('optimize')", ["insert", "update", "delete"])
     write(replacing, "INSERT INTO pk VALUES (1, 'again')")                                  # any operation
     assert count(replacing, "pk") == 1 and count(replacing, "ft") == 3
+
+
+def test_a_view_calling_the_masking_functions_is_refused(tmp_path):
+    """A view of the file calling qag's masking functions ran them, on a masked call's connection, with the mask
+    key: the hash of any value the view chose (an oracle for hashed columns). Masking puts them only in the
+    statement itself (its top level, its own CTEs); from a view or trigger they are refused."""
+    path = str(tmp_path / "oracle.db")
+    with sqlite3.connect(path) as conn:
+        conn.executescript("CREATE TABLE people(id INTEGER PRIMARY KEY, ssn TEXT); INSERT INTO people VALUES (1, '1');"
+                           "CREATE VIEW oracle AS SELECT qag_mask_hash(value) AS h FROM json_each('[\"123\"]');")
+    conn.close()
+    hashed = ("qag_mask_hash", lambda value: None if value is None else "h:" + str(value))
+
+    def call(sql):
+        c = Call(sql, (), True, None, 10)
+        c.functions, c.masked = (hashed,), True
+        return backend.run(path, c)
+
+    with pytest.raises(QagError) as refused:
+        call("SELECT h FROM oracle")
+    assert (refused.value.code, refused.value.status) == ("forbidden", 403) and "oracle" in refused.value.message
+    with pytest.raises(QagError):
+        call("WITH x AS (SELECT h FROM oracle) SELECT h FROM x")
+    # Where masking puts them: the statement's top level and its own CTEs.
+    assert call("SELECT qag_mask_hash(ssn) AS s FROM people").rows == [("h:1",)]
+    assert call("WITH x AS (SELECT qag_mask_hash(ssn) AS s FROM people) SELECT s FROM x").rows == [("h:1",)]

@@ -129,3 +129,23 @@ def test_a_masked_key_reads_no_fts_copy_of_a_masked_column(server, uniq):
     # Without mask rules nothing changes.
     r = server.post("/execute_sql", {"sql": "SELECT body FROM ft", "connection_name": name})
     assert r.status == 200 and r.json == [{"body": "secret text"}], r
+
+
+
+def test_a_view_that_no_longer_compiles_is_left_out_of_the_schema(writes_server, uniq):
+    """Found by an attacker review: a view whose table was dropped made the connection's schema route and every
+    masked call of the connection a 500. It is left out: the rest is served, and a masked call reading it is
+    refused as reading a table the schema doesn't list."""
+    s, name = writes_server, uniq("broken")
+    s.sqlite_db(f"{name}.db", "CREATE TABLE people(id INTEGER PRIMARY KEY, ssn TEXT); INSERT INTO people VALUES (1, '123');"
+                              "CREATE TABLE scratch(x); CREATE VIEW broken AS SELECT x FROM scratch; DROP TABLE scratch;"
+                              "CREATE VIEW unknown_fn AS SELECT nosuchfn(1) AS y;")
+    s.connection(name, f"{name}.db")
+    r = s.get(f"/api/v1/connections/{name}/schema")
+    assert r.status == 200 and {t["name"] for t in r.json["tables"]} == {"people"}, r
+    masked = s.key(uniq("m"), connections=[name], mask=[{"column": "people.ssn", "action": "hash"}])
+    r = s.post("/execute_sql", {"sql": "SELECT id, ssn FROM people", "connection_name": name}, key=masked)
+    assert r.status == 200 and r.json[0]["ssn"] != "123", r
+    for view in ("broken", "unknown_fn"):
+        r = s.post("/execute_sql", {"sql": f"SELECT * FROM {view}", "connection_name": name}, key=masked)
+        assert r.status == 403 and r.json["code"] == "mask_unresolvable", r
