@@ -691,6 +691,14 @@ def _mapped(exc: Exception, deadline: float | None, timeout: float | None) -> Qa
         return QagError("read_only", "The database refused a write on a read-only call")
     if "unable to open database file" in text:
         return connection_failed(text)
+    if name in ("SQLITE_BUSY", "SQLITE_LOCKED") or text in ("database is locked", "database table is locked"):
+        # Another call (or process) held the file's lock past the busy timeout: nothing was changed, and the same
+        # call succeeds once the lock is let go - a moment's unavailability, not the statement's fault.
+        return QagError("unavailable", "The SQLite database is locked by another call; try again shortly",
+                        retry_after=1, detail=text)
+    if text == "cannot VACUUM from within a transaction":
+        return QagError("invalid_request", "VACUUM can't run through the gateway: each call runs in a transaction",
+                        detail=text)
     return _file_error(exc) or query_failed(text)
 
 

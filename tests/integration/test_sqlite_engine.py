@@ -557,3 +557,28 @@ def test_a_view_calling_the_masking_functions_is_refused(tmp_path):
     # Where masking puts them: the statement's top level and its own CTEs.
     assert call("SELECT qag_mask_hash(ssn) AS s FROM people").rows == [("h:1",)]
     assert call("WITH x AS (SELECT qag_mask_hash(ssn) AS s FROM people) SELECT s FROM x").rows == [("h:1",)]
+
+
+def test_a_locked_database_is_503_and_vacuum_a_clear_400(tmp_path):
+    """Found by an attacker review: a call that met a lock held past the busy timeout (a long read holding the
+    file) was a 500 query_failed; VACUUM, which can't run in the transaction every call runs in, a 500 too. The
+    lock is a moment's unavailability (503, Retry-After; nothing was changed); VACUUM is refused clearly."""
+    path = str(tmp_path / "locked.db")
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("CREATE TABLE t(x)")
+    holder.execute("BEGIN EXCLUSIVE")
+    waiter = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        with pytest.raises(sqlite3.OperationalError) as locked:
+            waiter.execute("SELECT * FROM t").fetchall()
+        error = backend._mapped(locked.value, None, None)
+        assert (error.code, error.status, error.extras["retry_after"]) == ("unavailable", 503, 1)
+        holder.execute("ROLLBACK")
+        waiter.execute("BEGIN")
+        with pytest.raises(sqlite3.OperationalError) as vacuum:
+            waiter.execute("VACUUM")
+        error = backend._mapped(vacuum.value, None, None)
+        assert (error.code, error.status) == ("invalid_request", 400) and "VACUUM" in error.message
+    finally:
+        waiter.close()
+        holder.close()
