@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 # What a call uses of another module is bound here, at import: compiled, a module attribute read per call
 # (time.perf_counter) goes through the module's getattr, ~240 instructions each (benchmarks.callgrind_lines).
 from os import environ
@@ -91,17 +92,18 @@ def _positive_int(text: str, what: str) -> int:
     return value
 
 
+_DECIMAL = re.compile(r"\+?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
+
+
 def _timeout_value(value) -> float | None:
-    """A requested time limit: a positive finite number of seconds (text or JSON number)."""
+    """A requested time limit: a positive finite number of seconds (text or JSON number). Text is a decimal number
+    in ASCII digits (Python's float() also reads `1_0`, full-width digits and surrounding space)."""
     if value is None:
         return None
     if isinstance(value, bool):
         value = None
     elif isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            value = None
+        value = float(value) if _DECIMAL.fullmatch(value) else None
     try:
         seconds = float(value) if isinstance(value, (int, float)) else math.nan
     except OverflowError:  # a JSON integer too large for a float
