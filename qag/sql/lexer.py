@@ -195,8 +195,14 @@ def tokenize(sql: str, dialect: str, *, backslash_single: bool | None = None,
         elif c == "-" and sql.startswith("--", i) and (
                 not mysql or i + 2 >= n or ord(sql[i + 2]) <= 32 or sql[i + 2] == "\x7f"):
             # MySQL only starts a comment at "--" followed by whitespace/control or the end: "5--1" is 5 - -1.
+            # PostgreSQL's scanner ends it at a carriage return too (scan.l: non_newline is [^\n\r]); MySQL and
+            # SQLite at a line feed only.
             j = sql.find("\n", i)
             end = n if j < 0 else j
+            if pg:
+                r = sql.find("\r", i, end)
+                if r >= 0:
+                    end = r
             append(Token(COMMENT, i, end, "--"))
             i = end
         elif c == "#" and mysql:

@@ -133,7 +133,9 @@ def test_b4_4_writes_allowed_runs_writes(dialect):
 
 @pytest.mark.parametrize("sql", ["SELECT $1", "SELECT id::text || $1::text AS a FROM t", "SELECT * FROM t WHERE a = $2",
                                  "SELECT 1 WHERE left($1::text, 1) = 'a'", "SELECT $1 FROM t WHERE id = :id",
-                                 "SELECT 1$1", "SELECT * FROM t WHERE a = 1.5$2"])
+                                 "SELECT 1$1", "SELECT * FROM t WHERE a = 1.5$2",
+                                 # PostgreSQL ends a -- comment at a carriage return (an attacker review: the pads)
+                                 "SELECT email -- \r || $2::text\n FROM people", "SELECT 1 AS a -- x\r, $1 AS b"])
 def test_a_positional_parameter_on_postgres_is_refused_for_every_caller(sql):
     """qag numbers the values it binds itself ($1, $2 ...: the caller's :names, masking's hash pads), so a caller's
     own $n would read one of them (a masked caller read the pads, and with them the mask key)."""

@@ -192,3 +192,15 @@ def test_tokens_cover_the_input(sql, dialect):
         pos = t.end
     assert pos == len(sql)
     assert all(t.kind != BAD for t in toks[:-1])
+
+
+def test_a_dash_comment_ends_where_each_engine_ends_it():
+    """PostgreSQL's scanner ends `--` at a carriage return as well as a line feed (scan.l's non_newline); MySQL and
+    SQLite at a line feed only. qag read a PostgreSQL comment on to the line feed, so `$2` and `:v` after a
+    carriage return ran unseen (a masked caller read the hash pads through `$2`)."""
+    sql = "SELECT 1 -- c\r, $2 AS b\n FROM t"
+    pg = [t for t in lexer.tokenize(sql, "postgres") if t.kind == lexer.COMMENT]
+    assert [sql[t.start:t.end] for t in pg] == ["-- c"]
+    for dialect in ("mysql", "sqlite"):
+        comments = [t for t in lexer.tokenize(sql, dialect) if t.kind == lexer.COMMENT]
+        assert [sql[t.start:t.end] for t in comments] == ["-- c\r, $2 AS b"]
