@@ -107,6 +107,13 @@ _ACTIVITY_REFUSED = ("table_not_allowed", "API keys may not read other sessions'
 # EXECUTE of one): what they read is known only when they run, so none of an API key's checks could read it.
 _RUNTIME_SQL_REFUSED = ("table_check_failed", "API keys may not run SQL built at run time (EXECUTE, EXECUTE "
                                               "IMMEDIATE, PREPARE ... FROM): what it would read can't be checked")
+# CREATE / ALTER of a stored program (procedure, function, trigger, event, package): its body runs later, on a CALL
+# or an event, past every check - SQL built at run time or SHOW GRANTS inside it (an attacker review read the process
+# list, masking's pads and the password hash through `CREATE PROCEDURE p() EXECUTE IMMEDIATE ...` and `CALL p()`).
+_STORED_PROGRAM_REFUSED = ("table_check_failed", "API keys may not create or change stored programs (procedures, "
+                                                 "functions, triggers, events): what their bodies run later can't "
+                                                 "be checked")
+_STORED_PROGRAMS = frozenset(("procedure", "function", "trigger", "event", "package"))
 # SHOW GRANTS / SHOW CREATE USER: the connection's own account, with its password's hash (mysql_native_password's
 # is unsalted, so a guess can be checked offline).
 _CREDENTIALS_REFUSED = ("table_not_allowed", "API keys may not read the connection's account (SHOW GRANTS, SHOW "
@@ -116,7 +123,8 @@ _CREDENTIALS_REFUSED = ("table_not_allowed", "API keys may not read the connecti
 def check_other_sessions(prepared: Prepared) -> None:
     """An API key's statement never reads other sessions' activity (the process list, activity views, MariaDB's
     SHOW EXPLAIN / ANALYZE FOR a thread; 403 table_not_allowed), the connection's account (SHOW GRANTS), nor runs
-    SQL built at run time (403 table_check_failed). The administrator's may."""
+    SQL built at run time or creates a stored program whose body would run later (MySQL/MariaDB: 403
+    table_check_failed). The administrator's may."""
     key = (prepared.dialect, prepared.sql)
     refusal = _READS_OTHER_SESSIONS.get(key)
     if refusal is None:
@@ -151,8 +159,10 @@ def _mysql_refusal(sql: str) -> tuple:
     # Keywords: the server reads them in ASCII only (`SHOW WARNİNGS` is a syntax error), as the tokens do.
     words = [t.value.lower() for t in sig if t.kind == lexer.WORD]
     first = words[0] if words else ""
-    if first in ("execute", "prepare"):
-        return _RUNTIME_SQL_REFUSED
+    if "execute" in words or "prepare" in words:
+        return _RUNTIME_SQL_REFUSED   # anywhere: in a stored program's body as much as at the start
+    if first in ("create", "alter") and not _STORED_PROGRAMS.isdisjoint(words):
+        return _STORED_PROGRAM_REFUSED
     if first == "show" and len(words) > 1 and words[1] in ("engine", "explain", "analyze", "binlog", "relaylog"):
         # SHOW ENGINE INNODB STATUS; SHOW EXPLAIN / ANALYZE FOR <thread>; SHOW BINLOG / RELAYLOG EVENTS (other
         # callers' writes, values and all)

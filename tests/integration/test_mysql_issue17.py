@@ -458,3 +458,23 @@ def test_qags_prefix_and_hint_are_taken_out_of_a_detail():
     hinted = "SELECT /*+ MAX_EXECUTION_TIME(5000) */ x FROM t"
     e = mapped(MySQLdb.ProgrammingError(1064, f"near '{hinted}'"), 5.0, hinted, own)
     assert e.extras["detail"] == f"1064 (near '{own}')"
+
+
+@pytest.mark.e2e
+def test_a_key_that_may_write_creates_no_stored_program(state_server, db):
+    """Found by an attacker review: a key that may write made `CREATE PROCEDURE p() EXECUTE IMMEDIATE
+    CONCAT('SHOW PROC', 'ESSLIST')` (or `... SHOW GRANTS`) and `CALL p()` read the process list, with other
+    callers' values and masking's pads, and the password hash, past the refusals of those statements themselves.
+    API keys create no stored program, and SQL built at run time is refused wherever it is written; a procedure
+    the database's administrators made is still called."""
+    server, keys = state_server
+    writer = keys["write"][0]
+    for statement in ("CREATE PROCEDURE qag_state_p1() EXECUTE IMMEDIATE CONCAT('SHOW PROC', 'ESSLIST')",
+                      "CREATE PROCEDURE qag_state_p2() SHOW GRANTS",
+                      "CREATE FUNCTION qag_state_f() RETURNS INT RETURN 1"):
+        r = sql(server, statement, key=writer)
+        assert r.status == 403 and r.json["code"] == "table_check_failed", (statement, r)
+    assert admin_value("SELECT COUNT(*) FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = %s AND "
+                       "ROUTINE_NAME LIKE 'qag_state_%%'", (db.name,)) == 0
+    r = sql(server, "CALL qag_no_such_procedure()", key=writer)
+    assert r.status == 500 and r.json["code"] == "query_failed", r    # CALL itself is the server's to judge

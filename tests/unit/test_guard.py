@@ -217,6 +217,15 @@ _ACTIVITY = [
     ("/*!EXECUTE*/ IMMEDIATE @q", "table_check_failed"),
     ("SHOW GRANTS", "table_not_allowed"),
     ("show grants for current_user()", "table_not_allowed"),
+    # stored programs run their bodies later, unread (an attacker review: CALL p() read the process list)
+    ("CREATE PROCEDURE p() EXECUTE IMMEDIATE CONCAT('SHOW PROC', 'ESSLIST')", "table_check_failed"),
+    ("CREATE PROCEDURE p() SHOW GRANTS", "table_check_failed"),
+    ("CREATE DEFINER = CURRENT_USER PROCEDURE p() SELECT 1", "table_check_failed"),
+    ("create or replace function f() returns int return 1", "table_check_failed"),
+    ("CREATE TRIGGER t BEFORE INSERT ON x FOR EACH ROW SET NEW.a = 1", "table_check_failed"),
+    ("CREATE EVENT e ON SCHEDULE EVERY 1 DAY DO DELETE FROM x", "table_check_failed"),
+    ("ALTER PROCEDURE p COMMENT 'x'", "table_check_failed"),
+    ("SELECT 1 FROM t WHERE EXISTS (SELECT 1) AND 'x' = 'x' OR prepare = 1", "table_check_failed"),
     ("SHOW CREATE USER CURRENT_USER", "table_not_allowed"),
 ])
 def test_what_an_api_key_can_not_have_checked_on_mysql(sql, code):
@@ -229,6 +238,8 @@ def test_what_an_api_key_can_not_have_checked_on_mysql(sql, code):
 
 
 @pytest.mark.parametrize("sql", ["SHOW TABLES", "SHOW CREATE TABLE t", "SELECT executed_at FROM jobs",
+                                 "CALL p(1)", "CREATE TABLE events (id INT)", "DROP PROCEDURE p",
+                                 "CREATE VIEW v AS SELECT id FROM orders",
                                  "SELECT 'EXECUTE IMMEDIATE' AS v", "SHOW COLUMNS FROM grants"])
 def test_what_looks_like_it_but_is_not_refused_on_mysql(sql):
     check_other_sessions(prepare(sql, "mysql"))
