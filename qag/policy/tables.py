@@ -8,7 +8,7 @@ from qag import _speedups
 from qag.errors import QagError
 from qag.sql import functions
 from qag.sql.access import DIALECTS, Access, is_exact
-from qag.sql.names import ascii_lower
+from qag.sql.names import fold
 from qag.sql.prepare import prepare
 
 CACHE_SIZE = 1024
@@ -31,15 +31,14 @@ def qualified_grants(allowed_tables: frozenset, default_schema: str, dialect: st
     Lower-cased as the dialect's engine folds names (qag.sql.names: SQLite and PostgreSQL ASCII letters alone,
     so a grant ärger is never the table Ärger), except on a MySQL/MariaDB server that compares names exactly
     (ExactSchema)."""
-    return _qualified_grants(allowed_tables, str(default_schema or ""), is_exact(default_schema),
-                             dialect == "mysql")
+    return _qualified_grants(allowed_tables, str(default_schema or ""), is_exact(default_schema), dialect)
 
 
 @functools.lru_cache(maxsize=CACHE_SIZE)
-def _qualified_grants(allowed_tables: frozenset, default_schema: str, exact: bool, unicode_case: bool) -> frozenset:
+def _qualified_grants(allowed_tables: frozenset, default_schema: str, exact: bool, dialect: str) -> frozenset:
     if exact:
         return frozenset(g if "." in g else f"{default_schema}.{g}" for g in allowed_tables)
-    lower = str.lower if unicode_case else ascii_lower
+    lower = fold(dialect)
     default_schema = lower(default_schema)
     return frozenset(lower(g) if "." in g else f"{default_schema}.{lower(g)}" for g in allowed_tables)
 

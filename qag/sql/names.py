@@ -15,9 +15,12 @@ def ascii_lower(name: str) -> str:
 def mysql_lower(name: str) -> str:
     """The name lower-cased as MySQL/MariaDB compare names case-insensitively (information_schema's table names
     always; others with lower_case_table_names 1 or 2): each character by its simple lower-case mapping, which
-    folds Ä and the Kelvin sign as Python's lower() does. Python's lower() maps U+0130 (İ) to two characters, "i"
-    and a combining dot, where the server reads "i" (`information_schema.PROCESSLİST` is the process list)."""
-    return name.lower() if name.isascii() else name.replace("\u0130", "i").lower()
+    folds Ä and the Kelvin sign as Python's lower() does. Python's lower() of a whole string maps U+0130 (İ) to two
+    characters, "i" and a combining dot, where the server reads "i" (`information_schema.PROCESSLİST` is the
+    process list), and a final capital sigma to ς where the server reads σ: so character by character."""
+    if name.isascii():
+        return name.lower()
+    return "".join("i" if c == "\u0130" else c.lower() for c in name)
 
 
 def fold(dialect: str):
