@@ -93,11 +93,13 @@ return {ok, c, r}
 # Add what a worker counted in the host table while Redis failed (ARGV[1] calls, ARGV[2] rows, the first of them
 # counted at ARGV[3], Unix seconds) to the counter, when the counter was seeded before that ('born', RESERVE): a
 # counter seeded later read the store, which may hold them already (a worker writes its counts every second), so
-# they are left out rather than counted twice. Returns 1 when added.
+# they are left out rather than counted twice. A counter without 'born' was seeded by a qag before this one, so
+# before them. Nothing is added to a counter that is gone. Returns 1 when added.
 _OWED = """
 local k = KEYS[1]
+if redis.call('EXISTS', k) == 0 then return 0 end
 local born = tonumber(redis.call('HGET', k, 'born'))
-if not born or born > tonumber(ARGV[3]) then return 0 end
+if born and born > tonumber(ARGV[3]) then return 0 end
 redis.call('HINCRBY', k, 'calls', ARGV[1])
 redis.call('HINCRBY', k, 'rows', ARGV[2])
 redis.call('HSET', k, 'at', redis.call('TIME')[1])

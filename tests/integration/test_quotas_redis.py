@@ -220,3 +220,23 @@ def test_what_the_host_table_counted_while_redis_failed_is_added_to_redis(tmp_pa
         t = q.begin(name, quota, reserve=True)
         assert t.remote and t.calls == 5                     # 3 + the stall's 1 (seeded) + this one
         t.settle(False)
+
+
+def test_a_counter_seeded_before_the_upgrade_takes_the_stall_counts_too(tmp_path, uniq):
+    """A counter an earlier qag seeded has no `born`: it was seeded before any count of this one, so a stall's
+    counts are added to it (found by a code review: they were dropped, the very bug, until the period ended)."""
+    name = uniq("oldcounter")
+    quota = {"calls": 10, "per": "day"}
+    with _quotas_behind_a_relay(tmp_path, name) as (relay, q, table):
+        assert q.begin(name, quota, reserve=False).remote
+        redis.Redis.from_url(redis_url()).hdel(q.redis_key(("default", name, "day", period("day", time.time())[0])),
+                                               "born")
+        relay.down()
+        t = q.begin(name, quota, reserve=True)
+        assert t.host
+        t.settle(True, 2)
+        relay.up()
+        q.redis._down_until = 0.0
+        t = q.begin(name, quota, reserve=True)
+        assert t.remote and (t.calls, t.rows) == (2, 2)
+        t.settle(False)
