@@ -19,6 +19,10 @@ RETRY_ASKED = 1.0                     # ... but a request asks for one after at 
 RETRY_AFTER = 2                       # what a refused caller is told to wait (the store timeout's scale)
 
 
+class _Stopped(Exception):
+    """The worker was told to stop while the store opened."""
+
+
 class StoreWaiting:
     """The WSGI app of a worker whose store could not be opened when it started (a worker restarted, or a reload,
     during an outage of a PostgreSQL store). Waiting inside gunicorn's load() held every request the worker's
@@ -73,31 +77,55 @@ class StoreWaiting:
         return [response.body]
 
     def _wait_for_store(self) -> None:
-        from .store import StoreOpenError
         wait = RETRY_FIRST
         while not self._stop.is_set():
             self._attempted = time.monotonic()
-            try:
-                store = self._open_store()
-            except StoreOpenError as exc:
-                # A store found wrong meanwhile (a newer schema, a database gone) is waited out too, louder: a
-                # failed boot here would halt gunicorn's master and the workers still serving with it.
-                (log.warning if exc.transient else log.error)(
-                    "worker %s: the store can't be opened (%s); answering 503 meanwhile, trying again in %g s",
-                    os.getpid(), exc, wait)
-                self._sleep(wait)
-                self._asked.clear()
-                wait = min(wait * 2, RETRY_MOST)
-                continue
-            if self._stop.is_set():
-                store.close()
+            gateway = self._attempt(wait)
+            if gateway is not None:
+                self.gateway = gateway
+                log.warning("worker %s: the store is open; serving", os.getpid())
                 return
+            self._sleep(wait)
+            self._asked.clear()
+            wait = min(wait * 2, RETRY_MOST)
+
+    def _attempt(self, wait: float):
+        """The gateway on a newly opened store, or None (logged) when the store can't be opened or the gateway
+        can't be built on it yet (a store that drops again right after it opened): anything but a stop is tried
+        again, so the thread never ends with the worker answering 503 for good while /livez says it is alive."""
+        from .store import StoreOpenError
+        try:
+            store = self._open_store()
+        except StoreOpenError as exc:
+            # A store found wrong meanwhile (a newer schema, a database gone) is waited out too, louder: a failed
+            # boot here would halt gunicorn's master and the workers still serving with it.
+            (log.warning if exc.transient else log.error)(
+                "worker %s: the store can't be opened (%s); answering 503 meanwhile, trying again in %g s",
+                os.getpid(), exc, wait)
+            return None
+        except Exception as exc:   # the driver's own text may name the store's host and user: its kind only
+            log.warning("worker %s: the store can't be opened (%s); answering 503 meanwhile, trying again in %g s",
+                        os.getpid(), type(exc).__name__, wait)
+            return None
+        try:
+            if self._stop.is_set():
+                raise _Stopped
             gateway = self._build(store)
-            if self._on_ready is not None:
+        except Exception as exc:
+            try:
+                store.close()
+            except Exception:
+                pass                 # closing what failed: nothing more to lose
+            if not isinstance(exc, _Stopped):
+                log.warning("worker %s: the gateway could not start on the store (%s); answering 503 meanwhile, "
+                            "trying again in %g s", os.getpid(), type(exc).__name__, wait)
+            return None
+        if self._on_ready is not None:
+            try:
                 self._on_ready(gateway)
-            self.gateway = gateway
-            log.warning("worker %s: the store is open; serving", os.getpid())
-            return
+            except Exception:        # its admin listener or log routing: the gateway serves without them
+                log.exception("worker %s: starting the gateway's listeners failed", os.getpid())
+        return gateway
 
     def close(self) -> None:
         """The worker ends: stop waiting, and close the gateway if it was built."""

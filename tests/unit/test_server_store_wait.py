@@ -150,3 +150,31 @@ def test_which_failures_to_open_a_postgres_store_are_an_outage():
     with pytest.raises(StoreOpenError) as caught:
         store.open_store(refused)
     assert caught.value.transient
+
+
+def test_a_store_that_drops_while_the_gateway_starts_is_tried_again():
+    """Found by a code review: the gateway reads the store as it starts (its server secret); a store that dropped
+    right after it opened raised out of the waiting thread, which ended, leaving the worker at 503 for good while
+    /livez said it was alive. The store is closed and tried again."""
+    builds, closed = [], []
+
+    class _Store:
+        def close(self):
+            closed.append(1)
+
+    def build(opened):
+        builds.append(opened)
+        if len(builds) == 1:
+            raise ConnectionError("the store dropped")   # not a StoreOpenError
+        return _Gateway(opened)
+
+    app = StoreWaiting(load({}), _Store, build, sleep=lambda seconds: threading.Event().wait(0.01))
+    try:
+        for _ in range(500):
+            if app.gateway is not None:
+                break
+            threading.Event().wait(0.01)
+        assert isinstance(app.gateway, _Gateway) and len(builds) == 2 and closed == [1]
+        assert _get(app, "/q/x") == (200, {"Content-Type": "text/plain"}, b"gateway")
+    finally:
+        app.close()
