@@ -13,9 +13,10 @@ from urllib.parse import quote
 
 from ..errors import QagError
 from ..sql.functions import GENERATORS, SQLITE_CHANGING, sqlite_library_builtins
-from ..sql import lexer
 from ..sql.names import ascii_lower
 from ..sql.writes import write_op_not_allowed_message
+from . import _sqlite_schema as schema
+from ._sqlite_schema import EXTENSION_READS as _EXTENSION_READS, quoted as _quoted
 from .base import Backend, Call, Result, connection_failed, query_failed, timeout_error
 
 # The time limit is checked every this many VM steps: a step can be one whole built-in call over a large value,
@@ -34,11 +35,9 @@ LIKE_PATTERN_LIMIT = 1000
 _LIMITS = ((sqlite3.SQLITE_LIMIT_LENGTH, LENGTH_LIMIT), (sqlite3.SQLITE_LIMIT_SQL_LENGTH, SQL_LENGTH_LIMIT),
            (sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, LIKE_PATTERN_LIMIT), (sqlite3.SQLITE_LIMIT_ATTACHED, 0))
 
-# Functions of compiled-in extensions (FTS3/4/5, R*Tree) that only read the virtual table they are called on
-# (its reads are reported to the authorizer as table reads). Any other function that is not a built-in of the
-# running library is refused on a read-only call: it is unknown, so it may write (FTS3's optimize() does).
-_EXTENSION_READS = frozenset({"match", "bm25", "highlight", "snippet", "offsets", "matchinfo", "rtreecheck",
-                              "rtreedepth", "rtreenode", "fts5_source_id"})
+# _EXTENSION_READS: functions of compiled-in extensions (FTS3/4/5, R*Tree) that only read the virtual table they
+# are called on. Any other function that is not a built-in of the running library is refused on a read-only call:
+# it is unknown, so it may write (FTS3's optimize() does).
 _BUILTINS: frozenset | None = None
 
 
@@ -67,6 +66,12 @@ _ACTING_PRAGMAS = frozenset({"optimize", "shrink_memory", "incremental_vacuum", 
 # connection of the worker, the store's included (hard_heap_limit=200000 made each later call a MemoryError), so
 # no caller may set one, an administrator included. Querying them only reads.
 _PROCESS_PRAGMAS = frozenset({"hard_heap_limit", "soft_heap_limit", "temp_store_directory", "data_store_directory"})
+# Actions that change the schema (a call's facts read after them may roll back: not kept), and pragmas that change
+# it without SQLite counting it in schema_version (the file's kept facts are dropped after the call).
+_UNCOUNTED_PRAGMAS = frozenset({"schema_version", "writable_schema"})
+_SCHEMA_ACTIONS = frozenset(getattr(sqlite3, "SQLITE_" + name) for name in (
+    "CREATE_INDEX", "CREATE_TABLE", "CREATE_TRIGGER", "CREATE_VIEW", "CREATE_VTABLE", "DROP_INDEX", "DROP_TABLE",
+    "DROP_TRIGGER", "DROP_VIEW", "DROP_VTABLE", "ALTER_TABLE", "ANALYZE"))
 _ACTION_NAMES = {getattr(sqlite3, "SQLITE_" + name): name.replace("_", " ") for name in (
     "CREATE_INDEX", "CREATE_TABLE", "CREATE_TEMP_INDEX", "CREATE_TEMP_TABLE", "CREATE_TEMP_TRIGGER",
     "CREATE_TEMP_VIEW", "CREATE_TRIGGER", "CREATE_VIEW", "DELETE", "DROP_INDEX", "DROP_TABLE", "DROP_TEMP_INDEX",
@@ -145,7 +150,8 @@ class _Authorizer:
     """
 
     __slots__ = ("read_only", "grants", "own", "tables", "functions", "actions", "expanded", "via", "refused",
-                 "refusal", "write_ops", "statement", "named", "shadow", "rows", "masked", "own_via")
+                 "refusal", "write_ops", "statement", "named", "shadow", "rows", "masked", "own_via", "path", "schema_changed",
+                 "_facts")
 
     def __init__(self, read_only: bool, grants: frozenset | None, own: frozenset = frozenset(),
                  masked: bool = False):
@@ -167,12 +173,26 @@ class _Authorizer:
         self.shadow: list[tuple] = []           # (qualified table, refusal) written as a virtual table's own
         self.rows: set[tuple] = set()           # (action, table of main) inserted or updated by the statement
         self.own_via: list[str] = []            # sources (a view's, a trigger's, a CTE's) calling qag's functions
+        self.path: str | None = None            # the file, keying its schema's facts (_sqlite_schema)
+        self.schema_changed = False             # the statement may change the schema: its facts are not kept
+        self._facts = None
 
     def reset(self) -> None:
         self.tables.clear(), self.functions.clear(), self.actions.clear(), self.expanded.clear()
         self.via.clear(), self.named.clear(), self.shadow.clear(), self.rows.clear()
         self.refused.clear(), self.own_via.clear()
         self.refusal = None
+        self.schema_changed, self._facts = False, None
+
+    def facts(self, conn) -> schema.Facts:
+        """The file's schema as the judgements below need it: found by its schema_version, read once per call."""
+        if self._facts is None:
+            conn.set_authorizer(None)     # qag's own reading of the schema, not the caller's
+            try:
+                self._facts = schema.facts(conn, self.path, not self.schema_changed)
+            finally:
+                conn.set_authorizer(self)
+        return self._facts
 
     def _deny(self, code: str, message: str) -> int:
         if self.refusal is None:
@@ -181,6 +201,9 @@ class _Authorizer:
 
     def __call__(self, action, arg1, arg2, dbname, source):
         self.actions.add(action)
+        if action in _SCHEMA_ACTIONS or (action == sqlite3.SQLITE_PRAGMA and arg2 is not None
+                                         and (arg1 or "").lower() in _UNCOUNTED_PRAGMAS):
+            self.schema_changed = True
         if action == sqlite3.SQLITE_PRAGMA and arg2 is not None and (arg1 or "").lower() in _PROCESS_PRAGMAS:
             # Before any other judgement: the same refusal for every caller, whatever its key may write.
             return self._deny("pragma_not_allowed", f"The gateway never sets PRAGMA {arg1.lower()} on SQLite: it "
@@ -272,12 +295,7 @@ class _Authorizer:
         any value a caller chose with the mask key (an oracle for hashed columns). Masking puts them in the
         statement itself, at its top level or inside its own CTEs; a CTE named like a view or trigger is refused
         too (SQLite reports both under the name)."""
-        conn.set_authorizer(None)     # qag's own reading of the schema, not the caller's
-        try:
-            names = {name for (name,) in conn.execute("SELECT lower(name) FROM main.sqlite_schema WHERE type IN "
-                                                      "('view', 'trigger')")}
-        finally:
-            conn.set_authorizer(self)
+        names = self.facts(conn).kinds
         for source in self.own_via:
             if ascii_lower(source) in names:
                 return QagError("forbidden", f"The view or trigger {source} calls one of the gateway's masking "
@@ -312,18 +330,13 @@ class _Authorizer:
             return self.refusal
         if not self.via:
             return None
-        conn.set_authorizer(None)     # qag's own reading of the schema, not the caller's
-        try:
-            kinds = dict(conn.execute("SELECT lower(name), type FROM main.sqlite_schema WHERE type IN "
-                                      "('view', 'trigger')").fetchall())
-        finally:
-            conn.set_authorizer(self)
+        kinds = self.facts(conn).kinds
         # A CTE (or a view) named like a trigger reports its reads under the trigger's name: a source is a
         # trigger's only when the statement, compiled with no trigger at all, names no such source itself.
         expanded = None
         if not self.read_only and any(source is not None and kinds.get(ascii_lower(source)) == "trigger"
                                       for _, _, source in self.via):
-            expanded = _sources_without_triggers(conn, self.statement, self)
+            expanded = _sources_without_triggers(self.facts(conn), self.statement)
         closures: dict[str, set] = {}
 
         def reads(view):
@@ -355,16 +368,9 @@ class _Authorizer:
     def _shadow_refusal(self, conn) -> QagError | None:
         """A write recorded as maybe a virtual table's own: allowed only on a shadow table of a virtual table
         this statement uses (SQLite's own record: pragma table_list), else the refusal it was held back for."""
-        conn.set_authorizer(None)
-        try:
-            listed = conn.execute("SELECT lower(name), type FROM pragma_table_list WHERE schema = 'main' AND type "
-                                  "IN ('shadow', 'virtual')").fetchall()
-        except sqlite3.Error:
-            listed = []
-        finally:
-            conn.set_authorizer(self)
-        shadows = {f"main.{name}" for name, kind in listed if kind == "shadow"}
-        used = [f"main.{name}_" for name, kind in listed if kind == "virtual" and f"main.{name}" in self.tables]
+        facts = self.facts(conn)
+        shadows = facts.shadows or frozenset()
+        used = [f"main.{name}_" for name in facts.listed if f"main.{name}" in self.tables]
         for table, (code, message) in self.shadow:
             if table not in shadows or not any(table.startswith(prefix) for prefix in used):
                 return QagError(code, message)
@@ -376,25 +382,15 @@ class _Authorizer:
         virtual table's shadow tables (`notes_content` holds an FTS table's text). Reading a virtual table reads
         its shadow tables on its behalf, reported alike; so the statement's own reads (a view's included) are
         SQLite's compile of it on an in-memory copy where every virtual table is a plain table."""
-        conn.set_authorizer(None)
-        try:
-            virtual = {ascii_lower(name): text for name, text in conn.execute(
-                "SELECT name, sql FROM main.sqlite_schema WHERE type = 'table' AND sql IS NOT NULL").fetchall()
-                if _is_virtual(text)}
-            try:
-                shadows = {f"main.{name}" for (name,) in conn.execute(
-                    "SELECT lower(name) FROM pragma_table_list WHERE schema = 'main' AND type = 'shadow'")}
-            except sqlite3.Error:
-                shadows = None          # SQLite before 3.37 doesn't say which tables are shadow tables
-        finally:
-            conn.set_authorizer(self)
-        if not virtual:
+        facts = self.facts(conn)
+        if not facts.virtual:
             return None
-        over = sorted(name for name, text in virtual.items() if f"main.{name}" in self.tables and _reads_content(text))
+        over = sorted(name for name in facts.content if f"main.{name}" in self.tables)
         if over:
             return QagError("mask_unresolvable", f"This result can't be masked safely: {over[0]} is a full-text "
                             "table over another table's content, whose values masking can't see there")
-        if shadows is None or shadows & self.tables and _reads_any(conn, self.statement, shadows, virtual, self):
+        shadows = facts.shadows         # None: SQLite before 3.37 doesn't say which tables are shadow tables
+        if shadows is None or shadows & self.tables and _reads_any(facts, self.statement, shadows, self.own):
             return QagError("mask_unresolvable", "This result can't be masked safely: the statement reads a virtual "
                             "table's own (shadow) table, which holds that table's values where masking can't see "
                             "them")
@@ -408,22 +404,13 @@ class _Authorizer:
         commands = not _COMMAND_OPS <= ops
         if not (replaces or commands):
             return None
-        conn.set_authorizer(None)
-        try:
-            ddl = {ascii_lower(name): text for name, text in conn.execute(
-                "SELECT name, sql FROM main.sqlite_schema WHERE type = 'table' AND sql IS NOT NULL").fetchall()}
-        finally:
-            conn.set_authorizer(self)
+        facts = self.facts(conn)
         for action, table in sorted(self.rows):
-            text = ddl.get(table)
-            if text is None:
-                continue
-            virtual = _is_virtual(text)
-            if replaces and not virtual and _declares_replace(text):
+            if replaces and table in facts.replacing:
                 return QagError("write_op_not_allowed", write_op_not_allowed_message(ops)[:-1] + f" (the table "
                                 f"{table} is declared ON CONFLICT REPLACE: a row written into it deletes the row it "
                                 "conflicts with, so it needs delete or replace).")
-            if commands and virtual and _names_command_column(conn, self.statement, table, self):
+            if commands and table in facts.virtual and _names_command_column(facts, self.statement, table, self.own):
                 return QagError("write_op_not_allowed", write_op_not_allowed_message(ops)[:-1] + f" (a write "
                                 f"naming the column {table} of the virtual table {table} is a command, such as "
                                 "FTS's 'delete-all', 'rebuild' or 'optimize', so it needs delete and update).")
@@ -432,12 +419,7 @@ class _Authorizer:
     def _named_tables(self, conn) -> None:
         """Tables named like a generator: the file's own (a table or view of its schema, which SQLite reads
         instead of the eponymous virtual table) are judged like any table."""
-        conn.set_authorizer(None)
-        try:
-            own = {name for (name,) in conn.execute(
-                "SELECT lower(name) FROM main.sqlite_schema WHERE type IN ('table', 'view')").fetchall()}
-        finally:
-            conn.set_authorizer(self)
+        own = self.facts(conn).own
         for name, column, source in self.named:
             schema, _, table = name.partition(".")
             if schema != "main" or table in own:
@@ -447,48 +429,14 @@ class _Authorizer:
                     self.via.append((name, column, source))
 
 
-def _is_virtual(ddl: str) -> bool:
-    words = [t.value.lower() for t in lexer.significant(lexer.tokenize(ddl, "sqlite"))[:3] if t.kind == lexer.WORD]
-    return words[:2] == ["create", "virtual"]
-
-
-def _declares_replace(ddl: str) -> bool:
-    """Whether a CREATE TABLE declares ON CONFLICT REPLACE on a PRIMARY KEY or UNIQUE constraint (the only other
-    constraints that take it, NULL and NOT NULL, replace a value, not a row). Read from SQLite's own record of the
-    table; a word sequence elsewhere that reads alike only makes the answer stricter."""
-    words = [t.value.lower() for t in lexer.significant(lexer.tokenize(ddl, "sqlite")) if t.kind == lexer.WORD]
-    return any(words[i:i + 3] == ["on", "conflict", "replace"] and (i == 0 or words[i - 1] != "null")
-               for i in range(len(words)))
-
-
-def _reads_content(ddl: str) -> bool:
-    """Whether a virtual table's CREATE statement names another table as its content (FTS4/FTS5 `content=`);
-    `content=''` (contentless) holds none."""
-    sig = lexer.significant(lexer.tokenize(ddl, "sqlite"))
-    for i, t in enumerate(sig[:-2]):
-        if t.kind == lexer.WORD and t.value.lower() == "content" and sig[i + 1].value == "=":
-            value = sig[i + 2]
-            if not (value.kind == lexer.STRING and value.end - value.start <= 2):
-                return True
-    return False
-
-
-def _reads_any(conn, statement, tables: set, virtual: dict, authorizer) -> bool:
+def _reads_any(facts, statement, tables, own: frozenset) -> bool:
     """Whether the statement itself reads any of `tables` (qualified), directly or through a view: SQLite compiles
     it on an in-memory copy of the file's tables and views where each virtual table is a plain table of its
     columns (so no module reads anything on its behalf). True when it can't tell."""
-    if statement is None:
+    if statement is None or any(facts.columns.get(name) is None for name in facts.virtual):
         return True
-    conn.set_authorizer(None)
-    try:
-        ddl = conn.execute("SELECT name, sql FROM main.sqlite_schema WHERE type IN ('table', 'view') AND sql IS NOT "
-                           "NULL AND name NOT LIKE 'sqlite^_%' ESCAPE '^' ORDER BY rowid").fetchall()
-        plain = {name: "(" + ", ".join(_quoted(column) for (column,) in conn.execute(
-            "SELECT name FROM pragma_table_xinfo(?)", (name,))) + ")" for name in virtual}
-    except sqlite3.Error:
-        return True
-    finally:
-        conn.set_authorizer(authorizer)
+    plain = {name: "(" + ", ".join(_quoted(column) for column, _ in facts.columns[name]) + ")"
+             for name in facts.virtual}
     seen: set = set()
 
     def record(action, arg1, arg2, dbname, source):
@@ -496,32 +444,24 @@ def _reads_any(conn, statement, tables: set, virtual: dict, authorizer) -> bool:
             seen.add(f"{ascii_lower(dbname or 'main')}.{ascii_lower(arg1)}")
         return sqlite3.SQLITE_OK
 
-    refused = _compile_on_copy(ddl, plain, statement, record, authorizer.own)
+    refused = facts.compile(plain, statement, record, own)
     return refused is not None or bool(seen & tables)
 
 
-def _names_command_column(conn, statement, table: str, authorizer) -> bool:
+def _names_command_column(facts, statement, table: str, own: frozenset) -> bool:
     """Whether the statement writes the column named like the virtual table `table` (FTS's command column).
     SQLite compiles the statement on an in-memory copy of the file's tables and views where that table is a plain
     table with its hidden columns generated (left out of an INSERT's implicit column list, as the virtual
     table's are, and refused when named); a hidden column other than the command column that the statement names
     (FTS4's docid) is made plain, and the statement compiled again. True when it can't tell."""
-    if statement is None:
+    columns = facts.columns.get(table)
+    if statement is None or columns is None:
         return True
-    conn.set_authorizer(None)
-    try:
-        ddl = conn.execute("SELECT name, sql FROM main.sqlite_schema WHERE type IN ('table', 'view') AND sql IS NOT "
-                           "NULL AND name NOT LIKE 'sqlite^_%' ESCAPE '^' ORDER BY rowid").fetchall()
-        columns = conn.execute("SELECT name, hidden FROM pragma_table_xinfo(?)", (table,)).fetchall()
-    except sqlite3.Error:
-        return True
-    finally:
-        conn.set_authorizer(authorizer)
     named: set[str] = set()             # hidden columns the statement names, made plain
     for _ in range(len(columns) + 1):
         definition = ", ".join(_quoted(name) + ("" if not hidden or name in named else " ANY AS (NULL)")
                                for name, hidden in columns)
-        refused = _compile_on_copy(ddl, {table: f"({definition})"}, statement, own=authorizer.own)
+        refused = facts.compile({table: f"({definition})"}, statement, own=own)
         if refused is None:
             return False
         found = next((name for name, hidden in columns if hidden and ascii_lower(name) != table
@@ -533,53 +473,11 @@ def _names_command_column(conn, statement, table: str, authorizer) -> bool:
     return True
 
 
-def _compile_on_copy(ddl: list, plain: dict, statement, record=None, own: frozenset = frozenset()) -> str | None:
-    """SQLite's error compiling the statement on an in-memory copy of the tables and views `ddl`, each table named
-    in `plain` (lower-cased) made a plain table of its definition; None when it compiles. `record`: the copy's
-    authorizer while it compiles. The FTS and R*Tree query functions and qag's own functions of the call (`own`:
-    masking's) are there, answering nothing: a plain table can stand for a virtual one in MATCH, highlight()."""
-    copy = sqlite3.connect(":memory:", isolation_level=None)
-    try:
-        for name in (*_EXTENSION_READS, *own):
-            copy.create_function(name, -1, _nothing)
-        for name, text in ddl:
-            definition = plain.get(ascii_lower(name))
-            if definition is not None:
-                text = f"CREATE TABLE {_quoted(name)}{definition}"
-            try:
-                copy.execute(text)
-            except sqlite3.Error:
-                pass    # a virtual table's shadow table, made with it
-        if record is not None:
-            copy.set_authorizer(record)
-        copy.execute("EXPLAIN " + statement[0], statement[1]).fetchall()
-    except (sqlite3.Error, OverflowError, ValueError) as exc:
-        return str(exc)
-    finally:
-        copy.close()
-    return None
-
-
-def _nothing(*_args):
-    return None
-
-
-def _quoted(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _sources_without_triggers(conn, statement, authorizer) -> set | None:
+def _sources_without_triggers(facts, statement) -> set | None:
     """The sources (CTEs, views) SQLite names while compiling the statement on a copy of the file's tables and
     views that has no trigger: any of them named like a trigger is not that trigger. None when it can't tell."""
     if statement is None:
         return None
-    conn.set_authorizer(None)
-    try:
-        ddl = conn.execute("SELECT sql FROM main.sqlite_schema WHERE type IN ('table', 'view') AND sql IS NOT NULL "
-                           "AND name NOT LIKE 'sqlite^_%' ESCAPE '^' ORDER BY rowid").fetchall()
-    finally:
-        conn.set_authorizer(authorizer)
-    copy = sqlite3.connect(":memory:", isolation_level=None)
     seen: set = set()
 
     def record(action, arg1, arg2, dbname, source):
@@ -587,20 +485,7 @@ def _sources_without_triggers(conn, statement, authorizer) -> set | None:
             seen.add(ascii_lower(source))
         return sqlite3.SQLITE_OK
 
-    try:
-        for (text,) in ddl:
-            try:
-                copy.execute(text)
-            except sqlite3.Error:
-                pass    # a virtual table's shadow table, made with it
-        copy.set_authorizer(record)
-        # EXPLAIN compiles the statement without running it.
-        copy.execute("EXPLAIN " + statement[0], statement[1]).fetchall()
-    except (sqlite3.Error, OverflowError, ValueError):
-        return None
-    finally:
-        copy.close()
-    return seen
+    return seen if facts.compile({}, statement, record) is None else None
 
 
 def _view_reads(conn, view: str, authorizer) -> set:
@@ -650,6 +535,7 @@ def _open(path: str, read_only: bool, tables: frozenset | None = None, functions
     for name, function in functions:
         conn.create_function(name, 1, function, deterministic=True)
     authorizer = _Authorizer(read_only, tables, frozenset(name for name, _ in functions), masked)
+    authorizer.path = path
     conn.set_authorizer(authorizer)
     return conn, authorizer
 
@@ -760,6 +646,8 @@ def run(path: str, call: Call) -> Result:
         raise _failure(exc, authorizer, conn, deadline, call.timeout) from None
     finally:
         conn.close()
+        if authorizer.schema_changed:
+            schema.forget(path)     # writable_schema's changes aren't counted in the version keying its facts
     return Result(columns, rows, (time.perf_counter() - started) * 1000.0)
 
 

@@ -582,3 +582,56 @@ def test_a_locked_database_is_503_and_vacuum_a_clear_400(tmp_path):
     finally:
         waiter.close()
         holder.close()
+
+
+def test_a_warm_masked_or_restricted_call_reads_no_schema(tmp_path, monkeypatch):
+    """Review finding: each masked call read sqlite_schema, tokenized every table's DDL and rebuilt the schema in
+    an in-memory database (0.36 ms -> 4.2 ms a call on 100 tables); each insert-only write too. What depends on
+    the schema alone is kept per file and schema_version: a warm call reads the version alone, and a schema
+    change (by any connection) is seen by the next call."""
+    path = str(tmp_path / "warm.db")
+    with sqlite3.connect(path) as conn:
+        conn.executescript("CREATE TABLE src(id INTEGER PRIMARY KEY, body TEXT); INSERT INTO src VALUES (1, 'x');"
+                           "CREATE VIRTUAL TABLE notes USING fts5(body); INSERT INTO notes VALUES ('note');"
+                           "CREATE TABLE log(x);")
+    conn.close()
+    statements, copies = [], []
+    connect = sqlite3.connect
+
+    def traced(database, *args, **kwargs):
+        opened = connect(database, *args, **kwargs)
+        if database == ":memory:":
+            copies.append(database)
+        else:
+            opened.set_trace_callback(statements.append)
+        return opened
+
+    def masked(sql):
+        c = Call(sql, (), True, 5.0, 10)
+        c.functions, c.masked = (("qag_mask_hash", lambda value: "h"),), True
+        return backend.run(path, c)
+
+    def calls():
+        assert masked("SELECT qag_mask_hash(body) AS b FROM notes WHERE rowid = 1").rows == [("h",)]
+        assert masked("SELECT qag_mask_hash(body) AS b FROM src").rows == [("h",)]
+        write(path, "INSERT INTO notes VALUES ('more')", ["insert"])
+        write(path, "INSERT INTO log VALUES (1)", ["insert"])
+
+    monkeypatch.setattr(sqlite3, "connect", traced)
+    calls()                                                         # cold: reads the schema once
+    assert any("sqlite_schema" in s for s in statements) and copies
+    statements.clear(), copies.clear()
+    calls()                                                         # warm
+    assert statements and copies == []
+    assert not [s for s in statements if "sqlite_schema" in s or "pragma_table" in s], statements
+    # Another connection's change is the next call's: an FTS table over src's content is refused at once.
+    with connect(path) as conn:
+        conn.execute("CREATE VIRTUAL TABLE ft USING fts5(body, content='src', content_rowid='id')")
+    conn.close()
+    with pytest.raises(QagError) as refused:
+        masked("SELECT qag_mask_hash(body) AS b FROM ft")
+    assert refused.value.code == "mask_unresolvable"
+    # A plain call does no schema work at all.
+    statements.clear()
+    assert backend.run(path, Call("SELECT body FROM src", (), True, 5.0, 10)).rows == [("x",)]
+    assert statements == ["SELECT body FROM src"]
