@@ -44,14 +44,15 @@ class Facts:
 
     - ddl: (name, sql) of the tables and views, in creation order (the copies' schema);
     - kinds: view or trigger, by name; own: the tables' and views' names;
-    - virtual: the virtual tables' names; content: those over another table's content (FTS `content=`);
+    - virtual: the virtual tables' names; modules: their modules, by name (folded; None when the statement doesn't
+      say); content: those over another table's content (FTS `content=`);
     - replacing: the plain tables declaring ON CONFLICT REPLACE on a PRIMARY KEY or UNIQUE constraint;
     - shadows: the shadow tables, qualified (None: SQLite before 3.37 doesn't say); listed: the virtual tables
       pragma table_list names;
     - columns: a virtual table's (name, hidden) columns (None: the library can't open it).
     """
 
-    __slots__ = ("ddl", "kinds", "own", "virtual", "content", "replacing", "shadows", "listed", "columns", "_idle",
+    __slots__ = ("ddl", "kinds", "own", "virtual", "modules", "content", "replacing", "shadows", "listed", "columns", "_idle",
                  "_lock")
 
     def __init__(self, conn):
@@ -62,6 +63,7 @@ class Facts:
         self.own = frozenset(ascii_lower(name) for kind, name, _ in rows if kind in ("table", "view"))
         tables = {ascii_lower(name): sql for kind, name, sql in rows if kind == "table" and sql is not None}
         self.virtual = frozenset(name for name, sql in tables.items() if is_virtual(sql))
+        self.modules = {name: module_of(tables[name]) for name in self.virtual}
         self.content = frozenset(name for name in self.virtual if reads_content(tables[name]))
         self.replacing = frozenset(name for name, sql in tables.items()
                                    if name not in self.virtual and declares_replace(sql))
@@ -174,6 +176,23 @@ def forget(path: str) -> None:
 def is_virtual(ddl: str) -> bool:
     words = [t.value.lower() for t in lexer.significant(lexer.tokenize(ddl, "sqlite"))[:3] if t.kind == lexer.WORD]
     return words[:2] == ["create", "virtual"]
+
+
+def module_of(ddl: str) -> str | None:
+    """The module a CREATE VIRTUAL TABLE statement names after USING (a name, quoted or not, folded as SQLite finds
+    modules); None when there is none to read."""
+    sig = lexer.significant(lexer.tokenize(ddl, "sqlite"))
+    for i, t in enumerate(sig[:-1]):
+        if t.kind == lexer.WORD and t.value == "using":
+            name = sig[i + 1]
+            text = ddl[name.start:name.end]
+            if name.kind == lexer.WORD:
+                return ascii_lower(text)
+            if name.kind in (lexer.QIDENT, lexer.STRING) and len(text) >= 2:
+                close = "]" if text[0] == "[" else text[0]
+                return ascii_lower(text[1:-1].replace(close * 2, close) if close != "]" else text[1:-1])
+            return None
+    return None
 
 
 def declares_replace(ddl: str) -> bool:

@@ -102,6 +102,11 @@ _TRANSACTION_OPS = {"begin": "begin", "commit": "commit", "rollback": "rollback"
 _REPLACING_OPS = frozenset({"delete", "replace"})
 _COMMAND_OPS = frozenset({"delete", "update"})
 _SAVEPOINT_OPS = {"begin": "savepoint", "release": "release", "rollback": "rollback"}
+# Virtual table modules whose table holds only its own content (an FTS table without `content=`, an R*Tree): what a
+# masked call reads through it is what was written into it, under its own name, which mask rules can name. Any
+# other module's table may show another table's values under its own (fts5vocab and fts4aux list an FTS table's
+# words; an unknown module anything), so a masked call reading one is refused.
+_OWN_CONTENT_MODULES = frozenset({"fts3", "fts4", "fts5", "rtree", "rtree_i32", "geopoly"})
 
 
 def _needed_ops(action, arg1, arg2, source) -> frozenset | None:
@@ -379,7 +384,8 @@ class _Authorizer:
     def _masked_refusal(self, conn) -> QagError | None:
         """A masked call reads a table masking wraps, never what holds that table's values elsewhere: an FTS table
         over another table's content (`content=`: it shows that table's values through its own columns) and a
-        virtual table's shadow tables (`notes_content` holds an FTS table's text). Reading a virtual table reads
+        virtual table's shadow tables (`notes_content` holds an FTS table's text), and a virtual table of any
+        module but those holding only their own content (_OWN_CONTENT_MODULES). Reading a virtual table reads
         its shadow tables on its behalf, reported alike; so the statement's own reads (a view's included) are
         SQLite's compile of it on an in-memory copy where every virtual table is a plain table."""
         facts = self.facts(conn)
@@ -389,6 +395,13 @@ class _Authorizer:
         if over:
             return QagError("mask_unresolvable", f"This result can't be masked safely: {over[0]} is a full-text "
                             "table over another table's content, whose values masking can't see there")
+        other = sorted(name for name in facts.virtual if facts.modules[name] not in _OWN_CONTENT_MODULES
+                       and f"main.{name}" in self.tables)
+        if other:
+            return QagError("mask_unresolvable", f"This result can't be masked safely: {other[0]} is a virtual "
+                            f"table of the module {facts.modules[other[0]] or '(unknown)'}, which may show another "
+                            "table's values (fts5vocab and fts4aux show an FTS table's words) where masking can't "
+                            "see them")
         shadows = facts.shadows         # None: SQLite before 3.37 doesn't say which tables are shadow tables
         if shadows is None or shadows & self.tables and _reads_any(facts, self.statement, shadows, self.own):
             return QagError("mask_unresolvable", "This result can't be masked safely: the statement reads a virtual "

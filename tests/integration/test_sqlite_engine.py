@@ -635,3 +635,37 @@ def test_a_warm_masked_or_restricted_call_reads_no_schema(tmp_path, monkeypatch)
     statements.clear()
     assert backend.run(path, Call("SELECT body FROM src", (), True, 5.0, 10)).rows == [("x",)]
     assert statements == ["SELECT body FROM src"]
+
+
+def test_a_masked_call_reads_only_virtual_tables_holding_their_own_content(tmp_path):
+    """Review finding: fts5vocab and fts4aux tables list a masked FTS table's words in clear. For a masked call a
+    virtual table declared in the file is read only when its module holds its own content alone (an allow-list:
+    FTS3/4/5 without content=, R*Tree, geopoly); eponymous table functions are judged as before."""
+    path = str(tmp_path / "vocab.db")
+    with sqlite3.connect(path) as conn:
+        conn.executescript("CREATE VIRTUAL TABLE notes USING fts5(body); INSERT INTO notes VALUES ('secret words');"
+                           "CREATE VIRTUAL TABLE n4 USING fts4(body); INSERT INTO n4 VALUES ('secret words');"
+                           "CREATE VIRTUAL TABLE v USING fts5vocab(notes, 'instance');"
+                           "CREATE VIRTUAL TABLE \"V2\" USING \"FTS5VOCAB\"(notes, row);"
+                           "CREATE VIRTUAL TABLE a4 USING fts4aux(n4);"
+                           "CREATE VIEW vv AS SELECT term FROM v;"
+                           "CREATE VIRTUAL TABLE box USING rtree(id, x0, x1);"
+                           "INSERT INTO box VALUES (1, 0, 1);")
+    conn.close()
+
+    def masked(sql):
+        c = Call(sql, (), True, 5.0, 10)
+        c.functions, c.masked = (("qag_mask_hash", lambda value: "h"),), True
+        return backend.run(path, c)
+
+    for sql in ("SELECT term FROM v", "SELECT term FROM v2", "SELECT term FROM a4", "SELECT term FROM vv",
+                "WITH w AS (SELECT term FROM v) SELECT term FROM w", "SELECT (SELECT max(term) FROM a4) AS t"):
+        error = refused("mask_unresolvable", masked, sql)
+        assert "virtual table of the module" in error.message, (sql, error.message)
+    # Without mask rules they read as before; masked, the tables holding their own content still read.
+    assert backend.run(path, Call("SELECT term FROM v ORDER BY term", (), True, 5.0, 10)).rows == [("secret",),
+                                                                                                ("words",)]
+    assert masked("SELECT qag_mask_hash(body) AS b FROM notes").rows == [("h",)]
+    assert masked("SELECT qag_mask_hash(body) AS b FROM n4").rows == [("h",)]
+    assert masked("SELECT id FROM box").rows == [(1,)]
+    assert masked("SELECT value FROM json_each('[1]')").rows == [(1,)]
