@@ -611,10 +611,18 @@ def _file_error(exc: Exception) -> QagError | None:
 
 
 def _failure(exc: Exception, authorizer, conn, deadline, timeout) -> QagError:
-    """The error for a failed call: what the authorizer refused if it did, else the driver's error mapped."""
+    """The error for a failed call: what the authorizer refused if it did, else the driver's error mapped.
+
+    The call's statement is over: its time limit no longer applies to qag's own reading of the schema here (armed
+    past the deadline, it interrupted that reading, and the raw 'interrupted' escaped as a 500). A reading that
+    fails anyway leaves the call's own error."""
     if authorizer is not None and (authorizer.refusal is not None or authorizer.refused or authorizer.shadow
                                    or authorizer.rows):
-        refusal = authorizer.check(conn)
+        conn.set_progress_handler(None, 0)
+        try:
+            refusal = authorizer.check(conn)
+        except sqlite3.Error:
+            refusal = authorizer.refusal
         if refusal is not None:
             return refusal
     return _mapped(exc, deadline, timeout)

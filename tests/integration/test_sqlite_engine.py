@@ -669,3 +669,21 @@ def test_a_masked_call_reads_only_virtual_tables_holding_their_own_content(tmp_p
     assert masked("SELECT qag_mask_hash(body) AS b FROM n4").rows == [("h",)]
     assert masked("SELECT id FROM box").rows == [(1,)]
     assert masked("SELECT value FROM json_each('[1]')").rows == [(1,)]
+
+
+def test_a_write_past_its_time_limit_is_a_timeout_whatever_qag_reads_after(tmp_path):
+    """Review finding: a restricted write interrupted by its time limit escaped as a raw OperationalError
+    ('interrupted', a 500): judging its refusal, qag read the schema on the connection whose progress handler was
+    still armed past the deadline. qag's own reads aren't the caller's statement: the handler is off for them."""
+    path = str(tmp_path / "slow.db")
+    with sqlite3.connect(path) as conn:
+        conn.executescript("".join(f"CREATE TABLE t{i}(id INTEGER PRIMARY KEY, v TEXT);" for i in range(300))
+                           + "CREATE TABLE log(x);")
+    conn.close()
+    call = Call("INSERT INTO log(x) WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n+1 FROM r) SELECT n FROM r",
+                (), False, 0.3, 10)
+    call.write_ops = frozenset({"insert"})
+    with pytest.raises(QagError) as raised:
+        backend.run(path, call)
+    assert (raised.value.code, raised.value.status) == ("query_timeout", 504)
+    assert count(path, "log") == 0
