@@ -411,7 +411,9 @@ class _Authorizer:
 
     def _rows_refusal(self, conn) -> QagError | None:
         """A row write counted as what it does (_REPLACING_OPS, _COMMAND_OPS), from the schema: refused when the
-        call's operations don't cover it."""
+        call's operations don't cover it. An INSERT into a table declared ON CONFLICT REPLACE that overrides it
+        (OR ABORT/FAIL/IGNORE/ROLLBACK, ON CONFLICT DO NOTHING) deletes nothing: SQLite's compiled program,
+        which holds the REPLACE's delete of the conflicting row, says (_program_deletes)."""
         ops = self.write_ops
         replaces = not ops & _REPLACING_OPS
         commands = not _COMMAND_OPS <= ops
@@ -419,7 +421,8 @@ class _Authorizer:
             return None
         facts = self.facts(conn)
         for action, table in sorted(self.rows):
-            if replaces and table in facts.replacing:
+            if (replaces and table in facts.replacing
+                    and ((sqlite3.SQLITE_UPDATE, table) in self.rows or _program_deletes(conn, self.statement, self))):
                 return QagError("write_op_not_allowed", write_op_not_allowed_message(ops)[:-1] + f" (the table "
                                 f"{table} is declared ON CONFLICT REPLACE: a row written into it deletes the row it "
                                 "conflicts with, so it needs delete or replace).")
@@ -440,6 +443,23 @@ class _Authorizer:
                     self.refused.append(name)
                 else:
                     self.via.append((name, column, source))
+
+
+def _program_deletes(conn, statement, authorizer) -> bool:
+    """Whether SQLite's program for the statement deletes a row itself (a Delete or IdxDelete opcode of its main
+    program: an ON CONFLICT REPLACE's delete of the row it meets; a trigger's deletes are subprograms). Only an
+    INSERT's reading: an UPDATE's program deletes the index entries it rewrites. True when it can't tell."""
+    if statement is None:
+        return True
+    conn.set_authorizer(None)     # qag's own compile of the statement the authorizer already judged
+    try:
+        # EXPLAIN compiles the statement without running it.
+        return any(op in ("Delete", "IdxDelete") for _, op, *_ in conn.execute("EXPLAIN " + statement[0],
+                                                                                statement[1]))
+    except (sqlite3.Error, OverflowError, ValueError):
+        return True
+    finally:
+        conn.set_authorizer(authorizer)
 
 
 def _reads_any(facts, statement, tables, own: frozenset) -> bool:

@@ -687,3 +687,20 @@ def test_a_write_past_its_time_limit_is_a_timeout_whatever_qag_reads_after(tmp_p
         backend.run(path, call)
     assert (raised.value.code, raised.value.status) == ("query_timeout", 504)
     assert count(path, "log") == 0
+
+
+def test_an_insert_overriding_on_conflict_replace_needs_insert_alone(replacing):
+    """Review finding: INSERT OR ABORT/FAIL/IGNORE/ROLLBACK and ON CONFLICT DO NOTHING override a table's ON
+    CONFLICT REPLACE and delete nothing, yet were refused for an insert-only key. SQLite's compiled program says
+    whether the statement deletes the row it meets; an UPSERT naming another constraint still replaces."""
+    for sql in ("INSERT OR ABORT INTO pk VALUES (5, 'a')", "INSERT OR FAIL INTO pk VALUES (6, 'b')",
+                "INSERT OR IGNORE INTO pk VALUES (1, 'ignored')", "INSERT OR ROLLBACK INTO uq VALUES (7, 'c@x')",
+                "INSERT INTO uq(email) VALUES ('a@example.com') ON CONFLICT DO NOTHING"):
+        write(replacing, sql, ["insert"])
+    assert _fts_rows(replacing)[3] == [(1, "kept"), (5, "a"), (6, "b")]
+    assert count(replacing, "uq") == 2
+    for sql in ("INSERT INTO pk VALUES (1, 'new')",
+                "INSERT INTO uq(id, email) VALUES (1, 'b@x') ON CONFLICT(id) DO NOTHING"):
+        error = refused("write_op_not_allowed", write, replacing, sql, ["insert"])
+        assert "ON CONFLICT REPLACE" in error.message
+    assert _fts_rows(replacing)[3][0] == (1, "kept") and count(replacing, "uq") == 2
