@@ -14,9 +14,8 @@ from .settings import Settings, unix_path
 
 _CONFIG_NAMES = ("bind", "workers", "threads", "worker_class", "timeout", "graceful_timeout", "keepalive",
                  "preload_app", "accesslog", "access_log_format", "errorlog", "loglevel", "proc_name",
-                 "on_starting", "on_reload", "when_ready", "pre_fork", "post_fork", "post_worker_init", "worker_exit", "child_exit",
-                 "on_exit", "control_socket", "logger_class",
-                 "control_socket_disable")
+                 "on_starting", "on_reload", "when_ready", "pre_fork", "post_fork", "post_worker_init", "worker_exit",
+                 "child_exit", "on_exit", "control_socket", "logger_class", "control_socket_disable")
 
 
 class _Server(BaseApplication):

@@ -52,8 +52,8 @@ class Facts:
     - columns: a virtual table's (name, hidden) columns (None: the library can't open it).
     """
 
-    __slots__ = ("ddl", "kinds", "own", "virtual", "modules", "content", "replacing", "shadows", "listed", "columns", "_idle",
-                 "_lock")
+    __slots__ = ("ddl", "kinds", "own", "virtual", "modules", "content", "replacing", "shadows", "listed", "columns",
+                 "_idle", "_lock")
 
     def __init__(self, conn):
         rows = conn.execute("SELECT type, name, sql FROM main.sqlite_schema ORDER BY rowid").fetchall()

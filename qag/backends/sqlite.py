@@ -155,8 +155,8 @@ class _Authorizer:
     """
 
     __slots__ = ("read_only", "grants", "own", "tables", "functions", "actions", "expanded", "via", "refused",
-                 "refusal", "write_ops", "statement", "named", "shadow", "rows", "masked", "own_via", "path", "schema_changed",
-                 "_facts")
+                 "refusal", "write_ops", "statement", "named", "shadow", "rows", "masked", "own_via", "path",
+                 "schema_changed", "_facts")
 
     def __init__(self, read_only: bool, grants: frozenset | None, own: frozenset = frozenset(),
                  masked: bool = False):

@@ -97,7 +97,8 @@ _MYSQL_ACTIVITY_NAMES = frozenset(("processlist", "performance_schema", "innodb_
 # run time (ts_stat($$... pg_stat_activity$$), table_to_xml(('pg_stat_' || ...)::regclass)).
 _PG_ACTIVITY = ("pg_stat_activity", "pg_stat_get_activity", "pg_stat_get_backend_", "table_to_xml", "schema_to_xml",
                 "database_to_xml", "cursor_to_xml", "query_to_xml", "ts_stat", "ts_rewrite")
-_READS_OTHER_SESSIONS: dict = {}     # (dialect, statement) -> (code, message) of its refusal, or (): saved queries repeat
+# (dialect, statement) -> (code, message) of its refusal, or (): saved queries repeat
+_READS_OTHER_SESSIONS: dict = {}
 _READS_OTHER_SESSIONS_MAX = 1024
 
 
