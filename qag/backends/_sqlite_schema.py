@@ -206,10 +206,17 @@ def declares_replace(ddl: str) -> bool:
 
 def reads_content(ddl: str) -> bool:
     """Whether a virtual table's CREATE statement names another table as its content (FTS4/FTS5 `content=`);
-    `content=''` (contentless) holds none."""
+    `content=''` (contentless) holds none. FTS5 takes any prefix of an option's name (`c='src'`, `cont='src'`:
+    content is the first option it tries that starts so), and a quoted name: every such spelling counts."""
     sig = lexer.significant(lexer.tokenize(ddl, "sqlite"))
     for i, t in enumerate(sig[:-2]):
-        if t.kind == lexer.WORD and t.value.lower() == "content" and sig[i + 1].value == "=":
+        if t.kind == lexer.WORD:
+            name = t.value.lower()
+        elif t.kind in (lexer.QIDENT, lexer.STRING):
+            name = ddl[t.start + 1:t.end - 1].lower()
+        else:
+            continue
+        if name and "content".startswith(name) and sig[i + 1].value == "=":
             value = sig[i + 2]
             if not (value.kind == lexer.STRING and value.end - value.start <= 2):
                 return True

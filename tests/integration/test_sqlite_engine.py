@@ -704,3 +704,25 @@ def test_an_insert_overriding_on_conflict_replace_needs_insert_alone(replacing):
         error = refused("write_op_not_allowed", write, replacing, sql, ["insert"])
         assert "ON CONFLICT REPLACE" in error.message
     assert _fts_rows(replacing)[3][0] == (1, "kept") and count(replacing, "uq") == 2
+
+
+def test_a_masked_call_reads_no_fts5_table_over_another_tables_content_however_the_option_is_spelled(tmp_path):
+    """Found by a second look: FTS5 takes any prefix of an option's name, so `cont='src'` (or `c='src'`) made an
+    external-content table the check missed, and a masked call read src.body through it in clear."""
+    path = str(tmp_path / "prefix.db")
+    with sqlite3.connect(path) as conn:
+        conn.executescript("CREATE TABLE src(id INTEGER PRIMARY KEY, body TEXT); INSERT INTO src VALUES (1, 'ssn 1');"
+                           "CREATE VIRTUAL TABLE f1 USING fts5(body, cont='src', content_rowid='id');"
+                           "CREATE VIRTUAL TABLE f2 USING fts5(body, c='src', content_rowid='id');"
+                           "CREATE VIRTUAL TABLE own USING fts5(body, content=''); ")
+    conn.close()
+
+    def masked(sql):
+        c = Call(sql, (), True, 5.0, 10)
+        c.functions, c.masked = (("qag_mask_hash", lambda value: "h"),), True
+        return backend.run(path, c)
+
+    for table in ("f1", "f2"):
+        assert backend.run(path, Call(f"SELECT body FROM {table}", (), True, 5.0, 10)).rows == [("ssn 1",)]
+        refused("mask_unresolvable", masked, f"SELECT body FROM {table}")
+    assert masked("SELECT rowid FROM own").rows == []          # contentless: holds nothing of another table's
