@@ -345,6 +345,10 @@ def _alternative_readings(tokens: list[Token], text: str, dialect: str) -> list[
     return []
 
 
+# What starts a comment or a literal inside an executable comment's code (_mysql_unreadable).
+_CODE_MARKS = ("--", "#", "/*", "'", '"', "`")
+
+
 def _mysql_unreadable(text: str, tokens: list[Token], text_placeholders: bool) -> str | None:
     """Why a MySQL/MariaDB statement can't be read as every server reads it, or None.
 
@@ -353,11 +357,19 @@ def _mysql_unreadable(text: str, tokens: list[Token], text_placeholders: bool) -
       elsewhere than qag reads them. Up to the first such bracket that server reads as one of these readings.
     - Slots in a statement with an executable comment (/*! */, /*M! */): the server reads the comment's inside as
       code, where a literal holding `*/` ends it elsewhere than qag's reading does.
+    - An executable comment holding a comment or a literal mark (`--`, `#`, `/*`, a quote): the server reads its
+      inside as code, where a line comment runs past the `*/` qag takes for its end (`/*! -- */` + a line feed
+      goes on to the next `*/`) and a literal can hold one; so what runs is not what qag read (a second look got
+      SHOW GRANTS and the process list past every check that way).
     - Slots another backslash reading puts elsewhere (_slots_move)."""
     readings = [tokens] + [alt for alt, _, _ in _alternatives(tokens, text, "mysql", text_placeholders)]
     if "[" in text and any(t.kind == PUNCT and t.value == "[" for reading in readings for t in reading):
         return ("a square bracket outside a literal, which a server whose sql_mode has MSSQL reads as a quoted name "
                 "(and any other server refuses)")
+    if "/*" in text and any(t.kind == XCOMMENT and any(mark in text[t.start + 3:t.end - 2] for mark in _CODE_MARKS)
+                            for reading in readings for t in reading):
+        return ("an executable comment (/*! */, /*M! */) holds a comment or a literal, so the server may end it "
+                "elsewhere than it seems")
     slots = any(t.kind in (PARAM, TEXT) for t in tokens) or (
         text_placeholders and "{" in text and any(type(item) is tuple for item in _template(
             text, tokens, "mysql", text_placeholders, None)[0]))

@@ -478,3 +478,16 @@ def test_a_key_that_may_write_creates_no_stored_program(state_server, db):
                        "ROUTINE_NAME LIKE 'qag_state_%%'", (db.name,)) == 0
     r = sql(server, "CALL qag_no_such_procedure()", key=writer)
     assert r.status == 500 and r.json["code"] == "query_failed", r    # CALL itself is the server's to judge
+
+
+@pytest.mark.e2e
+def test_an_executable_comment_holding_a_line_comment_hides_nothing(state_server, db):
+    """Found by a second look: `SHOW /*! -- */` + a line feed + `GRANTS */` showed a key that may write the
+    password hash (the server's `-- ` inside the executable comment runs past the `*/` qag took for its end)."""
+    server, keys = state_server
+    writer = keys["write"][0]
+    for statement in ("SHOW /*! -- */\nGRANTS */",
+                      "SELECT /*! -- */\n group_concat(info) AS i FROM information_schema.PROCESSLIST */"):
+        r = sql(server, statement, key=writer)
+        assert r.status == 400 and r.json["code"] == "invalid_request", (statement, r)
+        assert "PASSWORD" not in r.body.decode()

@@ -259,3 +259,24 @@ def test_other_sessions_activity_is_refused_to_api_keys(dialect, sql, reads):
         assert (refused.value.code, refused.value.status) == ("table_not_allowed", 403)
     else:
         check_other_sessions(prepared)
+
+
+@pytest.mark.parametrize("sql", ["SHOW /*! -- */\nGRANTS */", "SHOW /*! -- */\nCREATE USER u */",
+                                 "SELECT /*! -- */\n group_concat(info) FROM information_schema.PROCESSLIST */",
+                                 "SELECT 1 AS a /*M!100000 -- */\n, (SELECT 1) AS b */",
+                                 "CREATE /*! # */\nPROCEDURE p() SHOW GRANTS */", "SELECT /*! 'x */' */ 1",
+                                 "SELECT /*! /* x */ 1 */"])
+def test_an_executable_comment_holding_a_comment_or_a_literal_is_not_read(sql):
+    """Found by a second look: inside /*! ... */ the server reads `-- ` and `#` as line comments that run past the
+    `*/` qag took for the comment's end, so the code went on to the next `*/`: SHOW GRANTS, the process list and a
+    stored program's creation passed every check of a key that may write. Such a statement is not read: refused
+    for every caller (400 for a writer, 403 read_only otherwise)."""
+    p = prepare(sql, "mysql")
+    assert p.unreadable is not None
+    assert refusal(p, writes_allowed=True, allowed_write_ops=None).code == "invalid_request"
+    assert refusal(p, writes_allowed=False, allowed_write_ops=None).code == "read_only"
+
+
+@pytest.mark.parametrize("sql", ["SELECT /*!50000 1 */ AS a", "SELECT /*M!100000 2 */ AS b", "SELECT /*+ NO_ICP(t) */ 1"])
+def test_a_plain_executable_comment_is_read(sql):
+    assert prepare(sql, "mysql").unreadable is None
