@@ -115,6 +115,11 @@ _STORED_PROGRAM_REFUSED = ("table_check_failed", "API keys may not create or cha
                                                  "functions, triggers, events): what their bodies run later can't "
                                                  "be checked")
 _STORED_PROGRAMS = frozenset(("procedure", "function", "trigger", "event", "package"))
+# The objects a CREATE or ALTER names otherwise: the first of these or of _STORED_PROGRAMS after CREATE/ALTER (past
+# OR REPLACE, DEFINER = ..., AGGREGATE, ALGORITHM = ..., SQL SECURITY ...) says what it makes, so a column named
+# event in a CREATE TABLE is not a stored program.
+_OTHER_OBJECTS = frozenset(("table", "view", "index", "database", "schema", "user", "role", "sequence", "server",
+                            "tablespace", "temporary", "unique", "fulltext", "spatial", "logfile", "resource"))
 # SHOW GRANTS / SHOW CREATE USER: the connection's own account, with its password's hash (mysql_native_password's
 # is unsalted, so a guess can be checked offline).
 _CREDENTIALS_REFUSED = ("table_not_allowed", "API keys may not read the connection's account (SHOW GRANTS, SHOW "
@@ -162,8 +167,10 @@ def _mysql_refusal(sql: str) -> tuple:
     first = words[0] if words else ""
     if "execute" in words or "prepare" in words:
         return _RUNTIME_SQL_REFUSED   # anywhere: in a stored program's body as much as at the start
-    if first in ("create", "alter") and not _STORED_PROGRAMS.isdisjoint(words):
-        return _STORED_PROGRAM_REFUSED
+    if first in ("create", "alter"):
+        made = next((word for word in words[1:] if word in _STORED_PROGRAMS or word in _OTHER_OBJECTS), "")
+        if made in _STORED_PROGRAMS:
+            return _STORED_PROGRAM_REFUSED
     if first == "show" and len(words) > 1 and words[1] in ("engine", "explain", "analyze", "binlog", "relaylog"):
         # SHOW ENGINE INNODB STATUS; SHOW EXPLAIN / ANALYZE FOR <thread>; SHOW BINLOG / RELAYLOG EVENTS (other
         # callers' writes, values and all)

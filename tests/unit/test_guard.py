@@ -225,6 +225,8 @@ _ACTIVITY = [
     ("CREATE TRIGGER t BEFORE INSERT ON x FOR EACH ROW SET NEW.a = 1", "table_check_failed"),
     ("CREATE EVENT e ON SCHEDULE EVERY 1 DAY DO DELETE FROM x", "table_check_failed"),
     ("ALTER PROCEDURE p COMMENT 'x'", "table_check_failed"),
+    ("CREATE OR REPLACE DEFINER = `u`@`%` AGGREGATE FUNCTION f(x INT) RETURNS INT BEGIN RETURN 1; END",
+     "table_check_failed"),
     ("SELECT 1 FROM t WHERE EXISTS (SELECT 1) AND 'x' = 'x' OR prepare = 1", "table_check_failed"),
     ("SHOW CREATE USER CURRENT_USER", "table_not_allowed"),
 ])
@@ -239,6 +241,9 @@ def test_what_an_api_key_can_not_have_checked_on_mysql(sql, code):
 
 @pytest.mark.parametrize("sql", ["SHOW TABLES", "SHOW CREATE TABLE t", "SELECT executed_at FROM jobs",
                                  "CALL p(1)", "CREATE TABLE events (id INT)", "DROP PROCEDURE p",
+                                 "CREATE TABLE audit (event TEXT, `trigger` INT, function TEXT)",
+                                 "CREATE ALGORITHM = MERGE VIEW v AS SELECT event FROM audit",
+                                 "ALTER TABLE audit ADD COLUMN procedure_name TEXT",
                                  "CREATE VIEW v AS SELECT id FROM orders",
                                  "SELECT 'EXECUTE IMMEDIATE' AS v", "SHOW COLUMNS FROM grants"])
 def test_what_looks_like_it_but_is_not_refused_on_mysql(sql):
