@@ -819,7 +819,9 @@ class SqliteBackend(Backend):
 
     def test(self, fields: dict) -> float:
         started = time.perf_counter()
-        run(self.path(fields), Call("SELECT 1", (), True, 10.0, 1))
+        # The schema's row count reads the file's header: a file that is not a database fails here, as its calls do
+        # (`SELECT 1` read nothing, so the test passed where every call was a 400).
+        run(self.path(fields), Call("SELECT count(*) FROM sqlite_schema", (), True, 10.0, 1))
         return (time.perf_counter() - started) * 1000.0
 
     def schema(self, fields: dict, database: str | None = None) -> dict:
