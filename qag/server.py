@@ -39,17 +39,20 @@ class _Server(BaseApplication):
         from . import gunicorn_conf
         from .app import create_app
         from .settings import load
-        from .store import StoreOpenError, open_store
+        from .store import StoreError, StoreOpenError, open_store
         settings = load()
         worker = gunicorn_conf.this_worker
         if settings.database_url and gunicorn_conf.respawned() and worker is not None:
             if not gunicorn_conf.reload_round():
-                return create_app(settings, open_store_when_up(settings, worker))
+                return open_store_when_up(settings, worker, build=lambda store: create_app(settings, store))
+            store = None
             try:
-                return create_app(settings, open_store(settings, create=False))
-            except StoreOpenError as exc:
-                if not exc.transient:
+                store = open_store(settings, create=False)
+                return create_app(settings, store)
+            except StoreError as exc:
+                if isinstance(exc, StoreOpenError) and not exc.transient:
                     raise   # a store that is wrong (a newer schema, a missing database) isn't waited out
+                _close_quietly(store)   # opened, then dropped as the gateway read it (its server secret)
                 from .storewait import StoreWaiting
                 worker.log.warning("worker %s: the store can't be opened (%s); answering 503 until it can",
                                    os.getpid(), exc)
@@ -62,19 +65,24 @@ class _Server(BaseApplication):
 RETRY_FIRST, RETRY_MOST = 1.0, 30.0   # seconds between a restarted worker's attempts to open the store: doubling
 
 
-def open_store_when_up(settings: Settings, worker, sleep=time.sleep):
-    """The store, opened as soon as it can be: a warning each failed attempt, then a wait (doubling up to
+def open_store_when_up(settings: Settings, worker, sleep=time.sleep, build=lambda store: store):
+    """build(the store), opened as soon as it can be: a warning each failed attempt, then a wait (doubling up to
     RETRY_MOST s) during which the worker keeps its heartbeat (gunicorn's master would kill a silent worker and
-    fork another into the same wait). Ends the worker (exit 0, not gunicorn's boot error, which halts the master)
-    once it is told to stop."""
-    from .store import StoreOpenError, open_store
+    fork another into the same wait). A store that drops while `build` reads it (the gateway reads its server
+    secret) is closed and tried again: raised, it was a failed boot, which halts the master and every worker with
+    it (a fault drill's reload met it). Ends the worker (exit 0, not gunicorn's boot error) once it is told to
+    stop."""
+    from .store import StoreError, StoreOpenError, open_store
     wait = RETRY_FIRST
     while True:
+        store = None
         try:
-            return open_store(settings, create=False)
-        except StoreOpenError as exc:
-            if not exc.transient:
+            store = open_store(settings, create=False)
+            return build(store)
+        except StoreError as exc:
+            if isinstance(exc, StoreOpenError) and not exc.transient:
                 raise   # a store that is wrong (a newer schema, a missing database) isn't waited out
+            _close_quietly(store)
             worker.log.warning("worker %s: the store can't be opened (%s); trying again in %g s", os.getpid(),
                                exc, wait)
         until = time.monotonic() + wait
@@ -84,6 +92,14 @@ def open_store_when_up(settings: Settings, worker, sleep=time.sleep):
             worker.notify()
             sleep(min(0.5, max(0.0, until - time.monotonic())))
         wait = min(wait * 2, RETRY_MOST)
+
+
+def _close_quietly(store) -> None:
+    if store is not None:
+        try:
+            store.close()
+        except Exception:
+            pass   # a store that already failed: closing it has nothing more to lose
 
 
 def check_startup(settings: Settings) -> None:

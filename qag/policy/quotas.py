@@ -507,6 +507,9 @@ class Quotas:
         return self._holder[1]
 
     def _owe(self, key: tuple, calls: int, rows: int) -> None:
+        """Count for Redis what the host table counted while Redis failed: sent by this worker's next call that
+        reaches Redis, or by the retry thread within SETTLE_RETRY s of Redis answering (a worker that serves no
+        call then would keep them from the count)."""
         with self._lock:
             owed = self._owed.get(key)
             if owed is None:
@@ -515,6 +518,10 @@ class Quotas:
                 owed = self._owed[key] = [0, 0, self.clock()]
             owed[0] += calls
             owed[1] += rows
+            if self._settling:
+                return
+            self._settling = True
+        threading.Thread(target=self._retry_settles, name="qag-quota-settle", daemon=True).start()
 
     def _send_owed(self, client) -> None:
         """Add the counts the host table took while Redis failed to Redis's counters (_OWED), before Redis decides
@@ -619,19 +626,22 @@ class Quotas:
                 return
 
     def _send_settles(self) -> bool:
-        """One try at the kept settles, straight to the client (a background try neither starts nor ends the
-        back-off the calls see). False once none is left (the retrying thread then ends)."""
+        """One try at the kept settles and the counts owed to Redis, straight to the client (a background try
+        neither starts nor ends the back-off the calls see). False once none is left (the retrying thread then
+        ends)."""
         import redis
         with self._lock:
             now = self.clock()
             for token in [token for token, v in self._unsettled.items() if v[4] <= now]:
                 del self._unsettled[token]
             pending = list(self._unsettled.items())
-            if not pending:
+            if not pending and not self._owed:
                 self._settling = False
                 return False
         try:
             client = self.redis.client()
+            if self._owed:
+                self._send_owed(client)
             script = self._settle(client)
             pipe = client.pipeline(transaction=False)
             for token, (rk, held, calls, rows, until, unknown) in pending:

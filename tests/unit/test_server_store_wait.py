@@ -178,3 +178,26 @@ def test_a_store_that_drops_while_the_gateway_starts_is_tried_again():
         assert _get(app, "/q/x") == (200, {"Content-Type": "text/plain"}, b"gateway")
     finally:
         app.close()
+
+
+def test_a_store_that_drops_while_a_restarted_workers_gateway_starts_is_waited_out(monkeypatch):
+    """Found by a fault drill in CI: the store opened, then dropped as the gateway read its server secret; the
+    StoreError raised out of gunicorn's load() as a failed boot, which halts the master and every worker. A worker
+    restarted alone closes that store and tries again, as for a store that can't be opened."""
+    closed, builds = [], []
+
+    class _Store:
+        def close(self):
+            closed.append(1)
+
+    monkeypatch.setattr(store, "open_store", lambda settings, create=True: _Store())
+
+    def build(opened):
+        builds.append(opened)
+        if len(builds) < 3:
+            raise store.StoreError("cannot open the store: server closed the connection unexpectedly")
+        return "gateway"
+
+    slept = []
+    assert server.open_store_when_up(None, _Worker(), sleep=slept.append, build=build) == "gateway"
+    assert len(builds) == 3 and closed == [1, 1] and slept
