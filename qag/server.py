@@ -35,16 +35,20 @@ class _Server(BaseApplication):
         # deleted, fails to boot (and gunicorn stops) rather than serving from a new empty store of its own.
         # A PostgreSQL store that can't be reached when a worker restarts is an outage, not a wrong setting: that
         # worker waits for it (open_store_when_up) while the others serve. A reload replaces every worker, so
-        # none would serve: its workers answer meanwhile instead (/livez 200, the rest 503: storewait.py).
+        # none would serve: its workers (and the first round's) answer meanwhile instead (/livez 200, the rest
+        # 503: storewait.py).
         from . import gunicorn_conf
         from .app import create_app
         from .settings import load
         from .store import StoreError, StoreOpenError, open_store
         settings = load()
         worker = gunicorn_conf.this_worker
-        if settings.database_url and gunicorn_conf.respawned() and worker is not None:
-            if not gunicorn_conf.reload_round():
+        if settings.database_url and worker is not None:
+            if gunicorn_conf.respawned() and not gunicorn_conf.reload_round():
                 return open_store_when_up(settings, worker, build=lambda store: create_app(settings, store))
+            # A reload's worker, or one of the instance's first (the master opened the store just before it forked
+            # them, so a transient failure now is an outage, not a wrong setting: failing the boot halted the
+            # master and the workers already serving - a fault drill met it).
             store = None
             try:
                 store = open_store(settings, create=False)
