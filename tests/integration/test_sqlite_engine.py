@@ -37,12 +37,20 @@ CREATE TRIGGER audit AFTER INSERT ON orders BEGIN INSERT INTO secret(s) VALUES (
 """
 
 
+def _database(path: str, script: str) -> str:
+    """A SQLite file at path made by script."""
+    conn = sqlite3.connect(path)
+    try:
+        conn.executescript(script)
+    finally:
+        conn.close()
+    return path
+
+
 @pytest.fixture(scope="module")
 def db(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("sqlite-engine") / "engine.db")
-    conn = sqlite3.connect(path)
-    conn.executescript(SCHEMA)
-    conn.close()
+    _database(path, SCHEMA)
     return path
 
 
@@ -320,9 +328,7 @@ CREATE TRIGGER log_ins AFTER INSERT ON log BEGIN INSERT INTO audit SELECT token 
 @pytest.fixture
 def guarded(tmp_path):
     path = str(tmp_path / "guarded.db")
-    conn = sqlite3.connect(path)
-    conn.executescript(GUARDED)
-    conn.close()
+    _database(path, GUARDED)
     return path
 
 
@@ -451,11 +457,9 @@ def test_no_caller_sets_a_process_wide_pragma(guarded, tmp_path):
 
 def test_the_engine_folds_ascii_letters_alone(tmp_path):
     path = str(tmp_path / "names.db")
-    conn = sqlite3.connect(path)
-    conn.executescript('CREATE TABLE "ärger"(v); CREATE TABLE "Ärger"(v); CREATE TABLE keys(v); '
-                       'CREATE TABLE "\u212Aeys"(v); INSERT INTO "Ärger" VALUES (\'other\'); '
-                       'INSERT INTO "\u212Aeys" VALUES (\'kelvin\');')
-    conn.close()
+    _database(path, 'CREATE TABLE "ärger"(v); CREATE TABLE "Ärger"(v); CREATE TABLE keys(v); '
+                    'CREATE TABLE "\u212Aeys"(v); INSERT INTO "Ärger" VALUES (\'other\'); '
+                    'INSERT INTO "\u212Aeys" VALUES (\'kelvin\');')
     grants = ["main.ärger", "main.keys"]
     for sql in ('SELECT * FROM "Ärger"', 'SELECT * FROM "\u212Aeys"', 'SELECT count(*) FROM "\u212Aeys"'):
         refused("table_not_allowed", run, path, sql, grants)
@@ -482,9 +486,7 @@ INSERT INTO f4(docid, body) VALUES (1, 'hello world');
 @pytest.fixture
 def replacing(tmp_path):
     path = str(tmp_path / "replacing.db")
-    conn = sqlite3.connect(path)
-    conn.executescript(REPLACING)
-    conn.close()
+    _database(path, REPLACING)
     return path
 
 
@@ -538,10 +540,8 @@ def test_a_view_calling_the_masking_functions_is_refused(tmp_path):
     key: the hash of any value the view chose (an oracle for hashed columns). Masking puts them only in the
     statement itself (its top level, its own CTEs); from a view or trigger they are refused."""
     path = str(tmp_path / "oracle.db")
-    with sqlite3.connect(path) as conn:
-        conn.executescript("CREATE TABLE people(id INTEGER PRIMARY KEY, ssn TEXT); INSERT INTO people VALUES (1, '1');"
-                           "CREATE VIEW oracle AS SELECT qag_mask_hash(value) AS h FROM json_each('[\"123\"]');")
-    conn.close()
+    _database(path, "CREATE TABLE people(id INTEGER PRIMARY KEY, ssn TEXT); INSERT INTO people VALUES (1, '1');"
+                    "CREATE VIEW oracle AS SELECT qag_mask_hash(value) AS h FROM json_each('[\"123\"]');")
     hashed = ("qag_mask_hash", lambda value: None if value is None else "h:" + str(value))
 
     def call(sql):
@@ -590,11 +590,9 @@ def test_a_warm_masked_or_restricted_call_reads_no_schema(tmp_path, monkeypatch)
     the schema alone is kept per file and schema_version: a warm call reads the version alone, and a schema
     change (by any connection) is seen by the next call."""
     path = str(tmp_path / "warm.db")
-    with sqlite3.connect(path) as conn:
-        conn.executescript("CREATE TABLE src(id INTEGER PRIMARY KEY, body TEXT); INSERT INTO src VALUES (1, 'x');"
-                           "CREATE VIRTUAL TABLE notes USING fts5(body); INSERT INTO notes VALUES ('note');"
-                           "CREATE TABLE log(x);")
-    conn.close()
+    _database(path, "CREATE TABLE src(id INTEGER PRIMARY KEY, body TEXT); INSERT INTO src VALUES (1, 'x');"
+                    "CREATE VIRTUAL TABLE notes USING fts5(body); INSERT INTO notes VALUES ('note');"
+                    "CREATE TABLE log(x);")
     statements, copies = [], []
     connect = sqlite3.connect
 
@@ -642,16 +640,14 @@ def test_a_masked_call_reads_only_virtual_tables_holding_their_own_content(tmp_p
     virtual table declared in the file is read only when its module holds its own content alone (an allow-list:
     FTS3/4/5 without content=, R*Tree, geopoly); eponymous table functions are judged as before."""
     path = str(tmp_path / "vocab.db")
-    with sqlite3.connect(path) as conn:
-        conn.executescript("CREATE VIRTUAL TABLE notes USING fts5(body); INSERT INTO notes VALUES ('secret words');"
-                           "CREATE VIRTUAL TABLE n4 USING fts4(body); INSERT INTO n4 VALUES ('secret words');"
-                           "CREATE VIRTUAL TABLE v USING fts5vocab(notes, 'instance');"
-                           "CREATE VIRTUAL TABLE \"V2\" USING \"FTS5VOCAB\"(notes, row);"
-                           "CREATE VIRTUAL TABLE a4 USING fts4aux(n4);"
-                           "CREATE VIEW vv AS SELECT term FROM v;"
-                           "CREATE VIRTUAL TABLE box USING rtree(id, x0, x1);"
-                           "INSERT INTO box VALUES (1, 0, 1);")
-    conn.close()
+    _database(path, "CREATE VIRTUAL TABLE notes USING fts5(body); INSERT INTO notes VALUES ('secret words');"
+                    "CREATE VIRTUAL TABLE n4 USING fts4(body); INSERT INTO n4 VALUES ('secret words');"
+                    "CREATE VIRTUAL TABLE v USING fts5vocab(notes, 'instance');"
+                    "CREATE VIRTUAL TABLE \"V2\" USING \"FTS5VOCAB\"(notes, row);"
+                    "CREATE VIRTUAL TABLE a4 USING fts4aux(n4);"
+                    "CREATE VIEW vv AS SELECT term FROM v;"
+                    "CREATE VIRTUAL TABLE box USING rtree(id, x0, x1);"
+                    "INSERT INTO box VALUES (1, 0, 1);")
 
     def masked(sql):
         c = Call(sql, (), True, 5.0, 10)
@@ -676,10 +672,8 @@ def test_a_write_past_its_time_limit_is_a_timeout_whatever_qag_reads_after(tmp_p
     ('interrupted', a 500): judging its refusal, qag read the schema on the connection whose progress handler was
     still armed past the deadline. qag's own reads aren't the caller's statement: the handler is off for them."""
     path = str(tmp_path / "slow.db")
-    with sqlite3.connect(path) as conn:
-        conn.executescript("".join(f"CREATE TABLE t{i}(id INTEGER PRIMARY KEY, v TEXT);" for i in range(300))
-                           + "CREATE TABLE log(x);")
-    conn.close()
+    _database(path, "".join(f"CREATE TABLE t{i}(id INTEGER PRIMARY KEY, v TEXT);" for i in range(300))
+                    + "CREATE TABLE log(x);")
     call = Call("INSERT INTO log(x) WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n+1 FROM r) SELECT n FROM r",
                 (), False, 0.3, 10)
     call.write_ops = frozenset({"insert"})
@@ -710,12 +704,10 @@ def test_a_masked_call_reads_no_fts5_table_over_another_tables_content_however_t
     """Found by a second look: FTS5 takes any prefix of an option's name, so `cont='src'` (or `c='src'`) made an
     external-content table the check missed, and a masked call read src.body through it in clear."""
     path = str(tmp_path / "prefix.db")
-    with sqlite3.connect(path) as conn:
-        conn.executescript("CREATE TABLE src(id INTEGER PRIMARY KEY, body TEXT); INSERT INTO src VALUES (1, 'ssn 1');"
-                           "CREATE VIRTUAL TABLE f1 USING fts5(body, cont='src', content_rowid='id');"
-                           "CREATE VIRTUAL TABLE f2 USING fts5(body, c='src', content_rowid='id');"
-                           "CREATE VIRTUAL TABLE own USING fts5(body, content=''); ")
-    conn.close()
+    _database(path, "CREATE TABLE src(id INTEGER PRIMARY KEY, body TEXT); INSERT INTO src VALUES (1, 'ssn 1');"
+                    "CREATE VIRTUAL TABLE f1 USING fts5(body, cont='src', content_rowid='id');"
+                    "CREATE VIRTUAL TABLE f2 USING fts5(body, c='src', content_rowid='id');"
+                    "CREATE VIRTUAL TABLE own USING fts5(body, content=''); ")
 
     def masked(sql):
         c = Call(sql, (), True, 5.0, 10)

@@ -8,6 +8,14 @@ def sql(server, statement, key=None):
     return server.post("/execute_sql", body) if key is None else server.post("/execute_sql", body, key=key)
 
 
+def _insert_only(server, uniq, script: str) -> tuple[str, str]:
+    """(connection name, key): a connection to a new file made by script, and a key that may only insert there."""
+    name = uniq("ins")
+    server.sqlite_db(f"{name}.db", script)
+    server.connection(name, f"{name}.db")
+    return name, server.key(uniq("k"), connections=[name], allow_writes=True, allowed_write_ops=["insert"])
+
+
 def test_values_over_sqlites_limits_are_400(server):
     r = sql(server, "SELECT randomblob(2000000000) AS b")
     assert r.status == 400 and r.json["code"] == "value_too_large"
@@ -55,12 +63,10 @@ def test_a_connection_to_a_file_that_is_not_a_database_is_400(server, uniq):
 def test_an_insert_only_key_writes_an_rtree_and_a_triggers_table(writes_server, uniq):
     # The call carries the key's operations to SQLite's authorizer: the R*Tree's own statements on its shadow
     # tables and a trigger's writes aren't the caller's, so a granted INSERT runs; a DELETE doesn't.
-    s, name = writes_server, uniq("ins")
-    s.sqlite_db(f"{name}.db", "CREATE VIRTUAL TABLE rt USING rtree(id, x0, x1); CREATE TABLE log(msg);"
-                              "CREATE TABLE audit(n); CREATE TRIGGER log_ins AFTER INSERT ON log "
-                              "BEGIN INSERT INTO audit VALUES (1); END;")
-    s.connection(name, f"{name}.db")
-    key = s.key(uniq("k"), connections=[name], allow_writes=True, allowed_write_ops=["insert"])
+    s = writes_server
+    name, key = _insert_only(s, uniq, "CREATE VIRTUAL TABLE rt USING rtree(id, x0, x1); CREATE TABLE log(msg);"
+                                      "CREATE TABLE audit(n); CREATE TRIGGER log_ins AFTER INSERT ON log "
+                                      "BEGIN INSERT INTO audit VALUES (1); END;")
     for statement in ("INSERT INTO rt VALUES (1, 0, 5)", "INSERT INTO log VALUES ('m')"):
         r = s.post("/execute_sql", {"sql": statement, "connection_name": name}, key=key)
         assert r.status == 200, r
@@ -91,12 +97,11 @@ def test_an_administrator_may_not_set_a_process_wide_pragma(writes_server):
 def test_an_insert_only_key_deletes_nothing(writes_server, uniq):
     # A plain INSERT into a table declared ON CONFLICT REPLACE deletes the row it meets; an FTS command inserted
     # into the column named like the table deletes or changes the index: neither is an insert.
-    s, name = writes_server, uniq("repl")
-    s.sqlite_db(f"{name}.db", "CREATE TABLE pk(id INTEGER PRIMARY KEY ON CONFLICT REPLACE, v);"
-                              "INSERT INTO pk VALUES (1, 'kept'); CREATE VIRTUAL TABLE cl USING fts5(body, content='');"
-                              "INSERT INTO cl(rowid, body) VALUES (1, 'hello');")
-    s.connection(name, f"{name}.db")
-    key = s.key(uniq("k"), connections=[name], allow_writes=True, allowed_write_ops=["insert"])
+    s = writes_server
+    name, key = _insert_only(s, uniq, "CREATE TABLE pk(id INTEGER PRIMARY KEY ON CONFLICT REPLACE, v);"
+                                      "INSERT INTO pk VALUES (1, 'kept'); "
+                                      "CREATE VIRTUAL TABLE cl USING fts5(body, content='');"
+                                      "INSERT INTO cl(rowid, body) VALUES (1, 'hello');")
     for statement in ("INSERT INTO pk VALUES (1, 'gone')", "INSERT INTO cl(cl) VALUES ('delete-all')"):
         r = s.post("/execute_sql", {"sql": statement, "connection_name": name}, key=key)
         assert r.status == 403 and r.json["code"] == "write_op_not_allowed", (statement, r)
