@@ -62,10 +62,10 @@ class DocsPage:
         self._page: bytes | None = None
 
     def register(self, router) -> None:
-        router.add("GET", "/docs", self.page, "api.docs", public=True)
+        router.add("GET", "/docs", self.page, "api.docs", public=True, wants_caller=True)   # a key's headers too
         # One literal route per file: any other path under /docs/static/ is an unknown route like any other.
         for name in FILES:
-            router.add("GET", PREFIX + name, self._server(name), "api.docs_static", public=True)
+            router.add("GET", PREFIX + name, self._server(name), "api.docs_static", public=True, wants_caller=True)
 
     def _load(self) -> dict[str, _Asset]:
         with self._lock:

@@ -67,8 +67,10 @@ class OpsHandlers:
         router.add("GET", "/metrics", self.metrics, "api.metrics_endpoint", public=True, wants_caller=True)
         router.add("GET", "/openapi.json", self.openapi, "api.openapi_spec", public=True, wants_caller=True)
         DocsPage().register(router)
-        router.add("GET", "/", self.root, "api.index", public=True)
-        router.add("GET", "/favicon.ico", self.favicon, "api.favicon", public=True)
+        # Public, yet a key's X-Quota-* and X-RateLimit-Key-* headers ride on them (contract 6.8: any route); the
+        # address's limit applies here, unlike on /health and /livez, which read no key.
+        router.add("GET", "/", self.root, "api.index", public=True, wants_caller=True)
+        router.add("GET", "/favicon.ico", self.favicon, "api.favicon", public=True, wants_caller=True)
 
     def health(self, request, caller):
         name, offset = local_zone()

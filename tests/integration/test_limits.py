@@ -223,6 +223,20 @@ def test_the_exempt_routes_tell_no_key_from_another(keyed, uniq):
     assert r.headers["x-quota-remaining-calls"] == "4"
 
 
+def test_public_pages_carry_a_keys_quota_headers(keyed, uniq):
+    """Contract 6.8: every response to a caller with a quota (any route) carries X-Quota-*: the public pages that
+    the address's limit covers (/, /docs, /favicon.ico) read the key for them, without counting a call."""
+    key = keyed.key(uniq("pub"), rate_limit="50/hour", quota={"calls": 5, "per": "day"}, connections=["lite"])
+    for path in ("/", "/docs", "/favicon.ico"):
+        r = keyed.get(path, key=key)
+        assert r.status in (200, 204, 302), (path, r)
+        assert r.headers["x-quota-remaining-calls"] == "5" and r.headers["x-quota-reset"], path
+        assert "x-ratelimit-key-remaining" in r.headers, path
+        wrong = keyed.get(path, key="sk_wrong")      # answered as for anyone
+        assert wrong.status == r.status and "x-quota-reset" not in wrong.headers, path
+    assert keyed.get(q("small"), key=key).headers["x-quota-remaining-calls"] == "4"
+
+
 def test_per_key_limit_follows_a_patch(keyed, uniq):
     name = uniq("rl")
     key = keyed.key(name, rate_limit="1/hour", connections=["lite"])
