@@ -30,3 +30,4 @@ cdef class RunHandlers:
 
 
 cdef _count_text(n)   # a C call from _run
+cdef _given(dict args, dict body, str name)

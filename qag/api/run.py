@@ -84,6 +84,17 @@ class Plan:
         self.transport = transport      # history's `tr`: None REST, 1 MCP (qag/api/mcp.py), 2 export
 
 
+def _given(args: dict, body: dict, name: str):
+    """A reserved argument's value: the query string's, else the body's. Empty text or JSON null is no value, as
+    QueryAPIGate reads them: a form's empty field (`?page=`) or a client's unset optional field (`"format": null`)."""
+    value = args.get(name)
+    if value is None or value == "":
+        value = body.get(name)
+        if value == "":
+            return None
+    return value
+
+
 def _positive_int(text: str, what: str) -> int:
     try:
         value = int(text)
@@ -226,7 +237,7 @@ class RunHandlers:
         number = None
         try:
             body = (request.json_object(lenient_content_type=True) if request.method == "POST" else None) or {}
-            asked = args["version"] if "version" in args else body.get("version")
+            asked = _given(args, body, "version")
             if asked is not None:
                 if not isinstance(asked, str):
                     asked = shapes.whole(asked)   # a JSON integer, 2.0 included (JSON Schema's reading)
@@ -363,7 +374,7 @@ class RunHandlers:
             raise QagError("invalid_body", "connection_name must be text")
         if not caller.admin:
             policy.check_connection(caller.grants, chosen)
-            if body.get("database") is not None:
+            if body.get("database") not in (None, ""):
                 raise QagError("admin_only", "Only the admin key may run a query against a different database "
                                              "on this connection")
         params = body.get("params")
@@ -383,6 +394,8 @@ class RunHandlers:
         stream, page, size = self._paging(request.args, caller, fmt, request.page_ceiling)
         connection = self._connection(chosen, self.store.get_connection(chosen))
         database = body.get("database")
+        if database == "":
+            database = None      # absent, as an empty reserved argument is (_given)
         if database is not None:
             if connection["db"] == "sqlite":
                 raise QagError("unsupported_operation", "Switching databases isn't supported for 'sqlite' connections")
@@ -405,16 +418,15 @@ class RunHandlers:
         """(format, time limit, whether the format depends on Accept). A `format` argument (query string, then
         body) always wins; without one the format is the one Accept asks for by media type, else json (contract
         3.7), and the response says `Vary: Accept`."""
-        if "format" in args:
-            fmt, negotiated = encode.check_format(args["format"]), False
-        elif "format" in body:
-            fmt, negotiated = encode.check_format(body["format"]), False
+        fmt = _given(args, body, "format")
+        if fmt is not None:
+            fmt, negotiated = encode.check_format(fmt), False
         else:
             accept = request.environ.get("HTTP_ACCEPT")
             # No Accept, or most clients' `*/*`: json without a call (the common case costs two comparisons).
             fmt = "json" if accept is None or accept == "*/*" else _negotiated_format(accept)
             negotiated = True
-        requested = args["timeout"] if "timeout" in args else body.get("timeout")
+        requested = _given(args, body, "timeout")
         if requested is not None:   # most calls ask for none: no call to read it
             requested = _timeout_value(requested)
         # The smallest limit set, the first of equals (as min() of those set would pick), without a list.
@@ -435,8 +447,10 @@ class RunHandlers:
                 raise QagError("invalid_stream", "stream=true exports the whole result and does not accept "
                                                  "page/page_size")
             return True, 1, 0
-        page = _positive_int(args["page"], "page") if "page" in args else 1
-        size = _positive_int(args["page_size"], "page_size") if "page_size" in args else 10
+        page = args.get("page")          # empty is absent (_given), as a stream's check above reads them
+        page = _positive_int(page, "page") if page else 1
+        size = args.get("page_size")
+        size = _positive_int(size, "page_size") if size else 10
         if page < 1 or size < 1:
             raise QagError("invalid_paging", "page and page_size must be positive")
         ceiling = ceiling or self.settings.max_page_size

@@ -126,6 +126,15 @@ def test_b4_11_bad_timeouts(server, value):
     assert r.status == 400 and r.json["code"] == "invalid_timeout"
 
 
+def test_empty_reserved_arguments_are_absent(server):
+    body = {"sql": "SELECT id FROM t ORDER BY id", "connection_name": "lite"}
+    for query, more in (("?page=&page_size=2", {}), ("?format=&page_size=2", {"format": None}),
+                        ("?timeout=&page_size=2", {"timeout": ""}), ("?page_size=2", {"database": ""})):
+        r = server.post("/execute_sql" + query, {**body, **more})
+        assert r.status == 200 and len(r.json) == 2 and r.headers["content-type"].startswith("application/json"), \
+            (query, more, r)
+
+
 def test_b4_11_body_timeout_accepted(server):
     assert run(server, "SELECT 1 AS v", timeout=5).json == [{"v": 1}]
 

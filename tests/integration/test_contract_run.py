@@ -304,6 +304,28 @@ def test_paging_validation(server, uniq):
         assert r.status == 400 and r.json["code"] == code, (query, r)
 
 
+def test_empty_reserved_arguments_are_absent(server, uniq):
+    """A form's empty field (`?page=`) or a client's unset optional field (`"format": null`) is no value, as
+    QueryAPIGate reads them: the default applies, or the body's value when the query string's is empty."""
+    name = uniq("empty")
+    server.query(name, "SELECT id FROM t ORDER BY id", "lite")
+    first = server.get(q(name) + "?page_size=2")
+    assert first.status == 200 and len(first.json) == 2
+    for query in ("page=&page_size=2", "page_size=2&format=", "page_size=2&version=", "page_size=2&timeout="):
+        r = server.get(q(name) + "?" + query)
+        assert r.status == 200 and r.json == first.json and r.headers["x-page"] == "1", (query, r)
+    assert server.get(q(name) + "?page_size=").headers["x-page-size"] == "10"
+    for body in ({"format": None}, {"format": ""}, {"version": ""}, {"timeout": ""}, {"timeout": None}):
+        r = server.post(q(name) + "?page_size=2", body)
+        assert r.status == 200 and r.json == first.json, (body, r)
+    r = server.post(q(name) + "?format=&page_size=1", {"format": "csv"})
+    assert r.status == 200 and r.headers["content-type"].startswith("text/csv") and r.body == b"id\r\n1\r\n"
+    server.post(f"/api/v1/queries/{name}/versions", {"description": "v2", "sql": "SELECT 2 AS v",
+                                                      "connection_name": "lite", "publish": True})
+    assert server.post(q(name) + "?version=", {"version": 1}).json[0] == {"id": 1}
+    assert server.post(q(name) + "?version=", {}).json == [{"v": 2}]
+
+
 def test_value_conversions_in_json(server, uniq):
     name = uniq("types")
     server.query(name, "SELECT i, f, s, b, n FROM types", "lite")
