@@ -123,6 +123,7 @@ _UTF8 = b"UTF8"
 _MULTIPLE = "cannot insert multiple commands into a prepared statement"
 _REFUSED = "the server refused the statement"      # a failure that came without a message
 _LINE_RE = re.compile(r"^LINE (\d+):", re.MULTILINE)
+_SEVERITY_RE = re.compile(r"[^\W\d_]+:  ")   # libpq's prefix: the severity word, in the server's language, ":  "
 # Settings a call sets for itself when the server's default differs: dates as psycopg reads them, and strings
 # read as PostgreSQL's parser in qag (qag/sql/pgread) reads them, so a backslash can't end a string the check
 # thought open. The statement is parsed after this setting runs, in the same transaction.
@@ -310,7 +311,11 @@ def _driver_text(exc: BaseException) -> str:
 
 
 def _own_lines(text: str, shift: int) -> str:
-    """A server message's 'LINE n:' excerpts numbered as in the caller's statement (qag put `shift` lines first)."""
+    """A server message without its severity word (libpq's `ERROR:  `, as QueryAPIGate's driver shows it), and its
+    'LINE n:' excerpts numbered as in the caller's statement (qag put `shift` lines first)."""
+    severity = _SEVERITY_RE.match(text)
+    if severity is not None:
+        text = text[severity.end():]
     if not shift:
         return text
     return _LINE_RE.sub(lambda m: f"LINE {max(1, int(m.group(1)) - shift)}:", text)

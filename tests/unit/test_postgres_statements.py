@@ -65,8 +65,12 @@ def test_a_page_by_cursor_declares_moves_and_fetches():
 
 def test_server_lines_are_numbered_as_the_callers_statement():
     text = 'ERROR:  syntax error at or near "x"\nLINE 2: FRM x\n            ^'
-    assert pg._own_lines(text, 1) == 'ERROR:  syntax error at or near "x"\nLINE 1: FRM x\n            ^'
-    assert pg._own_lines(text, 0) == text
+    assert pg._own_lines(text, 1) == 'syntax error at or near "x"\nLINE 1: FRM x\n            ^'
+    assert pg._own_lines(text, 0) == text[len("ERROR:  "):]
+    # The severity word as libpq writes it, in the server's language; a message without one is kept whole.
+    assert pg._own_lines('FEHLER:  Relation »x« existiert nicht', 0) == 'Relation »x« existiert nicht'
+    assert pg._own_lines("server closed the connection unexpectedly", 0) == "server closed the connection unexpectedly"
+    assert pg._own_lines("Note:  x", 0) == "x" and pg._own_lines("a b:  x", 0) == "a b:  x"
 
 
 def test_connect_args_pass_only_driver_fields():
