@@ -60,7 +60,7 @@ def _clauses(ts: list[Token], dialect: str) -> list[tuple] | None:
     while pos < n:
         w = _word(ts[pos])
         if w == "limit":
-            if dialect == "postgres" and _word(at(pos + 1)) == "all":
+            if _word(at(pos + 1)) == "all":
                 out.append(("limit", None))
                 pos += 2
                 continue
@@ -105,25 +105,22 @@ def _clauses(ts: list[Token], dialect: str) -> list[tuple] | None:
 
 
 def _allowed(clauses: list[tuple], dialect: str) -> bool:
-    """Whether the engine itself accepts this sequence of clauses."""
+    """Whether this sequence of clauses is a window qag reads: one the engine itself accepts, or one of the
+    contract's standard forms (3.6: `OFFSET m [ROWS]`, `[OFFSET m ROWS] FETCH FIRST|NEXT [n] ROW|ROWS ONLY`,
+    `LIMIT ALL`), which every engine's statement may carry: the window is always replaced by the engine's own
+    LIMIT/OFFSET (page_suffix, own_suffix), so SQLite and MySQL run them too."""
     kinds = [c[0] for c in clauses]
     if not kinds or len(kinds) > 2:
         return False
     if kinds == ["comma"]:
         return dialect in ("sqlite", "mysql")
+    if kinds in (["offset"], ["fetch"]) or (kinds == ["offset", "fetch"] and clauses[0][2]):
+        return True                          # the standard forms
     if dialect in ("sqlite", "mysql"):
         if kinds == ["limit"]:
             return True
         if kinds == ["limit", "offset"]:
             return not clauses[1][2]         # "LIMIT n OFFSET m ROWS" is PostgreSQL only
-    if dialect == "sqlite":
-        return False
-    if dialect == "mysql":
-        # MariaDB's standard form: [OFFSET m ROWS] [FETCH FIRST n ROWS ONLY].
-        if kinds == ["fetch"]:
-            return True
-        if kinds[0] == "offset" and clauses[0][2]:
-            return kinds in (["offset"], ["offset", "fetch"])
         return False
     # PostgreSQL: at most one limit clause (LIMIT or FETCH) and one offset clause, in either order.
     limits = sum(k in ("limit", "fetch") for k in kinds)

@@ -174,6 +174,31 @@ def test_b3_15_statement_own_window_is_respected(server, uniq):
     assert server.get(q(b) + "?page=2&page_size=2").json == [{"id": 4}]
 
 
+def test_b3_15_standard_window_forms_on_sqlite(server, uniq):
+    """Contract 3.6's standard forms are respected on every engine, SQLite's too (its grammar has none of them:
+    they were sent as written, a 500): qag replaces the window with the engine's LIMIT/OFFSET."""
+    every = [row["id"] for row in server.get(q(_saved(server, uniq, "SELECT id FROM t ORDER BY id"))
+                                             + "?page_size=1000").json]
+    for window, page_size, expected, more in (("OFFSET 2 ROWS FETCH FIRST 2 ROWS ONLY", 5, every[2:4], "false"),
+                                              ("OFFSET 3", 4, every[3:7], "true"),
+                                              ("OFFSET 3 ROWS", 1000, every[3:], "false"),
+                                              ("FETCH NEXT ROW ONLY", 5, every[:1], "false"),
+                                              ("LIMIT ALL", 2, every[:2], "true"),
+                                              ("LIMIT ALL OFFSET 1", 2, every[1:3], "true")):
+        name = _saved(server, uniq, f"SELECT id FROM t ORDER BY id {window}")
+        r = server.get(q(name) + f"?page_size={page_size}")
+        assert r.status == 200 and [row["id"] for row in r.json] == expected, (window, r)
+        assert r.headers["x-has-more"] == more, window
+        r = server.post("/execute_sql", {"sql": f"SELECT id FROM t ORDER BY id {window}", "connection_name": "lite"})
+        assert r.status == 200, (window, r)
+
+
+def _saved(server, uniq, sql):
+    name = uniq("win")
+    server.query(name, sql, "lite")
+    return name
+
+
 def test_b3_16_empty_result_is_json_even_for_csv(server, uniq):
     name = uniq("empty")
     server.query(name, "SELECT id FROM t WHERE id < 0", "lite")

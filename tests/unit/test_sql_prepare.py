@@ -150,6 +150,12 @@ def test_in_sql_window(dialect, sql, expected):
     ("postgres", "SELECT 1 OFFSET 2 ROW", None, ("lit", 2)),
     ("postgres", "SELECT 1 OFFSET 2 ROWS FETCH NEXT ROW ONLY", ("lit", 1), ("lit", 2)),
     ("postgres", "SELECT 1 FETCH FIRST 4 ROWS ONLY OFFSET 1", ("lit", 4), ("lit", 1)),
+    # Contract 3.6's standard forms on every engine, though SQLite's grammar (and MySQL's) has none of them.
+    ("sqlite", "SELECT 1 OFFSET 2", None, ("lit", 2)),
+    ("sqlite", "SELECT 1 LIMIT ALL", None, None),
+    ("sqlite", "SELECT 1 OFFSET 2 ROWS FETCH FIRST 3 ROWS ONLY", ("lit", 3), ("lit", 2)),
+    ("mysql", "SELECT 1 LIMIT ALL OFFSET :o", None, ("param", "o")),
+    ("mysql", "SELECT 1 OFFSET 2", None, ("lit", 2)),
 ])
 def test_own_window(dialect, sql, limit, offset):
     w = prepare(sql, dialect).window
@@ -158,8 +164,8 @@ def test_own_window(dialect, sql, limit, offset):
 
 
 @pytest.mark.parametrize("dialect,sql", [
-    ("sqlite", "SELECT 1 OFFSET 2"),                         # SQLite has no OFFSET without LIMIT
-    ("sqlite", "SELECT 1 LIMIT ALL"),
+    ("sqlite", "SELECT 1 OFFSET 2 LIMIT 3"),                 # neither the engine's form nor the standard's
+    ("sqlite", "SELECT 1 OFFSET 2 FETCH FIRST 3 ROWS ONLY"),  # the standard's needs ROWS after the offset
     ("mysql", "SELECT 1 LIMIT 5 OFFSET 2 ROWS"),
     ("postgres", "SELECT 1 LIMIT 2, 3"),
     ("postgres", "SELECT 1 LIMIT 2 LIMIT 3"),
