@@ -7,7 +7,7 @@ import functools
 from qag import _speedups
 from qag.errors import QagError
 from qag.sql import functions
-from qag.sql.access import DIALECTS, Access, is_exact
+from qag.sql.access import CATALOG, DIALECTS, Access, is_exact
 from qag.sql.names import fold
 from qag.sql.prepare import prepare
 
@@ -56,13 +56,17 @@ def verdict(acc: Access, dialect: str, default_schema: str, allowed_tables, allo
     is at hand (then the hand-written BUILTINS decide, and no shadowing function can be seen)."""
     if allowed_tables is None:
         return
+    grants = qualified_grants(frozenset(allowed_tables), default_schema, dialect)
     if acc.failure is not None:
+        if acc.failure == CATALOG and acc.tables:
+            # The engine's catalog is never granted (it lists every table, its statements and statistics): named as
+            # any table outside the allow-list is (contract 6.2), even if a grant spells it.
+            raise QagError("table_not_allowed", _table_message(grants, acc.tables))
         raise QagError("table_check_failed", CHECK_FAILED)
     granted_functions = _granted(allowed_functions)
     for name in acc.table_functions:
         if name not in granted_functions:
             raise QagError("table_not_allowed", _TABLE_FUNCTION.format(name))
-    grants = qualified_grants(frozenset(allowed_tables), default_schema, dialect)
     forbidden = _speedups.get("tables").forbidden(acc.tables, grants)
     if forbidden:
         raise QagError("table_not_allowed", _table_message(grants, forbidden))
@@ -78,7 +82,7 @@ def masked_verdict(acc: Access, dialect: str, allowed_functions=None,
     if acc.failure is not None:
         if acc.describes:
             return              # a table's shape: names and types only, no value (SHOW TABLES, DESCRIBE t)
-        if acc.failure == "a catalog table":
+        if acc.failure == CATALOG:
             raise QagError("mask_unresolvable", _MASKED_CATALOG)
         raise QagError("mask_unresolvable", _MASKED_UNCHECKABLE)
     if acc.explain:

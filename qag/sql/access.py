@@ -79,12 +79,15 @@ class _Uncheckable(Exception):
     """The statement can't be checked (contract 6.2's table_check_failed)."""
 
 
+CATALOG = "a catalog table"   # Access.failure of a statement that reads the engine's catalog (its tables listed)
+
+
 @dataclass(frozen=True, slots=True)
 class Access:
     """What one statement uses, for one dialect and default schema. Build it with access()."""
 
     failure: str | None               # why it can't be checked (internal; callers show CHECK_FAILED)
-    tables: tuple[str, ...]           # real tables, qualified and lower-case, sorted
+    tables: tuple[str, ...]           # real tables, qualified and lower-case, sorted (CATALOG: the catalog's)
     table_functions: tuple[str, ...]  # table functions that aren't pure generators (lower-case, as written)
     denied: tuple[str, ...]           # functions no restricted key may call
     user_functions: tuple[str, ...]   # functions that are not known built-ins (lower-case, qualified if written so)
@@ -319,7 +322,9 @@ class _Walk:
         if any(functions.denied(n, self.dialect) for n in names):
             self.denied.add(name)
         if schema is None and any(n.startswith("pragma_") for n in names) and self.dialect == "sqlite":
-            raise _Uncheckable("a pragma table function")
+            # An eponymous virtual table of the catalog, with its arguments: read as the catalog table it is.
+            self.refs.add(("", "", name.lower()))
+            return
         if schema is None and (isinstance(func, _GENERATOR_TYPES) or any(n in functions.GENERATORS for n in names)):
             return
         self.table_functions.add(f"{schema}.{name}" if schema else name)
@@ -489,6 +494,18 @@ def _qualify(ref: tuple, default_schema: str) -> str:
     return f"{schema or default_schema}.{name}"
 
 
+def _catalog_tables(refs, dialect: str, default_schema: str) -> tuple[str, ...]:
+    """The catalog tables among `refs`, qualified as their engine resolves them (an unqualified pg_* name is
+    pg_catalog's), sorted: shown in the refusal as any table outside the allow-list is."""
+    found = set()
+    for ref in refs:
+        if _catalog_reference(ref, dialect, default_schema):
+            if dialect == "postgres" and not ref[1] and ref[2].lower().startswith("pg_"):
+                ref = (ref[0], "pg_catalog", ref[2])
+            found.add(_qualify(ref, default_schema).lower())
+    return tuple(sorted(found))
+
+
 def _catalog_reference(ref: tuple, dialect: str, default_schema: str) -> bool:
     catalog, schema, name = ref
     schema = (schema or default_schema).lower()   # catalogs are refused in any spelling
@@ -530,9 +547,9 @@ def from_tokens(text: str, readings: list, dialect: str, default_schema) -> Acce
         # their tables count.
         for reading in readings:
             _analyse_reading(text, reading, dialect, walk)
-        for ref in walk.refs:
-            if _catalog_reference(ref, dialect, default_schema):
-                raise _Uncheckable("a catalog table")
+        catalogs = _catalog_tables(walk.refs, dialect, default_schema)
+        if catalogs:
+            return Access(CATALOG, catalogs, (), (), (), describes=_describes(tokens))
     except _Uncheckable as why:
         return Access(str(why), (), (), (), (), describes=_describes(tokens) if tokens else False)
     except RecursionError:
@@ -555,9 +572,9 @@ def from_pgread(reading, unreadable: str | None, default_schema) -> Access:
         return Access(unreadable or (reading.failure if reading else "unread"), (), (), (), ())
     if reading.count != 1 or reading.kind not in _PG_CHECKABLE or reading.kind_op or "select into" in reading.write_ops:
         return Access(f"statement kind {reading.kind or reading.count}", (), (), (), ())
-    for ref in reading.tables:
-        if _catalog_reference(ref, "postgres", default_schema):
-            return Access("a catalog table", (), (), (), ())
+    catalogs = _catalog_tables(reading.tables, "postgres", default_schema)
+    if catalogs:
+        return Access(CATALOG, catalogs, (), (), ())
     denied: set[str] = set()
     side: set[str] = set()
     table_functions: set[str] = set()
