@@ -300,7 +300,13 @@ class RunHandlers:
         check_text_values(prepared, values)
         # 7-8. streaming and paging; 10. the connection itself.
         stream, page, size = self._paging(args, caller, fmt, request.page_ceiling)
-        connection = self._connection(chosen, row)
+        try:
+            connection = self._connection(chosen, row)
+        except QagError as error:
+            self._refused(Plan({"name": chosen}, prepared, values, True, timeout, fmt, page, size, stream, name, False,
+                               request.request_id, caller.label, name, version["version"], version["uuid"],
+                               version["sql"], timing=timing, transport=request.transport), error)
+            raise
         # A tool call (qag/api/mcp.py) is read-only whatever the key may write: agent writes are outside the contract.
         writes = self.writes_allowed(caller, name) and not stream and not request.read_only
         # The version's mask applies to every caller, administrators included (contract 6.3).
@@ -392,8 +398,16 @@ class RunHandlers:
             adhoc_mask = masking.own_rules(rule for rule in normalise_mask(body["mask"]) if rule["action"] != "keep")
         rules = masking.effective(None if caller.admin else caller.grants.mask, adhoc_mask)
         stream, page, size = self._paging(request.args, caller, fmt, request.page_ceiling)
-        connection = self._connection(chosen, self.store.get_connection(chosen))
         database = body.get("database")
+        try:
+            connection = self._connection(chosen, self.store.get_connection(chosen))
+        except QagError as error:
+            # The entry names the database asked for, as a run's does (checked below, once the engine is known).
+            self._refused(Plan({"name": chosen}, None, params, True, timeout, fmt, page, size, stream, chosen, False,
+                               request.request_id, caller.label, None, None, None, sql,
+                               database if isinstance(database, str) and database else None,
+                               request.environ.get("qag.timing"), transport=request.transport), error)
+            raise
         if database == "":
             database = None      # absent, as an empty reserved argument is (_given)
         if database is not None:
@@ -542,6 +556,14 @@ class RunHandlers:
             raise QagError("connection_inactive", f"The connection '{name}' is currently not active. To use it, "
                                                   f"it must be set to active.")
         return row
+
+    def _refused(self, plan: Plan, error: QagError) -> None:
+        """A page refused for its connection (connection_not_found, connection_inactive) is a failed run: contract
+        10.1 runs the connection lookup as the database step's first, and QueryAPIGate records it in history and
+        the event log. A stream refused there it does not record, so neither does qag. No slot was taken, nothing
+        is counted against a quota (not a 200)."""
+        if not plan.stream:
+            self.observe.refused(plan, wall_time(), error)
 
     def _execute(self, plan: Plan, caller, writes: bool, version: dict | None) -> Response:
         """The database step: from here on every outcome is a run (history, event, metrics, log line).

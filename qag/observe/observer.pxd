@@ -17,6 +17,7 @@ cdef class Observer:
     cpdef begin(self)
     cpdef done(self, plan, at, rows, duration_ms, encode_seconds)
     cpdef failed(self, plan, at, error, rows=*)
+    cpdef refused(self, plan, at, error)
     cpdef streamed(self, plan, at, rows, truncated)
     cpdef _publish(self, record)
     cpdef _log_run(self, plan, at, duration_ms)

@@ -1,10 +1,10 @@
 """The Observer a gateway hands its requests and runs to: recording without slowing a call.
 
 The hot path calls `request()` once per response and `begin()` + one of `done()`/`failed()`/`streamed()` per
-executed run. Each is a handful of dict and list operations and deque appends: metrics count into per-thread
-shards (metrics.py), run records go to the history writer's bounded buffer (events.py, history.py), log lines to
-the log writer's queue (logs.py). Background threads per worker do the rest. `close()` flushes everything
-(gunicorn worker_exit, or process exit).
+executed run (`refused()` alone for a run refused at its connection). Each is a handful of dict and list
+operations and deque appends: metrics count into per-thread shards (metrics.py), run records go to the history
+writer's bounded buffer (events.py, history.py), log lines to the log writer's queue (logs.py). Background threads
+per worker do the rest. `close()` flushes everything (gunicorn worker_exit, or process exit).
 """
 
 from __future__ import annotations
@@ -93,6 +93,14 @@ class Observer:
         if self.live.listening():
             self._publish(record)
         self._log_run(plan, at, None)
+
+    def refused(self, plan, at: float, error) -> None:
+        """A run refused at its connection (api/run.py _refused): its history entry and event only. No database
+        was reached: no run metrics (their labels name the connection's engine), no span, no log line."""
+        record = (plan, at, False, None, None, None, error.code, error.message, _now_ns())
+        self._runs.put(record)
+        if self.live.listening():
+            self._publish(record)
 
     def streamed(self, plan, at: float, rows: int, truncated: bool) -> None:
         conn = plan.connection

@@ -202,9 +202,16 @@ def test_filters_and_their_refusals(ev):
         assert bad.status == 400
         ran = ev.post("/execute_sql", {"sql": "SELECT nope FROM t", "connection_name": "lite"})
         ok = ev.post("/execute_sql", {"sql": "SELECT 1 AS one", "connection_name": "lite"})
-        assert ran.status == 500 and ok.status == 200
-        wait_for(lambda: {ran.headers["x-request-id"], ok.headers["x-request-id"]} <= adhoc.request_ids(),
-                 "ad-hoc runs on the adhoc stream")
+        # Refused at its connection: a failed run (contract 10.1 step 1, as QueryAPIGate records it).
+        missing = ev.post("/execute_sql", {"sql": "SELECT 1 AS one", "connection_name": "ev_nosuch"})
+        assert ran.status == 500 and ok.status == 200 and missing.status == 404
+        wait_for(lambda: {ran.headers["x-request-id"], ok.headers["x-request-id"],
+                          missing.headers["x-request-id"]} <= adhoc.request_ids(), "ad-hoc runs on the adhoc stream")
+        refused = next(e for e in adhoc.events if e["entry"]["request_id"] == missing.headers["x-request-id"])
+        assert (refused["connection_name"], refused["entry"]["status"], refused["entry"]["code"]) == \
+            ("ev_nosuch", "error", "connection_not_found")
+        # No database was reached: no run metrics name the connection.
+        assert b"ev_nosuch" not in ev.get("/metrics").body
         assert all(e["kind"] == "adhoc" for e in adhoc.events)
         adhoc_error = next(e for e in adhoc.events if e["entry"]["request_id"] == ran.headers["x-request-id"])
         assert adhoc_error["entry"]["status"] == "error" and adhoc_error["entry"]["code"] == "query_failed"

@@ -152,6 +152,44 @@ def test_b8_10_failed_runs_keep_their_code_and_refusals_before_the_database_are_
     assert app.history("status=error")[2]["items"] == items
 
 
+def test_a_page_refused_for_its_connection_is_an_error_run_a_stream_is_not(app):
+    """Contract 10.1 step 1 and QueryAPIGate 0.43 (probed): a run whose connection is unknown or inactive is
+    recorded as a failed run (history and event log) naming the connection asked for; a stream refused there
+    leaves nothing; neither counts against a quota."""
+    app.query("films")
+    assert app.call("POST", "/api/v1/connections", {"name": "off", "db": "sqlite", "database": "lite.db",
+                                                    "active": False})[0] == 201
+    _, _, key = app.call("POST", "/api/v1/api-keys", {"name": "partner", "quota": {"calls": 1, "per": "day"}})
+    secret = key["secret"]
+    status, headers, body = app.run("films", "n=3&connection_name=nosuch", key=secret,
+                                    headers={"X-Request-Id": "missing"})
+    assert (status, body["code"], headers["x-quota-remaining-calls"]) == (404, "connection_not_found", "1")
+    assert app.run("films", "n=3&connection_name=off", key=secret, headers={"X-Request-Id": "inactive"})[0] == 403
+    assert app.call("POST", "/execute_sql", {"sql": "SELECT :b, :a", "connection_name": "nosuch", "database": "x",
+                                             "params": {"b": 1, "a": 2}}, headers={"X-Request-Id": "adhoc"})[0] == 404
+    assert app.run("films", "n=3&connection_name=nosuch&stream=true&format=csv")[0] == 404
+    assert app.call("POST", "/execute_sql", {"sql": "SELECT 1", "connection_name": "off"},
+                    query="stream=true&format=csv")[0] == 403
+    items = app.history()[2]["items"]
+    assert [(i["request_id"], i["kind"], i["query"], i["version"], i["connection_name"], i["status"], i["code"])
+            for i in items] == [("adhoc", "adhoc", None, None, "nosuch", "error", "connection_not_found"),
+                                ("inactive", "saved", "films", 1, "off", "error", "connection_inactive"),
+                                ("missing", "saved", "films", 1, "nosuch", "error", "connection_not_found")]
+    adhoc, inactive, missing = items
+    assert list(missing) == ["query", "version", "kind", "executed_at", "connection_name", "request_id", "key_name",
+                             "transport", "status", "error", "code"]
+    assert (missing["key_name"], missing["error"]) == ("partner", "Connection 'nosuch' not found")
+    assert (adhoc["database"], adhoc["sql"], adhoc["params"], adhoc["key_name"]) == ("x", "SELECT :b, :a",
+                                                                                       ["a", "b"], "admin")
+    from qag.observe.history import event
+    events = [event(row) for row in app.gateway.store.events(0, 10)]
+    assert [(e["connection_name"], e["entry"]["code"]) for e in events] == \
+        [("nosuch", "connection_not_found"), ("off", "connection_inactive"), ("nosuch", "connection_not_found")]
+    # The refusals were not counted: the key's one call a day is still there.
+    status, headers, _ = app.run("films", key=secret)
+    assert (status, headers["x-quota-remaining-calls"]) == (200, "0")
+
+
 def test_b8_1_query_history_pages_with_a_cursor(app):
     app.query("q1")
     for _ in range(3):
