@@ -194,6 +194,9 @@ class History:
         return {name: (local_text(last), counts) for name, (last, counts) in self.store.run_stats(query).items()}
 
     def read(self, args: dict, query: str | None, default_limit: int) -> dict:
+        # An empty filter (`?status=`, a form's unset field) is no filter, as QueryAPIGate reads it: not a 400, and
+        # not a match on "" either.
+        args = {name: value for name, value in args.items() if value != ""}
         where = _filters(args, query)
         limit = _limit(args.get("limit"), default_limit)
         before = _cursor(args["cursor"]) if "cursor" in args else None

@@ -262,6 +262,18 @@ def test_b8_4_bad_filters(app, query, code):
     assert (status, body["code"]) == (400, code)
 
 
+@pytest.mark.parametrize("name", ["status", "kind", "limit", "since", "until", "cursor", "version", "key", "query"])
+def test_an_empty_filter_is_no_filter(app, name):
+    """Contract 8.3 and QueryAPIGate 0.43 (probed): `?status=` and the like are absent, on both routes."""
+    app.query("films")
+    app.run("films")
+    app.call("POST", "/execute_sql", {"sql": "SELECT 1 AS one", "connection_name": "lite"})
+    for path, count in (("/api/v1/history", 2), ("/api/v1/queries/films/history", 1)):
+        status, _, body = app.history(f"{name}=", path)
+        assert status == 200, body
+        assert (len(body["items"]), body["next_cursor"]) == (count, None)
+
+
 def test_history_is_for_administrators(app):
     _, _, key = app.call("POST", "/api/v1/api-keys", {"name": "k"})
     assert app.history()[0] == 200
