@@ -447,7 +447,7 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number from 10 to 10000000"),
     Setting("QAG_EVENTS_RETENTION_HOURS", _int_range(1, 87_600), 24, "Hours the event log keeps every run (swept in the background in small batches).",
             "a whole number of hours from 1 to 87600", alias="QUERYAPIGATE_EVENTS_RETENTION_HOURS"),
-    Setting("QAG_EVENTS_MAX_STREAMS", _optional_int(0, 10_000), None, "Open GET /events streams per worker process (each holds one of its QAG_THREADS request threads); one more is refused with 503 too_many_streams; 0 turns the route off; unset = min(4, QAG_THREADS / 2).",
+    Setting("QAG_EVENTS_MAX_STREAMS", _optional_int(0, 10_000), None, "Open GET /events streams per worker process (each holds one of its QAG_THREADS request threads); one more is refused with 503 too_many_streams; 0 turns streams off (every one refused so); unset = min(4, QAG_THREADS / 2).",
             "a whole number from 0 to 10000", alias="QUERYAPIGATE_EVENTS_MAX_STREAMS"),
     Setting("QAG_EVENTS_KEEPALIVE", _seconds_max(3600.0), 15.0, "Seconds without an event after which a GET /events stream sends a `: keepalive` comment (and notices a client that went away).",
             "a number of seconds from 0 to 3600 (0 = every second)"),

@@ -71,12 +71,15 @@ class EventsHandlers:
 
     def events(self, request, caller):
         filters = read_filters(request.args)
-        if self.live.max_streams == 0:
-            raise QagError("not_found")
+        # A cap of 0 turns streams off: every one is refused as one over the cap (503, as QueryAPIGate answers).
         stream = self.live.open(None if caller.admin else caller.name, filters)
         if stream is None:
-            raise QagError("too_many_streams", f"This worker already holds {self.live.max_streams} open event "
-                                               f"streams - try again in a few seconds", retry_after=5)
+            cap = self.live.max_streams
+            held = (f"This worker already holds {cap} open event streams - try again in a few seconds, or connect"
+                    if cap else "Event streams are turned off on this server - connect")
+            # QueryAPIGate's clients look for its command's name here (contract 8.5); qag's own is `qag events`.
+            raise QagError("too_many_streams", held + " to the standalone events server instead (`qag events`; "
+                                                      "QueryAPIGate's `queryapigate events`)", retry_after=5)
         sock = request.environ.get("gunicorn.socket")
         if sock is not None:
             try:

@@ -230,11 +230,27 @@ def test_the_per_worker_cap_answers_503_with_retry_after(ev):
         assert extra.status == 503 and extra.headers["retry-after"] == "5"
         body = json.loads(extra.body)
         assert body["code"] == "too_many_streams" and body["retry_after"] == 5
+        # Contract 8.5: the message names QueryAPIGate's standalone server; qag's own command as well.
+        assert "`queryapigate events`" in body["error"] and "`qag events`" in body["error"]
         assert ev.get(q("ev_other")).status == 200          # calls still answered
     finally:
         for s in streams:
             s.close()
     _open(ev, 1)[0].close()                       # a stream again once the others are given back
+
+
+def test_a_cap_of_zero_refuses_every_stream_with_503(make_server):
+    """Contract 8.5 and QueryAPIGate 0.43 (probed): QAG_EVENTS_MAX_STREAMS=0 turns streams off with the cap's
+    503 too_many_streams and Retry-After: 5 (was a 404); a filter that can never match is still a 400 first."""
+    s = make_server(env={"QAG_EVENTS_MAX_STREAMS": "0"})
+    refused = Subscriber(s)
+    body = json.loads(refused.body)
+    assert (refused.status, refused.headers["retry-after"], body["code"], body["retry_after"]) == \
+        (503, "5", "too_many_streams", 5)
+    assert "`queryapigate events`" in body["error"] and "`qag events`" in body["error"]
+    bad = Subscriber(s, params="?status=failed")
+    assert bad.status == 400 and json.loads(bad.body)["code"] == "invalid_filter"
+    assert Subscriber(s, key=None).status == 401
 
 
 def test_keepalive_comments_when_nothing_happens(ev):
