@@ -73,7 +73,9 @@ class Observer:
         conn = plan.connection
         self.metrics.run(conn["name"], conn["db"], True, plan.key, rows, duration_ms / 1000.0, plan.fmt,
                          encode_seconds)
-        record = (plan, at, True, rows, duration_ms, encode_seconds * 1000.0, None, None, _now_ns())
+        # serialization_ms is a saved query's (contract 8.1): QueryAPIGate records none for an ad-hoc run.
+        record = (plan, at, True, rows, duration_ms, None if plan.query is None else encode_seconds * 1000.0, None,
+                  None, _now_ns())
         self._runs.put(record)
         if self.tracing is not None and plan.timing is not None:
             plan.timing.ran(plan, rows, None)   # the database span's attributes

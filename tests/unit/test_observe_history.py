@@ -111,6 +111,20 @@ def test_b8_7_adhoc_entry_keeps_parameter_names_never_values(app):
     assert list(item)[-2:] == ["sql", "params"]
 
 
+def test_serialization_ms_is_for_saved_queries_only(app):
+    """Contract 8.1 and QueryAPIGate 0.43 (probed): an ad-hoc run's entry and event have no serialization_ms."""
+    app.query("films")
+    assert app.call("POST", "/execute_sql", {"sql": "SELECT 1 AS one", "connection_name": "lite"})[0] == 200
+    assert app.run("films")[0] == 200
+    saved, adhoc = app.history()[2]["items"]
+    assert "serialization_ms" in saved and "serialization_ms" not in adhoc
+    assert list(adhoc) == ["query", "version", "kind", "executed_at", "connection_name", "request_id", "key_name",
+                           "transport", "status", "rows", "duration_ms", "sql", "params"]
+    from qag.observe.history import event
+    events = [event(row)["entry"] for row in app.gateway.store.events(0, 10)]
+    assert ["serialization_ms" in e for e in events] == [False, True]
+
+
 @pytest.mark.parametrize("mode", ["hash", "none"])
 def test_b8_8_adhoc_sql_hash_or_none(tmp_path, store_env, mode):
     a = App(str(tmp_path), store_env, QAG_HISTORY_ADHOC_SQL=mode)
