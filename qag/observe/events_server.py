@@ -49,6 +49,9 @@ LOOKBACK = 2000            # ids below the last one the tail reads again (Postgr
 HEAD_LIMIT = 16384         # bytes of a request head
 _SECURITY = (b"X-Content-Type-Options: nosniff\r\nContent-Security-Policy: default-src 'none'; frame-ancestors "
              b"'none'\r\nReferrer-Policy: no-referrer\r\n")
+# On every answer but a stream (no-cache there): /health's and /metrics' figures hold for the moment, a refusal for
+# its request only (QueryAPIGate's events server says so too, as the gateway's answers do).
+_NO_STORE = b"Cache-Control: no-store\r\n"
 # A 401 says how to authenticate (RFC 9110 11.6.1): on /events the gateway's challenges (Authenticator.challenges:
 # the key's, and Bearer when tokens are configured), on /metrics the gateway's /metrics challenge (contract 9.2).
 _METRICS_CHALLENGE = b'WWW-Authenticate: Bearer realm="metrics"\r\n'
@@ -185,7 +188,7 @@ class EventsServer:
         try:
             method, target, headers = _parse(head)
         except ValueError:
-            await _answer(writer, 400, {"error": "Bad request"})
+            await _answer(writer, 400, {"error": "Bad request", "code": "malformed_http"})
             return
         path, _, query = target.partition("?")
         args = {k: v[0] for k, v in parse_qs(query, keep_blank_values=True).items()}
@@ -197,9 +200,10 @@ class EventsServer:
                 _fields(self.headers.preflight(origin).headers), cors, _SECURITY))
             await _close(writer)
         elif path not in ("/events", "/health", "/metrics"):
-            await _answer(writer, 404, {"error": "Not found"}, cors)
+            await _answer(writer, 404, {"error": "Not found", "code": "not_found"}, cors)
         elif method != "GET":
-            await _answer(writer, 405, {"error": "Method not allowed"}, b"Allow: GET\r\n" + cors)
+            await _answer(writer, 405, {"error": "Method not allowed", "code": "method_not_allowed"},
+                          b"Allow: GET\r\n" + cors)
         elif path == "/health":
             await _answer(writer, 200, {"status": "ok", "connections": len(self.clients),
                                         "delivered": self.delivered}, cors)
@@ -221,7 +225,8 @@ class EventsServer:
                 scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode("utf-8", "replace"),
                                                                   self.metrics_token))
             if not ok:
-                await _answer(writer, 401, {"error": "Unauthorized"}, _METRICS_CHALLENGE + extra)
+                await _answer(writer, 401, {"error": "Unauthorized", "code": "unauthorized"},
+                              _METRICS_CHALLENGE + extra)
                 return
         lines = [
             "# HELP queryapigate_events_streams Open event streams.", "# TYPE queryapigate_events_streams gauge",
@@ -238,7 +243,8 @@ class EventsServer:
         ]
         body = ("\n".join(lines) + "\n").encode()
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
-                     b"Content-Length: %d\r\nConnection: close\r\n%s%s\r\n%s" % (len(body), cors, _SECURITY, body))
+                     b"Content-Length: %d\r\nConnection: close\r\n%s%s%s\r\n%s"
+                     % (len(body), _NO_STORE, cors, _SECURITY, body))
         await _close(writer)
 
     def _peer(self, writer, headers: dict) -> str | None:
@@ -275,7 +281,8 @@ class EventsServer:
             await _refuse(writer, refused, _fields(refused.headers) + extra)
             return
         if caller is None:
-            await _answer(writer, 401, {"error": "Unauthorized"}, _fields(self.auth.challenges) + extra)
+            await _answer(writer, 401, {"error": "Unauthorized", "code": "unauthorized"},
+                          _fields(self.auth.challenges) + extra)
             return
         if caller.via == "open":
             try:   # judged on the socket's peer, never on X-Forwarded-For (contract 1.4)
@@ -403,7 +410,7 @@ def _parse(head: bytes) -> tuple[str, str, dict]:
 async def _answer(writer, status: int, body: dict, extra: bytes = b"") -> None:
     data = json.dumps(body).encode()
     writer.write(b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n"
-                 b"%s%s\r\n%s" % (status, _STATUS[status].encode(), len(data), extra, _SECURITY, data))
+                 b"%s%s%s\r\n%s" % (status, _STATUS[status].encode(), len(data), _NO_STORE, extra, _SECURITY, data))
     await _close(writer)
 
 

@@ -123,23 +123,28 @@ def _runs(server, n: int, key="admin") -> list[str]:
 
 
 def test_routes_health_and_refusals(pair):
+    """Contract 8.6 and QueryAPIGate 0.43 (probed): every error body has its code, and every answer but a stream
+    says Cache-Control: no-store."""
     _, events = pair
-    status, _, body = events.request("GET", "/health", key=None)
+    status, headers, body = events.request("GET", "/health", key=None)
     assert status == 200 and set(json.loads(body)) == {"status", "connections", "delivered"}
-    assert events.request("GET", "/nope")[0] == 404 and json.loads(events.request("GET", "/nope")[2]) == \
-        {"error": "Not found"}
-    status, headers, _ = events.request("POST", "/events")
-    assert status == 405 and headers["allow"] == "GET"
+    assert headers["cache-control"] == "no-store"
+    status, headers, body = events.request("GET", "/nope")
+    assert (status, json.loads(body), headers["cache-control"]) == \
+        (404, {"error": "Not found", "code": "not_found"}, "no-store")
+    status, headers, body = events.request("POST", "/events")
+    assert status == 405 and headers["allow"] == "GET" and headers["cache-control"] == "no-store"
+    assert json.loads(body) == {"error": "Method not allowed", "code": "method_not_allowed"}
     challenge = 'ApiKey realm="qag", name="X-API-Key", in="header"'
     status, headers, body = events.request("GET", "/events", key=None)
-    assert status == 401 and json.loads(body) == {"error": "Unauthorized"}
-    assert headers["www-authenticate"] == challenge
+    assert status == 401 and json.loads(body) == {"error": "Unauthorized", "code": "unauthorized"}
+    assert headers["www-authenticate"] == challenge and headers["cache-control"] == "no-store"
     status, headers, _ = events.request("GET", "/events", key="wrong")
     assert status == 401 and headers["www-authenticate"] == challenge
-    status, _, body = events.request("GET", "/events?status=failed")
-    assert status == 400 and json.loads(body)["code"] == "invalid_filter"
+    status, headers, body = events.request("GET", "/events?status=failed")
+    assert status == 400 and json.loads(body)["code"] == "invalid_filter" and headers["cache-control"] == "no-store"
     status, headers, body = events.request("GET", "/metrics", key=None)
-    assert status == 200 and b"queryapigate_events_streams" in body
+    assert status == 200 and b"queryapigate_events_streams" in body and headers["cache-control"] == "no-store"
 
 
 def test_every_workers_runs_arrive_once_in_id_order_with_retry_first(pair):
@@ -256,6 +261,8 @@ def test_a_malformed_request_is_refused_and_the_server_goes_on(pair, head):
                 break
             reply += chunk
     assert reply == b"" or reply.startswith(b"HTTP/1.1 400 "), reply[:100]
+    if reply:
+        assert json.loads(reply.partition(b"\r\n\r\n")[2])["code"] == "malformed_http"
     assert events.request("GET", "/health", key=None)[0] == 200
 
 
@@ -378,8 +385,9 @@ def test_metrics_with_a_token_spends_the_rate_limit_like_events(pair):
     token = "events-metrics-" + "t" * 20
     events = EventsProcess(server, QAG_RATE_LIMIT="3/minute", QAG_METRICS_TOKEN=token)
     try:
-        replies = [events.request("GET", "/metrics", key=f"wrong-{i}")[0] for i in range(5)]
-        assert replies == [401, 401, 401, 429, 429]
+        replies = [events.request("GET", "/metrics", key=f"wrong-{i}") for i in range(5)]
+        assert [status for status, _, _ in replies] == [401, 401, 401, 429, 429]
+        assert json.loads(replies[0][2]) == {"error": "Unauthorized", "code": "unauthorized"}
         assert events.request("GET", "/metrics")[0] == 429                 # the right admin key: out of tokens
         assert events.request("GET", "/metrics", key=None, headers={"Authorization": f"Bearer {token}"})[0] == 429
         assert events.request("GET", "/health", key=None)[0] == 200
