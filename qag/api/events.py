@@ -9,6 +9,8 @@ from ..errors import QagError
 from ..http.response import Response
 from ..observe.live import read_filters
 STREAM_HEADERS = (("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no"))
+# As QueryAPIGate's main server names it (its standalone server, and so `qag events`, says no charset).
+CONTENT_TYPE = "text/event-stream; charset=utf-8"
 # The kernel's send buffer of a stream's socket: a client that stops reading blocks its stream's thread (and so is
 # found behind in the ring) after this much, instead of after the megabytes autotuning would let it hold.
 SEND_BUFFER = 64 * 1024
@@ -87,7 +89,7 @@ class EventsHandlers:
             except OSError:
                 pass   # a socket that refuses it keeps the kernel's default
         return Response(200, EventStream(self.live, stream, self.keepalive, self._still(request, caller)),
-                        list(STREAM_HEADERS), "text/event-stream")
+                        list(STREAM_HEADERS), CONTENT_TYPE)
 
     def _still(self, request, caller):
         """Whether the credential this stream was opened with still names the same caller."""

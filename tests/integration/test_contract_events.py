@@ -117,7 +117,7 @@ def test_every_workers_runs_reach_every_stream_with_the_contracts_headers(ev):
     streams = _open(ev, 6)                       # 6 streams, at most 4 per worker: both workers hold some
     try:
         s = streams[0]
-        assert s.headers["content-type"].startswith("text/event-stream")
+        assert s.headers["content-type"] == "text/event-stream; charset=utf-8"     # as QueryAPIGate's (probed)
         assert s.headers["cache-control"] == "no-cache" and s.headers["x-accel-buffering"] == "no"
         replies = _calls(ev, 24)
         assert len(ev.workers_of(replies)) == 2
