@@ -366,7 +366,8 @@ class QueryHandlers:
             placeholders = list(prepared.placeholders)
             if prepared.multiple:
                 errors.append({"message": "Only a single SQL statement can be executed at a time", "field": "sql"})
-            elif prepared.write_ops:
+            elif prepared.write_ops and not self.gateway.settings.allow_writes:
+                # The server-wide setting, as QueryAPIGate's check reads it: with writes on, a write is valid here.
                 errors.append({"message": read_only_message(prepared.write_ops), "field": "sql"})
             found_tables = tables(sql, dialect)
         probe = {k: v for k, v in body.items() if k != "name"}

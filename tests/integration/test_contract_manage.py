@@ -263,6 +263,17 @@ def test_validate_and_flow(server, uniq):
     assert sorted(flow["tables"]) == ["secret", "t"] and flow["joins"]
 
 
+def test_validate_judges_writes_by_the_server_setting(server, writes_server):
+    # Contract 5.3: validate tells whether the definition would run here, so a write is fine where writes are on.
+    body = {"description": "d", "sql": "DELETE FROM t", "connection_name": "lite"}
+    r = writes_server.post("/api/v1/queries/validate", body)
+    assert r.status == 200 and r.json["valid"] is True and r.json["errors"] == [], r.json
+    r = server.post("/api/v1/queries/validate", body)
+    assert r.json["valid"] is False and r.json["errors"][0]["field"] == "sql"
+    assert "QUERYAPIGATE_ALLOW_WRITES=1" in r.json["errors"][0]["message"]
+
+
+
 def test_me(server):
     me = server.get("/api/v1/me").json
     assert (me["name"], me["role"], me["via"]) == ("admin", "owner", "break-glass")
