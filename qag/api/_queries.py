@@ -354,22 +354,12 @@ class QueryHandlers:
         return with_etag(self.detail(q), q)
 
     def validate(self, request, caller):
-        """Check a version definition without saving it; problems are reported, never raised."""
+        """Check a version definition without saving it; problems are reported, never raised. QueryAPIGate's order:
+        the definition's first problem, then an unknown connection, then the SQL's."""
         body = body_object(request)
         errors: list[dict] = []
         placeholders: list[str] = []
         found_tables = None
-        sql = body.get("sql")
-        dialect = self._dialect_for(body.get("connection_name"))
-        if isinstance(sql, str) and sql.strip():
-            prepared = prepare(sql, dialect)
-            placeholders = list(prepared.placeholders)
-            if prepared.multiple:
-                errors.append({"message": "Only a single SQL statement can be executed at a time", "field": "sql"})
-            elif prepared.write_ops and not self.gateway.settings.allow_writes:
-                # The server-wide setting, as QueryAPIGate's check reads it: with writes on, a write is valid here.
-                errors.append({"message": read_only_message(prepared.write_ops), "field": "sql"})
-            found_tables = tables(sql, dialect)
         probe = {k: v for k, v in body.items() if k != "name"}
         try:
             refuse_unknown(probe, VERSION_FIELDS + ("collection",))
@@ -380,5 +370,22 @@ class QueryHandlers:
                 entry["parameters"] = problem.extras["errors"]
                 entry["field"] = "parameters"
             errors.append(entry)
+        connection_name = body.get("connection_name")
+        named = isinstance(connection_name, str) and connection_name != ""
+        row = self.store.get_connection(connection_name) if named else None
+        if named and row is None:
+            # Saving takes any name (contract 5.3), but a run would fail: validate says so.
+            errors.append({"message": f"Connection '{connection_name}' not found", "field": "connection_name"})
+        sql = body.get("sql")
+        dialect = row["db"] if row is not None else "sqlite"
+        if isinstance(sql, str) and sql.strip():
+            prepared = prepare(sql, dialect)
+            placeholders = list(prepared.placeholders)
+            if prepared.multiple:
+                errors.append({"message": "Only a single SQL statement can be executed at a time", "field": "sql"})
+            elif prepared.write_ops and not self.gateway.settings.allow_writes:
+                # The server-wide setting, as QueryAPIGate's check reads it: with writes on, a write is valid here.
+                errors.append({"message": read_only_message(prepared.write_ops), "field": "sql"})
+            found_tables = tables(sql, dialect)
         return json_response({"valid": not errors, "errors": errors, "placeholders": placeholders,
                               "tables": found_tables or []})

@@ -274,6 +274,18 @@ def test_validate_judges_writes_by_the_server_setting(server, writes_server):
 
 
 
+def test_validate_names_an_unknown_connection(server, uniq):
+    missing = uniq("nope")
+    r = server.post("/api/v1/queries/validate", {"description": "d", "sql": "SELECT 1", "connection_name": missing})
+    assert r.status == 200 and r.json["valid"] is False
+    assert r.json["errors"] == [{"message": f"Connection '{missing}' not found", "field": "connection_name"}]
+    # QueryAPIGate's order: the definition's own problem, then the connection, then the SQL.
+    r = server.post("/api/v1/queries/validate", {"sql": "SELECT 1; SELECT 2", "connection_name": missing})
+    assert [e.get("field") for e in r.json["errors"]] == [None, "connection_name", "sql"], r.json
+    assert r.json["errors"][0]["message"] == "Description is missing"
+
+
+
 def test_me(server):
     me = server.get("/api/v1/me").json
     assert (me["name"], me["role"], me["via"]) == ("admin", "owner", "break-glass")
