@@ -386,6 +386,8 @@ class QueryHandlers:
             elif prepared.write_ops and not self.gateway.settings.allow_writes:
                 # The server-wide setting, as QueryAPIGate's check reads it: with writes on, a write is valid here.
                 errors.append({"message": read_only_message(prepared.write_ops), "field": "sql"})
-            found_tables = tables(sql, dialect)
+            if row is not None:
+                # As QueryAPIGate: tables are read in the saved connection's dialect, and without one none are.
+                found_tables = tables(sql, dialect)
         return json_response({"valid": not errors, "errors": errors, "placeholders": placeholders,
                               "tables": found_tables or []})

@@ -255,7 +255,7 @@ def test_validate_and_flow(server, uniq):
                                                  "description": "d"})
     assert r.status == 200 and r.json["valid"] is False and r.json["placeholders"] == ["id"]
     r = server.post("/api/v1/queries/validate", {"sql": "SELECT a.id FROM t a JOIN secret s ON s.id = a.id",
-                                                 "description": "d"})
+                                                 "description": "d", "connection_name": "lite"})
     assert r.json["valid"] is True and r.json["tables"] == ["secret", "t"]
     name = uniq("flow")
     server.query(name, "SELECT a.id FROM t a JOIN secret s ON s.id = a.id", "lite")
@@ -283,6 +283,16 @@ def test_validate_names_an_unknown_connection(server, uniq):
     r = server.post("/api/v1/queries/validate", {"sql": "SELECT 1; SELECT 2", "connection_name": missing})
     assert [e.get("field") for e in r.json["errors"]] == [None, "connection_name", "sql"], r.json
     assert r.json["errors"][0]["message"] == "Description is missing"
+
+
+
+def test_validate_lists_tables_only_for_an_existing_connection(server, uniq):
+    sql = "SELECT a.id FROM t a JOIN secret s ON s.id = a.id"
+    for extra in ({}, {"connection_name": ""}, {"connection_name": uniq("nope")}):
+        r = server.post("/api/v1/queries/validate", {"description": "d", "sql": sql, **extra})
+        assert r.json["tables"] == [], (extra, r.json)
+    r = server.post("/api/v1/queries/validate", {"description": "d", "sql": sql, "connection_name": "lite"})
+    assert r.json["tables"] == ["secret", "t"]
 
 
 
