@@ -187,6 +187,8 @@ class ConnectionHandlers:
         return with_etag(self._detail(row), self._etag_state(row), 201)
 
     def patch(self, request, caller, name):
+        # 404 and 412 before the body, as QueryAPIGate; again in the transaction, which the body is read outside of.
+        check_if_match(request, self._etag_state(self._existing(name)), "connection")
         body = body_object(request)
         with self.store.transaction():
             row = self._existing(name)
@@ -214,7 +216,8 @@ class ConnectionHandlers:
         return with_etag(self._detail(new), self._etag_state(new))
 
     def delete(self, request, caller, name):
-        self._existing(name)  # 404 comes first, even without a reason
+        # 404 comes first, even without a reason; then a stale If-Match (QueryAPIGate's order)
+        check_if_match(request, self._etag_state(self._existing(name)), "connection")
         body = body_object(request, required=False)
         reason = body.get("reason")
         if not isinstance(reason, str) or not reason.strip():

@@ -142,6 +142,8 @@ class KeyHandlers:
         return with_etag(view, _etag_state(row), 201, _NO_STORE)
 
     def patch_key(self, request, caller, name):
+        # 404 and 412 before the body, as QueryAPIGate; again in the transaction, which the body is read outside of.
+        check_if_match(request, _etag_state(self._key(name)), "API key")
         body = body_object(request)
         with self.store.transaction():
             row = self._key(name)
@@ -166,6 +168,7 @@ class KeyHandlers:
     def rotate_key(self, request, caller, name):
         body = body_object(request, required=False)
         refuse_unknown(body, ("grace_minutes",))
+        self._key(name)   # QueryAPIGate's order: a JSON object of known fields, then 404, then the grace's value
         grace = body.get("grace_minutes", _DEFAULT_GRACE_MINUTES)
         if not shapes.fits(shapes.GRACE_MINUTES, grace):
             raise QagError("invalid_body", f"grace_minutes must be a whole number from 0 to {_MAX_GRACE_MINUTES}")
@@ -220,6 +223,8 @@ class KeyHandlers:
         return with_etag(self.role_view(row), row, 201)
 
     def patch_role(self, request, caller, name):
+        # 404 and 412 before the body, as QueryAPIGate; again in the transaction, which the body is read outside of.
+        check_if_match(request, self._role(name), "role")
         body = body_object(request)
         with self.store.transaction():
             row = self._role(name)

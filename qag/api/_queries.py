@@ -137,6 +137,13 @@ class QueryHandlers:
             raise QagError("query_not_found", f"Saved query '{name}' not found")
         return q
 
+    def _unchanged(self, request, name: str) -> dict:
+        """The query, after 404 and If-Match's 412: QueryAPIGate judges both before the body. Called again inside
+        the transaction (the body is read outside it, so a slow client never holds the store's write lock)."""
+        q = self._existing(name)
+        check_if_match(request, q, "query")
+        return q
+
     def _dialect_for(self, connection_name) -> str:
         row = self.store.get_connection(connection_name) if isinstance(connection_name, str) else None
         return row["db"] if row is not None else "sqlite"
@@ -232,6 +239,7 @@ class QueryHandlers:
         return with_etag(self.detail(q), q, 201)
 
     def add_version(self, request, caller, name):
+        self._unchanged(request, name)
         body = body_object(request)
         if "name" in body or "collection" in body:
             raise QagError("invalid_body", "A new version can't change the query's name or collection - "
@@ -239,8 +247,7 @@ class QueryHandlers:
         refuse_unknown(body, VERSION_FIELDS)
         version, publish = self._version_input(body, caller)
         with self.store.transaction():
-            q = self._existing(name)
-            check_if_match(request, q, "query")
+            self._unchanged(request, name)
             number = self.store.add_version(name, version, publish)
             audit(self.store, caller, "save_query", name, {"version": number})
             if publish:
@@ -249,13 +256,13 @@ class QueryHandlers:
         return with_etag(self.detail(q), q, 201)
 
     def move(self, request, caller, name):
+        self._unchanged(request, name)
         body = body_object(request)
         refuse_unknown(body, ("collection",), "Only 'collection' can be changed on a query (unknown: {}) - "
                                               "change anything else by adding a version")
         collection = _check_collection(body.get("collection"))
         with self.store.transaction():
-            q = self._existing(name)
-            check_if_match(request, q, "query")
+            self._unchanged(request, name)
             if "collection" in body:
                 self.store.set_collection(name, collection)
                 audit(self.store, caller, "move_query", name, {"collection": collection})
@@ -281,6 +288,7 @@ class QueryHandlers:
         return json_response(self.version_view(self._version_of(q, number), q["published"]))
 
     def patch_version(self, request, caller, name, number):
+        self._unchanged(request, name)
         body = body_object(request)
         refuse_unknown(body, ("cache_ttl", "mcp"), "Only 'cache_ttl' and 'mcp' can be changed on a version "
                                                    "(unknown: {})")
@@ -290,9 +298,8 @@ class QueryHandlers:
         if "mcp" in body:
             changes["mcp"] = _check_mcp(body["mcp"])
         with self.store.transaction():
-            q = self._existing(name)
+            q = self._unchanged(request, name)
             self._version_of(q, number)
-            check_if_match(request, q, "query")
             if changes:
                 self.store.update_version(name, number, dict(changes, last_modified_at=now_text()))
                 if "cache_ttl" in changes:
@@ -304,9 +311,8 @@ class QueryHandlers:
 
     def delete_version(self, request, caller, name, number):
         with self.store.transaction():
-            q = self._existing(name)
+            q = self._unchanged(request, name)
             self._version_of(q, number)
-            check_if_match(request, q, "query")
             remaining = [v["version"] for v in q["versions"] if v["version"] != number]
             if not remaining:
                 self.store.delete_query(name)
@@ -329,14 +335,14 @@ class QueryHandlers:
         return json_response(flow(v["sql"], self._dialect_for(v.get("connection_name"))))
 
     def publish(self, request, caller, name):
+        self._unchanged(request, name)
         body = body_object(request)
         number = shapes.whole(body.get("version"))
         if number is None:
             raise QagError("invalid_body", "version must be an integer")
         with self.store.transaction():
-            q = self._existing(name)
+            q = self._unchanged(request, name)
             self._version_of(q, number)
-            check_if_match(request, q, "query")
             if q["published"] != number:
                 self.store.set_published(name, number)
                 audit(self.store, caller, "publish_query", name, {"version": number})

@@ -296,6 +296,51 @@ def test_validate_lists_tables_only_for_an_existing_connection(server, uniq):
 
 
 
+def test_a_missing_resource_is_404_before_its_body_is_judged(server, uniq):
+    # QueryAPIGate (and the contract's "404 checked first") looks the resource up before reading the body.
+    none = uniq("none")
+    cases = [("POST", f"/api/v1/queries/{none}/versions", {"description": "v"}, "query_not_found"),
+             ("POST", f"/api/v1/queries/{none}/versions", {"name": "x"}, "query_not_found"),
+             ("POST", f"/api/v1/queries/{none}/publish", {}, "query_not_found"),
+             ("PATCH", f"/api/v1/queries/{none}/versions/1", {"ttl": 1}, "query_not_found"),
+             ("PATCH", f"/api/v1/queries/{none}", {"zzz": 1}, "query_not_found"),
+             ("PATCH", f"/api/v1/queries/{none}", {"collection": "NOT A NAME"}, "query_not_found"),
+             ("POST", f"/api/v1/api-keys/{none}/rotate", {"grace_minutes": -1}, "key_not_found"),
+             ("PATCH", f"/api/v1/api-keys/{none}", None, "key_not_found"),
+             ("PATCH", f"/api/v1/roles/{none}", None, "role_not_found"),
+             ("PATCH", f"/api/v1/connections/{none}", None, "connection_not_found")]
+    for method, path, body, code in cases:
+        r = server.request(method, path, body=body)
+        assert r.status == 404 and r.json["code"] == code, (method, path, body, r)
+    for path in (f"/api/v1/queries/{none}/versions", f"/api/v1/queries/{none}/publish"):
+        r = server.request("POST", path, raw=b"[1]", headers={"Content-Type": "application/json"})
+        assert r.status == 404 and r.json["code"] == "query_not_found", (path, r)
+
+
+def test_a_stale_if_match_is_412_before_the_body_is_judged(server, uniq):
+    query, key, role, conn = uniq("q"), uniq("k"), uniq("r"), uniq("c")
+    server.query(query, "SELECT 1", "lite")
+    server.key(key)
+    assert server.post("/api/v1/roles", {"name": role}).status == 201
+    server.connection(conn, "lite.db")
+    stale = {"If-Match": '"' + "0" * 32 + '"'}
+    cases = [("POST", f"/api/v1/queries/{query}/versions", {"zz": 1}),
+             ("POST", f"/api/v1/queries/{query}/versions", None),
+             ("POST", f"/api/v1/queries/{query}/publish", {}),
+             ("POST", f"/api/v1/queries/{query}/publish", {"version": 9}),
+             ("PATCH", f"/api/v1/queries/{query}/versions/1", {"ttl": 1}),
+             ("PATCH", f"/api/v1/queries/{query}/versions/9", {"cache_ttl": 1}),
+             ("DELETE", f"/api/v1/queries/{query}/versions/9", None), ("PATCH", f"/api/v1/queries/{query}", {"zzz": 1}),
+             ("PATCH", f"/api/v1/api-keys/{key}", None), ("PATCH", f"/api/v1/roles/{role}", None),
+             ("PATCH", f"/api/v1/connections/{conn}", None), ("DELETE", f"/api/v1/connections/{conn}", None)]
+    for method, path, body in cases:
+        r = server.request(method, path, body=body, headers=stale)
+        assert r.status == 412 and r.json["code"] == "precondition_failed", (method, path, body, r)
+    # Without If-Match the body is judged before the version is looked up.
+    r = server.request("PATCH", f"/api/v1/queries/{query}/versions/9", body={"ttl": 1})
+    assert r.status == 400 and r.json["code"] == "unknown_field"
+
+
 def test_me(server):
     me = server.get("/api/v1/me").json
     assert (me["name"], me["role"], me["via"]) == ("admin", "owner", "break-glass")
