@@ -169,7 +169,9 @@ class KeyHandlers:
         body = body_object(request, required=False)
         refuse_unknown(body, ("grace_minutes",))
         self._key(name)   # QueryAPIGate's order: a JSON object of known fields, then 404, then the grace's value
-        grace = body.get("grace_minutes", _DEFAULT_GRACE_MINUTES)
+        grace = body.get("grace_minutes")
+        if grace is None:   # null is the default too, as in QueryAPIGate
+            grace = _DEFAULT_GRACE_MINUTES
         if not shapes.fits(shapes.GRACE_MINUTES, grace):
             raise QagError("invalid_body", f"grace_minutes must be a whole number from 0 to {_MAX_GRACE_MINUTES}")
         grace = shapes.whole(grace)

@@ -693,7 +693,7 @@ def _admin_paths(view: View) -> dict:
         "/api/v1/api-keys/{name}/rotate": {"post": _op(
             "rotateApiKey", "New secret; the old one works for grace_minutes more", K,
             {"200": _json("The key and its new secret", _ref("ApiKey"), {**_ETAG, **_NO_STORE})},
-            params=[key, if_match], body=_obj({"grace_minutes": shapes.GRACE_MINUTES}, extra=False),
+            params=[key, if_match], body=_obj({"grace_minutes": _null(shapes.GRACE_MINUTES)}, extra=False),
             body_required=False, errors=(*_MANAGE_ERRORS, "404", "409", "412"), **etag_only)},
         "/api/v1/api-keys/{name}/previous": {"delete": _op(
             "endPreviousSecret", "Stop the old secret of a rotation now", K, {"200": detail_key}, params=[key],

@@ -182,6 +182,16 @@ def test_b5_15_rotation(server, uniq):
     assert server.post(f"/api/v1/api-keys/{name}/rotate").status == 200
 
 
+def test_rotation_grace_null_is_the_default(server, uniq):
+    import datetime as dt
+    name = uniq("rot")
+    server.key(name)
+    r = server.post(f"/api/v1/api-keys/{name}/rotate", {"grace_minutes": None})
+    assert r.status == 200 and r.json["secret"].startswith("sk_"), r
+    until = dt.datetime.strptime(r.json["previous_expires_at"], "%Y-%m-%d %H:%M:%S")
+    assert abs((until - dt.datetime.now()).total_seconds() - 3600) < 120
+
+
 def test_b5_17_keys_from_roles(server, uniq):
     role, key = uniq("role"), uniq("k")
     assert server.post("/api/v1/roles", {"name": role, "connections": ["lite"], "max_rows": 5}).status == 201
