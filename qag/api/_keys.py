@@ -177,11 +177,13 @@ class KeyHandlers:
         grace = shapes.whole(grace)
         with self.store.transaction():
             row = self._key(name)
-            check_if_match(request, _etag_state(row), "API key")
+            # A pending rotation answers before a stale If-Match, as in QueryAPIGate: the rotation is what changed the
+            # key, and the 409 says what to do about it.
             if _previous_valid(row):
                 raise QagError("key_rotation_pending", f"API key '{name}' was rotated and its old secret still works "
                                                        f"until {row['previous_expires_at']} - end it first",
                                previous_expires_at=row["previous_expires_at"])
+            check_if_match(request, _etag_state(row), "API key")
             secret = new_secret()
             until = None
             if grace:

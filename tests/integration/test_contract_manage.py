@@ -192,6 +192,18 @@ def test_rotation_grace_null_is_the_default(server, uniq):
     assert abs((until - dt.datetime.now()).total_seconds() - 3600) < 120
 
 
+def test_a_pending_rotation_is_409_before_a_stale_if_match(server, uniq):
+    name = uniq("rot")
+    server.key(name)
+    etag = server.get(f"/api/v1/api-keys/{name}").headers["etag"]
+    assert server.post(f"/api/v1/api-keys/{name}/rotate", headers={"If-Match": etag}).status == 200
+    r = server.post(f"/api/v1/api-keys/{name}/rotate", headers={"If-Match": etag})   # stale now, as in QueryAPIGate
+    assert r.status == 409 and r.json["code"] == "key_rotation_pending" and r.json["previous_expires_at"], r
+    assert server.request("DELETE", f"/api/v1/api-keys/{name}/previous").status == 200
+    r = server.post(f"/api/v1/api-keys/{name}/rotate", headers={"If-Match": etag})
+    assert r.status == 412 and r.json["code"] == "precondition_failed", r
+
+
 def test_b5_17_keys_from_roles(server, uniq):
     role, key = uniq("role"), uniq("k")
     assert server.post("/api/v1/roles", {"name": role, "connections": ["lite"], "max_rows": 5}).status == 201
