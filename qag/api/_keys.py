@@ -18,8 +18,13 @@ from ._common import audit, body_object, check_if_match, no_content, refuse_unkn
 _NO_STORE = [("Cache-Control", "no-store")]
 _DEFAULT_GRACE_MINUTES = shapes.GRACE_MINUTES["default"]
 _MAX_GRACE_MINUTES = shapes.GRACE_MINUTES["maximum"]
-_OWNER_CAPABILITIES = ["access.read", "access.write", "cache.read", "cache.write", "connections.read",
-                       "connections.write", "observe", "queries.read", "queries.write", "self"]
+# QueryAPIGate 0.43's owner role, whole and in its order: clients decide what to offer from this list, and the
+# admin key and an open server are that owner (capabilities of features qag doesn't serve included).
+_OWNER_CAPABILITIES = ["access.read", "access.write", "admins.read", "admins.write", "cache.read", "cache.write",
+                       "config.apply", "connections.read", "connections.write", "destinations.write", "examples.write",
+                       "exports.read", "exports.run", "exports.write", "history.forget", "observe", "queries.read",
+                       "queries.write", "secrets.rotate", "self", "settings.read", "workspaces.read",
+                       "workspaces.write", "writes.approve"]
 
 
 def new_secret() -> str:
@@ -253,7 +258,7 @@ class KeyHandlers:
     # --- identity --------------------------------------------------------------------------
     def me(self, request, caller):
         return json_response({"name": caller.name, "role": "owner", "via": caller.via,
-                              "capabilities": _OWNER_CAPABILITIES, "data_access": "all", "workspace": "default",
+                              "capabilities": _OWNER_CAPABILITIES, "data_access": True, "workspace": "default",
                               "server_wide": True, "workspaces": {}})
 
     def quota_usage(self, request, caller):

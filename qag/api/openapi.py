@@ -160,7 +160,7 @@ def _schemas() -> dict:
         "Role": _obj({"name": _STR, **grants, "created_at": _TIME, "example": _BOOL, "keys_created": _INT,
                       "require_claim_binding": _BOOL}),
         "Me": _obj({"name": _null(_STR), "role": _null(_STR), "via": _STR, "capabilities": _arr(_STR),
-                    "data_access": {}, "workspace": {}, "server_wide": {}, "workspaces": {"type": "object"}}),
+                    "data_access": _BOOL, "workspace": {}, "server_wide": {}, "workspaces": {"type": "object"}}),
         "Health": _obj({"status": {"const": "ok"}, "version": _STR, "time_zone": _null(_STR),
                         "utc_offset": {"type": "string", "examples": ["+05:30"]}}, ["status", "version"]),
         "CacheEntry": _obj({"key": _STR, "meta": {"type": "object"}, "content_type": _STR, "size_bytes": _INT,

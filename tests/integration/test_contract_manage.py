@@ -363,9 +363,24 @@ def test_a_stale_if_match_is_412_before_the_body_is_judged(server, uniq):
     assert r.status == 400 and r.json["code"] == "unknown_field"
 
 
+# QueryAPIGate 0.43's owner, in its order (probed): the admin key and an open server alike.
+OWNER_CAPABILITIES = ["access.read", "access.write", "admins.read", "admins.write", "cache.read", "cache.write",
+                      "config.apply", "connections.read", "connections.write", "destinations.write", "examples.write",
+                      "exports.read", "exports.run", "exports.write", "history.forget", "observe", "queries.read",
+                      "queries.write", "secrets.rotate", "self", "settings.read", "workspaces.read",
+                      "workspaces.write", "writes.approve"]
+
+
 def test_me(server):
     me = server.get("/api/v1/me").json
     assert (me["name"], me["role"], me["via"]) == ("admin", "owner", "break-glass")
+    assert me["data_access"] is True and me["capabilities"] == OWNER_CAPABILITIES
+
+
+def test_me_in_open_mode(make_server):
+    me = make_server(admin_key=None, seed=False).get("/api/v1/me", key=None).json
+    assert (me["name"], me["role"], me["via"]) == (None, "owner", "open")
+    assert me["data_access"] is True and me["capabilities"] == OWNER_CAPABILITIES
 
 
 def test_runtime_schema_route_needs_the_connection_grant(server, uniq):
