@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from urllib.parse import quote
 
 from ..auth import now_text
 from ..errors import QagError
@@ -117,7 +116,7 @@ class QueryHandlers:
             "connection_name": shown.get("connection_name"), "collection": q["collection"],
             "tags": shown.get("tags", []), "published_version": published, "latest_version": latest,
             "has_draft": latest is not None and (published is None or latest > published),
-            "version_count": len(versions), "example": q["example"], "endpoint": "/q/" + quote(q["name"]),
+            "version_count": len(versions), "example": q["example"], "endpoint": "/q/" + q["name"],
             "updated_at": max((v["last_modified_at"] for v in versions), default=None),
             "created_at": min((v["created_at"] for v in versions), default=q["created_at"]),
             "last_used_at": (runs or {}).get(q["name"], (None, {}))[0], "cache_ttl": shown.get("cache_ttl"),

@@ -24,6 +24,16 @@ def test_b5_1_create_without_publish_is_a_draft(server, uniq):
     assert r.headers["etag"].startswith('"') and len(r.headers["etag"]) == 34
 
 
+def test_endpoint_is_the_name_as_is(server, uniq):
+    # Contract 5.3 and QueryAPIGate: "/q/<name>" with the name as stored, not percent-encoded.
+    from urllib.parse import quote
+    for name in (uniq("sp ace "), uniq("café-")):
+        assert server.query(name, "SELECT 1", "lite").json["endpoint"] == f"/q/{name}"
+        assert server.get(f"/api/v1/queries/{quote(name)}").json["endpoint"] == f"/q/{name}"
+        items = server.get("/api/v1/queries", params={"search": name}).json["items"]
+        assert [i["endpoint"] for i in items] == [f"/q/{name}"]
+
+
 def test_b5_2_statuses_follow_publishing(server, uniq):
     name = uniq("b52")
     server.query(name, "SELECT 1", "lite")
