@@ -61,6 +61,17 @@ def test_b5_3_etag_if_match(server, uniq):
     assert server.post(f"/api/v1/queries/{name}/unpublish", headers={"If-Match": "*"}).status == 200
 
 
+def test_if_match_is_compared_whole(server, uniq):
+    # Contract 5.1: a value that is neither * nor the current ETag is a 412; QueryAPIGate reads no list in it.
+    name = uniq("im")
+    etag = server.query(name, "SELECT 1", "lite").headers["etag"]
+    path = f"/api/v1/queries/{name}/unpublish"
+    for value in (f'"{"0" * 32}", {etag}', f"{etag}, {etag}", '"x", *', f"W/{etag}", etag.strip('"'), ""):
+        r = server.post(path, headers={"If-Match": value})
+        assert r.status == 412 and r.json["code"] == "precondition_failed", (value, r)
+    assert server.post(path, headers={"If-Match": f" {etag}\t"}).status == 200
+
+
 def test_b5_4_version_input_validation(server, uniq):
     r = server.post("/api/v1/queries", {"name": uniq("x"), "description": "d", "sql": "SELECT 1", "filename": "x"})
     assert r.status == 400 and r.json["code"] == "unknown_field"
