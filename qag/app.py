@@ -183,7 +183,7 @@ class Gateway:
 
     def _error_response(self, error: QagError, request: Request) -> Response:
         # An MCP client reads JSON-RPC, not the envelope: /mcp's refusals before its handler ran are JSON-RPC errors,
-        # at every spelling of the path the router takes for /mcp (`/mcp/`, `//mcp`, `/mcp%2F`).
+        # at every spelling of the path the router takes for /mcp (`//mcp`; a trailing slash is no route).
         if request.segments == _MCP_SEGMENTS or request.environ.get("PATH_INFO") == "/mcp":
             return self.mcp.refusal(error, request, self.auth.challenges)
         return error_response(error, request.request_id, request.environ.get("HTTP_ACCEPT"))

@@ -122,7 +122,9 @@ class Request:
                 raise QagError("invalid_request", "The URL is not valid UTF-8") from None
             query = self.environ.get("QUERY_STRING", "")
         self.path = path
-        stripped = path.strip("/")
+        # Leading slashes go (//x is /x, as in QueryAPIGate); a trailing one stays as an empty last segment, which
+        # no route matches: /api/v1/connections/ is a 404 as in QueryAPIGate, whose routes take no trailing slash.
+        stripped = path.lstrip("/")
         self.segments = stripped.split("/") if stripped else []
         self.args = parse_query(query)
 

@@ -93,6 +93,8 @@ def _bind(pattern: tuple[tuple[int, str], ...], segments: list[str]) -> dict[str
             if text != segment:
                 return None
         elif kind == _TEXT:
+            if not segment:   # no name is empty: /api/v1/connections/ (a trailing slash) is no connection's URL
+                return None
             params[text] = segment
         else:
             # 18 digits always fit a 64-bit integer; longer is no version or id anyone has.

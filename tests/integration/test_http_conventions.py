@@ -131,6 +131,21 @@ def test_no_allow_for_an_anonymous_caller_or_an_unknown_path(server):
     assert r.status == 404 and all_of(r, "Allow") == []
 
 
+@pytest.mark.parametrize("method,path", [
+    ("GET", "/api/v1/connections/"), ("GET", "/api/v1/api-keys/"), ("GET", "/api/v1/queries/"),
+    ("GET", "/api/v1/roles/"), ("GET", "/api/v1/me/"), ("GET", "/api/v1/connections/lite/"),
+    ("GET", "/api/v1/connections/lite/schema/"), ("GET", "/api/v1/usage/quotas/"), ("GET", "/api/v1/connections%2F"),
+    ("POST", "/api/v1/queries/"), ("POST", "/execute_sql/"), ("GET", "/catalog/"), ("GET", "/health/"),
+    ("GET", "/openapi.json/"), ("GET", "/q/conv_two/"), ("GET", "/api/v1/connections//")])
+def test_a_trailing_slash_is_no_route(server, two, method, path):
+    # QueryAPIGate's routes take no trailing slash: 404 not_found for a caller, 401 for anyone else, as for any path
+    # that names no route (qag's router used to read /api/v1/connections/ as /api/v1/connections).
+    r = server.request(method, path, body={} if method == "POST" else None)
+    assert r.status == 404 and r.json["code"] == "not_found", r
+    assert server.request(method, path, key=None).status == 401
+    assert server.get("//api/v1/connections").status == 200   # leading slashes are still one
+
+
 # --- 401 WWW-Authenticate -----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("key, path", [(None, "/api/v1/connections"), ("wrong-key", "/api/v1/connections"),

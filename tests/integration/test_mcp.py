@@ -317,11 +317,20 @@ def test_a_tool_named_like_a_url_alias_runs_itself(srv, uniq):
     assert rpc_error(srv, srv.admin_key, base, {}).error.data["code"] == "unknown_tool"
 
 
-@pytest.mark.parametrize("path", ["/mcp/", "//mcp", "/mcp%2F"])
+@pytest.mark.parametrize("path", ["/mcp", "//mcp"])
 def test_a_refusal_at_any_spelling_of_mcp_is_json_rpc(srv, path):
     r = srv.request("POST", path, raw=b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}', key=None,
                     headers={"Content-Type": "application/json"})
     assert r.status == 401 and r.json["jsonrpc"] == "2.0" and r.json["error"]["code"] == -32003, r
+
+
+@pytest.mark.parametrize("path", ["/mcp/", "/mcp%2F"])
+def test_a_trailing_slash_is_not_mcp(srv, path):
+    # No route takes a trailing slash (QueryAPIGate's rule, kept for every route): the plain 404 or 401.
+    body = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}'
+    r = srv.request("POST", path, raw=body, headers={"Content-Type": "application/json"})
+    assert r.status == 404 and r.json["code"] == "not_found", r
+    assert srv.request("POST", path, raw=body, key=None, headers={"Content-Type": "application/json"}).status == 401
 
 
 def test_no_internal_errors_logged(srv):
