@@ -151,7 +151,7 @@ class QueryHandlers:
     def _version_input(self, body: dict, caller) -> tuple[dict, bool]:
         """A validated version row (stored form) and the publish flag, from a create/add-version body."""
         description = body.get("description")
-        if not isinstance(description, str) or not description.strip():
+        if not isinstance(description, str) or not description:   # non-empty (5.3): blanks are a description
             raise QagError("invalid_body", "Description is missing")
         query_type = body.get("query_type", "sql")
         if query_type != "sql":

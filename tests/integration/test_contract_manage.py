@@ -79,6 +79,10 @@ def test_b5_4_version_input_validation(server, uniq):
     assert r.json == {"error": "SQL query is missing", "code": "invalid_body", "request_id": r.json["request_id"]}
     r = server.post("/api/v1/queries", {"name": uniq("x"), "sql": "SELECT 1"})
     assert r.json["error"] == "Description is missing"
+    assert server.post("/api/v1/queries", {"name": uniq("x"), "sql": "SELECT 1", "description": ""}).status == 400
+    # "a non-empty string" (5.3), as QueryAPIGate reads it: blanks are one
+    r = server.post("/api/v1/queries", {"name": uniq("x"), "sql": "SELECT 1", "description": "  "})
+    assert r.status == 201 and r.json["versions"][0]["description"] == "  ", r
     r = server.post("/api/v1/queries", {"description": "d", "sql": "SELECT 1"})
     assert r.json["code"] == "invalid_name"
     r = server.post("/api/v1/queries", {"name": "a/b", "description": "d", "sql": "SELECT 1"})
