@@ -147,6 +147,11 @@ class ConnectionHandlers:
             raise QagError("connection_not_found", f"Connection '{name}' not found")
         return row
 
+    def _usable(self, name: str) -> dict:
+        """The row of a connection a route reads from (schema, DDL, databases): an inactive one is refused as a run
+        refuses it (contract 10.1 step 1), in the run's words."""
+        return self.gateway.run._connection(name, self._existing(name))
+
     def _check_target(self, db: str, fields: dict) -> None:
         _check_row_security(db, fields)
         if db == "sqlite" and fields.get("database"):
@@ -242,12 +247,13 @@ class ConnectionHandlers:
                           "reason": c.get("deleted_reason")})
         return json_response({"items": items})
 
-    def _unsaved_or_saved(self, request) -> tuple[str, dict]:
+    def _unsaved_or_saved(self, request, usable: bool = False) -> tuple[str, dict]:
+        """A body's connection: its fields, or {"name": ...} of a saved one (`usable`: which must be active)."""
         body = body_object(request)
         if set(body) == {"name"}:
-            row = self._existing(body["name"]) if isinstance(body["name"], str) else None
-            if row is None:
+            if not isinstance(body["name"], str):
                 raise QagError("invalid_body", "name must be text")
+            row = (self._usable if usable else self._existing)(body["name"])
             return row["db"], row["fields"]
         return _check_db(body.get("db")), _fields_from_body(body)
 
@@ -271,7 +277,7 @@ class ConnectionHandlers:
             check_connection(caller.grants, name)
             if database is not None:
                 raise QagError("admin_only", "Only the admin key may read another database on this connection")
-        row = self._existing(name)
+        row = self._usable(name)
         backend = self.gateway.backends.get(row["db"])
         fields = resolve_fields(row["fields"], os.environ)
         schema = backend.schema(fields, database)
@@ -288,7 +294,7 @@ class ConnectionHandlers:
         table = request.args.get("table")
         if not table:
             raise QagError("table_required", "table is required")
-        row = self._existing(name)
+        row = self._usable(name)
         backend = self.gateway.backends.get(row["db"])
         fields = resolve_fields(row["fields"], os.environ)
         if not backend.has_table_ddl:
@@ -305,12 +311,13 @@ class ConnectionHandlers:
         return json_response({"ddl": ddl})
 
     def databases(self, request, caller):
-        db, fields = self._unsaved_or_saved(request)
+        # A saved connection must be active, as QueryAPIGate 0.43 has it; testing one needn't be (probed).
+        db, fields = self._unsaved_or_saved(request, usable=True)
         names = self.gateway.backends.get(db).databases(resolve_fields(fields, os.environ))
         return json_response({"databases": names})
 
     def schema(self, request, caller, name):
-        row = self._existing(name)
+        row = self._usable(name)
         backend = self.gateway.backends.get(row["db"])
         return json_response(backend.schema(resolve_fields(row["fields"], os.environ), _database_arg(request)))
 

@@ -157,7 +157,8 @@ class OpsHandlers:
             return View(admin=False, anonymous=True, adhoc=False, connections=(), ddl_connections=(),
                         formats=formats, page_size=settings.max_page_size, metrics=self.metrics_token is None,
                         events=False)
-        rows = gateway.store.list_connections()
+        # An inactive connection answers 403 connection_inactive on every route that uses it: not offered.
+        rows = [r for r in gateway.store.list_connections() if r["active"]]
         if caller.admin:
             usable = rows
         else:

@@ -285,6 +285,31 @@ def test_inactive_connection(server, uniq):
     assert r.status == 403 and r.json["code"] == "connection_inactive"
 
 
+def test_an_inactive_connection_shows_no_schema_ddl_or_databases(server, uniq):
+    # Contract 10.1 step 1, 11: QueryAPIGate 0.43 refuses these as it refuses a run (probed), for the admin too.
+    name = uniq("off")
+    server.connection(name, "lite.db")
+    server.request("PATCH", f"/api/v1/connections/{name}", body={"active": False})
+    granted = server.key(uniq("k"), connections=[name])
+    message = f"The connection '{name}' is currently not active. To use it, it must be set to active."
+    for key in ("admin", granted):
+        for path in (f"/connections/{name}/schema", f"/connections/{name}/table_ddl?table=t"):
+            r = server.get(path, key=key)
+            assert (r.status, r.json["code"], r.json["error"]) == (403, "connection_inactive", message), (path, r)
+        assert server.get(f"/connections/{name}/table_ddl", key=key).json["code"] == "table_required"
+    assert server.get(f"/connections/{name}/schema?database=x").json["code"] == "connection_inactive"
+    assert server.get(f"/connections/{name}/schema?database=x", key=granted).json["code"] == "admin_only"
+    r = server.get(f"/api/v1/connections/{name}/schema")
+    assert r.status == 403 and r.json["code"] == "connection_inactive"
+    r = server.post("/api/v1/connections/databases", {"name": name})
+    assert r.status == 403 and r.json["code"] == "connection_inactive"
+    assert server.post("/api/v1/connections/test", {"name": name}).status == 200   # as QueryAPIGate: tests it
+    # /openapi.json offers no route that would answer 403 for its caller.
+    assert "/connections/{name}/schema" not in server.get("/openapi.json", key=granted).json["paths"]
+    admin = server.get("/openapi.json").json["paths"]["/connections/{name}/schema"]["get"]["parameters"][0]
+    assert "lite" in admin["schema"]["enum"] and name not in admin["schema"]["enum"]
+
+
 def test_query_list_filters_and_move(server, uniq):
     name = uniq("listme")
     server.query(name, "SELECT 1", "lite", tags="alpha, beta", collection="coll-" + name.lower().replace("_", "-"))
