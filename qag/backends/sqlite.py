@@ -826,7 +826,7 @@ class SqliteBackend(Backend):
 
     def schema(self, fields: dict, database: str | None = None) -> dict:
         if database is not None:
-            raise QagError("invalid_request", "Switching databases isn't supported for 'sqlite' connections")
+            raise QagError("unsupported_operation", "Switching databases isn't supported for 'sqlite' connections")
         return read_schema(self.path(fields))
 
     has_table_ddl = True

@@ -443,7 +443,10 @@ def test_runtime_schema_route_needs_the_connection_grant(server, uniq):
     assert r.status == 403 and r.json["code"] == "connection_forbidden"
     assert server.get("/connections/lite/schema?database=x", key=granted).json["code"] == "admin_only"
     assert [t["name"] for t in server.get("/connections/lite/schema", key=tables).json["tables"]] == ["t"]
-    assert server.get("/connections/lite/schema?database=x").status == 400
+    for path in ("/connections/lite/schema?database=x", "/api/v1/connections/lite/schema?database=x"):
+        r = server.get(path)   # as QueryAPIGate 0.43 (probed), and as /execute_sql's `database` on SQLite
+        assert (r.status, r.json["code"]) == (400, "unsupported_operation"), (path, r)
+        assert r.json["error"] == "Switching databases isn't supported for 'sqlite' connections"
     assert server.get("/connections/lite/schema", key=None).status == 401
 
 
