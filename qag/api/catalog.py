@@ -39,7 +39,8 @@ class CatalogHandlers:
             item = {"name": listed["name"], "version": version["version"], "description": version.get("description"),
                     "tags": version.get("tags", []), "collection": listed["collection"],
                     "connection_name": version.get("connection_name"),
-                    "parameters": catalog_rules(version.get("parameters")), "cache_ttl": version.get("cache_ttl"),
+                    "parameters": catalog_rules(version.get("parameters"), version.get("placeholders") or ()),
+                    "cache_ttl": version.get("cache_ttl"),
                     "can_write": run.writes_allowed(caller, listed["name"])}
             if not caller.admin and caller.grants.mask:
                 item["masking"] = self._masking(version, masking.effective(version.get("mask"), caller.grants.mask))

@@ -444,14 +444,18 @@ def display_rule(spec: Any) -> dict:
     return rule
 
 
-def catalog_rules(stored: Any) -> dict:
-    """A version's stored `parameters` as /catalog shows them (contract 11): each parameter's whole rule record,
-    every field present, set or not (`embed` is QueryAPIGate's; qag does not have it)."""
+def catalog_rules(stored: Any, placeholders: Collection[str] = ()) -> dict:
+    """A version's parameters as /catalog shows them (contract 11): each parameter's whole rule record, every field
+    present, set or not (`embed` is QueryAPIGate's; qag does not have it). As QueryAPIGate 0.43 lists them: every
+    placeholder in the version's order, an undeclared one untyped and required (what a run asks of it), then any
+    declaration its SQL no longer uses."""
     if not isinstance(stored, dict):
-        return {}
+        stored = {}
     out = {}
-    for name, spec in stored.items():
-        rule = _parse_lenient(spec)
+    for name in (*placeholders, *stored):
+        if name in out:
+            continue
+        rule = _parse_lenient(stored[name]) if name in stored else _Rule(None)
         out[name] = {field: getattr(rule, field) for field in _Rule.__slots__ if field not in ("_check", "from_claim")}
         out[name].update(embed=False, from_claim=rule.from_claim)
     return out

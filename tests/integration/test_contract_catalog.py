@@ -63,6 +63,22 @@ def test_catalog_lists_published_queries_with_the_whole_parameter_record(cat):
                                     "server_rate_limit": "5000/minute"}
 
 
+def test_catalog_lists_every_placeholder_with_a_record_undeclared_ones_untyped_and_required(cat, uniq):
+    # QueryAPIGate 0.43 (probed): one record per placeholder, in the version's `placeholders` order (`:name` by
+    # first use, then `{name}`), a declared one's rule or else an untyped, required one; `parameters` was {}.
+    name = uniq("c_undeclared")
+    cat.query(name, "SELECT :a AS a, {z} AS z, :b AS b, :c AS c, :a AS a2", "lite",
+              parameters={"c": "int", "b": {}}, tags="a, b")
+    item = next(i for i in cat.get("/catalog").json["queries"] if i["name"] == name)
+    assert item["tags"] == ["a", "b"]   # contract 5.3's list everywhere (QueryAPIGate: "a, b"; compatibility.md)
+    untyped = {"type": None, "required": True, "has_default": False, "default": None, "enum": None, "min": None,
+               "max": None, "min_length": None, "max_length": None, "pattern": None, "description": None,
+               "has_example": False, "example": None, "embed": False, "from_claim": None}
+    assert list(item["parameters"]) == ["a", "b", "c", "z"]
+    assert item["parameters"] == {"a": untyped, "b": untyped, "c": dict(untyped, type="integer"), "z": untyped}
+    assert all(tuple(record) == _RECORD for record in item["parameters"].values())
+
+
 def test_catalog_agrees_with_q_and_openapi_for_every_kind_of_grant(cat, uniq):
     grants = [
         {"connections": [], "queries": ["c_films"]},
