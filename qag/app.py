@@ -222,6 +222,8 @@ class Gateway:
                 raise QagError("unauthorized", "Unauthorized", headers=list(self.auth.challenges)) from None
             environ["qag.key"] = caller.label
             self._limits(caller, environ, False)
+            if caller.via == "open":
+                self._guard_open_mode(request, origin)   # nor, from elsewhere in open mode, which routes exist
             raise
         environ["qag.endpoint"] = route.endpoint
         if route.public and not route.wants_caller:

@@ -57,8 +57,8 @@ def test_b1_4_open_mode_remote_refused_in_process(tmp_path):
 
     app = create_app(load({"QAG_HOME": str(tmp_path)}))
 
-    def call(path, peer, forwarded=None):
-        environ = {"REQUEST_METHOD": "GET", "PATH_INFO": path, "QUERY_STRING": "", "REMOTE_ADDR": peer,
+    def call(path, peer, forwarded=None, method="GET"):
+        environ = {"REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": "", "REMOTE_ADDR": peer,
                    "wsgi.input": io.BytesIO(b"")}
         if forwarded:
             environ["HTTP_X_FORWARDED_FOR"] = forwarded
@@ -72,6 +72,12 @@ def test_b1_4_open_mode_remote_refused_in_process(tmp_path):
     assert call("/api/v1/connections", "10.0.0.5", forwarded="127.0.0.1")[0] == 403
     assert call("/api/v1/connections", "")[0] == 403
     assert call("/api/v1/connections", "127.0.0.1")[0] == 200
+    # A path no route takes, or a method it doesn't, answers the remote peer as every other path does (QueryAPIGate
+    # 0.43, probed): a 404 or 405 would tell it which routes exist.
+    for path, method in (("/nope", "GET"), ("/api/v1/nope", "GET"), ("/q/x/y", "POST"), ("/execute_sql", "GET")):
+        status, body = call(path, "10.0.0.5", method=method)
+        assert status == 403 and json.loads(body)["code"] == "open_access_remote", (path, method)
+    assert call("/nope", "127.0.0.1")[0] == 404 and call("/execute_sql", "127.0.0.1")[0] == 405
 
 
 def test_b1_4_first_scoped_key_ends_open_mode(make_server):
