@@ -210,10 +210,12 @@ class Gateway:
         try:
             route, params = self.router.match(request.segments, request.method)
         except QagError:
-            if path.startswith("/console") or path in _RATE_EXEMPT:
+            if path.startswith("/console") or (path in _RATE_EXEMPT and (
+                    environ.get("HTTP_X_API_KEY") is not None or environ.get("HTTP_AUTHORIZATION") is not None)):
                 # The contract's Console paths are public and never rate limited, and qag serves no Console: 404
                 # for everyone, unauthenticated; a wrong method on a route exempt from the limit (POST /health) is
-                # 405 for everyone. Authenticating there would tell a right key from a wrong one at any rate.
+                # 405 for any credential, unread. Authenticating there would tell a right key from a wrong one at
+                # any rate. Without a credential nothing is tested: the anonymous caller's 401 below.
                 raise
             # An unknown route is not public: without a credential the caller learns nothing about it.
             caller = self.auth.authenticate(request.header("X-API-Key"), request.peer,

@@ -78,6 +78,9 @@ def test_b1_4_open_mode_remote_refused_in_process(tmp_path):
         status, body = call(path, "10.0.0.5", method=method)
         assert status == 403 and json.loads(body)["code"] == "open_access_remote", (path, method)
     assert call("/nope", "127.0.0.1")[0] == 404 and call("/execute_sql", "127.0.0.1")[0] == 405
+    status, body = call("/health", "10.0.0.5", method="POST")   # no credential: an anonymous caller, as anywhere
+    assert status == 403 and json.loads(body)["code"] == "open_access_remote"
+    assert call("/health", "127.0.0.1", method="POST")[0] == 405
 
 
 def test_b1_4_first_scoped_key_ends_open_mode(make_server):
