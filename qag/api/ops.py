@@ -1,4 +1,4 @@
-"""Operations routes: /health, /livez, /readyz, /metrics, /openapi.json, /docs (api/docs), / and /favicon.ico."""
+"""Operations routes: /health, /livez, /readyz, /metrics, /openapi.json, /docs (api/docs), /, /favicon.ico, /ui."""
 
 from __future__ import annotations
 
@@ -71,6 +71,8 @@ class OpsHandlers:
         # address's limit applies here, unlike on /health and /livez, which read no key.
         router.add("GET", "/", self.root, "api.index", public=True, wants_caller=True)
         router.add("GET", "/favicon.ico", self.favicon, "api.favicon", public=True, wants_caller=True)
+        # Contract 0.1, 9.3: public, to the Console (qag serves none; clients and bookmarks may still follow it).
+        router.add("GET", "/ui", self.console, "api.admin_ui", public=True, wants_caller=True)
 
     def health(self, request, caller):
         name, offset = local_zone()
@@ -189,6 +191,9 @@ class OpsHandlers:
 
     def favicon(self, request, caller):
         return Response(204)
+
+    def console(self, request, caller):
+        return Response(301, b"", [("Location", "/console/")])
 
 
 

@@ -39,6 +39,14 @@ def test_b9_2_root_favicon_unknown(server):
     r = server.get("/", key=None)
     assert r.status == 302 and r.headers["location"].endswith("/docs")
     assert server.get("/favicon.ico", key=None).status == 204
+    # Contract 0.1 and 9.3: /ui is public and redirects to the Console (qag has none: /console/ is a 404), for a right
+    # key, a wrong one and none alike, as QueryAPIGate 0.43 (probed); a path under it is no route.
+    for key in (None, "wrong", "admin"):
+        for method in ("GET", "HEAD"):
+            r = server.request(method, "/ui", key=key)
+            assert r.status == 301 and r.headers["location"] == "/console/", (key, method, r)
+    assert server.request("POST", "/ui", key=None).status == 401 and server.request("POST", "/ui").status == 405
+    assert server.get("/ui/x", key=None).status == 401 and server.get("/ui/x").status == 404
     r = server.get("/definitely/not/here")
     assert r.status == 404 and "error" in r.json
 
