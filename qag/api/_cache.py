@@ -19,7 +19,7 @@ class CacheHandlers:
         add("GET", "/api/v1/cache/entries", self.list_entries, "v1.list_cache_entries", admin=True)
         add("DELETE", "/api/v1/cache/entries", self.clear, "v1.clear_cache", admin=True)
         add("GET", "/api/v1/cache/entries/<key>", self.get_entry, "v1.get_cache_entry", admin=True)
-        add("DELETE", "/api/v1/cache/entries/<key>", self.evict, "v1.evict_cache_entry", admin=True)
+        add("DELETE", "/api/v1/cache/entries/<key>", self.evict, "v1.delete_cache_entry", admin=True)
 
     def list_entries(self, request, caller):
         return json_response({"items": self.gateway.response_cache.list(WORKSPACE)})

@@ -107,9 +107,9 @@ class ConnectionHandlers:
         add = router.add
         add("GET", "/api/v1/connections", self.list, "v1.list_connections", admin=True)
         add("POST", "/api/v1/connections", self.create, "v1.create_connection", admin=True)
-        add("GET", "/api/v1/connections/deleted", self.deleted, "v1.list_deleted_connections", admin=True)
+        add("GET", "/api/v1/connections/deleted", self.deleted, "v1.deleted_connections", admin=True)
         add("POST", "/api/v1/connections/test", self.test, "v1.test_connection", admin=True)
-        add("POST", "/api/v1/connections/databases", self.databases, "v1.list_databases", admin=True)
+        add("POST", "/api/v1/connections/databases", self.databases, "v1.connection_databases", admin=True)
         add("GET", "/api/v1/connections/<name>", self.get, "v1.get_connection", admin=True)
         add("PATCH", "/api/v1/connections/<name>", self.patch, "v1.update_connection", admin=True)
         add("DELETE", "/api/v1/connections/<name>", self.delete, "v1.delete_connection", admin=True)

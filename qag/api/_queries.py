@@ -77,15 +77,15 @@ class QueryHandlers:
         add("GET", "/api/v1/queries/<name>", self.get, "v1.get_query", admin=True)
         add("PATCH", "/api/v1/queries/<name>", self.move, "v1.update_query", admin=True)
         add("DELETE", "/api/v1/queries/<name>", self.delete, "v1.delete_query", admin=True)
-        add("POST", "/api/v1/queries/<name>/versions", self.add_version, "v1.add_query_version", admin=True)
-        add("GET", "/api/v1/queries/<name>/versions/<int:number>", self.get_version, "v1.get_query_version", admin=True)
-        add("PATCH", "/api/v1/queries/<name>/versions/<int:number>", self.patch_version, "v1.update_query_version",
+        add("POST", "/api/v1/queries/<name>/versions", self.add_version, "v1.add_version", admin=True)
+        add("GET", "/api/v1/queries/<name>/versions/<int:number>", self.get_version, "v1.get_version", admin=True)
+        add("PATCH", "/api/v1/queries/<name>/versions/<int:number>", self.patch_version, "v1.update_version",
             admin=True)
         add("DELETE", "/api/v1/queries/<name>/versions/<int:number>", self.delete_version,
-            "v1.delete_query_version", admin=True)
-        add("GET", "/api/v1/queries/<name>/versions/<int:number>/flow", self.flow, "v1.query_flow", admin=True)
-        add("POST", "/api/v1/queries/<name>/publish", self.publish, "v1.publish_query", admin=True)
-        add("POST", "/api/v1/queries/<name>/unpublish", self.unpublish, "v1.unpublish_query", admin=True)
+            "v1.delete_version", admin=True)
+        add("GET", "/api/v1/queries/<name>/versions/<int:number>/flow", self.flow, "v1.version_flow", admin=True)
+        add("POST", "/api/v1/queries/<name>/publish", self.publish, "v1.publish", admin=True)
+        add("POST", "/api/v1/queries/<name>/unpublish", self.unpublish, "v1.unpublish", admin=True)
 
     # --- views -----------------------------------------------------------------------------
     @staticmethod

@@ -350,7 +350,7 @@ class HistoryHandlers:
         self.history = history
 
     def register(self, router) -> None:
-        router.add("GET", "/api/v1/history", self.list_all, "v1.list_history", admin=True)
+        router.add("GET", "/api/v1/history", self.list_all, "v1.search_history", admin=True)
         router.add("GET", "/api/v1/queries/<name>/history", self.list_query, "v1.query_history", admin=True)
 
     def list_all(self, request, caller):

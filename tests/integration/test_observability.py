@@ -102,6 +102,34 @@ def test_b9_4_execute_sql_by_admin_is_counted(server):
     wait_for(lambda: (metric(server.get("/metrics", key=None).body.decode(), line) or 0) >= 1, "the counted call")
 
 
+# Contract 9.2: dashboards key on QueryAPIGate 0.43's route names (probed), which qag's own names differed from here.
+_ROUTE_NAMES = [("GET", "/api/v1/connections/deleted", "v1.deleted_connections"),
+                ("POST", "/api/v1/connections/databases", "v1.connection_databases"),
+                ("POST", "/api/v1/queries/obs_nope/versions", "v1.add_version"),
+                ("GET", "/api/v1/queries/obs_nope/versions/1", "v1.get_version"),
+                ("PATCH", "/api/v1/queries/obs_nope/versions/1", "v1.update_version"),
+                ("DELETE", "/api/v1/queries/obs_nope/versions/1", "v1.delete_version"),
+                ("GET", "/api/v1/queries/obs_nope/versions/1/flow", "v1.version_flow"),
+                ("POST", "/api/v1/queries/obs_nope/publish", "v1.publish"),
+                ("POST", "/api/v1/queries/obs_nope/unpublish", "v1.unpublish"),
+                ("DELETE", "/api/v1/cache/entries/obs_nope", "v1.delete_cache_entry"),
+                ("GET", "/api/v1/history", "v1.search_history")]
+
+
+def test_9_2_endpoint_labels_are_queryapigates_route_names(server):
+    for method, path, _ in _ROUTE_NAMES:
+        server.request(method, path, body={} if method in ("POST", "PATCH") else None)
+
+    def labelled():
+        text = server.get("/metrics").body.decode()
+        missing = [(m, name) for m, _, name in _ROUTE_NAMES
+                   if f'queryapigate_requests_total{{method="{m}",endpoint="{name}",' not in text]
+        return None if missing else text
+
+    text = wait_for(labelled, "a requests_total line per route, by QueryAPIGate's route name")
+    assert "v1.list_deleted_connections" not in text and "v1.list_history" not in text
+
+
 def test_every_answered_call_is_recorded_across_sigterm(make_server, uniq, store_env):
     s = make_server(workers=3, threads=4, env={"QAG_HISTORY_FLUSH_INTERVAL": "60", "QAG_HISTORY_LIMIT": "100000",
                                                **store_env})
