@@ -444,7 +444,9 @@ def test_the_admins_database_override_runs_the_call_there(read_server, db):
     r = sql(read_server, "SELECT DATABASE() AS d, COUNT(*) AS n FROM orders", database=db.other)
     assert r.status == 200 and r.json == [{"d": db.other, "n": 3}], r
     assert sql(read_server, "SELECT DATABASE() AS d").json == [{"d": db.name}]    # the next call: its own again
-    for bad in ("", 7, ["x"], {"a": 1}, True, "x" * 65, "a\u0000b"):
+    # An empty one is none (as an empty reserved argument is): the connection's own database.
+    assert sql(read_server, "SELECT DATABASE() AS d", database="").json == [{"d": db.name}]
+    for bad in (7, ["x"], {"a": 1}, True, "x" * 65, "a\u0000b"):
         r = sql(read_server, "SELECT 1 AS one", database=bad)
         assert r.status == 400 and r.json["code"] == "invalid_body", (bad, r)
     r = sql(read_server, "SELECT 1 AS one", database=db.name + "_missing")
