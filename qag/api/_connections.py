@@ -6,7 +6,7 @@ import os
 import re
 
 from ..auth import now_text
-from ..backends.base import default_schema, is_secret_field, resolve_fields
+from ..backends.base import connection_failed, default_schema, is_secret_field, resolve_fields
 from ..errors import QagError
 from ..http.response import json_response
 from ..policy import tables as table_policy
@@ -260,12 +260,21 @@ class ConnectionHandlers:
     def test(self, request, caller):
         db, fields = self._unsaved_or_saved(request)
         self._check_target(db, fields)
-        elapsed = self.gateway.backends.get(db).test(resolve_fields(fields, os.environ))
-        return json_response({"elapsed_ms": round(elapsed, 3)})
+        return self._tested(db, fields)
 
     def test_saved(self, request, caller, name):
         row = self._existing(name)
-        elapsed = self.gateway.backends.get(row["db"]).test(resolve_fields(row["fields"], os.environ))
+        return self._tested(row["db"], row["fields"])
+
+    def _tested(self, db: str, fields: dict):
+        """A connection test's answer. Contract 5.2: a test that can't open its database is 502 connection_failed,
+        a SQLite file that is missing, unnamed or no database included (a run answers those 404 / 400)."""
+        try:
+            elapsed = self.gateway.backends.get(db).test(resolve_fields(fields, os.environ))
+        except QagError as error:
+            if error.code in ("database_file_not_found", "connection_misconfigured"):
+                raise connection_failed(error.message) from None
+            raise
         return json_response({"elapsed_ms": round(elapsed, 3)})
 
     def runtime_schema(self, request, caller, name):

@@ -267,8 +267,13 @@ def test_connection_object_and_errors(server, uniq):
     assert r.status == 403 and r.json["code"] == "store_not_allowed"
     assert server.request("PATCH", f"/api/v1/connections/{name}", body={"active": None}).status == 400
     assert server.post("/api/v1/connections/test", {"name": name}).json["elapsed_ms"] >= 0
+    # A test that can't open its database is 502 connection_failed (contract 5.2, as QueryAPIGate answers it),
+    # the SQLite file missing or not named included; a run answers those 404 and 400 (10.6).
     r = server.post("/api/v1/connections/test", {"db": "sqlite", "database": "missing.db"})
-    assert r.status == 404 and r.json["code"] == "database_file_not_found"
+    assert r.status == 502 and r.json["code"] == "connection_failed", r
+    assert r.json["detail"] == "SQLite database file not found"
+    r = server.post("/api/v1/connections/test", {"db": "sqlite"})
+    assert r.status == 502 and r.json["detail"] == "Database file path not provided", r
     r = server.post("/api/v1/connections/databases", {"name": name})
     assert r.status == 400 and r.json["code"] == "unsupported_operation"
     schema = server.get(f"/api/v1/connections/{name}/schema").json
