@@ -76,7 +76,6 @@ _VALUE_MESSAGE = "The database refused a value for its type (see detail)"
 _ENCODING_MESSAGE = "The statement or a parameter holds text that is not valid Unicode (a lone surrogate)"
 # What qag itself puts into a MySQL statement (the time-limit hint), taken out of an error's detail.
 _OWN_HINT = re.compile(r" ?/\*\+ MAX_EXECUTION_TIME\(\d+\) \*/|MAX_EXECUTION_TIME\(\d+\) ")
-_SYSTEM_DATABASES = frozenset(("information_schema", "performance_schema", "mysql", "sys"))
 # Read-write statements after which the connection can go back to the pool (anything else - SET, CALL, BEGIN,
 # ... - may leave session state or an open transaction behind, so its connection is closed instead).
 _REUSABLE_AFTER_WRITE = frozenset(("select", "insert", "update", "delete", "replace", "with", "values", "table", "do"))
@@ -621,7 +620,7 @@ class MysqlBackend(Backend):
             raise mapped(exc, None) from None
         finally:
             _safe_close(link)
-        return [n for n in names if n.lower() not in _SYSTEM_DATABASES]
+        return names     # as SHOW DATABASES lists them for this user, the server's own included (as QueryAPIGate)
 
     def schema(self, fields: dict, database: str | None = None) -> dict:
         name = database if database is not None else fields.get("database")

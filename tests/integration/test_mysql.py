@@ -497,7 +497,7 @@ def test_schema_databases_and_test_routes(read_server, db):
             assert r.status == 200 and r.json == {"tables": [], "truncated": False}, (database, path, r)
     r = read_server.post("/api/v1/connections/databases", {"name": "my"})
     assert r.status == 200 and db.name in r.json["databases"] and db.other in r.json["databases"]
-    assert "information_schema" not in r.json["databases"]
+    assert "information_schema" in r.json["databases"]    # every database the server shows, as QueryAPIGate lists
     r = read_server.post("/api/v1/connections/test", {"name": "my"})
     assert r.status == 200 and r.json["elapsed_ms"] > 0
 
