@@ -95,6 +95,11 @@ def _given(args: dict, body: dict, name: str):
     return value
 
 
+def _database_name(value) -> bool:
+    """Whether an /execute_sql `database` is a name one could be: text of 1 to _DATABASE_NAME_MAX characters, no NUL."""
+    return isinstance(value, str) and 0 < len(value) <= _DATABASE_NAME_MAX and "\x00" not in value
+
+
 def _positive_int(text: str, what: str) -> int:
     try:
         value = int(text)
@@ -405,7 +410,7 @@ class RunHandlers:
             # The entry names the database asked for, as a run's does (checked below, once the engine is known).
             self._refused(Plan({"name": chosen}, None, params, True, timeout, fmt, page, size, stream, chosen, False,
                                request.request_id, caller.label, None, None, None, sql,
-                               database if isinstance(database, str) and database else None,
+                               database if _database_name(database) else None,
                                request.environ.get("qag.timing"), transport=request.transport), error)
             raise
         if database == "":
@@ -413,7 +418,7 @@ class RunHandlers:
         if database is not None:
             if connection["db"] == "sqlite":
                 raise QagError("unsupported_operation", "Switching databases isn't supported for 'sqlite' connections")
-            if not isinstance(database, str) or not 0 < len(database) <= _DATABASE_NAME_MAX or "\x00" in database:
+            if not _database_name(database):
                 raise QagError("invalid_body", f"database must be a database name (text of 1 to "
                                                f"{_DATABASE_NAME_MAX} characters)")
         writes = self.writes_allowed(caller, None) and not stream and not request.read_only
@@ -558,11 +563,12 @@ class RunHandlers:
         return row
 
     def _refused(self, plan: Plan, error: QagError) -> None:
-        """A page refused for its connection (connection_not_found, connection_inactive) is a failed run: contract
-        10.1 runs the connection lookup as the database step's first, and QueryAPIGate records it in history and
-        the event log. A stream refused there it does not record, so neither does qag. No slot was taken, nothing
-        is counted against a quota (not a 200)."""
-        if not plan.stream:
+        """A page refused for its inactive connection is a failed run: contract 10.1 runs the connection lookup as
+        the database step's first, and QueryAPIGate records it in history and the event log. A stream refused there
+        it does not record, so neither does qag. No slot was taken, nothing is counted against a quota (not a 200).
+        A connection that doesn't exist is not recorded (QueryAPIGate records it): history interns connection names
+        for good, and a name a caller makes up must not grow the store (docs/compatibility.md)."""
+        if not plan.stream and error.code == "connection_inactive":
             self.observe.refused(plan, wall_time(), error)
 
     def _execute(self, plan: Plan, caller, writes: bool, version: dict | None) -> Response:
