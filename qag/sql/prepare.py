@@ -617,7 +617,7 @@ def render(prepared: Prepared, values: dict, style: str, fetch: int | None = Non
         raise QagError("invalid_request", f"The SQL statement can't be read: {p.unreadable}")
     w = p.window
     windowed = fetch is not None and p.in_sql_window
-    cut = w is not None and (windowed or w.has_params)
+    cut = w is not None and (windowed or w.has_params or not w.native)   # a form the engine lacks: replaced
     plan = p._plans.get((style, cut)) or p._plan(style, cut)
     text, slots, bound_required, text_required = plan
 

@@ -30,6 +30,7 @@ class OwnWindow(NamedTuple):
     limit: Operand | None      # None: no limit (absent or LIMIT ALL)
     offset: Operand | None     # None: no offset
     has_params: bool           # an operand comes from the call's values
+    native: bool = True        # the engine runs it as written (else it is always replaced: render)
 
 
 def _operand(tok: Token | None) -> Operand | None:
@@ -104,23 +105,29 @@ def _clauses(ts: list[Token], dialect: str) -> list[tuple] | None:
     return out
 
 
-def _allowed(clauses: list[tuple], dialect: str) -> bool:
-    """Whether this sequence of clauses is a window qag reads: one the engine itself accepts, or one of the
-    contract's standard forms (3.6: `OFFSET m [ROWS]`, `[OFFSET m ROWS] FETCH FIRST|NEXT [n] ROW|ROWS ONLY`,
-    `LIMIT ALL`), which every engine's statement may carry: the window is always replaced by the engine's own
-    LIMIT/OFFSET (page_suffix, own_suffix), so SQLite and MySQL run them too."""
+def _standard(clauses: list[tuple]) -> bool:
+    """One of the contract's standard forms (3.6: `OFFSET m [ROWS]`, `[OFFSET m ROWS] FETCH FIRST|NEXT [n] ROW|ROWS
+    ONLY`, `LIMIT ALL [OFFSET m]`), which a statement of every engine may carry: where the engine has no such
+    syntax (SQLite, MySQL) the window is replaced by its own LIMIT/OFFSET (page_suffix, own_suffix)."""
+    kinds = [c[0] for c in clauses]
+    if kinds in (["offset"], ["fetch"]) or (kinds == ["offset", "fetch"] and clauses[0][2]):
+        return True
+    return kinds[0] == "limit" and clauses[0][1] is None and kinds in (["limit"], ["limit", "offset"])
+
+
+def _native(clauses: list[tuple], dialect: str) -> bool:
+    """Whether the engine itself runs this sequence of clauses as written."""
     kinds = [c[0] for c in clauses]
     if not kinds or len(kinds) > 2:
         return False
     if kinds == ["comma"]:
         return dialect in ("sqlite", "mysql")
-    if kinds in (["offset"], ["fetch"]) or (kinds == ["offset", "fetch"] and clauses[0][2]):
-        return True                          # the standard forms
     if dialect in ("sqlite", "mysql"):
         if kinds == ["limit"]:
-            return True
+            return clauses[0][1] is not None   # LIMIT ALL is PostgreSQL's
         if kinds == ["limit", "offset"]:
-            return not clauses[1][2]         # "LIMIT n OFFSET m ROWS" is PostgreSQL only
+            return clauses[0][1] is not None and not clauses[1][2]   # "LIMIT n OFFSET m ROWS" is PostgreSQL only
+        # MariaDB 10.6 has [OFFSET m ROWS] FETCH FIRST n ROWS ONLY, MySQL 8 none: replaced on both.
         return False
     # PostgreSQL: at most one limit clause (LIMIT or FETCH) and one offset clause, in either order.
     limits = sum(k in ("limit", "fetch") for k in kinds)
@@ -146,7 +153,10 @@ def find_window(sig: list[Token], depths: list[int], dialect: str) -> tuple[bool
     if any(d != 0 for d in depths[first:]):
         return False, None
     clauses = _clauses(tail, dialect)
-    if clauses is None or not _allowed(clauses, dialect):
+    if clauses is None or not clauses or len(clauses) > 2:
+        return False, None
+    native = _native(clauses, dialect)
+    if not (native or _standard(clauses)):
         return False, None
     limit: Operand | None = None
     offset: Operand | None = None
@@ -158,7 +168,7 @@ def find_window(sig: list[Token], depths: list[int], dialect: str) -> tuple[bool
         else:
             offset = c[1]
     has_params = any(op is not None and op[0] != "lit" for op in (limit, offset))
-    return True, OwnWindow(tail[0].start, tail[-1].end, limit, offset, has_params)
+    return True, OwnWindow(tail[0].start, tail[-1].end, limit, offset, has_params, native)
 
 
 def operand_value(op: Operand | None, values: dict, word: str) -> int | None:

@@ -179,18 +179,20 @@ def test_b3_15_standard_window_forms_on_sqlite(server, uniq):
     they were sent as written, a 500): qag replaces the window with the engine's LIMIT/OFFSET."""
     every = [row["id"] for row in server.get(q(_saved(server, uniq, "SELECT id FROM t ORDER BY id"))
                                              + "?page_size=1000").json]
-    for window, page_size, expected, more in (("OFFSET 2 ROWS FETCH FIRST 2 ROWS ONLY", 5, every[2:4], "false"),
-                                              ("OFFSET 3", 4, every[3:7], "true"),
-                                              ("OFFSET 3 ROWS", 1000, every[3:], "false"),
-                                              ("FETCH NEXT ROW ONLY", 5, every[:1], "false"),
-                                              ("LIMIT ALL", 2, every[:2], "true"),
-                                              ("LIMIT ALL OFFSET 1", 2, every[1:3], "true")):
+    for window, page_size, expected, more, whole in (
+            ("OFFSET 2 ROWS FETCH FIRST 2 ROWS ONLY", 5, every[2:4], "false", every[2:4]),
+            ("OFFSET 3", 4, every[3:7], "true", every[3:]), ("OFFSET 3 ROWS", 1000, every[3:], "false", every[3:]),
+            ("FETCH NEXT ROW ONLY", 5, every[:1], "false", every[:1]), ("LIMIT ALL", 2, every[:2], "true", every),
+            ("LIMIT ALL OFFSET 1", 2, every[1:3], "true", every[1:])):
         name = _saved(server, uniq, f"SELECT id FROM t ORDER BY id {window}")
         r = server.get(q(name) + f"?page_size={page_size}")
         assert r.status == 200 and [row["id"] for row in r.json] == expected, (window, r)
         assert r.headers["x-has-more"] == more, window
         r = server.post("/execute_sql", {"sql": f"SELECT id FROM t ORDER BY id {window}", "connection_name": "lite"})
         assert r.status == 200, (window, r)
+        # A stream reads the window whole: replaced by SQLite's own LIMIT/OFFSET too (it was sent as written: 500).
+        r = server.get(q(name) + "?stream=true&format=csv")
+        assert r.status == 200 and r.body.decode().split() == ["id", *map(str, whole)], (window, r)
 
 
 def _saved(server, uniq, sql):
