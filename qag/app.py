@@ -211,11 +211,13 @@ class Gateway:
             route, params = self.router.match(request.segments, request.method)
         except QagError:
             if path.startswith("/console") or (path in _RATE_EXEMPT and (
-                    environ.get("HTTP_X_API_KEY") is not None or environ.get("HTTP_AUTHORIZATION") is not None)):
+                    environ.get("HTTP_X_API_KEY") is not None or environ.get("HTTP_AUTHORIZATION") is not None)
+                    and self.auth.auth_required()):
                 # The contract's Console paths are public and never rate limited, and qag serves no Console: 404
                 # for everyone, unauthenticated; a wrong method on a route exempt from the limit (POST /health) is
                 # 405 for any credential, unread. Authenticating there would tell a right key from a wrong one at
-                # any rate. Without a credential nothing is tested: the anonymous caller's 401 below.
+                # any rate. Without a credential nothing is tested: the anonymous caller's 401 below; nor in open
+                # mode, where there is no key to test and a remote peer must not learn which routes exist.
                 raise
             # An unknown route is not public: without a credential the caller learns nothing about it.
             caller = self.auth.authenticate(request.header("X-API-Key"), request.peer,
@@ -280,7 +282,7 @@ class Gateway:
             on_admin = local[1] == admin[1]
         else:
             on_admin = local[:2] == admin[:2]
-        # The path as the router reads it: /metrics/, //metrics and /metrics%2F are /metrics too.
+        # The path as the router reads it: //metrics is /metrics too (/metrics/ is no route: a 404 either way).
         path = "/" + "/".join(segments)
         refused = path not in _OPERATOR_PATHS if on_admin else path == "/metrics"
         if refused:

@@ -65,7 +65,8 @@ class DocsPage:
         router.add("GET", "/docs", self.page, "api.docs", public=True, wants_caller=True)   # a key's headers too
         # One literal route per file: any other path under /docs/static/ is an unknown route like any other.
         for name in FILES:
-            router.add("GET", PREFIX + name, self._server(name), "api.docs_static", public=True, wants_caller=True)
+            # Cached publicly for a year: no caller's headers (X-Quota-*) may ride on them.
+            router.add("GET", PREFIX + name, self._server(name), "api.docs_static", public=True)
 
     def _load(self) -> dict[str, _Asset]:
         with self._lock:

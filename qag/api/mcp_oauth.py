@@ -54,7 +54,7 @@ class ProtectedResource:
             if path:
                 paths.add(WELL_KNOWN + path)
         for path in sorted(paths):
-            router.add("GET", path, self.metadata, "api.mcp_resource_metadata", public=True, wants_caller=True)
+            router.add("GET", path, self.metadata, "api.mcp_resource_metadata", public=True)   # public, cacheable
 
     # --- the resource's URL -------------------------------------------------------------------------------------
     def resource_url(self, request) -> str | None:

@@ -60,8 +60,8 @@ def verdict(acc: Access, dialect: str, default_schema: str, allowed_tables, allo
     if acc.failure is not None:
         if acc.failure == CATALOG and acc.tables:
             # The engine's catalog is never granted (it lists every table, its statements and statistics): named as
-            # any table outside the allow-list is (contract 6.2), even if a grant spells it.
-            raise QagError("table_not_allowed", _table_message(grants, acc.tables))
+            # any table outside the allow-list is (contract 6.2), a grant that spells it left out of the list.
+            raise QagError("table_not_allowed", _table_message(grants - frozenset(acc.tables), acc.tables))
         raise QagError("table_check_failed", CHECK_FAILED)
     granted_functions = _granted(allowed_functions)
     for name in acc.table_functions:

@@ -57,11 +57,13 @@ def test_b1_4_open_mode_remote_refused_in_process(tmp_path):
 
     app = create_app(load({"QAG_HOME": str(tmp_path)}))
 
-    def call(path, peer, forwarded=None, method="GET"):
+    def call(path, peer, forwarded=None, method="GET", key=None):
         environ = {"REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": "", "REMOTE_ADDR": peer,
                    "wsgi.input": io.BytesIO(b"")}
         if forwarded:
             environ["HTTP_X_FORWARDED_FOR"] = forwarded
+        if key:
+            environ["HTTP_X_API_KEY"] = key
         seen = {}
         body = b"".join(app(environ, lambda status, headers: seen.update(status=status)))
         return int(seen["status"].split()[0]), body
@@ -81,6 +83,9 @@ def test_b1_4_open_mode_remote_refused_in_process(tmp_path):
     status, body = call("/health", "10.0.0.5", method="POST")   # no credential: an anonymous caller, as anywhere
     assert status == 403 and json.loads(body)["code"] == "open_access_remote"
     assert call("/health", "127.0.0.1", method="POST")[0] == 405
+    # A credential changes nothing there: open mode has no key to test, and the route stays hidden from elsewhere.
+    assert call("/health", "10.0.0.5", method="POST", key="x")[0] == 401   # a wrong key, as on any path
+    assert call("/metrics", "10.0.0.5", method="DELETE", key="x")[0] == 401
 
 
 def test_b1_4_first_scoped_key_ends_open_mode(make_server):

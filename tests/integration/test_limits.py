@@ -238,6 +238,11 @@ def test_public_pages_carry_a_keys_quota_headers(keyed, uniq):
         assert "x-ratelimit-key-remaining" in r.headers, path
         wrong = keyed.get(path, key="sk_wrong")      # answered as for anyone
         assert wrong.status == r.status and "x-quota-reset" not in wrong.headers, path
+    # The files a year-long public cache keeps carry no caller's headers (a CDN would hand them to everyone).
+    from qag.api.docs import FILES, PREFIX
+    r = keyed.get(PREFIX + sorted(FILES)[0], key=key)
+    assert r.status == 200 and "public" in r.headers["cache-control"], r
+    assert not [name for name in r.headers if name.startswith(("x-quota", "x-ratelimit-key"))], r.headers
     assert keyed.get(q("small"), key=key).headers["x-quota-remaining-calls"] == "4"
 
 

@@ -226,10 +226,12 @@ def test_b6_8_mysql_default_database(server, my, uniq):
     assert r.status == 403 and r.json["code"] == "table_not_allowed"
     assert r.json["error"] == (f"This API key may only query these tables: {db.lower()}.customer. "
                                "Forbidden: billing.customer.")
-    for statement in ("SELECT * FROM information_schema.tables", "SELECT * FROM mysql.user", "SHOW TABLES",
-                      "DESCRIBE customer", "EXPLAIN customer"):
+    for statement in ("SELECT * FROM information_schema.tables", "SELECT * FROM mysql.user"):
         r = sql(server, key, statement, connection)
-        assert r.status == 403 and r.json["code"] in ("table_check_failed", "table_not_allowed", "read_only"), (statement, r.json)
+        assert r.status == 403 and r.json["code"] == "table_not_allowed", (statement, r.json)
+    for statement in ("SHOW TABLES", "DESCRIBE customer", "EXPLAIN customer"):
+        r = sql(server, key, statement, connection)
+        assert r.status == 403 and r.json["code"] in ("table_check_failed", "read_only"), (statement, r.json)
     for statement in ("SELECT SLEEP(1)", "SELECT LOAD_FILE('/etc/passwd')"):
         assert sql(server, key, statement, connection).json["code"] == "function_not_allowed", statement
     # A named lock is a write for every read-only caller: the guard refuses it before the tables.
@@ -321,9 +323,11 @@ def test_postgres_tables_and_search_path(server, pg, uniq):
     assert r.status == 403 and r.json["error"] == ("This API key may only query these tables: billing.customer. "
                                                    "Forbidden: public.customer.")
     for statement in ("SELECT * FROM pg_class", "SELECT * FROM pg_catalog.pg_roles",
-                      "SELECT * FROM information_schema.tables", "SET search_path = billing"):
+                      "SELECT * FROM information_schema.tables"):
         r = sql(server, key, statement, plain)
-        assert r.status == 403 and r.json["code"] in ("table_check_failed", "table_not_allowed", "read_only"), (statement, r.json)
+        assert r.status == 403 and r.json["code"] == "table_not_allowed", (statement, r.json)
+    r = sql(server, key, "SET search_path = billing", plain)
+    assert r.status == 403 and r.json["code"] in ("table_check_failed", "read_only"), r.json
     for statement in ("SELECT pg_sleep(1)", "SELECT pg_read_file('/etc/passwd')",
                       "SELECT set_config('search_path', 'billing', true)"):
         r = sql(server, key, statement, plain)

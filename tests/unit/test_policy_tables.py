@@ -152,6 +152,17 @@ def test_catalogs_are_refused_whatever_the_grants(dialect, sql):
     assert code(sql, dialect, granted) == "table_not_allowed"
 
 
+def test_a_catalog_refusal_names_it_and_leaves_a_grant_of_it_out_of_the_allowed_list():
+    with pytest.raises(QagError) as caught:
+        check_tables("SELECT * FROM sqlite_master", "sqlite", "main", ["t", "sqlite_master"])
+    assert caught.value.message == ("This API key may only query these tables: main.t. "
+                                    "Forbidden: main.sqlite_master.")
+    with pytest.raises(QagError) as caught:
+        check_tables("SELECT * FROM pg_class JOIN information_schema.tables ON true", "postgres", "public", ["t"])
+    assert caught.value.message == ("This API key may only query these tables: public.t. "
+                                    "Forbidden: information_schema.tables, pg_catalog.pg_class.")
+
+
 @needs_pglast
 def test_table_functions():
     assert code("SELECT * FROM generate_series(1, 3) g", "postgres") is None
