@@ -125,10 +125,16 @@ class Prepared:
             raise Unresolvable("the statement can't be read")
         out = []
         sql = self.sql
+        # A window the engine lacks (SQLite's LIMIT ALL) is replaced before the statement runs (render), and no
+        # window names a column: blanked, so sqlglot reads the statement in the dialect it has.
+        w = self.window
+        cut_from, cut_to = (w.start, w.end) if w is not None and not w.native else (-1, -1)
         # {name} is read as a placeholder here whatever text_placeholders says (masking always has).
         for token in lexer.tokenize(sql, self.dialect):
             kind = token.kind
-            if kind == lexer.COMMENT:
+            if cut_from <= token.start < cut_to:
+                out.append(" ")
+            elif kind == lexer.COMMENT:
                 out.append(" ")
             elif kind in (PARAM, TEXT):
                 out.append("0")

@@ -150,6 +150,18 @@ def test_b6_12_rules_from_the_key(srv, uniq, conn):
     assert again.json == [{"email": rows[0]["contact"]}]
 
 
+@pytest.mark.parametrize("conn", DIALECTS)
+def test_a_standard_window_the_engine_lacks_is_masked_like_any_statement(srv, conn):
+    """Contract 3.6's windows run on every engine (SQLite has no LIMIT ALL nor FETCH): a masked caller's too, its
+    columns traced without the window (it named a column `all` to sqlglot's SQLite reading: 403)."""
+    plain = adhoc(srv, conn, "SELECT id, email FROM customers ORDER BY id")
+    for window in ("LIMIT ALL", "OFFSET 1 ROWS FETCH FIRST 1 ROWS ONLY", "OFFSET 1"):
+        r = adhoc(srv, conn, f"SELECT id, email FROM customers ORDER BY id {window}")
+        assert r.status == 200, (window, r)
+        expected = plain.json if window == "LIMIT ALL" else plain.json[1:]
+        assert r.json == expected and HEX16.match(r.json[0]["email"]), (window, r)
+
+
 def test_hash_is_the_same_on_every_dialect(srv):
     values = {conn: adhoc(srv, conn, "SELECT email FROM customers WHERE id = 1").json[0]["email"] for conn in DIALECTS}
     assert len(set(values.values())) == 1 and HEX16.match(values["sqlite"])
