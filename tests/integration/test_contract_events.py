@@ -202,22 +202,28 @@ def test_filters_and_their_refusals(ev):
         assert bad.status == 400
         ran = ev.post("/execute_sql", {"sql": "SELECT nope FROM t", "connection_name": "lite"})
         ok = ev.post("/execute_sql", {"sql": "SELECT 1 AS one", "connection_name": "lite"})
-        # Refused at its connection: a failed run (contract 10.1 step 1, as QueryAPIGate records it).
+        # Refused at its inactive connection: a failed run (contract 10.1 step 1, as QueryAPIGate records it); at
+        # a connection that doesn't exist: not recorded (its name is the caller's text: docs/compatibility.md).
+        lite = ev.get("/api/v1/connections/lite").json
+        assert ev.post("/api/v1/connections", {"name": "ev_off", "db": "sqlite", "database": lite["database"],
+                                               "active": False}).status == 201
+        off = ev.post("/execute_sql", {"sql": "SELECT 1 AS one", "connection_name": "ev_off"})
         missing = ev.post("/execute_sql", {"sql": "SELECT 1 AS one", "connection_name": "ev_nosuch"})
-        assert ran.status == 500 and ok.status == 200 and missing.status == 404
+        assert ran.status == 500 and ok.status == 200 and off.status == 403 and missing.status == 404
         wait_for(lambda: {ran.headers["x-request-id"], ok.headers["x-request-id"],
-                          missing.headers["x-request-id"]} <= adhoc.request_ids(), "ad-hoc runs on the adhoc stream")
-        refused = next(e for e in adhoc.events if e["entry"]["request_id"] == missing.headers["x-request-id"])
+                          off.headers["x-request-id"]} <= adhoc.request_ids(), "ad-hoc runs on the adhoc stream")
+        refused = next(e for e in adhoc.events if e["entry"]["request_id"] == off.headers["x-request-id"])
         assert (refused["connection_name"], refused["entry"]["status"], refused["entry"]["code"]) == \
-            ("ev_nosuch", "error", "connection_not_found")
+            ("ev_off", "error", "connection_inactive")
         # No database was reached: no run metrics name the connection.
-        assert b"ev_nosuch" not in ev.get("/metrics").body
+        assert b"ev_off" not in ev.get("/metrics").body
         assert all(e["kind"] == "adhoc" for e in adhoc.events)
         adhoc_error = next(e for e in adhoc.events if e["entry"]["request_id"] == ran.headers["x-request-id"])
         assert adhoc_error["entry"]["status"] == "error" and adhoc_error["entry"]["code"] == "query_failed"
         assert adhoc_error["query"] is None and adhoc_error["entry"]["sql"] == "SELECT nope FROM t"
         time.sleep(0.3)
         assert errors.events == [] and other.events == []
+        assert missing.headers["x-request-id"] not in adhoc.request_ids()
     finally:
         for s in (adhoc, errors, other):
             s.close()

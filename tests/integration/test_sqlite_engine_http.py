@@ -55,9 +55,11 @@ def test_a_connection_to_a_file_that_is_not_a_database_is_400(server, uniq):
     server.connection(name, "/etc/passwd")
     r = server.post("/execute_sql", {"sql": "SELECT name FROM sqlite_schema", "connection_name": name})
     assert r.status == 400 and r.json["code"] == "connection_misconfigured", r
-    # The connection's test says so too (it answered 200 while every call was a 400: an attacker review).
+    # The connection's test says so too (it answered 200 while every call was a 400: an attacker review), as a
+    # test that can't open its database answers (contract 5.2): 502 with the reason.
     r = server.post(f"/api/v1/connections/{name}/test")
-    assert r.status == 400 and r.json["code"] == "connection_misconfigured", r
+    assert r.status == 502 and r.json["code"] == "connection_failed", r
+    assert r.json["detail"] == "The connection's file is not a SQLite database"
 
 
 def test_an_insert_only_key_writes_an_rtree_and_a_triggers_table(writes_server, uniq):
