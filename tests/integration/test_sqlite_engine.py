@@ -7,6 +7,7 @@ guard in front, so what is refused here is refused by the engine.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
@@ -604,10 +605,7 @@ def test_a_warm_masked_or_restricted_call_reads_no_schema(tmp_path, monkeypatch)
             opened.set_trace_callback(statements.append)
         return opened
 
-    def masked(sql):
-        c = Call(sql, (), True, 5.0, 10)
-        c.functions, c.masked = (("qag_mask_hash", lambda value: "h"),), True
-        return backend.run(path, c)
+    masked = functools.partial(_masked_run, path)
 
     def calls():
         assert masked("SELECT qag_mask_hash(body) AS b FROM notes WHERE rowid = 1").rows == [("h",)]
@@ -649,10 +647,7 @@ def test_a_masked_call_reads_only_virtual_tables_holding_their_own_content(tmp_p
                     "CREATE VIRTUAL TABLE box USING rtree(id, x0, x1);"
                     "INSERT INTO box VALUES (1, 0, 1);")
 
-    def masked(sql):
-        c = Call(sql, (), True, 5.0, 10)
-        c.functions, c.masked = (("qag_mask_hash", lambda value: "h"),), True
-        return backend.run(path, c)
+    masked = functools.partial(_masked_run, path)
 
     for sql in ("SELECT term FROM v", "SELECT term FROM v2", "SELECT term FROM a4", "SELECT term FROM vv",
                 "WITH w AS (SELECT term FROM v) SELECT term FROM w", "SELECT (SELECT max(term) FROM a4) AS t"):
@@ -665,6 +660,13 @@ def test_a_masked_call_reads_only_virtual_tables_holding_their_own_content(tmp_p
     assert masked("SELECT qag_mask_hash(body) AS b FROM n4").rows == [("h",)]
     assert masked("SELECT id FROM box").rows == [(1,)]
     assert masked("SELECT value FROM json_each('[1]')").rows == [(1,)]
+
+
+def _masked_run(path: str, sql: str):
+    """A masked call's run of `sql` on the file (its masking function hashes every value to "h")."""
+    c = Call(sql, (), True, 5.0, 10)
+    c.functions, c.masked = (("qag_mask_hash", lambda value: "h"),), True
+    return backend.run(path, c)
 
 
 def test_a_write_past_its_time_limit_is_a_timeout_whatever_qag_reads_after(tmp_path):
@@ -709,10 +711,7 @@ def test_a_masked_call_reads_no_fts5_table_over_another_tables_content_however_t
                     "CREATE VIRTUAL TABLE f2 USING fts5(body, c='src', content_rowid='id');"
                     "CREATE VIRTUAL TABLE own USING fts5(body, content=''); ")
 
-    def masked(sql):
-        c = Call(sql, (), True, 5.0, 10)
-        c.functions, c.masked = (("qag_mask_hash", lambda value: "h"),), True
-        return backend.run(path, c)
+    masked = functools.partial(_masked_run, path)
 
     for table in ("f1", "f2"):
         assert backend.run(path, Call(f"SELECT body FROM {table}", (), True, 5.0, 10)).rows == [("ssn 1",)]
