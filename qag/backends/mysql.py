@@ -72,7 +72,8 @@ _UNREACHABLE_TEXT = ("could not connect", "connection refused", "timeout expired
 # ER_WRONG_VALUE_FOR_TYPE, ER_CANT_CREATE_GEOMETRY_OBJECT, ER_DATA_OUT_OF_RANGE, ER_BAD_DATA (MariaDB),
 # ER_BAD_NULL_ERROR, ER_INVALID_JSON_TEXT (MySQL), ER_INVALID_JSON_TEXT_IN_PARAM, CONSTRAINT ... failed (MariaDB).
 _VALUE_CODES = frozenset((1264, 1265, 1292, 1300, 1366, 1367, 1406, 1411, 1416, 1690, 1918, 1048, 3140, 3141, 4025))
-_VALUE_MESSAGE = "The database refused a value for its type (see detail)"
+# No "(see detail)": a masked caller, and every caller under the error-detail rule, gets no detail.
+_VALUE_MESSAGE = "The database refused a value for its type"
 _ENCODING_MESSAGE = "The statement or a parameter holds text that is not valid Unicode (a lone surrogate)"
 # What qag itself puts into a MySQL statement (the time-limit hint), taken out of an error's detail.
 _OWN_HINT = re.compile(r" ?/\*\+ MAX_EXECUTION_TIME\(\d+\) \*/|MAX_EXECUTION_TIME\(\d+\) ")

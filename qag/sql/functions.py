@@ -121,8 +121,10 @@ BUILTINS: dict[str, frozenset[str]] = {
     websearch_to_tsquery ts_rank ts_rank_cd ts_headline setweight strip numnode querytree tsvector_to_array
     array_to_tsvector current_setting bool boolean int int2 int4 int8 float4 float8 numeric
     """.split()),
+    # row: ROW(1, 2) and VALUES ROW(...) are the grammar's row constructor (an unquoted row(x) never calls a
+    # stored function); a stored function named `row` is in the connection's Catalog.shadowed like any other.
     "mysql": frozenset(_COMMON + """
-    concat_ws field find_in_set format insert locate lcase ucase mid space strcmp substring_index soundex
+    row concat_ws field find_in_set format insert locate lcase ucase mid space strcmp substring_index soundex
     elt export_set make_set quote weight_string char_length oct bin conv crc32 rand truncate
     curdate curtime sysdate utc_date utc_time utc_timestamp date_add date_sub adddate subdate addtime subtime
     datediff timediff timestampadd timestampdiff date_format time_format str_to_date from_unixtime

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from qag.errors import QagError
@@ -112,6 +112,8 @@ class Prepared:
             else:
                 text, readings = _token_readings(self.sql, self.dialect, self.text_placeholders)
                 found = access.from_tokens(text, readings, self.dialect, default_schema)
+            if self.first_keyword == "values" and found.failure is None:
+                found = replace(found, values=True)
             self._uses[default_schema] = found     # a race only reads twice
         return found
 

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qag.errors import QagError
-from qag.policy.tables import CHECK_FAILED, check_tables
+from qag.policy.tables import CHECK_FAILED, check_tables, masked_verdict
 from qag.sql.prepare import prepare
 
 DEFAULT = {"mysql": "crm", "postgres": "public", "sqlite": "main"}
@@ -311,3 +311,23 @@ def test_only_qag_errors(sql, dialect):
         check_tables(sql, dialect, DEFAULT[dialect], ["t"], ["f"])
     except QagError as error:
         assert error.code in ("table_not_allowed", "table_check_failed", "function_not_allowed")
+
+
+@pytest.mark.parametrize("dialect, sql", [
+    ("sqlite", "VALUES (1), (2)"),
+    ("sqlite", "values (1), (2) union all select 3"),
+    ("mysql", "VALUES ROW(1), ROW(2)"),
+    pytest.param("postgres", "VALUES (1, 'a')", marks=needs_pglast),
+])
+def test_a_values_statement_is_refused_to_a_restricted_key_and_allowed_to_a_masked_one(dialect, sql):
+    # Contract 6.2 lists VALUES among the statements a table-restricted key can't run; 6.3: constants, VALUES
+    # literals among them, need no mask rule.
+    assert code(sql, dialect) == "table_check_failed"
+    masked_verdict(prepare(sql, dialect).uses(DEFAULT[dialect]), dialect)
+    assert code(f"SELECT * FROM ({sql.split(' union')[0]}) AS v", dialect) is None
+
+
+def test_mysql_row_constructor_is_no_function_call():
+    # ROW(...) is MySQL's row constructor, no stored function: a restricted key may compare rows with it.
+    assert code("SELECT * FROM t WHERE (a, b) = ROW(1, 'a')", "mysql") is None
+    assert code("SELECT * FROM (VALUES ROW(1), ROW(2)) AS v", "mysql") is None
