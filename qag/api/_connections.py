@@ -13,6 +13,7 @@ from ..policy import tables as table_policy
 from ..policy.grants import check_connection
 from ..sql.names import fold
 from ._common import CONNECTION_NAME, audit, body_object, check_if_match, keyed_digest, no_content, with_etag
+from ._usage import UsageFigures
 from .. import shapes
 from ..shapes import DIRECT_FIELDS, SUPPORTED_DB
 SERVER_OWNED = ("name", "created_at", "updated_at", "usage", "example")
@@ -120,13 +121,16 @@ class ConnectionHandlers:
         add("GET", "/connections/<name>/table_ddl", self.table_ddl, "api.connection_table_ddl")
 
     # --- views -----------------------------------------------------------------------------
-    def _item(self, row: dict) -> dict:
+    def _item(self, row: dict, usage: UsageFigures | None = None) -> dict:
+        """A connection as lists show it; `usage`: one read of the instance's counters for a whole list."""
+        if usage is None:
+            usage = self.gateway.run.usage.read()
         f = row["fields"]
-        usage = self.gateway.run.usage.connection(row["name"])
         return {"name": row["name"], "db": row["db"], "active": row["active"], "host": f.get("host") or None,
                 "port": f.get("port") if f.get("port") not in ("", None) else None,
                 "database": f.get("database") or None, "user": f.get("user") or None, "example": row["example"],
-                "created_at": row["created_at"], "updated_at": row["updated_at"], "usage": usage}
+                "created_at": row["created_at"], "updated_at": row["updated_at"],
+                "usage": usage.connection(row["name"])}
 
     def _detail(self, row: dict) -> dict:
         item = self._item(row)
@@ -161,7 +165,8 @@ class ConnectionHandlers:
 
     # --- routes ----------------------------------------------------------------------------
     def list(self, request, caller):
-        return json_response({"items": [self._item(r) for r in self.store.list_connections()]})
+        usage = self.gateway.run.usage.read()
+        return json_response({"items": [self._item(r, usage) for r in self.store.list_connections()]})
 
     def get(self, request, caller, name):
         row = self._existing(name)

@@ -14,6 +14,7 @@ from ..policy.keyfields import (normalise_key_create, normalise_key_patch, norma
                                 normalise_role_patch)
 from .. import shapes
 from ._common import audit, body_object, check_if_match, no_content, refuse_unknown, with_etag
+from ._usage import UsageFigures
 
 _NO_STORE = [("Cache-Control", "no-store")]
 _DEFAULT_GRACE_MINUTES = shapes.GRACE_MINUTES["default"]
@@ -67,7 +68,10 @@ class KeyHandlers:
         add("GET", "/api/v1/usage/quotas", self.quota_usage, "v1.quota_usage", admin=True)
 
     # --- views -----------------------------------------------------------------------------
-    def key_view(self, row: dict) -> dict:
+    def key_view(self, row: dict, usage: UsageFigures | None = None) -> dict:
+        """A key as the API shows it; `usage`: one read of the instance's counters for a list of keys."""
+        if usage is None:
+            usage = self.gateway.run.usage.read()
         grants = row["grants"]
         s = self.gateway.settings
         out = {"name": row["name"]}
@@ -79,7 +83,7 @@ class KeyHandlers:
             "last_used_at": row["last_used_at"],
             "previous_expires_at": row["previous_expires_at"] if _previous_valid(row) else None,
             "previous_last_used_at": row["previous_last_used_at"], "example": row["example"],
-            "usage": self.gateway.run.usage.key(row["name"]),
+            "usage": usage.key(row["name"]),
             "effective_limits": effective_limits(Grants.from_stored(grants), server_timeout=s.query_timeout,
                                                  max_page_size=s.max_page_size, stream_max_rows=s.stream_max_rows,
                                                  mcp_max_rows=s.mcp_max_rows),
@@ -116,7 +120,8 @@ class KeyHandlers:
 
     # --- keys ------------------------------------------------------------------------------
     def list_keys(self, request, caller):
-        return json_response({"items": [self.key_view(r) for r in self.store.list_keys()]})
+        usage = self.gateway.run.usage.read()
+        return json_response({"items": [self.key_view(r, usage) for r in self.store.list_keys()]})
 
     def get_key(self, request, caller, name):
         row = self._key(name)

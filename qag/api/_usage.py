@@ -1,63 +1,61 @@
-"""Live usage counters since process start, per connection and per key (shown by the management API)."""
+"""Live usage counters per connection and per API key since the instance started (shown by the management API)."""
 
 from __future__ import annotations
 
-import threading
-
-
-class _Shard:
-    __slots__ = ("connections", "keys")
-
-    def __init__(self) -> None:
-        self.connections: dict[str, list] = {}  # name → [queries, errors, rows, total_ms]
-        self.keys: dict[str, list] = {}         # name → [queries, errors, rows]
+from qag.observe.metrics import Metrics
 
 
 class Usage:
-    """Each request thread counts into its own shard, so recording takes no lock; reads sum the shards."""
+    """Counts into the worker's metrics shards (observe/metrics.py): each request thread its own, so recording takes
+    no lock and no I/O, and the counts ride on the metrics' snapshots, retired.m included. A read sums every worker
+    of the instance from published figures only, so two reads never go back whichever worker answers; without the
+    gunicorn master's folder (in-process use) the figures are this process's own."""
 
-    def __init__(self) -> None:
-        self._shards: list[_Shard] = []
-        shards = self._shards
-
-        class _Local(threading.local):
-            def __init__(self) -> None:
-                self.shard = _Shard()
-                shards.append(self.shard)  # list.append is atomic; the shard outlives its thread, and its counts
-
-        self._local = _Local()
+    def __init__(self, metrics: Metrics | None = None) -> None:
+        self.metrics = metrics if metrics is not None else Metrics()
+        self._local = self.metrics._local   # the same thread-local shards: one record place, one snapshot
 
     def record(self, connection: str, key: str | None, ok: bool, rows: int, duration_ms: float) -> None:
         shard = self._local.shard
-        c = shard.connections.get(connection)
+        c = shard.usage_conn.get(connection)
         if c is None:
-            c = shard.connections[connection] = [0, 0, 0, 0.0]
+            c = shard.usage_conn[connection] = [0, 0, 0, 0.0]   # queries, errors, rows, total_ms
         c[0] += 1
         c[1] += 0 if ok else 1
         c[2] += rows
         c[3] += duration_ms
         if key is not None:
-            k = shard.keys.get(key)
+            k = shard.usage_key.get(key)
             if k is None:
-                k = shard.keys[key] = [0, 0, 0]
+                k = shard.usage_key[key] = [0, 0, 0]            # queries, errors, rows
             k[0] += 1
             k[1] += 0 if ok else 1
             k[2] += rows
 
-    def _sum(self, attr: str, name: str, width: int) -> list:
-        total = [0] * width
-        for shard in list(self._shards):
-            values = getattr(shard, attr).get(name)
-            if values is not None:
-                for i, v in enumerate(list(values)):
-                    total[i] += v
-        return total
+    def read(self) -> UsageFigures:
+        """The instance's counts now: one read serves every connection or key a management answer lists."""
+        counters = self.metrics.instance()["c"]
+        return UsageFigures(counters.get("usage_conn", {}), counters.get("usage_key", {}))
 
     def connection(self, name: str) -> dict:
-        queries, errors, rows, total = self._sum("connections", name, 4)
+        return self.read().connection(name)
+
+    def key(self, name: str) -> dict:
+        return self.read().key(name)
+
+
+class UsageFigures:
+    """One read of the instance's usage counters, as the management API shows them."""
+
+    def __init__(self, connections: dict, keys: dict) -> None:
+        self.connections = connections
+        self.keys = keys
+
+    def connection(self, name: str) -> dict:
+        queries, errors, rows, total = self.connections.get(name) or (0, 0, 0, 0.0)
         return {"queries": queries, "errors": errors, "rows": rows,
                 "avg_duration_ms": round(total / queries, 3) if queries else None}
 
     def key(self, name: str) -> dict:
-        queries, errors, rows = self._sum("keys", name, 3)
+        queries, errors, rows = self.keys.get(name) or (0, 0, 0)
         return {"queries": queries, "errors": errors, "rows": rows}

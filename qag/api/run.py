@@ -188,8 +188,8 @@ class RunHandlers:
         self.gateway = gateway
         self.store = gateway.metadata  # the per-call reads come from the metadata cache (qag/cache)
         self.settings = gateway.settings
-        self.usage = Usage()
         self.observe = gateway.observe
+        self.usage = Usage(self.observe.metrics)   # counted and published with the worker's metrics
         self._resolvers: OrderedDict[str, object] = OrderedDict()
         self.masking = masking.Masking(self.store, self.settings)
         self.outages = OutageLog()
@@ -651,6 +651,9 @@ class RunHandlers:
         # A writable caller's reads run read-write too: only a statement that may write has an outcome to doubt.
         call.writes = not plan.read_only and _may_write(plan.prepared, fields)
         call.write_ops = allowed_ops
+        # Usage is counted to API keys only: an administrator's calls are no key's, and a signed-in user's name
+        # (jwt:<subject>) is none either and would make the table the workers publish unbounded.
+        usage_key = caller.name if caller.via == "key" else None
         if timing is not None:
             mark = perf_counter()
         try:
@@ -659,7 +662,7 @@ class RunHandlers:
             if timing is not None:
                 timing.failed("query", mark, error)   # the trace's database span ends with the error
             self.outages.note(f"connection {connection['name']!r}", error)
-            self.usage.record(connection["name"], caller.name if not caller.admin else None, False, 0, 0.0)
+            self.usage.record(connection["name"], usage_key, False, 0, 0.0)
             raise
         if timing is not None:
             timing["query"] = result.duration_ms / 1000.0   # marked as it ends: the trace's database span
@@ -672,8 +675,7 @@ class RunHandlers:
             if plan.mask is not None:
                 columns, rows = _apply_mask(plan, columns, rows)
             n = len(rows)
-        self.usage.record(connection["name"], caller.name if not caller.admin else None, True, n,
-                          result.duration_ms)
+        self.usage.record(connection["name"], usage_key, True, n, result.duration_ms)
         headers = [("X-Page", _count_text(plan.page)), ("X-Page-Size", _count_text(plan.size)),
                    ("X-Row-Count", _count_text(n)),
                    ("X-Has-More", "true" if has_more else "false")]

@@ -10,6 +10,7 @@ cdef int _bucket(double seconds) noexcept
 
 cdef class _Shard:
     cdef public object req, qry, ser, exp, cache, active
+    cdef public dict usage_conn, usage_key   # api/_usage.pxd's record looks them up with C calls
 
 
 cdef class Metrics:

@@ -14,6 +14,9 @@ reply. A worker killed with SIGKILL keeps what it last published (at most a quar
 shown). Gauges are summed over live workers only. Without the master's folder (in-process use) the figures are
 this process's own.
 
+The management API's usage counters per connection and API key (api/_usage.py) are counted into the same
+shards, published in the same files and folded into retired.m with the rest, so they too are the instance's.
+
 Labels are bounded: method (known verbs, else OTHER), endpoint (route names), status, key and connection names
 (objects an administrator creates), dialect, format.
 """
@@ -36,6 +39,9 @@ _SNAPSHOT_EVERY = 0.25
 _RETIRED = "retired.m"
 _ABSORBED_KEPT = 256    # names of absorbed worker files retired.m lists
 _FOLDER_PREFIX = "qag-metrics-"
+# The counter tables of a shard, in the snapshot's "c" under the same names; usage_conn and usage_key are
+# api/_usage.py's (connection name -> [queries, errors, rows, total_ms], key name -> [queries, errors, rows]).
+_COUNTERS = ("req", "qry", "ser", "exp", "cache", "usage_conn", "usage_key")
 
 SHARED_DIR: str | None = None   # set in the gunicorn master before fork; workers inherit it
 
@@ -164,7 +170,7 @@ def _bucket(seconds: float) -> int:
 
 
 class _Shard:
-    __slots__ = ("req", "qry", "ser", "exp", "cache", "active")
+    __slots__ = ("req", "qry", "ser", "exp", "cache", "usage_conn", "usage_key", "active")
 
     def __init__(self):
         self.req: dict = {}
@@ -172,6 +178,8 @@ class _Shard:
         self.ser: dict = {}
         self.exp: dict = {}
         self.cache: dict = {}   # response-cache lookups: "hit"/"miss" -> count
+        self.usage_conn: dict = {}   # written by api/_usage.Usage.record only
+        self.usage_key: dict = {}
         self.active = 0
 
 
@@ -297,10 +305,10 @@ class Metrics:
 
     def snapshot(self) -> dict:
         """This worker's totals: {"c": counters, "g": gauges}; lists copied first, so no thread's update tears."""
-        c: dict = {"req": {}, "qry": {}, "ser": {}, "exp": {}, "cache": {}}
+        c: dict = {name: {} for name in _COUNTERS}
         active = 0
         for shard in list(self._shards):
-            for name in ("req", "qry", "ser", "exp", "cache"):
+            for name in _COUNTERS:
                 target = c[name]
                 for k, v in list(getattr(shard, name).items()):
                     if isinstance(v, list):

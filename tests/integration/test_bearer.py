@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import base64
+import glob
 import json
+import os
+import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,6 +17,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 
+from qag.observe import metrics
 from tests.server import q, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -373,3 +377,25 @@ def test_public_routes_answer_a_bad_token_as_anyone(oidc, issuer):
     r = call(oidc, "not-a-jwt", "/openapi.json")
     assert r.status == 200 and "/q/mine" not in r.json["paths"]
     assert call(oidc, issuer.token(exp=int(time.time()) - 600), "/health").status == 200
+
+
+def _published_snapshots(s) -> list[dict]:
+    """Every snapshot the server's workers published, and retired.m (observe/metrics.py's folder, named after the
+    gunicorn master's pid)."""
+    folders = [f for base in ("/dev/shm", tempfile.gettempdir())
+               for f in glob.glob(os.path.join(base, f"qag-metrics-{s.proc.pid}-*"))]
+    return [snap for folder in folders for path in glob.glob(os.path.join(folder, "*.m"))
+            if (snap := metrics._load(path)) is not None]
+
+
+def test_a_signed_in_users_runs_count_to_the_connection_and_to_no_key(oidc, issuer):
+    """Usage per key counts API keys only: a signed-in user's name (jwt:<subject>) in the usage table each worker
+    publishes would grow it with every user, and no key could show it."""
+    def queries():
+        return oidc.get("/api/v1/connections/docs").json["usage"]["queries"]
+    before = queries()
+    assert call(oidc, issuer.token(sub="usage-counter")).status == 200
+    wait_for(lambda: queries() == before + 1, "the signed-in user's run counted to its connection")
+    published = _published_snapshots(oidc)
+    assert any(snap["c"].get("usage_conn", {}).get("docs") for snap in published)   # the read published it
+    assert [name for snap in published for name in snap["c"].get("usage_key", {}) if name.startswith("jwt:")] == []
