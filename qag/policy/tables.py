@@ -72,6 +72,12 @@ def verdict(acc: Access, dialect: str, default_schema: str, allowed_tables, allo
     forbidden = _speedups.get("tables").forbidden(acc.tables, grants)
     if forbidden:
         raise QagError("table_not_allowed", _table_message(grants, forbidden))
+    if acc.types:
+        # PostgreSQL looks a type name up as it looks a table up, and a table's row type has its name: NULL::vault
+        # tells whether vault exists, (NULL::vault).* shows its columns.
+        forbidden = _speedups.get("tables").forbidden(acc.types, grants)
+        if forbidden:
+            raise QagError("table_not_allowed", _table_message(grants, forbidden)[:-1] + _AS_TYPES)
     _functions_verdict(acc, dialect, granted_functions, catalog)
 
 
@@ -106,6 +112,10 @@ _MASKED_EXPLAIN = ("This API key has masked columns, and EXPLAIN shows the engin
                    "its statistics of the raw values, so it isn't allowed")
 
 
+_AS_TYPES = (", named as types (a table's row type has the table's name; a type of the database's own counts as a "
+             "table here).")
+
+
 def _granted(allowed_functions) -> frozenset:
     return frozenset(f.lower() for f in allowed_functions) if allowed_functions else frozenset()
 
@@ -115,6 +125,12 @@ def _functions_verdict(acc: Access, dialect: str, granted: frozenset, catalog) -
         name = acc.denied[0]
         raise QagError("function_not_allowed", f"This API key may not call {name}(): it reaches outside the "
                                                f"allowed tables (files, locks, sequences, sessions or server state)")
+    for name in acc.casts:
+        if name not in granted:
+            raise QagError("function_not_allowed", f"This API key may not cast to {name}: PostgreSQL looks the "
+                                                   f"name up in its catalog, so the answer tells whether tables "
+                                                   f"and other objects it may not see exist, and allowed_functions "
+                                                   f"doesn't name {name}")
     for name in acc.side:
         if name not in granted:
             shown = name if name.startswith("@@") else name + "()"

@@ -103,6 +103,11 @@ class Access:
     # PostgreSQL: names read as a field of a row (pgread.Reading.fields), each a call f(x) if x has no column f;
     # verdict() judges those its catalog lists as one-argument functions (functions.Catalog.projections).
     fields: tuple[str, ...] = ()
+    # PostgreSQL: the name-resolving types the statement casts to (functions.RESOLVING_TYPES: regclass, ...), a side
+    # channel; and every other type it names that is not the engine's own, qualified like a table (a table's row
+    # type has the table's name), judged against a key's allowed_tables as tables are.
+    casts: tuple[str, ...] = ()
+    types: tuple[str, ...] = ()
 
 
 # ------------------------------------------------------------------------------------------ statement text
@@ -604,7 +609,25 @@ def from_pgread(reading, unreadable: str | None, default_schema) -> Access:
             denied.add(name)
         elif functions.side_channel(name, "postgres"):
             side.add(name)
+    casts, types = _pg_types(reading.types, default_schema)
     tables = tuple(sorted({_qualify(ref, default_schema) for ref in reading.tables}))
     return Access(None, tables, tuple(sorted(table_functions)), tuple(sorted(denied)), tuple(sorted(user)),
                   tuple(sorted(calls)), tuple(sorted(side)), reading.kind == "ExplainStmt",
-                  fields=tuple(sorted(reading.fields)))
+                  fields=tuple(sorted(reading.fields)), casts=casts, types=types)
+
+
+def _pg_types(type_names, default_schema: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The name-resolving types among the types a PostgreSQL statement names (by the last part of each name,
+    whatever its schema or quoting), and the others that are not the engine's own, qualified like tables."""
+    casts: set[str] = set()
+    types: set[str] = set()
+    for parts in type_names:
+        if not parts:
+            continue
+        resolving = functions.resolving_type(parts[-1])
+        if resolving is not None:
+            casts.add(resolving)
+        elif not functions.pg_builtin_type(parts):
+            padded = ("", "", *parts)[-3:]
+            types.add(_qualify(padded, default_schema))
+    return tuple(sorted(casts)), tuple(sorted(types))

@@ -1,4 +1,5 @@
-"""What each dialect's functions do: denied, side channels, state-changing, built-ins, pure generators."""
+"""What each dialect's functions do: denied, side channels, state-changing, built-ins, pure generators; the
+PostgreSQL types whose input function looks names up in the catalog, and the engine's own type names."""
 
 from __future__ import annotations
 
@@ -50,8 +51,12 @@ _SIDE_PREFIXES: dict[str, tuple[str, ...]] = {
     # pg_get_*: catalog definitions and server internals (pg_get_viewdef, pg_get_functiondef, pg_get_expr,
     # pg_get_backend_memory_contexts, pg_get_replication_slots, ...); pg_show_*: pg_settings' functions;
     # pg_control_*: the control file; pg_relation_*: sizes and files of any table; WAL positions.
+    # to_reg*: a name looked up in the catalog (to_regclass, to_regtype, ...); has_*: has_table_privilege and
+    # the other has_*_privilege, which look their object up by name or OID; acl*, hash_aclitem*: an aclitem's text
+    # names roles (aclcontains(acl, 'r=r/postgres') reads its literal as one), acldefault shows owners' names.
     "postgres": ("pg_stat_", "pg_get_", "pg_show_", "pg_control_", "pg_relation_", "pg_current_wal_",
-                 "pg_last_wal_", "pg_last_xact_", "pg_walfile_", "pg_xact_", "pg_identify_object"),
+                 "pg_last_wal_", "pg_last_xact_", "pg_walfile_", "pg_xact_", "pg_identify_object", "to_reg",
+                 "has_", "acl", "hash_aclitem"),
     "mysql": (),
     "sqlite": (),
 }
@@ -67,10 +72,57 @@ _SIDE: dict[str, frozenset[str]] = {
         "pg_available_extensions", "pg_available_extension_versions", "pg_cursor", "pg_prepared_statement",
         "pg_timezone_names", "pg_timezone_abbrevs", "pg_partition_tree", "pg_partition_ancestors",
         "pg_partition_root", "pg_event_trigger_ddl_commands", "pg_options_to_table",
+        # Catalog lookups by name or OID: each answers whether a table, type, function, schema or role exists
+        # (an unknown name is an error or NULL, a known one a value), and some map an OID back to its name
+        # (format_type(oid) is a table's name for its row type's OID). pg_typeof's regtype compares with a
+        # literal by reading the literal as a type name: `pg_typeof(1) IN ('int4', 'vault')`.
+        "pg_has_role", "row_security_active", "format_type", "pg_typeof", "get_current_ts_config",
+        "pg_column_is_updatable", "pg_nextoid", "pg_extension_config_dump", "pg_input_is_valid",
+        "pg_input_error_info", "makeaclitem", "pg_collation_actual_version",
+        "pg_database_collation_actual_version",
+        # each name-resolving type's own functions: regclass('vault') is the cast, regclassin its input
+        *(name + suffix for name in ("regclass", "regtype", "regproc", "regprocedure", "regoper", "regoperator",
+                                     "regnamespace", "regrole", "regconfig", "regdictionary", "regcollation",
+                                     "aclitem")
+          for suffix in ("", "in", "out", "recv", "send")),
     )),
     "mysql": frozenset(),
     "sqlite": frozenset(),
 }
+# Side channels by the end of their name: PostgreSQL's *_is_visible(oid) (pg_table_is_visible, pg_type_is_visible,
+# ...) and *_has_property (pg_index_has_property('vault', ...) reads its regclass argument as a name).
+_SIDE_SUFFIXES: dict[str, tuple[str, ...]] = {
+    "postgres": ("_is_visible", "_has_property"),
+    "mysql": (),
+    "sqlite": (),
+}
+
+# PostgreSQL types whose input looks a name up in the catalog: the object-identifier types (reg*) and aclitem
+# (whose text names roles). A cast to one ('vault'::regclass, CAST(x AS regtype), an array of one) errs for an
+# unknown name and gives the OID of a known one, so it tells a key whether tables it may not read exist: a side
+# channel, refused for table-restricted and masked keys unless allowed_functions names the type (as it names a
+# side-channel function). Functions whose parameter has one of these types read a text literal the same way;
+# those that aren't text search's (regconfig, regdictionary) are in _SIDE.
+RESOLVING_TYPES = frozenset(("regclass", "regtype", "regproc", "regprocedure", "regoper", "regoperator",
+                             "regnamespace", "regrole", "regconfig", "regdictionary", "regcollation", "aclitem"))
+
+# PostgreSQL's own type names outside the catalogs' row types (PostgreSQL 15's pg_catalog: base, range,
+# multirange and pseudo-types), and each base type's array type as `_name`. A restricted or masked call's
+# search_path puts pg_catalog first, so an unqualified name of these is always the built-in type; any other type
+# name (a table's row type, a domain or enum of the database) is judged like a table (qag/policy/tables.verdict):
+# `NULL::vault` tells whether vault exists and `(NULL::vault).*` shows its columns.
+PG_TYPES = frozenset("""
+aclitem bit bool box bpchar bytea char cid cidr circle date datemultirange daterange float4 float8 gtsvector
+inet int2 int2vector int4 int4multirange int4range int8 int8multirange int8range interval json jsonb jsonpath
+line lseg macaddr macaddr8 money name numeric nummultirange numrange oid oidvector path pg_brin_bloom_summary
+pg_brin_minmax_multi_summary pg_dependencies pg_lsn pg_mcv_list pg_ndistinct pg_node_tree pg_snapshot point
+polygon refcursor regclass regcollation regconfig regdictionary regnamespace regoper regoperator regproc
+regprocedure regrole regtype text tid time timestamp timestamptz timetz tsmultirange tsquery tsrange
+tstzmultirange tstzrange tsvector txid_snapshot uuid varbit varchar xid xid8 xml
+any anyarray anycompatible anycompatiblearray anycompatiblemultirange anycompatiblenonarray anycompatiblerange
+anyelement anyenum anymultirange anynonarray anyrange cstring event_trigger fdw_handler index_am_handler internal
+language_handler pg_ddl_command record table_am_handler trigger tsm_handler unknown void
+""".split())
 
 # Table functions that produce rows from their arguments only: fine in FROM for a table-restricted key.
 GENERATORS = frozenset((
@@ -198,7 +250,26 @@ def denied(name: str, dialect: str) -> bool:
 def side_channel(name: str, dialect: str) -> bool:
     """Whether `name` (lower-case, unqualified) shows the server's settings, statistics, catalogs or activity:
     refused for table-restricted and masked keys unless allowed_functions names it."""
-    return name in _SIDE.get(dialect, ()) or name.startswith(_SIDE_PREFIXES.get(dialect, ()))
+    return (name in _SIDE.get(dialect, ()) or name.startswith(_SIDE_PREFIXES.get(dialect, ()))
+            or name.endswith(_SIDE_SUFFIXES.get(dialect, ())))
+
+
+def resolving_type(name: str) -> str | None:
+    """The name-resolving PostgreSQL type (RESOLVING_TYPES) a type name (its last part, as folded) is, or an array
+    of (`_regclass`); None for any other. Compared lower-cased: a quoted "RegClass" is refused with them."""
+    name = name.lower()
+    if name.startswith("_"):
+        name = name[1:]
+    return name if name in RESOLVING_TYPES else None
+
+
+def pg_builtin_type(parts: tuple[str, ...]) -> bool:
+    """Whether a type name as the parser folds it (its parts) is one of PostgreSQL's own: qualified pg_catalog, or
+    unqualified and in PG_TYPES (`_int4` for int4's array too)."""
+    if len(parts) >= 2:
+        return parts[-2] == "pg_catalog"
+    name = parts[-1] if parts else ""
+    return name in PG_TYPES or (name.startswith("_") and name[1:] in PG_TYPES)
 
 
 def builtin(name: str, dialect: str) -> bool:

@@ -85,6 +85,9 @@ class Reading:
     # Names read as a field of a row value (`x.f`, `t.c.f`, `(x).f`): PostgreSQL calls a function f(x) there when
     # no column has the name (its attribute notation), so each may be a function call nobody wrote as one.
     fields: frozenset = frozenset()
+    # Every type the statement names (casts, column definition lists, RETURNING types), each as its name parts as
+    # folded: the server looks each up in its catalog, as it looks up a table.
+    types: tuple[tuple[str, ...], ...] = ()
 
 
 def _decode(text: str):
@@ -118,7 +121,7 @@ def read(text: str) -> Reading:
     kind_op = ", ".join(sorted(walk.kind_ops))
     return Reading(None, len(statements), kind, query, frozenset(walk.ops), kind_op, tuple(sorted(walk.tables)),
                    tuple(sorted(walk.table_functions)), tuple(sorted(walk.functions - walk.table_functions)),
-                   tuple(sorted(walk.syntax)), frozenset(walk.names), frozenset(walk.fields))
+                   tuple(sorted(walk.syntax)), frozenset(walk.names), frozenset(walk.fields), tuple(sorted(walk.types)))
 
 
 class _TooBig(Exception):
@@ -179,6 +182,7 @@ class _Walk:
         self.functions: set[tuple[str, str]] = set()
         self.names: set[str] = set()
         self.fields: set[str] = set()
+        self.types: set[tuple[str, ...]] = set()
         self.cte_names: set[str] = set()
         self.nodes = 0
 
@@ -207,8 +211,10 @@ class _Walk:
                 fields = value[node]         # a node: {"SelectStmt": {...fields}}
             else:
                 # A field whose type is one kind of node comes without the wrapper ({"relname": ...} for a
-                # RangeVar): recognised by its fields, so no table or function is missed.
-                node, fields = ("RangeVar" if "relname" in value else "FuncCall" if "funcname" in value else ""), value
+                # RangeVar): recognised by its fields, so no table, function or type is missed (of every node,
+                # only a TypeName has "names").
+                node, fields = ("RangeVar" if "relname" in value else "FuncCall" if "funcname" in value
+                                else "TypeName" if "names" in value else ""), value
             scope = self._statement(node, fields, scope, depth, push)
             relation = fields.get("relation") if node.endswith("Stmt") else None
             if isinstance(relation, dict):
@@ -235,6 +241,8 @@ class _Walk:
                         self.fields.add(name)
                         if writing(name):      # (1).pg_cancel_backend is pg_cancel_backend(1)
                             self.ops.add(name + "()")
+            elif node == "TypeName":
+                self.types.add(_names(fields.get("names")))
             elif node == "RangeFunction":
                 for item in fields.get("functions") or ():
                     for call in ((item.get("List") or {}).get("items") or ())[:1]:
@@ -265,6 +273,7 @@ class _Walk:
                     self.table_functions |= inner.table_functions
                     self.functions |= inner.functions
                     self.fields |= inner.fields
+                    self.types |= inner.types     # planning still looks each type up
                     self.nodes += inner.nodes
                     fields.pop("query", None)
             elif node not in _READS:

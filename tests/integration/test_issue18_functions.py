@@ -5,7 +5,10 @@ the connection's own schema (PostgreSQL `public.length(integer)`, `public.lower(
 `public.json_each(text)`, `public.leakrec(customers)` and `public.leakrecord(record)` (called as fields of a
 row), and `other.peek()` in another schema; MariaDB stored `regexp_like`, `array_agg`,
 `lower`), each returning the secret `S3CRET` from a table no key is granted. Item 2: the engine's statistics,
-catalogs, diagnostics, settings and activity are refused to table-restricted and masked keys.
+catalogs, diagnostics, settings and activity are refused to table-restricted and masked keys, and so are the
+names PostgreSQL looks up in its catalog (casts to regclass and the other reg* types, to_regclass, has_*_privilege,
+format_type, a table's row type), which tell whether a table exists (`plans`, whose column is `S3CRET_margin`;
+`S3CRET_archive`).
 
 Every case of a kind the engine really answers with the secret has a `plain` premise case (an unrestricted,
 unmasked key gets `S3CRET`), so a refusal can't pass because the fixture is harmless. Cases:
@@ -26,7 +29,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::DeprecationWa
 CASES = Path(__file__).resolve().parents[1] / "cases"
 SECRET = "S3CRET"
 MASK = [{"column": "customers.email", "action": "hash"}]
-GRANTED = ["length", "other.peek", "current_setting", "pg_read_file", "regexp_like", "load_file", "@@version"]
+GRANTED = ["length", "other.peek", "current_setting", "pg_read_file", "regexp_like", "load_file", "@@version",
+           "to_regclass", "regclass"]
 DIALECTS = ("postgres", "mysql", "sqlite")
 KINDS = ("functions", "side_channels")
 
@@ -36,6 +40,10 @@ _PG_SETUP = [
     "'name' || g FROM generate_series(1, 100) g",
     "CREATE TABLE vault (v text)",
     "INSERT INTO vault VALUES ('S3CRET')",
+    # Tables whose names are the secret: a name the engine looks up in its catalog (a cast to regclass, a table's
+    # row type, format_type of an OID) shows whether they exist and what they hold
+    'CREATE TABLE plans ("S3CRET_margin" numeric)',
+    'CREATE TABLE "S3CRET_archive" (id int)',
     "CREATE FUNCTION public.length(integer) RETURNS text LANGUAGE sql AS $$ SELECT v FROM vault $$",
     "CREATE FUNCTION public.lower(anyelement) RETURNS text LANGUAGE sql AS $$ SELECT v FROM vault $$",
     "CREATE FUNCTION public.json_each(text) RETURNS SETOF text LANGUAGE sql AS $$ SELECT v FROM vault $$",
@@ -181,3 +189,38 @@ def test_the_catalog_is_kept_and_read_again_when_connections_change(srv, pg_db):
     finally:
         _pg_owner(pg_db, "DROP FUNCTION IF EXISTS public.initcap(integer)")
         srv.request("DELETE", "/api/v1/connections/postgres2")
+
+
+# Text search's functions read their configuration (regconfig) or dictionary (regdictionary) by name: no table,
+# and the way full-text search is written (to_tsvector('english', body)), so they stay allowed.
+_TEXT_SEARCH_TYPES = frozenset(("regconfig", "regdictionary"))
+
+
+def test_the_servers_own_name_lookups_are_side_channels(pg_db):
+    """By the server's catalog, not by the hand lists alone: every pg_catalog function with a parameter or a
+    result of a name-resolving type (regclass, ..., aclitem; text search's configuration and dictionary aside)
+    is denied or a side channel, and every type of pg_catalog but the catalogs' row types is one of the engine's
+    own (PG_TYPES), so casting to it is never judged as a table."""
+    from qag.sql import functions
+    admin = pg_admin(pg_db["database"])
+    try:
+        cur = admin.cursor()
+        cur.execute("""SELECT p.proname, array_agg(DISTINCT t.typname)
+                       FROM pg_proc p CROSS JOIN LATERAL unnest(p.proargtypes::oid[] || p.prorettype) a(oid)
+                       JOIN pg_type t ON t.oid = a.oid
+                       WHERE p.pronamespace = 'pg_catalog'::regnamespace AND t.typname = ANY(%s)
+                       GROUP BY 1""", (sorted(functions.RESOLVING_TYPES),))
+        lookups = cur.fetchall()
+        cur.execute("""SELECT t.typname FROM pg_type t LEFT JOIN pg_type e ON e.oid = t.typelem
+                       WHERE t.typnamespace = 'pg_catalog'::regnamespace AND t.typrelid = 0
+                       AND coalesce(e.typrelid, 0) = 0""")      # no row type, nor an array of one
+        types = {name for (name,) in cur.fetchall()}
+    finally:
+        admin.close()
+    assert len(lookups) > 50, lookups           # the reg* types' own functions, to_regclass, pg_relation_size, ...
+    missed = sorted(name for name, used in lookups
+                    if not (functions.denied(name, "postgres") or functions.side_channel(name, "postgres"))
+                    and not set(used) <= _TEXT_SEARCH_TYPES)
+    assert missed == [], missed
+    assert all(functions.pg_builtin_type((name,)) for name in types), sorted(
+        name for name in types if not functions.pg_builtin_type((name,)))

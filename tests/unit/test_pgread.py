@@ -112,6 +112,19 @@ def test_fields_of_rows_are_names_a_call_may_hide_behind():
     assert pgread.read("EXPLAIN SELECT x.hidden FROM t x").fields == frozenset({"hidden"})
 
 
+def test_every_type_named_is_read_as_folded():
+    """Casts (every spelling), typed literals, column definition lists, XMLTABLE's and JSON's RETURNING types:
+    the server looks each up in its catalog; EXPLAIN without ANALYZE still plans, so still looks them up."""
+    reading = pgread.read("SELECT 'a'::regclass, CAST('b' AS pg_catalog.RegType), regproc 'c', 'd'::\"Vault\"[], "
+                          "x::text::regnamespace, NULL::int, JSON_VALUE('1', '$' RETURNING plans) "
+                          "FROM json_to_record('{}') AS t(x rowtype), "
+                          "XMLTABLE('/a' PASSING '<a/>' COLUMNS y xmltype PATH 'y')")
+    assert set(reading.types) == {("regclass",), ("pg_catalog", "regtype"), ("regproc",), ("Vault",), ("text",),
+                                  ("regnamespace",), ("pg_catalog", "int4"), ("plans",), ("rowtype",), ("xmltype",)}
+    assert pgread.read("EXPLAIN SELECT NULL::vault").types == (("vault",),)
+    assert pgread.read("SELECT 1").types == ()
+
+
 def test_a_query_a_cursor_can_page():
     assert pgread.read("SELECT 1 UNION SELECT 2").query
     assert pgread.read("VALUES (1), (2)").query

@@ -201,6 +201,62 @@ def test_functions():
 
 
 @needs_pglast
+def test_names_postgresql_looks_up_in_its_catalog_are_refused_by_what_the_parser_reads():
+    """A cast to a reg* type (or aclitem) tells whether a table exists: a side channel for restricted and masked
+    keys, whatever the spelling, unless allowed_functions names the type. A type that is not the engine's own is
+    judged as a table (a table's row type has its name). Plain keys are not judged."""
+    from qag.policy.tables import masked_verdict, verdict
+
+    def judged(sql: str, functions=None, masked=False):
+        acc = prepare(sql, "postgres").uses("public")
+        try:
+            if masked:
+                masked_verdict(acc, "postgres", functions)
+            else:
+                verdict(acc, "postgres", "public", ["customers"], functions)
+        except QagError as error:
+            return error.code
+        return None
+
+    for sql in ("SELECT 'vault'::regclass", "SELECT CAST('vault' AS regclass)", "SELECT 'vault'::pg_catalog.regclass",
+                "SELECT 'vault'::\"regclass\"", "SELECT 'vault'::\"RegClass\"", "SELECT 'vault'::text::regclass",
+                "SELECT regclass 'vault'", "SELECT 'vault'::regclass::oid", "SELECT '{vault}'::regclass[]",
+                "SELECT '{vault}'::_regclass", "SELECT 'vault'::other.regclass", "EXPLAIN SELECT 'vault'::regclass",
+                "SELECT id FROM customers WHERE 'vault'::regclass IS NOT NULL", "SELECT 'int4'::regtype",
+                "SELECT 'f'::regproc", "SELECT 'f()'::regprocedure", "SELECT '+'::regoper",
+                "SELECT '+(int4,int4)'::regoperator", "SELECT 'other'::regnamespace", "SELECT 'postgres'::regrole",
+                "SELECT 'english'::regconfig", "SELECT 'simple'::regdictionary", "SELECT 'C'::regcollation",
+                "SELECT 'a=r/b'::aclitem", "SELECT to_regclass('vault')", "SELECT pg_catalog.to_regtype('vault')",
+                "SELECT to_regtypemod('varchar(3)')", "SELECT has_table_privilege('vault', 'SELECT')",
+                "SELECT has_column_privilege('vault', 'v', 'SELECT')", "SELECT pg_has_role('postgres', 'USAGE')",
+                "SELECT pg_table_is_visible(16384)", "SELECT pg_ts_config_is_visible(1)",
+                "SELECT pg_index_has_property('vault', 'clusterable')", "SELECT format_type(16384, NULL)",
+                "SELECT pg_typeof(1) IN ('int4', 'vault')", "SELECT regclass('vault')", "SELECT regclassin('vault')",
+                "SELECT row_security_active('vault')", "SELECT makeaclitem(10, 10, 'SELECT', false)"):
+        assert judged(sql) == "function_not_allowed", sql
+        if not sql.startswith("EXPLAIN"):      # EXPLAIN is refused to a masked key before its functions
+            assert judged(sql, masked=True) == "function_not_allowed", sql
+    assert judged("SELECT 'vault'::regclass", ["regclass"]) is None
+    assert judged("SELECT 'vault'::regclass", ["regclass"], masked=True) is None
+    assert judged("SELECT '{vault}'::regclass[]", ["regclass"]) is None
+    assert judged("SELECT 'vault'::regclass", ["to_regclass"]) == "function_not_allowed"
+    assert judged("SELECT to_regclass('vault')", ["to_regclass"]) is None
+    # row types and other types of the database's own are judged as its tables; the engine's own types are not
+    for sql in ("SELECT NULL::vault", "SELECT (NULL::vault).*", "SELECT NULL::public.vault", "SELECT NULL::\"vault\"[]",
+                "SELECT CAST(NULL AS \"Customers\")", "SELECT * FROM json_populate_record(NULL::vault, '{}')",
+                "SELECT * FROM json_to_record('{}') AS t(x vault)", "EXPLAIN SELECT NULL::vault",
+                "SELECT NULL::pg_temp.customers", "SELECT NULL::_vault"):
+        assert judged(sql) == "table_not_allowed", sql
+    with pytest.raises(QagError, match=r"Forbidden: public\.vault, named as types"):
+        check_tables("SELECT NULL::vault", "postgres", "public", ["customers"])
+    assert judged("SELECT (NULL::vault).*", masked=True) is None
+    assert judged("SELECT NULL::customers, NULL::public.customers, NULL::CUSTOMERS[] FROM customers") is None
+    assert judged("SELECT NULL::int, 'x'::text, NULL::varchar(3), now()::date, '{}'::jsonb, NULL::timestamptz, "
+                  "1::\"char\", NULL::_int4, NULL::pg_catalog.numeric, NULL::double precision, NULL::record") is None
+    assert judged("SELECT to_tsvector('english', name) FROM customers") is None
+
+
+@needs_pglast
 def test_a_field_named_like_a_function_is_judged_as_its_call():
     """PostgreSQL's attribute notation: c.f is f(c) when c has no column f. With the engine's catalog, a field
     named like a one-argument function is that call; without it, denied and side-channel names still are."""
