@@ -524,8 +524,9 @@ class RunHandlers:
     def _function_catalog(self, plan: Plan, fields: dict, schema: str | None, acc):
         """The engine's facts about function names for this call (functions.Catalog), from the backend's schema
         cache: PostgreSQL for the schema the call's search_path pins (a masked call's is masking's), MySQL for
-        the connection's database. None when the statement calls nothing to judge or the backend keeps none."""
-        if acc.failure is not None or not (acc.calls or acc.fields):
+        the connection's database, and for a table-restricted call the PostgreSQL types that are no relation's row
+        type. None when the statement calls and names nothing to judge or the backend keeps none."""
+        if acc.failure is not None or not (acc.calls or acc.fields or (acc.types and schema is not None)):
             return None
         read = getattr(self.gateway.backends.get(plan.connection["db"]), "functions", None)
         if read is None:

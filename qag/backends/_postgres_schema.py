@@ -81,9 +81,48 @@ WHERE n.nspname = 'pg_catalog' OR n.nspname = $1
 GROUP BY 1, 2"""
 
 
+# The database's own types that show no relation's columns (functions.Catalog.types). A relation's row type has
+# its name and columns (NULL::vault, (NULL::vault).*), so `shows` holds every relation's row type but a
+# free-standing composite type's (relkind 'c', CREATE TYPE ... AS), every type built on one (`parts`: a domain's
+# base type, an array's element, a range's subtype, a multirange's range, a composite type's fields:
+# ((NULL::wrap).p).*), and a domain whose CHECK calls a function or operator not from initdb (oid 16384 on: a cast
+# to the domain runs it) with what is built on it. Shell types and schemas the role may not use (the search_path
+# skips them) are left out too. With each, whether pg_catalog has a type of its name: the call's search_path looks
+# there first, so an unqualified name is pg_catalog's then. (A multirange's range is read through to_jsonb: the
+# column is PostgreSQL 14's, and an older server has no multiranges.)
+_TYPES_SQL = """WITH RECURSIVE parts(oid, part) AS (
+  SELECT t.oid, t.typbasetype FROM pg_catalog.pg_type t WHERE t.typbasetype <> 0
+  UNION ALL SELECT t.oid, t.typelem FROM pg_catalog.pg_type t WHERE t.typelem <> 0
+  UNION ALL SELECT r.rngtypid, r.rngsubtype FROM pg_catalog.pg_range r
+  UNION ALL SELECT (pg_catalog.to_jsonb(r) ->> 'rngmultitypid')::pg_catalog.oid, r.rngtypid FROM pg_catalog.pg_range r
+            WHERE pg_catalog.to_jsonb(r) ? 'rngmultitypid'
+  UNION ALL SELECT t.oid, a.atttypid FROM pg_catalog.pg_type t
+            JOIN pg_catalog.pg_attribute a ON a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped),
+shows(oid) AS (
+  SELECT t.oid FROM pg_catalog.pg_type t JOIN pg_catalog.pg_class c ON c.oid = t.typrelid WHERE c.relkind <> 'c'
+  UNION
+  SELECT con.contypid FROM pg_catalog.pg_constraint con
+  JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_constraint'::pg_catalog.regclass AND d.objid = con.oid
+  WHERE con.contypid <> 0 AND d.refobjid >= 16384
+    AND d.refclassid IN ('pg_catalog.pg_proc'::pg_catalog.regclass, 'pg_catalog.pg_operator'::pg_catalog.regclass)
+  UNION
+  SELECT p.oid FROM parts p JOIN shows s ON s.oid = p.part)
+SELECT n.nspname, t.typname,
+       EXISTS (SELECT FROM pg_catalog.pg_type b WHERE b.typname = t.typname AND b.typnamespace = 11)
+FROM pg_catalog.pg_type t JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace
+WHERE t.typisdefined AND n.nspname <> ALL($1) AND n.nspname NOT LIKE $2 AND n.nspname NOT LIKE $3
+  AND pg_catalog.has_schema_privilege(n.oid, 'USAGE') AND NOT EXISTS (SELECT FROM shows s WHERE s.oid = t.oid)"""
+
+
 def read_functions(backend, fields: dict, schema: str):
-    """functions.Catalog for calls whose search_path is pg_catalog, "<schema>", pg_temp."""
+    """functions.Catalog for calls whose search_path is pg_catalog, "<schema>", pg_temp: function names, and the
+    types that show no relation's columns (pg_catalog's own are functions.PG_TYPES)."""
     rows = backend.query_all(fields, _FUNCTIONS_SQL, (schema,)).rows
+    types = backend.query_all(fields, _TYPES_SQL, (["pg_catalog", "information_schema"], "pg\\_toast%",
+                                                   "pg\\_temp\\_%")).rows
     return Catalog(frozenset(name for name, own, _ in rows if own),
                    frozenset(name for name, own, _ in rows if not own),
-                   frozenset(name for name, _, one in rows if one))
+                   frozenset(name for name, _, one in rows if one),
+                   frozenset((nspname, typname) for nspname, typname, _ in types),
+                   frozenset(typname for nspname, typname, in_catalog in types
+                             if nspname == schema and not in_catalog))

@@ -820,8 +820,8 @@ class PostgresBackend(Backend):
 
     def functions(self, fields: dict, schema: str):
         """The function names a restricted or masked call's pinned search_path (pg_catalog, "<schema>",
-        pg_temp) can resolve to (sql.functions.Catalog), kept with the schemas: read once per connection
-        settings and schema, refreshed in the background like them."""
+        pg_temp) can resolve to, and the database's types that are no relation's row type (sql.functions.Catalog),
+        kept with the schemas: read once per connection settings and schema, refreshed in the background like them."""
         return self._cached(("functions", schema, pool_key(fields, True)),
                             lambda: read_functions(self, fields, schema))
 

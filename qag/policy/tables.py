@@ -74,8 +74,11 @@ def verdict(acc: Access, dialect: str, default_schema: str, allowed_tables, allo
         raise QagError("table_not_allowed", _table_message(grants, forbidden))
     if acc.types:
         # PostgreSQL looks a type name up as it looks a table up, and a table's row type has its name: NULL::vault
-        # tells whether vault exists, (NULL::vault).* shows its columns.
+        # tells whether vault exists, (NULL::vault).* shows its columns. A type the engine's catalog lists as the
+        # database's own and no relation's (an enum, a domain, an extension's) tells nothing of a table.
         forbidden = _speedups.get("tables").forbidden(acc.types, grants)
+        if forbidden and catalog is not None and catalog.types is not None:
+            forbidden = _not_plain_types(forbidden, acc.type_names, catalog)
         if forbidden:
             raise QagError("table_not_allowed", _table_message(grants, forbidden)[:-1] + _AS_TYPES)
     _functions_verdict(acc, dialect, granted_functions, catalog)
@@ -112,8 +115,18 @@ _MASKED_EXPLAIN = ("This API key has masked columns, and EXPLAIN shows the engin
                    "its statistics of the raw values, so it isn't allowed")
 
 
-_AS_TYPES = (", named as types (a table's row type has the table's name; a type of the database's own counts as a "
-             "table here).")
+_AS_TYPES = (", named as types (a table's row type has the table's name; a type of the database's own that isn't a "
+             "relation's row type is allowed when the connection's catalog lists it).")
+
+
+def _not_plain_types(forbidden: tuple[str, ...], type_names, catalog: functions.Catalog) -> tuple[str, ...]:
+    """Those of the forbidden types (qualified like tables) that some spelling in the statement names as other than
+    one of the database's own types that no relation's row type is (`order_status` and `public.order_status` are
+    both public.order_status, and each is looked up its own way)."""
+    plain: dict[str, bool] = {}
+    for qualified, schema, name in type_names:
+        plain[qualified] = plain.get(qualified, True) and catalog.plain_type(schema, name)
+    return tuple(qualified for qualified in forbidden if not plain.get(qualified, False))
 
 
 def _granted(allowed_functions) -> frozenset:

@@ -105,9 +105,14 @@ class Access:
     fields: tuple[str, ...] = ()
     # PostgreSQL: the name-resolving types the statement casts to (functions.RESOLVING_TYPES: regclass, ...), a side
     # channel; and every other type it names that is not the engine's own, qualified like a table (a table's row
-    # type has the table's name), judged against a key's allowed_tables as tables are.
+    # type has the table's name), judged against a key's allowed_tables as tables are; for each of those, how it
+    # was written: (qualified as in types, schema as written or '' when unqualified, name), the schema None for a
+    # name with a database part. verdict() lets through those the connection's catalog lists as its own types that
+    # no relation's row type is (functions.Catalog.plain_type), by the spelling: an unqualified name resolves
+    # along the call's search_path, where pg_catalog's row types come first.
     casts: tuple[str, ...] = ()
     types: tuple[str, ...] = ()
+    type_names: tuple[tuple[str, str | None, str], ...] = ()
 
 
 # ------------------------------------------------------------------------------------------ statement text
@@ -609,18 +614,20 @@ def from_pgread(reading, unreadable: str | None, default_schema) -> Access:
             denied.add(name)
         elif functions.side_channel(name, "postgres"):
             side.add(name)
-    casts, types = _pg_types(reading.types, default_schema)
+    casts, written = _pg_types(reading.types, default_schema)
     tables = tuple(sorted({_qualify(ref, default_schema) for ref in reading.tables}))
     return Access(None, tables, tuple(sorted(table_functions)), tuple(sorted(denied)), tuple(sorted(user)),
                   tuple(sorted(calls)), tuple(sorted(side)), reading.kind == "ExplainStmt",
-                  fields=tuple(sorted(reading.fields)), casts=casts, types=types)
+                  fields=tuple(sorted(reading.fields)), casts=casts,
+                  types=tuple(sorted({qualified for qualified, _, _ in written})), type_names=written)
 
 
-def _pg_types(type_names, default_schema: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _pg_types(type_names, default_schema: str) -> tuple[tuple[str, ...], tuple[tuple[str, str | None, str], ...]]:
     """The name-resolving types among the types a PostgreSQL statement names (by the last part of each name,
-    whatever its schema or quoting), and the others that are not the engine's own, qualified like tables."""
+    whatever its schema or quoting), and the others that are not the engine's own: (qualified like a table, schema
+    as written or '', name; the schema None when a database part is written too)."""
     casts: set[str] = set()
-    types: set[str] = set()
+    written: set[tuple[str, str | None, str]] = set()
     for parts in type_names:
         if not parts:
             continue
@@ -629,5 +636,7 @@ def _pg_types(type_names, default_schema: str) -> tuple[tuple[str, ...], tuple[s
             casts.add(resolving)
         elif not functions.pg_builtin_type(parts):
             padded = ("", "", *parts)[-3:]
-            types.add(_qualify(padded, default_schema))
-    return tuple(sorted(casts)), tuple(sorted(types))
+            schema = parts[-2] if len(parts) == 2 else "" if len(parts) == 1 else None
+            written.add((_qualify(padded, default_schema), schema, parts[-1]))
+    order = sorted(written, key=lambda item: (item[0], item[1] is None, item[1] or "", item[2]))
+    return tuple(sorted(casts)), tuple(order)

@@ -334,11 +334,30 @@ class Catalog:
               refused unless allowed_functions names it, whatever the engine's overload resolution would pick.
     projections: names of functions a field of a row can call (PostgreSQL: any of the call's search_path that
               takes one argument; `x.f` is f(x) when x has no column f); empty where the engine has no such call.
+    types:    PostgreSQL: (schema, name) of the database's own types that show no relation's columns (enums,
+              domains, extensions' base types, ranges, free-standing composite types, their arrays; not a table's,
+              view's, sequence's or foreign table's row type, nor one built on such a row type or on a domain
+              whose CHECK calls a function or operator not from initdb), outside pg_catalog and
+              information_schema (qag/backends/_postgres_schema.read_functions); None: not read, so every type
+              that isn't the engine's own is judged as a table.
+    bare_types: of those, the names an unqualified type name resolves to along the call's pinned search_path
+              (pg_catalog, "<schema>", pg_temp): in "<schema>" and not in pg_catalog, whose types come first.
     """
 
     builtins: frozenset | None
     shadowed: frozenset
     projections: frozenset = frozenset()
+    types: frozenset | None = None
+    bare_types: frozenset = frozenset()
+
+    def plain_type(self, schema: str | None, name: str) -> bool:
+        """Whether a type name as written (schema '' when unqualified, None with a database part) is one of the
+        database's own types that no relation's row type is (so naming it tells nothing of a table)."""
+        if self.types is None or schema is None:
+            return False
+        if schema == "":
+            return name in self.bare_types
+        return (schema, name) in self.types
 
 
 def allowed_builtin(schema: str, name: str, dialect: str, catalog: Catalog | None) -> bool:

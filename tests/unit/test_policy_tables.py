@@ -287,6 +287,47 @@ def test_a_field_named_like_a_function_is_judged_as_its_call():
     assert judged("SELECT (c).current_setting FROM customers c", with_catalog=False) == "function_not_allowed"
 
 
+
+@needs_pglast
+def test_a_type_the_catalog_lists_as_no_relations_is_allowed_by_how_its_name_resolves():
+    """With the engine's catalog, a type of the database's own that no relation's row type is (an enum, a domain,
+    an extension's type, their arrays) is allowed without allowed_tables: qualified, that schema's; unqualified, if
+    the call's search_path finds it first (pg_catalog comes first: public.pg_database is shadowed by the catalog's
+    row type). Anything else is judged as a table, as it is without a catalog."""
+    from qag.policy.tables import verdict
+    from qag.sql.functions import Catalog
+    catalog = Catalog(frozenset(), frozenset(), frozenset(),
+                      frozenset({("public", "order_status"), ("public", "_order_status"), ("public", "citext"),
+                                 ("public", "pg_database"), ("other", "vault"), ("other", "mood")}),
+                      frozenset({"order_status", "_order_status", "citext"}))
+
+    def judged(sql: str, with_catalog=True, allowed=("customers",)):
+        acc = prepare(sql, "postgres").uses("public")
+        try:
+            verdict(acc, "postgres", "public", list(allowed), None, catalog if with_catalog else None)
+        except QagError as error:
+            return error.code
+        return None
+
+    for sql in ("SELECT id FROM customers WHERE name::text = 'shipped'::order_status::text",
+                "SELECT '{a}'::order_status[], '{a}'::_order_status, 'a'::public.order_status, 'A'::citext",
+                "SELECT 'a'::order_status, 'b'::public.order_status, NULL::other.mood, NULL::other.vault",
+                "SELECT NULL::public.pg_database"):
+        assert judged(sql) is None, sql
+        assert judged(sql, with_catalog=False) == "table_not_allowed", sql     # no catalog: judged as tables
+    for sql in ("SELECT NULL::vault", "SELECT (NULL::vault).*", "SELECT NULL::public.vault",     # other's, not public's
+                "SELECT NULL::pg_database", "SELECT NULL::pg_database, NULL::public.pg_database",
+                "SELECT NULL::mood",                                    # other.mood: not on the search_path
+                "SELECT 'a'::order_status, NULL::vault", "SELECT NULL::{db}.public.order_status",
+                "SELECT 'a'::\"Order_Status\"", "SELECT NULL::pg_temp.order_status"):
+        assert judged(sql.replace("{db}", "qag")) == "table_not_allowed", sql
+    assert judged("SELECT NULL::vault", allowed=("customers", "vault")) is None      # a granted table's row type
+    with pytest.raises(QagError, match=r"Forbidden: public\.pg_database, named as types"):
+        verdict(prepare("SELECT NULL::pg_database", "postgres").uses("public"), "postgres", "public",
+                ["customers"], None, catalog)
+    # a catalog that lists no types (MySQL's, or one read before types were) judges every type as a table
+    assert Catalog(frozenset(), frozenset()).plain_type("", "order_status") is False
+
 def test_limits_refuse_fast():
     for sql in ("SELECT " + "(" * 100 + "1" + ")" * 100, "SELECT 1" + " UNION SELECT 1" * 3000,
                 "SELECT * FROM t WHERE " + " AND ".join(f"a <> {i}" for i in range(2000)), "SELECT 1" + " " * 200_000):
