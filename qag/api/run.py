@@ -508,6 +508,12 @@ class RunHandlers:
             return None
         if grants.allowed_tables is None and not plan.rules:
             check_other_sessions(plan.prepared)   # the others' checks refuse activity views among the rest
+            if grants.allowed_write_ops is not None:
+                # What the guard judged from the text must be all the statement writes: no user-defined function.
+                prepared = plan.prepared
+                acc = prepared.uses(default_schema(prepared.dialect, fields))
+                table_policy.narrowed_writes_verdict(acc, prepared.dialect, grants.allowed_functions,
+                                                     self._function_catalog(plan, fields, None, acc))
             return None
         prepared = plan.prepared
         dialect = prepared.dialect

@@ -109,6 +109,13 @@ def query_failed(detail: str) -> QagError:
     return QagError("query_failed", "An error occurred while executing the SQL query", detail=detail)
 
 
+def write_refused(detail: str) -> QagError:
+    """The engine's own refusal of a write in a read-only call (a function that writes, called by a read-only key;
+    an attempt to leave the read-only mode): 403 read_only, as the guard's refusal of a write it reads."""
+    return QagError("read_only", "Only read-only statements are allowed - the database refused a write in this "
+                                 "read-only call", detail=detail)
+
+
 def connection_failed(detail: str) -> QagError:
     return QagError("connection_failed", "Could not connect to the database", detail=detail,
                     retry_after=RETRY_AFTER)

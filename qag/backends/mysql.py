@@ -52,7 +52,7 @@ from ..sql.names import mysql_lower
 from . import _mysql_schema as schema_reader
 from . import _mysql_sql as statements
 from .base import (Backend, Call, Result, connection_failed, network_timeout, opening_failed, other_text_reading,
-                   query_failed, sent_write_error, timeout_error)
+                   query_failed, sent_write_error, timeout_error, write_refused)
 from .pool import Pool, settings_key
 from .watchdog import WATCHDOG, deadline_of, tcp_keepalive
 
@@ -72,6 +72,8 @@ _UNREACHABLE_TEXT = ("could not connect", "connection refused", "timeout expired
 # ER_WRONG_VALUE_FOR_TYPE, ER_CANT_CREATE_GEOMETRY_OBJECT, ER_DATA_OUT_OF_RANGE, ER_BAD_DATA (MariaDB),
 # ER_BAD_NULL_ERROR, ER_INVALID_JSON_TEXT (MySQL), ER_INVALID_JSON_TEXT_IN_PARAM, CONSTRAINT ... failed (MariaDB).
 _VALUE_CODES = frozenset((1264, 1265, 1292, 1300, 1366, 1367, 1406, 1411, 1416, 1690, 1918, 1048, 3140, 3141, 4025))
+# ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION: a stored function that writes, called in a read-only call.
+_READ_ONLY_TRANSACTION = 1792
 # No "(see detail)": a masked caller, and every caller under the error-detail rule, gets no detail.
 _VALUE_MESSAGE = "The database refused a value for its type"
 _ENCODING_MESSAGE = "The statement or a parameter holds text that is not valid Unicode (a lone surrogate)"
@@ -197,6 +199,8 @@ def mapped(exc: BaseException, timeout: float | None, sent: str | None = None, o
     detail = _own_text_removed(_detail(exc), sent, own)
     if code in _VALUE_CODES:
         return QagError("value_invalid", _VALUE_MESSAGE, detail=detail)
+    if code == _READ_ONLY_TRANSACTION:
+        return write_refused(detail)
     lowered = detail.lower()
     if (code in _UNREACHABLE_CODES or isinstance(exc, (MySQLdb.InterfaceError, OSError))
             or any(text in lowered for text in _UNREACHABLE_TEXT)):

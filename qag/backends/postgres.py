@@ -80,7 +80,7 @@ from .._speedups.pgpipe import error_of, name_of   # how both twins read a failu
 from ..errors import QagError
 from ._postgres_schema import SCHEMA_MAX_TABLES, read_functions, read_schema
 from .base import (Backend, Call, Result, connection_failed, network_timeout, opening_failed, query_failed,
-                   sent_write_error, timeout_error)
+                   sent_write_error, timeout_error, write_refused)
 from .pool import Pool, settings_key
 from .watchdog import (KEEPALIVE_COUNT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, NETWORK_MARGIN, USER_TIMEOUT_MS,
                        deadline_of)
@@ -349,9 +349,10 @@ def mapped(exc: BaseException, timeout: float | None, shift: int = 0, deadline: 
             return timeout_error(timeout) if timeout and _time_up(timeout, deadline) else query_failed(text)
         if state.startswith("08") or state in ("57P01", "57P02", "57P03"):
             return connection_failed(text)
-        if state == "25006":                     # read_only_sql_transaction: the engine refused a write
-            return QagError("read_only", "Only read-only statements are allowed - the database refused a write "
-                                         "in this read-only call", detail=text)
+        if state == "25006" or (state == "25001" and "read-write mode" in text):
+            # read_only_sql_transaction: the engine refused a write; active_sql_transaction on
+            # set_config('transaction_read_only', 'off', ...): a refused attempt to leave the read-only mode.
+            return write_refused(text)
         if _MULTIPLE in text:
             return QagError("multiple_statements", "Only a single SQL statement can be executed at a time")
         if state.startswith("22"):               # data_exception: a value the database can't take

@@ -133,18 +133,36 @@ def _granted(allowed_functions) -> frozenset:
     return frozenset(f.lower() for f in allowed_functions) if allowed_functions else frozenset()
 
 
-def _functions_verdict(acc: Access, dialect: str, granted: frozenset, catalog) -> None:
+def narrowed_writes_verdict(acc: Access, dialect: str, allowed_functions=None,
+                            catalog: functions.Catalog | None = None) -> None:
+    """For a key whose allowed_write_ops narrow its writes (and that has no allowed_tables: verdict() covers those):
+    the write operations the guard reads in the statement's text must be all it does, so it calls only the engine's
+    own built-ins and the functions allowed_functions names, never a denied one (403 function_not_allowed). A
+    user-defined function's writes are not the statement's: an insert-only key's `SELECT wipe()` would delete.
+    Side channels stay open to it, as to any key without an allow-list; an uncheckable statement is the guard's."""
+    if acc.failure is not None:
+        return
+    granted = _granted(allowed_functions)
+    for name in acc.table_functions:
+        if name not in granted:
+            raise QagError("function_not_allowed", f"This API key may not call {name}(): it is not a known "
+                                                   f"built-in function and allowed_functions doesn't name it")
+    _functions_verdict(acc, dialect, granted, catalog, channels=False)
+
+
+def _functions_verdict(acc: Access, dialect: str, granted: frozenset, catalog, channels: bool = True) -> None:
+    """channels: refuse the side channels too (table-restricted and masked keys), not only what may write."""
     if acc.denied:
         name = acc.denied[0]
-        raise QagError("function_not_allowed", f"This API key may not call {name}(): it reaches outside the "
-                                               f"allowed tables (files, locks, sequences, sessions or server state)")
-    for name in acc.casts:
+        raise QagError("function_not_allowed", f"This API key may not call {name}(): it reaches outside its "
+                                               f"statement (files, locks, sequences, sessions or server state)")
+    for name in acc.casts if channels else ():
         if name not in granted:
             raise QagError("function_not_allowed", f"This API key may not cast to {name}: PostgreSQL looks the "
                                                    f"name up in its catalog, so the answer tells whether tables "
                                                    f"and other objects it may not see exist, and allowed_functions "
                                                    f"doesn't name {name}")
-    for name in acc.side:
+    for name in acc.side if channels else ():
         if name not in granted:
             shown = name if name.startswith("@@") else name + "()"
             raise QagError("function_not_allowed", f"This API key may not read {shown}: the server's settings, "

@@ -1,0 +1,141 @@
+"""A key's write rules hold past the functions a statement calls, on the real MariaDB and PostgreSQL.
+
+A key narrowed to some write operations (allowed_write_ops) writes only what the guard reads in its statement: a
+user-defined function's own writes are not the statement's, so such a key calls the engine's built-ins and the
+functions allowed_functions names. A read-only key's call that reaches a writing function is refused by the engine
+itself, answered 403 read_only (not 500), as is an attempt to leave PostgreSQL's read-only mode.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.server import Server
+from tests.services import make_mysql_database, make_pg_database, mysql_admin
+
+pytestmark = pytest.mark.e2e
+
+_PG_SETUP = (
+    "CREATE TABLE secret (id int PRIMARY KEY, token text)",
+    "CREATE TABLE audit (note text)",
+    "CREATE FUNCTION wipe_secret() RETURNS int LANGUAGE sql VOLATILE AS 'DELETE FROM secret RETURNING 1'",
+)
+_MYSQL_SETUP = (
+    "CREATE TABLE secret (id int PRIMARY KEY, token text)",
+    "CREATE TABLE audit (note text)",
+    "CREATE FUNCTION wipe_secret() RETURNS int MODIFIES SQL DATA BEGIN DELETE FROM secret; RETURN 1; END",
+)
+
+
+def _pg(fields: dict, statements) -> list:
+    import psycopg
+    admin_fields = {"host": fields["host"], "port": fields["port"], "dbname": fields["database"],
+                    "user": fields["user"], "password": fields["password"]}
+    with psycopg.connect(autocommit=True, **admin_fields) as conn:
+        rows = []
+        for statement in statements:
+            cur = conn.execute(statement)
+            rows = cur.fetchall() if cur.description else []
+        return rows
+
+
+def _mysql(fields: dict, statements) -> list:
+    admin = mysql_admin()
+    try:
+        cur = admin.cursor()
+        cur.execute(f"USE `{fields['database']}`")
+        rows = []
+        for statement in statements:
+            cur.execute(statement)
+            rows = list(cur.fetchall()) if cur.description else []
+        admin.commit()
+        return rows
+    finally:
+        admin.close()
+
+
+_RUN = {"postgres": _pg, "mysql": _mysql}
+_REFILL = ("DELETE FROM secret", "DELETE FROM audit", "INSERT INTO secret VALUES (1, 'a'), (2, 'b')")
+
+
+@pytest.fixture(scope="module")
+def srv():
+    made = []
+    s = Server(workers=1, env={"QAG_ALLOW_WRITES": "1"})
+    try:
+        for dialect, make, setup in (("postgres", make_pg_database, _PG_SETUP),
+                                     ("mysql", make_mysql_database, _MYSQL_SETUP)):
+            fields, cleanup = make()
+            made.append(cleanup)
+            _RUN[dialect](fields, setup)
+            reply = s.post("/api/v1/connections", {"name": dialect, "db": dialect, **fields})
+            assert reply.status == 201, reply
+            s.fields = {**getattr(s, "fields", {}), dialect: fields}
+        s.keys = {
+            "insert_only": s.key("insert_only", connections="*", allow_writes=True, allowed_write_ops=["insert"]),
+            "insert_granted": s.key("insert_granted", connections="*", allow_writes=True,
+                                    allowed_write_ops=["insert"], allowed_functions=["wipe_secret"]),
+            "read_only": s.key("read_only", connections="*"),
+        }
+        yield s
+    finally:
+        s.close()
+        for cleanup in made:
+            cleanup()
+
+
+def _secret_rows(srv, dialect) -> int:
+    return _RUN[dialect](srv.fields[dialect], ("SELECT count(*) FROM secret",))[0][0]
+
+
+def _call(srv, dialect, key, sql):
+    _RUN[dialect](srv.fields[dialect], _REFILL)
+    return srv.post("/execute_sql", {"sql": sql, "connection_name": dialect}, key=srv.keys[key])
+
+
+@pytest.mark.parametrize("dialect", ["postgres", "mysql"])
+@pytest.mark.parametrize("sql", [
+    "SELECT wipe_secret() AS w",
+    "INSERT INTO audit (note) SELECT CAST(wipe_secret() AS char)",
+    "INSERT INTO audit (note) VALUES ('x')  -- then: SELECT wipe_secret()",
+    "SELECT 1 AS v FROM secret WHERE wipe_secret() = 1",
+])
+def test_an_insert_only_key_calls_no_function_that_could_write(srv, dialect, sql):
+    r = _call(srv, dialect, "insert_only", sql)
+    if "--" in sql:    # the call is in a comment: an insert, allowed
+        assert r.status == 200, r
+    else:
+        assert r.status == 403 and r.json["code"] == "function_not_allowed", r
+        assert "wipe_secret" in r.json["error"], r
+    assert _secret_rows(srv, dialect) == 2
+    # Nothing is lost: the next good request by the same key succeeds.
+    follow = srv.post("/execute_sql", {"sql": "SELECT count(*) AS n FROM secret", "connection_name": dialect},
+                      key=srv.keys["insert_only"])
+    assert follow.status == 200 and follow.json == [{"n": 2}], follow
+
+
+@pytest.mark.parametrize("dialect", ["postgres", "mysql"])
+def test_allowed_functions_opens_a_function_to_an_insert_only_key(srv, dialect):
+    # The administrator's own choice: a function it names runs, with what it does.
+    r = _call(srv, dialect, "insert_granted", "SELECT wipe_secret() AS w")
+    assert r.status == 200, r
+    assert _secret_rows(srv, dialect) == 0
+
+
+@pytest.mark.parametrize("dialect", ["postgres", "mysql"])
+def test_a_read_only_keys_writing_function_is_the_engines_403(srv, dialect):
+    r = _call(srv, dialect, "read_only", "SELECT wipe_secret() AS w")
+    assert r.status == 403 and r.json["code"] == "read_only", r
+    assert _secret_rows(srv, dialect) == 2
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT set_config('transaction_read_only', 'off', true) AS v",
+    "SELECT set_config('transaction_read_only', 'off', false) AS v",
+])
+def test_leaving_postgresqls_read_only_mode_is_403(srv, sql):
+    r = _call(srv, "postgres", "read_only", sql)
+    assert r.status == 403 and r.json["code"] == "read_only", r
+    follow = srv.post("/execute_sql", {"sql": "SELECT count(*) AS n FROM secret", "connection_name": "postgres"},
+                      key=srv.keys["read_only"])
+    assert follow.status == 200 and follow.json == [{"n": 2}], follow
