@@ -20,7 +20,7 @@ cdef class RunHandlers:
     cpdef _resolver(self, version)
     cpdef _format_and_timeout(self, request, args, body, Caller caller)
     cpdef _paging(self, args, Caller caller, fmt, ceiling=*)
-    cpdef writes_allowed(self, Caller caller, query_name)
+    cpdef writes_allowed(self, Caller caller, query_name, prepared=*)
     cpdef _check_tables(self, Plan plan, Caller caller, fields)
     cpdef _statement(self, Plan plan)
     @cython.locals(observe=Observer)

@@ -313,7 +313,7 @@ class RunHandlers:
                                version["sql"], timing=timing, transport=request.transport), error)
             raise
         # A tool call (qag/api/mcp.py) is read-only whatever the key may write: agent writes are outside the contract.
-        writes = self.writes_allowed(caller, name) and not stream and not request.read_only
+        writes = self.writes_allowed(caller, name, prepared) and not stream and not request.read_only
         # The version's mask applies to every caller, administrators included (contract 6.3).
         saved_mask, key_mask = version.get("mask"), None if caller.admin else caller.grants.mask
         rules = masking.effective(saved_mask, key_mask) if saved_mask or key_mask else ()   # () without rules
@@ -421,8 +421,8 @@ class RunHandlers:
             if not _database_name(database):
                 raise QagError("invalid_body", f"database must be a database name (text of 1 to "
                                                f"{_DATABASE_NAME_MAX} characters)")
-        writes = self.writes_allowed(caller, None) and not stream and not request.read_only
         prepared = prepare(sql, connection["db"], text_placeholders=False)
+        writes = self.writes_allowed(caller, None, prepared) and not stream and not request.read_only
         plan = Plan(connection, prepared, params, not writes, timeout, fmt, page, size, stream, chosen,
                     not rules, request.request_id, caller.label, None, None, None, sql,
                     database, request.environ.get("qag.timing"), rules=rules,
@@ -481,10 +481,18 @@ class RunHandlers:
             raise QagError("invalid_paging", "page is too large")
         return False, page, size
 
-    def writes_allowed(self, caller, query_name: str | None) -> bool:
+    def writes_allowed(self, caller, query_name: str | None, prepared=None) -> bool:
+        """Whether the call may write. With the statement: a key narrowed by allowed_write_ops runs one that writes
+        nothing read-only, so the engine refuses what a function it calls would write (the guard reads the
+        statement's text, not the functions')."""
         if not self.settings.allow_writes:
             return False
-        return caller.admin or may_write(caller.grants, query_name=query_name)
+        if caller.admin:
+            return True
+        grants = caller.grants
+        if not may_write(grants, query_name=query_name):
+            return False
+        return grants.allowed_write_ops is None or prepared is None or bool(prepared.write_ops)
 
     @staticmethod
     def _cacheable(prepared, stream: bool, caller) -> bool:
@@ -508,7 +516,7 @@ class RunHandlers:
             return None
         if grants.allowed_tables is None and not plan.rules:
             check_other_sessions(plan.prepared)   # the others' checks refuse activity views among the rest
-            if grants.allowed_write_ops is not None:
+            if grants.allowed_write_ops is not None and not plan.read_only:
                 # What the guard judged from the text must be all the statement writes: no user-defined function.
                 prepared = plan.prepared
                 acc = prepared.uses(default_schema(prepared.dialect, fields))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..sql.functions import Catalog
+from ..sql.functions import RESOLVING_TYPES, Catalog
 
 SCHEMA_MAX_TABLES = 1000
 
@@ -85,8 +85,9 @@ GROUP BY 1, 2"""
 # its name and columns (NULL::vault, (NULL::vault).*), so `shows` holds every relation's row type but a
 # free-standing composite type's (relkind 'c', CREATE TYPE ... AS), every type built on one (`parts`: a domain's
 # base type, an array's element, a range's subtype, a multirange's range, a composite type's fields:
-# ((NULL::wrap).p).*), and a domain whose CHECK calls a function or operator not from initdb (oid 16384 on: a cast
-# to the domain runs it) with what is built on it. Shell types and schemas the role may not use (the search_path
+# ((NULL::wrap).p).*), a domain whose CHECK depends on anything not from initdb but the domain itself (oid 16384
+# on: a function, an operator, a cast, another type; a cast to the domain runs it), and the name-resolving types
+# (functions.RESOLVING_TYPES: a domain over regclass reads its text as a name), each with what is built on it. Shell types and schemas the role may not use (the search_path
 # skips them) are left out too. With each, whether pg_catalog has a type of its name: the call's search_path looks
 # there first, so an unqualified name is pg_catalog's then. (A multirange's range is read through to_jsonb: the
 # column is PostgreSQL 14's, and an older server has no multiranges.)
@@ -101,10 +102,12 @@ _TYPES_SQL = """WITH RECURSIVE parts(oid, part) AS (
 shows(oid) AS (
   SELECT t.oid FROM pg_catalog.pg_type t JOIN pg_catalog.pg_class c ON c.oid = t.typrelid WHERE c.relkind <> 'c'
   UNION
+  SELECT t.oid FROM pg_catalog.pg_type t WHERE t.typnamespace = 11 AND t.typname = ANY($4)
+  UNION
   SELECT con.contypid FROM pg_catalog.pg_constraint con
   JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_constraint'::pg_catalog.regclass AND d.objid = con.oid
   WHERE con.contypid <> 0 AND d.refobjid >= 16384
-    AND d.refclassid IN ('pg_catalog.pg_proc'::pg_catalog.regclass, 'pg_catalog.pg_operator'::pg_catalog.regclass)
+    AND NOT (d.refclassid = 'pg_catalog.pg_type'::pg_catalog.regclass AND d.refobjid = con.contypid)
   UNION
   SELECT p.oid FROM parts p JOIN shows s ON s.oid = p.part)
 SELECT n.nspname, t.typname,
@@ -119,7 +122,7 @@ def read_functions(backend, fields: dict, schema: str):
     types that show no relation's columns (pg_catalog's own are functions.PG_TYPES)."""
     rows = backend.query_all(fields, _FUNCTIONS_SQL, (schema,)).rows
     types = backend.query_all(fields, _TYPES_SQL, (["pg_catalog", "information_schema"], "pg\\_toast%",
-                                                   "pg\\_temp\\_%")).rows
+                                                   "pg\\_temp\\_%", sorted(RESOLVING_TYPES))).rows
     return Catalog(frozenset(name for name, own, _ in rows if own),
                    frozenset(name for name, own, _ in rows if not own),
                    frozenset(name for name, _, one in rows if one),

@@ -121,6 +121,10 @@ _SEED_SCALE = 2 ** 52        # a seed of 52 random bits, as setseed's [0, 1)
 _AUTO = PyFormat.AUTO        # read once: an Enum member read off its class costs ~850 instructions a read
 _UTF8 = b"UTF8"
 _MULTIPLE = "cannot insert multiple commands into a prepared statement"
+# PostgreSQL's active_sql_transaction messages for a refused exit from a read-only transaction (the first line of
+# the text; other 25001 errors, SET TRANSACTION ISOLATION after a query among them, are no such refusal).
+_READ_WRITE_REFUSED = ("transaction read-write mode must be set before any query",
+                       "cannot set transaction read-write mode")
 _REFUSED = "the server refused the statement"      # a failure that came without a message
 _LINE_RE = re.compile(r"^LINE (\d+):", re.MULTILINE)
 _SEVERITY_RE = re.compile(r"[^\W\d_]+:  ")   # libpq's prefix: the severity word, in the server's language, ":  "
@@ -349,7 +353,7 @@ def mapped(exc: BaseException, timeout: float | None, shift: int = 0, deadline: 
             return timeout_error(timeout) if timeout and _time_up(timeout, deadline) else query_failed(text)
         if state.startswith("08") or state in ("57P01", "57P02", "57P03"):
             return connection_failed(text)
-        if state == "25006" or (state == "25001" and "read-write mode" in text):
+        if state == "25006" or (state == "25001" and text.startswith(_READ_WRITE_REFUSED)):
             # read_only_sql_transaction: the engine refused a write; active_sql_transaction on
             # set_config('transaction_read_only', 'off', ...): a refused attempt to leave the read-only mode.
             return write_refused(text)

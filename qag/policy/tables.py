@@ -135,14 +135,25 @@ def _granted(allowed_functions) -> frozenset:
 
 def narrowed_writes_verdict(acc: Access, dialect: str, allowed_functions=None,
                             catalog: functions.Catalog | None = None) -> None:
-    """For a key whose allowed_write_ops narrow its writes (and that has no allowed_tables: verdict() covers those):
-    the write operations the guard reads in the statement's text must be all it does, so it calls only the engine's
-    own built-ins and the functions allowed_functions names, never a denied one (403 function_not_allowed). A
-    user-defined function's writes are not the statement's: an insert-only key's `SELECT wipe()` would delete.
-    Side channels stay open to it, as to any key without an allow-list; an uncheckable statement is the guard's."""
+    """For a key whose allowed_write_ops narrow its writes (and that has no allowed_tables: verdict() covers those),
+    in a call that may write (one whose statement writes nothing runs read-only: RunHandlers.writes_allowed): the
+    write operations the guard reads in the statement's text must be all it does, so it calls only the engine's own
+    built-ins and the functions allowed_functions names, never a denied one (403 function_not_allowed). A
+    user-defined function's writes are not the statement's: an insert-only key's `INSERT INTO log SELECT wipe()`
+    would delete. Side channels stay open to it, as to any key without an allow-list, but a user function named
+    like one is judged as a call. A statement whose calls can't all be read (the catalog, too large or deep to
+    read) is refused: what it calls is unknown."""
     if acc.failure is not None:
-        return
+        raise QagError("function_not_allowed", "This API key may only write what its statement says, and the "
+                                               "functions this statement calls can't be read (it reads the "
+                                               "server's catalog, or is too large or deep to read): send fewer "
+                                               "rows a call, or name no catalog")
     granted = _granted(allowed_functions)
+    for name in acc.side:
+        if not name.startswith("@@") and name not in granted and not functions.allowed_builtin("", name, dialect,
+                                                                                                catalog):
+            raise QagError("function_not_allowed", f"This API key may not call {name}(): it is not a known "
+                                                   f"built-in function and allowed_functions doesn't name it")
     for name in acc.table_functions:
         if name not in granted:
             raise QagError("function_not_allowed", f"This API key may not call {name}(): it is not a known "

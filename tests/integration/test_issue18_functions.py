@@ -70,6 +70,9 @@ _PG_SETUP = [
     "CREATE TYPE wrap AS (p plans)",
     "CREATE FUNCTION public.approves(text) RETURNS bool LANGUAGE sql AS $$ SELECT v IS NOT NULL FROM vault $$",
     "CREATE DOMAIN approved AS text CHECK (approves(VALUE))",
+    # ... and types whose text is read as a catalog name: a domain over regclass, a composite type holding one
+    "CREATE DOMAIN objname AS regclass",
+    "CREATE TYPE holder AS (r regclass)",
     "ANALYZE customers",
 ]
 _MYSQL_SETUP = [

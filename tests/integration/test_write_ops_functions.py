@@ -1,9 +1,10 @@
 """A key's write rules hold past the functions a statement calls, on the real MariaDB and PostgreSQL.
 
 A key narrowed to some write operations (allowed_write_ops) writes only what the guard reads in its statement: a
-user-defined function's own writes are not the statement's, so such a key calls the engine's built-ins and the
-functions allowed_functions names. A read-only key's call that reaches a writing function is refused by the engine
-itself, answered 403 read_only (not 500), as is an attempt to leave PostgreSQL's read-only mode.
+user-defined function's own writes are not the statement's, so such a key's statement that writes nothing runs
+read-only (the engine refuses the function's writes), and one that writes calls only the engine's built-ins and the
+functions allowed_functions names. A read-only call that reaches a writing function is refused by the engine itself,
+answered 403 read_only (not 500), as is an attempt to leave PostgreSQL's read-only mode.
 """
 
 from __future__ import annotations
@@ -19,11 +20,16 @@ _PG_SETUP = (
     "CREATE TABLE secret (id int PRIMARY KEY, token text)",
     "CREATE TABLE audit (note text)",
     "CREATE FUNCTION wipe_secret() RETURNS int LANGUAGE sql VOLATILE AS 'DELETE FROM secret RETURNING 1'",
+    # named like a side channel (has_*): judged as the user function it is
+    "CREATE FUNCTION has_wipe() RETURNS int LANGUAGE sql VOLATILE AS 'DELETE FROM secret RETURNING 1'",
+    "CREATE FUNCTION shout(t text) RETURNS text LANGUAGE sql AS 'SELECT upper(t)'",
 )
 _MYSQL_SETUP = (
     "CREATE TABLE secret (id int PRIMARY KEY, token text)",
     "CREATE TABLE audit (note text)",
     "CREATE FUNCTION wipe_secret() RETURNS int MODIFIES SQL DATA BEGIN DELETE FROM secret; RETURN 1; END",
+    "CREATE FUNCTION has_wipe() RETURNS int MODIFIES SQL DATA BEGIN DELETE FROM secret; RETURN 1; END",
+    "CREATE FUNCTION shout(t text) RETURNS text DETERMINISTIC RETURN upper(t)",
 )
 
 
@@ -93,20 +99,30 @@ def _call(srv, dialect, key, sql):
     return srv.post("/execute_sql", {"sql": sql, "connection_name": dialect}, key=srv.keys[key])
 
 
+_CATALOG = {"postgres": "pg_catalog.pg_class", "mysql": "information_schema.schemata"}
+
+
 @pytest.mark.parametrize("dialect", ["postgres", "mysql"])
-@pytest.mark.parametrize("sql", [
-    "SELECT wipe_secret() AS w",
-    "INSERT INTO audit (note) SELECT CAST(wipe_secret() AS char)",
-    "INSERT INTO audit (note) VALUES ('x')  -- then: SELECT wipe_secret()",
-    "SELECT 1 AS v FROM secret WHERE wipe_secret() = 1",
+@pytest.mark.parametrize("sql, code", [
+    # writes nothing the guard reads: run read-only, so the engine refuses the function's writes
+    ("SELECT wipe_secret() AS w", "read_only"),
+    ("SELECT 1 AS v FROM secret WHERE wipe_secret() = 1", "read_only"),
+    ("SELECT wipe_secret() AS w FROM {catalog} LIMIT 1", "read_only"),
+    ("SELECT has_wipe() AS w", "read_only"),
+    # writes: then it may call no function but the engine's own
+    ("INSERT INTO audit (note) SELECT CAST(wipe_secret() AS char)", "function_not_allowed"),
+    ("INSERT INTO audit (note) SELECT CAST(has_wipe() AS char)", "function_not_allowed"),
+    # ... and a write whose calls can't all be read (it reads the catalog) is refused
+    ("INSERT INTO audit (note) SELECT CAST(wipe_secret() AS char) FROM {catalog} LIMIT 1", "function_not_allowed"),
+    ("INSERT INTO audit (note) VALUES ('x')  -- then: SELECT wipe_secret()", None),
+    ("SELECT shout('a') AS s", None),
 ])
-def test_an_insert_only_key_calls_no_function_that_could_write(srv, dialect, sql):
-    r = _call(srv, dialect, "insert_only", sql)
-    if "--" in sql:    # the call is in a comment: an insert, allowed
+def test_an_insert_only_key_writes_nothing_through_a_function(srv, dialect, sql, code):
+    r = _call(srv, dialect, "insert_only", sql.format(catalog=_CATALOG[dialect]))
+    if code is None:
         assert r.status == 200, r
     else:
-        assert r.status == 403 and r.json["code"] == "function_not_allowed", r
-        assert "wipe_secret" in r.json["error"], r
+        assert r.status == 403 and r.json["code"] == code, r
     assert _secret_rows(srv, dialect) == 2
     # Nothing is lost: the next good request by the same key succeeds.
     follow = srv.post("/execute_sql", {"sql": "SELECT count(*) AS n FROM secret", "connection_name": dialect},
@@ -116,8 +132,8 @@ def test_an_insert_only_key_calls_no_function_that_could_write(srv, dialect, sql
 
 @pytest.mark.parametrize("dialect", ["postgres", "mysql"])
 def test_allowed_functions_opens_a_function_to_an_insert_only_key(srv, dialect):
-    # The administrator's own choice: a function it names runs, with what it does.
-    r = _call(srv, dialect, "insert_granted", "SELECT wipe_secret() AS w")
+    # The administrator's own choice: a function it names runs in a write, with what it does.
+    r = _call(srv, dialect, "insert_granted", "INSERT INTO audit (note) SELECT CAST(wipe_secret() AS char)")
     assert r.status == 200, r
     assert _secret_rows(srv, dialect) == 0
 
