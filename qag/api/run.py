@@ -540,7 +540,8 @@ class RunHandlers:
         cache: PostgreSQL for the schema the call's search_path pins (a masked call's is masking's), MySQL for
         the connection's database, and for a table-restricted call the PostgreSQL types that are no relation's row
         type. None when the statement calls and names nothing to judge or the backend keeps none."""
-        if acc.failure is not None or not (acc.calls or acc.fields or (acc.types and schema is not None)):
+        if acc.failure is not None or not (acc.calls or acc.fields or acc.operators
+                                            or (acc.types and schema is not None)):
             return None
         read = getattr(self.gateway.backends.get(plan.connection["db"]), "functions", None)
         if read is None:

@@ -80,16 +80,26 @@ FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespa
 WHERE n.nspname = 'pg_catalog' OR n.nspname = $1
 GROUP BY 1, 2"""
 
+# Operators a call's search_path (pg_catalog, "<schema>") can reach whose function is the database's own code
+# (functions.Catalog.operators): not C or internal (the engine's and its extensions', which only a superuser adds).
+_OPERATORS_SQL = """SELECT DISTINCT o.oprname FROM pg_catalog.pg_operator o
+JOIN pg_catalog.pg_namespace n ON n.oid = o.oprnamespace
+JOIN pg_catalog.pg_proc p ON p.oid = o.oprcode
+JOIN pg_catalog.pg_language l ON l.oid = p.prolang
+WHERE (n.nspname = $1 OR (n.nspname = 'pg_catalog' AND o.oid >= 16384)) AND l.lanname NOT IN ('c', 'internal')"""
+
 
 # The database's own types that show no relation's columns (functions.Catalog.types). A relation's row type has
 # its name and columns (NULL::vault, (NULL::vault).*), so `shows` holds every relation's row type but a
 # free-standing composite type's (relkind 'c', CREATE TYPE ... AS), every type built on one (`parts`: a domain's
 # base type, an array's element, a range's subtype, a multirange's range, a composite type's fields:
 # ((NULL::wrap).p).*), a domain whose CHECK depends on anything not from initdb but the domain itself (oid 16384
-# on: a function, an operator, a cast, another type; a cast to the domain runs it), and the name-resolving types
-# (functions.RESOLVING_TYPES: a domain over regclass reads its text as a name), each with what is built on it. Shell types and schemas the role may not use (the search_path
-# skips them) are left out too. With each, whether pg_catalog has a type of its name: the call's search_path looks
-# there first, so an unqualified name is pg_catalog's then. (A multirange's range is read through to_jsonb: the
+# on: a function, an operator, a cast, another type; a cast to the domain runs it), a type with a cast of the
+# database's own code (CREATE CAST ... WITH FUNCTION in SQL or a procedural language: a cast runs it), and the
+# name-resolving types (functions.RESOLVING_TYPES: a domain over regclass reads its text as a name), each with what
+# is built on it. Shell types and schemas the role may not use (the search_path skips them) are left out too.
+# With each, whether pg_catalog has a type of its name: the call's search_path looks there first, so an
+# unqualified name is pg_catalog's then. (A multirange's range is read through to_jsonb: the
 # column is PostgreSQL 14's, and an older server has no multiranges.)
 _TYPES_SQL = """WITH RECURSIVE parts(oid, part) AS (
   SELECT t.oid, t.typbasetype FROM pg_catalog.pg_type t WHERE t.typbasetype <> 0
@@ -103,6 +113,11 @@ shows(oid) AS (
   SELECT t.oid FROM pg_catalog.pg_type t JOIN pg_catalog.pg_class c ON c.oid = t.typrelid WHERE c.relkind <> 'c'
   UNION
   SELECT t.oid FROM pg_catalog.pg_type t WHERE t.typnamespace = 11 AND t.typname = ANY($4)
+  UNION
+  SELECT u.oid FROM pg_catalog.pg_cast c JOIN pg_catalog.pg_proc p ON p.oid = c.castfunc
+  JOIN pg_catalog.pg_language l ON l.oid = p.prolang
+  CROSS JOIN LATERAL (VALUES (c.castsource), (c.casttarget)) AS u(oid)
+  WHERE l.lanname NOT IN ('c', 'internal') AND u.oid >= 16384
   UNION
   SELECT con.contypid FROM pg_catalog.pg_constraint con
   JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_constraint'::pg_catalog.regclass AND d.objid = con.oid
@@ -118,9 +133,11 @@ WHERE t.typisdefined AND n.nspname <> ALL($1) AND n.nspname NOT LIKE $2 AND n.ns
 
 
 def read_functions(backend, fields: dict, schema: str):
-    """functions.Catalog for calls whose search_path is pg_catalog, "<schema>", pg_temp: function names, and the
-    types that show no relation's columns (pg_catalog's own are functions.PG_TYPES)."""
+    """functions.Catalog for calls whose search_path is pg_catalog, "<schema>", pg_temp: function names, the
+    types that show no relation's columns (pg_catalog's own are functions.PG_TYPES) and the operators of the
+    database's own code."""
     rows = backend.query_all(fields, _FUNCTIONS_SQL, (schema,)).rows
+    operators = backend.query_all(fields, _OPERATORS_SQL, (schema,)).rows
     types = backend.query_all(fields, _TYPES_SQL, (["pg_catalog", "information_schema"], "pg\\_toast%",
                                                    "pg\\_temp\\_%", sorted(RESOLVING_TYPES))).rows
     return Catalog(frozenset(name for name, own, _ in rows if own),
@@ -128,4 +145,5 @@ def read_functions(backend, fields: dict, schema: str):
                    frozenset(name for name, _, one in rows if one),
                    frozenset((nspname, typname) for nspname, typname, _ in types),
                    frozenset(typname for nspname, typname, in_catalog in types
-                             if nspname == schema and not in_catalog))
+                             if nspname == schema and not in_catalog),
+                   frozenset(name for (name,) in operators))

@@ -129,6 +129,13 @@ def _not_plain_types(forbidden: tuple[str, ...], type_names, catalog: functions.
     return tuple(qualified for qualified in forbidden if not plain.get(qualified, False))
 
 
+def _not_builtin(name: str) -> str:
+    # One message whether no function of the name exists or one of the database's own could answer the call: the
+    # answer must not tell a key which names the schema holds.
+    return (f"This API key may not call {name}(): it is not one of the engine's own built-in functions that "
+            f"nothing else can answer, and allowed_functions doesn't name it")
+
+
 def _granted(allowed_functions) -> frozenset:
     return frozenset(f.lower() for f in allowed_functions) if allowed_functions else frozenset()
 
@@ -189,11 +196,16 @@ def _functions_verdict(acc: Access, dialect: str, granted: frozenset, catalog, c
         if catalog is not None and acc.calls:
             for _, name in acc.calls:
                 if name in catalog.shadowed and name not in granted:
-                    raise QagError("function_not_allowed", f"This API key may not call {name}(): a stored "
-                                   f"function of that name exists in the connection's database and could answer "
-                                   f"the call, and allowed_functions doesn't name it")
+                    raise QagError("function_not_allowed", _not_builtin(name))
         return
     _fields_verdict(acc, dialect, granted, catalog)
+    for schema, name in acc.operators:
+        # An operator is a call of its function: one of the database's own (SQL or PL code that may read any table
+        # or write) answers a name its schema defines, whatever the arguments' types make PostgreSQL pick.
+        if schema != "pg_catalog" and name not in granted and (schema or (catalog is not None and name in catalog.operators)):
+            raise QagError("function_not_allowed", f"This API key may not use the operator {name}: it is not one "
+                                                   f"of the engine's own operators that nothing else can answer, and "
+                                                   f"allowed_functions doesn't name it")
     for schema, name in acc.calls:
         if functions.allowed_builtin(schema, name, dialect, catalog):
             continue
@@ -201,10 +213,8 @@ def _functions_verdict(acc: Access, dialect: str, granted: frozenset, catalog, c
         if written in granted or name in granted:
             continue
         if catalog is not None and not schema and name in catalog.shadowed:
-            raise QagError("function_not_allowed", f"This API key may not call {name}(): a function of that name "
-                           f"outside pg_catalog could answer the call, and allowed_functions doesn't name it")
-        raise QagError("function_not_allowed", f"This API key may not call {written}(): it is not a known "
-                                               f"built-in function and allowed_functions doesn't name it")
+            raise QagError("function_not_allowed", _not_builtin(name))
+        raise QagError("function_not_allowed", _not_builtin(written))
 
 
 def _fields_verdict(acc: Access, dialect: str, granted: frozenset, catalog) -> None:

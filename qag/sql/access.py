@@ -113,6 +113,9 @@ class Access:
     casts: tuple[str, ...] = ()
     types: tuple[str, ...] = ()
     type_names: tuple[tuple[str, str | None, str], ...] = ()
+    # PostgreSQL: the operators the statement names, (schema as written or '', name); verdict() refuses one that
+    # resolves to a function of the database's own (functions.Catalog.operators): an operator is a function call.
+    operators: tuple[tuple[str, str], ...] = ()
 
 
 # ------------------------------------------------------------------------------------------ statement text
@@ -619,7 +622,8 @@ def from_pgread(reading, unreadable: str | None, default_schema) -> Access:
     return Access(None, tables, tuple(sorted(table_functions)), tuple(sorted(denied)), tuple(sorted(user)),
                   tuple(sorted(calls)), tuple(sorted(side)), reading.kind == "ExplainStmt",
                   fields=tuple(sorted(reading.fields)), casts=casts,
-                  types=tuple(sorted({qualified for qualified, _, _ in written})), type_names=written)
+                  types=tuple(sorted({qualified for qualified, _, _ in written})), type_names=written,
+                  operators=reading.operators)
 
 
 def _pg_types(type_names, default_schema: str) -> tuple[tuple[str, ...], tuple[tuple[str, str | None, str], ...]]:

@@ -342,6 +342,10 @@ class Catalog:
               that isn't the engine's own is judged as a table.
     bare_types: of those, the names an unqualified type name resolves to along the call's pinned search_path
               (pg_catalog, "<schema>", pg_temp): in "<schema>" and not in pg_catalog, whose types come first.
+    operators: PostgreSQL: names of the operators in "<schema>" (and any added to pg_catalog after initdb) whose
+              function is the database's own code (SQL or a procedural language, which may read any table or
+              write; an extension's C operators are the engine's): an unqualified operator of such a name may be
+              answered by it, whatever the arguments' types, so it is refused unless allowed_functions names it.
     """
 
     builtins: frozenset | None
@@ -349,6 +353,7 @@ class Catalog:
     projections: frozenset = frozenset()
     types: frozenset | None = None
     bare_types: frozenset = frozenset()
+    operators: frozenset = frozenset()
 
     def plain_type(self, schema: str | None, name: str) -> bool:
         """Whether a type name as written (schema '' when unqualified, None with a database part) is one of the

@@ -88,6 +88,9 @@ class Reading:
     # Every type the statement names (casts, column definition lists, RETURNING types), each as its name parts as
     # folded: the server looks each up in its catalog, as it looks up a table.
     types: tuple[tuple[str, ...], ...] = ()
+    # Every operator the statement names (`a + b`, `x = ANY (...)`, `ORDER BY x USING <`, `OPERATOR(s.+)`), as
+    # (schema as written or '', name): the server resolves each along the search_path to a function.
+    operators: tuple[tuple[str, str], ...] = ()
 
 
 def _decode(text: str):
@@ -121,7 +124,8 @@ def read(text: str) -> Reading:
     kind_op = ", ".join(sorted(walk.kind_ops))
     return Reading(None, len(statements), kind, query, frozenset(walk.ops), kind_op, tuple(sorted(walk.tables)),
                    tuple(sorted(walk.table_functions)), tuple(sorted(walk.functions - walk.table_functions)),
-                   tuple(sorted(walk.syntax)), frozenset(walk.names), frozenset(walk.fields), tuple(sorted(walk.types)))
+                   tuple(sorted(walk.syntax)), frozenset(walk.names), frozenset(walk.fields), tuple(sorted(walk.types)),
+                   tuple(sorted(walk.operators)))
 
 
 class _TooBig(Exception):
@@ -151,6 +155,11 @@ def references(text: str) -> tuple[list[Reference], frozenset[str]] | None:
     except _TooBig:
         return None
     return walk.references, frozenset(walk.cte_names)
+
+
+# The nodes that name an operator, and the field that holds its name (a list of strings: [schema,] name).
+_OPERATOR_FIELDS = {"A_Expr": "name", "SubLink": "operName", "SortBy": "useOp"}
+_COMPARISONS = ("<", "<=", ">", ">=")
 
 
 def _names(items) -> tuple[str, ...]:
@@ -183,6 +192,7 @@ class _Walk:
         self.names: set[str] = set()
         self.fields: set[str] = set()
         self.types: set[tuple[str, ...]] = set()
+        self.operators: set[tuple[str, str]] = set()
         self.cte_names: set[str] = set()
         self.nodes = 0
 
@@ -243,6 +253,15 @@ class _Walk:
                             self.ops.add(name + "()")
             elif node == "TypeName":
                 self.types.add(_names(fields.get("names")))
+            elif node in _OPERATOR_FIELDS:
+                name = fields.get(_OPERATOR_FIELDS[node])
+                if name:
+                    schema, op = _function_name(name)
+                    # BETWEEN is read as comparisons: its name is no operator's
+                    self.operators.update(((schema, o) for o in _COMPARISONS) if "BETWEEN" in op else ((schema, op),))
+            elif (node == "CaseExpr" and fields.get("arg")) or (node == "JoinExpr" and (fields.get("usingClause")
+                                                                                        or fields.get("isNatural"))):
+                self.operators.add(("", "="))     # CASE x WHEN v, JOIN ... USING / NATURAL: equality, unnamed
             elif node == "RangeFunction":
                 for item in fields.get("functions") or ():
                     for call in ((item.get("List") or {}).get("items") or ())[:1]:
@@ -274,6 +293,7 @@ class _Walk:
                     self.functions |= inner.functions
                     self.fields |= inner.fields
                     self.types |= inner.types     # planning still looks each type up
+                    self.operators |= inner.operators
                     self.nodes += inner.nodes
                     fields.pop("query", None)
             elif node not in _READS:

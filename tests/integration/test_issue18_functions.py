@@ -73,6 +73,15 @@ _PG_SETUP = [
     # ... and types whose text is read as a catalog name: a domain over regclass, a composite type holding one
     "CREATE DOMAIN objname AS regclass",
     "CREATE TYPE holder AS (r regclass)",
+    # an operator is a call of its function: a new name, an overload of a built-in's name, and a cast of the
+    # database's own code
+    "CREATE FUNCTION public.peek_op(int, int) RETURNS text LANGUAGE sql STABLE AS $$ SELECT v FROM vault $$",
+    "CREATE OPERATOR public.##> (LEFTARG = int, RIGHTARG = int, FUNCTION = public.peek_op)",
+    "CREATE FUNCTION public.peek_xor(int, text) RETURNS text LANGUAGE sql STABLE AS $$ SELECT v FROM vault $$",
+    "CREATE OPERATOR public.# (LEFTARG = int, RIGHTARG = text, FUNCTION = public.peek_xor)",
+    "CREATE TYPE wtyp AS (a int)",
+    "CREATE FUNCTION public.wtyp_text(wtyp) RETURNS text LANGUAGE sql STABLE AS $$ SELECT v FROM vault $$",
+    "CREATE CAST (wtyp AS text) WITH FUNCTION public.wtyp_text(wtyp)",
     "ANALYZE customers",
 ]
 _MYSQL_SETUP = [

@@ -23,6 +23,9 @@ _PG_SETUP = (
     # named like a side channel (has_*): judged as the user function it is
     "CREATE FUNCTION has_wipe() RETURNS int LANGUAGE sql VOLATILE AS 'DELETE FROM secret RETURNING 1'",
     "CREATE FUNCTION shout(t text) RETURNS text LANGUAGE sql AS 'SELECT upper(t)'",
+    # an operator is a call of its function
+    "CREATE FUNCTION wipe_op(int, int) RETURNS int LANGUAGE sql VOLATILE AS 'DELETE FROM secret RETURNING 1'",
+    "CREATE OPERATOR #@# (LEFTARG = int, RIGHTARG = int, FUNCTION = wipe_op)",
 )
 _MYSQL_SETUP = (
     "CREATE TABLE secret (id int PRIMARY KEY, token text)",
@@ -155,3 +158,14 @@ def test_leaving_postgresqls_read_only_mode_is_403(srv, sql):
     follow = srv.post("/execute_sql", {"sql": "SELECT count(*) AS n FROM secret", "connection_name": "postgres"},
                       key=srv.keys["read_only"])
     assert follow.status == 200 and follow.json == [{"n": 2}], follow
+
+
+@pytest.mark.parametrize("sql, code", [
+    ("INSERT INTO audit (note) SELECT CAST(1 #@# 1 AS text)", "function_not_allowed"),
+    ("INSERT INTO audit (note) SELECT 'x' WHERE 1 OPERATOR(public.#@#) 1 = 1", "function_not_allowed"),
+    ("SELECT 1 #@# 1 AS w", "read_only"),
+])
+def test_an_insert_only_keys_operator_is_a_call_of_its_function(srv, sql, code):
+    r = _call(srv, "postgres", "insert_only", sql)
+    assert r.status == 403 and r.json["code"] == code, r
+    assert _secret_rows(srv, "postgres") == 2

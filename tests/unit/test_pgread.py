@@ -150,3 +150,12 @@ def test_prepare_counts_what_the_parser_reads_and_keeps_the_keyword_rule():
     assert prepare("SELECT update FROM t", "postgres").write_ops == {"update"}
     # What is read is the text as sent: placeholders as $n.
     assert prepare("SELECT * FROM t WHERE a = :a AND b = '{b}'", "postgres").reading.failure is None
+
+
+def test_every_operator_a_statement_names_is_read():
+    # An operator is a call of its function: each spelling the server resolves along the search_path.
+    read = pgread.read("SELECT 1 ##> 2, a = ANY (SELECT b FROM u), x IN (1, 2), y LIKE 'a%', z BETWEEN 1 AND 2, "
+                       "1 OPERATOR(public.+) 1, CASE q WHEN 1 THEN 2 END FROM t JOIN s USING (id) ORDER BY x USING <")
+    assert set(read.operators) == {("", "##>"), ("", "="), ("", "~~"), ("", "<"), ("", "<="), ("", ">"),
+                                   ("", ">="), ("public", "+")}
+    assert pgread.read("WITH c AS (SELECT 1 #@# 1) SELECT * FROM c").operators == (("", "#@#"),)
