@@ -520,7 +520,8 @@ class RunHandlers:
                 # What the guard judged from the text must be all the statement writes: no user-defined function.
                 prepared = plan.prepared
                 acc = prepared.uses(default_schema(prepared.dialect, fields))
-                table_policy.narrowed_writes_verdict(acc, prepared.dialect, grants.allowed_functions,
+                table_policy.narrowed_writes_verdict(acc, prepared.dialect, prepared.write_ops,
+                                                     grants.allowed_functions,
                                                      self._function_catalog(plan, fields, None, acc))
             return None
         prepared = plan.prepared

@@ -140,7 +140,13 @@ def _granted(allowed_functions) -> frozenset:
     return frozenset(f.lower() for f in allowed_functions) if allowed_functions else frozenset()
 
 
-def narrowed_writes_verdict(acc: Access, dialect: str, allowed_functions=None,
+# Write operations of statements whose calls qag reads (rows changed or locked): a narrowed key's statement of only
+# these must be readable. Others (CREATE, ALTER, CALL, DO, ...) are never read for calls, and a key allowed them
+# runs what it defines or calls by design.
+_ROW_WRITES = frozenset(("insert", "update", "delete", "replace", "merge", "lock"))
+
+
+def narrowed_writes_verdict(acc: Access, dialect: str, write_ops: frozenset, allowed_functions=None,
                             catalog: functions.Catalog | None = None) -> None:
     """For a key whose allowed_write_ops narrow its writes (and that has no allowed_tables: verdict() covers those),
     in a call that may write (one whose statement writes nothing runs read-only: RunHandlers.writes_allowed): the
@@ -148,9 +154,11 @@ def narrowed_writes_verdict(acc: Access, dialect: str, allowed_functions=None,
     built-ins and the functions allowed_functions names, never a denied one (403 function_not_allowed). A
     user-defined function's writes are not the statement's: an insert-only key's `INSERT INTO log SELECT wipe()`
     would delete. Side channels stay open to it, as to any key without an allow-list, but a user function named
-    like one is judged as a call. A statement whose calls can't all be read (the catalog, too large or deep to
-    read) is refused: what it calls is unknown."""
+    like one is judged as a call. A statement of row writes whose calls can't all be read (the catalog, too large
+    or deep to read) is refused: what it calls is unknown. `write_ops`: the guard's reading of the statement."""
     if acc.failure is not None:
+        if not write_ops <= _ROW_WRITES:
+            return      # DDL, CALL, DO...: operations the guard found allowed, never read for calls
         raise QagError("function_not_allowed", "This API key may only write what its statement says, and the "
                                                "functions this statement calls can't be read (it reads the "
                                                "server's catalog, or is too large or deep to read): send fewer "
@@ -159,12 +167,10 @@ def narrowed_writes_verdict(acc: Access, dialect: str, allowed_functions=None,
     for name in acc.side:
         if not name.startswith("@@") and name not in granted and not functions.allowed_builtin("", name, dialect,
                                                                                                 catalog):
-            raise QagError("function_not_allowed", f"This API key may not call {name}(): it is not a known "
-                                                   f"built-in function and allowed_functions doesn't name it")
+            raise QagError("function_not_allowed", _not_builtin(name))
     for name in acc.table_functions:
         if name not in granted:
-            raise QagError("function_not_allowed", f"This API key may not call {name}(): it is not a known "
-                                                   f"built-in function and allowed_functions doesn't name it")
+            raise QagError("function_not_allowed", _not_builtin(name))
     _functions_verdict(acc, dialect, granted, catalog, channels=False)
 
 
@@ -202,7 +208,9 @@ def _functions_verdict(acc: Access, dialect: str, granted: frozenset, catalog, c
     for schema, name in acc.operators:
         # An operator is a call of its function: one of the database's own (SQL or PL code that may read any table
         # or write) answers a name its schema defines, whatever the arguments' types make PostgreSQL pick.
-        if schema != "pg_catalog" and name not in granted and (schema or (catalog is not None and name in catalog.operators)):
+        if schema == "pg_catalog" or name in granted:
+            continue
+        if schema or (catalog is not None and name in catalog.operators):
             raise QagError("function_not_allowed", f"This API key may not use the operator {name}: it is not one "
                                                    f"of the engine's own operators that nothing else can answer, and "
                                                    f"allowed_functions doesn't name it")

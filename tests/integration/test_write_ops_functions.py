@@ -85,6 +85,8 @@ def srv():
             "insert_granted": s.key("insert_granted", connections="*", allow_writes=True,
                                     allowed_write_ops=["insert"], allowed_functions=["wipe_secret"]),
             "read_only": s.key("read_only", connections="*"),
+            "insert_create": s.key("insert_create", connections="*", allow_writes=True,
+                                   allowed_write_ops=["insert", "create"]),
         }
         yield s
     finally:
@@ -169,3 +171,11 @@ def test_an_insert_only_keys_operator_is_a_call_of_its_function(srv, sql, code):
     r = _call(srv, "postgres", "insert_only", sql)
     assert r.status == 403 and r.json["code"] == code, r
     assert _secret_rows(srv, "postgres") == 2
+
+
+@pytest.mark.parametrize("dialect", ["postgres", "mysql"])
+def test_a_key_allowed_ddl_still_runs_it(srv, dialect):
+    # DDL is never read for calls (no reading covers it): a key allowed CREATE creates, as before.
+    r = _call(srv, dialect, "insert_create", "CREATE TABLE made_by_a_key (a int)")
+    assert r.status == 200, r
+    assert _RUN[dialect](srv.fields[dialect], ("SELECT count(*) FROM made_by_a_key",)) == [(0,)]
