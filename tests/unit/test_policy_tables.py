@@ -413,6 +413,7 @@ def test_only_qag_errors(sql, dialect):
 @pytest.mark.parametrize("dialect, sql", [
     ("sqlite", "VALUES (1), (2)"),
     ("sqlite", "values (1), (2) union all select 3"),
+    pytest.param("postgres", "WITH c AS (SELECT 1) VALUES (1), (2)", marks=needs_pglast),
     ("mysql", "VALUES ROW(1), ROW(2)"),
     pytest.param("postgres", "VALUES (1, 'a')", marks=needs_pglast),
 ])
