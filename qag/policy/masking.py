@@ -27,9 +27,11 @@ from fnmatch import fnmatchcase
 from functools import lru_cache
 from itertools import count
 
+from ..backends.base import default_schema as server_default_schema
 from ..backends.base import other_text_reading, text_read_by_default
 from ..errors import QagError
 from ..sql import lexer
+from ..sql.access import ExactSchema, is_exact
 from ..sql.lineage import DIALECTS, Schema, Source, Unresolvable
 from ._source_mask import (CHANGING, FUNCTIONS, IPAD, OPAD, OWN_HASH, OWN_IPAD, OWN_OPAD, PADS, SQLITE_HASH,
                            SQLITE_MASK, SQLITE_OWN_HASH, SourceMask, rewrite)
@@ -395,7 +397,8 @@ class Masking:
             if item is not None and item[1] == raw:
                 item[2], item[3] = read_at, False   # unchanged: same generation, traced plans stay warm
                 return item[0]
-        schema = Schema(raw, dialect, default_schema(dialect, fields, database))
+        schema = Schema(raw, dialect, default_schema(dialect, fields, database),
+                        exact=dialect == "mysql" and is_exact(server_default_schema(dialect, fields)))
         schema.generation = next(self._generations)
         with self._lock:
             self._schemas[key] = [schema, raw, read_at, False]
@@ -409,7 +412,7 @@ def at_source(prepared, schema: Schema, rules: tuple) -> SourceMask | None:
     """The statement with each table that has a masked column read through masked values (_source_mask), or
     None when it reads none. Raises Unresolvable where that can't be shown to cover the statement."""
     def columns(schema_name: str, table: str):
-        return schema.columns.get((schema_name.lower(), table.lower()))
+        return schema.columns.get((schema_name.lower(), table.lower())) if schema.lists(schema_name, table) else None
 
     def action(schema_name: str, table: str, column: str):
         return source_action(Source(schema_name, table, column, (schema_name, table) in schema.views), rules)
@@ -455,13 +458,13 @@ def _check_tables_listed(prepared, schema: Schema):
     the engine's own parser on PostgreSQL, every way the server may read quotes and backslashes elsewhere, CTEs
     scoped as the engine scopes them), writes and every clause included; that reading is returned. The rewrite can
     wrap only a listed table; the trace checks its own scopes too, but sqlglot builds none for some clauses (a set
-    operation's ORDER BY)."""
-    uses = prepared.uses(schema.default or "")
+    operation's ORDER BY). On a server that compares names exactly, they are read and compared as written."""
+    uses = prepared.uses(ExactSchema(schema.default or "") if schema.exact else schema.default or "")
     if uses.failure is not None:
         raise Unresolvable("the tables it reads can't be read for certain")
     for table in uses.tables:
         database, _, name = table.rpartition(".")
-        if (database.lower(), name.lower()) not in schema.columns:
+        if not schema.lists(database, name):
             raise Unresolvable(f"{name} is not a table of the connection's schema: its columns can't be masked")
     return uses
 

@@ -51,15 +51,16 @@ class Output(NamedTuple):
 class Schema:
     """A connection's schema compiled for qualification: built once per schema read, shared read-only."""
 
-    __slots__ = ("mapping", "views", "default", "dialect", "generation", "columns")
+    __slots__ = ("mapping", "views", "default", "dialect", "generation", "columns", "exact", "listed")
 
-    def __init__(self, raw: dict, dialect: str, default: str | None):
+    def __init__(self, raw: dict, dialect: str, default: str | None, exact: bool = False):
         from sqlglot.schema import MappingSchema  # noqa: PLC0415 - import cost only where masking is used
         nested: dict = {}
         views = set()
         # (schema, table) lower-case → [(column, declared type)], for masking at the source (policy/_source_mask)
         self.columns: dict[tuple[str, str], list[tuple[str, str]]] = {}
         written: dict[tuple[str, str], tuple[str, str]] = {}
+        listed = set()
         clashing = set()
         for table in raw.get("tables", ()):
             schema = str(table.get("schema") or default or "")
@@ -71,6 +72,7 @@ class Schema:
             if written.setdefault(key, (schema, name)) != (schema, name):
                 clashing.add(key)
             nested.setdefault(schema, {})[name] = columns
+            listed.add((schema, name))
             self.columns[key] = [(str(c["name"]), str(c.get("type") or "")) for c in table.get("columns", ())]
             if table.get("type") == "view":
                 views.add(key)
@@ -89,7 +91,17 @@ class Schema:
         self.mapping = MappingSchema(nested, dialect=self.dialect) if nested else None
         self.views = frozenset(views)
         self.default = default
+        # A MySQL/MariaDB server with lower_case_table_names=0 compares database and table names exactly: there a
+        # table is known only as the server lists it (`Customers` is no table of a database holding `customers`).
+        self.exact = exact
+        self.listed = frozenset(key for key in listed if (key[0].lower(), key[1].lower()) not in clashing)
         self.generation = 0   # set by the cache that read it: traced plans are kept per generation
+
+    def lists(self, schema: str, table: str) -> bool:
+        """Whether the schema lists this table (with columns), its names compared as the server compares them."""
+        if self.exact:
+            return (schema, table) in self.listed
+        return (schema.lower(), table.lower()) in self.columns
 
 
 def trace(sql: str, schema: Schema) -> tuple[Output, ...]:

@@ -324,6 +324,26 @@ def test_mysql_databases_differing_only_in_case_are_never_traced_with_each_other
     assert adhoc(srv, "mysql", both, key="plain").status == 200
 
 
+def test_mysql_a_table_named_in_another_case_than_the_servers_is_refused_before_it_runs(srv, mysql_db):
+    """On a server that compares names exactly (lower_case_table_names=0, Linux's default), `Customers` is no table
+    of a database holding `customers`: the masked caller's statement is refused as one naming a table the schema
+    doesn't list (403), before it runs, as docs/masking.md says; it reached the server and came back 500
+    query_failed. The plain key still gets the server's own refusal."""
+    database = mysql_db["database"]
+    for sql in ("SELECT name FROM Customers", "SELECT c.name FROM CUSTOMERS c",
+                f"SELECT name FROM `{database}`.Customers", f"SELECT name FROM `{database.upper()}`.customers",
+                "SELECT name FROM customers WHERE id IN (SELECT customer_id FROM Orders)"):
+        r = adhoc(srv, "mysql", sql)
+        assert r.status == 403 and r.json["code"] == "mask_unresolvable", (sql, r)
+        assert "detail" not in r.json
+        plain = adhoc(srv, "mysql", sql, key="plain")
+        assert plain.status == 500 and plain.json["code"] == "query_failed", (sql, plain)
+    # Named as the server lists them, the same statements run, masked.
+    r = adhoc(srv, "mysql", f"SELECT email FROM `{database}`.customers c WHERE id IN (SELECT customer_id FROM orders) "
+                            f"ORDER BY id")
+    assert r.status == 200 and r.json and all(HEX16.match(row["email"]) for row in r.json), r
+
+
 def test_mysql_dual_and_ctes_need_no_table(srv):
     rules = [{"column": "customers.email", "action": "hash"}]
     assert adhoc(srv, "mysql", "SELECT 1 AS one FROM DUAL", mask=rules).json == [{"one": 1}]
