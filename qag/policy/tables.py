@@ -57,9 +57,7 @@ def verdict(acc: Access, dialect: str, default_schema: str, allowed_tables, allo
     if allowed_tables is None:
         return
     grants = qualified_grants(frozenset(allowed_tables), default_schema, dialect)
-    if acc.failure is not None or acc.values:
-        # A VALUES statement: the contract's list of statements a restricted key can't run (6.2), though a row
-        # without a subquery reads no table; a masked key's constants need no rule (6.3), so masked_verdict lets it.
+    if acc.failure is not None:
         if acc.failure == CATALOG and acc.tables:
             # The engine's catalog is never granted (it lists every table, its statements and statistics): named as
             # any table outside the allow-list is (contract 6.2), a grant that spells it left out of the list.

@@ -99,7 +99,6 @@ class Access:
     side: tuple[str, ...] = ()        # side-channel built-ins and MySQL @@variables read (functions.side_channel)
     explain: bool = False             # EXPLAIN: the engine's estimates come from its statistics
     describes: bool = False           # only describes tables' shapes (DESCRIBE t, SHOW TABLES, SHOW COLUMNS)
-    values: bool = False              # a VALUES statement (contract 6.2 refuses it for a table-restricted key)
     # PostgreSQL: names read as a field of a row (pgread.Reading.fields), each a call f(x) if x has no column f;
     # verdict() judges those its catalog lists as one-argument functions (functions.Catalog.projections).
     fields: tuple[str, ...] = ()

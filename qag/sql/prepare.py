@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from qag.errors import QagError
@@ -112,18 +112,8 @@ class Prepared:
             else:
                 text, readings = _token_readings(self.sql, self.dialect, self.text_placeholders)
                 found = access.from_tokens(text, readings, self.dialect, default_schema)
-            if found.failure is None and self._values_statement():
-                found = replace(found, values=True)
             self._uses[default_schema] = found     # a race only reads twice
         return found
-
-    def _values_statement(self) -> bool:
-        """Whether the statement is a VALUES list, its CTEs first or not (`WITH c AS (...) VALUES (1)`)."""
-        if self.first_keyword != "with":
-            return self.first_keyword == "values"
-        sig = lexer.significant(lexer.tokenize(self.sql, self.dialect, text_placeholders=self.text_placeholders))
-        k = writes.first_word_index(sig)
-        return k >= 0 and writes.main_keyword(sig, k) == "values"
 
     def traceable_sql(self) -> str:
         """The statement for sqlglot's column lineage as qag's tokenizer reads it the engine's way: comments
