@@ -175,8 +175,11 @@ BUILTINS: dict[str, frozenset[str]] = {
     """.split()),
     # row: ROW(1, 2) and VALUES ROW(...) are the grammar's row constructor (an unquoted row(x) never calls a
     # stored function); a stored function named `row` is in the connection's Catalog.shadowed like any other.
+    # values, value: a row of a VALUES list (`IN (VALUES (1), (2))`, `WITH x AS (VALUES (1))`), which sqlglot reads
+    # as a call, and an upsert's `ON DUPLICATE KEY UPDATE n = VALUES(n)` / MariaDB's VALUE(n): reserved words, the
+    # grammar's own, never a stored function.
     "mysql": frozenset(_COMMON + """
-    row concat_ws field find_in_set format insert locate lcase ucase mid space strcmp substring_index soundex
+    row values value concat_ws field find_in_set format insert locate lcase ucase mid space strcmp substring_index soundex
     elt export_set make_set quote weight_string char_length oct bin conv crc32 rand truncate
     curdate curtime sysdate utc_date utc_time utc_timestamp date_add date_sub adddate subdate addtime subtime
     datediff timediff timestampadd timestampdiff date_format time_format str_to_date from_unixtime

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qag.errors import QagError
-from qag.policy.tables import CHECK_FAILED, check_tables, masked_verdict
+from qag.policy.tables import CHECK_FAILED, check_tables, masked_verdict, narrowed_writes_verdict
 from qag.sql.prepare import prepare
 
 DEFAULT = {"mysql": "crm", "postgres": "public", "sqlite": "main"}
@@ -442,3 +442,26 @@ def test_mysql_row_constructor_is_no_function_call():
     # ROW(...) is MySQL's row constructor, no stored function: a restricted key may compare rows with it.
     assert code("SELECT * FROM t WHERE (a, b) = ROW(1, 'a')", "mysql") is None
     assert code("SELECT * FROM (VALUES ROW(1), ROW(2)) AS v", "mysql") is None
+
+
+@pytest.mark.parametrize("sql", [
+    "INSERT INTO t (id, n) VALUES (1, 2) ON DUPLICATE KEY UPDATE n = VALUES(n)",
+    "INSERT INTO t (id, n) VALUES (1, 2) ON DUPLICATE KEY UPDATE n = VALUE(n) + 1",
+    "SELECT * FROM t WHERE id IN (VALUES (1), (2))",
+    "WITH x AS (VALUES (1)) SELECT * FROM x",
+    "VALUES (1) UNION VALUES (2)",
+])
+def test_mysql_values_rows_and_an_upserts_values_are_no_function_calls(sql):
+    # A VALUES list's rows (read by sqlglot as calls of `values`) and an upsert's VALUES(col) / MariaDB's VALUE(col)
+    # are MySQL's grammar: a restricted key writing its granted table, or an insert-only key's upsert, may use them.
+    assert code(sql, "mysql") is None
+    acc = prepare(sql, "mysql").uses(DEFAULT["mysql"])
+    narrowed_writes_verdict(acc, "mysql", frozenset(("insert", "update")))
+
+
+
+def test_mysql_a_stored_function_beside_values_is_still_judged():
+    assert code("INSERT INTO t (id) VALUES (1) ON DUPLICATE KEY UPDATE n = peek()", "mysql") == "function_not_allowed"
+    assert code("INSERT INTO t (id, n) VALUES (1, 2) ON DUPLICATE KEY UPDATE n = VALUES(n) + peek()",
+                "mysql") == "function_not_allowed"
+    assert code("SELECT * FROM t WHERE id IN (VALUES (peek()), (2))", "mysql") is not None
