@@ -369,10 +369,10 @@ def _statement_start(sig: list, dialect: str) -> int:
     if k < 0:
         raise _Uncheckable("no leading keyword")
     first = sig[k].value
-    if first in ("describe", "desc"):
-        raise _Uncheckable("DESCRIBE")
-    if first != "explain":
-        return 0
+    if first in ("describe", "desc") and dialect != "mysql":
+        raise _Uncheckable("DESCRIBE")          # no such statement there: never read as one
+    if first not in ("explain", "describe", "desc"):
+        return 0                                # MySQL's DESCRIBE and DESC of a statement are its EXPLAIN
     target = writes.explain_target(sig, k)
     if target >= len(sig):
         raise _Uncheckable("EXPLAIN of nothing")
@@ -381,6 +381,30 @@ def _statement_start(sig: list, dialect: str) -> int:
     if dialect == "mysql" and writes.is_table_description(sig, target):
         raise _Uncheckable("EXPLAIN table")
     return target
+
+
+def _described_table(sig: list, dialect: str) -> tuple[int, int] | None:
+    """MySQL's {DESCRIBE|DESC|EXPLAIN} tbl [col|'wild']: the slice of sig that names the table, else None."""
+    if dialect != "mysql":
+        return None
+    k = writes.first_word_index(sig, 0)
+    if k < 0 or sig[k].value not in ("describe", "desc", "explain") or not writes.is_table_description(sig, k + 1):
+        return None
+    dotted = k + 2 < len(sig) and sig[k + 2].kind == PUNCT and sig[k + 2].value == "."
+    return (k + 1, k + 4) if dotted else (k + 1, k + 2)
+
+
+def _walk_described(text: str, name: list, dialect: str, walk: _Walk) -> None:
+    """A described table is checked as a read of it (contract 6.2 lists DESCRIBE, MySQL's `EXPLAIN table` too,
+    among the statements whose tables can be checked): its name, as the tokenizer reads it, read by sqlglot in a
+    query of the table, so it is qualified, folded and matched exactly as a table the statement reads."""
+    try:
+        tree = sqlglot.parse_one("SELECT 1 FROM " + _parse_text(text, name, 0, dialect), read=_SQLGLOT[dialect])
+    except Exception:  # noqa: BLE001 - sqlglot's ParseError and anything else: refused as unreadable
+        raise _Uncheckable("unparseable") from None
+    if not isinstance(tree, exp.Select):
+        raise _Uncheckable("sqlglot reads a different kind of statement")
+    walk.run(tree)
 
 
 def _analyse_reading(text: str, tokens: list, dialect: str, walk: _Walk) -> None:
@@ -399,6 +423,10 @@ def _analyse_reading(text: str, tokens: list, dialect: str, walk: _Walk) -> None
                     raise _Uncheckable("nested too deep")
             elif t.value == ")":
                 depth -= 1
+    described = _described_table(sig, dialect)
+    if described:
+        _walk_described(text, sig[described[0]:described[1]], dialect, walk)
+        return
     start = _statement_start(sig, dialect)
     if start:
         walk.explain = True
