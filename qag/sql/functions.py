@@ -179,7 +179,8 @@ BUILTINS: dict[str, frozenset[str]] = {
     # as a call, and an upsert's `ON DUPLICATE KEY UPDATE n = VALUES(n)` / MariaDB's VALUE(n): reserved words, the
     # grammar's own, never a stored function.
     "mysql": frozenset(_COMMON + """
-    row values value concat_ws field find_in_set format insert locate lcase ucase mid space strcmp substring_index soundex
+    row values value concat_ws field find_in_set format insert locate lcase ucase mid space strcmp substring_index
+    soundex
     elt export_set make_set quote weight_string char_length oct bin conv crc32 rand truncate
     curdate curtime sysdate utc_date utc_time utc_timestamp date_add date_sub adddate subdate addtime subtime
     datediff timediff timestampadd timestampdiff date_format time_format str_to_date from_unixtime

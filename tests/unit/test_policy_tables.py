@@ -474,7 +474,8 @@ def test_mysql_a_stored_function_beside_values_is_still_judged():
     ("DESCRIBE secret", "table_not_allowed"), ("DESC crm.secret", "table_not_allowed"),
     ("EXPLAIN secret", "table_not_allowed"), ("DESC billing.customer", "table_not_allowed"),
     ("DESCRIBE information_schema.tables", "table_not_allowed"), ("DESCRIBE mysql.user", "table_not_allowed"),
-    ("DESCRIBE SELECT * FROM secret", "table_not_allowed"), ("DESC SELECT * FROM customer, secret", "table_not_allowed"),
+    ("DESCRIBE SELECT * FROM secret", "table_not_allowed"),
+    ("DESC SELECT * FROM customer, secret", "table_not_allowed"),
     ("DESCRIBE EXPLAIN SELECT 1", "table_check_failed"), ("DESCRIBE", "table_check_failed"),
 ])
 def test_mysql_describe_is_checked_as_a_read_of_its_table(sql, expected):
