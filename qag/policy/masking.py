@@ -31,7 +31,7 @@ from ..backends.base import default_schema as server_default_schema
 from ..backends.base import other_text_reading, text_read_by_default
 from ..errors import QagError
 from ..sql import lexer
-from ..sql.access import ExactSchema, is_exact
+from ..sql.access import ExactSchema, is_exact, sqlite_in_table
 from ..sql.lineage import DIALECTS, Schema, Source, Unresolvable
 from ._source_mask import (CHANGING, FUNCTIONS, IPAD, OPAD, OWN_HASH, OWN_IPAD, OWN_OPAD, PADS, SQLITE_HASH,
                            SQLITE_MASK, SQLITE_OWN_HASH, SourceMask, rewrite)
@@ -420,13 +420,13 @@ def at_source(prepared, schema: Schema, rules: tuple) -> SourceMask | None:
     # Bound or text ({name}): the pads are bound under these names and take the place of a caller's value.
     if any(name.lower() in PADS for name in prepared.placeholders):
         raise Unresolvable(f"the placeholder names {', '.join(PADS)} are the gateway's own")
+    if prepared.dialect == "sqlite" and _sqlite_in_table(prepared.sql):
+        raise Unresolvable("SQLite's `IN table` reads a table no reader of the statement sees as one")
     uses = _check_tables_listed(prepared, schema)
     # SQLite: masking's functions are registered on the call's connection; a caller's call of one would hash (with
     # the administrators' key) a value of its choosing.
     if any(name.rpartition(".")[2] in FUNCTIONS for name in (*uses.user_functions, *(n for _, n in uses.calls))):
         raise Unresolvable(f"the function names {', '.join(FUNCTIONS)} are the gateway's own")
-    if prepared.dialect == "sqlite" and _sqlite_in_table(prepared.sql):
-        raise Unresolvable("SQLite's `IN table` reads a table no reader of the statement sees as one")
     if prepared.write_ops and any(a in CHANGING for _, a in rules):
         _check_write(uses, schema, action)
     source = rewrite(prepared, columns, action, schema.default)
@@ -470,12 +470,8 @@ def _check_tables_listed(prepared, schema: Schema):
 
 
 def _sqlite_in_table(sql: str) -> bool:
-    """SQLite's `expr IN table` (and `IN schema.table`): `IN` followed by a name rather than a parenthesis. The
-    engine reads the table's rows; sqlglot and the table check read a column, so the rewrite would never wrap it."""
-    words = lexer.significant(lexer.tokenize(sql, "sqlite"))
-    return any(token.kind == lexer.WORD and token.value == "in" and (
-        i + 1 == len(words) or not (words[i + 1].kind == lexer.PUNCT and words[i + 1].value == "("))
-        for i, token in enumerate(words))
+    """SQLite's `expr IN table` (access.sqlite_in_table): the rewrite would never wrap the table it reads."""
+    return sqlite_in_table(lexer.significant(lexer.tokenize(sql, "sqlite")))
 
 
 def source_functions(hasher: Hasher, own_hasher: Hasher | None = None) -> tuple:

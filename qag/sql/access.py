@@ -383,6 +383,15 @@ def _statement_start(sig: list, dialect: str) -> int:
     return target
 
 
+def sqlite_in_table(sig: list) -> bool:
+    """SQLite's `expr IN table` (and `IN schema.table`, `IN table_function(...)`): `IN` followed by a name rather
+    than a parenthesis. The engine reads the table's rows; sqlglot reads a column, so no reader of the statement
+    would see the table (SQLite's authorizer still refuses it to a restricted key; this refuses it first)."""
+    return any(token.kind == WORD and token.value == "in" and (
+        i + 1 == len(sig) or not (sig[i + 1].kind == PUNCT and sig[i + 1].value == "("))
+        for i, token in enumerate(sig))
+
+
 def _described_table(sig: list, dialect: str) -> tuple[int, int] | None:
     """MySQL's {DESCRIBE|DESC|EXPLAIN} tbl [col|'wild']: the slice of sig that names the table, else None."""
     if dialect != "mysql":
@@ -423,6 +432,8 @@ def _analyse_reading(text: str, tokens: list, dialect: str, walk: _Walk) -> None
                     raise _Uncheckable("nested too deep")
             elif t.value == ")":
                 depth -= 1
+    if dialect == "sqlite" and sqlite_in_table(sig):
+        raise _Uncheckable("SQLite's IN table")
     described = _described_table(sig, dialect)
     if described:
         _walk_described(text, sig[described[0]:described[1]], dialect, walk)

@@ -492,3 +492,20 @@ def test_describe_reads_names_as_the_server_compares_them():
     # Elsewhere there is no DESCRIBE statement: never read as one.
     assert code("DESCRIBE t", "postgres") == "table_check_failed"
     assert code("DESCRIBE t", "sqlite") == "table_check_failed"
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM t WHERE id IN secret", "SELECT * FROM t WHERE id NOT IN main.secret",
+    "VALUES ('jewels' IN secret)", "SELECT (1, 'x') IN secret2 FROM t", "SELECT * FROM t WHERE id IN t",
+    "SELECT * FROM t WHERE id IN pragma_table_info('t')",
+])
+def test_sqlite_in_table_is_refused_by_the_table_check_itself(sql):
+    # `expr IN table` reads the table's rows, where sqlglot reads a column: the check can't see it, so the statement
+    # is uncheckable (SQLite's authorizer also refuses a table outside the allow-list; this refuses before it runs).
+    assert code(sql, "sqlite") == "table_check_failed"
+
+
+def test_sqlite_in_a_list_or_subquery_stays_checkable():
+    assert code("SELECT * FROM t WHERE id IN (1, 2)", "sqlite") is None
+    assert code("SELECT * FROM t WHERE id IN (SELECT id FROM t)", "sqlite") is None
+    assert code("SELECT * FROM t WHERE id IN (SELECT id FROM secret)", "sqlite") == "table_not_allowed"
