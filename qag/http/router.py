@@ -23,6 +23,7 @@ class Route:
 
 # A template segment's kind, read once when the route is added (_pattern) instead of from its text on every match.
 _LITERAL, _TEXT, _INT = range(3)
+_INT_DIGITS = 100           # the longest <int:> segment that binds
 
 
 def _pattern(template: tuple[str, ...]) -> tuple[tuple[int, str], ...]:
@@ -97,8 +98,9 @@ def _bind(pattern: tuple[tuple[int, str], ...], segments: list[str]) -> dict[str
                 return None
             params[text] = segment
         else:
-            # 18 digits always fit a 64-bit integer; longer is no version or id anyone has.
-            if not segment.isdigit() or not segment.isascii() or len(segment) > 18:
+            # Any whole number binds (a version that can't exist is the handler's 404 version_not_found, as the
+            # contract says of one that doesn't), up to _INT_DIGITS digits: int() of a longer text costs more.
+            if not segment.isdigit() or not segment.isascii() or len(segment) > _INT_DIGITS:
                 return None
             params[text] = int(segment)
     return params

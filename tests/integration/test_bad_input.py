@@ -125,9 +125,15 @@ def test_huge_version_and_page_numbers(server, echo):
     for path, status, code in [(q(echo) + "?version=-99999999999999999999", 404, "version_not_found"),
                                (q(echo) + "?version=99999999999999999999", 404, "version_not_found"),
                                (q(echo) + "?v=1&page=99999999999999999999", 400, "invalid_paging"),
-                               (f"/api/v1/queries/{echo}/versions/{'9' * 30}", 404, "not_found")]:
+                               # contract 3.3/5.3: a version that doesn't exist, however large its number
+                               (f"/api/v1/queries/{echo}/versions/{'9' * 30}", 404, "version_not_found"),
+                               (f"/api/v1/queries/{echo}/versions/{'9' * 30}/flow", 404, "version_not_found"),
+                               (f"/api/v1/queries/{echo}/versions/{'9' * 101}", 404, "not_found")]:
         r = server.get(path)
         assert r.status == status and r.json["code"] == code, (path, r)
+    for method, body in (("DELETE", None), ("PATCH", {"cache_ttl": 5})):
+        r = server.request(method, f"/api/v1/queries/{echo}/versions/{'9' * 25}", body=body)
+        assert r.status == 404 and r.json["code"] == "version_not_found", (method, r)
     _good(server, echo)
 
 
