@@ -385,11 +385,42 @@ def _statement_start(sig: list, dialect: str) -> int:
 
 def sqlite_in_table(sig: list) -> bool:
     """SQLite's `expr IN table` (and `IN schema.table`, `IN table_function(...)`): `IN` followed by a name rather
-    than a parenthesis. The engine reads the table's rows; sqlglot reads a column, so no reader of the statement
-    would see the table (SQLite's authorizer still refuses it to a restricted key; this refuses it first)."""
-    return any(token.kind == WORD and token.value == "in" and (
-        i + 1 == len(sig) or not (sig[i + 1].kind == PUNCT and sig[i + 1].value == "("))
-        for i, token in enumerate(sig))
+    than a parenthesis. The engine reads the table's rows where sqlglot reads a column."""
+    return bool(_sqlite_in_sources(sig))
+
+
+def _sqlite_in_sources(sig: list) -> list[tuple[int, int]]:
+    """Where each SQLite `IN <table>` names its table: (first, end) character offsets of the name, with a table
+    function's parenthesised arguments; a name that doesn't follow the grammar's shape ends at `IN` (unreadable)."""
+    found = []
+    n = len(sig)
+    for i, token in enumerate(sig):
+        if token.kind != WORD or token.value != "in" or (i + 1 < n and sig[i + 1].kind == PUNCT
+                                                           and sig[i + 1].value == "("):
+            continue
+        j = i + 1
+        if j < n and sig[j].kind in (WORD, QIDENT):
+            j += 1
+            if j + 1 < n and sig[j].kind == PUNCT and sig[j].value == "." and sig[j + 1].kind in (WORD, QIDENT):
+                j += 2
+            if j < n and sig[j].kind == PUNCT and sig[j].value == "(":
+                depth = 0
+                while j < n:
+                    if sig[j].kind == PUNCT and sig[j].value in "()":
+                        depth += 1 if sig[j].value == "(" else -1
+                    j += 1
+                    if depth == 0:
+                        break
+        found.append((sig[i + 1].start if i + 1 < n else token.end, sig[j - 1].end if j > i + 1 else token.end))
+    return found
+
+
+def _walk_sqlite_in(text: str, tokens: list, sig: list, walk: _Walk) -> None:
+    """Each SQLite `IN <table>` is a read of that table (or table function), checked as `FROM` would check it."""
+    for first, end in _sqlite_in_sources(sig):
+        if first >= end:
+            raise _Uncheckable("SQLite's IN with no table after it")
+        _walk_read_of(text, [t for t in tokens if first <= t.start and t.end <= end], "sqlite", walk)
 
 
 def _described_table(sig: list, dialect: str) -> tuple[int, int] | None:
@@ -403,12 +434,12 @@ def _described_table(sig: list, dialect: str) -> tuple[int, int] | None:
     return (k + 1, k + 4) if dotted else (k + 1, k + 2)
 
 
-def _walk_described(text: str, name: list, dialect: str, walk: _Walk) -> None:
-    """A described table is checked as a read of it (contract 6.2 lists DESCRIBE, MySQL's `EXPLAIN table` too,
-    among the statements whose tables can be checked): its name, as the tokenizer reads it, read by sqlglot in a
-    query of the table, so it is qualified, folded and matched exactly as a table the statement reads."""
+def _walk_read_of(text: str, source: list, dialect: str, walk: _Walk) -> None:
+    """The tokens of a table reference (a described table, SQLite's `IN <table>`) checked as a read of it: read
+    by sqlglot in a query of it, so the name is qualified, folded and matched exactly as a table a statement reads,
+    and a table function is judged as one in `FROM`."""
     try:
-        tree = sqlglot.parse_one("SELECT 1 FROM " + _parse_text(text, name, 0, dialect), read=_SQLGLOT[dialect])
+        tree = sqlglot.parse_one("SELECT 1 FROM " + _parse_text(text, source, 0, dialect), read=_SQLGLOT[dialect])
     except Exception:  # noqa: BLE001 - sqlglot's ParseError and anything else: refused as unreadable
         raise _Uncheckable("unparseable") from None
     if not isinstance(tree, exp.Select):
@@ -432,11 +463,12 @@ def _analyse_reading(text: str, tokens: list, dialect: str, walk: _Walk) -> None
                     raise _Uncheckable("nested too deep")
             elif t.value == ")":
                 depth -= 1
-    if dialect == "sqlite" and sqlite_in_table(sig):
-        raise _Uncheckable("SQLite's IN table")
+    if dialect == "sqlite":
+        _walk_sqlite_in(text, tokens, sig, walk)
     described = _described_table(sig, dialect)
     if described:
-        _walk_described(text, sig[described[0]:described[1]], dialect, walk)
+        # contract 6.2 lists DESCRIBE (MySQL's `EXPLAIN table` too) among the statements whose tables are checked
+        _walk_read_of(text, sig[described[0]:described[1]], dialect, walk)
         return
     start = _statement_start(sig, dialect)
     if start:

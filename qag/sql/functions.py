@@ -176,8 +176,9 @@ BUILTINS: dict[str, frozenset[str]] = {
     # row: ROW(1, 2) and VALUES ROW(...) are the grammar's row constructor (an unquoted row(x) never calls a
     # stored function); a stored function named `row` is in the connection's Catalog.shadowed like any other.
     # values, value: a row of a VALUES list (`IN (VALUES (1), (2))`, `WITH x AS (VALUES (1))`), which sqlglot reads
-    # as a call, and an upsert's `ON DUPLICATE KEY UPDATE n = VALUES(n)` / MariaDB's VALUE(n): reserved words, the
-    # grammar's own, never a stored function.
+    # as a call, and an upsert's `ON DUPLICATE KEY UPDATE n = VALUES(n)` / MariaDB's VALUE(n): unquoted, the
+    # grammar's own; quoted (`values`(n)) a stored function's call, refused through the connection's
+    # Catalog.shadowed like any other name a stored function takes.
     "mysql": frozenset(_COMMON + """
     row values value concat_ws field find_in_set format insert locate lcase ucase mid space strcmp substring_index
     soundex

@@ -464,7 +464,21 @@ def test_mysql_a_stored_function_beside_values_is_still_judged():
     assert code("INSERT INTO t (id) VALUES (1) ON DUPLICATE KEY UPDATE n = peek()", "mysql") == "function_not_allowed"
     assert code("INSERT INTO t (id, n) VALUES (1, 2) ON DUPLICATE KEY UPDATE n = VALUES(n) + peek()",
                 "mysql") == "function_not_allowed"
-    assert code("SELECT * FROM t WHERE id IN (VALUES (peek()), (2))", "mysql") is not None
+    assert code("SELECT * FROM t WHERE id IN (VALUES (1), (peek()))", "mysql") == "function_not_allowed"
+    assert code("VALUES (1) UNION VALUES (peek())", "mysql") == "function_not_allowed"
+
+
+def test_mysql_a_stored_function_named_values_is_judged_through_the_catalog():
+    # Quoted, `values`(x) and `value`(x) call a stored function of that name (unquoted they are the grammar's):
+    # the connection's catalog lists such a function as shadowing the name, so the call is refused.
+    from qag.policy.tables import verdict
+    from qag.sql.functions import Catalog
+    catalog = Catalog(None, frozenset({"values", "value"}))
+    for sql in ("SELECT `values`(a) FROM t", "SELECT `value`(a) FROM t",
+                "INSERT INTO t (a) VALUES (1) ON DUPLICATE KEY UPDATE a = `values`(a)"):
+        with pytest.raises(QagError) as refused:
+            verdict(prepare(sql, "mysql").uses(DEFAULT["mysql"]), "mysql", DEFAULT["mysql"], ["t"], None, catalog)
+        assert refused.value.code == "function_not_allowed", sql
 
 
 @pytest.mark.parametrize("sql, expected", [
@@ -494,15 +508,33 @@ def test_describe_reads_names_as_the_server_compares_them():
     assert code("DESCRIBE t", "sqlite") == "table_check_failed"
 
 
-@pytest.mark.parametrize("sql", [
-    "SELECT * FROM t WHERE id IN secret", "SELECT * FROM t WHERE id NOT IN main.secret",
-    "VALUES ('jewels' IN secret)", "SELECT (1, 'x') IN secret2 FROM t", "SELECT * FROM t WHERE id IN t",
-    "SELECT * FROM t WHERE id IN pragma_table_info('t')",
+@pytest.mark.parametrize("sql, expected", [
+    ("SELECT * FROM t WHERE id IN secret", "table_not_allowed"),
+    ("SELECT * FROM t WHERE id NOT IN main.secret", "table_not_allowed"),
+    ("SELECT * FROM t WHERE id IN /* c */ [secret]", "table_not_allowed"),
+    ("VALUES ('jewels' IN secret)", "table_not_allowed"),
+    ("SELECT (1, 'x') IN secret2 FROM t", "table_not_allowed"),
+    ("SELECT * FROM t WHERE id IN t AND id IN secret", "table_not_allowed"),
+    ("DELETE FROM t WHERE id IN secret", "table_not_allowed"),
+    ("SELECT * FROM t WHERE id IN pragma_table_info('t')", "table_not_allowed"),
+    ("SELECT * FROM t WHERE id IN 5", "table_check_failed"),
+    ("SELECT * FROM t WHERE id IN", "table_check_failed"),
+    ("SELECT * FROM t WHERE id IN t", None), ("SELECT * FROM t WHERE id NOT IN main.\"t\"", None),
+    ("SELECT * FROM t WHERE id IN generate_series(1, 3)", None),
 ])
-def test_sqlite_in_table_is_refused_by_the_table_check_itself(sql):
-    # `expr IN table` reads the table's rows, where sqlglot reads a column: the check can't see it, so the statement
-    # is uncheckable (SQLite's authorizer also refuses a table outside the allow-list; this refuses before it runs).
-    assert code(sql, "sqlite") == "table_check_failed"
+def test_sqlite_in_table_is_checked_as_a_read_of_that_table(sql, expected):
+    # `expr IN table` reads the table's rows, where sqlglot reads a column: the table check reads the name after IN
+    # as a table the statement reads (before, only SQLite's authorizer refused `'x' IN secret`).
+    assert code(sql, "sqlite") == expected
+
+
+def test_sqlite_in_table_leaves_keys_without_an_allow_list_alone():
+    # A key narrowed to some writes (no allowed_tables) may write with `IN table`: its calls are all read.
+    for sql in ("DELETE FROM t WHERE a IN s2", "UPDATE t SET a = 1 WHERE a NOT IN main.s2",
+                "INSERT INTO t (a) SELECT a FROM s WHERE a IN s2"):
+        acc = prepare(sql, "sqlite").uses(DEFAULT["sqlite"])
+        assert acc.failure is None and "main.s2" in acc.tables, (sql, acc)
+        narrowed_writes_verdict(acc, "sqlite", frozenset(("delete", "update", "insert")))
 
 
 def test_sqlite_in_a_list_or_subquery_stays_checkable():
