@@ -129,6 +129,8 @@ def encode_xml(columns: list[str], rows: list) -> bytes:
 # --- yaml ----------------------------------------------------------------------------------------------------
 def _yaml_value(value):
     kind = type(value)
+    if kind is _dt.datetime and value.tzinfo is not None:
+        return value.replace(tzinfo=None)   # the wall-clock time, its zone dropped, as in JSON (contract 0.2)
     if value is None or kind in (str, int, float, bool, _dt.datetime, _dt.date):
         return value
     if isinstance(value, Decimal):
@@ -169,6 +171,21 @@ def encode_xlsx(columns: list[str], rows: list) -> bytes:
     return out.getvalue()
 
 
+_EXCEL_EPOCH = _dt.datetime(1899, 12, 30)
+
+
+def excel_serial(value: _dt.datetime) -> float:
+    """A date and time as a number of Excel's 1900 date system: days since 1899-12-30, the time of day as a
+    fraction; before 1900-03-01 a day less, since Excel counts a 1900-02-29 that never was (1900-01-01 is 1,
+    1900-02-28 is 59, 1900-03-01 is 61). Dates before 1899-12-30 count back from it, as spreadsheet readers read
+    them. (XlsxWriter's own conversion is a day off before 1900 and for times of day in January and February 1900.)"""
+    delta = value - _EXCEL_EPOCH
+    days = delta.days
+    if 0 < days <= 60:
+        days -= 1
+    return days + (delta.seconds + delta.microseconds / 1e6) / 86400
+
+
 def _xlsx_cell(sheet, r: int, i: int, value, stamp, day, clock) -> None:
     if value is None:
         return
@@ -181,9 +198,9 @@ def _xlsx_cell(sheet, r: int, i: int, value, stamp, day, clock) -> None:
     elif isinstance(value, _dt.datetime):
         if value.tzinfo is not None:
             value = value.astimezone(_dt.timezone.utc).replace(tzinfo=None)
-        sheet.write_datetime(r, i, value, stamp)
+        sheet.write_number(r, i, excel_serial(value), stamp)
     elif isinstance(value, _dt.date):
-        sheet.write_datetime(r, i, value, day)
+        sheet.write_number(r, i, excel_serial(_dt.datetime(value.year, value.month, value.day)), day)
     elif isinstance(value, _dt.time):
         sheet.write_datetime(r, i, value.replace(tzinfo=None), clock)
     else:

@@ -167,3 +167,31 @@ def test_a_missing_library_is_format_unavailable_when_the_format_is_asked(monkey
         encode.check_format(fmt.upper())
     assert raised.value.code == "format_unavailable" and raised.value.status == 500
     assert encode.check_format("xml") == "xml" and encode.check_format("csv") == "csv"
+
+
+def _sheet_numbers(body: bytes) -> list[float]:
+    import re
+    import zipfile
+    xml = zipfile.ZipFile(io.BytesIO(body)).read("xl/worksheets/sheet1.xml").decode()
+    return [float(v) for v in re.findall(r"<c r=\"A\d+\"[^>]*><v>([^<]*)</v>", xml)]
+
+
+@pytest.mark.parametrize("value, serial", [
+    (dt.datetime(2024, 1, 1), 45292.0), (dt.date(2024, 1, 1), 45292.0), (dt.datetime(1900, 3, 1), 61.0),
+    # Excel's 1900 date system counts a 1900-02-29 that never was: a day less before 1900-03-01, times of day too
+    (dt.datetime(1900, 2, 28, 12), 59.5), (dt.datetime(1900, 1, 1, 8), 1 + 8 / 24), (dt.date(1900, 2, 28), 59.0),
+    (dt.datetime(1900, 1, 1, 8, tzinfo=dt.timezone(dt.timedelta(hours=-8))), 1 + 16 / 24),
+    # before the epoch, counted back from 1899-12-30 as spreadsheet readers read it (and QueryAPIGate 0.43 writes it)
+    (dt.date(1000, 1, 1), -328716.0), (dt.datetime(1899, 12, 31), 0.0),
+])
+def test_xlsx_dates_are_excels_day_numbers(value, serial):
+    _needs("xlsxwriter")
+    assert _sheet_numbers(formats.encode_xlsx(["d"], [(value,)])) == [pytest.approx(serial, abs=1e-9)]
+
+
+def test_yaml_drops_a_datetimes_zone_as_json_does():
+    yaml = _needs("yaml")
+    aware = dt.datetime(2024, 2, 29, 10, 34, 56, 123456, tzinfo=dt.timezone.utc)
+    body = formats.encode_yaml(["t"], [(aware,)])
+    assert body == b"- t: 2024-02-29 10:34:56.123456\n"
+    assert yaml.safe_load(body) == [{"t": dt.datetime(2024, 2, 29, 10, 34, 56, 123456)}]
