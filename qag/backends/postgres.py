@@ -136,6 +136,11 @@ _FORCED = (("DateStyle", b"ISO", lambda v: not v.startswith(b"ISO")),
 # Types psycopg 3 would load as objects (UUID, ip_address, ...) that psycopg2 gave as text: loaded as text, so
 # responses stay byte-for-byte what they were.
 _TEXT_TYPES = ("uuid", "inet", "cidr", "macaddr", "macaddr8", "money")
+# Read as PostgreSQL's own text, as psycopg2 (QueryAPIGate's driver) gives them: an anonymous record, `ROW(1, 'a',
+# NULL)` → "(1,a,)" (psycopg 3 parses it into a tuple of texts), and multiranges, `{[1,3),[5,7)}` (psycopg 3's
+# Multirange prints its ranges with spaces between), with their arrays.
+_RECORD_TYPES = ("record", "int4multirange", "int8multirange", "nummultirange", "datemultirange", "tsmultirange",
+                 "tstzmultirange")
 
 
 # ---------------------------------------------------------------- statements (pure)
@@ -451,12 +456,16 @@ _ADAPTERS: list = []
 
 
 def _adapters():
-    """psycopg's adapters with _TEXT_TYPES loaded as text and dates, times and intervals read leniently
-    (_datetime_loaders); made once, copied by each connection."""
+    """psycopg's adapters with _TEXT_TYPES and _RECORD_TYPES loaded as text and dates, times and intervals read
+    leniently (_datetime_loaders); made once, copied by each connection."""
     if not _ADAPTERS:
         adapters = psycopg.adapt.AdaptersMap(psycopg.adapters)
         for name in _TEXT_TYPES:
             adapters.register_loader(name, TextLoader)
+        for name in _RECORD_TYPES:
+            info = adapters.types[name]
+            adapters.register_loader(info.oid, TextLoader)
+            adapters.register_loader(info.array_oid, TextLoader)
         for name, loader in _datetime_loaders():
             adapters.register_loader(name, loader)
         _ADAPTERS.append(_Context(adapters))

@@ -450,6 +450,23 @@ def test_values_python_cant_hold_are_read_as_postgresqls_own_text(server, conn_n
     assert streamed.status == 200 and b'"bc": "4713-01-01 BC"' in streamed.body, streamed
 
 
+def test_records_and_multiranges_are_postgresqls_own_text(server, conn_name):
+    """An anonymous record and a multirange, with their arrays, as PostgreSQL writes them (and psycopg2,
+    QueryAPIGate's driver, gives them): psycopg 3 made a tuple of texts ("('1', 'a', None)") and ranges printed
+    with spaces between."""
+    sql = ("SELECT ROW(1, 'a', NULL) AS r, ROW('a b', 'c\"d', NULL, '') AS q, ARRAY[ROW(1, 'a')] AS rs, "
+           "'{[1,2],[5,6]}'::int4multirange AS m, '{[2024-01-01,2024-01-03)}'::datemultirange AS dm, "
+           "ARRAY['{[1,2]}'::int4multirange] AS ms, '[1,3)'::int4range AS plain_range")
+    expected = {"r": "(1,a,)", "q": '("a b","c""d",,"")', "rs": '{"(1,a)"}', "m": "{[1,3),[5,7)}",
+                "dm": "{[2024-01-01,2024-01-03)}", "ms": '{"{[1,3)}"}', "plain_range": "[1, 3)"}
+    r = server.post("/execute_sql", {"sql": sql, "connection_name": conn_name})
+    assert r.status == 200 and r.json == [expected], r
+    csv = server.post("/execute_sql", {"sql": sql, "connection_name": conn_name, "format": "csv"})
+    assert csv.status == 200 and b'"(1,a,)","(""a b"",""c""""d"",,"""")"' in csv.body, csv
+    streamed = server.post("/execute_sql?stream=true&format=ndjson", {"sql": sql, "connection_name": conn_name})
+    assert streamed.status == 200 and b'"m": "{[1,3),[5,7)}"' in streamed.body, streamed
+
+
 def test_the_admins_database_override_runs_the_call_there(server, conn_name, db):
     """Contract 10.1: a `database` override (admin) replaces the connection's database for this call."""
     def run(**body):
