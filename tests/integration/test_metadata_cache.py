@@ -228,9 +228,16 @@ def test_the_segment_survives_a_crashed_worker_and_leaves_nothing_behind(make_se
     master = server.proc.pid
     name, key_name, secret = _setup(server, uniq)
     (inode,) = _segment_inodes(master)
+    # Counted once both workers run: the master holds each one's descriptors (its heartbeat file and sockets)
+    # from its spawn, and on a loaded machine the second may still be starting when the first answered the setup.
+    deadline = time.monotonic() + 30
+    while True:
+        workers = _children(master)
+        if len(workers) == 2 and all(_segment_inodes(w) == {inode} for w in workers):
+            break
+        assert time.monotonic() < deadline, f"the workers did not both start: {workers}"
+        time.sleep(0.1)
     master_fds = len(os.listdir(f"/proc/{master}/fd"))
-    workers = _children(master)
-    assert len(workers) == 2 and all(_segment_inodes(w) == {inode} for w in workers)
     # Nothing in /dev/shm names the segment (it's a memfd, or a file unlinked at once).
     assert not any("metadata" in n for n in _shm_listing())
     victim = sorted(workers)[0]
