@@ -171,19 +171,31 @@ def encode_xlsx(columns: list[str], rows: list) -> bytes:
     return out.getvalue()
 
 
+def _utc(value: _dt.datetime) -> _dt.datetime:
+    """A zoned time as UTC without its zone; one whose UTC time Python has no date for (within its zone's offset of
+    the first or last day: PostgreSQL's 'infinity' in a zone west of UTC) is Python's earliest or latest time."""
+    try:
+        return value.astimezone(_dt.timezone.utc).replace(tzinfo=None)
+    except OverflowError:
+        return _dt.datetime.max if value.year > 1 else _dt.datetime.min
+
+
 _EXCEL_EPOCH = _dt.datetime(1899, 12, 30)
+_EXCEL_LAST = 2958465 + 86_399_999 / 86_400_000     # 9999-12-31 23:59:59.999, the last moment Excel shows
 
 
 def excel_serial(value: _dt.datetime) -> float:
     """A date and time as a number of Excel's 1900 date system: days since 1899-12-30, the time of day as a
     fraction; before 1900-03-01 a day less, since Excel counts a 1900-02-29 that never was (1900-01-01 is 1,
     1900-02-28 is 59, 1900-03-01 is 61). Dates before 1899-12-30 count back from it, as spreadsheet readers read
-    them. (XlsxWriter's own conversion is a day off before 1900 and for times of day in January and February 1900.)"""
+    them. (XlsxWriter's own conversion is a day off before 1900 and for times of day in January and February 1900.)
+    Whole milliseconds, as Excel keeps them (23:59:59.999999 would be read back as the next day), and never past
+    Excel's last moment (PostgreSQL's 'infinity' is read as Python's latest time)."""
     delta = value - _EXCEL_EPOCH
     days = delta.days
     if 0 < days <= 60:
         days -= 1
-    return days + (delta.seconds + delta.microseconds / 1e6) / 86400
+    return min(days + (delta.seconds * 1000 + delta.microseconds // 1000) / 86_400_000, _EXCEL_LAST)
 
 
 def _xlsx_cell(sheet, r: int, i: int, value, stamp, day, clock) -> None:
@@ -197,7 +209,7 @@ def _xlsx_cell(sheet, r: int, i: int, value, stamp, day, clock) -> None:
             sheet.write_number(r, i, number)
     elif isinstance(value, _dt.datetime):
         if value.tzinfo is not None:
-            value = value.astimezone(_dt.timezone.utc).replace(tzinfo=None)
+            value = _utc(value)
         sheet.write_number(r, i, excel_serial(value), stamp)
     elif isinstance(value, _dt.date):
         sheet.write_number(r, i, excel_serial(_dt.datetime(value.year, value.month, value.day)), day)

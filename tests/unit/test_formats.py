@@ -195,3 +195,17 @@ def test_yaml_drops_a_datetimes_zone_as_json_does():
     body = formats.encode_yaml(["t"], [(aware,)])
     assert body == b"- t: 2024-02-29 10:34:56.123456\n"
     assert yaml.safe_load(body) == [{"t": dt.datetime(2024, 2, 29, 10, 34, 56, 123456)}]
+
+
+@pytest.mark.parametrize("value, serial", [
+    # whole milliseconds: a microsecond before midnight stays on its day when read back
+    (dt.datetime(2024, 5, 5, 23, 59, 59, 999999), 45417 + 86_399_999 / 86_400_000),
+    # never past Excel's last moment, 9999-12-31 23:59:59.999 (PostgreSQL's 'infinity' is Python's latest time)
+    (dt.datetime.max, 2958465 + 86_399_999 / 86_400_000),
+    # a zoned time whose UTC time Python has no date for is its latest or earliest time, never a failed page
+    (dt.datetime(9999, 12, 31, 23, tzinfo=dt.timezone(dt.timedelta(hours=-5))), 2958465 + 86_399_999 / 86_400_000),
+    (dt.datetime(1, 1, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=5))), -693593.0),
+])
+def test_xlsx_dates_at_the_edges(value, serial):
+    _needs("xlsxwriter")
+    assert _sheet_numbers(formats.encode_xlsx(["d"], [(value,)])) == [pytest.approx(serial, abs=1e-9)]
