@@ -408,7 +408,7 @@ def _arrow_array(kind: str, values: list, arrow_type):
     elif kind == "decimal":
         values = [_scaled(i, v, arrow_type.scale) if v is not None else None for i, v in enumerate(values)]
     elif kind == "timestamptz":
-        values = [v.astimezone(_dt.timezone.utc) if v is not None else None for v in values]
+        values = [_utc(v).replace(tzinfo=_dt.timezone.utc) if v is not None else None for v in values]
     return pa.array(values, type=arrow_type)
 
 

@@ -209,3 +209,13 @@ def test_yaml_drops_a_datetimes_zone_as_json_does():
 def test_xlsx_dates_at_the_edges(value, serial):
     _needs("xlsxwriter")
     assert _sheet_numbers(formats.encode_xlsx(["d"], [(value,)])) == [pytest.approx(serial, abs=1e-9)]
+
+
+def test_parquet_takes_a_zoned_time_past_pythons_utc_range():
+    _needs("pyarrow.parquet")
+    import pyarrow.parquet as pq
+    late = dt.datetime(9999, 12, 31, 23, tzinfo=dt.timezone(dt.timedelta(hours=-5)))
+    soon = dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.timezone(dt.timedelta(hours=2)))
+    table = pq.read_table(io.BytesIO(formats.encode("parquet", ["t"], [(late,), (soon,)])))
+    got = [v.replace(tzinfo=None) for v in table.column("t").to_pylist()]
+    assert got == [dt.datetime.max, dt.datetime(2024, 1, 2, 1, 4, 5)]
