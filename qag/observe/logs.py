@@ -26,6 +26,27 @@ _ESCAPED = {c: f"\\u{c:04x}" for c in (*range(0x20), *range(0x7f, 0xa0), 0x2028,
     ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\t"}
 
 
+# Every worker writes to the same stderr (a pipe under systemd, Docker or a supervisor): a write of at most
+# PIPE_BUF bytes is never interleaved with another process's, a longer one may be, splicing a line of one worker
+# into another's. So a batch goes out in writes of whole lines of at most this many bytes (a longer line alone).
+_ATOMIC_BYTES = 4096
+
+
+def _whole_lines(lines: list[str]):
+    """The lines joined into chunks of at most _ATOMIC_BYTES UTF-8 bytes each, cut only between lines."""
+    chunk: list[str] = []
+    size = 0
+    for line in lines:
+        length = len(line) if line.isascii() else len(line.encode("utf-8", "replace"))
+        if chunk and size + length > _ATOMIC_BYTES:
+            yield "".join(chunk)
+            chunk, size = [], 0
+        chunk.append(line)
+        size += length
+    if chunk:
+        yield "".join(chunk)
+
+
 class _Handler(logging.Handler):
     """The `qag` logger's handler: the record goes to the queue as it is (formatted by the writer thread)."""
 
@@ -94,8 +115,9 @@ class LogWriter:
                 lines.append(self._format(time.time(), "ERROR", "qag", None, None,
                                           f"a log line could not be formatted: {exc!r}", None))
         stream = self.stream or sys.stderr
-        stream.write("".join(lines))
-        stream.flush()
+        for chunk in _whole_lines(lines):
+            stream.write(chunk)
+            stream.flush()
 
     def _line(self, item: tuple) -> str:
         kind = item[0]

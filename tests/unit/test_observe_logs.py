@@ -133,3 +133,28 @@ def test_the_log_writer_pauses_for_request_threads_every_64_lines(monkeypatch):
     assert len(pauses) == 3            # after lines 64, 128 and 192
     lines = out.getvalue().splitlines()
     assert [line.rsplit(" ", 5)[1] for line in lines] == [f"/q/n{i}" for i in range(200)]
+
+
+def test_a_batch_is_written_in_whole_lines_of_at_most_pipe_buf_bytes():
+    # Workers share stderr (a pipe): a write over PIPE_BUF (4096) bytes may be interleaved with another process's,
+    # splicing one worker's line into another's. Each write is whole lines, at most 4096 bytes (one longer line alone).
+    class Writes(io.StringIO):
+        def __init__(self):
+            super().__init__()
+            self.chunks: list[str] = []
+
+        def write(self, text):
+            self.chunks.append(text)
+            return super().write(text)
+
+    out = Writes()
+    w = LogWriter(load({"QAG_HOME": "/tmp"}))
+    w.install(out)
+    batch = [("req", 0.0, "r", "k", "GET", f"/q/n{i}/" + "é" * (i % 7), 200, 1.0, None) for i in range(300)]
+    batch.append(("req", 0.0, "r", "k", "GET", "/q/" + "x" * 6000, 200, 1.0, None))
+    w._write(batch, "")
+    assert len(out.chunks) > 1 and all(chunk.endswith("\n") for chunk in out.chunks)
+    sizes = [len(chunk.encode()) for chunk in out.chunks]
+    assert all(size <= 4096 for size in sizes[:-1]) and sizes[-1] > 6000 and out.chunks[-1].count("\n") == 1
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 301 and [line.rsplit(" ", 5)[1] for line in lines[:3]] == ["/q/n0/", "/q/n1/é", "/q/n2/éé"]
