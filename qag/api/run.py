@@ -541,7 +541,7 @@ class RunHandlers:
         cache: PostgreSQL for the schema the call's search_path pins (a masked call's is masking's), MySQL for
         the connection's database, and for a table-restricted call the PostgreSQL types that are no relation's row
         type. None when the statement calls and names nothing to judge or the backend keeps none."""
-        if acc.failure is not None or not (acc.calls or acc.fields or acc.operators
+        if acc.failure is not None or not (acc.calls or acc.fields or acc.operators or acc.grammar_calls
                                             or (acc.types and schema is not None)):
             return None
         read = getattr(self.gateway.backends.get(plan.connection["db"]), "functions", None)
@@ -749,7 +749,8 @@ def _may_write(prepared, fields: dict) -> bool:
     if acc.failure is not None or acc.user_functions or acc.table_functions or acc.denied:
         return True
     dialect = prepared.dialect
-    return any(not sql_functions.allowed_builtin(schema, name, dialect, None) for schema, name in acc.calls)
+    calls = (*acc.calls, *sql_functions.grammar_calls(acc.grammar_calls, None))
+    return any(not sql_functions.allowed_builtin(schema, name, dialect, None) for schema, name in calls)
 
 
 _COUNT_TEXTS = tuple(str(n) for n in range(1025))

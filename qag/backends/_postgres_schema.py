@@ -134,16 +134,17 @@ WHERE t.typisdefined AND n.nspname <> ALL($1) AND n.nspname NOT LIKE $2 AND n.ns
 
 def read_functions(backend, fields: dict, schema: str):
     """functions.Catalog for calls whose search_path is pg_catalog, "<schema>", pg_temp: function names, the
-    types that show no relation's columns (pg_catalog's own are functions.PG_TYPES) and the operators of the
-    database's own code."""
+    types that show no relation's columns (pg_catalog's own are functions.PG_TYPES), the operators of the
+    database's own code and the server's major version."""
     rows = backend.query_all(fields, _FUNCTIONS_SQL, (schema,)).rows
     operators = backend.query_all(fields, _OPERATORS_SQL, (schema,)).rows
     types = backend.query_all(fields, _TYPES_SQL, (["pg_catalog", "information_schema"], "pg\\_toast%",
                                                    "pg\\_temp\\_%", sorted(RESOLVING_TYPES))).rows
+    (major,), = backend.query_all(fields, "SELECT current_setting('server_version_num')::int / 10000", ()).rows
     return Catalog(frozenset(name for name, own, _ in rows if own),
                    frozenset(name for name, own, _ in rows if not own),
                    frozenset(name for name, _, one in rows if one),
                    frozenset((nspname, typname) for nspname, typname, _ in types),
                    frozenset(typname for nspname, typname, in_catalog in types
                              if nspname == schema and not in_catalog),
-                   frozenset(name for (name,) in operators))
+                   frozenset(name for (name,) in operators), major)

@@ -212,7 +212,7 @@ def _functions_verdict(acc: Access, dialect: str, granted: frozenset, catalog, c
             raise QagError("function_not_allowed", f"This API key may not use the operator {name}: it is not one "
                                                    f"of the engine's own operators that nothing else can answer, and "
                                                    f"allowed_functions doesn't name it")
-    for schema, name in acc.calls:
+    for schema, name in (*acc.calls, *functions.grammar_calls(acc.grammar_calls, catalog)):
         if functions.allowed_builtin(schema, name, dialect, catalog):
             continue
         written = f"{schema}.{name}" if schema else name

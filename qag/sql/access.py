@@ -115,6 +115,9 @@ class Access:
     # PostgreSQL: the operators the statement names, (schema as written or '', name); verdict() refuses one that
     # resolves to a function of the database's own (functions.Catalog.operators): an operator is a function call.
     operators: tuple[tuple[str, str], ...] = ()
+    # PostgreSQL: SQL/JSON constructs of the parser's grammar that a server older than the version given reads as
+    # a call of a function of that name (pgread.Reading.grammar_calls; functions.grammar_calls).
+    grammar_calls: tuple[tuple[str, int], ...] = ()
 
 
 # ------------------------------------------------------------------------------------------ statement text
@@ -693,7 +696,7 @@ def from_pgread(reading, unreadable: str | None, default_schema) -> Access:
                   tuple(sorted(calls)), tuple(sorted(side)), reading.kind == "ExplainStmt",
                   fields=tuple(sorted(reading.fields)), casts=casts,
                   types=tuple(sorted({qualified for qualified, _, _ in written})), type_names=written,
-                  operators=reading.operators)
+                  operators=reading.operators, grammar_calls=reading.grammar_calls)
 
 
 def _pg_types(type_names, default_schema: str) -> tuple[tuple[str, ...], tuple[tuple[str, str | None, str], ...]]:

@@ -56,7 +56,7 @@ _SIDE_PREFIXES: dict[str, tuple[str, ...]] = {
     # names roles (aclcontains(acl, 'r=r/postgres') reads its literal as one), acldefault shows owners' names.
     "postgres": ("pg_stat_", "pg_get_", "pg_show_", "pg_control_", "pg_relation_", "pg_current_wal_",
                  "pg_last_wal_", "pg_last_xact_", "pg_walfile_", "pg_xact_", "pg_identify_object", "to_reg",
-                 "has_", "acl", "hash_aclitem"),
+                 "has_", "acl", "hash_aclitem", "pg_event_trigger_"),
     "mysql": (),
     "sqlite": (),
 }
@@ -71,7 +71,7 @@ _SIDE: dict[str, frozenset[str]] = {
         "pg_table_size", "pg_indexes_size", "pg_total_relation_size", "pg_notification_queue_usage",
         "pg_available_extensions", "pg_available_extension_versions", "pg_cursor", "pg_prepared_statement",
         "pg_timezone_names", "pg_timezone_abbrevs", "pg_partition_tree", "pg_partition_ancestors",
-        "pg_partition_root", "pg_event_trigger_ddl_commands", "pg_options_to_table",
+        "pg_partition_root", "pg_options_to_table",
         # Catalog lookups by name or OID: each answers whether a table, type, function, schema or role exists
         # (an unknown name is an error or NULL, a known one a value), and some map an OID back to its name
         # (format_type(oid) is a table's name for its row type's OID). pg_typeof's regtype compares with a
@@ -80,6 +80,14 @@ _SIDE: dict[str, frozenset[str]] = {
         "pg_column_is_updatable", "pg_nextoid", "pg_extension_config_dump", "pg_input_is_valid",
         "pg_input_error_info", "makeaclitem", "pg_collation_actual_version",
         "pg_database_collation_actual_version",
+        # ... by a name given as text (currtid2('vault', tid): a row's latest version in any table, an error for
+        # an unknown one), or by OID: oidvectortypes names the types of a list of OIDs (a table's row type has
+        # its name), satisfies_hash_partition opens a table by OID, the validators a function, amvalidate an
+        # operator class; pg_extension_update_paths an extension by name
+        "currtid2", "oidvectortypes", "satisfies_hash_partition", "fmgr_c_validator", "fmgr_internal_validator",
+        "fmgr_sql_validator", "plpgsql_validator", "amvalidate", "pg_extension_update_paths",
+        # other sessions: whether one is blocked, as pg_blocking_pids tells
+        "pg_isolation_test_session_is_blocked",
         # each name-resolving type's own functions: regclass('vault') is the cast, regclassin its input
         *(name + suffix for name in ("regclass", "regtype", "regproc", "regprocedure", "regoper", "regoperator",
                                      "regnamespace", "regrole", "regconfig", "regdictionary", "regcollation",
@@ -351,6 +359,8 @@ class Catalog:
               function is the database's own code (SQL or a procedural language, which may read any table or
               write; an extension's C operators are the engine's): an unqualified operator of such a name may be
               answered by it, whatever the arguments' types, so it is refused unless allowed_functions names it.
+    server_major: PostgreSQL: the server's major version, which decides the SQL/JSON constructs it reads as calls
+              (grammar_calls); None: not read.
     """
 
     builtins: frozenset | None
@@ -359,6 +369,7 @@ class Catalog:
     types: frozenset | None = None
     bare_types: frozenset = frozenset()
     operators: frozenset = frozenset()
+    server_major: int | None = None
 
     def plain_type(self, schema: str | None, name: str) -> bool:
         """Whether a type name as written (schema '' when unqualified, None with a database part) is one of the
@@ -380,6 +391,14 @@ def allowed_builtin(schema: str, name: str, dialect: str, catalog: Catalog | Non
     if catalog.builtins is None:
         return builtin(name, dialect) or name in GENERATORS
     return name in catalog.builtins
+
+
+def grammar_calls(constructs, catalog: Catalog | None) -> tuple[tuple[str, str], ...]:
+    """The unqualified calls a PostgreSQL server makes of a statement's SQL/JSON constructs (Access.grammar_calls):
+    those newer than the server's grammar, which it reads as calls of functions of their names; every one when
+    the server's version is unknown."""
+    major = catalog.server_major if catalog is not None else None
+    return tuple(sorted({("", name) for name, since in constructs if major is None or major < since}))
 
 
 def denied_names(dialect: str) -> list[str]:

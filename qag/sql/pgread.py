@@ -46,12 +46,12 @@ _STATEMENT_OPS = {
 WRITING_PREFIXES = ("pg_advisory_", "pg_try_advisory_", "dblink", "pg_terminate_", "pg_cancel_",
                     "pg_reload_", "pg_rotate_", "pg_switch_", "pg_create_", "pg_drop_", "pg_replication_",
                     "pg_logical_", "pg_wal_replay_", "pg_backup_", "pg_stat_reset", "pg_import_system_",
-                    "pg_file_", "pg_log_backend_", "pg_copy_")
+                    "pg_file_", "pg_log_backend_", "pg_copy_", "binary_upgrade_")
 # The functions that run SQL text of their own (query_to_xml's query, ts_stat's and ts_rewrite's select) count as
 # writing too: no reader of the statement sees what that text calls (pg_terminate_backend, an advisory lock).
 WRITING_NAMES = frozenset(("lo_create", "lo_creat", "lo_import", "lo_export", "lo_unlink", "lo_put", "lo_from_bytea",
                            "lo_truncate", "lo_truncate64", "lowrite", "nextval", "setval", "pg_notify", "pg_promote", "pg_start_backup",
-                           "pg_stop_backup", "query_to_xml", "query_to_xmlschema", "query_to_xml_and_xmlschema",
+                           "pg_stop_backup", "pg_stop_making_pinned_objects", "query_to_xml", "query_to_xmlschema", "query_to_xml_and_xmlschema",
                            "ts_stat", "ts_rewrite",
                            # index maintenance: a ROLLBACK keeps what it did to the index (a range left
                            # unsummarized makes the BRIN index useless until someone summarizes it again)
@@ -91,6 +91,10 @@ class Reading:
     # Every operator the statement names (`a + b`, `x = ANY (...)`, `ORDER BY x USING <`, `OPERATOR(s.+)`), as
     # (schema as written or '', name): the server resolves each along the search_path to a function.
     operators: tuple[tuple[str, str], ...] = ()
+    # SQL/JSON constructs the parser's grammar has and older servers' don't, as (name, the server's major version
+    # that made the name grammar): a server below it reads each as a call of a function of that name
+    # (functions.grammar_calls).
+    grammar_calls: tuple[tuple[str, int], ...] = ()
 
 
 def _decode(text: str):
@@ -125,7 +129,7 @@ def read(text: str) -> Reading:
     return Reading(None, len(statements), kind, query, frozenset(walk.ops), kind_op, tuple(sorted(walk.tables)),
                    tuple(sorted(walk.table_functions)), tuple(sorted(walk.functions - walk.table_functions)),
                    tuple(sorted(walk.syntax)), frozenset(walk.names), frozenset(walk.fields), tuple(sorted(walk.types)),
-                   tuple(sorted(walk.operators)))
+                   tuple(sorted(walk.operators)), tuple(sorted(walk.grammar_calls)))
 
 
 class _TooBig(Exception):
@@ -156,6 +160,23 @@ def references(text: str) -> tuple[list[Reference], frozenset[str]] | None:
         return None
     return walk.references, frozenset(walk.cte_names)
 
+
+# libpg_query is a newer PostgreSQL's grammar (pglast 8: PostgreSQL 18's) than many servers qag runs against. The
+# names that became column-name keywords after PostgreSQL 15 (its pg_get_keywords() against pglast.keywords) are
+# parsed into these SQL/JSON nodes, no function call; a server older than the version given reads the same text as
+# an ordinary call of a function of that name, resolved along the search_path (json_value('x', 'y') runs a
+# public.json_value), so such a call is judged as one (functions.grammar_calls). JSON_OBJECT's legacy form
+# (json_object('a', 'b')) is parsed as pg_catalog.json_object since 16, where 15 resolves the bare name.
+_GRAMMAR_CALLS = {
+    "JsonArrayConstructor": ("json_array", 16), "JsonArrayQueryConstructor": ("json_array", 16),
+    "JsonArrayAgg": ("json_arrayagg", 16), "JsonObjectConstructor": ("json_object", 16),
+    "JsonObjectAgg": ("json_objectagg", 16), "JsonParseExpr": ("json", 17), "JsonScalarExpr": ("json_scalar", 17),
+    "JsonSerializeExpr": ("json_serialize", 17), "MergeSupportFunc": ("merge_action", 17),
+    "JsonTable": ("json_table", 17),
+}
+_JSON_FUNC_OPS = {"JSON_VALUE_OP": "json_value", "JSON_QUERY_OP": "json_query", "JSON_EXISTS_OP": "json_exists",
+                  "JSON_TABLE_OP": "json_table"}
+_LEGACY_JSON_OBJECT = ("pg_catalog", "json_object")
 
 # The nodes that name an operator, and the field that holds its name (a list of strings: [schema,] name).
 _OPERATOR_FIELDS = {"A_Expr": "name", "SubLink": "operName", "SortBy": "useOp"}
@@ -193,6 +214,7 @@ class _Walk:
         self.fields: set[str] = set()
         self.types: set[tuple[str, ...]] = set()
         self.operators: set[tuple[str, str]] = set()
+        self.grammar_calls: set[tuple[str, int]] = set()
         self.cte_names: set[str] = set()
         self.nodes = 0
 
@@ -242,6 +264,12 @@ class _Walk:
                     self.functions.add((schema, name))
                 if writing(name):
                     self.ops.add(name + "()")
+                if (schema, name) == _LEGACY_JSON_OBJECT:
+                    self.grammar_calls.add(("json_object", 16))
+            elif node in _GRAMMAR_CALLS:
+                self.grammar_calls.add(_GRAMMAR_CALLS[node])
+            elif node == "JsonFuncExpr":
+                self.grammar_calls.add((_JSON_FUNC_OPS.get(fields.get("op"), "json_value"), 17))
             elif node == "ColumnRef" or node == "A_Indirection":
                 # every part after the first of x.f.g, and each .f of (expr).f: a column, or a call f(x)
                 parts = fields.get("fields") if node == "ColumnRef" else [None, *(fields.get("indirection") or ())]

@@ -53,6 +53,14 @@ _PG_SETUP = [
     "CREATE FUNCTION public.leakrec(customers) RETURNS text LANGUAGE sql AS $$ SELECT v FROM vault $$",
     "CREATE FUNCTION public.leakrecord(record) RETURNS text LANGUAGE plpgsql AS "
     "$$ BEGIN RETURN (SELECT v FROM vault); END $$",
+    # Named like the SQL/JSON constructs of newer servers' grammar (pglast reads PostgreSQL 18's): PostgreSQL 15
+    # calls these for json_value('x', 'y') and the rest, and for json_object('a', 'b') over pg_catalog's
+    # json_object(text[]), a worse match for two text arguments
+    *(f"CREATE FUNCTION public.{name}({args}) RETURNS text LANGUAGE sql AS $$ SELECT v FROM vault $$"
+      for name, args in (("json_value", "text, text"), ("json_query", "text, text"), ("json_exists", "text, text"),
+                         ("json_scalar", "integer"), ("json_serialize", "text"), ("json", "text"),
+                         ("json_array", "text, text"), ("json_arrayagg", "text"), ("json_object", "text, text"),
+                         ("merge_action", ""))),
     "CREATE SCHEMA other",
     "CREATE FUNCTION other.peek() RETURNS text LANGUAGE sql AS $$ SELECT v FROM vault $$",
     # The database's own types that are no relation's row type (a restricted key may name them), an enum named like
@@ -252,6 +260,24 @@ def test_the_servers_own_name_lookups_are_side_channels(pg_db):
     assert missed == [], missed
     assert all(functions.pg_builtin_type((name,)) for name in types), sorted(
         name for name in types if not functions.pg_builtin_type((name,)))
+
+
+def test_a_list_of_oids_is_named_only_for_keys_that_may_see_the_catalog(srv, pg_db):
+    """oidvectortypes names the types of a list of OIDs, and every table has a row type of its name: the OIDs
+    around a table's show it (as format_type's do)."""
+    import psycopg2
+    conn = psycopg2.connect(host=pg_db["host"], port=pg_db["port"], user=pg_db["user"], password=pg_db["password"],
+                            dbname=pg_db["database"])
+    cur = conn.cursor()
+    cur.execute("""SELECT '"S3CRET_archive"'::regtype::oid::int""")
+    oid = cur.fetchone()[0]
+    conn.close()
+    statement = f"SELECT oidvectortypes('{oid - 2} {oid - 1} {oid} {oid + 1}'::oidvector) AS v"
+    premise = srv.post("/execute_sql", {"sql": statement, "connection_name": "postgres"}, key=srv.keys["plain"])
+    assert premise.status == 200 and SECRET.encode() in premise.body, premise
+    for key in ("restricted", "masked"):
+        r = srv.post("/execute_sql", {"sql": statement, "connection_name": "postgres"}, key=srv.keys[key])
+        assert r.status == 403 and r.json["code"] == "function_not_allowed", r
 
 
 def _read_catalogs_again(srv, pg_db) -> None:

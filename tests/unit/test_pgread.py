@@ -104,6 +104,19 @@ def test_functions_table_functions_and_the_grammars_own():
     assert set(reading.syntax_functions) == {"extract", "btrim"}
 
 
+def test_sql_json_constructs_are_kept_with_the_version_that_made_them_grammar():
+    reading = pgread.read("SELECT json_value(a, '$'), json_query(a, '$'), json_exists(a, '$'), json_scalar(1), "
+                          "json_serialize(a), json(a), json_array(1, 2), json_array(SELECT 1), json_arrayagg(a), "
+                          "json_object('k': 1), json_objectagg(a: b), json_object('a', 'b'), merge_action() FROM t")
+    assert set(reading.grammar_calls) == {
+        ("json_value", 17), ("json_query", 17), ("json_exists", 17), ("json_scalar", 17), ("json_serialize", 17),
+        ("json", 17), ("merge_action", 17), ("json_array", 16), ("json_arrayagg", 16), ("json_object", 16),
+        ("json_objectagg", 16)}
+    assert pgread.read("SELECT * FROM json_table('[1]', '$' COLUMNS (a int PATH '$')) j").grammar_calls == (
+        ("json_table", 17),)
+    assert pgread.read("SELECT json_build_object('a', 1), to_json(x) FROM t").grammar_calls == ()
+
+
 def test_fields_of_rows_are_names_a_call_may_hide_behind():
     """x.f and (x).f call f(x) when x has no column f: every part after the first is kept, never the first."""
     reading = pgread.read("SELECT p.leakrec, (p).other, (ROW(1)).rec, s.t.c, (p.c).f, p.*, bare, (arr)[1] "

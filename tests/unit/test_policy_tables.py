@@ -287,6 +287,41 @@ def test_a_field_named_like_a_function_is_judged_as_its_call():
     assert judged("SELECT (c).current_setting FROM customers c", with_catalog=False) == "function_not_allowed"
 
 
+@needs_pglast
+def test_sql_json_constructs_are_calls_on_servers_older_than_their_grammar():
+    """pglast reads PostgreSQL 18's grammar: json_value(...), json_array(...), merge_action() and the rest are its
+    SQL/JSON nodes, no calls; a server before 16 (json_array, json_object, their aggregates) or 17 (json_value,
+    json_query, json_exists, json_scalar, json_serialize, json, merge_action) calls a function of that name along
+    the search_path, so there each is judged as an unqualified call (a shadowed or unknown name is refused)."""
+    from qag.policy.tables import verdict
+    from qag.sql.functions import Catalog
+    builtins = frozenset({"upper", "json_object", "json_build_object"})
+
+    def judged(sql: str, major, functions=None):
+        catalog = Catalog(builtins, frozenset({"json_object", "json_value", "json_array"}), server_major=major)
+        acc = prepare(sql, "postgres").uses("public")
+        try:
+            verdict(acc, "postgres", "public", ["customers"], functions, catalog)
+        except QagError as error:
+            return error.code
+        return None
+
+    for major in (15, 16):
+        assert judged("SELECT json_value('x', 'y') AS v", major) == "function_not_allowed"
+        assert judged("SELECT id FROM customers WHERE json_query(name, 'y') = 'a'", major) == "function_not_allowed"
+        assert judged("SELECT merge_action() AS v", major) == "function_not_allowed"
+        assert judged("SELECT json_value('x', 'y') AS v", major, ["json_value"]) is None
+    assert judged("SELECT json_value('x', 'y') AS v", 17) is None
+    assert judged("SELECT json_value('x', 'y') AS v", 18) is None
+    assert judged("SELECT json_array('a', 'b') AS v", 15) == "function_not_allowed"
+    assert judged("SELECT json_array('a', 'b') AS v", 16) is None
+    # json_object's legacy form: pg_catalog.json_object to 16's grammar, the bare (here shadowed) name to 15's
+    assert judged("SELECT json_object('a', 'b') AS v", 15) == "function_not_allowed"
+    assert judged("SELECT json_object('a', 'b') AS v", 16) is None
+    assert judged("SELECT upper(name) AS v FROM customers", 15) is None
+    # the server's version unknown: every construct is judged as a call
+    assert judged("SELECT json_array('a', 'b') AS v", None) == "function_not_allowed"
+
 
 @needs_pglast
 def test_a_type_the_catalog_lists_as_no_relations_is_allowed_by_how_its_name_resolves():
