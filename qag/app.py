@@ -12,7 +12,7 @@ from .api.manage import ManageHandlers
 from .api.mcp import McpHandlers
 from .api.ops import OpsHandlers
 from .api.run import RunHandlers
-from .auth import Authenticator, Caller, guard_open_mode
+from .auth import RELAY_HEADERS, Authenticator, Caller, guard_open_mode, relayed_clients
 from .backends.registry import Backends
 from .cache.metadata import build as metadata_store
 from .cache.response import ResponseCache
@@ -367,7 +367,9 @@ class Gateway:
 
     def _guard_open_mode(self, request: Request, origin: str | None) -> None:
         """Open mode serves this machine only (qag/auth.py guard_open_mode, shared with `qag events`)."""
-        guard_open_mode(request.environ.get("REMOTE_ADDR"), request.environ.get("HTTP_HOST"), origin, self.headers)
+        environ = request.environ
+        guard_open_mode(environ.get("REMOTE_ADDR"), environ.get("HTTP_HOST"), origin, self.headers,
+                        relayed_clients(*(environ.get(name) for name in RELAY_HEADERS)))
 
 
 def server_timing(timing: dict) -> str:

@@ -12,6 +12,7 @@ from time import monotonic, strftime
 
 from .bearer import TokenTarget, TokenVerifier, bearer_token, challenge, claim, refusal, token_scopes
 from .errors import QagError
+from .http.request import forwarded_address
 from .policy.grants import Grants, expired, grants_from_json, ip_allowed
 from .policy.keyfields import reserved_key_name
 from .store.base import Store
@@ -68,15 +69,41 @@ def is_loopback(peer: str | None) -> bool:
     return address.is_loopback
 
 
-def guard_open_mode(peer: str | None, host: str | None, origin: str | None, cors) -> None:
+# The headers a proxy names its client in (the WSGI environ's names; `qag events` reads them lower-case, unprefixed).
+RELAY_HEADERS = ("HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED", "HTTP_X_REAL_IP")
+
+
+def relayed_clients(x_forwarded_for: str | None, forwarded: str | None, x_real_ip: str | None) -> list[str]:
+    """Every client a request's forwarding headers name (X-Forwarded-For's entries, each `for=` of RFC 7239's
+    Forwarded, X-Real-IP), as written but for quotes."""
+    clients = [p.strip() for p in (x_forwarded_for or "").split(",")]
+    for element in (forwarded or "").split(","):
+        for pair in element.split(";"):
+            name, _, value = pair.partition("=")
+            if name.strip().lower() == "for":
+                clients.append(value.strip().strip('"'))
+    clients.append((x_real_ip or "").strip())
+    return [c for c in clients if c]
+
+
+def guard_open_mode(peer: str | None, host: str | None, origin: str | None, cors, relayed=()) -> None:
     """Open mode serves this machine only (contract 1.4): a loopback peer (the socket's, never X-Forwarded-For), a
     loopback Host (no DNS rebinding), and no cross-origin browser request (a page the local user visits must not
     drive the server) but from an origin QAG_CORS_ORIGINS names (`*` lets every page read answers, never drive a
     server without keys); raises 403 open_access_remote. `cors`: the HeaderPolicy. The gateway's rule and
-    `qag events`'."""
+    `qag events`'.
+
+    `relayed`: the clients the request's forwarding headers name (relayed_clients). A loopback peer that names
+    another client is a proxy on this machine relaying for callers elsewhere (the usual nginx in front, whose
+    requests come from 127.0.0.1 with a Host of 127.0.0.1): refused too, whether QAG_TRUST_PROXY is set or not. The
+    headers can only ever take access away: a remote peer naming 127.0.0.1 is still remote."""
     if not is_loopback(peer):
         raise QagError("open_access_remote", "This server has no API key configured, so it only answers "
                        "callers on this machine - set QAG_API_KEY to serve others")
+    if not all(is_loopback(forwarded_address(client)) for client in relayed):
+        raise QagError("open_access_remote", "This server has no API key configured, so it only answers "
+                       "callers on this machine, and this request was relayed for another - set QAG_API_KEY to "
+                       "serve others")
     host = (host or "").lower()
     name = host[1:].split("]", 1)[0] if host.startswith("[") else host.rsplit(":", 1)[0]
     if host and name != "localhost" and not is_loopback(name):

@@ -29,7 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs
 
-from ..auth import guard_open_mode
+from ..auth import guard_open_mode, relayed_clients
 from ..errors import QagError
 from ..http.request import client_of
 from ..http.response import HeaderPolicy
@@ -285,8 +285,10 @@ class EventsServer:
                           _fields(self.auth.challenges) + extra)
             return
         if caller.via == "open":
-            try:   # judged on the socket's peer, never on X-Forwarded-For (contract 1.4)
-                guard_open_mode(socket_peer, headers.get("host"), headers.get("origin"), self.headers)
+            try:   # judged on the socket's peer, never on X-Forwarded-For (contract 1.4), and refused when relayed
+                guard_open_mode(socket_peer, headers.get("host"), headers.get("origin"), self.headers,
+                                relayed_clients(headers.get("x-forwarded-for"), headers.get("forwarded"),
+                                                headers.get("x-real-ip")))
             except QagError as refused:
                 await _refuse(writer, refused, extra)
                 return

@@ -48,6 +48,25 @@ def test_b1_4_open_mode_local_yes_remote_no(make_server):
     assert s.get("/api/v1/me", key=None).json["via"] == "open"
 
 
+def test_open_mode_refuses_a_request_a_proxy_on_this_machine_relays_for_another(make_server):
+    """Open mode behind a proxy on the same machine: every request arrives from 127.0.0.1 (nginx's default
+    proxy_pass also sends Host: 127.0.0.1), so a forwarding header naming a client elsewhere is that client's request:
+    refused, with QAG_TRUST_PROXY or without. The headers only take access away: a loopback client named stays
+    local, and a remote peer naming 127.0.0.1 stays remote (the in-process test below)."""
+    for trust in ("0", "1"):
+        s = make_server(admin_key=None, env={"QAG_TRUST_PROXY": trust})
+        for headers in ({"X-Forwarded-For": "203.0.113.9"}, {"X-Forwarded-For": "127.0.0.1, 203.0.113.9"},
+                        {"Forwarded": 'for="[2001:db8::1]:4711";proto=https'}, {"Forwarded": "for=unknown"},
+                        {"X-Real-IP": "203.0.113.9"}):
+            r = s.get("/api/v1/connections", key=None, headers=headers)
+            assert r.status == 403 and r.json["code"] == "open_access_remote", (trust, headers, r)
+        for headers in ({"X-Forwarded-For": "127.0.0.1"}, {"X-Forwarded-For": "127.0.0.1:5123, ::1"},
+                        {"Forwarded": "for=127.0.0.1;proto=http"}, {"Forwarded": "proto=https"}):
+            r = s.get("/api/v1/connections", key=None, headers=headers)
+            assert r.status == 200, (trust, headers, r)
+        assert s.get("/health", key=None, headers={"X-Forwarded-For": "203.0.113.9"}).status == 200
+
+
 def test_b1_4_open_mode_remote_refused_in_process(tmp_path):
     """The remote half of B1.4 needs a non-loopback peer: judged by the WSGI app on REMOTE_ADDR."""
     import io

@@ -316,7 +316,8 @@ def _this_machines_address() -> str:
 
 def test_open_mode_serves_this_machine_only(tmp_path):
     """Contract 1.4 on `qag events` (no admin key, no key stored): a remote peer, a Host that is not loopback (DNS
-    rebinding) and a cross-origin browser request are refused 403 open_access_remote, as by the gateway."""
+    rebinding), a cross-origin browser request and one a proxy on this machine relays for a client elsewhere are
+    refused 403 open_access_remote, as by the gateway."""
     address = _this_machines_address()
     events = EventsProcess(SimpleNamespace(home=str(tmp_path), admin_key=None, database_url=None), host="0.0.0.0")
     try:
@@ -325,7 +326,8 @@ def test_open_mode_serves_this_machine_only(tmp_path):
         assert events.request("GET", "/health", key=None, address=address)[0] == 200   # public, as the gateway's
         rebound = f"rebind.attacker.example:{events.port}"
         for headers in ({"Host": rebound, "Origin": f"http://{rebound}"}, {"Host": rebound},
-                        {"Origin": "https://evil.example"}):
+                        {"Origin": "https://evil.example"}, {"X-Forwarded-For": "203.0.113.9"},
+                        {"Forwarded": "for=203.0.113.9"}):
             status, _, body = events.request("GET", "/events", key=None, headers=headers)
             assert status == 403 and json.loads(body)["code"] == "open_access_remote", headers
         stream = Stream(events, key=None, headers={"Host": f"localhost:{events.port}"})
