@@ -232,7 +232,9 @@ class KeySet:
 
 class TokenVerifier:
     """Checks bearer tokens against the settings; a token verified before is taken from a bounded cache by its
-    SHA-256 until its `exp` (no signature check, no key lookup)."""
+    SHA-256 until its `exp` (no signature check) while the issuer still publishes the key that verified it: the
+    key is looked up again on every call (a dict read, the keys fetched again when an hour old), so a key
+    withdrawn from the JWKS (a leaked one) stops the tokens it signed at the next fetch, cached or not."""
 
     def __init__(self, settings, fetch=_fetch_json):
         self.secret = settings.jwt_secret
@@ -245,7 +247,8 @@ class TokenVerifier:
         if settings.jwt_mode == "keys":
             self.keys = KeySet(settings.jwt_jwks_url, settings.jwt_issuer, settings.jwt_jwks_refresh_interval, fetch)
         self.max_entries = settings.jwt_cache_entries
-        self._seen: OrderedDict[bytes, tuple[float, dict]] = OrderedDict()
+        # SHA-256 of the token -> (exp, claims, (kid, the KeySet's entry for it) or None with a shared secret)
+        self._seen: OrderedDict[bytes, tuple[float, dict, tuple | None]] = OrderedDict()
         self._lock = threading.Lock()
 
     def verify(self, token: str, audiences: frozenset | None = None) -> dict:
@@ -258,16 +261,17 @@ class TokenVerifier:
         found = self._seen.get(digest)
         claims = None
         if found is not None:
-            if now <= found[0] + self.leeway:
-                claims = found[1]
+            exp, known, signer = found
+            if now <= exp + self.leeway and (signer is None or self._still_published(signer)):
+                claims = known
             else:
                 with self._lock:
                     self._seen.pop(digest, None)
         if claims is None:
-            claims = self._decode(token)
+            claims, signer = self._decode(token)
             if self.max_entries:
                 with self._lock:
-                    self._seen[digest] = (claims["exp"], claims)
+                    self._seen[digest] = (claims["exp"], claims, signer)
                     while len(self._seen) > self.max_entries:
                         self._seen.popitem(last=False)   # oldest first: a bounded table, whatever callers send
         # The audience is checked on every call, cached or not: one token may be good at one endpoint only.
@@ -276,7 +280,17 @@ class TokenVerifier:
             _check_audience(claims, accepted)
         return claims
 
-    def _decode(self, token: str) -> dict:
+    def _still_published(self, signer: tuple) -> bool:
+        """Whether the key that verified a cached token is still the issuer's key of its kid (a withdrawn or
+        replaced key: the token is verified again, and refused)."""
+        kid, entry = signer
+        try:
+            return self.keys.get(kid) is entry
+        except QagError:
+            return False
+
+    def _decode(self, token: str) -> tuple[dict, tuple | None]:
+        """The verified claims, and (kid, the KeySet's entry) of the key that verified them (None: the secret)."""
         import jwt
         try:
             header = jwt.get_unverified_header(token)
@@ -291,12 +305,14 @@ class TokenVerifier:
             kid = header.get("kid")
             if not isinstance(kid, str):
                 raise refusal("token_unknown_key", "The bearer token names no signing key (kid)")
-            jwk, key_alg = self.keys.get(kid)
+            entry = self.keys.get(kid)
+            signer = (kid, entry)
+            jwk, key_alg = entry
             if key_alg is not None and key_alg != alg:
                 raise refusal("token_algorithm", "The bearer token's algorithm is not the one of its key")
             key = jwk.key
         else:
-            key = self.secret
+            key, signer = self.secret, None
         try:
             # `sub` and `jti` are not PyJWT's to judge: the user claim may be a number (qag/auth.py checks it).
             claims = jwt.decode(token, key, algorithms=[alg], issuer=self.issuer, leeway=self.leeway,
@@ -313,7 +329,7 @@ class TokenVerifier:
             claims["exp"] = float(exp)   # as the verified-token cache compares it
         except OverflowError:            # an integer past any float: no time at all, so no expiry to check
             raise refusal("token_claims", "The bearer token's exp is not a time") from None
-        return claims
+        return claims, signer
 
 
 def _check_audience(claims: dict, accepted: frozenset) -> None:

@@ -133,6 +133,50 @@ def test_the_cache_is_bounded_and_respects_exp():
     assert caught.value.code == "token_expired"
 
 
+def test_a_cached_token_stops_when_its_key_is_withdrawn():
+    """The verified-token cache keeps a token until its exp only while the issuer still publishes the key that
+    verified it: once a fetch of the JWKS no longer holds that key (a leaked key withdrawn), the cached token is
+    verified again and refused, as a new token of that key is; a key published again under its kid is a new
+    entry, so its tokens are verified once more and then kept."""
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from jwt.algorithms import RSAAlgorithm
+
+    from qag.bearer import TokenVerifier
+    from qag.errors import QagError
+
+    def jwk(private, kid):
+        entry = json.loads(RSAAlgorithm.to_jwk(private.public_key()))
+        entry.update(kid=kid, use="sig", alg="RS256")
+        return entry
+
+    k1, k2 = (rsa.generate_private_key(public_exponent=65537, key_size=2048) for _ in range(2))
+    published = {"keys": [jwk(k1, "k1")]}
+    fetches = []
+
+    def fetch(url):
+        fetches.append(url)
+        return json.loads(json.dumps(published))
+
+    class S:
+        jwt_secret, jwt_algorithms, jwt_issuer, jwt_audience = None, ("RS256",), "https://id.example", ()
+        jwt_leeway, jwt_mode, jwt_cache_entries = 0, "keys", 100
+        jwt_jwks_url, jwt_jwks_refresh_interval = "https://id.example/jwks", 0
+
+    v = TokenVerifier(S(), fetch=fetch)
+    claims = {"sub": "u", "iss": "https://id.example", "exp": int(time.time()) + 3600}
+    old = jwt.encode(claims, k1, algorithm="RS256", headers={"kid": "k1"})
+    assert v.verify(old)["sub"] == "u" and v.verify(old)["sub"] == "u"
+    assert len(fetches) == 1                     # the second call was the cache's
+    published = {"keys": [jwk(k2, "k2")]}        # k1 withdrawn, k2 published
+    new = jwt.encode(claims, k2, algorithm="RS256", headers={"kid": "k2"})
+    assert v.verify(new)["sub"] == "u"           # an unknown kid: the keys are fetched again
+    assert len(fetches) == 2
+    with pytest.raises(QagError) as caught:
+        v.verify(old)
+    assert caught.value.code == "token_unknown_key"
+    assert v.verify(new)["sub"] == "u"
+
+
 def test_unreachable_issuer_is_503_then_known_keys_survive_an_outage():
     from qag.bearer import KeySet
     from qag.errors import QagError
