@@ -145,7 +145,9 @@ class _Authorizer:
     - a write call with `write_ops` (the key's allowed_write_ops): any write action of the statement itself
       outside them (`write_op_not_allowed`); a trigger's are the schema's. A row write that may be a virtual
       table's own statements on its shadow tables (an R*Tree prepares them when opened) is held back for check(),
-      which allows it only on a shadow table of a virtual table the statement uses;
+      which allows it only on a shadow table of a virtual table the statement uses; a row write its operations
+      allow on a shadow table is refused when the statement itself writes that table (not its virtual table's
+      module on its behalf): SQLite's defensive mode would, and a write there corrupts or reconfigures the index;
     - a table-restricted call (`grants`: its qualified tables): any function that is not a built-in
       (`function_not_allowed`), and any table outside the grants read or written by the statement itself
       (`table_not_allowed`). Access on behalf of a view or trigger (`source` set) is judged after the prepare,
@@ -156,7 +158,7 @@ class _Authorizer:
 
     __slots__ = ("read_only", "grants", "own", "tables", "functions", "actions", "expanded", "via", "refused",
                  "refusal", "write_ops", "statement", "named", "shadow", "rows", "masked", "own_via", "path",
-                 "schema_changed", "_facts")
+                 "schema_changed", "_facts", "written")
 
     def __init__(self, read_only: bool, grants: frozenset | None, own: frozenset = frozenset(),
                  masked: bool = False):
@@ -177,6 +179,7 @@ class _Authorizer:
         self.named: list[tuple] = []            # (qualified table, column, source) named like a generator
         self.shadow: list[tuple] = []           # (qualified table, refusal) written as a virtual table's own
         self.rows: set[tuple] = set()           # (action, table of main) inserted or updated by the statement
+        self.written: set[str] = set()          # main's tables a narrowed write call's row writes reach
         self.own_via: list[str] = []            # sources (a view's, a trigger's, a CTE's) calling qag's functions
         self.path: str | None = None            # the file, keying its schema's facts (_sqlite_schema)
         self.schema_changed = False             # the statement may change the schema: its facts are not kept
@@ -184,7 +187,7 @@ class _Authorizer:
 
     def reset(self) -> None:
         self.tables.clear(), self.functions.clear(), self.actions.clear(), self.expanded.clear()
-        self.via.clear(), self.named.clear(), self.shadow.clear(), self.rows.clear()
+        self.via.clear(), self.named.clear(), self.shadow.clear(), self.rows.clear(), self.written.clear()
         self.refused.clear(), self.own_via.clear()
         self.refusal = None
         self.schema_changed, self._facts = False, None
@@ -224,8 +227,10 @@ class _Authorizer:
             if needed is not None and not needed & self.write_ops:
                 refusal = ("write_op_not_allowed", write_op_not_allowed_message(self.write_ops)[:-1]
                            + f" (SQLite's authorizer refused {_ACTION_NAMES.get(action, action)}).")
-            elif action in (sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE) and arg1 and (dbname or "main") == "main":
-                self.rows.add((action, ascii_lower(arg1)))     # what else it does is judged in check()
+            elif action in _ROW_WRITES and arg1 and (dbname or "main") == "main":
+                self.written.add(f"main.{ascii_lower(arg1)}")   # a shadow table's? judged in check()
+                if action != sqlite3.SQLITE_DELETE:
+                    self.rows.add((action, ascii_lower(arg1)))     # what else it does is judged in check()
         if refusal is not None:
             table = ascii_lower(arg1 or "")
             if action in _ROW_WRITES and table in _SCHEMA_TABLES and not self.read_only:
@@ -327,6 +332,10 @@ class _Authorizer:
             refusal = self._rows_refusal(conn)
             if refusal is not None:
                 return refusal
+        if self.written and self.write_ops is not None:
+            refusal = self._shadow_write_refusal(conn)
+            if refusal is not None:
+                return refusal
         if self.named:
             self._named_tables(conn)
         if self.refused:
@@ -379,6 +388,19 @@ class _Authorizer:
         for table, (code, message) in self.shadow:
             if table not in shadows or not any(table.startswith(prefix) for prefix in used):
                 return QagError(code, message)
+        return None
+
+    def _shadow_write_refusal(self, conn) -> QagError | None:
+        """A narrowed write call's row write on a virtual table's own (shadow) table, written by the statement itself:
+        `INSERT INTO notes_config ...` sets an FTS table's options, `INSERT INTO rt_node ...` corrupts an R*Tree,
+        where `INSERT INTO notes(notes, rank) ...` needs delete and update. The module's own statements on its
+        shadow tables (reported alike) are told apart by compiling the statement where every virtual table is a
+        plain table (_writes_any). SQLite before 3.37 doesn't say which tables are shadow tables."""
+        facts = self.facts(conn)
+        written = self.written & (facts.shadows or frozenset())
+        if written and _writes_any(facts, self.statement, written, self.own):
+            return QagError("write_op_not_allowed", write_op_not_allowed_message(self.write_ops)[:-1]
+                            + ", and a virtual table's own (shadow) tables are written through that table only.")
         return None
 
     def _masked_refusal(self, conn) -> QagError | None:
@@ -463,22 +485,52 @@ def _program_deletes(conn, statement, authorizer) -> bool:
 
 
 def _reads_any(facts, statement, tables, own: frozenset) -> bool:
-    """Whether the statement itself reads any of `tables` (qualified), directly or through a view: SQLite compiles
-    it on an in-memory copy of the file's tables and views where each virtual table is a plain table of its
-    columns (so no module reads anything on its behalf). True when it can't tell."""
+    """Whether the statement itself reads any of `tables` (qualified), directly or through a view. True when it
+    can't tell."""
+    seen = _own_actions(facts, statement, own, lambda action, source: action == sqlite3.SQLITE_READ)
+    return seen is None or bool(seen & tables)
+
+
+def _writes_any(facts, statement, tables, own: frozenset) -> bool:
+    """Whether the statement itself writes rows of any of `tables` (qualified; a trigger's writes are the
+    schema's). True when it can't tell."""
+    seen = _own_actions(facts, statement, own, lambda action, source: action in _ROW_WRITES and source is None,
+                        hidden=" ANY AS (NULL)")
+    return seen is None or bool(seen & tables)
+
+
+def _own_actions(facts, statement, own: frozenset, wanted, hidden: str = "") -> set | None:
+    """The tables (qualified) of the actions `wanted(action, source)` takes that the statement takes itself: SQLite
+    compiles it on an in-memory copy of the file's tables and views where each virtual table is a plain table of
+    its columns (so no module reads or writes anything on its behalf), its hidden columns declared with `hidden`
+    (a write's: generated, so left out of an INSERT's implicit column list as the virtual table's are; one the
+    statement names, FTS4's docid, is made plain and the statement compiled again). None when it can't tell."""
     if statement is None or any(facts.columns.get(name) is None for name in facts.virtual):
-        return True
-    plain = {name: "(" + ", ".join(_quoted(column) for column, _ in facts.columns[name]) + ")"
-             for name in facts.virtual}
+        return None
     seen: set = set()
 
     def record(action, arg1, arg2, dbname, source):
-        if action == sqlite3.SQLITE_READ and arg1:
+        if arg1 and wanted(action, source):
             seen.add(f"{ascii_lower(dbname or 'main')}.{ascii_lower(arg1)}")
         return sqlite3.SQLITE_OK
 
-    refused = facts.compile(plain, statement, record, own)
-    return refused is not None or bool(seen & tables)
+    named: set[str] = set()             # hidden columns the statement names, made plain
+    for _ in range(sum(len(columns) for columns in facts.columns.values()) + 1):
+        plain = {name: "(" + ", ".join(_quoted(column) + (hidden if is_hidden and column not in named else "")
+                                       for column, is_hidden in facts.columns[name]) + ")"
+                 for name in facts.virtual}
+        seen.clear()
+        refused = facts.compile(plain, statement, record, own)
+        if refused is None:
+            return seen
+        found = next((column for name in facts.virtual for column, is_hidden in facts.columns[name]
+                      if hidden and is_hidden and column not in named
+                      and refused in (f'cannot INSERT into generated column "{column}"',
+                                      f'cannot UPDATE generated column "{column}"')), None)
+        if found is None:
+            return None
+        named.add(found)
+    return None
 
 
 def _names_command_column(facts, statement, table: str, own: frozenset) -> bool:

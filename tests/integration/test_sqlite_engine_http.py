@@ -115,6 +115,34 @@ def test_an_insert_only_key_deletes_nothing(writes_server, uniq):
     assert r.status == 200, r
 
 
+def test_an_insert_only_key_writes_no_virtual_tables_own_tables(writes_server, uniq):
+    # A virtual table's shadow tables are its module's: a row inserted there directly sets an FTS table's options
+    # (notes_config's rank), or corrupts an FTS or R*Tree index (SQLite's defensive mode refuses it). The module's
+    # own statements on them, reported alike, still run for an INSERT into the virtual table itself; and one
+    # that reads the virtual table while writing its shadow table is refused as well.
+    s = writes_server
+    name, key = _insert_only(s, uniq, "CREATE VIRTUAL TABLE notes USING fts5(body);"
+                                      "CREATE VIRTUAL TABLE old USING fts4(body);"
+                                      "CREATE VIRTUAL TABLE rt USING rtree(id, x0, x1);"
+                                      "CREATE TABLE plain_config(k, v);")
+    for statement in ("INSERT INTO notes_config(k, v) VALUES ('rank', 'bm25(10.0, 5.0)')",
+                      "INSERT INTO notes_data VALUES (999, x'00')",
+                      "INSERT INTO old_stat VALUES (1, x'00')",
+                      "INSERT INTO rt_node VALUES (999, x'00')",
+                      "INSERT INTO rt_node SELECT id + 1000, x'00' FROM rt"):
+        r = s.post("/execute_sql", {"sql": statement, "connection_name": name}, key=key)
+        assert r.status == 403 and r.json["code"] == "write_op_not_allowed", (statement, r)
+    for statement in ("INSERT INTO notes(body) VALUES ('hello')", "INSERT INTO old(body) VALUES ('hello')",
+                      "INSERT INTO rt VALUES (1, 0, 5)", "INSERT INTO plain_config VALUES ('rank', 'x')"):
+        r = s.post("/execute_sql", {"sql": statement, "connection_name": name}, key=key)
+        assert r.status == 200, (statement, r)
+    r = s.post("/execute_sql", {"sql": "SELECT count(*) AS n FROM notes_config WHERE k = 'rank' UNION ALL "
+                                       "SELECT count(*) FROM rt_node WHERE nodeno = 999 UNION ALL "
+                                       "SELECT rowid FROM notes WHERE notes MATCH 'hello'",
+                                "connection_name": name}, key=key)
+    assert r.status == 200 and r.json == [{"n": 0}, {"n": 0}, {"n": 1}], r
+
+
 def test_a_masked_key_reads_no_fts_copy_of_a_masked_column(server, uniq):
     # An FTS5 table over src's content shows src.body through its own column; an FTS5 table's shadow tables hold
     # its text: for a key with mask rules both are refused, while the masked tables themselves read masked.
