@@ -12,7 +12,7 @@ from .api.manage import ManageHandlers
 from .api.mcp import McpHandlers
 from .api.ops import OpsHandlers
 from .api.run import RunHandlers
-from .auth import RELAY_HEADERS, Authenticator, Caller, guard_open_mode, relayed_clients
+from .auth import FORWARDED_HEADER, RELAY_HEADERS, Authenticator, Caller, guard_open_mode, relayed_clients
 from .backends.registry import Backends
 from .cache.metadata import build as metadata_store
 from .cache.response import ResponseCache
@@ -256,6 +256,8 @@ class Gateway:
                 # from a wrong one at any rate.
                 self._limits(caller, environ, route.endpoint in _DATA_ENDPOINTS)
         if route.public:
+            if caller is not None and caller.via == "open" and not self._open_to(request, origin):
+                caller = None   # /openapi.json, /readyz, /docs: a remote caller of an open server is anyone, no admin
             return route.handler(request, caller, **params)
         if caller is None:
             raise QagError("unauthorized", "Unauthorized", headers=list(self.auth.challenges))
@@ -369,7 +371,15 @@ class Gateway:
         """Open mode serves this machine only (qag/auth.py guard_open_mode, shared with `qag events`)."""
         environ = request.environ
         guard_open_mode(environ.get("REMOTE_ADDR"), environ.get("HTTP_HOST"), origin, self.headers,
-                        relayed_clients(*(environ.get(name) for name in RELAY_HEADERS)))
+                        relayed_clients(environ.get(FORWARDED_HEADER), (environ.get(name) for name in RELAY_HEADERS)))
+
+    def _open_to(self, request: Request, origin: str | None) -> bool:
+        """Whether open mode serves this request (a public route's caller is then the administrator)."""
+        try:
+            self._guard_open_mode(request, origin)
+        except QagError:
+            return False
+        return True
 
 
 def server_timing(timing: dict) -> str:

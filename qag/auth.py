@@ -69,20 +69,28 @@ def is_loopback(peer: str | None) -> bool:
     return address.is_loopback
 
 
-# The headers a proxy names its client in (the WSGI environ's names; `qag events` reads them lower-case, unprefixed).
-RELAY_HEADERS = ("HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED", "HTTP_X_REAL_IP")
+# The headers proxies and CDNs name their client in, as lists of addresses (the WSGI environ's names; `qag events`
+# reads them as header names: relay_header_names), and RFC 7239's Forwarded, whose `for=` parameters name them.
+RELAY_HEADERS = ("HTTP_X_FORWARDED_FOR", "HTTP_X_REAL_IP", "HTTP_X_CLIENT_IP", "HTTP_TRUE_CLIENT_IP",
+                 "HTTP_CF_CONNECTING_IP", "HTTP_X_ORIGINAL_FORWARDED_FOR", "HTTP_X_CLUSTER_CLIENT_IP",
+                 "HTTP_FASTLY_CLIENT_IP")
+FORWARDED_HEADER = "HTTP_FORWARDED"
 
 
-def relayed_clients(x_forwarded_for: str | None, forwarded: str | None, x_real_ip: str | None) -> list[str]:
-    """Every client a request's forwarding headers name (X-Forwarded-For's entries, each `for=` of RFC 7239's
-    Forwarded, X-Real-IP), as written but for quotes."""
-    clients = [p.strip() for p in (x_forwarded_for or "").split(",")]
+def relay_header_names() -> tuple[str, ...]:
+    """RELAY_HEADERS as lower-case header names (x-forwarded-for, ...)."""
+    return tuple(name[5:].lower().replace("_", "-") for name in RELAY_HEADERS)
+
+
+def relayed_clients(forwarded: str | None, address_lists) -> list[str]:
+    """Every client a request's forwarding headers name: each `for=` of RFC 7239's Forwarded, and the entries of
+    the address-list headers (RELAY_HEADERS' values), as written but for quotes."""
+    clients = [p.strip() for value in address_lists for p in (value or "").split(",")]
     for element in (forwarded or "").split(","):
         for pair in element.split(";"):
             name, _, value = pair.partition("=")
             if name.strip().lower() == "for":
                 clients.append(value.strip().strip('"'))
-    clients.append((x_real_ip or "").strip())
     return [c for c in clients if c]
 
 
@@ -96,7 +104,8 @@ def guard_open_mode(peer: str | None, host: str | None, origin: str | None, cors
     `relayed`: the clients the request's forwarding headers name (relayed_clients). A loopback peer that names
     another client is a proxy on this machine relaying for callers elsewhere (the usual nginx in front, whose
     requests come from 127.0.0.1 with a Host of 127.0.0.1): refused too, whether QAG_TRUST_PROXY is set or not. The
-    headers can only ever take access away: a remote peer naming 127.0.0.1 is still remote."""
+    headers can only ever take access away: a remote peer naming 127.0.0.1 is still remote. A public route
+    answers a caller refused here as it answers anyone (open_mode_caller)."""
     if not is_loopback(peer):
         raise QagError("open_access_remote", "This server has no API key configured, so it only answers "
                        "callers on this machine - set QAG_API_KEY to serve others")

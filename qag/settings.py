@@ -351,7 +351,7 @@ SETTINGS: tuple[Setting, ...] = (
             "a postgresql:// or postgres:// URL", alias="QUERYAPIGATE_DATABASE_URL", secret=True),
     Setting("QAG_STORE_TIMEOUT", _seconds_max(3600.0), 10.0, "Seconds a PostgreSQL store (QAG_DATABASE_URL) has to answer each statement, commit included: the server cancels it then (statement_timeout; also a transaction left waiting that long), and a reply that has not come 1 s later ends the connection (a stalled server or network path). The call gets 503 unavailable with Retry-After; the history, quota and metadata threads try again later. 0 = no limit (not advised: a stalled store then holds request threads until it answers). `qag store copy` and migrations at startup are not limited.",
             "a number of seconds from 0 to 3600"),
-    Setting("QAG_API_KEY", _exact_secret, None, "The admin key: grants everything. Unset with no scoped keys stored = open mode (loopback callers only; a request a proxy relays for a client elsewhere, named in X-Forwarded-For, Forwarded or X-Real-IP, is refused).",
+    Setting("QAG_API_KEY", _exact_secret, None, "The admin key: grants everything. Unset with no scoped keys stored = open mode (loopback callers only; a request a proxy relays for a client elsewhere, named in X-Forwarded-For, Forwarded, X-Real-IP or a CDN's client header, is refused, and public routes answer it as anyone).",
             "non-empty text, without whitespace at either end", alias="QUERYAPIGATE_API_KEY", secret=True),
     Setting("QAG_ALLOW_WRITES", _flag, False, "Server-wide ceiling for writes: statements that write run only when this is on and the caller may write.",
             "1/true/yes/on or 0/false/no/off", alias="QUERYAPIGATE_ALLOW_WRITES"),

@@ -29,7 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs
 
-from ..auth import guard_open_mode, relayed_clients
+from ..auth import guard_open_mode, relay_header_names, relayed_clients
 from ..errors import QagError
 from ..http.request import client_of
 from ..http.response import HeaderPolicy
@@ -52,6 +52,7 @@ _SECURITY = (b"X-Content-Type-Options: nosniff\r\nContent-Security-Policy: defau
 # On every answer but a stream (no-cache there): /health's and /metrics' figures hold for the moment, a refusal for
 # its request only (QueryAPIGate's events server says so too, as the gateway's answers do).
 _NO_STORE = b"Cache-Control: no-store\r\n"
+_RELAY_NAMES = relay_header_names()      # the headers a proxy names its client in (open mode refuses relayed calls)
 # A 401 says how to authenticate (RFC 9110 11.6.1): on /events the gateway's challenges (Authenticator.challenges:
 # the key's, and Bearer when tokens are configured), on /metrics the gateway's /metrics challenge (contract 9.2).
 _METRICS_CHALLENGE = b'WWW-Authenticate: Bearer realm="metrics"\r\n'
@@ -287,8 +288,8 @@ class EventsServer:
         if caller.via == "open":
             try:   # judged on the socket's peer, never on X-Forwarded-For (contract 1.4), and refused when relayed
                 guard_open_mode(socket_peer, headers.get("host"), headers.get("origin"), self.headers,
-                                relayed_clients(headers.get("x-forwarded-for"), headers.get("forwarded"),
-                                                headers.get("x-real-ip")))
+                                relayed_clients(headers.get("forwarded"),
+                                                (headers.get(name) for name in _RELAY_NAMES)))
             except QagError as refused:
                 await _refuse(writer, refused, extra)
                 return

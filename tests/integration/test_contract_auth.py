@@ -57,7 +57,8 @@ def test_open_mode_refuses_a_request_a_proxy_on_this_machine_relays_for_another(
         s = make_server(admin_key=None, env={"QAG_TRUST_PROXY": trust})
         for headers in ({"X-Forwarded-For": "203.0.113.9"}, {"X-Forwarded-For": "127.0.0.1, 203.0.113.9"},
                         {"Forwarded": 'for="[2001:db8::1]:4711";proto=https'}, {"Forwarded": "for=unknown"},
-                        {"X-Real-IP": "203.0.113.9"}):
+                        {"X-Real-IP": "203.0.113.9"}, {"True-Client-IP": "203.0.113.9"},
+                        {"CF-Connecting-IP": "2001:db8::9"}):
             r = s.get("/api/v1/connections", key=None, headers=headers)
             assert r.status == 403 and r.json["code"] == "open_access_remote", (trust, headers, r)
         for headers in ({"X-Forwarded-For": "127.0.0.1"}, {"X-Forwarded-For": "127.0.0.1:5123, ::1"},
@@ -65,6 +66,12 @@ def test_open_mode_refuses_a_request_a_proxy_on_this_machine_relays_for_another(
             r = s.get("/api/v1/connections", key=None, headers=headers)
             assert r.status == 200, (trust, headers, r)
         assert s.get("/health", key=None, headers={"X-Forwarded-For": "203.0.113.9"}).status == 200
+        # Public routes answer a relayed caller as anyone, not as the administrator open mode makes a local one
+        relayed = s.get("/openapi.json", key=None, headers={"X-Forwarded-For": "203.0.113.9"})
+        local = s.get("/openapi.json", key=None)
+        assert relayed.status == 200 and local.status == 200, (relayed, local)
+        assert not any(p.startswith("/api/v1") for p in relayed.json["paths"]), sorted(relayed.json["paths"])
+        assert any(p.startswith("/api/v1") for p in local.json["paths"])
 
 
 def test_b1_4_open_mode_remote_refused_in_process(tmp_path):
@@ -93,6 +100,9 @@ def test_b1_4_open_mode_remote_refused_in_process(tmp_path):
     assert call("/api/v1/connections", "10.0.0.5", forwarded="127.0.0.1")[0] == 403
     assert call("/api/v1/connections", "")[0] == 403
     assert call("/api/v1/connections", "127.0.0.1")[0] == 200
+    # a public route answers the remote peer as anyone: /openapi.json without the administrator's routes
+    status, body = call("/openapi.json", "10.0.0.5")
+    assert status == 200 and not any(p.startswith("/api/v1") for p in json.loads(body)["paths"])
     # A path no route takes, or a method it doesn't, answers the remote peer as every other path does (QueryAPIGate
     # 0.43, probed): a 404 or 405 would tell it which routes exist.
     for path, method in (("/nope", "GET"), ("/api/v1/nope", "GET"), ("/q/x/y", "POST"), ("/execute_sql", "GET")):
