@@ -73,7 +73,8 @@ def is_loopback(peer: str | None) -> bool:
 # reads them as header names: relay_header_names), and RFC 7239's Forwarded, whose `for=` parameters name them.
 RELAY_HEADERS = ("HTTP_X_FORWARDED_FOR", "HTTP_X_REAL_IP", "HTTP_X_CLIENT_IP", "HTTP_TRUE_CLIENT_IP",
                  "HTTP_CF_CONNECTING_IP", "HTTP_X_ORIGINAL_FORWARDED_FOR", "HTTP_X_CLUSTER_CLIENT_IP",
-                 "HTTP_FASTLY_CLIENT_IP")
+                 "HTTP_FASTLY_CLIENT_IP", "HTTP_FORWARDED_FOR", "HTTP_X_ENVOY_EXTERNAL_ADDRESS", "HTTP_FLY_CLIENT_IP",
+                 "HTTP_X_AZURE_CLIENTIP")
 FORWARDED_HEADER = "HTTP_FORWARDED"
 
 
@@ -105,7 +106,7 @@ def guard_open_mode(peer: str | None, host: str | None, origin: str | None, cors
     another client is a proxy on this machine relaying for callers elsewhere (the usual nginx in front, whose
     requests come from 127.0.0.1 with a Host of 127.0.0.1): refused too, whether QAG_TRUST_PROXY is set or not. The
     headers can only ever take access away: a remote peer naming 127.0.0.1 is still remote. A public route
-    answers a caller refused here as it answers anyone (open_mode_caller)."""
+    answers a caller refused here as it answers anyone (app.Gateway._open_to)."""
     if not is_loopback(peer):
         raise QagError("open_access_remote", "This server has no API key configured, so it only answers "
                        "callers on this machine - set QAG_API_KEY to serve others")

@@ -172,6 +172,7 @@ class KeySet:
         self.refresh_interval = refresh_interval
         self._fetch = fetch
         self._keys: dict[str, Any] = {}
+        self._published: dict[str, tuple[dict, Any]] = {}   # kid -> (its JWK as published, its entry in _keys)
         self._fetched_at = -float("inf")
         self._tried_at = -float("inf")
         self._lock = threading.Lock()
@@ -193,18 +194,28 @@ class KeySet:
     def _refresh(self) -> None:
         from jwt import PyJWK
         document = self._fetch(self._jwks_location())
-        keys = {}
+        keys, published = {}, {}
         for entry in document.get("keys") or ():
             if not isinstance(entry, dict) or entry.get("use", "sig") != "sig" or not isinstance(entry.get("kid"), str):
                 continue
-            try:
-                # The JWK's own `alg`, when it names one, is the only algorithm that key may verify.
-                keys[entry["kid"]] = (PyJWK(entry), entry.get("alg"))
-            except Exception:  # noqa: BLE001 - a key type this PyJWT can't use is skipped, not fatal
-                continue
-        self._keys = keys
+            kid = entry["kid"]
+            before = self._published.get(kid)
+            if before is not None and before[0] == entry:
+                key = before[1]         # the key as it was: the same entry (TokenVerifier's cache compares it)
+            else:
+                try:
+                    # The JWK's own `alg`, when it names one, is the only algorithm that key may verify.
+                    key = (PyJWK(entry), entry.get("alg"))
+                except Exception:  # noqa: BLE001 - a key type this PyJWT can't use is skipped, not fatal
+                    continue
+            keys[kid], published[kid] = key, (entry, key)
+        self._keys, self._published = keys, published
         self._fetched_at = time.monotonic()
         self.fetches += 1
+
+    def held(self, kid: str):
+        """The entry for `kid` among the keys held now (None: not held), without fetching."""
+        return self._keys.get(kid)
 
     def get(self, kid: str):
         """(PyJWK, its alg or None) for `kid`; raises QagError token_unknown_key, or jwks_unavailable when the issuer can't be read
@@ -232,9 +243,9 @@ class KeySet:
 
 class TokenVerifier:
     """Checks bearer tokens against the settings; a token verified before is taken from a bounded cache by its
-    SHA-256 until its `exp` (no signature check) while the issuer still publishes the key that verified it: the
-    key is looked up again on every call (a dict read, the keys fetched again when an hour old), so a key
-    withdrawn from the JWKS (a leaked one) stops the tokens it signed at the next fetch, cached or not."""
+    SHA-256 until its `exp` (no signature check) while the keys last fetched still hold the one that verified it
+    (a dict read, never a fetch), so a key withdrawn from the JWKS (a leaked one) stops the tokens it signed at the
+    next fetch, cached or not."""
 
     def __init__(self, settings, fetch=_fetch_json):
         self.secret = settings.jwt_secret
@@ -281,13 +292,11 @@ class TokenVerifier:
         return claims
 
     def _still_published(self, signer: tuple) -> bool:
-        """Whether the key that verified a cached token is still the issuer's key of its kid (a withdrawn or
-        replaced key: the token is verified again, and refused)."""
+        """Whether the key that verified a cached token is still the issuer's key of its kid, as last fetched (a
+        withdrawn or replaced key: the token is verified again, and refused). Never fetches: a cached call doesn't
+        wait on the issuer; the keys are fetched again for an unknown kid or an hour-old set, by uncached tokens."""
         kid, entry = signer
-        try:
-            return self.keys.get(kid) is entry
-        except QagError:
-            return False
+        return self.keys.held(kid) is entry
 
     def _decode(self, token: str) -> tuple[dict, tuple | None]:
         """The verified claims, and (kid, the KeySet's entry) of the key that verified them (None: the secret)."""

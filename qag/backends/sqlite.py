@@ -395,9 +395,15 @@ class _Authorizer:
         `INSERT INTO notes_config ...` sets an FTS table's options, `INSERT INTO rt_node ...` corrupts an R*Tree,
         where `INSERT INTO notes(notes, rank) ...` needs delete and update. The module's own statements on its
         shadow tables (reported alike) are told apart by compiling the statement where every virtual table is a
-        plain table (_writes_any). SQLite before 3.37 doesn't say which tables are shadow tables."""
+        plain table (_writes_any). SQLite before 3.37 doesn't say which tables are shadow tables: there every table
+        named like a virtual table and a suffix (`notes_config`) is taken for one."""
+        if not any("_" in table for table in self.written):
+            return None                 # every shadow table's name is its virtual table's and a suffix after "_"
         facts = self.facts(conn)
-        written = self.written & (facts.shadows or frozenset())
+        shadows = facts.shadows
+        if shadows is None:             # SQLite before 3.37: every <virtual table>_<suffix> may be one
+            shadows = frozenset(t for t in self.written if any(t.startswith(f"main.{v}_") for v in facts.virtual))
+        written = self.written & shadows
         if written and _writes_any(facts, self.statement, written, self.own):
             return QagError("write_op_not_allowed", write_op_not_allowed_message(self.write_ops)[:-1]
                             + ", and a virtual table's own (shadow) tables are written through that table only.")
@@ -523,6 +529,8 @@ def _own_actions(facts, statement, own: frozenset, wanted, hidden: str = "") -> 
         refused = facts.compile(plain, statement, record, own)
         if refused is None:
             return seen
+        if hidden and refused.startswith("cannot modify ") and refused.endswith(" because it is a view"):
+            return seen     # a write of a view (the copy has no INSTEAD OF trigger): its target is the view alone
         found = next((column for name in facts.virtual for column, is_hidden in facts.columns[name]
                       if hidden and is_hidden and column not in named
                       and refused in (f'cannot INSERT into generated column "{column}"',

@@ -124,7 +124,10 @@ def test_an_insert_only_key_writes_no_virtual_tables_own_tables(writes_server, u
     name, key = _insert_only(s, uniq, "CREATE VIRTUAL TABLE notes USING fts5(body);"
                                       "CREATE VIRTUAL TABLE old USING fts4(body);"
                                       "CREATE VIRTUAL TABLE rt USING rtree(id, x0, x1);"
-                                      "CREATE TABLE plain_config(k, v);")
+                                      "CREATE TABLE plain_config(k, v);"
+                                      "CREATE TABLE feat(id, x0, x1); CREATE VIEW vfeat AS SELECT * FROM feat;"
+                                      "CREATE TRIGGER vfeat_ins INSTEAD OF INSERT ON vfeat BEGIN "
+                                      "INSERT INTO rt VALUES (NEW.id, NEW.x0, NEW.x1); END;")
     for statement in ("INSERT INTO notes_config(k, v) VALUES ('rank', 'bm25(10.0, 5.0)')",
                       "INSERT INTO notes_data VALUES (999, x'00')",
                       "INSERT INTO old_stat VALUES (1, x'00')",
@@ -133,7 +136,8 @@ def test_an_insert_only_key_writes_no_virtual_tables_own_tables(writes_server, u
         r = s.post("/execute_sql", {"sql": statement, "connection_name": name}, key=key)
         assert r.status == 403 and r.json["code"] == "write_op_not_allowed", (statement, r)
     for statement in ("INSERT INTO notes(body) VALUES ('hello')", "INSERT INTO old(body) VALUES ('hello')",
-                      "INSERT INTO rt VALUES (1, 0, 5)", "INSERT INTO plain_config VALUES ('rank', 'x')"):
+                      "INSERT INTO rt VALUES (1, 0, 5)", "INSERT INTO plain_config VALUES ('rank', 'x')",
+                      "INSERT INTO vfeat VALUES (2, 0, 5)"):     # a view whose trigger writes the R*Tree
         r = s.post("/execute_sql", {"sql": statement, "connection_name": name}, key=key)
         assert r.status == 200, (statement, r)
     r = s.post("/execute_sql", {"sql": "SELECT count(*) AS n FROM notes_config WHERE k = 'rank' UNION ALL "

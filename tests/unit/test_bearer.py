@@ -167,10 +167,20 @@ def test_a_cached_token_stops_when_its_key_is_withdrawn():
     old = jwt.encode(claims, k1, algorithm="RS256", headers={"kid": "k1"})
     assert v.verify(old)["sub"] == "u" and v.verify(old)["sub"] == "u"
     assert len(fetches) == 1                     # the second call was the cache's
+    v.keys._fetched_at -= 7200                   # an hour-old set: a cached call still doesn't wait on the issuer
+    assert v.verify(old)["sub"] == "u" and len(fetches) == 1
+    decoded = []
+    decode = v._decode
+    v._decode = lambda token: decoded.append(token) or decode(token)
+    k3 = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    published = {"keys": [jwk(k1, "k1"), jwk(k3, "k3")]}     # a key added: k1's tokens stay cached
+    third = jwt.encode(claims, k3, algorithm="RS256", headers={"kid": "k3"})
+    assert v.verify(third)["sub"] == "u" and len(fetches) == 2
+    assert v.verify(old)["sub"] == "u" and decoded == [third]
     published = {"keys": [jwk(k2, "k2")]}        # k1 withdrawn, k2 published
     new = jwt.encode(claims, k2, algorithm="RS256", headers={"kid": "k2"})
     assert v.verify(new)["sub"] == "u"           # an unknown kid: the keys are fetched again
-    assert len(fetches) == 2
+    assert len(fetches) == 3
     with pytest.raises(QagError) as caught:
         v.verify(old)
     assert caught.value.code == "token_unknown_key"
