@@ -334,6 +334,15 @@ def _rerunnable(sql: str) -> bool:
     return sql.lstrip()[:6].upper() == "SELECT"
 
 
+# SQLSTATEs of a store that can't take qag's statements now, whatever the row (503 with Retry-After; the batch
+# writers hold their batches): classes 53 (insufficient resources: disk full, too many connections), 57 (operator
+# intervention: shutdown, cancelled), 40 (a serialization failure or deadlock: try again); and 25006 (a read-only
+# transaction: a standby, or default_transaction_read_only), 42P01/42703/42P10/3F000 (qag's tables, columns,
+# constraints or schema missing: the wrong database, a restore half done), 42501 (its rights revoked).
+_STORE_FAULT_CLASSES = frozenset(("53", "57", "40"))
+_STORE_FAULT_CODES = frozenset(("25006", "42P01", "42703", "42P10", "3F000", "42501"))
+
+
 class PostgresStore(SqliteStore):
     """Store on a PostgreSQL database shared by any number of workers and instances."""
 
@@ -359,8 +368,12 @@ class PostgresStore(SqliteStore):
     def unavailable(self, exc: BaseException) -> str | None:
         psycopg2 = _driver()
         # OperationalError: the server is down or restarting, the connection was lost, a lock wait ran out.
-        # InterfaceError: a connection psycopg2 already knows is closed.
-        if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)):
+        # InterfaceError: a connection psycopg2 already knows is closed. And what the server says of itself or of
+        # the database, never of the row: read-only (a standby after a failover), qag's schema missing or half
+        # there (the wrong database, a restore in progress), its rights revoked, out of resources, shut down.
+        if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)) or (
+                isinstance(exc, psycopg2.Error) and (getattr(exc, "pgcode", None) or "")[:2] in _STORE_FAULT_CLASSES
+                or getattr(exc, "pgcode", None) in _STORE_FAULT_CODES):
             return driver_text(exc, self.url).splitlines()[0] if str(exc).strip() else type(exc).__name__
         return super().unavailable(exc)
 

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from qag.app import create_app
 from qag.settings import load
 from qag.store import open_store
 from qag.store.schema import SCHEMA_VERSION
@@ -452,6 +453,58 @@ def test_a_change_whose_connection_is_reset_after_its_commit_has_an_unknown_outc
             assert store.get_meta("never") is None
         finally:
             store.close()
+
+
+def test_a_store_that_takes_no_changes_or_lost_its_tables_is_503_and_holds_history(pg_store_url, tmp_path):
+    """A store failed over onto a standby (read-only), or whose tables are gone (the wrong database, a restore half
+    done), is a store fault: 503 unavailable with Retry-After, never a 500 with a traceback for every caller; and
+    `unavailable` says so, which makes the history writer hold its batch instead of dropping it as lost."""
+    import psycopg2
+    from qag.store.postgres import PostgresStore
+    from tests.unit.test_observe_history import ADMIN, App
+    home = str(tmp_path)
+    app = App(home, {"QAG_DATABASE_URL": pg_store_url})
+    app.query("q1")
+    app.gateway.close()
+    read_only = App.__new__(App)
+    read_only.gateway = create_app(load({"QAG_HOME": home, "QAG_API_KEY": ADMIN, "QAG_DATABASE_URL":
+                                         pg_store_url + "%20-cdefault_transaction_read_only%3Don"}))
+    try:
+        status, headers, body = read_only.call("POST", "/api/v1/queries", {
+            "name": "q2", "description": "d", "sql": "SELECT 1 AS a", "connection_name": "lite"})
+        assert status == 503 and body["code"] == "unavailable", body
+        assert int(dict((k.lower(), v) for k, v in headers.items())["retry-after"]) > 0
+        status, _, body = read_only.call("GET", "/q/q1", query="n=2")
+        assert status == 200 and len(body) == 2, body      # reads go on
+    finally:
+        read_only.gateway.close()
+    gone = App.__new__(App)
+    gone.gateway = create_app(load({"QAG_HOME": home, "QAG_API_KEY": ADMIN, "QAG_DATABASE_URL": pg_store_url}))
+    assert gone.call("GET", "/api/v1/api-keys")[0] == 200
+    store = PostgresStore(pg_store_url)
+    conn = psycopg2.connect(pg_store_url)
+    try:
+        cur = conn.cursor()
+        for statement in ("SET TRANSACTION READ ONLY; INSERT INTO meta VALUES ('k', 'v')",
+                          "SELECT * FROM no_such_table"):
+            with pytest.raises(psycopg2.Error) as caught:
+                cur.execute(statement)
+            conn.rollback()
+            assert store.unavailable(caught.value), caught.value
+        with pytest.raises(psycopg2.Error) as caught:
+            cur.execute("SELECT 1 / 0")                              # a fault of the statement, not of the store
+        conn.rollback()
+        assert store.unavailable(caught.value) is None
+        cur.execute("DROP TABLE api_keys CASCADE")
+        conn.commit()
+    finally:
+        conn.close()
+        store.close()
+    try:                                                             # the tables gone while it serves
+        status, headers, body = gone.call("GET", "/api/v1/api-keys")
+        assert status == 503 and body["code"] == "unavailable", body
+    finally:
+        gone.gateway.close()
 
 
 def test_a_new_key_whose_commit_reply_was_lost_is_answered_as_unknown(pg_store_url, tmp_path):
