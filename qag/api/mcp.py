@@ -243,9 +243,14 @@ class McpHandlers:
 
     def _is_tool(self, caller, name: str) -> bool:
         """tools/list's rule for one name: published, mcp on, reachable (an unreachable query is no tool: its
-        existence isn't told)."""
+        existence isn't told). A name the store can't hold (a NUL: PostgreSQL's invalid_text) names none."""
         store = self.run.store
-        head, version = store.get_query_for_run(name, None)
+        try:
+            head, version = store.get_query_for_run(name, None)
+        except QagError as error:
+            if error.code != "invalid_text":
+                raise
+            return False
         if head is None or head["published"] is None or version is None or not version.get("mcp", True):
             return False
         return caller.admin or policy.listable(caller.grants, name, head["collection"],

@@ -223,6 +223,18 @@ def test_quota_counts_tool_calls(srv, uniq):
 
 # --- bad input ----------------------------------------------------------------------------------------------------
 
+def test_a_tool_name_the_store_cant_hold_is_an_unknown_tool(make_server, pg_store_url):
+    """A NUL in a tool's name: the PostgreSQL store refuses the text (invalid_text), which tools/call let out as an
+    internal error with a traceback; it is no tool of anyone's, as every other unknown name."""
+    s = make_server(env={"QAG_DATABASE_URL": pg_store_url})
+    for name in ("x\u0000", "by_id\u0000"):
+        r = rpc(s, {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": name, "arguments": {}}})
+        assert r.status == 200 and r.json["error"]["code"] == -32602, r
+        assert r.json["error"]["data"]["code"] == "unknown_tool", r
+    r = rpc(s, {"jsonrpc": "2.0", "id": 4, "method": "tools/list"})
+    assert r.status == 200 and "tools" in r.json["result"], r           # the next good request succeeds
+
+
 def test_unknown_tool_and_wrong_arguments_are_invalid_params(srv, uniq):
     key = srv.key(uniq("bad"), connections=[], queries=["by_id", "hidden"])
     for name, arguments, code in (("nope", {}, "unknown_tool"), ("hidden", {}, "unknown_tool"),
