@@ -617,12 +617,22 @@ def resolve_path(database: str | None, home: str, store_files: tuple[str, ...]) 
     return path
 
 
-def _open(path: str, read_only: bool, tables: frozenset | None = None, functions: tuple = (), masked: bool = False):
+# Seconds a call waits for a lock another call or process holds on the file (SQLite's busy timeout), at most: a
+# call with a time limit waits no longer than that limit (then 503 unavailable, Retry-After).
+_BUSY_WAIT = 10.0
+
+
+def _busy_wait(timeout: float | None) -> float:
+    return min(_BUSY_WAIT, timeout) if timeout else _BUSY_WAIT
+
+
+def _open(path: str, read_only: bool, tables: frozenset | None = None, functions: tuple = (), masked: bool = False,
+          wait: float = _BUSY_WAIT):
     if read_only:
-        conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=10.0, isolation_level=None,
+        conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=wait, isolation_level=None,
                                check_same_thread=False)
     else:
-        conn = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
+        conn = sqlite3.connect(path, timeout=wait, isolation_level=None, check_same_thread=False)
     for limit, value in _LIMITS:
         conn.setlimit(limit, value)
     for name, function in functions:
@@ -711,7 +721,8 @@ def _failure(exc: Exception, authorizer, conn, deadline, timeout) -> QagError:
 def run(path: str, call: Call) -> Result:
     """Run one statement; read-only calls can't write even if the guard were bypassed (mode=ro, authorizer)."""
     try:
-        conn, authorizer = _open(path, call.read_only, call.tables, call.functions, call.masked)
+        conn, authorizer = _open(path, call.read_only, call.tables, call.functions, call.masked,
+                                 _busy_wait(call.timeout))
     except sqlite3.Error as exc:
         raise connection_failed(str(exc)) from None
     deadline = None
@@ -811,7 +822,7 @@ def stream(path: str, call: Call, batch: int, cap: int | None):
     The file stays open while the caller iterates; the time limit covers the whole export.
     """
     try:
-        conn, authorizer = _open(path, True, call.tables, call.functions, call.masked)
+        conn, authorizer = _open(path, True, call.tables, call.functions, call.masked, _busy_wait(call.timeout))
     except sqlite3.Error as exc:
         raise connection_failed(str(exc)) from None
     timeout = call.timeout

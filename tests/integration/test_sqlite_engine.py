@@ -585,6 +585,27 @@ def test_a_locked_database_is_503_and_vacuum_a_clear_400(tmp_path):
         holder.close()
 
 
+def test_a_call_waits_for_a_lock_no_longer_than_its_time_limit(tmp_path):
+    """Fault drill: a call met a lock another process held and waited the whole 10 s busy timeout, whatever its
+    time limit (?timeout, the key's query_timeout), holding a request thread. It waits its limit at most."""
+    path = str(tmp_path / "held.db")
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("CREATE TABLE t(x)")
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        for call in (Call("SELECT * FROM t", (), True, 0.5, 10), Call("INSERT INTO t VALUES (1)", (), False, 0.5, 10)):
+            started = time.monotonic()
+            error = refused("unavailable", backend.run, path, call)
+            assert time.monotonic() - started < 3 and error.extras["retry_after"] == 1
+        started = time.monotonic()
+        refused("unavailable", backend.stream, path, Call("SELECT * FROM t", (), True, 0.5, 0), 10, None)
+        assert time.monotonic() - started < 3
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert backend.run(path, Call("SELECT count(*) FROM t", (), True, 0.5, 10)).rows == [(0,)]
+
+
 def test_a_warm_masked_or_restricted_call_reads_no_schema(tmp_path, monkeypatch):
     """Review finding: each masked call read sqlite_schema, tokenized every table's DDL and rebuilt the schema in
     an in-memory database (0.36 ms -> 4.2 ms a call on 100 tables); each insert-only write too. What depends on
