@@ -116,6 +116,23 @@ def write_refused(detail: str) -> QagError:
                                  "read-only call", detail=detail)
 
 
+def database_read_only(detail: str) -> QagError:
+    """A write call the database itself refused because it takes no writes now (a standby after a failover, a server
+    or database set read-only, a file that can't be written): nothing was written, and it is the database's state,
+    not the caller's right: 503 unavailable with Retry-After, never the 403 read_only that tells a client not to
+    try again."""
+    return QagError("unavailable", "The database takes no writes now (a read-only server, standby or file): nothing "
+                                   "was written; try again later", retry_after=5, detail=detail)
+
+
+def refused_write_of(error: QagError, read_only: bool) -> QagError:
+    """The engine's refusal of a write (write_refused) in a call that may write: the database is read-only
+    (database_read_only). In a read-only call it stays the caller's 403."""
+    if error.code == "read_only" and not read_only:
+        return database_read_only(error.extras.get("detail", ""))
+    return error
+
+
 def connection_failed(detail: str) -> QagError:
     return QagError("connection_failed", "Could not connect to the database", detail=detail,
                     retry_after=RETRY_AFTER)

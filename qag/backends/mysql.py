@@ -52,7 +52,7 @@ from ..sql.names import mysql_lower
 from . import _mysql_schema as schema_reader
 from . import _mysql_sql as statements
 from .base import (Backend, Call, Result, connection_failed, network_timeout, opening_failed, other_text_reading,
-                   query_failed, sent_write_error, timeout_error, write_refused)
+                   query_failed, refused_write_of, sent_write_error, timeout_error, write_refused)
 from .pool import Pool, settings_key
 from .watchdog import WATCHDOG, deadline_of, tcp_keepalive
 
@@ -74,6 +74,9 @@ _UNREACHABLE_TEXT = ("could not connect", "connection refused", "timeout expired
 _VALUE_CODES = frozenset((1264, 1265, 1292, 1300, 1366, 1367, 1406, 1411, 1416, 1690, 1918, 1048, 3140, 3141, 4025))
 # ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION: a stored function that writes, called in a read-only call.
 _READ_ONLY_TRANSACTION = 1792
+# ER_OPTION_PREVENTS_STATEMENT ('running with the --read-only option', also --super-read-only, and other options
+# such as --secure-file-priv: told apart by the text) and MySQL's ER_READ_ONLY_MODE: the server takes no writes.
+_OPTION_REFUSED = frozenset((1290, 1836))
 # No "(see detail)": a masked caller, and every caller under the error-detail rule, gets no detail.
 _VALUE_MESSAGE = "The database refused a value for its type"
 _ENCODING_MESSAGE = "The statement or a parameter holds text that is not valid Unicode (a lone surrogate)"
@@ -199,7 +202,8 @@ def mapped(exc: BaseException, timeout: float | None, sent: str | None = None, o
     detail = _own_text_removed(_detail(exc), sent, own)
     if code in _VALUE_CODES:
         return QagError("value_invalid", _VALUE_MESSAGE, detail=detail)
-    if code == _READ_ONLY_TRANSACTION:
+    if code == _READ_ONLY_TRANSACTION or (code in _OPTION_REFUSED and ("read-only" in detail.lower()
+                                                                       or "read_only" in detail.lower())):
         return write_refused(detail)
     lowered = detail.lower()
     if (code in _UNREACHABLE_CODES or isinstance(exc, (MySQLdb.InterfaceError, OSError))
@@ -550,7 +554,7 @@ class MysqlBackend(Backend):
                 self.pool.release(key, link, False)
                 if not isinstance(exc, _DRIVER_ERRORS):
                     raise
-                error = mapped(exc, call.timeout, sent or call.sql, call.sql)
+                error = refused_write_of(mapped(exc, call.timeout, sent or call.sql, call.sql), call.read_only)
             # A write commits on its own (autocommit): a reply lost once it was sent leaves its outcome unknown.
             raise (sent_write_error(error) if sent is not None and call.writes else error) from None
         elapsed = (perf_counter() - started) * 1000.0

@@ -80,7 +80,7 @@ from .._speedups.pgpipe import error_of, name_of   # how both twins read a failu
 from ..errors import QagError
 from ._postgres_schema import SCHEMA_MAX_TABLES, read_functions, read_schema
 from .base import (Backend, Call, Result, connection_failed, network_timeout, opening_failed, query_failed,
-                   sent_write_error, timeout_error, write_refused)
+                   refused_write_of, sent_write_error, timeout_error, write_refused)
 from .pool import Pool, settings_key
 from .watchdog import (KEEPALIVE_COUNT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, NETWORK_MARGIN, USER_TIMEOUT_MS,
                        deadline_of)
@@ -665,7 +665,7 @@ class PostgresBackend(Backend):
             # No answer by the deadline: the idle connections of the same settings share the path that stopped
             # answering; a dead one would hold its next call until that call's deadline.
             self.pool.close_idle(key)
-        error = mapped(exc, call.timeout, shift, deadline)
+        error = refused_write_of(mapped(exc, call.timeout, shift, deadline), call.read_only)
         return sent_write_error(error) if call.writes else error
 
     # --- calls ---------------------------------------------------------------------------------------------

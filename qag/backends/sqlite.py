@@ -17,7 +17,7 @@ from ..sql.names import ascii_lower
 from ..sql.writes import write_op_not_allowed_message
 from . import _sqlite_schema as schema
 from ._sqlite_schema import EXTENSION_READS as _EXTENSION_READS, quoted as _quoted
-from .base import Backend, Call, Result, connection_failed, query_failed, timeout_error
+from .base import Backend, Call, Result, connection_failed, query_failed, refused_write_of, timeout_error
 
 # The time limit is checked every this many VM steps: a step can be one whole built-in call over a large value,
 # so fewer steps bound the overrun better (a check costs one Python call per ~20-50 us of VM work).
@@ -754,8 +754,9 @@ def run(path: str, call: Call) -> Result:
             conn.set_authorizer(None)   # the key's tables limit its statement, not the COMMIT
             conn.execute("COMMIT")
     except (sqlite3.Error, OverflowError, ValueError) as exc:
-        # OverflowError/ValueError: a value the driver can't bind; the binder refuses most before this.
-        raise _failure(exc, authorizer, conn, deadline, call.timeout) from None
+        # OverflowError/ValueError: a value the driver can't bind; the binder refuses most before this. A write
+        # call's 'readonly database' is the file's state (not writable now), not the caller's right.
+        raise refused_write_of(_failure(exc, authorizer, conn, deadline, call.timeout), call.read_only) from None
     finally:
         conn.close()
         if authorizer.schema_changed:

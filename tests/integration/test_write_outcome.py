@@ -190,3 +190,48 @@ def _refused(reply) -> bool:
 def _upstream(request, db: str) -> tuple[str, int]:
     fields = request.getfixturevalue("mysql_db" if db == "mysql" else "pg_db")
     return fields["host"], int(fields["port"])
+
+
+def test_a_database_that_takes_no_writes_is_unavailable_not_forbidden(write_server, uniq, tmp_path):
+    """Fault drill: a write call the database itself refused because it takes no writes now (a PostgreSQL standby
+    or default_transaction_read_only, a SQLite file that can't be written) was 403 read_only, which tells a client
+    its call is not allowed. It is the database's state: 503 unavailable with Retry-After, nothing written; a
+    read goes on."""
+    from tests.services import make_pg_database, pg_admin
+    fields, cleanup = make_pg_database()
+    try:
+        name = uniq("ro")
+        assert write_server.post("/api/v1/connections", {"name": name, "db": "postgres", **fields}).status == 201
+        made = write_server.post("/execute_sql", {"sql": "CREATE TABLE w (v integer)", "connection_name": name})
+        assert made.status == 200, made
+        admin = pg_admin()
+        try:
+            admin.cursor().execute(f'ALTER DATABASE "{fields["database"]}" SET default_transaction_read_only = on')
+            admin.cursor().execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                                   (fields["database"],))
+        finally:
+            admin.close()
+        for _ in range(3):      # the pooled connections the terminate ended are replaced first (502 at most)
+            reply = write_server.post("/execute_sql", {"sql": "INSERT INTO w VALUES (1)", "connection_name": name})
+            if reply.status != 502:
+                break
+        assert reply.status == 503 and reply.json["code"] == "unavailable", reply
+        assert int(reply.headers["retry-after"]) > 0 and "outcome" not in reply.json
+        read = write_server.post("/execute_sql", {"sql": "SELECT count(*) AS n FROM w", "connection_name": name})
+        assert read.status == 200 and read.json == [{"n": 0}], read
+    finally:
+        cleanup()
+    path = tmp_path / "frozen.db"
+    import sqlite3
+    sqlite3.connect(path).executescript("CREATE TABLE w (v INTEGER);")
+    import subprocess
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        return                  # no immutable files here (not root, or a filesystem without them)
+    try:
+        lite = uniq("frozen")
+        assert write_server.post("/api/v1/connections", {"name": lite, "db": "sqlite",
+                                                         "database": str(path)}).status == 201
+        reply = write_server.post("/execute_sql", {"sql": "INSERT INTO w VALUES (1)", "connection_name": lite})
+        assert reply.status == 503 and reply.json["code"] == "unavailable", reply
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)

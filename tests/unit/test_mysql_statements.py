@@ -17,7 +17,7 @@ MySQLdb = pytest.importorskip("MySQLdb", reason="the mysql extra (pip install 'q
 
 from qag.backends import _mysql_sql as s  # noqa: E402  (after the skip: qag.backends.mysql imports MySQLdb)
 from qag.backends import mysql as mysql_backend  # noqa: E402
-from qag.backends.base import Call  # noqa: E402
+from qag.backends.base import Call, refused_write_of  # noqa: E402
 from qag.backends.mysql import MysqlBackend, connect_args, mapped  # noqa: E402
 from qag.errors import QagError  # noqa: E402
 from qag.sql.prepare import prepare, render  # noqa: E402
@@ -237,6 +237,17 @@ def test_errors_map_to_the_contract():
     e = mapped(MySQLdb.ProgrammingError(1064, "You have an error in your SQL syntax"), 2.0)
     assert e.code == "query_failed" and e.extras["detail"] == "1064 (You have an error in your SQL syntax)"
     assert mapped(MySQLdb.OperationalError(1045, "Access denied"), None).code == "query_failed"
+    # A server that takes no writes (--read-only): the engine's refusal of a write; --secure-file-priv is another
+    # option's, the statement's own fault
+    e = mapped(MySQLdb.OperationalError(1290, "The MariaDB server is running with the --read-only option so it "
+                                              "cannot execute this statement"), None)
+    assert e.code == "read_only"
+    assert refused_write_of(e, read_only=True).code == "read_only"           # a read-only call's: the caller's 403
+    e = refused_write_of(e, read_only=False)
+    assert (e.code, e.status, e.extras["retry_after"]) == ("unavailable", 503, 5)
+    e = mapped(MySQLdb.OperationalError(1290, "The MariaDB server is running with the --secure-file-priv option so "
+                                              "it cannot execute this statement"), None)
+    assert e.code == "query_failed"
 
 
 def test_a_connection_that_cant_be_opened_never_shows_the_password(monkeypatch):
