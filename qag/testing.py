@@ -101,7 +101,9 @@ class Relay:
     faults of a network path on demand: cut (close both ways), reset (RST to the client), black-hole (hold every
     byte, both ways, connections stay open: what a dropped route looks like to both ends), hold the replies only
     (requests still reach the server: a command done whose reply is lost), hold the connections open at that moment
-    while new ones pass (a request delivered late, after its client gave up on it) and refuse new connections.
+    while new ones pass (a request delivered late, after its client gave up on it), let the connections open at that
+    moment die silently (stale: each is reset when its client next sends, never before, as after a NAT, firewall
+    or VIP change) and refuse new connections.
 
     A "turn" is a burst of client bytes that follows server bytes (or starts the conversation): one round trip the
     client waited for. Each chunk from the server is forwarded `delay` seconds after it arrived, so a reply split
@@ -129,6 +131,8 @@ class Relay:
         # wait until restore()); ended is set once the server closed its side.
         self._conns: list[tuple[threading.Event, threading.Event]] = []
         self._held: list[tuple[threading.Event, threading.Event]] = []
+        self._clients: list[socket.socket] = []
+        self._stale: set[socket.socket] = set()   # stale(): reset on their client's next bytes
         threading.Thread(target=self._accept, daemon=True).start()
 
     def __enter__(self) -> "Relay":
@@ -187,6 +191,12 @@ class Relay:
             except OSError:
                 pass
 
+    def stale(self) -> None:
+        """The connections open now die silently: nothing tells their client until it sends, and then it gets a
+        TCP RST (the server side is closed); new connections pass."""
+        with self._lock:
+            self._stale.update(self._clients)
+
     def blackhole(self) -> None:
         """Hold every byte in both directions (open connections and new ones) until restore()."""
         self._flowing.clear()
@@ -242,6 +252,8 @@ class Relay:
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 s.settimeout(None)
             self._sockets += [client, server]
+            with self._lock:
+                self._clients = [c for c in self._clients if c.fileno() != -1] + [client]
             conn = (threading.Event(), threading.Event())
             conn[0].set()
             with self._lock:
@@ -258,6 +270,10 @@ class Relay:
             while True:
                 data = client.recv(65536)
                 if not data:
+                    break
+                if client in self._stale:
+                    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    client.close()      # the RST the client's bytes meet on a path that died
                     break
                 self._flowing.wait()
                 gate.wait()

@@ -10,7 +10,7 @@ cdef Watchdog WATCHDOG
 
 cdef class _Link:
     cdef public object conn, fd, thread_id, cursor, reader, poll, pending, arrived, mariadb, with_hint, session_ms
-    cdef public object renews, read_only_variable, names
+    cdef public object renews, read_only_variable, names, reused
 
     cpdef readable(self)
 

@@ -267,7 +267,7 @@ class _Link:
     """One pooled server connection and what qag knows about its state."""
 
     __slots__ = ("conn", "fd", "thread_id", "cursor", "reader", "poll", "pending", "arrived", "mariadb", "with_hint",
-                 "session_ms", "renews", "read_only_variable", "names")
+                 "session_ms", "renews", "read_only_variable", "names", "reused")
 
     def __init__(self, conn, mariadb: bool, with_hint: bool, renews: bool, read_only_variable: str | None,
                  names: schema_reader.ServerNames | None = None, spin: float = 0.0):
@@ -286,6 +286,7 @@ class _Link:
         self.renews = renews        # MySQL read-only: a transaction to renew with ROLLBACK AND CHAIN after each call
         self.read_only_variable = read_only_variable  # MariaDB read-only: the access mode each statement sets
         self.names = names          # lower_case_table_names and sql_mode, read when the connection was opened
+        self.reused = False         # taken from the pool for this call (not opened for it)
 
     def readable(self) -> bool:
         return bool(self.poll.poll(0))
@@ -456,6 +457,7 @@ class MysqlBackend(Backend):
             return self.pool.acquire(key, self._open, None, 0, deadline, label, False, opening, True)[0]
         while True:
             link, reused = self.pool.acquire(key, self._open, _preferred, self._grow, deadline, label, False, opening)
+            link.reused = reused
             if not reused:
                 return link
             try:
@@ -529,34 +531,49 @@ class MysqlBackend(Backend):
         return timed.sql
 
     # --- Backend -------------------------------------------------------------------------------------------
-    def run(self, fields: dict, call: Call) -> Result:
+    def _link_for(self, key, fields: dict, call: Call, deadline) -> _Link:
         read_only = call.read_only
-        key = (_ident(fields), read_only)
-        deadline = deadline_of(call.timeout)
         try:
             link = self._take(key, fields, read_only, call.sql, deadline, call.connection)
             if call.default_text and not _text_read_by_default(link):
                 link = self._take_reading_text_by_default(key, link, fields, read_only, call, deadline)
         except _Overdue:
             raise network_timeout(call.timeout) from None
-        started = perf_counter()
-        sent = None     # the statement once it is being sent: from then on it may have run
-        token = WATCHDOG.arm(link.fd, deadline, _kill_query, (fields, link.thread_id)) if deadline else 0
-        try:
-            statement = self._prepare(link, call.sql, call.timeout)
-            sent = statement
-            columns, rows = _execute(link, statement, call.args, call.skip, call.fetch, deadline)
-        except BaseException as exc:
-            if token and WATCHDOG.disarm(token):
-                self._cut(key, link)
-                error = network_timeout(call.timeout)
-            else:
-                self.pool.release(key, link, False)
-                if not isinstance(exc, _DRIVER_ERRORS):
-                    raise
-                error = refused_write_of(mapped(exc, call.timeout, sent or call.sql, call.sql), call.read_only)
-            # A write commits on its own (autocommit): a reply lost once it was sent leaves its outcome unknown.
-            raise (sent_write_error(error) if sent is not None and call.writes else error) from None
+        return link
+
+    def run(self, fields: dict, call: Call) -> Result:
+        read_only = call.read_only
+        key = (_ident(fields), read_only)
+        deadline = deadline_of(call.timeout)
+        link = self._link_for(key, fields, call, deadline)
+        while True:
+            started = perf_counter()
+            sent = None     # the statement once it is being sent: from then on it may have run
+            token = WATCHDOG.arm(link.fd, deadline, _kill_query, (fields, link.thread_id)) if deadline else 0
+            try:
+                statement = self._prepare(link, call.sql, call.timeout)
+                sent = statement
+                columns, rows = _execute(link, statement, call.args, call.skip, call.fetch, deadline)
+            except BaseException as exc:
+                if token and WATCHDOG.disarm(token):
+                    self._cut(key, link)
+                    error = network_timeout(call.timeout)
+                else:
+                    self.pool.release(key, link, False)
+                    if not isinstance(exc, _DRIVER_ERRORS):
+                        raise
+                    if not call.writes and link.reused and _lost(exc):
+                        # A pooled connection whose path died without a word (a NAT, firewall or VIP change; a
+                        # server that closed it, the pool sees): the idle ones share that path. A call that can't
+                        # write runs again, once, on a connection opened for it, as PostgreSQL's does.
+                        self.pool.close_idle(key)
+                        link = self._link_for(key, fields, call, deadline)
+                        link.reused = False
+                        continue
+                    error = refused_write_of(mapped(exc, call.timeout, sent or call.sql, call.sql), call.read_only)
+                # A write commits on its own (autocommit): a reply lost once it was sent leaves its outcome unknown.
+                raise (sent_write_error(error) if sent is not None and call.writes else error) from None
+            break
         elapsed = (perf_counter() - started) * 1000.0
         if token and WATCHDOG.disarm(token):
             self._cut(key, link)   # the reply was read whole just as its socket was cut: answered, not pooled
@@ -698,6 +715,16 @@ def _left(deadline: float) -> float:
     if left <= 0:
         raise _Overdue()
     return left
+
+
+# CR_SERVER_GONE_ERROR, CR_SERVER_LOST, CR_SERVER_LOST_EXTENDED: a connection that was open is gone.
+_LOST_CODES = frozenset((2006, 2013, 2055))
+
+
+def _lost(exc: BaseException) -> bool:
+    """Whether a driver error says the connection was lost (not that the statement failed)."""
+    args = getattr(exc, "args", ())
+    return isinstance(exc, MySQLdb.OperationalError) and bool(args) and args[0] in _LOST_CODES
 
 
 def _read_renewal(link: _Link, deadline: float | None) -> None:

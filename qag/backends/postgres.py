@@ -703,8 +703,8 @@ class PostgresBackend(Backend):
             try:
                 return link, self._attempt(link, call, statements, reset, deadline)
             except (psycopg.OperationalError, OSError, _ServerError) as exc:
-                if not (reused and call.read_only and _lost(link, exc)):
-                    raise
+                if not (reused and not call.writes and _lost(link, exc)):
+                    raise       # a call that may write is never run twice
             link.bad = True
             self.pool.release(key, link, False)
             # The server ended a connection it had pooled: whatever ended it (a restart, a failover, an

@@ -43,14 +43,12 @@ def test_connections_broken_mid_call_then_service_recovers(request, server, uniq
             t.join(20)
         assert len(replies) == 2
         for r in replies:
-            # Either a clear 502 without the password, or (PostgreSQL retries an interrupted read once on a fresh
-            # connection) the right answer: never a 500, never a hang.
+            # Either a clear 502 without the password, or (a call that can't write, interrupted on a pooled
+            # connection, runs again once on a fresh one) the right answer: never a 500, never a hang.
             if r.status == 502:
                 assert r.json["code"] == "connection_failed" and fields["password"] not in r.body.decode()
             else:
                 assert r.status == 200 and r.json[0]["s"] in ("", 0), r
-        if db == "mysql":
-            assert [r.status for r in replies] == [502, 502], replies
         # Later calls succeed at once: idle connections broken by the cut are never handed out.
         for _ in range(6):
             r = server.get(q(fast))
