@@ -95,6 +95,7 @@ class SqliteStore(Store):
             except sqlite3.Error as exc:
                 raise StoreError(f"cannot open the store {self.path}: {exc}") from None
             conn.row_factory = _row
+            self._local.ident = _identity(self.path)     # the file this connection writes
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
@@ -102,6 +103,18 @@ class SqliteStore(Store):
             self._local.pid = os.getpid()
             self._local.depth = 0
         return conn
+
+    def _on_the_store(self, conn: sqlite3.Connection) -> sqlite3.Connection:
+        """This thread's connection for a write, on the file at the store's path now: a connection to a file that
+        was deleted or replaced since (an operator's restore) writes where nothing will ever read it, so it is
+        closed and another opened; with no file there that is a StoreError (503), never a change acknowledged and
+        lost at the next restart. One stat() a write transaction."""
+        now = _identity(self.path)
+        if now is not None and now == self._local.ident:
+            return conn
+        conn.close()
+        self._local.conn = None
+        return self._conn()
 
     def describe(self) -> str:
         return self.path
@@ -132,6 +145,7 @@ class SqliteStore(Store):
             finally:
                 self._local.depth -= 1
             return
+        conn = self._on_the_store(conn)
         conn.execute("BEGIN IMMEDIATE")
         self._local.depth = 1
         try:
@@ -152,7 +166,10 @@ class SqliteStore(Store):
         return self._conn().execute(sql, args).fetchone()
 
     def _run(self, sql: str, args: tuple = ()) -> int:
-        return self._conn().execute(sql, args).rowcount
+        conn = self._conn()
+        if not self._local.depth:
+            conn = self._on_the_store(conn)     # a write of its own (autocommit)
+        return conn.execute(sql, args).rowcount
 
     def _migrate(self) -> None:
         conn = self._conn()
@@ -566,6 +583,15 @@ def _pack_rid(value):
 # size and stay in the connection's statement cache (a new multi-row text costs a prepare of about 27k
 # instructions per row). 256 rows of 16 values stay far below SQLite's variable limit.
 _RUN_CHUNKS = (256, 128, 64, 32, 16, 8, 4, 2, 1)
+def _identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the file at `path`, None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _run_segments(rows: list[tuple], pause: Callable[[], None] | None = None) -> list[tuple[tuple[bool, ...], list]]:
     """Consecutive runs that fill the same columns (so ids keep the batch's order), as (filled, their values
     flattened). A run leaves most columns NULL, their default: leaving them out of the INSERT keeps them off

@@ -420,3 +420,40 @@ def test_a_url_libpq_cannot_read_never_shows_its_password():
     with pytest.raises(StoreError) as failed:
         PostgresStore(url)
     assert "s3cr" not in str(failed.value) and "***" in str(failed.value)
+
+
+def test_a_write_after_the_store_file_vanished_or_was_replaced_is_never_lost(tmp_path):
+    """Fault drill: the store file deleted while serving; a thread that already had a connection kept writing to
+    the unlinked file, and each change was acknowledged (201) and gone at the next restart. A write finds the file
+    at the store's path first: none there is a StoreError (503), nothing acknowledged; a file put back (a restore)
+    is the one written."""
+    store = SqliteStore(str(tmp_path))
+    store.set_meta("before", "1")
+    moved = os.path.join(str(tmp_path), "moved.db")
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(store.path + suffix):
+            os.rename(store.path + suffix, moved + suffix)
+    with pytest.raises(StoreError):
+        store.set_meta("lost", "1")                    # this thread's connection is on the moved file
+    with pytest.raises(StoreError):
+        with store.transaction():
+            store.set_meta("lost", "2")
+    assert not os.path.exists(store.path)
+    check = sqlite3.connect(moved)
+    assert check.execute("SELECT count(*) FROM meta WHERE key = 'lost'").fetchone() == (0,)
+    check.close()
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(moved + suffix):
+            os.rename(moved + suffix, store.path + suffix)
+    store.set_meta("after", "1")
+    assert store.get_meta("before") == "1" and store.get_meta("after") == "1"
+    replacement = os.path.join(str(tmp_path), "restored.db")
+    restored = sqlite3.connect(replacement)
+    sqlite3.connect(store.path).backup(restored)
+    restored.close()
+    os.replace(replacement, store.path)                  # an operator's restore: a new file at the path
+    store.set_meta("on_the_restored_file", "1")
+    check = sqlite3.connect(store.path)
+    assert check.execute("SELECT value FROM meta WHERE key = 'on_the_restored_file'").fetchone() == ("1",)
+    check.close()
+    store.close()
