@@ -579,6 +579,12 @@ class MysqlBackend(Backend):
             self._cut(key, link)   # the reply was read whole just as its socket was cut: answered, not pooled
         else:
             self._give_back(key, link, read_only, call.sql)
+        if call.timeout and elapsed >= call.timeout * 1000.0 and not call.writes:
+            # Past its time limit, a reply may be a function's answer to being interrupted, not its result:
+            # MariaDB's BENCHMARK() gives 0 and SLEEP() 1 when max_statement_time or the watchdog's KILL QUERY
+            # stops them, with no error. A call that can't write is answered as the limit says; a write did what
+            # its reply says.
+            raise timeout_error(call.timeout)
         return Result(columns, rows, elapsed)
 
     def _cut(self, key, link: _Link) -> None:

@@ -213,6 +213,17 @@ def test_b10_7_a_time_limit_does_not_outlive_its_call(db):
     assert backend.run(db.fields, read("SELECT SLEEP(1.2)", timeout=2)).rows == [(0,)]
 
 
+def test_a_function_that_answers_its_interruption_is_a_timeout_not_a_result(db):
+    """Fault drill: MariaDB's BENCHMARK() gives 0 (and SLEEP() 1, under the watchdog's KILL QUERY) when its time
+    limit stops it, with no error: the call answered 200 with that value. Past its limit, a call that can't write
+    is answered as the limit says."""
+    backend = MysqlBackend(settings(pool_size=1))
+    with pytest.raises(QagError) as info:
+        backend.run(db.fields, read("SELECT BENCHMARK(2000000000, md5('a')) AS b", timeout=0.3))
+    assert info.value.code == "query_timeout" and info.value.extras["timeout"] == 0.3
+    assert backend.run(db.fields, read("SELECT BENCHMARK(1000, md5('a')) AS b", timeout=2)).rows == [(0,)]
+
+
 def test_b10_7_stored_function_cannot_make_the_next_call_writable(db):
     backend = MysqlBackend(settings(pool_size=1))
     connection = backend.run(db.fields, read("SELECT CONNECTION_ID(), make_writable()")).rows[0][0]
