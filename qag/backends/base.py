@@ -116,6 +116,13 @@ def write_refused(detail: str) -> QagError:
                                  "read-only call", detail=detail)
 
 
+# Seconds after its statement was sent within which a pooled connection's loss says it was dead before it could
+# run it (the RST a path that died answers with comes back in a round trip): a read-only call is then run again
+# once on another connection. Later, the statement may have been running (an administrator's KILL, a cut
+# mid-query): running it again would undo the kill and double the server's load, so it is refused as lost.
+STALE_WINDOW = 0.1
+
+
 def database_read_only(detail: str) -> QagError:
     """A write call the database itself refused because it takes no writes now (a standby after a failover, a server
     or database set read-only, a file that can't be written): nothing was written, and it is the database's state,

@@ -52,7 +52,7 @@ from ..sql.names import mysql_lower
 from . import _mysql_schema as schema_reader
 from . import _mysql_sql as statements
 from .base import (Backend, Call, Result, connection_failed, network_timeout, opening_failed, other_text_reading,
-                   query_failed, refused_write_of, sent_write_error, timeout_error, write_refused)
+                   query_failed, sent_write_error, timeout_error, write_refused, database_read_only, STALE_WINDOW)
 from .pool import Pool, settings_key
 from .watchdog import WATCHDOG, deadline_of, tcp_keepalive
 
@@ -202,9 +202,10 @@ def mapped(exc: BaseException, timeout: float | None, sent: str | None = None, o
     detail = _own_text_removed(_detail(exc), sent, own)
     if code in _VALUE_CODES:
         return QagError("value_invalid", _VALUE_MESSAGE, detail=detail)
-    if code == _READ_ONLY_TRANSACTION or (code in _OPTION_REFUSED and ("read-only" in detail.lower()
-                                                                       or "read_only" in detail.lower())):
-        return write_refused(detail)
+    if code == _READ_ONLY_TRANSACTION:
+        return write_refused(detail)        # the call's own access mode (a read-only call, or SET STATEMENT's)
+    if code in _OPTION_REFUSED and ("read-only" in detail.lower() or "read_only" in detail.lower()):
+        return database_read_only(detail)   # the server's: it takes no writes now
     lowered = detail.lower()
     if (code in _UNREACHABLE_CODES or isinstance(exc, (MySQLdb.InterfaceError, OSError))
             or any(text in lowered for text in _UNREACHABLE_TEXT)):
@@ -562,15 +563,15 @@ class MysqlBackend(Backend):
                     self.pool.release(key, link, False)
                     if not isinstance(exc, _DRIVER_ERRORS):
                         raise
-                    if not call.writes and link.reused and _lost(exc):
-                        # A pooled connection whose path died without a word (a NAT, firewall or VIP change; a
-                        # server that closed it, the pool sees): the idle ones share that path. A call that can't
-                        # write runs again, once, on a connection opened for it, as PostgreSQL's does.
+                    if read_only and link.reused and _lost(exc) and perf_counter() - started < STALE_WINDOW:
+                        # A pooled connection whose path died without a word (a NAT, firewall or VIP change), lost
+                        # as soon as the statement was sent: the idle ones share that path. A read-only call runs
+                        # again, once, on another connection, as PostgreSQL's does.
                         self.pool.close_idle(key)
                         link = self._link_for(key, fields, call, deadline)
                         link.reused = False
                         continue
-                    error = refused_write_of(mapped(exc, call.timeout, sent or call.sql, call.sql), call.read_only)
+                    error = mapped(exc, call.timeout, sent or call.sql, call.sql)
                 # A write commits on its own (autocommit): a reply lost once it was sent leaves its outcome unknown.
                 raise (sent_write_error(error) if sent is not None and call.writes else error) from None
             break

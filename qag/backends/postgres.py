@@ -80,7 +80,7 @@ from .._speedups.pgpipe import error_of, name_of   # how both twins read a failu
 from ..errors import QagError
 from ._postgres_schema import SCHEMA_MAX_TABLES, read_functions, read_schema
 from .base import (Backend, Call, Result, connection_failed, network_timeout, opening_failed, query_failed,
-                   refused_write_of, sent_write_error, timeout_error, write_refused)
+                   refused_write_of, sent_write_error, timeout_error, write_refused, STALE_WINDOW)
 from .pool import Pool, settings_key
 from .watchdog import (KEEPALIVE_COUNT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, NETWORK_MARGIN, USER_TIMEOUT_MS,
                        deadline_of)
@@ -700,11 +700,13 @@ class PostgresBackend(Backend):
             raise network_timeout(call.timeout) from None
         shift = 1 if statements[0].startswith("DECLARE") else 0
         try:
+            sent = monotonic()
             try:
                 return link, self._attempt(link, call, statements, reset, deadline)
             except (psycopg.OperationalError, OSError, _ServerError) as exc:
-                if not (reused and not call.writes and _lost(link, exc)):
-                    raise       # a call that may write is never run twice
+                if not (reused and call.read_only and _lost(link, exc)
+                        and (isinstance(exc, _ResetFailed) or monotonic() - sent < STALE_WINDOW)):
+                    raise
             link.bad = True
             self.pool.release(key, link, False)
             # The server ended a connection it had pooled: whatever ended it (a restart, a failover, an

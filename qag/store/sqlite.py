@@ -95,7 +95,7 @@ class SqliteStore(Store):
             except sqlite3.Error as exc:
                 raise StoreError(f"cannot open the store {self.path}: {exc}") from None
             conn.row_factory = _row
-            self._local.ident = _identity(self.path)     # the file this connection writes
+            self._local.ident = _identity(self.path) or (-1, -1)   # the file this connection writes
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
@@ -105,16 +105,14 @@ class SqliteStore(Store):
         return conn
 
     def _on_the_store(self, conn: sqlite3.Connection) -> sqlite3.Connection:
-        """This thread's connection for a write, on the file at the store's path now: a connection to a file that
-        was deleted or replaced since (an operator's restore) writes where nothing will ever read it, so it is
-        closed and another opened; with no file there that is a StoreError (503), never a change acknowledged and
-        lost at the next restart. One stat() a write transaction."""
-        now = _identity(self.path)
-        if now is not None and now == self._local.ident:
-            return conn
-        conn.close()
-        self._local.conn = None
-        return self._conn()
+        """This thread's connection for a write, if it is on the file at the store's path now; else a StoreError
+        (503): a connection to a file deleted since writes where nothing will ever read it (a change acknowledged,
+        then lost at the next restart), and one replaced under the server (a restore) shares the old file's -wal
+        and -shm with it, mixing the two. A file put back (the same inode) is written again. One stat() a write."""
+        if _identity(self.path) != self._local.ident:
+            raise StoreError(f"the store {self.path} was moved, deleted or replaced since the server opened it; put "
+                             f"it back, or restart the server (restore a store with the server stopped)")
+        return conn
 
     def describe(self) -> str:
         return self.path

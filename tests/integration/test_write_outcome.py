@@ -221,12 +221,16 @@ def test_a_database_that_takes_no_writes_is_unavailable_not_forbidden(write_serv
         assert read.status == 200 and read.json == [{"n": 0}], read
     finally:
         cleanup()
-    path = tmp_path / "frozen.db"
+
+
+def test_a_sqlite_file_that_takes_no_writes_is_unavailable_not_forbidden(write_server, uniq, tmp_path):
+    """The same for a SQLite file that can't be written (immutable: root can't write it either)."""
     import sqlite3
-    sqlite3.connect(path).executescript("CREATE TABLE w (v INTEGER);")
     import subprocess
+    path = tmp_path / "frozen.db"
+    sqlite3.connect(path).executescript("CREATE TABLE w (v INTEGER);")
     if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
-        return                  # no immutable files here (not root, or a filesystem without them)
+        pytest.skip("no immutable files here (not root, or a filesystem without them)")
     try:
         lite = uniq("frozen")
         assert write_server.post("/api/v1/connections", {"name": lite, "db": "sqlite",

@@ -237,14 +237,13 @@ def test_errors_map_to_the_contract():
     e = mapped(MySQLdb.ProgrammingError(1064, "You have an error in your SQL syntax"), 2.0)
     assert e.code == "query_failed" and e.extras["detail"] == "1064 (You have an error in your SQL syntax)"
     assert mapped(MySQLdb.OperationalError(1045, "Access denied"), None).code == "query_failed"
-    # A server that takes no writes (--read-only): the engine's refusal of a write; --secure-file-priv is another
-    # option's, the statement's own fault
+    # A server that takes no writes (--read-only): its state, not the caller's right (503); --secure-file-priv is
+    # another option's, the statement's own fault; a read-only transaction's refusal is the call's own access mode
     e = mapped(MySQLdb.OperationalError(1290, "The MariaDB server is running with the --read-only option so it "
                                               "cannot execute this statement"), None)
-    assert e.code == "read_only"
-    assert refused_write_of(e, read_only=True).code == "read_only"           # a read-only call's: the caller's 403
-    e = refused_write_of(e, read_only=False)
     assert (e.code, e.status, e.extras["retry_after"]) == ("unavailable", 503, 5)
+    e = mapped(MySQLdb.OperationalError(1792, "Cannot execute statement in a READ ONLY transaction"), None)
+    assert e.code == "read_only" and refused_write_of(e, read_only=True).code == "read_only"
     e = mapped(MySQLdb.OperationalError(1290, "The MariaDB server is running with the --secure-file-priv option so "
                                               "it cannot execute this statement"), None)
     assert e.code == "query_failed"
