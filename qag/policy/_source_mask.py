@@ -201,12 +201,19 @@ def _postgres_masked(c: str, ctype: str, action: str, pads: tuple[str, str] = (I
             f"ELSE pg_catalog.left({t}, 1) || pg_catalog.repeat('*', GREATEST(3, pg_catalog.length({t}) - 1)) END")
 
 
+# MariaDB/MySQL spatial types: no CAST to CHAR (MariaDB: error 4079), so hashed over their bytes (SRID and WKB).
+_MYSQL_SPATIAL = frozenset(("geometry", "point", "linestring", "polygon", "multipoint", "multilinestring",
+                            "multipolygon", "geometrycollection", "geomcollection"))
+
+
 def _mysql_masked(c: str, ctype: str, action: str, pads: tuple[str, str] = (IPAD, OPAD)) -> str:
     if action in ("null", "drop"):
         return "NULL"
     if action in ("hash", OWN_HASH):
         ipad, opad = pads
-        inner = f"UNHEX(SHA2(CONCAT(UNHEX(:{ipad}), CONVERT(CAST({c} AS CHAR) USING utf8mb4)), 256))"
+        spatial = (ctype or "").lower().split("(")[0].strip() in _MYSQL_SPATIAL
+        value = f"CAST({c} AS BINARY)" if spatial else f"CONVERT(CAST({c} AS CHAR) USING utf8mb4)"
+        inner = f"UNHEX(SHA2(CONCAT(UNHEX(:{ipad}), {value}), 256))"
         return f"IF({c} IS NULL, NULL, LEFT(SHA2(CONCAT(UNHEX(:{opad}), {inner}), 256), 16))"
     if not _textual("mysql", ctype):
         return "NULL"

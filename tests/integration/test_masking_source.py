@@ -99,3 +99,31 @@ def test_a_masked_column_used_but_not_returned_gives_nothing_away(srv, dialect, 
         assert replies["admin", side].status == 200, replies["admin", side]
     assert replies["admin", "a"].body != replies["admin", "b"].body, "the case doesn't depend on the masked values"
     assert replies["masked", "a"].body == replies["masked", "b"].body, (replies["masked", "a"], replies["masked", "b"])
+
+
+@pytest.mark.e2e
+def test_a_hashed_spatial_column_is_hashed_over_its_bytes(srv):
+    """A fuzz finding: a hash rule on a MariaDB GEOMETRY column was a 500 (MariaDB can't CAST a geometry to CHAR,
+    error 4079). It is hashed over the value's bytes: equal shapes hash alike, others not; NULL stays NULL."""
+    fields, cleanup = make_mysql_database()
+    try:
+        admin = mysql_admin()
+        cur = admin.cursor()
+        cur.execute(f"USE `{fields['database']}`")
+        cur.execute("CREATE TABLE places (id INT PRIMARY KEY, g GEOMETRY NULL, p POINT NULL)")
+        cur.execute("INSERT INTO places VALUES (1, POINT(1, 2), POINT(1, 2)), (2, POINT(1, 2), POINT(3, 4)), "
+                    "(3, NULL, NULL)")
+        admin.commit()
+        admin.close()
+        assert srv.post("/api/v1/connections", {"name": "geo", "db": "mysql", **fields}).status == 201
+        key = srv.key("geo_hashed", connections=["geo"], mask=[{"column": "places.g", "action": "hash"},
+                                                                {"column": "places.p", "action": "hash"}])
+        r = srv.post("/execute_sql", {"sql": "SELECT id, g, p FROM places ORDER BY id", "connection_name": "geo"},
+                     key=key)
+        assert r.status == 200, r
+        rows = r.json
+        assert all(len(rows[i][c]) == 16 for i in (0, 1) for c in ("g", "p")), rows
+        assert rows[0]["g"] == rows[1]["g"] == rows[0]["p"] and rows[1]["p"] != rows[0]["p"], rows
+        assert rows[2]["g"] is None and rows[2]["p"] is None
+    finally:
+        cleanup()
