@@ -663,7 +663,9 @@ def _mapped(exc: Exception, deadline: float | None, timeout: float | None) -> Qa
     name = getattr(exc, "sqlite_errorname", None)
     if deadline is not None and text == "interrupted" and time.monotonic() >= deadline:
         return timeout_error(timeout)
-    if name == "SQLITE_TOOBIG" or text in ("query string is too large", "LIKE or GLOB pattern too complex"):
+    if (name == "SQLITE_TOOBIG" or text in ("query string is too large", "LIKE or GLOB pattern too complex",
+                                             "parser stack overflow")
+            or text.startswith("Expression tree is too large")):
         return QagError("value_too_large", f"A value, pattern or statement is larger than SQLite allows here "
                         f"(values up to {LENGTH_LIMIT:,} bytes, LIKE/GLOB patterns up to {LIKE_PATTERN_LIMIT:,})",
                         detail=text)

@@ -22,6 +22,10 @@ def test_values_over_sqlites_limits_are_400(server):
     r = sql(server, "WITH RECURSIVE r(n, s) AS (SELECT 1, 'x' UNION ALL SELECT n + 1, s || s FROM r) "
                     "SELECT length(s) AS n FROM r ORDER BY n DESC LIMIT 1")
     assert r.status == 400 and r.json["code"] == "value_too_large"
+    for statement in ("SELECT " + "+".join(["1"] * 3000) + " AS n",      # expression deeper than SQLite's limit
+                      "SELECT " + "(" * 500 + "1" + ")" * 500 + " AS n"):  # the parser's stack
+        r = sql(server, statement)
+        assert r.status == 400 and r.json["code"] == "value_too_large", r
     r = sql(server, "SELECT 1 AS one LIMIT 'x'")
     assert r.status == 400 and r.json["code"] == "value_invalid"
     assert sql(server, "SELECT count(*) AS n FROM t").json == [{"n": 25}]   # the next good request succeeds

@@ -242,6 +242,8 @@ def test_errors_map_to_the_contract():
     e = mapped(MySQLdb.OperationalError(1290, "The MariaDB server is running with the --read-only option so it "
                                               "cannot execute this statement"), None)
     assert (e.code, e.status, e.extras["retry_after"]) == ("unavailable", 503, 5)
+    e = mapped(MySQLdb.OperationalError(1436, "Thread stack overrun:  1234 bytes used of a 299008 byte stack"), None)
+    assert (e.code, e.status) == ("value_too_large", 400)
     e = mapped(MySQLdb.OperationalError(1792, "Cannot execute statement in a READ ONLY transaction"), None)
     assert e.code == "read_only" and refused_write_of(e, read_only=True).code == "read_only"
     e = mapped(MySQLdb.OperationalError(1290, "The MariaDB server is running with the --secure-file-priv option so "
