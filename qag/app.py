@@ -257,7 +257,7 @@ class Gateway:
                 self._limits(caller, environ, route.endpoint in _DATA_ENDPOINTS)
         if route.public:
             if caller is not None and caller.via == "open" and not self._open_to(request, origin):
-                caller = None   # /openapi.json, /readyz, /docs: a remote caller of an open server is anyone, no admin
+                caller = None   # /openapi.json, /readyz: a remote caller of an open server is anyone, no admin
             return route.handler(request, caller, **params)
         if caller is None:
             raise QagError("unauthorized", "Unauthorized", headers=list(self.auth.challenges))

@@ -103,8 +103,9 @@ def guard_open_mode(peer: str | None, host: str | None, origin: str | None, cors
     `qag events`'.
 
     `relayed`: the clients the request's forwarding headers name (relayed_clients). A loopback peer that names
-    another client is a proxy on this machine relaying for callers elsewhere (the usual nginx in front, whose
-    requests come from 127.0.0.1 with a Host of 127.0.0.1): refused too, whether QAG_TRUST_PROXY is set or not. The
+    another client is a proxy on this machine relaying for callers elsewhere (its requests come from 127.0.0.1,
+    often with a Host of 127.0.0.1): refused too, whether QAG_TRUST_PROXY is set or not (a proxy that names no
+    client can't be told from a local caller: docs/compatibility.md). The
     headers can only ever take access away: a remote peer naming 127.0.0.1 is still remote. A public route
     answers a caller refused here as it answers anyone (app.Gateway._open_to)."""
     if not is_loopback(peer):
