@@ -84,8 +84,8 @@ _SIDE: dict[str, frozenset[str]] = {
         # an unknown one), or by OID: oidvectortypes names the types of a list of OIDs (a table's row type has
         # its name), satisfies_hash_partition opens a table by OID, the validators a function, amvalidate an
         # operator class; pg_extension_update_paths an extension by name
-        "currtid", "currtid2", "oidvectortypes", "satisfies_hash_partition", "fmgr_c_validator", "fmgr_internal_validator",
-        "fmgr_sql_validator", "plpgsql_validator", "amvalidate", "pg_extension_update_paths",
+        "currtid", "currtid2", "oidvectortypes", "satisfies_hash_partition", "fmgr_c_validator",
+        "fmgr_internal_validator", "fmgr_sql_validator", "plpgsql_validator", "amvalidate", "pg_extension_update_paths",
         # other sessions: whether one is blocked, as pg_blocking_pids tells
         "pg_isolation_test_session_is_blocked",
         # each name-resolving type's own functions: regclass('vault') is the cast, regclassin its input

@@ -51,7 +51,8 @@ WRITING_PREFIXES = ("pg_advisory_", "pg_try_advisory_", "dblink", "pg_terminate_
 # writing too: no reader of the statement sees what that text calls (pg_terminate_backend, an advisory lock).
 WRITING_NAMES = frozenset(("lo_create", "lo_creat", "lo_import", "lo_export", "lo_unlink", "lo_put", "lo_from_bytea",
                            "lo_truncate", "lo_truncate64", "lowrite", "nextval", "setval", "pg_notify", "pg_promote", "pg_start_backup",
-                           "pg_stop_backup", "pg_stop_making_pinned_objects", "query_to_xml", "query_to_xmlschema", "query_to_xml_and_xmlschema",
+                           "pg_stop_backup", "pg_stop_making_pinned_objects", "query_to_xml", "query_to_xmlschema",
+                           "query_to_xml_and_xmlschema",
                            "ts_stat", "ts_rewrite",
                            # index maintenance: a ROLLBACK keeps what it did to the index (a range left
                            # unsummarized makes the BRIN index useless until someone summarizes it again)
