@@ -119,8 +119,9 @@ def write_refused(detail: str) -> QagError:
 # Seconds after its statement was sent within which a pooled connection's loss says it was dead before it could
 # run it (the RST a path that died answers with comes back in a round trip): a read-only call is then run again
 # once on another connection. Later, the statement may have been running (an administrator's KILL, a cut
-# mid-query): running it again would undo the kill and double the server's load, so it is refused as lost.
-STALE_WINDOW = 0.1
+# mid-query): running it again would undo the kill and double the server's load, so it is refused as lost. A
+# quarter second: a round trip with room for a loaded machine's scheduling; no one kills a query that soon.
+STALE_WINDOW = 0.25
 
 
 def database_read_only(detail: str) -> QagError:
