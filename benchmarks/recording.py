@@ -80,10 +80,10 @@ def parts_cost(app, call, spec, keys, rounds: int) -> None:
     for _ in range(rounds):
         start = time.process_time()
         for batch in batches:
-            on.history._write(batch)
+            on.history._write(batch, os.urandom(12).hex())
         figures["history write (per run)"].append((time.process_time() - start) / len(captured) * 1e6)
         start = time.process_time()
-        on.logs._write(lines)
+        on.logs._write(lines, os.urandom(12).hex())
         figures["log lines (2 per call)"].append((time.process_time() - start) / len(captured) * 1e6)
         start = time.process_time()
         for _ in range(20000):

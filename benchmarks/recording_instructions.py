@@ -78,19 +78,19 @@ def _counted(args) -> None:
     batches = [[captured[(b * args.batch + i) % len(captured)] for i in range(args.batch)]
                for b in range(2 * args.batches)]
     for batch in batches[:args.batches]:
-        observer.history._write(batch)
+        observer.history._write(batch, os.urandom(12).hex())
     _control("-i", "on")
     for batch in batches[args.batches:]:
-        observer.history._write(batch)
+        observer.history._write(batch, os.urandom(12).hex())
     _control("-i", "off")
     _control("-d", "history")
 
     now = time.time()
     lines = [("req", now + i * 0.0003, "0123456789ab", "scoped", "GET", path, 200, 0.3 + i % 7 * 0.01, None)
              for i in range(args.calls)]
-    observer.logs._write(lines[:200])
+    observer.logs._write(lines[:200], os.urandom(12).hex())
     _control("-i", "on")
-    observer.logs._write(lines)
+    observer.logs._write(lines, os.urandom(12).hex())
     _control("-i", "off")
     _control("-d", "logs")
 

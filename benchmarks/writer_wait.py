@@ -62,7 +62,7 @@ def _child(batch: int, batches: int) -> dict:
         time.sleep(0.01)
         late.clear()
         start = time.perf_counter()
-        app.observe.history._write(records)
+        app.observe.history._write(records, os.urandom(12).hex())
         took = time.perf_counter() - start
         writes.append(took)
         waits.append(max(late) if late else took)   # never got in: it waited the whole write
