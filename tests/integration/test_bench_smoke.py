@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -122,3 +123,29 @@ def test_smoke_mysql_six_databases(tmp_path, smoke_databases):
         assert proc.returncode == 0, proc.stderr[-4000:]
         counts = [int(line.split()[1].replace(",", "")) for line in proc.stdout.splitlines()[1:]]
         assert len(counts) == 2 and all(100_000 < c < 50_000_000 for c in counts), proc.stdout
+
+
+def _bench(*argv: str, timeout: int = 240) -> str:
+    """Run `python -m benchmarks.<argv>` from the repository without the caller's QAG_* settings; its stdout."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("QAG_", "QUERYAPIGATE_"))}
+    proc = subprocess.run([sys.executable, "-m", *argv], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout
+
+
+def test_recording_benchmarks_run(tmp_path):
+    """The recording benchmarks drive the writers as their threads do (a batch id per write) and swap the gateway's
+    observer: each prints positive figures (they broke unseen when the writers' signature changed)."""
+    out = _bench("benchmarks.recording", "--home", str(tmp_path / "home"), "--rounds", "1", "--calls", "30",
+                 "--disk-calls", "50")
+    parts = re.search(r"history write \(per run\) ([\d.]+).*log lines \(2 per call\) ([\d.]+)", out)
+    assert parts and float(parts.group(1)) > 0 and float(parts.group(2)) > 0, out
+    assert re.search(r"customer \(1 row, scoped key\)\s+off: [\d.]+ µs.*on: [\d.]+ µs", out), out
+    out = _bench("benchmarks.writer_wait", "--rounds", "1", "--batches", "2", "--batch", "20", "--pin", "")
+    write_ms = re.search(r"\| worktree \| ([\d.]+) ", out)
+    assert write_ms and float(write_ms.group(1)) > 0, out
+    if shutil.which("valgrind"):
+        out = _bench("benchmarks.recording_instructions", "--calls", "40", "--batch", "10", "--batches", "1")
+        counts = re.search(r"history writer (\d+) per run .* log writer (\d+) per line, request thread (\d+)", out)
+        assert counts and all(1_000 < int(c) < 10_000_000 for c in counts.groups()), out
