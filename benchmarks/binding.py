@@ -20,8 +20,10 @@ import sys
 import tempfile
 import timeit
 
-from qag.sql import params as pure_params
-from qag.sql import prepare as pure_prepare
+# The pure twins as they are (the request path is compiled in place in a full build, and picked at import).
+os.environ["QAG_SPEEDUPS"] = "off"
+from qag.sql import params as pure_params  # noqa: E402
+from qag.sql import prepare as pure_prepare  # noqa: E402
 
 RULES = {"id": {"type": "int", "required": True},
          "status": {"type": "string", "enum": ["open", "shipped"], "default": "open"},
@@ -33,7 +35,9 @@ SQL = "SELECT * FROM orders WHERE customer_id = :id AND status = :status AND tot
 def compile_copies(folder: str) -> tuple[object, object]:
     """params.py and prepare.py compiled by Cython as top-level modules cparams/cprepare in `folder`."""
     for name in ("params", "prepare"):
-        with open(getattr({"params": pure_params, "prepare": pure_prepare}[name], "__file__"), encoding="utf-8") as fh:
+        # The source beside the module: in a compiled build the module itself is the extension.
+        source = os.path.join(os.path.dirname(pure_params.__file__), name + ".py")
+        with open(source, encoding="utf-8") as fh:
             text = fh.read()
         # Relative imports become absolute ones, so the copies import qag's other modules, not themselves.
         text = re.sub(r"^from \.(\w*) import", lambda m: f"from qag.sql{'.' + m.group(1) if m.group(1) else ''} import",

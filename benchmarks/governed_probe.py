@@ -160,7 +160,7 @@ def _run(args) -> None:
             from qag import _speedups
             print(f"{args.what}: process CPU µs per call {statistics.median(per):.2f} "
                   f"[{min(per):.2f}–{max(per):.2f}] ({args.rounds} rounds x {args.calls} calls; "
-                  f"shmsync {_speedups.loaded().get('shmsync')})")
+                  f"shmsync {_speedups.choices().get('shmsync')})")
         gateway.close()
     finally:
         shutil.rmtree(home, ignore_errors=True)

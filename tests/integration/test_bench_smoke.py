@@ -149,3 +149,15 @@ def test_recording_benchmarks_run(tmp_path):
         out = _bench("benchmarks.recording_instructions", "--calls", "40", "--batch", "10", "--batches", "1")
         counts = re.search(r"history writer (\d+) per run .* log writer (\d+) per line, request thread (\d+)", out)
         assert counts and all(1_000 < int(c) < 10_000_000 for c in counts.groups()), out
+
+
+def test_in_process_probes_run():
+    """benchmarks.binding times the pure twins against their own compile, and benchmarks.governed_probe names
+    the shmsync twin it ran: both print their figures."""
+    out = _bench("benchmarks.binding", "--rounds", "1", "--number", "50")
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()}
+    assert {"resolve", "render", "both"} <= set(rows), out
+    assert all(rows[step][-1].endswith("x") and float(rows[step][-1][:-1]) > 0 for step in ("resolve", "render")), out
+    out = _bench("benchmarks.governed_probe", "--calls", "50", "--rounds", "1", "--warmup", "5")
+    cost = re.search(r"admission: process CPU µs per call ([\d.]+) .*shmsync (compiled|pure)\)", out)
+    assert cost and float(cost.group(1)) > 0, out
