@@ -156,7 +156,15 @@ def _parse_text(text: str, tokens: list, start: int, dialect: str) -> str:
             if t.value == "-" and prev is not None and prev.kind == PUNCT and prev.value == "-":
                 out.append(" ")
             out.append(t.value)
-        elif kind in (WORD, NUMBER):
+        elif kind == NUMBER:
+            # The space keeps a number apart from a name written against it: MySQL reads "1e1from" as 1e1 FROM,
+            # sqlglot as one name, so it gets "1e1 from".
+            out.append(text[t.start:t.end] + " ")
+        elif kind == WORD and "0" <= t.value[:1] <= "9":
+            # A name the server reads as one though it starts with digits (MySQL's 1abc, 0x1g, t.1e1from): quoted,
+            # so sqlglot reads the same name, never a number and an alias.
+            out.append(_ident("`" + text[t.start:t.end] + "`", dialect))
+        elif kind == WORD:
             out.append(text[t.start:t.end])
         else:                                     # BAD, SEMI, XCOMMENT: refused before this is called
             raise _Uncheckable(kind)

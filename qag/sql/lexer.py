@@ -42,6 +42,12 @@ _NUMBER_RE = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[A
 _PG_NUMBER_RE = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
                            r"(?:(?!\$)[A-Za-z0-9_$\u0080-\U0010ffff]+)?")
 _NAME_RE = re.compile(r"[A-Za-z_]\w*")
+# MySQL/MariaDB (sql_lex.cc): a number starting with a digit ends after its fraction or its exponent's digits, so
+# "1e1from" and "1.from" are a number and then FROM; a run of digits going on into other identifier characters
+# (no exponent) is one identifier ("1abc"), 0x and 0b too unless only hex or binary digits follow.
+_IDENT_CHARS_RE = re.compile(r"[A-Za-z0-9_$\u0080-\U0010ffff]*")
+_MYSQL_DIGITS_RE = re.compile(r"[0-9]*")
+_MYSQL_EXPONENT_RE = re.compile(r"[eE][+-]?[0-9]+")
 _TEXT_RE = re.compile(r"\{([A-Za-z_]\w*)\}")
 _DOLLAR_TAG_RE = re.compile(r"\$(?:[A-Za-z_\u0080-\U0010ffff][A-Za-z0-9_\u0080-\U0010ffff]*)?\$")
 _WS_RUN_RE = re.compile(r"[ \t\n\r\f\v]+")
@@ -72,6 +78,34 @@ def _quoted(sql: str, pos: int, quote: str, backslash: bool) -> int:
         else:
             i += 1
     return -1
+
+
+def _mysql_number_end(sql: str, pos: int) -> tuple[int, bool]:
+    """(end, whether it is an identifier) of the number or digit-led identifier MySQL/MariaDB reads at pos, a
+    digit or a '.' before one, as its lexer does (MY_LEX_NUMBER_IDENT, MY_LEX_INT_OR_REAL, MY_LEX_REAL). End -1
+    where it reads something no engine-exact reading can follow ("1.e" without exponent digits: MY_LEX_CHAR)."""
+    i = _MYSQL_DIGITS_RE.match(sql, pos).end()
+    n = len(sql)
+    if sql[pos] != ".":
+        run = _IDENT_CHARS_RE.match(sql, i).end()
+        if run > i:                                      # identifier characters follow the digits
+            exponent = _MYSQL_EXPONENT_RE.match(sql, i)
+            if exponent is not None:
+                return exponent.end(), False             # FLOAT_NUM: what follows is the next token
+            if i == pos + 1 and sql.startswith(("0x", "0b"), pos):   # lower case only, as the server
+                digits = sql[pos + 2:run]
+                if digits and all(d in ("0123456789abcdefABCDEF" if sql[pos + 1] == "x" else "01") for d in digits):
+                    return run, False                    # a hex or bit literal
+            return run, True                             # digits into identifier characters: one name
+        if not sql.startswith(".", i) or sql.startswith("..", i):
+            return i, False                              # an integer
+        i = _MYSQL_DIGITS_RE.match(sql, i + 1).end()     # the fraction
+    else:
+        i = _MYSQL_DIGITS_RE.match(sql, pos + 1).end()
+    if i < n and sql[i] in "eE":
+        exponent = _MYSQL_EXPONENT_RE.match(sql, i)
+        return (-1 if exponent is None else exponent.end()), False
+    return i, False
 
 
 def _sqlite_variable_end(sql: str, pos: int) -> int:
@@ -264,10 +298,25 @@ def tokenize(sql: str, dialect: str, *, backslash_single: bool | None = None,
         elif c == ";":
             append(Token(SEMI, i, i + 1, ";"))
             i += 1
+        elif (mysql and c == "." and i + 1 < n and tokens and tokens[-1].end == i
+              and tokens[-1].kind in (WORD, QIDENT) and _IDENT_CHARS_RE.match(sql, i + 1).end() > i + 1):
+            # Right after a name, a '.' and identifier characters are a qualified name's next part, whatever
+            # they start with (MY_LEX_IDENT_SEP): t.1e1from is the column `1e1from` of t.
+            end = _IDENT_CHARS_RE.match(sql, i + 1).end()
+            append(Token(PUNCT, i, i + 1, "."))
+            append(Token(WORD, i + 1, end, sql[i + 1:end].lower()))
+            i = end
         elif "0" <= c <= "9" or (c == "." and i + 1 < n and "0" <= sql[i + 1] <= "9"):
-            m = (_PG_NUMBER_RE if pg else _NUMBER_RE).match(sql, i)
-            append(Token(NUMBER, i, m.end(), m.group()))
-            i = m.end()
+            name = False
+            if mysql:
+                end, name = _mysql_number_end(sql, i)
+                if end < 0:
+                    bad(i, "number")
+                    break
+            else:
+                end = (_PG_NUMBER_RE if pg else _NUMBER_RE).match(sql, i).end()
+            append(Token(WORD, i, end, sql[i:end].lower()) if name else Token(NUMBER, i, end, sql[i:end]))
+            i = end
         elif c.isalpha() or c == "_" or c >= "\u0080":
             end = _WORD_RE.match(sql, i + 1).end()
             if pg and end == i + 1 and c in "eE" and end < n and sql[end] == "'":

@@ -141,6 +141,10 @@ class Prepared:
             elif kind in (XCOMMENT, BAD):
                 raise Unresolvable("an executable comment's columns can't be traced" if kind == XCOMMENT
                                    else "the statement can't be read")
+            elif kind == lexer.NUMBER:   # kept apart from a name written against it (MySQL's 1e1from: 1e1 FROM)
+                out.append(sql[token.start:token.end] + " ")
+            elif kind == lexer.WORD and "0" <= token.value[:1] <= "9":
+                out.append("`" + sql[token.start:token.end] + "`")   # MySQL's digit-led names (0X41): one name
             else:
                 out.append(sql[token.start:token.end])
         return "".join(out)

@@ -28,6 +28,10 @@ def _placeholders_blanked(sql: str, tokens: list, dialect: str, blank_comments: 
             out.append("".join(c if c == "\n" else " " for c in piece))
         elif token.kind in (lexer.XCOMMENT, lexer.BAD):
             raise Unresolvable("the statement can't be read the way the engine runs it")
+        elif token.kind == lexer.NUMBER and dialect != "postgres":
+            # A number is never a table: written as 0 and spaces, it can't run into a name written against it
+            # (MySQL reads "1e1from t" as 1e1 FROM t; sqlglot would read one name and hide the table).
+            out.append("0".ljust(len(piece)))
         else:
             out.append(piece)
     return "".join(out)

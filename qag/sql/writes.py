@@ -7,7 +7,7 @@ import logging
 import sqlglot
 from sqlglot import exp
 
-from qag.sql.lexer import COMMENT, PUNCT, QIDENT, STRING, TEXT, WORD, WS, XCOMMENT, Token
+from qag.sql.lexer import COMMENT, NUMBER, PUNCT, QIDENT, STRING, TEXT, WORD, WS, XCOMMENT, Token
 
 # First keywords of statements that only read (contract 4.3 rule 3).
 READ_FIRST = frozenset(("select", "with", "show", "describe", "desc", "explain", "values", "table"))
@@ -170,6 +170,8 @@ def _parse_text(sql: str, tokens: list[Token], start: int) -> str:
             parts.append(" ")
         elif t.kind == TEXT:
             parts.append(":" + t.value)
+        elif t.kind == NUMBER:   # kept apart from a name written against it (MySQL's 1e1into is 1e1 INTO)
+            parts.append(sql[max(t.start, start):t.end] + " ")
         else:
             parts.append(sql[max(t.start, start):t.end])
     return "".join(parts)

@@ -551,3 +551,17 @@ def test_the_own_keys_pads_names_are_refused_as_placeholders(dialect):
     for name in ("qag_mask_own_ipad", "qag_mask_own_opad"):
         _assert_refused(dialect, f"SELECT ssn, :{name} AS p FROM people", [{"column": "people.ssn", "action": "hash"}],
                         "gateway's own")
+
+
+def test_mysql_a_table_behind_a_number_is_traced_and_located():
+    """MySQL reads `1e1from customers` as 1e1 FROM customers: the trace reads the table's columns and the rewrite
+    finds the reference to wrap (sqlglot alone read `1e1from` as one name and left the table unmasked)."""
+    sql = "SELECT email, 1e1from customers"
+    assert lineage(prepare(sql, "mysql").traceable_sql(), "mysql") == [("email", ["customers.email"]),
+                                                                      ("1e1", [])]
+    nested = ("SELECT c.id FROM customers c, (SELECT 1 AS `1e1from`) t "
+              "WHERE EXISTS (SELECT 1e1from customers WHERE email LIKE 'a%' AND id = c.id)")
+    found = [(sql_start, table) for sql_start, _end, _schema, table, _alias, _cte in prepare(nested, "mysql")
+             .table_references()]
+    assert [table for _, table in found] == ["customers", "customers"]
+    assert found[1][0] == nested.index("customers WHERE")

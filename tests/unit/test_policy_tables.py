@@ -576,3 +576,35 @@ def test_sqlite_in_a_list_or_subquery_stays_checkable():
     assert code("SELECT * FROM t WHERE id IN (1, 2)", "sqlite") is None
     assert code("SELECT * FROM t WHERE id IN (SELECT id FROM t)", "sqlite") is None
     assert code("SELECT * FROM t WHERE id IN (SELECT id FROM secret)", "sqlite") == "table_not_allowed"
+
+
+@pytest.mark.parametrize("sql, expected", [
+    ("SELECT secret, 1e1from vault", ("crm.vault",)),
+    ("SELECT secret, 1.from vault", ("crm.vault",)),
+    ("SELECT secret, .5from vault", ("crm.vault",)),
+    ("SELECT v2.secret, 1e1from customers, other.vault2 v2", ("crm.customers", "other.vault2")),
+    ("SELECT c.id FROM customers c WHERE EXISTS (SELECT 1e1from vault WHERE vault.id = c.id)",
+     ("crm.customers", "crm.vault")),
+    ("SELECT t.1e1from, 1abc, 0x1g FROM t", ("crm.t",)),
+])
+def test_mysql_a_from_written_against_a_number_still_reads_its_tables(sql, expected):
+    """MySQL reads `1e1from vault` as 1e1 FROM vault (sqlglot alone read one name, `1e1from`, and no table): the
+    tables qag finds are the server's."""
+    assert tables(sql, "mysql") == expected
+
+
+def test_mysql_a_number_against_from_is_refused_for_a_restricted_key():
+    assert code("SELECT secret, 1e1from vault", "mysql", ("customers",)) == "table_not_allowed"
+    assert code("SELECT u.user, 1e1from customers, mysql.user u", "mysql", ("customers",)) == "table_not_allowed"
+    assert code("SELECT t.table_name, 1e1from customers, information_schema.tables t", "mysql",
+                ("customers",)) == "table_not_allowed"
+
+
+@pytest.mark.parametrize("sql", ["SELECT id, secret, 1e1into outfile '/tmp/x' FROM vault", "SELECT 1e1into @x",
+                                 "SELECT 1.into @x", "SELECT .5into dumpfile '/tmp/y'", "SELECT 1e-1into @x"])
+def test_mysql_into_written_against_a_number_is_a_write(sql):
+    assert prepare(sql, "mysql").write_ops == {"select into"}
+
+
+def test_mysql_a_lock_written_against_a_number_is_a_lock():
+    assert prepare("SELECT 1e1lock IN SHARE MODE", "mysql").write_ops == {"lock"}
