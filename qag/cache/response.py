@@ -33,7 +33,7 @@ _encode_head = msgspec.msgpack.Encoder().encode
 
 
 def cache_key(name: str, version: int, connection: str, values: dict, fmt: str, page: int, size: int,
-              mask_fingerprint: str, workspace: str = WORKSPACE, source=None) -> str:
+              mask_fingerprint: str, workspace: str = WORKSPACE, source=None, *, read_only: bool) -> str:
     """SHA-256 hex of everything that decides a cached body (contract 7.1), never the API key.
 
     `values` are the RESOLVED parameter values, so `?id=1` and `{"params":{"id":1}}` meet when `id` is a declared
@@ -41,8 +41,11 @@ def cache_key(name: str, version: int, connection: str, values: dict, fmt: str, 
     `source` is what the body is made from besides (source_of: the version's SQL and output columns, the
     connection's database): a query deleted and made again with other SQL, or a connection pointed elsewhere,
     never meets the entries of the old one. (Deployments with stores of their own never share entries: their
-    Redis names differ, qag/redisconn.namespace_prefix.)"""
-    canonical = json.dumps([name, version, connection, values, fmt, page, size, mask_fingerprint, workspace, source],
+    Redis names differ, qag/redisconn.namespace_prefix.) `read_only`: whether the call runs read-only (the
+    database refuses its writes): a body a call that may write made (a function that writes, on a key allowed to
+    write) never answers a read-only caller, whom the database would have refused."""
+    canonical = json.dumps([name, version, connection, values, fmt, page, size, mask_fingerprint, workspace, source,
+                            read_only],
                            sort_keys=True, separators=(",", ":"), default=_tagged)
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 

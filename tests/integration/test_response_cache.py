@@ -326,6 +326,42 @@ def test_an_api_keys_statement_checks_come_before_the_cache(cached, uniq, pg_db)
         admin.close()
 
 
+def test_a_body_a_writing_call_made_never_answers_a_read_only_caller(cached, uniq, pg_db):
+    """A saved query calling a function that writes: the admin (writes on) runs it and fills an entry; a key that
+    may not write runs the same query read-only and the database refuses it (403 read_only), before and after the
+    admin's entry exists - the entry is keyed by the call's read-only mode, so it never answers the key."""
+    conn, table, bump = uniq("pg"), uniq("log"), uniq("bump")
+    admin = pg_admin(pg_db["database"])
+    try:
+        with admin.cursor() as cur:
+            cur.execute(f"CREATE TABLE {table} (v text)")
+            cur.execute(f"GRANT ALL ON {table} TO \"{pg_db['user']}\"")
+            cur.execute(f"CREATE FUNCTION {bump}() RETURNS bigint LANGUAGE sql AS "
+                        f"$$ INSERT INTO {table} VALUES ('bumped'); SELECT count(*) FROM {table} $$")
+        admin.commit()
+        assert cached.post("/api/v1/connections", {"name": conn, "db": "postgres", **pg_db}).status == 201
+        name = uniq("c")
+        cached.query(name, f"SELECT {bump}() AS n", conn, cache_ttl=60)
+        key = cached.key(uniq("k"), queries=[name])
+        before = cached.get(q(name), key=key)
+        assert (before.status, before.json["code"]) == (403, "read_only"), before
+        first = cached.get(q(name))
+        assert (first.status, first.headers["x-cache"]) == (200, "MISS"), first
+        assert cached.get(q(name)).headers["x-cache"] == "HIT"
+        after = cached.get(q(name), key=key)
+        assert (after.status, after.json["code"]) == (403, "read_only"), after   # never the admin's entry
+        with admin.cursor() as cur:
+            cur.execute(f"SELECT count(*) FROM {table}")
+            assert cur.fetchone()[0] == 1          # the admin's one run wrote; the refused ones didn't
+        admin.commit()
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(f"DROP FUNCTION IF EXISTS {bump}()")
+            cur.execute(f"DROP TABLE IF EXISTS {table}")
+        admin.commit()
+        admin.close()
+
+
 def test_checks_before_the_cache_still_win(cached, uniq):
     name, conn = uniq("c"), uniq("conn")
     cached.connection(conn, "lite.db")

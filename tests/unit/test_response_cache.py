@@ -27,7 +27,7 @@ def private_entries(max_bytes: int, max_entries: int = 10_000, clock=None) -> Sh
 
 
 BASE = dict(name="films", version=1, connection="lite", values={"id": 1}, fmt="json", page=1, size=10,
-            mask_fingerprint="")
+            mask_fingerprint="", read_only=True)
 
 
 def entry(body: bytes = b"[]\n", workspace: str = "default") -> Entry:
@@ -55,7 +55,7 @@ def test_every_component_is_in_the_key():
     base = cache_key(**BASE)
     changes = [{"name": "films.json"}, {"version": 2}, {"connection": "other"}, {"values": {"id": 2}},
                {"fmt": "csv"}, {"page": 2}, {"size": 11}, {"workspace": "w2"},
-               {"source": ("SELECT 2", None, "sqlite", {"path": "lite.db"})}]
+               {"source": ("SELECT 2", None, "sqlite", {"path": "lite.db"})}, {"read_only": False}]
     keys = {cache_key(**dict(BASE, **change)) for change in changes}
     assert base not in keys and len(keys) == len(changes)
 
