@@ -96,7 +96,7 @@ ERRORS: dict[str, tuple[int, str, str]] = {
     "upstream_failed": (502, "Upstream failed", "generic 502"),
     "unavailable": (503, "Service unavailable", "the metadata store is down, unreachable or locked past its 5 s wait, or every connection a worker may open to a database (`QAG_POOL_MAX`) stayed busy, or a SQLite database stayed locked by another call past its wait (the call's time limit, at most 10 s), or a database refused a write call because it takes no writes now (a standby, a read-only server or file) (`Retry-After`); a change whose store reply never came (none within `QAG_STORE_TIMEOUT`, or the connection lost once its `COMMIT` was sent) has `\"outcome\": \"unknown\"` and no `Retry-After` (it may have been applied); also `/readyz` when not ready"),
     "jwks_unavailable": (503, "The bearer-token signing keys could not be read - try again shortly", "the issuer's discovery document or JWKS unreachable and no key known yet (`Retry-After: 5`)"),
-    "too_many_streams": (503, "Too many open event streams", "`GET /events` beyond `QAG_EVENTS_MAX_STREAMS` open streams in the worker (`Retry-After: 5`)"),
+    "too_many_streams": (503, "Too many open streams", "`GET /events` beyond `QAG_EVENTS_MAX_STREAMS` open streams in the worker, or a `stream=true` export beyond `QAG_MAX_STREAMS` (`Retry-After: 5`)"),
     "query_timeout": (504, "The query exceeded the time limit and was cancelled", "statement time limit exceeded; with `Retry-After: 2` when the reply never came by the limit + 1 s (the path to the database stopped answering), but for a write whose statement was sent: `outcome: \"unknown\"`, no `Retry-After` (it may have been applied: check before retrying)"),
 }
 

@@ -361,6 +361,8 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number from 1 to 1000000", alias="QUERYAPIGATE_MAX_PAGE_SIZE"),
     Setting("QAG_STREAM_MAX_ROWS", _optional_int(1, None), None, "Row cap for stream=true exports (silently truncates); unset = unbounded.",
             "a positive whole number", alias="QUERYAPIGATE_STREAM_MAX_ROWS"),
+    Setting("QAG_MAX_STREAMS", _optional_int(0, 10_000), None, "stream=true exports sending at once per worker process (each holds one of its QAG_THREADS request threads while its client reads, so a client that never reads holds it up to the call's time limit); one more is refused with 503 too_many_streams (Retry-After: 5); 0 turns streams off; unset = QAG_THREADS / 2 (at least 1).",
+            "a whole number from 0 to 10000"),
     Setting("QAG_MCP_MAX_ROWS", _int_range(1, 1_000_000), 200, "Rows one MCP tool call returns at most (a key's max_rows narrows it; QAG_MAX_PAGE_SIZE doesn't apply); the result says when it was cut.",
             "a whole number from 1 to 1000000", alias="QUERYAPIGATE_MCP_MAX_ROWS"),
     Setting("QAG_MCP_API_KEY", _exact_secret, None, "The key `qag mcp` (MCP over stdio) calls with: its tools, grants and limits are this key's; unset = QAG_API_KEY (the admin key), or open mode.",
@@ -625,6 +627,8 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         values["pool_size"] = values["threads"]
     if values["events_max_streams"] is None:
         values["events_max_streams"] = min(4, values["threads"] // 2)
+    if values["max_streams"] is None:
+        values["max_streams"] = max(1, values["threads"] // 2)
     values["otel"] = _tracing(values["otel"], env)
     if values["home"] is None:
         values["home"] = os.getcwd()

@@ -13,7 +13,7 @@ cdef class Plan:
 
 
 cdef class RunHandlers:
-    cdef public object gateway, store, settings, _resolvers, masking, outages
+    cdef public object gateway, store, settings, _resolvers, masking, outages, streams
     cdef public Usage usage        # what _run records and observes each call: C calls
     cdef public Observer observe
 

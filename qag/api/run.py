@@ -24,6 +24,7 @@ from ..policy import grants as policy
 from ..policy.grants import allowed_write_ops, check_run_query, may_write
 from ..policy.guard import check as guard_check, check_copy, check_other_sessions
 from ..policy.keyfields import normalise_mask
+from ..policy.limits import Slot, Slots
 from ..policy import masking
 from ..policy import tables as table_policy
 from ..bearer import claim
@@ -193,6 +194,8 @@ class RunHandlers:
         self._resolvers: OrderedDict[str, object] = OrderedDict()
         self.masking = masking.Masking(self.store, self.settings)
         self.outages = OutageLog()
+        # Data streams open in this worker (QAG_MAX_STREAMS): each holds a request thread while its client reads.
+        self.streams = Slots()
 
     def register(self, router) -> None:
         router.add("GET POST", "/q/<name>", self.run_named, "api.run_named_query")
@@ -593,12 +596,17 @@ class RunHandlers:
 
         A key with max_concurrent first takes a slot (contract 6.7; a lease in Redis when configured, else in
         this worker), held until the page is encoded or, for a stream, until its body is drained or closed; a
-        refused call is not a run."""
-        slot = None
+        refused call is not a run. A stream first takes one of the worker's QAG_MAX_STREAMS: a client that reads
+        slowly (or never) holds a request thread for as long as its writes wait, so streams may not take them all."""
+        slot = stream_slot = None
+        if plan.stream:
+            stream_slot = self._stream_slot()
         if not caller.admin and caller.grants.max_concurrent:
             limit = int(caller.grants.max_concurrent)
             slot = self.gateway.slots.acquire(caller.name, limit, plan.timeout)
             if slot is None:
+                if stream_slot is not None:
+                    stream_slot.release()
                 raise QagError("too_many_concurrent", f"This API key may run at most {limit} "
                                f"quer{'y' if limit == 1 else 'ies'} at once - try again shortly",
                                retry_after=1, max_concurrent=limit)
@@ -610,6 +618,8 @@ class RunHandlers:
         except QagError as error:
             if slot is not None:
                 slot.release()
+            if stream_slot is not None:
+                stream_slot.release()
             if not plan.show_detail:
                 # Every step of the run decides here, not each where it reads the database (the function catalog,
                 # the server's names, masking's schema, the statement): contract 0.3.
@@ -619,14 +629,31 @@ class RunHandlers:
         except BaseException:
             if slot is not None:
                 slot.release()
+            if stream_slot is not None:
+                stream_slot.release()
             observe.failed(plan, at, QagError("internal_error"))
             raise
+        export = response.body if isinstance(response.body, _Export) else None
         if slot is not None:
-            if isinstance(response.body, _Export):
-                response.body.slot = slot  # the stream holds it until its last row is sent (or it is closed)
+            if export is not None:
+                export.slot = slot  # the stream holds it until its last row is sent (or it is closed)
             else:
                 slot.release()
+        if stream_slot is not None:
+            if export is not None:
+                export.stream_slot = stream_slot
+            else:
+                stream_slot.release()
         return response
+
+    def _stream_slot(self) -> Slot:
+        """One of the worker's QAG_MAX_STREAMS stream slots, or 503 too_many_streams (Retry-After: 5)."""
+        cap = self.settings.max_streams
+        if not self.streams.acquire("streams", cap):
+            raise QagError("too_many_streams", f"This worker already sends {cap} streams - try again in a few "
+                           "seconds" if cap else "Streams (stream=true) are turned off on this server",
+                           retry_after=5)
+        return Slot(self.streams, "streams")
 
     def _run(self, plan: Plan, caller, writes: bool, version: dict | None, at: float) -> Response:
         connection = plan.connection
@@ -826,8 +853,8 @@ class _Export:
     only from its first row group (QAG_PARQUET_ROW_GROUP rows, several batches). Once they went out, a failure
     ends the chunked body without its terminator."""
 
-    __slots__ = ("plan", "columns", "batches", "observe", "at", "cap", "sent", "recorded", "slot", "meter",
-                 "row_group", "encoder", "rows", "ready", "waiting", "ended")
+    __slots__ = ("plan", "columns", "batches", "observe", "at", "cap", "sent", "recorded", "slot", "stream_slot",
+                 "meter", "row_group", "encoder", "rows", "ready", "waiting", "ended")
 
     def __init__(self, plan: Plan, columns, batches, observe, at: float, cap: int | None, row_group: int):
         self.plan, self.columns, self.batches, self.observe, self.at, self.cap = plan, columns, batches, observe, at, cap
@@ -835,6 +862,7 @@ class _Export:
         self.sent = 0
         self.recorded = False
         self.slot = None   # a max_concurrent slot, renewed while sending and released when the run ends
+        self.stream_slot = None   # one of the worker's QAG_MAX_STREAMS, released when the run ends
         self.meter = None  # rows as they leave, for the caller's quota (set by the gateway, contract 6.8)
         self.ready = b""   # the body's first bytes, made before the status line goes out
         self.waiting = 0   # the rows in them: counted as sent (and metered) when they leave
@@ -910,6 +938,8 @@ class _Export:
         self.recorded = True
         if self.slot is not None:
             self.slot.release()
+        if self.stream_slot is not None:
+            self.stream_slot.release()
         if error is None:
             self.observe.streamed(self.plan, self.at, self.sent, bool(self.cap) and self.sent >= self.cap)
         else:

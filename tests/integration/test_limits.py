@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.server import Server, q
+from tests.server import Server, q, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -301,3 +301,55 @@ def test_b6_23_slot_freed_after_a_stream_is_read_or_a_query_fails(keyed, uniq):
     assert keyed.get(q("small"), key=key).status == 200
     for _ in range(3):  # sequential calls never pile up
         assert keyed.get(q("small"), key=key).status == 200
+
+
+# --- streams per worker (QAG_MAX_STREAMS) ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def one_stream():
+    """One worker of four threads sending at most one stream at once."""
+    s = Server(workers=1, threads=4, env={"QAG_MAX_STREAMS": "1"})
+    s.sqlite_db("lite.db", "CREATE TABLE t (id INTEGER PRIMARY KEY); INSERT INTO t VALUES (1), (2), (3);")
+    s.connection("lite", "lite.db")
+    s.query("small", "SELECT id FROM t ORDER BY id", "lite")
+    s.query("big", "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 50000000) "
+                   "SELECT i, 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx' AS pad FROM n", "lite")
+    yield s
+    s.close()
+
+
+def test_a_worker_sends_at_most_qag_max_streams_streams_and_calls_go_on(one_stream, uniq):
+    """A client that never reads its stream holds a request thread; past the worker's QAG_MAX_STREAMS a stream
+    is refused (503 too_many_streams, Retry-After 5, not a run), any key's, the administrator's too, while plain
+    calls are still answered; the slot comes back when the stream's client goes away."""
+    name = uniq("st")
+    key = one_stream.key(name, connections=["lite"])
+    held = _open_stream(one_stream, key)
+    try:
+        for caller in (key, "admin"):
+            r = one_stream.get(q("small") + "?stream=true&format=csv", key=caller)
+            assert (r.status, r.json["code"]) == (503, "too_many_streams"), r
+            assert r.headers["retry-after"] == "5" and r.json["retry_after"] == 5
+        small = one_stream.get(q("small"), key=key)
+        assert small.status == 200 and small.json == [{"id": 1}, {"id": 2}, {"id": 3}]
+    finally:
+        held.close()
+    r = _eventually_ok(one_stream, key, q("small") + "?stream=true&format=csv")
+    assert r.status == 200 and r.body == b"id\r\n1\r\n2\r\n3\r\n"
+    # Refused streams are not runs: the key's runs of `small` are the plain call and the stream that went through.
+    runs = lambda: one_stream.get(f"/api/v1/history?query=small&key={name}").json["items"]  # noqa: E731
+    wait_for(lambda: len(runs()) >= 2, "the key's two runs of small in the history")
+    assert len(runs()) == 2, runs()
+
+
+def test_max_streams_zero_turns_streams_off(tmp_path):
+    s = Server(workers=1, env={"QAG_MAX_STREAMS": "0"})
+    try:
+        s.sqlite_db("lite.db", "CREATE TABLE t (id INTEGER PRIMARY KEY); INSERT INTO t VALUES (1);")
+        s.connection("lite", "lite.db")
+        s.query("small", "SELECT id FROM t", "lite")
+        r = s.get(q("small") + "?stream=true&format=csv")
+        assert (r.status, r.json["code"]) == (503, "too_many_streams") and "turned off" in r.json["error"], r
+        assert s.get(q("small")).json == [{"id": 1}]
+    finally:
+        s.close()

@@ -242,3 +242,16 @@ def test_redis_databases_that_are_numbers_pass():
     for url in ("redis://h:6379", "redis://h:6379/", "redis://h:6379/0", "redis://:p@h:6379/15", "unix:///tmp/r.sock",
                 "unix:///tmp/r.sock?db=3", "redis://h?db=2"):
         assert load({"QAG_REDIS_URL": url}).redis_url == url
+
+
+@pytest.mark.parametrize("env, expected", [({}, None), ({"QAG_THREADS": "1"}, 1), ({"QAG_THREADS": "9"}, 4),
+                                           ({"QAG_MAX_STREAMS": "0"}, 0), ({"QAG_MAX_STREAMS": "7"}, 7)])
+def test_streams_per_worker_leave_half_the_threads_to_calls(env, expected):
+    loaded = load(env)
+    assert loaded.max_streams == (max(1, loaded.threads // 2) if expected is None else expected)
+
+
+@pytest.mark.parametrize("value", ["-1", "10001", "two"])
+def test_max_streams_out_of_range_is_refused(value):
+    with pytest.raises(SettingsError, match="QAG_MAX_STREAMS"):
+        load({"QAG_MAX_STREAMS": value})
