@@ -40,8 +40,10 @@ class Setup(SimpleNamespace):
     """
 
 
-def _settings(pool_size: int) -> SimpleNamespace:
-    return SimpleNamespace(pool_size=pool_size, pool_idle_timeout=300.0, pool_max=None, pool_wait=5.0)
+def _settings(pool_size: int):
+    """A backend's settings as a server would have them by default, with this pool size."""
+    from qag.settings import load
+    return load({"QAG_POOL_SIZE": str(pool_size)})
 
 
 def _mysql(args, host: str, port: int, pool_size: int) -> Setup:

@@ -152,8 +152,9 @@ def test_recording_benchmarks_run(tmp_path):
 
 
 def test_in_process_probes_run():
-    """benchmarks.binding times the pure twins against their own compile, and benchmarks.governed_probe names
-    the shmsync twin it ran: both print their figures."""
+    """benchmarks.binding times the pure twins against their own compile, benchmarks.governed_probe names the
+    shmsync twin it ran, and benchmarks.threads_overlap drives the MySQL backend with a server's default
+    settings: each prints its figures."""
     out = _bench("benchmarks.binding", "--rounds", "1", "--number", "50")
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()}
     assert {"resolve", "render", "both"} <= set(rows), out
@@ -161,3 +162,7 @@ def test_in_process_probes_run():
     out = _bench("benchmarks.governed_probe", "--calls", "50", "--rounds", "1", "--warmup", "5")
     cost = re.search(r"admission: process CPU µs per call ([\d.]+) .*shmsync (compiled|pure)\)", out)
     assert cost and float(cost.group(1)) > 0, out
+    mysql_admin().close()   # skips (or fails under QAG_TEST_REQUIRE_SERVICES=1) without a server
+    out = _bench("benchmarks.threads_overlap", "--threads", "1", "--seconds", "1")
+    row = re.search(r"^\s+1\s+(\d+)\s+\d+\s+\d+\s+\d+%\s+[\d.]+\s+(\d+)$", out, re.MULTILINE)
+    assert row and int(row.group(1)) > 0 and row.group(2) == "0", out
