@@ -338,7 +338,8 @@ class RunHandlers:
             fields = resolved(connection["fields"], environ)
             key = cache_key(referenced, version["version"], chosen, used, fmt, page, size,
                             mask_fingerprint=masking.fingerprint(rules),
-                            source=source_of(version, row, fields), read_only=not writes)
+                            source=source_of(version, row, fields),
+                            read_only=not (writes and _may_write(prepared, fields)))
             if not caller.admin:
                 # The statement checks an API key gets (other sessions' activity; a masked key's functions and
                 # catalogs) come before the cache: an entry the admin's run filled must not answer a key the

@@ -41,9 +41,10 @@ def cache_key(name: str, version: int, connection: str, values: dict, fmt: str, 
     `source` is what the body is made from besides (source_of: the version's SQL and output columns, the
     connection's database): a query deleted and made again with other SQL, or a connection pointed elsewhere,
     never meets the entries of the old one. (Deployments with stores of their own never share entries: their
-    Redis names differ, qag/redisconn.namespace_prefix.) `read_only`: whether the call runs read-only (the
-    database refuses its writes): a body a call that may write made (a function that writes, on a key allowed to
-    write) never answers a read-only caller, whom the database would have refused."""
+    Redis names differ, qag/redisconn.namespace_prefix.) `read_only`: False for a call that runs read-write a
+    statement that may write (a function that isn't one of the engine's own built-ins can): its body never
+    answers a read-only caller, whom the database would have refused. Every other call is True, so callers of a
+    plain read share entries whatever they may write."""
     canonical = json.dumps([name, version, connection, values, fmt, page, size, mask_fingerprint, workspace, source,
                             read_only],
                            sort_keys=True, separators=(",", ":"), default=_tagged)
