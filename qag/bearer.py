@@ -101,15 +101,20 @@ def bearer_token(authorization: str) -> str | None:
 
 
 def claim(claims: dict, name: str) -> Any:
-    """A claim by name, or, for a dotted name that is not itself a claim, by path (`app_metadata.role`):
-    namespaced claims (`https://example.com/role`) contain dots too, so the exact name wins."""
-    if name in claims:
-        return claims[name]
+    """A claim by name, or, for a dotted name, by path (`app_metadata.role`): namespaced claims
+    (`https://example.com/role`) contain dots too, so either reading may be meant. A token holding both, with
+    different values, has no such claim (None): an issuer that lets a user set a top-level claim must not let
+    `"app_metadata.role": "admin"` stand in for the nested one it sets itself."""
+    exact = claims[name] if name in claims else None
+    if "." not in name:
+        return exact
     value: Any = claims
     for part in name.split("."):
         if not isinstance(value, dict) or part not in value:
-            return None
+            return exact
         value = value[part]
+    if name in claims and (type(exact) is not type(value) or exact != value):
+        return None
     return value
 
 

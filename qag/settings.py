@@ -487,7 +487,7 @@ SETTINGS: tuple[Setting, ...] = (
             "a comma-separated list", alias="QUERYAPIGATE_JWT_ALGORITHMS"),
     Setting("QAG_JWT_ROLE", _optional_text, None, "The role every signed-in user gets when QAG_JWT_ROLE_CLAIM names none that exists.",
             "a role name", alias="QUERYAPIGATE_JWT_ROLE"),
-    Setting("QAG_JWT_ROLE_CLAIM", _optional_text, None, "The claim naming a signed-in user's role (a string, or a list: the first existing role wins); dotted names reach into objects (`app_metadata.role`).",
+    Setting("QAG_JWT_ROLE_CLAIM", _optional_text, None, "The claim naming a signed-in user's role (a string, or a list: the first existing role wins); dotted names reach into objects (`app_metadata.role`), and a token whose top-level claim of that dotted name says otherwise has no role.",
             "a claim name", alias="QUERYAPIGATE_JWT_ROLE_CLAIM"),
     Setting("QAG_JWT_USER_CLAIM", _text_or_default, "sub", "The claim identifying the signed-in user: history, events and rate limits and quotas name the caller `jwt:<value>`.",
             "a claim name", alias="QUERYAPIGATE_JWT_USER_CLAIM"),

@@ -280,3 +280,21 @@ class TestWhereKeysComeFrom:
         finally:
             httpd.shutdown()
             httpd.server_close()
+
+
+@pytest.mark.parametrize("claims, name, expected", [
+    ({"role": "a"}, "role", "a"),
+    ({"app": {"role": "a"}}, "app.role", "a"),
+    ({"https://example.com/role": "a"}, "https://example.com/role", "a"),     # a namespaced claim, dots and all
+    ({"app.role": "a"}, "app.role", "a"),                                      # only the literal reading exists
+    ({"app.role": "a", "app": {"role": "a"}}, "app.role", "a"),                # both readings agree
+    ({"app.role": "admin", "app": {"role": "viewer"}}, "app.role", None),     # they differ: no such claim
+    ({"app.role": 1, "app": {"role": True}}, "app.role", None),               # 1 == True, yet not the same claim
+    ({"app": {"role": "a"}}, "app.missing", None),
+    ({"app": "flat"}, "app.role", None),
+])
+def test_a_dotted_claim_name_read_two_ways_must_agree(claims, name, expected):
+    """A dotted name may be a namespaced claim or a path; a token where the two readings disagree has neither, so a
+    user who can set a top-level claim can't shadow the nested one the issuer sets (role, claim-bound values)."""
+    from qag.bearer import claim
+    assert claim(claims, name) == expected
