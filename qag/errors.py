@@ -16,7 +16,7 @@ ERRORS: dict[str, tuple[int, str, str]] = {
     "multiple_statements": (400, "Only a single SQL statement can be executed at a time", "more than one statement"),
     "param_required": (400, "Missing parameters", "only missing parameters"),
     "param_invalid": (400, "Invalid parameters", "a parameter violates a rule, bad value type, bad LIMIT/OFFSET parameter"),
-    "value_too_large": (400, "A value is larger than the database allows", "SQLite: a value, LIKE/GLOB pattern or statement over SQLite's length or depth limits (docs/security.md); MariaDB/MySQL: a statement nested deeper than the server's thread stack"),
+    "value_too_large": (400, "A value is larger than the database allows", "SQLite: a value, LIKE/GLOB pattern or statement over SQLite's length or depth limits (docs/security.md); MariaDB/MySQL: a statement nested deeper than the server's thread stack, its subquery nesting limit or its parser's stack; PostgreSQL: a statement past a limit of the server (SQLSTATE class 54: stack depth, target-list entries, arguments) or its parser's stack"),
     "value_invalid": (400, "The database can't use a value of this statement", "the database refused a value for its type or range (bad input syntax, out of range, too long, division by zero), invalid text (SQLite), or a NUL character in the statement (any database: the guard refuses it before anything runs)"),
     "param_from_claim": (400, "A parameter comes from the sign-in token and can't be set by the request", "the request sends a `from_claim` parameter"),
     "invalid_paging": (400, "page and page_size must be positive", "`page`/`page_size` < 1 or `page_size` > max"),

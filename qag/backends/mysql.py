@@ -74,9 +74,11 @@ _UNREACHABLE_TEXT = ("could not connect", "connection refused", "timeout expired
 _VALUE_CODES = frozenset((1264, 1265, 1292, 1300, 1366, 1367, 1406, 1411, 1416, 1690, 1918, 1048, 3140, 3141, 4025))
 # ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION: a stored function that writes, called in a read-only call.
 _READ_ONLY_TRANSACTION = 1792
-# ER_STACK_OVERRUN_NEED_MORE: an expression nested deeper than the server's thread stack holds (the statement's
-# size, as SQLite's expression depth limit is: 400 value_too_large).
-_STACK_OVERRUN = 1436
+# ER_STACK_OVERRUN_NEED_MORE: an expression nested deeper than the server's thread stack holds, and
+# ER_TOO_HIGH_LEVEL_OF_NESTING_FOR_SELECT: subqueries nested past the server's limit (the statement's size, as
+# SQLite's expression depth limit is: 400 value_too_large); also the parser's own "memory exhausted" (1064).
+_TOO_DEEP = frozenset((1436, 1473))
+_PARSER_EXHAUSTED = "memory exhausted"
 # ER_OPTION_PREVENTS_STATEMENT ('running with the --read-only option', also --super-read-only, and other options
 # such as --secure-file-priv: told apart by the text) and MySQL's ER_READ_ONLY_MODE: the server takes no writes.
 _OPTION_REFUSED = frozenset((1290, 1836))
@@ -205,7 +207,7 @@ def mapped(exc: BaseException, timeout: float | None, sent: str | None = None, o
     detail = _own_text_removed(_detail(exc), sent, own)
     if code in _VALUE_CODES:
         return QagError("value_invalid", _VALUE_MESSAGE, detail=detail)
-    if code == _STACK_OVERRUN:
+    if code in _TOO_DEEP or (code == 1064 and detail.startswith(_PARSER_EXHAUSTED, len("1064 ("))):
         return QagError("value_too_large", "The statement is nested deeper than the database server can evaluate",
                         detail=detail)
     if code == _READ_ONLY_TRANSACTION:

@@ -100,6 +100,7 @@ SCHEMA_CACHE_SIZE = 64      # schemas kept per backend (per connection settings 
 
 _FATAL = pq.ExecStatus.FATAL_ERROR
 _SQLSTATE = pq.DiagnosticField.SQLSTATE
+_PARSER_EXHAUSTED = "memory exhausted"     # a syntax error (42601) when the parser's stack runs out: input size
 _BEGIN = {True: b"BEGIN READ ONLY", False: b"BEGIN"}
 _END = {True: b"ROLLBACK", False: b"COMMIT"}
 _DISCARD = b"DISCARD ALL"
@@ -366,6 +367,10 @@ def mapped(exc: BaseException, timeout: float | None, shift: int = 0, deadline: 
             return QagError("multiple_statements", "Only a single SQL statement can be executed at a time")
         if state.startswith("22"):               # data_exception: a value the database can't take
             return QagError("value_invalid", "The database refused a value of this call", detail=text)
+        if state.startswith("54") or (state == "42601" and text.startswith(_PARSER_EXHAUSTED)):
+            # program_limit_exceeded (stack depth, columns, arguments) and the parser's own stack: its size
+            return QagError("value_too_large", "The statement exceeds a limit of the database server",
+                            detail=text)
         return query_failed(text)
     if isinstance(exc, _Unreadable):
         return QagError("query_failed", "A value of the result can't be read: the statement ran, but its driver "

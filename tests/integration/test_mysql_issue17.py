@@ -229,6 +229,23 @@ def test_the_driver_refuses_a_second_statement_past_the_guard(db, read_only):
         backend.close_idle()
 
 
+@pytest.mark.parametrize("statement", [
+    "SELECT 1 FROM (" * 70 + "SELECT 1" + ") t" * 70,          # 1473: subqueries nested past the server's limit
+    "SELECT " + "(" * 100_000 + "1" + ")" * 100_000,           # 1064 'memory exhausted': the parser's own stack
+], ids=["nested-selects", "parser-stack"])
+def test_statements_past_the_servers_nesting_limits_are_value_too_large(db, statement):
+    """The statement's size, as MariaDB's thread-stack overrun (1436) already was: 400 value_too_large, not a
+    500; the connection goes on serving."""
+    backend = MysqlBackend(settings())
+    try:
+        with pytest.raises(QagError) as info:
+            backend.run(db.fields, Call(statement, (), True, 10.0, 2))
+        assert (info.value.code, info.value.status) == ("value_too_large", 400), info.value.extras
+        assert backend.run(db.fields, Call("SELECT 7", (), True, 10.0, 2)).rows == [(7,)]
+    finally:
+        backend.close_idle()
+
+
 # ------------------------------------------------------------------------------------------- session state (goal 4)
 
 

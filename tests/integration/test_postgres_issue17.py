@@ -79,6 +79,21 @@ def run(backend, fields, sql, args=(), read_only=True, fetch=11, **kw):
 # ------------------------------------------------------------------------------------------- one statement
 
 
+@pytest.mark.parametrize("statement", [
+    "SELECT " + "1+" * 100_000 + "1",                    # 54001 stack depth limit exceeded
+    "SELECT " + "(" * 100_000 + "1" + ")" * 100_000,     # 42601 'memory exhausted': the parser's own stack
+    "SELECT " + ",".join(["1"] * 1700),                  # 54011 more target-list entries than the server takes
+], ids=["stack-depth", "parser-stack", "target-list"])
+def test_statements_past_the_servers_limits_are_value_too_large(backend, db, statement):
+    """The statement's size, as SQLite's and MariaDB's limits are: 400 value_too_large, not a 500; the connection
+    goes on serving."""
+    b = backend()
+    with pytest.raises(QagError) as info:
+        run(b, db, statement)
+    assert (info.value.code, info.value.status) == ("value_too_large", 400), info.value.extras
+    assert run(b, db, "SELECT 7").rows == [(7,)]
+
+
 @pytest.mark.parametrize("read_only", [True, False], ids=["read", "write"])
 def test_the_server_refuses_a_second_statement_past_the_guard(backend, db, read_only):
     b = backend()
