@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import socket
 import time
 
@@ -23,23 +24,28 @@ class EventStream:
     `keepalive` seconds without one. Ends when the worker stops, the client fell a whole ring behind, or the
     credential it was opened with no longer names its caller (`still_allowed`: a key revoked, rotated away,
     expired or deactivated; checked before events are sent, at most every RECHECK s, and at each keepalive: a
-    stream follows a key name, which a new key may take); the server closes it when the client goes away, which
-    gives the stream back."""
+    stream follows a key name, which a new key may take), or its client closed the connection (`sock`, looked
+    at every RECHECK s: a write would notice it only at the second keepalive, holding the stream's slot and thread
+    for twice QAG_EVENTS_KEEPALIVE); the server closes it when the client goes away, which gives the stream back."""
 
-    def __init__(self, live, stream, keepalive: float, still_allowed=None):
+    def __init__(self, live, stream, keepalive: float, still_allowed=None, sock=None):
         self.live, self.stream, self.keepalive = live, stream, keepalive or 1.0
         self.still_allowed = still_allowed
+        self.sock = sock
 
     def __iter__(self):
-        live, stream, still_allowed = self.live, self.stream, self.still_allowed
+        live, stream, still_allowed, sock = self.live, self.stream, self.still_allowed, self.sock
         yield b""   # the head goes out now: a client sees 200 before the first event
         keepalive = self.keepalive
         quiet_until = time.monotonic() + keepalive
         checked = time.monotonic()
         try:
             while not stream.dropped and not live.stopping:
-                stream.ready.wait(max(0.0, quiet_until - time.monotonic()))
+                wait = max(0.0, quiet_until - time.monotonic())
+                stream.ready.wait(wait if sock is None else min(wait, RECHECK))
                 stream.ready.clear()
+                if sock is not None and client_gone(sock):
+                    return
                 now = time.monotonic()
                 if still_allowed is not None and now - checked >= RECHECK:
                     if not still_allowed():
@@ -58,6 +64,24 @@ class EventStream:
 
     def close(self) -> None:
         self.live.close(self.stream)
+
+
+def client_gone(sock) -> bool:
+    """Whether the stream's client closed its side of the connection (or reset it): readable with nothing to read.
+    A client that sends something instead (it shouldn't) is left to the writes."""
+    try:
+        poller = select.poll()        # not select(): a worker's descriptors may pass 1024
+        poller.register(sock, select.POLLIN)
+        ready = poller.poll(0)
+        if not ready:
+            return False
+        if ready[0][1] & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+            return True
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except (OSError, ValueError):     # reset, or the socket already closed
+        return True
 
 
 class EventsHandlers:
@@ -88,7 +112,7 @@ class EventsHandlers:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
             except OSError:
                 pass   # a socket that refuses it keeps the kernel's default
-        return Response(200, EventStream(self.live, stream, self.keepalive, self._still(request, caller)),
+        return Response(200, EventStream(self.live, stream, self.keepalive, self._still(request, caller), sock),
                         list(STREAM_HEADERS), CONTENT_TYPE)
 
     def _still(self, request, caller):

@@ -259,6 +259,25 @@ def test_a_cap_of_zero_refuses_every_stream_with_503(make_server):
     assert Subscriber(s, key=None).status == 401
 
 
+def test_a_client_that_closes_gives_its_stream_back_within_seconds(make_server):
+    """A stream whose client closed its connection ends when the server looks at the socket (every second), not
+    at the second keepalive write (30 s with the default keepalive): its slot and thread are back at once, so a
+    caller opening and dropping streams can't hold a worker's slots."""
+    s = make_server(workers=1, env={"QAG_EVENTS_MAX_STREAMS": "1", "QAG_EVENTS_KEEPALIVE": "15"})
+    first = _open(s, 1)[0]
+    assert Subscriber(s).status == 503                   # the one slot is held
+    first.close()                                        # the client goes away without a word (FIN)
+    deadline = time.monotonic() + 8.0                    # well before the 30 s two keepalives would take
+    while True:
+        again = Subscriber(s)
+        if again.status == 200:
+            again.close()
+            break
+        assert again.status == 503 and time.monotonic() < deadline, "the closed client's stream was never given back"
+        again.close()
+        time.sleep(0.1)
+
+
 def test_keepalive_comments_when_nothing_happens(ev):
     (s,) = _open(ev, 1, params="?query=nothing_runs_this")
     try:
