@@ -142,10 +142,43 @@ def _yaml_value(value):
     return cells.field_text(value)   # time, bytes, json, arrays, uuid, intervals: their text
 
 
+# Plain scalars a YAML 1.2 reader (the core schema) takes for a number, boolean or null, where PyYAML's YAML 1.1
+# rules see text and leave them unquoted: 1e3, 0o17, .5e1, TRUE...
+_YAML12_NOT_TEXT = re.compile(r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+|[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)"
+                              r"(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)|null|Null|NULL|~|"
+                              r"true|True|TRUE|false|False|FALSE")
+# Characters YAML reads as line breaks: inside a quoted scalar they fold into a space unless escaped.
+_YAML_BREAKS = re.compile("[\x85\u2028\u2029]")
+_yaml_dumper = None
+
+
+def _dumper():
+    """PyYAML's safe dumper, writing text so that a YAML 1.1 or 1.2 reader gets the same text back: double-quoted
+    (escaped) when it holds a line break of YAML's own (U+0085, U+2028, U+2029), single-quoted when a 1.2 reader
+    would take it for a number, boolean or null."""
+    global _yaml_dumper
+    if _yaml_dumper is None:
+        import yaml
+
+        class Dumper(yaml.SafeDumper):
+            pass
+
+        def text(dumper, value: str):
+            if _YAML_BREAKS.search(value):
+                return dumper.represent_scalar("tag:yaml.org,2002:str", value, style='"')
+            if _YAML12_NOT_TEXT.fullmatch(value):
+                return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="'")
+            return dumper.represent_str(value)
+
+        Dumper.add_representer(str, text)
+        _yaml_dumper = Dumper
+    return _yaml_dumper
+
+
 def encode_yaml(columns: list[str], rows: list) -> bytes:
     import yaml
     documents = [{column: _yaml_value(value) for column, value in zip(columns, row)} for row in rows]
-    return yaml.dump(documents, Dumper=yaml.SafeDumper, sort_keys=False, allow_unicode=True,
+    return yaml.dump(documents, Dumper=_dumper(), sort_keys=False, allow_unicode=True,
                      default_flow_style=False).encode("utf-8", "replace")
 
 

@@ -219,3 +219,20 @@ def test_parquet_takes_a_zoned_time_past_pythons_utc_range():
     table = pq.read_table(io.BytesIO(formats.encode("parquet", ["t"], [(late,), (soon,)])))
     got = [v.replace(tzinfo=None) for v in table.column("t").to_pylist()]
     assert got == [dt.datetime.max, dt.datetime(2024, 1, 2, 1, 4, 5)]
+
+
+@pytest.mark.parametrize("text", ["a\x85b", "\u2028", "x\u2029y", "\x85"])
+def test_yaml_text_holding_yamls_own_line_breaks_reads_back_the_same(text):
+    """U+0085, U+2028 and U+2029 are line breaks to a YAML reader: PyYAML wrote them raw inside quotes, where they
+    fold into a space; they are escaped instead."""
+    yaml = _needs("yaml")
+    body = formats.encode_yaml(["t"], [(text,)])
+    assert yaml.safe_load(body) == [{"t": text}]
+
+
+@pytest.mark.parametrize("text", ["1e3", "0o17", ".5e1", "TRUE", "Null", "+12", "-.inf", "0x1F", "~"])
+def test_yaml_text_a_yaml_1_2_reader_would_take_for_a_value_is_quoted(text):
+    yaml = _needs("yaml")
+    body = formats.encode_yaml(["t"], [(text,)])
+    assert f"t: '{text}'" in body.decode() and yaml.safe_load(body) == [{"t": text}]
+    assert formats.encode_yaml(["t"], [("plain words",)]).decode() == "- t: plain words\n"
