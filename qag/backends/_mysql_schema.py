@@ -185,8 +185,14 @@ class ServerNames(NamedTuple):
         ANSI_QUOTES, where "x" is a name, nor NO_BACKSLASH_ESCAPES, where '\\' ends a string."""
         return not (self.sql_mode & _OTHER_READINGS)
 
+    @property
+    def grammar_otherwise(self) -> bool:
+        """MariaDB's sql_mode=ORACLE switches the server to another parser (sequences as `seq.nextval`, PL/SQL
+        forms): no reading of qag's follows it."""
+        return "ORACLE" in self.sql_mode
 
-_OTHER_READINGS = frozenset(("ANSI_QUOTES", "NO_BACKSLASH_ESCAPES"))
+
+_OTHER_READINGS = frozenset(("ANSI_QUOTES", "NO_BACKSLASH_ESCAPES", "ORACLE"))
 
 
 # The query that reads them (one round trip when a connection is opened).

@@ -319,9 +319,9 @@ def text_read_by_default(dialect: str, fields: dict) -> bool:
 
 def other_text_reading() -> QagError:
     """The refusal of a masked call on a server that reads quotes and backslashes otherwise (text_read_by_default)."""
-    return QagError("mask_unresolvable", "This result can't be masked safely: the server's sql_mode (ANSI_QUOTES or "
-                                         "NO_BACKSLASH_ESCAPES) reads quotes and backslashes otherwise than the "
-                                         "trace can")
+    return QagError("mask_unresolvable", "This result can't be masked safely: the server's sql_mode (ANSI_QUOTES, "
+                                         "NO_BACKSLASH_ESCAPES or ORACLE) reads quotes, backslashes or statements "
+                                         "otherwise than the trace can")
 
 
 def default_schema(dialect: str, fields: dict) -> str:

@@ -540,14 +540,21 @@ class MysqlBackend(Backend):
         return timed.sql
 
     # --- Backend -------------------------------------------------------------------------------------------
-    def _link_for(self, key, fields: dict, call: Call, deadline) -> _Link:
-        read_only = call.read_only
+    def _link_for(self, key, fields: dict, call: Call, deadline, read_only: bool | None = None) -> _Link:
+        """A connection for the call: for a masked call one whose session reads text by default; for a
+        table-restricted call none whose session parses another grammar (sql_mode=ORACLE reads `seq.nextval`
+        as a sequence call, which qag's reading takes for a column)."""
+        read_only = call.read_only if read_only is None else read_only
         try:
             link = self._take(key, fields, read_only, call.sql, deadline, call.connection)
             if call.default_text and not _text_read_by_default(link):
                 link = self._take_reading_text_by_default(key, link, fields, read_only, call, deadline)
         except _Overdue:
             raise network_timeout(call.timeout) from None
+        if call.tables is not None and link.names is not None and link.names.grammar_otherwise:
+            self.pool.release(key, link, True)    # fine for a caller without rules
+            raise QagError("table_check_failed", "This statement's tables can't be checked: the server's sql_mode "
+                                                 "(ORACLE) parses statements in a grammar qag doesn't read")
         return link
 
     def run(self, fields: dict, call: Call) -> Result:
@@ -610,12 +617,7 @@ class MysqlBackend(Backend):
         """
         key = (_ident(fields), True)
         deadline = deadline_of(call.timeout)
-        try:
-            link = self._take(key, fields, True, call.sql, deadline, call.connection)
-            if call.default_text and not _text_read_by_default(link):
-                link = self._take_reading_text_by_default(key, link, fields, True, call, deadline)
-        except _Overdue:
-            raise network_timeout(call.timeout) from None
+        link = self._link_for(key, fields, call, deadline, read_only=True)
         cursor = MySQLdb.cursors.SSCursor(link.conn)
         first_size = batch if cap is None else min(batch, cap)
         sent = call.sql

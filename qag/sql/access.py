@@ -9,7 +9,8 @@ from sqlglot import exp
 
 from qag.sql import functions, lexer, writes
 from qag.sql.names import fold
-from qag.sql.lexer import BAD, COMMENT, NUMBER, PARAM, PUNCT, QIDENT, SEMI, STRING, TEXT, WORD, WS, XCOMMENT
+from qag.sql.lexer import (BAD, COMMENT, NUMBER, PARAM, PUNCT, QIDENT, SEMI, STRING, TEXT, WORD, WS, XCOMMENT,
+                           foreign_spaces, user_variable_at)
 
 DIALECTS = ("mysql", "postgres", "sqlite")
 _SQLGLOT = {"mysql": "mysql", "postgres": "postgres", "sqlite": "sqlite"}
@@ -139,7 +140,7 @@ def _parse_text(text: str, tokens: list, start: int, dialect: str) -> str:
     boundaries: comments dropped, every string literal '0', quoted names re-quoted, parameters a literal."""
     out: list[str] = []
     prev = None
-    for t in tokens:
+    for k, t in enumerate(tokens):
         if t.end <= start:
             continue
         kind = t.kind
@@ -160,9 +161,12 @@ def _parse_text(text: str, tokens: list, start: int, dialect: str) -> str:
             # The space keeps a number apart from a name written against it: MySQL reads "1e1from" as 1e1 FROM,
             # sqlglot as one name, so it gets "1e1 from".
             out.append(text[t.start:t.end] + " ")
-        elif kind == WORD and "0" <= t.value[:1] <= "9":
-            # A name the server reads as one though it starts with digits (MySQL's 1abc, 0x1g, t.1e1from): quoted,
-            # so sqlglot reads the same name, never a number and an alias.
+        elif kind == WORD and user_variable_at(tokens, k):
+            # A MySQL user variable's name runs over '.' and non-ASCII (`@x. from t`): any plain name reads the same.
+            out.append("v")
+        elif kind == WORD and ("0" <= t.value[:1] <= "9" or foreign_spaces(t.value)):
+            # A name the server reads as one though it starts with digits (MySQL's 1abc, 0x1g, t.1e1from) or holds
+            # what sqlglot takes for a space (U+00A0): quoted, so sqlglot reads the same one name.
             out.append(_ident("`" + text[t.start:t.end] + "`", dialect))
         elif kind == WORD:
             out.append(text[t.start:t.end])

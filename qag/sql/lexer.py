@@ -48,6 +48,7 @@ _NAME_RE = re.compile(r"[A-Za-z_]\w*")
 _IDENT_CHARS_RE = re.compile(r"[A-Za-z0-9_$\u0080-\U0010ffff]*")
 _MYSQL_DIGITS_RE = re.compile(r"[0-9]*")
 _MYSQL_EXPONENT_RE = re.compile(r"[eE][+-]?[0-9]+")
+_USER_VARIABLE_RE = re.compile(r"[A-Za-z0-9._$\u0080-\U0010ffff]*")
 _TEXT_RE = re.compile(r"\{([A-Za-z_]\w*)\}")
 _DOLLAR_TAG_RE = re.compile(r"\$(?:[A-Za-z_\u0080-\U0010ffff][A-Za-z0-9_\u0080-\U0010ffff]*)?\$")
 _WS_RUN_RE = re.compile(r"[ \t\n\r\f\v]+")
@@ -298,6 +299,22 @@ def tokenize(sql: str, dialect: str, *, backslash_single: bool | None = None,
         elif c == ";":
             append(Token(SEMI, i, i + 1, ";"))
             i += 1
+        elif c == "@" and mysql:
+            # MySQL/MariaDB: @@ begins a system variable (read by the usual name rules); @ and a quote a quoted user
+            # variable; any other @ a user variable whose name runs over letters, digits, '.', '_', '$' and every
+            # non-ASCII character (MY_LEX_HOSTNAME): `@x. from t` is the variable `x.`, then FROM.
+            if sql.startswith("@@", i):
+                append(Token(PUNCT, i, i + 1, "@"))
+                append(Token(PUNCT, i + 1, i + 2, "@"))
+                i += 2
+                continue
+            append(Token(PUNCT, i, i + 1, "@"))
+            end = _USER_VARIABLE_RE.match(sql, i + 1).end()
+            if end > i + 1 and sql[i + 1] not in "'\"`":
+                append(Token(WORD, i + 1, end, sql[i + 1:end].lower()))
+                i = end
+            else:
+                i += 1
         elif (mysql and c == "." and i + 1 < n and tokens and tokens[-1].end == i
               and tokens[-1].kind in (WORD, QIDENT) and _IDENT_CHARS_RE.match(sql, i + 1).end() > i + 1):
             # Right after a name, a '.' and identifier characters are a qualified name's next part, whatever
@@ -334,6 +351,22 @@ def tokenize(sql: str, dialect: str, *, backslash_single: bool | None = None,
             append(Token(PUNCT, i, i + 1, c))
             i += 1
     return tokens
+
+
+def user_variable_at(tokens: list[Token], k: int) -> bool:
+    """Whether tokens[k] is a MySQL user variable's name: a WORD right after a lone '@' (the lexer's reading)."""
+    if k < 1 or tokens[k].kind != WORD:
+        return False
+    at = tokens[k - 1]
+    return (at.kind == PUNCT and at.value == "@" and at.end == tokens[k].start
+            and not (k >= 2 and tokens[k - 2].kind == PUNCT and tokens[k - 2].value == "@"
+                     and tokens[k - 2].end == at.start))
+
+
+def foreign_spaces(text: str) -> bool:
+    """Whether a name holds characters other readers (sqlglot, Python) take for whitespace and the engines take
+    for part of a name (U+00A0, U+2028, U+3000...)."""
+    return not text.isascii() and any(c.isspace() for c in text)
 
 
 def significant(tokens: list[Token]) -> list[Token]:

@@ -130,7 +130,8 @@ class Prepared:
         w = self.window
         cut_from, cut_to = (w.start, w.end) if w is not None and not w.native else (-1, -1)
         # {name} is read as a placeholder here whatever text_placeholders says (masking always has).
-        for token in lexer.tokenize(sql, self.dialect):
+        tokens = lexer.tokenize(sql, self.dialect)
+        for k, token in enumerate(tokens):
             kind = token.kind
             if cut_from <= token.start < cut_to:
                 out.append(" ")
@@ -143,8 +144,14 @@ class Prepared:
                                    else "the statement can't be read")
             elif kind == lexer.NUMBER:   # kept apart from a name written against it (MySQL's 1e1from: 1e1 FROM)
                 out.append(sql[token.start:token.end] + " ")
-            elif kind == lexer.WORD and "0" <= token.value[:1] <= "9":
-                out.append("`" + sql[token.start:token.end] + "`")   # MySQL's digit-led names (0X41): one name
+            elif kind == lexer.WORD and lexer.user_variable_at(tokens, k):
+                out.append("v")    # a MySQL user variable's name (`@x. from t`): any plain name reads the same
+            elif kind == lexer.WORD and ("0" <= token.value[:1] <= "9" or lexer.foreign_spaces(token.value)):
+                # MySQL's digit-led names (0X41) and names holding what sqlglot reads as spaces (U+00A0): one name,
+                # quoted as the engine reads it unquoted (PostgreSQL and SQLite fold ASCII letters only)
+                name = sql[token.start:token.end]
+                out.append("`" + name + "`" if self.dialect == "mysql" else
+                           '"' + "".join(c.lower() if "A" <= c <= "Z" else c for c in name) + '"')
             else:
                 out.append(sql[token.start:token.end])
         return "".join(out)

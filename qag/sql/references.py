@@ -20,7 +20,7 @@ def _placeholders_blanked(sql: str, tokens: list, dialect: str, blank_comments: 
     """The text with every placeholder (and, for sqlglot, every comment) replaced by text of the same length, so
     positions found in it are positions in `sql`."""
     out = []
-    for token in tokens:
+    for k, token in enumerate(tokens):
         piece = sql[token.start:token.end]
         if token.kind in (lexer.PARAM, lexer.TEXT):
             out.append(("$1" if dialect == "postgres" else "0").ljust(len(piece)))
@@ -32,6 +32,11 @@ def _placeholders_blanked(sql: str, tokens: list, dialect: str, blank_comments: 
             # A number is never a table: written as 0 and spaces, it can't run into a name written against it
             # (MySQL reads "1e1from t" as 1e1 FROM t; sqlglot would read one name and hide the table).
             out.append("0".ljust(len(piece)))
+        elif dialect != "postgres" and lexer.user_variable_at(tokens, k):
+            out.append("v".ljust(len(piece)))     # a MySQL user variable (`@x. from t`): never a table either
+        elif token.kind == lexer.WORD and dialect != "postgres" and lexer.foreign_spaces(piece):
+            # What sqlglot would take for spaces inside one name (U+00A0): it can't be located as one name.
+            raise Unresolvable("a name holds a character the parser reads as a space")
         else:
             out.append(piece)
     return "".join(out)

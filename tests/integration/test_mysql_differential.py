@@ -387,3 +387,15 @@ def test_generated_numbers_end_where_the_server_ends_them(oracle, item):
     if answer[0] == "error" and answer[1] != 1064:
         return             # read as qag reads it, and refused for its value (1367: a double out of range)
     assert answer[0] == predicted if predicted == "error" else answer == predicted, (item, answer, predicted)
+
+
+@pytest.mark.parametrize("item", ["@x.", "@x.y", "@1.", "@$x.", "@x$", "@a_b.c", "@\u00e9.", "@\u00a0", "@\u2028"])
+def test_a_user_variable_is_the_name_the_server_reads(oracle, item):
+    """`SELECT @x. from dual`: the server's one column is the variable as written (its name runs over '.', '$' and
+    non-ASCII), then FROM; qag's tokens read the same variable and no table."""
+    _set_mode(oracle, None)
+    sql = f"SELECT {item} from dual"
+    assert _server_names(oracle, sql) == ("columns", [item]), item
+    tokens = lexer.tokenize(sql, "mysql")
+    names = [sql[t.start:t.end] for k, t in enumerate(tokens) if lexer.user_variable_at(tokens, k)]
+    assert names == [item[1:]] and prepare(sql, "mysql").uses("crm").tables == ()

@@ -182,6 +182,48 @@ def test_a_masked_call_is_refused_when_the_servers_mode_reads_text_otherwise_now
         backend.close_idle()
 
 
+def test_under_sql_mode_oracle_a_table_restricted_call_is_refused_and_a_sequence_never_moves(db):
+    """MariaDB's sql_mode=ORACLE parses another grammar: `seq.nextval` is a sequence call there, a column to qag's
+    reading (no table, no write). A table-restricted or masked call is refused on such a session before anything
+    runs; a caller without rules is served on it (the server's mode as the administrator set it)."""
+    if not db.mariadb:
+        pytest.skip("sql_mode=ORACLE is MariaDB's")
+
+    class OpensInOracleMode(MysqlBackend):
+        def _open(self, fields, read_only, deadline=None):
+            link = super()._open(fields, read_only, deadline)
+            cur = link.conn.cursor()
+            cur.execute("SET SESSION sql_mode = 'ORACLE'")
+            cur.execute(_mysql_schema.FACTS_QUERY)
+            link.names = _mysql_schema.parse_facts(cur.fetchone())
+            cur.close()
+            return link
+
+    backend = OpensInOracleMode(settings())
+    admin = mysql_admin()
+    admin.cursor().execute(f"CREATE SEQUENCE `{db.name}`.oracle_probe")
+    try:
+        for read_only in (True, False):
+            restricted = Call("SELECT oracle_probe.nextval", (), read_only, 10.0, 2)
+            restricted.schema, restricted.tables = db.name, frozenset({f"{db.name}.orders"})
+            with pytest.raises(QagError) as refused:
+                backend.run(db.fields, restricted)
+            assert (refused.value.code, refused.value.status) == ("table_check_failed", 403)
+            assert "ORACLE" in refused.value.message
+        with pytest.raises(QagError) as streamed:
+            backend.stream(db.fields, restricted, 10, None)
+        assert streamed.value.code == "table_check_failed"
+        with pytest.raises(QagError) as masked:
+            backend.run(db.fields, _masked("SELECT 1 FROM DUAL"))
+        assert masked.value.code == "mask_unresolvable" and "ORACLE" in masked.value.message
+        assert backend.run(db.fields, Call("SELECT 7 FROM DUAL", (), True, 10.0, 2)).rows == [(7,)]
+        assert admin_value(f"SELECT next_not_cached_value FROM `{db.name}`.oracle_probe") == 1   # never moved
+    finally:
+        backend.close_idle()
+        admin.cursor().execute(f"DROP SEQUENCE IF EXISTS `{db.name}`.oracle_probe")
+        admin.close()
+
+
 @pytest.mark.e2e
 def test_a_grant_for_orders_does_not_cover_ORDERS(server, db):
     if db.lctn != 0:

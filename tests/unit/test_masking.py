@@ -565,3 +565,15 @@ def test_mysql_a_table_behind_a_number_is_traced_and_located():
              .table_references()]
     assert [table for _, table in found] == ["customers", "customers"]
     assert found[1][0] == nested.index("customers WHERE")
+
+
+def test_mysql_a_table_behind_a_user_variable_is_located_and_a_foreign_space_is_refused():
+    """`@x. from customers` is a variable and then FROM (the rewrite must find and wrap that table); a name holding
+    what sqlglot reads as a space can't be located as one name: refused, never read as two words."""
+    nested = "SELECT c.id FROM customers c WHERE EXISTS (SELECT @x. from customers WHERE email LIKE 'a%' AND id = c.id)"
+    found = [r[3] for r in prepare(nested, "mysql").table_references()]
+    assert found == ["customers", "customers"]
+    assert prepare("SELECT email, @x. from customers", "mysql").traceable_sql() == "SELECT email, @v from customers"
+    with pytest.raises(Unresolvable):
+        prepare("SELECT email AS e\u00a0f FROM customers", "mysql").table_references()
+    assert [r[3] for r in prepare("SELECT @\u00a0 from customers", "mysql").table_references()] == ["customers"]

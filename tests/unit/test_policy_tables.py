@@ -608,3 +608,20 @@ def test_mysql_into_written_against_a_number_is_a_write(sql):
 
 def test_mysql_a_lock_written_against_a_number_is_a_lock():
     assert prepare("SELECT 1e1lock IN SHARE MODE", "mysql").write_ops == {"lock"}
+
+
+@pytest.mark.parametrize("sql, expected", [
+    ("SELECT note, @x. from secret", ("crm.secret",)),
+    ("SELECT v, @x. from customer, other.vault", ("crm.customer", "other.vault")),
+    ("SELECT note, @x./**/from secret", ("crm.secret",)),
+    ("SELECT note, @\u00a0 from secret", ("crm.secret",)),
+    ("SELECT v, @\u2028 from customer, other.vault", ("crm.customer", "other.vault")),
+    ("SELECT c.id FROM customer c WHERE EXISTS (SELECT @x. from secret WHERE secret.id = c.id)",
+     ("crm.customer", "crm.secret")),
+    ("SELECT a\u00a0b FROM t\u3000x", ("crm.t\u3000x",)),
+])
+def test_mysql_a_from_behind_a_user_variable_or_a_foreign_space_still_reads_its_tables(sql, expected):
+    """A user variable's name runs over '.' and non-ASCII, and names hold characters sqlglot takes for spaces
+    (U+00A0, U+2028, U+3000): the tables qag finds are the server's."""
+    assert tables(sql, "mysql") == expected
+    assert code(sql, "mysql", ("customer",)) == "table_not_allowed"

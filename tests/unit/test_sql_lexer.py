@@ -239,3 +239,22 @@ def test_a_dash_comment_ends_where_each_engine_ends_it():
     for dialect in ("mysql", "sqlite"):
         comments = [t for t in lexer.tokenize(sql, dialect) if t.kind == lexer.COMMENT]
         assert [sql[t.start:t.end] for t in comments] == ["-- c\r, $2 AS b"]
+
+
+@pytest.mark.parametrize("sql, expected", [
+    ("@x. from t", [(PUNCT, "@"), (WORD, "x."), (WORD, "from"), (WORD, "t")]),
+    ("@x.y, @1., @$x., @a$b", [(PUNCT, "@"), (WORD, "x.y"), (PUNCT, ","), (PUNCT, "@"), (WORD, "1."), (PUNCT, ","),
+                              (PUNCT, "@"), (WORD, "$x."), (PUNCT, ","), (PUNCT, "@"), (WORD, "a$b")]),
+    ("@\u00a0 from t", [(PUNCT, "@"), (WORD, "\u00a0"), (WORD, "from"), (WORD, "t")]),
+    ("@`q`, @'s', @\"d\"", [(PUNCT, "@"), (QIDENT, "`q`"), (PUNCT, ","), (PUNCT, "@"), (STRING, "'s'"), (PUNCT, ","),
+                            (PUNCT, "@"), (STRING, '"d"')]),
+    ("@@session.sql_mode", [(PUNCT, "@"), (PUNCT, "@"), (WORD, "session"), (PUNCT, "."), (WORD, "sql_mode")]),
+])
+def test_mysql_user_variables_are_read_as_the_server_reads_them(sql, expected):
+    """MariaDB reads a user variable's name over letters, digits, '.', '_', '$' and non-ASCII (MY_LEX_HOSTNAME):
+    `@x. from t` is the variable `x.` and then FROM (qag read `x`, '.', and sqlglot a name `.from`)."""
+    tokens = tokenize(sql, "mysql")
+    assert kinds(sql, "mysql") == expected
+    names = [sql[t.start:t.end] for k, t in enumerate(tokens) if lexer.user_variable_at(tokens, k)]
+    assert names == [text for kind, text in expected if kind == WORD and text not in ("from", "t", "session",
+                                                                                      "sql_mode")]
