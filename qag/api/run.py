@@ -316,7 +316,10 @@ class RunHandlers:
                                version["sql"], timing=timing, transport=request.transport), error)
             raise
         # A tool call (qag/api/mcp.py) is read-only whatever the key may write: agent writes are outside the contract.
-        writes = self.writes_allowed(caller, name, prepared) and not stream and not request.read_only
+        # A query's own write grant holds where its author saved it (contract 3.4); on another connection the key
+        # runs it through that connection's grant, and only a key-wide allow_writes writes there.
+        writes = (self.writes_allowed(caller, name if chosen == saved else None, prepared) and not stream
+                  and not request.read_only)
         # The version's mask applies to every caller, administrators included (contract 6.3).
         saved_mask, key_mask = version.get("mask"), None if caller.admin else caller.grants.mask
         rules = masking.effective(saved_mask, key_mask) if saved_mask or key_mask else ()   # () without rules

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sqlite3
 import subprocess
 
 import pytest
@@ -429,6 +431,24 @@ def test_b6_4_write_curated_query_grant(writes_server, server, uniq):
     server.query(name, "INSERT INTO notes (body) VALUES (:b)", "lite")
     key = server.key(uniq("k"), connections=[], queries=[{"name": name, "allow_writes": True}])
     assert server.post(q(name), {"params": {"b": "x"}}, key=key).json["code"] == "read_only"
+
+
+def test_a_querys_write_grant_holds_on_its_saved_connection_only(writes_server, uniq):
+    """Contract 3.4: a query grant covers the query where its author saved it; on another connection the key runs
+    it through that connection's own grant, which holds no write right, so the run is read-only there."""
+    name, other = uniq("submit"), uniq("other")
+    writes_server.sqlite_db(f"{other}.db", "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT);")
+    writes_server.connection(other, f"{other}.db")
+    writes_server.query(name, "INSERT INTO notes (body) VALUES (:b)", "lite")
+    key = writes_server.key(uniq("k"), connections=[other], queries=[{"name": name, "allow_writes": True}])
+    elsewhere = writes_server.post(q(name), {"params": {"b": "elsewhere"}, "connection_name": other}, key=key)
+    assert (elsewhere.status, elsewhere.json["code"]) == (403, "read_only"), elsewhere
+    assert writes_server.post(q(name), {"params": {"b": "home"}}, key=key).status == 200
+    rows = sqlite3.connect(os.path.join(writes_server.home, f"{other}.db")).execute("SELECT count(*) FROM notes")
+    assert rows.fetchone()[0] == 0                         # nothing was written on the other connection
+    # A key-wide write grant is the key's on every connection it may use.
+    wide = writes_server.key(uniq("k"), connections=[other], allow_writes=True, queries=[name])
+    assert writes_server.post(q(name), {"params": {"b": "wide"}, "connection_name": other}, key=wide).status == 200
 
 
 def test_key_limits_narrow_the_call(server, uniq):
