@@ -371,7 +371,8 @@ class Gateway:
         """Open mode serves this machine only (qag/auth.py guard_open_mode, shared with `qag events`)."""
         environ = request.environ
         guard_open_mode(environ.get("REMOTE_ADDR"), environ.get("HTTP_HOST"), origin, self.headers,
-                        relayed_clients(environ.get(FORWARDED_HEADER), (environ.get(name) for name in RELAY_HEADERS)))
+                        relayed_clients(environ.get(FORWARDED_HEADER), (environ.get(name) for name in RELAY_HEADERS)),
+                        environ.get("HTTP_SEC_FETCH_SITE"))
 
     def _open_to(self, request: Request, origin: str | None) -> bool:
         """Whether open mode serves this request (a public route's caller is then the administrator)."""

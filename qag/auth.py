@@ -95,7 +95,8 @@ def relayed_clients(forwarded: str | None, address_lists) -> list[str]:
     return [c for c in clients if c]
 
 
-def guard_open_mode(peer: str | None, host: str | None, origin: str | None, cors, relayed=()) -> None:
+def guard_open_mode(peer: str | None, host: str | None, origin: str | None, cors, relayed=(),
+                    fetch_site: str | None = None) -> None:
     """Open mode serves this machine only (contract 1.4): a loopback peer (the socket's, never X-Forwarded-For), a
     loopback Host (no DNS rebinding), and no cross-origin browser request (a page the local user visits must not
     drive the server) but from an origin QAG_CORS_ORIGINS names (`*` lets every page read answers, never drive a
@@ -107,7 +108,11 @@ def guard_open_mode(peer: str | None, host: str | None, origin: str | None, cors
     often with a Host of 127.0.0.1): refused too, whether QAG_TRUST_PROXY is set or not (a proxy that names no
     client can't be told from a local caller: docs/compatibility.md). The
     headers can only ever take access away: a remote peer naming 127.0.0.1 is still remote. A public route
-    answers a caller refused here as it answers anyone (app.Gateway._open_to)."""
+    answers a caller refused here as it answers anyone (app.Gateway._open_to).
+
+    `fetch_site`: the browser's Sec-Fetch-Site. A page's image, script or form GET (no-cors) carries no Origin,
+    so a request another site's page made (`cross-site`, `same-site`: another port of localhost too) is refused
+    unless its Origin is one QAG_CORS_ORIGINS names."""
     if not is_loopback(peer):
         raise QagError("open_access_remote", "This server has no API key configured, so it only answers "
                        "callers on this machine - set QAG_API_KEY to serve others")
@@ -123,6 +128,9 @@ def guard_open_mode(peer: str | None, host: str | None, origin: str | None, cors
     if origin is not None and not cors.listed(origin):
         raise QagError("open_access_remote", "This server has no API key configured and refuses "
                        "cross-origin browser requests")
+    if origin is None and (fetch_site or "").strip().lower() in ("cross-site", "same-site"):
+        raise QagError("open_access_remote", "This server has no API key configured and refuses "
+                       "requests another site's page makes")
 
 
 def now_text() -> str:

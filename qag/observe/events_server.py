@@ -289,7 +289,8 @@ class EventsServer:
             try:   # judged on the socket's peer, never on X-Forwarded-For (contract 1.4), and refused when relayed
                 guard_open_mode(socket_peer, headers.get("host"), headers.get("origin"), self.headers,
                                 relayed_clients(headers.get("forwarded"),
-                                                (headers.get(name) for name in _RELAY_NAMES)))
+                                                (headers.get(name) for name in _RELAY_NAMES)),
+                                headers.get("sec-fetch-site"))
             except QagError as refused:
                 await _refuse(writer, refused, extra)
                 return

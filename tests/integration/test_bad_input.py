@@ -274,6 +274,27 @@ def test_open_mode_with_cors_for_every_origin_still_refuses_pages_it_does_not_na
     assert r.status == 200 and r.headers["access-control-allow-origin"] == "*"
 
 
+def test_open_mode_refuses_what_another_sites_page_makes_without_an_origin(make_server):
+    """A page's <img src>, <script src> or link GET (no-cors) carries no Origin: on a server without keys, one
+    another site's page made (Sec-Fetch-Site cross-site or same-site) is refused, writes above all; the browser's
+    own navigation and same-origin requests, and clients that send no Sec-Fetch-Site, are served."""
+    s = make_server(admin_key=None, env={"QAG_ALLOW_WRITES": "1"})
+    s.query("drop_note", "INSERT INTO notes (body) VALUES ('driven')", "lite")
+    for site in ("cross-site", "same-site", "Cross-Site"):
+        r = s.get(q("drop_note"), key=None, headers={"Sec-Fetch-Site": site, "Sec-Fetch-Mode": "no-cors",
+                                                     "Sec-Fetch-Dest": "image", "Referer": "http://evil.example/"})
+        assert (r.status, r.json["code"]) == (403, "open_access_remote"), (site, r)
+    assert s.get("/api/v1/connections", key=None, headers={"Sec-Fetch-Site": "cross-site"}).status == 403
+    for site in ("same-origin", "none", None):
+        headers = {} if site is None else {"Sec-Fetch-Site": site}
+        assert s.get("/api/v1/connections", key=None, headers=headers).status == 200, site
+    import os
+    import sqlite3
+    driven = sqlite3.connect(os.path.join(s.home, "lite.db")).execute("SELECT count(*) FROM notes WHERE body = 'driven'")
+    assert driven.fetchone()[0] == 0
+    assert s.post(q("drop_note"), key=None).status == 200     # a local client's call still writes
+
+
 def test_store_is_owner_only(server):
     import os
     import stat
