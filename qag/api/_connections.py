@@ -11,7 +11,9 @@ from ..errors import QagError
 from ..http.response import json_response
 from ..policy import tables as table_policy
 from ..policy.grants import check_connection
+from ..sql import lexer
 from ..sql.names import fold
+from ..sql.prepare import prepare
 from ._common import CONNECTION_NAME, audit, body_object, check_if_match, keyed_digest, no_content, with_etag
 from ._usage import UsageFigures
 from .. import shapes
@@ -322,6 +324,12 @@ class ConnectionHandlers:
             ddl = backend.table_ddl(fields, table)
         if ddl is None:
             raise QagError("table_not_found", f"{table!r} is not a table on {name!r}")
+        if restricted and not view_reads_granted(ddl, backend.dialect, default, caller.grants.allowed_tables):
+            # A view's definition names the tables it reads, their columns and its filter's literals.
+            raise QagError("table_not_allowed", f"{table!r} is a view whose definition reads tables this key "
+                                                "may not read")
+        if not caller.admin:
+            ddl = _DEFINER.sub("", ddl)     # MySQL's view and routine owner: a user name and host of the server
         return json_response({"ddl": ddl})
 
     def databases(self, request, caller):
@@ -351,6 +359,28 @@ def _audited(db: str, active: bool, fields: dict) -> dict:
     for key, value in fields.items():
         out[key] = "changed" if key == "password" or is_secret_field(key) else value
     return out
+
+
+_DEFINER = re.compile(r"\bDEFINER=(?:`(?:[^`]|``)*`|'(?:[^']|'')*'|[^\s@]+)@(?:`(?:[^`]|``)*`|'(?:[^']|'')*'|\S+)\s*")
+
+
+def view_reads_granted(ddl: str, dialect: str, default: str, allowed_tables) -> bool:
+    """Whether a CREATE VIEW statement's query reads only tables the grants name (a table's DDL: True); a query
+    that can't be read counts as reading others."""
+    tokens = [t for t in lexer.tokenize(ddl, dialect) if t.kind not in lexer.TRIVIA]
+    words = [t.value if t.kind == lexer.WORD else None for t in tokens]
+    if next((w for w in words if w in ("view", "table")), None) != "view":   # the first of them says which
+        return True
+    depth = 0
+    for k in range(words.index("view") + 1, len(tokens)):
+        token = tokens[k]
+        if token.kind == lexer.PUNCT and token.value in "()":
+            depth += 1 if token.value == "(" else -1
+        elif depth == 0 and words[k] == "as" and k + 1 < len(tokens):
+            uses = prepare(ddl[tokens[k + 1].start:], dialect).uses(default)
+            granted = granted_tables(allowed_tables, default, dialect)
+            return uses.failure is None and all(granted(t) for t in uses.tables)
+    return False
 
 
 def granted_tables(allowed_tables, default_schema: str, dialect: str):

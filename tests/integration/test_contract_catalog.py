@@ -214,6 +214,37 @@ def test_table_ddl_on_mariadb_names_only_what_the_catalog_has(server, mysql_db, 
         admin.close()
 
 
+def test_table_ddl_of_a_view_shows_a_restricted_key_only_tables_it_may_read(server, mysql_db, uniq):
+    """A view's DDL names the tables it reads, their columns and its filter's literals (and, on MySQL, its owner):
+    a table-restricted key granted the view gets it only when every table the view reads is granted too, and
+    never the DEFINER clause; the administrator gets it all."""
+    name = f"myview_{mysql_db['database']}"
+    if server.get(f"/api/v1/connections/{name}").status == 404:
+        assert server.post("/api/v1/connections", {"name": name, "db": "mysql", **mysql_db}).status == 201
+    admin = mysql_admin()
+    cur = admin.cursor()
+    db = mysql_db["database"]
+    cur.execute(f"CREATE TABLE IF NOT EXISTS `{db}`.people (id INT PRIMARY KEY, email VARCHAR(40))")
+    cur.execute(f"CREATE TABLE IF NOT EXISTS `{db}`.salary (id INT PRIMARY KEY, amount INT)")
+    cur.execute(f"CREATE OR REPLACE VIEW `{db}`.v_pub AS SELECT p.id FROM `{db}`.people p "
+                f"JOIN `{db}`.salary s ON s.id = p.id WHERE s.amount > 100000 AND p.email <> 'ceo@corp.example'")
+    cur.execute(f"CREATE OR REPLACE VIEW `{db}`.v_people AS SELECT id FROM `{db}`.people")
+    try:
+        view_only = server.key(uniq("vw"), connections=[name], allowed_tables=["v_pub", "v_people"])
+        refused = _ddl(server, name, "v_pub", key=view_only)
+        assert (refused.status, refused.json["code"]) == (403, "table_not_allowed"), refused
+        assert "salary" not in refused.body.decode() and "ceo@" not in refused.body.decode()
+        both = server.key(uniq("vw"), connections=[name], allowed_tables=["v_pub", "people", "salary"])
+        shown = _ddl(server, name, "v_pub", key=both)
+        assert shown.status == 200 and "salary" in shown.json["ddl"] and "DEFINER=" not in shown.json["ddl"]
+        assert _ddl(server, name, "v_people", key=view_only).status == 403        # people isn't granted
+        assert "DEFINER=" in _ddl(server, name, "v_pub").json["ddl"]             # the administrator's
+    finally:
+        cur.execute(f"DROP VIEW IF EXISTS `{db}`.v_pub, `{db}`.v_people")
+        cur.execute(f"DROP TABLE IF EXISTS `{db}`.people, `{db}`.salary")
+        admin.close()
+
+
 def test_table_ddl_on_postgres_is_unsupported_naming_the_dialect(server, pg_db):
     name = f"pgddl_{pg_db['database']}"
     if server.get(f"/api/v1/connections/{name}").status == 404:

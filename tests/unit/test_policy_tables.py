@@ -625,3 +625,20 @@ def test_mysql_a_from_behind_a_user_variable_or_a_foreign_space_still_reads_its_
     (U+00A0, U+2028, U+3000): the tables qag finds are the server's."""
     assert tables(sql, "mysql") == expected
     assert code(sql, "mysql", ("customer",)) == "table_not_allowed"
+
+
+@pytest.mark.parametrize("dialect, ddl, allowed, expected", [
+    ("sqlite", "CREATE VIEW v (a) AS SELECT p.id FROM people p JOIN salary s ON s.id = p.id", ["v", "people"], False),
+    ("sqlite", "CREATE VIEW v (a) AS SELECT p.id FROM people p JOIN salary s ON s.id = p.id",
+     ["v", "people", "salary"], True),
+    ("sqlite", "CREATE TEMP VIEW IF NOT EXISTS v AS SELECT 1", ["v"], True),
+    ("sqlite", "CREATE TABLE t (view INT, x INT)", ["t"], True),
+    ("mysql", "CREATE ALGORITHM=UNDEFINED DEFINER=`root`@`%` SQL SECURITY DEFINER VIEW `v` AS select `a`.`id` "
+              "AS `id` from `crm`.`a` where `a`.`id` in (select `b`.`id` from `other`.`b`)", ["v", "a"], False),
+    ("mysql", "CREATE ALGORITHM=UNDEFINED DEFINER=`root`@`%` SQL SECURITY DEFINER VIEW `v` AS select `a`.`id` "
+              "AS `id` from `crm`.`a`", ["v", "a"], True),
+    ("mysql", "CREATE VIEW `v` AS select no such thing from", ["v"], False),
+])
+def test_a_views_ddl_is_shown_to_a_restricted_key_only_when_it_reads_granted_tables(dialect, ddl, allowed, expected):
+    from qag.api._connections import view_reads_granted
+    assert view_reads_granted(ddl, dialect, DEFAULT[dialect], allowed) is expected
