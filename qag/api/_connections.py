@@ -329,7 +329,7 @@ class ConnectionHandlers:
             raise QagError("table_not_allowed", f"{table!r} is a view whose definition reads tables this key "
                                                 "may not read")
         if not caller.admin:
-            ddl = _DEFINER.sub("", ddl)     # MySQL's view and routine owner: a user name and host of the server
+            ddl = without_definer(ddl, backend.dialect)   # MySQL's view owner: a user name and host of the server
         return json_response({"ddl": ddl})
 
     def databases(self, request, caller):
@@ -364,6 +364,14 @@ def _audited(db: str, active: bool, fields: dict) -> dict:
 _DEFINER = re.compile(r"\bDEFINER=(?:`(?:[^`]|``)*`|'(?:[^']|'')*'|[^\s@]+)@(?:`(?:[^`]|``)*`|'(?:[^']|'')*'|\S+)\s*")
 
 
+def without_definer(ddl: str, dialect: str) -> str:
+    """The DDL without its DEFINER=user@host clause, looked for in the head only (before the word saying what it
+    creates), never in the definition's literals or comments."""
+    kinds = ("view", "table", "procedure", "function", "trigger", "event")
+    head = next((t.start for t in lexer.tokenize(ddl, dialect) if t.kind == lexer.WORD and t.value in kinds), 0)
+    return _DEFINER.sub("", ddl[:head]) + ddl[head:]
+
+
 def view_reads_granted(ddl: str, dialect: str, default: str, allowed_tables) -> bool:
     """Whether a CREATE VIEW statement's query reads only tables the grants name (a table's DDL: True); a query
     that can't be read counts as reading others."""
@@ -377,7 +385,12 @@ def view_reads_granted(ddl: str, dialect: str, default: str, allowed_tables) -> 
         if token.kind == lexer.PUNCT and token.value in "()":
             depth += 1 if token.value == "(" else -1
         elif depth == 0 and words[k] == "as" and k + 1 < len(tokens):
-            uses = prepare(ddl[tokens[k + 1].start:], dialect).uses(default)
+            end = len(ddl)
+            if words[-2:] == ["check", "option"]:     # WITH [CASCADED | LOCAL] CHECK OPTION: the view's, not the query's
+                w = len(words) - (4 if len(words) >= 4 and words[-4] == "with" else 3)
+                if words[w] == "with":
+                    end = tokens[w].start
+            uses = prepare(ddl[tokens[k + 1].start:end], dialect).uses(default)
             granted = granted_tables(allowed_tables, default, dialect)
             return uses.failure is None and all(granted(t) for t in uses.tables)
     return False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import select
 import socket
+import ssl
 import time
 
 from ..errors import QagError
@@ -44,8 +45,16 @@ class EventStream:
                 wait = max(0.0, quiet_until - time.monotonic())
                 stream.ready.wait(wait if sock is None else min(wait, RECHECK))
                 stream.ready.clear()
-                if sock is not None and client_gone(sock):
-                    return
+                if sock is not None:
+                    gone = client_gone(sock)
+                    if gone == GONE:
+                        return
+                    if gone == SHUT:
+                        # The client closed its sending side: gone, or a reader that half-closes (nc -N). A write
+                        # now tells: the worker ends the stream when it fails, a reader gets a comment.
+                        yield KEEPALIVE
+                        quiet_until = time.monotonic() + keepalive
+                        continue
                 now = time.monotonic()
                 if still_allowed is not None and now - checked >= RECHECK:
                     if not still_allowed():
@@ -66,22 +75,28 @@ class EventStream:
         self.live.close(self.stream)
 
 
-def client_gone(sock) -> bool:
-    """Whether the stream's client closed its side of the connection (or reset it): readable with nothing to read.
-    A client that sends something instead (it shouldn't) is left to the writes."""
+GONE, SHUT = "gone", "shut"
+
+
+def client_gone(sock) -> str | None:
+    """GONE when the stream's connection is closed or reset both ways, SHUT when the client closed its sending side
+    (readable with nothing to read), else None. A client that sends something instead (it shouldn't), and a TLS
+    socket's readable data, are left to the writes."""
     try:
         poller = select.poll()        # not select(): a worker's descriptors may pass 1024
         poller.register(sock, select.POLLIN)
         ready = poller.poll(0)
         if not ready:
-            return False
+            return None
         if ready[0][1] & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
-            return True
-        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+            return GONE
+        if isinstance(sock, ssl.SSLSocket):
+            return None               # its recv takes no flags: a peek would read TLS records, not the stream
+        return SHUT if sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"" else None
     except BlockingIOError:
-        return False
-    except (OSError, ValueError):     # reset, or the socket already closed
-        return True
+        return None
+    except (ConnectionError, ValueError):   # reset, or the socket already closed
+        return GONE
 
 
 class EventsHandlers:

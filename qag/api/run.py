@@ -607,7 +607,12 @@ class RunHandlers:
             stream_slot = self._stream_slot()
         if not caller.admin and caller.grants.max_concurrent:
             limit = int(caller.grants.max_concurrent)
-            slot = self.gateway.slots.acquire(caller.name, limit, plan.timeout)
+            try:
+                slot = self.gateway.slots.acquire(caller.name, limit, plan.timeout)
+            except BaseException:
+                if stream_slot is not None:
+                    stream_slot.release()
+                raise
             if slot is None:
                 if stream_slot is not None:
                     stream_slot.release()

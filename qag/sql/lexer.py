@@ -308,13 +308,15 @@ def tokenize(sql: str, dialect: str, *, backslash_single: bool | None = None,
                 append(Token(PUNCT, i + 1, i + 2, "@"))
                 i += 2
                 continue
-            append(Token(PUNCT, i, i + 1, "@"))
             end = _USER_VARIABLE_RE.match(sql, i + 1).end()
-            if end > i + 1 and sql[i + 1] not in "'\"`":
+            if end == i + 1 and not sql.startswith(("'", '"', "`"), i + 1):
+                # `@ from t`: the server reads a variable with an empty name, other readers a name `from`
+                bad(i, "user variable without a name")
+                break
+            append(Token(PUNCT, i, i + 1, "@"))
+            if end > i + 1:
                 append(Token(WORD, i + 1, end, sql[i + 1:end].lower()))
-                i = end
-            else:
-                i += 1
+            i = end if end > i + 1 else i + 1
         elif (mysql and c == "." and i + 1 < n and tokens and tokens[-1].end == i
               and tokens[-1].kind in (WORD, QIDENT) and _IDENT_CHARS_RE.match(sql, i + 1).end() > i + 1):
             # Right after a name, a '.' and identifier characters are a qualified name's next part, whatever

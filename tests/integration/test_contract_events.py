@@ -278,6 +278,24 @@ def test_a_client_that_closes_gives_its_stream_back_within_seconds(make_server):
         time.sleep(0.1)
 
 
+def test_a_client_that_half_closes_keeps_reading_its_stream(make_server):
+    """A client that closes its sending side after the request (nc -N) and goes on reading keeps its stream: the
+    server's look at the socket sees the end of its input, writes, and the write goes through."""
+    s = make_server(workers=1, env={"QAG_EVENTS_KEEPALIVE": "15"})
+    sock = socket.create_connection((s.host, s.port), timeout=10)
+    try:
+        sock.sendall(f"GET /events HTTP/1.1\r\nHost: localhost\r\nX-API-Key: {s.admin_key}\r\n\r\n".encode())
+        sock.shutdown(socket.SHUT_WR)
+        received, end = b"", time.monotonic() + 4.0
+        while time.monotonic() < end:
+            chunk = sock.recv(4096)
+            assert chunk, "the server ended a stream whose client still reads"
+            received += chunk
+        assert received.startswith(b"HTTP/1.1 200") and b": keepalive" in received
+    finally:
+        sock.close()
+
+
 def test_keepalive_comments_when_nothing_happens(ev):
     (s,) = _open(ev, 1, params="?query=nothing_runs_this")
     try:

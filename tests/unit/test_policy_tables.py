@@ -642,3 +642,20 @@ def test_mysql_a_from_behind_a_user_variable_or_a_foreign_space_still_reads_its_
 def test_a_views_ddl_is_shown_to_a_restricted_key_only_when_it_reads_granted_tables(dialect, ddl, allowed, expected):
     from qag.api._connections import view_reads_granted
     assert view_reads_granted(ddl, dialect, DEFAULT[dialect], allowed) is expected
+
+
+@pytest.mark.parametrize("suffix", ["", " WITH CHECK OPTION", " WITH CASCADED CHECK OPTION", " WITH LOCAL CHECK OPTION"])
+def test_a_views_check_option_is_not_part_of_its_query(suffix):
+    from qag.api._connections import view_reads_granted
+    ddl = ("CREATE ALGORITHM=UNDEFINED DEFINER=`root`@`%` SQL SECURITY DEFINER VIEW `v` AS select `t`.`a` AS `a` "
+           "from `t` where (`t`.`a` > 1.5)" + suffix)
+    assert view_reads_granted(ddl, "mysql", "crm", ["t", "v"]) is True
+    assert view_reads_granted(ddl, "mysql", "crm", ["v"]) is False
+
+
+def test_the_definer_clause_goes_from_the_head_only():
+    from qag.api._connections import without_definer
+    ddl = "CREATE DEFINER=`root`@`%` VIEW `v` AS select 'DEFINER=`a`@`b` ' AS `x`"
+    assert without_definer(ddl, "mysql") == "CREATE VIEW `v` AS select 'DEFINER=`a`@`b` ' AS `x`"
+    table = "CREATE TABLE `t` (`a` int COMMENT 'DEFINER=me@host')"
+    assert without_definer(table, "mysql") == table

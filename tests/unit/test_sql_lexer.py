@@ -258,3 +258,10 @@ def test_mysql_user_variables_are_read_as_the_server_reads_them(sql, expected):
     names = [sql[t.start:t.end] for k, t in enumerate(tokens) if lexer.user_variable_at(tokens, k)]
     assert names == [text for kind, text in expected if kind == WORD and text not in ("from", "t", "session",
                                                                                       "sql_mode")]
+
+
+@pytest.mark.parametrize("sql", ["SELECT @ FROM t", "SELECT @", "SELECT 1, @ /* */ FROM t"])
+def test_mysql_a_user_variable_without_a_name_is_unreadable(sql):
+    """The server reads `@ from t` as a variable with an empty name and then FROM; sqlglot as a variable `from`: no
+    reading of qag's would follow it, so the statement can't be checked (BAD)."""
+    assert [k for k, _ in kinds(sql, "mysql")][-1] == BAD
