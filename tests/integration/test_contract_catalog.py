@@ -184,13 +184,17 @@ def test_table_ddl_a_forbidden_table_is_as_missing_as_an_unknown_one(server, uni
     assert "jane" not in forbidden.body.decode()
 
 
-def test_table_ddl_on_mariadb_names_only_what_the_catalog_has(server, mysql_db, uniq):
-    name = f"myddl_{mysql_db['database']}"
+def _mysql_connection(server, mysql_db, prefix: str):
+    """(connection name, admin connection, its cursor, database) for a MariaDB connection saved once per prefix."""
+    name = f"{prefix}_{mysql_db['database']}"
     if server.get(f"/api/v1/connections/{name}").status == 404:
         assert server.post("/api/v1/connections", {"name": name, "db": "mysql", **mysql_db}).status == 201
     admin = mysql_admin()
-    cur = admin.cursor()
-    db = mysql_db["database"]
+    return name, admin, admin.cursor(), mysql_db["database"]
+
+
+def test_table_ddl_on_mariadb_names_only_what_the_catalog_has(server, mysql_db, uniq):
+    name, admin, cur, db = _mysql_connection(server, mysql_db, "myddl")
     cur.execute(f"CREATE TABLE IF NOT EXISTS `{db}`.film (id INT PRIMARY KEY, title VARCHAR(20))")
     cur.execute(f"CREATE TABLE IF NOT EXISTS `{db}`.`we``ird` (id INT)")
     cur.execute(f"CREATE TABLE IF NOT EXISTS `{db}`.hidden (id INT)")
@@ -218,12 +222,7 @@ def test_table_ddl_of_a_view_shows_a_restricted_key_only_tables_it_may_read(serv
     """A view's DDL names the tables it reads, their columns and its filter's literals (and, on MySQL, its owner):
     a table-restricted key granted the view gets it only when every table the view reads is granted too, and
     never the DEFINER clause; the administrator gets it all."""
-    name = f"myview_{mysql_db['database']}"
-    if server.get(f"/api/v1/connections/{name}").status == 404:
-        assert server.post("/api/v1/connections", {"name": name, "db": "mysql", **mysql_db}).status == 201
-    admin = mysql_admin()
-    cur = admin.cursor()
-    db = mysql_db["database"]
+    name, admin, cur, db = _mysql_connection(server, mysql_db, "myview")
     cur.execute(f"CREATE TABLE IF NOT EXISTS `{db}`.people (id INT PRIMARY KEY, email VARCHAR(40))")
     cur.execute(f"CREATE TABLE IF NOT EXISTS `{db}`.salary (id INT PRIMARY KEY, amount INT)")
     cur.execute(f"CREATE OR REPLACE VIEW `{db}`.v_pub AS SELECT p.id FROM `{db}`.people p "
