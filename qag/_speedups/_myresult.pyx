@@ -30,14 +30,17 @@ of the other optional drivers do: the startup check says what to install.
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.long cimport PyLong_FromLongLong
-from cpython.mem cimport PyMem_Calloc, PyMem_Free
+from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Realloc
 from cpython.object cimport PyObject
 from cpython.pycapsule cimport PyCapsule_GetPointer
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_Decode, PyUnicode_FromStringAndSize
 from libc.limits cimport INT_MAX
-from libc.string cimport memcmp, strcmp, strncmp
+from libc.math cimport isfinite
+from libc.string cimport memcmp, memcpy, strcmp, strlen, strncmp
+
+from qag._speedups._jsontext cimport canonical_int, json_keys, plain_text
 
 from qag._speedups._lonewait cimport (POLLIN, POLLPRI, poll, pollfd, qag_lone_wait_begin, qag_lone_wait_end, slept,
                                        spin_first)
@@ -52,6 +55,12 @@ from decimal import Decimal
 # One Reader behaviour and one error mapping for both twins (the pure twin's code runs where this one can't).
 from qag._speedups.myresult import Reader as _PureReader
 from qag._speedups.myresult import driver_error
+from qag._speedups.rowjson import unique_columns
+from qag._speedups import mysqltime as _pure_time
+try:
+    from qag._speedups import _mysqltime as _compiled_time
+except ImportError:     # not built: only the pure twin's parsers can be in a connection's map
+    _compiled_time = _pure_time
 
 __all__ = ["Reader", "driver_error", "LIBRARY"]
 
@@ -72,6 +81,9 @@ cdef extern from "Python.h":
     object PyLong_FromString(const char *text, char **end, int base)
     object PyObject_CallOneArg(object callable, object arg)
     int PySequence_Check(object o)
+    double PyOS_string_to_double(const char *s, char **endptr, PyObject *overflow_exception) except? -1.0
+    char* PyOS_double_to_string(double val, char format_code, int precision, int flags, int* ptype) except NULL
+    int Py_DTSF_ADD_DOT_0
 
 # The client library's MYSQL_FIELD (the same layout in libmariadb 3 and MySQL 8's libmysqlclient; no headers
 # needed). MYSQL and MYSQL_RES are opaque here.
@@ -129,6 +141,17 @@ cdef enum Kind:
     WHOLE = 2       # converter int: PyLong_FromString
     CALL_TEXT = 3   # any other converter, given str (DECIMAL, NEWDECIMAL, TIMESTAMP, DATETIME, TIME, DATE)
     CALL_RAW = 4    # any other converter, given bytes
+
+
+# How read_page writes a column's values into a page's JSON itself (each only when the text is what rowjson writes
+# for the value the converter makes of it; any other text hands the page to rowjson).
+cdef enum JsonKind:
+    J_NO = 0        # not written here: the rows are made and rowjson encodes them
+    J_INT = 1       # converter int: canonical digits as they are
+    J_TEXT = 2      # converter str: plain printable ASCII in quotes
+    J_DECIMAL = 3   # converter Decimal: float(Decimal(text)) is the text read as a double; written as its repr
+    J_DATETIME = 4  # qag's or mysqlclient's DATETIME/TIMESTAMP parser: a valid datetime, written to the second
+    J_DATE = 5      # their DATE parser: a valid date, written as it is
 
 
 cdef class _Client:
@@ -285,6 +308,8 @@ cdef class Reader:
     cdef bytes plan_kinds
     cdef bint plan_utf8
     cdef bytes plan_encoding
+    cdef bytes plan_json          # [column]: its JsonKind, or None when a column's values are never written here
+    cdef list plan_keys           # the columns' JSON keys (_jsontext.json_keys) when plan_json is not None
     # The lone wait (query): the connection's socket, seconds to spin, and whether the last spin missed.
     cdef int fd
     cdef double spin
@@ -422,6 +447,123 @@ cdef class Reader:
                 conn.discard_result()
         return columns, rows
 
+    def read_page(self, skip, count, json_rows):
+        """(column names, rows, json, fetched): as myresult.Reader.read_page. The JSON of the first `json_rows`
+        fetched rows is written here from the reply's text when every column is of a JsonKind and every value's
+        text passes its kind's test; otherwise the rows are made as read() makes them and json is None."""
+        if not self.direct or type(skip) is not int or type(count) is not int or type(json_rows) is not int or not (
+                0 <= skip <= INT_MAX and 0 <= count <= INT_MAX and 0 < json_rows <= INT_MAX):
+            columns, rows = self.read(skip, count)
+            return columns, rows, None, len(rows)
+        cdef void *mysql = self.mysql
+        cdef void *res
+        cdef object page = None
+        with nogil:
+            res = _LIB.store_result(mysql)
+        if res == NULL:
+            if _LIB.error_code(mysql):
+                raise _failure(mysql)
+            columns, rows = [], []
+        else:
+            try:
+                self._plan(mysql, _LIB.fetch_fields(res), _LIB.num_fields(res))
+                if self.plan_json is not None:
+                    page = self._json(mysql, res, skip, count, json_rows)
+                if page is None:
+                    _LIB.data_seek(res, 0)
+                    columns, rows = self._rows(mysql, res, skip, count)
+                else:
+                    columns, rows = self.plan_columns[:], None
+            finally:
+                _LIB.free_result(res)
+        if _LIB.more_results(mysql):
+            conn = self.conn
+            while conn.next_result() == 0:
+                conn.discard_result()
+        if page is None:
+            return columns, rows, None, len(rows)
+        return columns, None, page[0], page[1]
+
+    cdef object _json(self, void *mysql, void *res, int skip, int count, int json_rows):
+        """(the JSON bytes rowjson.encode_json(columns, rows[:json_rows]) makes, the number of rows fetched) for the
+        rows after `skip` (at most `count`, 0: all) of a planned reply whose columns are all of a JsonKind; None
+        when a value's text fails its kind's test, or no row is fetched."""
+        cdef unsigned int n = self.plan_n, i
+        cdef const unsigned char *kinds = self.plan_json
+        cdef list keys = self.plan_keys
+        cdef char **row
+        cdef unsigned long *lengths
+        cdef const char *text
+        cdef unsigned long length
+        cdef long long maxrows = count if count else <long long>_LIB.num_rows(res)
+        cdef int fetched = 0
+        cdef _Out out
+        cdef bytes key
+        out.data = NULL
+        out.size = out.cap = 0
+        if skip:
+            _LIB.data_seek(res, <unsigned int>skip)
+        try:
+            _put(&out, b"[", 1)
+            while maxrows > 0:
+                maxrows -= 1
+                row = _LIB.fetch_row(res)
+                if row == NULL:
+                    if _LIB.error_code(mysql):
+                        raise _failure(mysql)
+                    break
+                fetched += 1
+                lengths = _LIB.fetch_lengths(res)
+                if fetched > json_rows:
+                    # Counted only (the look past the page, has_more), but its text must be text read() could
+                    # decode: text that isn't plain goes to read(), which raises what it raises for it.
+                    for i in range(n):
+                        if kinds[i] == J_TEXT and row[i] != NULL and not plain_text(row[i], lengths[i]):
+                            return None
+                    continue
+                if fetched > 1:
+                    _put(&out, b",{", 2)
+                else:
+                    _put(&out, b"{", 1)
+                for i in range(n):
+                    key = <bytes>keys[i]
+                    _put(&out, key, len(key))
+                    text, length = row[i], lengths[i]
+                    if text == NULL:
+                        _put(&out, b"null", 4)
+                    elif kinds[i] == J_INT:
+                        if not canonical_int(text, length):
+                            return None
+                        _put(&out, text, length)
+                    elif kinds[i] == J_TEXT:
+                        if not plain_text(text, length):
+                            return None
+                        _put(&out, b'"', 1)
+                        _put(&out, text, length)
+                        _put(&out, b'"', 1)
+                    elif kinds[i] == J_DECIMAL:
+                        if not _put_decimal(&out, text, length):
+                            return None
+                    elif kinds[i] == J_DATETIME:
+                        if not _valid_datetime(text, length):
+                            return None
+                        _put(&out, b'"', 1)
+                        _put(&out, text, 19)      # rowjson writes a datetime to the second
+                        _put(&out, b'"', 1)
+                    else:
+                        if not (length == 10 and _valid_date(text)):
+                            return None
+                        _put(&out, b'"', 1)
+                        _put(&out, text, 10)
+                        _put(&out, b'"', 1)
+                _put(&out, b"}", 1)
+            if not fetched:
+                return None
+            _put(&out, b"]\n", 2)
+            return PyBytes_FromStringAndSize(out.data, out.size), fetched
+        finally:
+            PyMem_Free(out.data)
+
     cdef bint _plan(self, void *mysql, MYSQL_FIELD *fields, unsigned int n) except -1:
         """Make the column names, converters and kinds of this reply's fields the Reader's plan: the previous
         reply's when its fields (name, type, flags, charset) and the connection's charset are the same (a pooled
@@ -449,6 +591,7 @@ cdef class Reader:
         cdef list columns = []
         cdef list converters = []
         cdef bytearray kinds = bytearray(n)
+        cdef bytearray json_kinds = bytearray(n)
         cdef bytearray field_keys = bytearray()
         cdef int t
         for i in range(n):
@@ -469,11 +612,14 @@ cdef class Reader:
                 kinds[i] = <unsigned char>CALL_TEXT   # DECIMAL, NEWDECIMAL, TIMESTAMP, DATETIME, TIME, DATE
             else:
                 kinds[i] = <unsigned char>CALL_RAW
+            json_kinds[i] = _json_kind(kinds[i], fun, t)
             key.type, key.flags, key.charsetnr = fields[i].type, fields[i].flags, fields[i].charsetnr
             key.name_length = fields[i].name_length
             field_keys += (<char *>&key)[:sizeof(_FieldKey)]
             field_keys += fields[i].name[:key.name_length]
         self.plan_columns, self.plan_converters, self.plan_kinds = columns, converters, bytes(kinds)
+        self.plan_keys = json_keys(unique_columns(columns[:])) if n and 0 not in json_kinds else None
+        self.plan_json = bytes(json_kinds) if self.plan_keys is not None else None
         self.plan_utf8, self.plan_encoding, self.plan_n = utf8, encoding_name, n
         self.plan_charset = <bytes>charset
         self.plan_key = bytes(field_keys)
@@ -547,6 +693,152 @@ cdef class Reader:
         finally:
             PyMem_Free(seen)
         return self.plan_columns[:], rows   # a list of its own for each caller
+
+
+cdef unsigned char _json_kind(unsigned char kind, object fun, int field_type):
+    """The JsonKind of a column with this Kind, converter and field type."""
+    if kind == WHOLE:
+        return J_INT
+    if kind == TEXT:
+        return J_TEXT
+    if kind != CALL_TEXT:
+        return J_NO
+    if fun is Decimal:
+        return J_DECIMAL
+    if fun is _pure_time.datetime_or_none or fun is _compiled_time.datetime_or_none:
+        return J_DATETIME
+    if fun is _pure_time.date_or_none or fun is _compiled_time.date_or_none:
+        return J_DATE
+    return J_NO
+
+
+cdef struct _Out:
+    char *data
+    Py_ssize_t size
+    Py_ssize_t cap
+
+
+cdef int _put(_Out *out, const char *text, Py_ssize_t length) except -1:
+    cdef Py_ssize_t cap
+    cdef char *grown
+    if out.size + length > out.cap:
+        cap = max(out.cap * 2, out.size + length + 512)
+        grown = <char *>PyMem_Realloc(out.data, cap)
+        if grown == NULL:
+            raise MemoryError()
+        out.data, out.cap = grown, cap
+    memcpy(out.data + out.size, text, length)
+    out.size += length
+    return 0
+
+
+cdef inline bint _digits(const char *text, int length) noexcept:
+    cdef int i
+    for i in range(length):
+        if not b'0' <= text[i] <= b'9':
+            return False
+    return True
+
+
+cdef inline int _number(const char *text, int length) noexcept:
+    cdef int i, value = 0
+    for i in range(length):
+        value = value * 10 + (text[i] - 48)
+    return value
+
+
+cdef int[13] _MONTH_DAYS = [0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31]
+
+
+cdef bint _valid_date(const char *text) noexcept:
+    """Whether 10 bytes are MySQL's text of a date Python's date holds: YYYY-MM-DD, year 1 to 9999, a real day
+    (the zero date and its kin are not: their parsers give None)."""
+    if not (text[4] == b'-' and text[7] == b'-' and _digits(text, 4) and _digits(text + 5, 2)
+            and _digits(text + 8, 2)):
+        return False
+    cdef int year = _number(text, 4), month = _number(text + 5, 2), day = _number(text + 8, 2)
+    if year < 1 or month < 1 or month > 12 or day < 1:
+        return False
+    if month == 2 and year % 4 == 0 and (year % 100 != 0 or year % 400 == 0):
+        return day <= 29
+    return day <= _MONTH_DAYS[month]
+
+
+cdef bint _valid_datetime(const char *text, unsigned long length) noexcept:
+    """Whether the text is MySQL's of a datetime Python's datetime holds: YYYY-MM-DD HH:MM:SS with 1 to 6 digits
+    of a fraction after a dot or none, a valid date and time of day."""
+    if not (length == 19 or (21 <= length <= 26 and text[19] == b'.' and _digits(text + 20, <int>length - 20))):
+        return False
+    if not (_valid_date(text) and text[10] == b' ' and text[13] == b':' and text[16] == b':'
+            and _digits(text + 11, 2) and _digits(text + 14, 2) and _digits(text + 17, 2)):
+        return False
+    return _number(text + 11, 2) < 24 and _number(text + 14, 2) < 60 and _number(text + 17, 2) < 60
+
+
+cdef int _put_decimal(_Out *out, const char *text, unsigned long length) except -1:
+    """A DECIMAL's text written as rowjson writes its Decimal: repr(float(value)). float(Decimal) reads the
+    Decimal's str as a float, and the str of a Decimal made from MySQL's text (digits with a sign and a point) is
+    the same number, so that float is the text read as a double (both correctly rounded). With at most 15
+    significant digits (DBL_DIG: distinct such decimals are distinct doubles) repr's shortest digits are the text's
+    own, written here in repr's fixed notation; anything else is read and written by CPython's own strtod and
+    repr. 0 when the text isn't of that shape or the double isn't finite."""
+    cdef unsigned long i = 1 if length and text[0] == b'-' else 0
+    cdef unsigned long whole = i, point = length, first = length, last = length
+    cdef char *end
+    while i < length and b'0' <= text[i] <= b'9':
+        i += 1
+    if i == whole:
+        return 0
+    if i < length and text[i] == b'.':
+        point = i
+        i += 1
+        while i < length and b'0' <= text[i] <= b'9':
+            i += 1
+        if i == point + 1:
+            return 0
+    if i != length or text[length] != 0:
+        return 0
+    # The significant digits: from the first nonzero digit (`first`) to the last (`last`), the point between.
+    for i in range(whole, length):
+        if text[i] != b'.' and text[i] != b'0':
+            if first == length:
+                first = i
+            last = i
+    cdef long decpt          # where the point goes, counted in digits from the first significant one
+    cdef long significant
+    if first == length:
+        significant = 0
+    else:
+        decpt = <long>point - <long>first if first < point else -(<long>first - <long>point - 1)
+        significant = <long>last - <long>first + 1 - (1 if first < point < last else 0)
+    if first == length:
+        _put(out, b"-0.0" if text[0] == b'-' else b"0.0", 4 if text[0] == b'-' else 3)
+        return 1
+    if significant <= 15 and -4 < decpt <= 16:
+        if text[0] == b'-':
+            _put(out, b"-", 1)
+        if decpt <= 0:
+            _put(out, b"0.", 2)
+            for i in range(<unsigned long>(-decpt)):
+                _put(out, b"0", 1)
+            _put(out, text + first, last - first + 1)   # all after the point: no point among them
+        elif first < point:
+            # The digits before the point, the point, then those after up to the last significant one (or ".0").
+            _put(out, text + first, point - first)
+            if last > point:
+                _put(out, text + point, last - point + 1)
+            else:
+                _put(out, b".0", 2)
+        return 1
+    cdef double value = PyOS_string_to_double(text, &end, NULL)
+    if end != text + length or not isfinite(value):
+        return 0
+    cdef char *written = PyOS_double_to_string(value, b'r', 0, Py_DTSF_ADD_DOT_0, NULL)
+    try:
+        _put(out, written, strlen(written))
+    finally:
+        PyMem_Free(written)
+    return 1
 
 
 cdef bytes _encoding(const char *charset):

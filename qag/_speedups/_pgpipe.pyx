@@ -37,6 +37,7 @@ from libc.errno cimport errno, EINTR
 from libc.math cimport ceil
 from libc.stdint cimport uint64_t, uintptr_t
 
+from qag._speedups._jsontext cimport canonical_int, json_keys, plain_text
 from qag._speedups._lonewait cimport (POLLIN, POLLOUT, POLLPRI, monotonic as _monotonic, poll, pollfd, qag_lone_wait_begin,
                                      qag_lone_wait_end, slept, spin_first)
 
@@ -361,66 +362,16 @@ cdef object _int_of(const char *text, int length):
 # returns None and the caller makes the rows and has rowjson encode them. So these rules only say when the text
 # is what rowjson would write, never how to escape.
 
-cdef uint64_t _ONES = 0x0101010101010101ULL
-cdef uint64_t _HIGH = 0x8080808080808080ULL
-
-
-cdef inline bint _no_zero_byte(uint64_t v) noexcept:
-    return ((v - _ONES) & ~v & _HIGH) == 0
-
-
-cdef bint _plain_text(const char *text, int length) noexcept:
-    """Whether every byte is printable ASCII but '"' and '\\': then rowjson writes the str as these bytes in quotes
-    (ensure_ascii, nothing to escape). Eight bytes at a time: a byte at or over 0x7F, under 0x20, '"' or '\\'."""
-    cdef int i = 0
-    cdef uint64_t w
-    cdef unsigned char c
-    while i + 8 <= length:
-        memcpy(&w, text + i, 8)
-        if (w & _HIGH) or ((w + _ONES) & _HIGH) or ((w - 0x2020202020202020ULL) & ~w & _HIGH):
-            return False
-        if not (_no_zero_byte(w ^ 0x2222222222222222ULL) and _no_zero_byte(w ^ 0x5C5C5C5C5C5C5C5CULL)):
-            return False
-        i += 8
-    while i < length:
-        c = <unsigned char>text[i]
-        if c < 0x20 or c > 0x7E or c == 0x22 or c == 0x5C:
-            return False
-        i += 1
-    return True
-
-
-cdef bint _canonical_int(const char *text, int length) noexcept:
-    """Whether the text is how Python prints the int it reads as (PostgreSQL's text of an integer type is): an
-    optional minus, then 1 to 19 digits, no leading zero, not "-0"."""
-    cdef int i = 1 if length > 0 and text[0] == b'-' else 0
-    cdef int digits = length - i
-    if digits < 1 or digits > 19 or (text[i] == b'0' and (digits > 1 or i == 1)):
-        return False
-    while i < length:
-        if not b'0' <= text[i] <= b'9':
-            return False
-        i += 1
-    return True
-
-
 cdef dict _KEYS = {}           # column names (a tuple) → their JSON keys, or None: a saved query's names repeat
 cdef Py_ssize_t _KEYS_MAX = 512
 
 
 cdef object _plain_keys(names):
-    """Each of rowjson's unique column names as its JSON key with what goes before it (nothing for the first, a
-    comma for the others) and its colon, when every name is plain text (see _plain_text); None otherwise."""
+    """rowjson's JSON keys of these column names (_jsontext.json_keys), or None, kept for the next call."""
     key = tuple(names)
     if key in _KEYS:
         return _KEYS[key]
-    keys = []
-    for i, name in enumerate(unique_columns(list(key))):
-        encoded = name.encode("utf-8")
-        if not _plain_text(encoded, len(encoded)):
-            keys = None
-            break
-        keys.append((b"," if i else b"") + b'"' + encoded + b'":')
+    keys = json_keys(unique_columns(list(key)))
     if len(_KEYS) >= _KEYS_MAX:
         _KEYS.clear()
     _KEYS[key] = keys
@@ -828,8 +779,8 @@ cdef class Pipe:
 
     def json(self, result, tx, Py_ssize_t start, Py_ssize_t end, names):
         """The bytes rowjson.encode_json(names, self.rows(result, tx, start, end)) makes, written from libpq's text
-        values without making the rows; None when some value's JSON is not its text (see _plain_text and
-        _canonical_int), a column is not of a direct kind, or the range is empty."""
+        values without making the rows; None when some value's JSON is not its text (see _jsontext's plain_text and
+        canonical_int), a column is not of a direct kind, or the range is empty."""
         cdef const void *ptr = <const void *><uintptr_t>result.pgresult_ptr
         cdef _Libpq lib = self._lib
         cdef int columns = lib.nfields(ptr), c, r, length
@@ -864,11 +815,11 @@ cdef class Pipe:
                     else:
                         text = lib.getvalue(ptr, r, c)
                         if kinds[c] == _INT:
-                            if not _canonical_int(text, length):
+                            if not canonical_int(text, length):
                                 return None
                             size += length
                         elif kinds[c] == _UTF8_TEXT:
-                            if not _plain_text(text, length):
+                            if not plain_text(text, length):
                                 return None
                             size += length + 2
                         else:

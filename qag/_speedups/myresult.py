@@ -10,6 +10,11 @@ after, stores the whole reply and returns its column names and `count` rows afte
 (count 0: all) as tuples, each value converted by the connection's converter map as mysqlclient's
 `fetch_row(count, 0)` converts it; skipped rows are never converted. It then reads any further result sets (a
 CALL's) so the connection is ready again. Failures are mysqlclient's exceptions (MySQLdb.Error subclasses).
+`reader.read_page(skip, count, json_rows)` reads the same way and returns (columns, rows, json, fetched): in the
+compiled twin, when every column's values are ints, plain ASCII text, decimals, dates or datetimes whose text is
+what rowjson writes for their values, json is the bytes `rowjson.encode_json(columns, rows[:json_rows])` would
+make, written from the reply's text without making the rows (rows is None, fetched counts the rows read);
+otherwise, and always in this twin, json is None and rows are read()'s.
 
 This twin is mysqlclient's own calls: `store_result()`, `describe()` (a 7-tuple per column, of which only the
 name is used), `data_seek`, `fetch_row`. The compiled twin calls the same client library functions itself and
@@ -45,6 +50,10 @@ class Reader:
         while conn.next_result() == 0:
             conn.discard_result()
         return columns, rows
+
+    def read_page(self, skip: int, count: int, json_rows: int) -> tuple[list, list | None, bytes | None, int]:
+        columns, rows = self.read(skip, count)
+        return columns, rows, None, len(rows)   # this twin leaves the JSON to rowjson
 
 
 # mysqlclient's classes of a client library error code (its C _mysql_Exception, which is not exported), so that

@@ -26,6 +26,6 @@ cdef class MysqlBackend(Backend):
     cpdef run(self, dict fields, Call call)
 
 
-cpdef tuple _execute(_Link link, str sql, args, skip, count, deadline)
+cpdef tuple _execute(_Link link, str sql, args, skip, count, deadline, json_rows=*)
 cpdef bint _preferred(_Link link)
 cpdef int _session_use(str sql)

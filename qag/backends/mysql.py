@@ -251,10 +251,13 @@ _ENCODED: dict = {}   # statement sent -> its UTF-8 (a saved query's text is the
 _ENCODED_MAX = 1024
 
 
-def _execute(link, sql: str, args, skip: int, count: int, deadline: float | None) -> tuple[list, list]:
-    """Run one statement on the link's connection and read its page: column names, and `count` rows after `skip`
-    (count 0: all), by the link's reader (the myresult twins: mysqlclient's values without its cursor's per-call
-    Python, and in the compiled twin without its description tuples); skipped rows are never converted.
+def _execute(link, sql: str, args, skip: int, count: int, deadline: float | None,
+             json_rows: int = 0) -> tuple[list, list | None, bytes | None, int]:
+    """Run one statement on the link's connection and read its page: (column names, `count` rows after `skip`
+    (count 0: all), None, rows fetched), by the link's reader (the myresult twins: mysqlclient's values without its
+    cursor's per-call Python, and in the compiled twin without its description tuples); skipped rows are never
+    converted. With `json_rows`, the compiled reader may write the first `json_rows` rows' JSON itself from the
+    reply's text: then (column names, None, that JSON, rows fetched) (Call.json_rows, Result.json).
     Arguments are bound as mysqlclient's cursor binds them (integers written directly, the rest by its
     literal())."""
     conn = link.conn
@@ -269,7 +272,10 @@ def _execute(link, sql: str, args, skip: int, count: int, deadline: float | None
         literal = conn.literal
         query = query % tuple([b"%d" % a if type(a) is int else literal(a) for a in args])
     link.reader.query(query, deadline)
-    return link.reader.read(skip, count)
+    if json_rows:
+        return link.reader.read_page(skip, count, json_rows)
+    columns, rows = link.reader.read(skip, count)
+    return columns, rows, None, len(rows)
 
 
 class _Link:
@@ -569,7 +575,8 @@ class MysqlBackend(Backend):
             try:
                 statement = self._prepare(link, call.sql, call.timeout)
                 sent = statement
-                columns, rows = _execute(link, statement, call.args, call.skip, call.fetch, deadline)
+                columns, rows, json, fetched = _execute(link, statement, call.args, call.skip, call.fetch, deadline,
+                                                        call.json_rows)
             except BaseException as exc:
                 if token and WATCHDOG.disarm(token):
                     self._cut(key, link)
@@ -601,7 +608,7 @@ class MysqlBackend(Backend):
             # stops them, with no error. A call that can't write is answered as the limit says; a write did what
             # its reply says.
             raise timeout_error(call.timeout)
-        return Result(columns, rows, elapsed)
+        return Result(columns, rows, elapsed, json, fetched)
 
     def _cut(self, key, link: _Link) -> None:
         """A connection the watchdog cut: closed, and the idle ones of the same settings with it (they share the

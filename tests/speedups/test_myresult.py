@@ -162,6 +162,172 @@ def test_every_column_type_as_mysqlclient_reads_it(database, conn, readers, rows
     assert pure == repr(("ok", _reference(conn, sql, skip, count)))
 
 
+# --- read_page: a page's JSON written from the reply's text (the compiled twin) or by rowjson from the rows ---------
+# The columns whose kinds the compiled twin writes itself, with values around each kind's edges: text with quotes,
+# backslashes, control and non-ASCII characters, ZEROFILL and YEAR 0000 integers, zero dates and impossible days,
+# decimals at their precision. Every value the twin can't write as its text sends the page to rowjson.
+_ASCII = st.text(st.characters(min_codepoint=0, max_codepoint=127, exclude_categories=("Cs",)), max_size=12)
+DIRECT = [
+    ("d_tiny", "TINYINT", st.integers(-128, 127)),
+    ("d_int", "INT", st.integers(-(2 ** 31), 2 ** 31 - 1)),
+    ("d_big", "BIGINT", st.integers(-(2 ** 63), 2 ** 63 - 1)),
+    ("d_ubig", "BIGINT UNSIGNED", st.integers(0, 2 ** 64 - 1)),
+    ("d_zero", "INT(5) ZEROFILL", st.integers(0, 99999)),
+    ("d_year", "YEAR", st.one_of(st.just(0), st.integers(1901, 2155))),
+    ("d_dec", "DECIMAL(12,2)", st.decimals(-(10 ** 10) + 1, 10 ** 10 - 1, places=2)),
+    ("d_dec4", "DECIMAL(4,4)", st.decimals(-1, 1, places=4).filter(lambda d: abs(d) < 1)),
+    ("d_dec65", "DECIMAL(65,30)", st.decimals(-(10 ** 35) + 1, 10 ** 35 - 1, places=30)),
+    ("d_date", "DATE", st.one_of(st.dates(dt.date(1000, 1, 1)).map(str), _ZERO_DATES)),
+    ("d_datetime", "DATETIME", st.one_of(st.datetimes(dt.datetime(1000, 1, 1)).map(
+        lambda m: m.strftime("%Y-%m-%d %H:%M:%S")), _ZERO_DATES.map(lambda d: d + " 12:00:00"))),
+    ("d_datetime3", "DATETIME(3)", st.datetimes(dt.datetime(1000, 1, 1)).map(lambda m: _datetime_text(m)[:23])),
+    ("d_stamp", "TIMESTAMP(6) NULL", st.datetimes(dt.datetime(1970, 1, 2), dt.datetime(2038, 1, 18)).map(
+        _datetime_text)),
+    ("d_char", "CHAR(12) CHARACTER SET utf8mb4", st.one_of(_ASCII, _TEXT)),
+    ("d_varchar", "VARCHAR(40) CHARACTER SET utf8mb4", st.one_of(_ASCII, _TEXT)),
+    ("d_latin", "VARCHAR(20) CHARACTER SET latin1", st.one_of(_ASCII, _LATIN)),
+]
+# A row of values every direct kind writes as its text.
+PLAIN_ROW = (7, -2147483648, 9223372036854775807, 18446744073709551615, None, 2024, "-12.50", "0.0001",
+             "123456789012345678901234567890.000000000000000000000000000001", "2024-02-29", "1999-12-31 23:59:59",
+             "2000-01-01 00:00:00.125", "2020-06-01 12:30:45.000001", "a 'b' ~", "", "Zz09 !#$%&()*+,-./:;<=>?@[]^_`{|}")
+# One value at a time that isn't its JSON's text, each in a column whose kind the twin writes.
+NOT_AS_TEXT = [("d_zero", 42), ("d_year", 0), ("d_date", "0000-00-00"), ("d_date", "2021-02-29"),
+               ("d_datetime", "2020-00-10 12:00:00"), ("d_char", 'say "hi"'), ("d_varchar", "back\\slash"),
+               ("d_varchar", "tab\there"), ("d_varchar", "é"), ("d_latin", "\x7f"), ("d_varchar", "😀")]
+
+
+@pytest.fixture(scope="module")
+def direct_table(database):
+    admin, name = database
+    admin.cursor().execute(f"CREATE TABLE `{name}`.d (id INT PRIMARY KEY, "
+                           + ", ".join(f"{column} {definition}" for column, definition, _ in DIRECT) + ")")
+    return admin, name
+
+
+def _fill(admin, name: str, rows) -> None:
+    cur = admin.cursor()
+    cur.execute(f"DELETE FROM `{name}`.d")
+    if rows:
+        holes = ", ".join(["%s"] * (len(DIRECT) + 1))
+        cur.executemany(f"INSERT INTO `{name}`.d VALUES ({holes})", [(i, *row) for i, row in enumerate(rows)])
+
+
+def _pages(conn, readers, sql: bytes, skip: int, count: int, json_rows: int) -> list:
+    """Each twin's read_page, then mysqlclient's cursor as the reference: (columns, page bytes, rows fetched), the
+    page bytes rowjson's encoding of the first json_rows rows where a twin gave rows."""
+    from qag._speedups import rowjson     # the pure encoder: the reference of both twins' pages
+    outcomes = []
+    for reader in readers:
+        conn.query(sql)
+        columns, rows, page, fetched = reader(conn).read_page(skip, count, json_rows)
+        assert (rows is None) == (page is not None)
+        outcomes.append((columns, page if page is not None else rowjson.encode_json(columns, rows[:json_rows]),
+                         fetched, page is not None))
+    columns, rows = _reference(conn, sql, skip, count)
+    outcomes.append((columns, rowjson.encode_json(columns, rows[:json_rows]), len(rows)))
+    return outcomes
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.tuples(*[st.one_of(st.none(), values) for _, _, values in DIRECT]), max_size=5),
+       skip=st.integers(0, 6), count=st.integers(0, 6), json_rows=st.integers(1, 6))
+def test_read_page_json_is_rowjsons_of_the_rows(direct_table, conn, readers, rows, skip, count, json_rows):
+    admin, name = direct_table
+    _fill(admin, name, rows)
+    pure, compiled, reference = _pages(conn, readers, b"SELECT * FROM d ORDER BY id", skip, count, json_rows)
+    assert not pure[3]                          # the pure twin leaves the JSON to rowjson
+    assert pure[:3] == compiled[:3] == reference
+
+
+def test_read_page_writes_text_of_every_direct_kind_and_hands_anything_else_to_rowjson(direct_table, conn, readers):
+    admin, name = direct_table
+    _fill(admin, name, [PLAIN_ROW, (None,) * len(DIRECT), PLAIN_ROW])
+    sql = b"SELECT * FROM d ORDER BY id"
+    for skip, count, json_rows in ((0, 0, 3), (0, 3, 2), (1, 2, 1), (2, 5, 5)):
+        pure, compiled, reference = _pages(conn, readers, sql, skip, count, json_rows)
+        assert compiled[3], "the compiled twin wrote this page itself"
+        assert pure[:3] == compiled[:3] == reference
+    names = [column for column, _, _ in DIRECT]
+    for column, value in NOT_AS_TEXT:
+        row = list(PLAIN_ROW)
+        row[names.index(column)] = value
+        admin.cursor().execute("SET SESSION sql_mode = ''")
+        _fill(admin, name, [PLAIN_ROW, tuple(row)])
+        pure, compiled, reference = _pages(conn, readers, sql, 0, 0, 2)
+        assert not compiled[3], f"{column}={value!r} goes to rowjson"
+        assert pure[:3] == compiled[:3] == reference
+        # The value past the page (the look for has_more) is never written: the page still is, unless it is
+        # text read() must decode (it may fail to, and then the page must fail as read() does).
+        pure, compiled, reference = _pages(conn, readers, sql, 0, 2, 1)
+        assert compiled[3] == (not column.startswith(("d_char", "d_varchar", "d_latin")))
+        assert pure[:3] == compiled[:3] == reference
+
+
+def test_read_page_fails_as_read_does_when_the_row_past_the_page_does_not_decode(database, readers):
+    # character_set_results NULL: the server sends latin1 bytes as they are, which utf8 can't decode; the row
+    # after the page is read for has_more, so both twins' pages fail as read() does.
+    admin, name = database
+    admin.cursor().execute(f"INSERT INTO `{name}`.t (id, c_latin) VALUES (1001, 'abc'), (1002, 'é') "
+                           "ON DUPLICATE KEY UPDATE id = id")
+    c = _connect(name)
+    try:
+        c.query(b"SET character_set_results = NULL")
+        outcomes = []
+        for reader in readers:
+            def read():
+                c.query(b"SELECT id, c_latin FROM t WHERE id IN (1001, 1002) ORDER BY id")
+                return reader(c).read_page(0, 2, 1)
+            outcomes.append(repr(call_outcome(read)))
+        assert outcomes[0] == outcomes[1] and "UnicodeDecodeError" in outcomes[0]
+    finally:
+        c.close()
+        admin.cursor().execute(f"DELETE FROM `{name}`.t WHERE id IN (1001, 1002)")
+
+
+DECIMALS = ["0", "-0", "0.00", "-0.00", "12.50", "-12.50", "100.00", "0.0001", "0.00001", "-0.5", "10.05", "123",
+            "999999999999999", "9999999999999999", "1000000000000000", "10000000000000000", "123456789012345.6",
+            "0.1", "0.3", "2.675", "1.0000000000000002", "0.000123456789012345", "1e-30", "-99999999999999999.99"]
+
+
+@pytest.mark.parametrize("places", [0, 2, 17, 30])
+def test_read_page_decimals_as_rowjson_writes_their_floats(conn, readers, places):
+    # Each value at each scale: the digits rowjson's repr(float(Decimal)) keeps, exponents, signed zeros, and
+    # the values past 15 significant digits that go through CPython's strtod and repr.
+    columns = ", ".join(f"CAST('{value}' AS DECIMAL(65,{places})) AS d{i}" for i, value in enumerate(DECIMALS))
+    pure, compiled, reference = _pages(conn, readers, f"SELECT {columns}".encode(), 0, 0, 1)
+    assert compiled[3] and pure[:3] == compiled[:3] == reference
+
+
+@pytest.mark.parametrize("expression", [b"1.5e0", b"CAST(1.5 AS FLOAT)", b"b'101'", b"x'00ff'",
+                                        b"CAST('01:02:03' AS TIME)", b"CAST('a' AS BINARY)"])
+def test_read_page_of_columns_no_direct_kind_covers(database, conn, readers, expression):
+    # A double, a float, bits, bytes, a TIME: rows, as read() makes them, for rowjson, beside a column it writes.
+    sql = b"SELECT 1 AS one, " + expression + b" AS other"
+    pure, compiled, reference = _pages(conn, readers, sql, 0, 0, 1)
+    assert not compiled[3] and pure[:3] == compiled[:3] == reference
+
+
+def test_read_page_column_names(conn, readers):
+    # Duplicate names are made unique as rowjson makes them; a name that needs escaping goes to rowjson.
+    for sql, written in ((b"SELECT 1 AS `dup`, 2 AS `dup`, 3 AS `dup_2`", True), (b'SELECT 1 AS `a"b`', False),
+                         (b"SELECT 1 AS `\xc3\xa9`", False)):
+        pure, compiled, reference = _pages(conn, readers, sql, 0, 0, 1)
+        assert compiled[3] == written and pure[:3] == compiled[:3] == reference
+
+
+def test_read_page_of_no_rows_and_no_result_set(conn, readers):
+    for reader in readers:
+        conn.query(b"SELECT 1 AS one FROM DUAL WHERE 1 = 0")
+        assert reader(conn).read_page(0, 0, 5) == (["one"], [], None, 0)
+        conn.query(b"DO 1")
+        assert reader(conn).read_page(0, 0, 5) == ([], [], None, 0)
+        conn.query(b"CALL two()")
+        assert reader(conn).read_page(0, 0, 5)[::2] == (["one"], b'[{"one":1}]\n' if reader is readers[1] else None)
+        conn.query(b"SELECT 3 AS three")
+        assert reader(conn).read(0, 0) == (["three"], [(3,)])   # CALL's further result sets were read
+
+
 EXPRESSIONS = (
     "SELECT 18446744073709551615 AS u, -9223372036854775808 AS s, 1e308 AS big, -1e-308 AS small, "
     "0.000000000000000000000000000001 AS tiny_dec, 99999999999999999999999999999999999.999999999999999999999999999999"
