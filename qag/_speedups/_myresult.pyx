@@ -38,6 +38,7 @@ from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_Decode, PyUnicode_FromStringAndSize
 from libc.limits cimport INT_MAX
 from libc.math cimport isfinite
+from libc.stdint cimport uint32_t
 from libc.string cimport memcmp, memcpy, strcmp, strlen, strncmp
 
 from qag._speedups._jsontext cimport canonical_int, json_keys, plain_text
@@ -148,7 +149,7 @@ cdef enum Kind:
 cdef enum JsonKind:
     J_NO = 0        # not written here: the rows are made and rowjson encodes them
     J_INT = 1       # converter int: canonical digits as they are
-    J_TEXT = 2      # converter str: plain printable ASCII in quotes
+    J_TEXT = 2      # converter str: plain printable ASCII in quotes; on a UTF-8 connection any valid UTF-8, escaped
     J_DECIMAL = 3   # converter Decimal: float(Decimal(text)) is the text read as a double; written as its repr
     J_DATETIME = 4  # qag's or mysqlclient's DATETIME/TIMESTAMP parser: a valid datetime, written to the second
     J_DATE = 5      # their DATE parser: a valid date, written as it is
@@ -490,6 +491,7 @@ cdef class Reader:
         when a value's text fails its kind's test, or no row is fetched."""
         cdef unsigned int n = self.plan_n, i
         cdef const unsigned char *kinds = self.plan_json
+        cdef bint utf8 = self.plan_utf8
         cdef list keys = self.plan_keys
         cdef char **row
         cdef unsigned long *lengths
@@ -518,7 +520,8 @@ cdef class Reader:
                     # Counted only (the look past the page, has_more), but its text must be text read() could
                     # decode: text that isn't plain goes to read(), which raises what it raises for it.
                     for i in range(n):
-                        if kinds[i] == J_TEXT and row[i] != NULL and not plain_text(row[i], lengths[i]):
+                        if (kinds[i] == J_TEXT and row[i] != NULL and not plain_text(row[i], lengths[i])
+                                and not (utf8 and _utf8_valid(row[i], lengths[i]))):
                             return None
                     continue
                 if fetched > 1:
@@ -536,11 +539,12 @@ cdef class Reader:
                             return None
                         _put(&out, text, length)
                     elif kinds[i] == J_TEXT:
-                        if not plain_text(text, length):
+                        if plain_text(text, length):
+                            _put(&out, b'"', 1)
+                            _put(&out, text, length)
+                            _put(&out, b'"', 1)
+                        elif not (utf8 and _put_utf8_text(&out, text, length)):
                             return None
-                        _put(&out, b'"', 1)
-                        _put(&out, text, length)
-                        _put(&out, b'"', 1)
                     elif kinds[i] == J_DECIMAL:
                         if not _put_decimal(&out, text, length):
                             return None
@@ -730,6 +734,116 @@ cdef int _put(_Out *out, const char *text, Py_ssize_t length) except -1:
     memcpy(out.data + out.size, text, length)
     out.size += length
     return 0
+
+
+# Python's strict UTF-8 decoder's well-formed sequences (RFC 3629: no overlong forms, no surrogates, nothing past
+# U+10FFFF): the second byte's range by the first byte; the rest are 80-BF.
+cdef inline int _utf8_length(const unsigned char *t, Py_ssize_t left, uint32_t *code) noexcept:
+    """The length of the well-formed UTF-8 sequence at `t` (its code point in `code`), 0 when it isn't one."""
+    cdef unsigned char c = t[0]
+    cdef unsigned char low = 0x80, high = 0xBF
+    cdef int n, k
+    if c < 0x80:
+        code[0] = c
+        return 1
+    if 0xC2 <= c <= 0xDF:
+        n, code[0] = 2, c & 0x1F
+    elif 0xE0 <= c <= 0xEF:
+        n, code[0] = 3, c & 0x0F
+        if c == 0xE0:
+            low = 0xA0
+        elif c == 0xED:
+            high = 0x9F
+    elif 0xF0 <= c <= 0xF4:
+        n, code[0] = 4, c & 0x07
+        if c == 0xF0:
+            low = 0x90
+        elif c == 0xF4:
+            high = 0x8F
+    else:
+        return 0
+    if left < n or not low <= t[1] <= high:
+        return 0
+    for k in range(1, n):
+        if k > 1 and not 0x80 <= t[k] <= 0xBF:
+            return 0
+        code[0] = (code[0] << 6) | (t[k] & 0x3F)
+    return n
+
+
+cdef bint _utf8_valid(const char *text, Py_ssize_t length) noexcept:
+    """Whether Python's strict UTF-8 decoder reads these bytes without an error."""
+    cdef Py_ssize_t i = 0
+    cdef int n
+    cdef uint32_t code
+    while i < length:
+        n = _utf8_length(<const unsigned char *>text + i, length - i, &code)
+        if n == 0:
+            return False
+        i += n
+    return True
+
+
+cdef char *_HEX_DIGITS = b"0123456789abcdef"
+
+
+cdef int _put_u4(_Out *out, uint32_t code) except -1:
+    cdef char u[6]
+    u[0] = b'\\'
+    u[1] = b'u'
+    u[2] = _HEX_DIGITS[(code >> 12) & 15]
+    u[3] = _HEX_DIGITS[(code >> 8) & 15]
+    u[4] = _HEX_DIGITS[(code >> 4) & 15]
+    u[5] = _HEX_DIGITS[code & 15]
+    return _put(out, u, 6)
+
+
+cdef int _put_utf8_text(_Out *out, const char *text, Py_ssize_t length) except -1:
+    """UTF-8 text written in quotes as rowjson writes its str (json.dumps, ensure_ascii): printable ASCII but '"'
+    and '\\' as it is, \\b \\f \\n \\r \\t \\" \\\\ by name, any other character as \\uXXXX (lowercase; past
+    U+FFFF as its surrogate pair). 0 when the bytes aren't UTF-8 Python's strict decoder reads (read() raises)."""
+    cdef Py_ssize_t i = 0, start
+    cdef int n
+    cdef uint32_t code
+    cdef unsigned char c
+    _put(out, b'"', 1)
+    while i < length:
+        start = i
+        while i < length:
+            c = <unsigned char>text[i]
+            if c < 0x20 or c > 0x7E or c == 0x22 or c == 0x5C:
+                break
+            i += 1
+        if i > start:
+            _put(out, text + start, i - start)
+        if i == length:
+            break
+        n = _utf8_length(<const unsigned char *>text + i, length - i, &code)
+        if n == 0:
+            return 0
+        i += n
+        if code == 0x22:
+            _put(out, b'\\"', 2)
+        elif code == 0x5C:
+            _put(out, b'\\\\', 2)
+        elif code == 0x08:
+            _put(out, b'\\b', 2)
+        elif code == 0x0C:
+            _put(out, b'\\f', 2)
+        elif code == 0x0A:
+            _put(out, b'\\n', 2)
+        elif code == 0x0D:
+            _put(out, b'\\r', 2)
+        elif code == 0x09:
+            _put(out, b'\\t', 2)
+        elif code > 0xFFFF:
+            code -= 0x10000
+            _put_u4(out, 0xD800 | (code >> 10))
+            _put_u4(out, 0xDC00 | (code & 0x3FF))
+        else:
+            _put_u4(out, code)
+    _put(out, b'"', 1)
+    return 1
 
 
 cdef inline bint _digits(const char *text, int length) noexcept:

@@ -11,8 +11,9 @@ after, stores the whole reply and returns its column names and `count` rows afte
 `fetch_row(count, 0)` converts it; skipped rows are never converted. It then reads any further result sets (a
 CALL's) so the connection is ready again. Failures are mysqlclient's exceptions (MySQLdb.Error subclasses).
 `reader.read_page(skip, count, json_rows)` reads the same way and returns (columns, rows, json, fetched): in the
-compiled twin, when every column's values are ints, plain ASCII text, decimals, dates or datetimes whose text is
-what rowjson writes for their values, json is the bytes `rowjson.encode_json(columns, rows[:json_rows])` would
+compiled twin, when every column's values are ints, text (any well-formed UTF-8 on a UTF-8 connection, escaped as
+rowjson escapes it; plain ASCII on another), decimals, dates or datetimes whose text is what rowjson writes for
+their values, json is the bytes `rowjson.encode_json(columns, rows[:json_rows])` would
 make, written from the reply's text without making the rows (rows is None, fetched counts the rows read);
 otherwise, and always in this twin, json is None and rows are read()'s.
 

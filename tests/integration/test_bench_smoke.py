@@ -166,3 +166,12 @@ def test_in_process_probes_run():
     out = _bench("benchmarks.threads_overlap", "--threads", "1", "--seconds", "1")
     row = re.search(r"^\s+1\s+(\d+)\s+\d+\s+\d+\s+\d+%\s+[\d.]+\s+(\d+)$", out, re.MULTILINE)
     assert row and int(row.group(1)) > 0 and row.group(2) == "0", out
+
+
+def test_mysql_pages_benchmark_runs():
+    """benchmarks.mysql_pages reads the same pages both ways (it checks they agree) and prints a row per text shape
+    and size, each written by read_page itself."""
+    mysql_admin().close()   # skips (or fails under QAG_TEST_REQUIRE_SERVICES=1) without a server
+    out = _bench("benchmarks.mysql_pages", "--rows", "1,3", "--rounds", "1", "--number", "5")
+    rows = re.findall(r"^\| (ascii|escaped) \| (\d+) \| ([\d.]+) \[.*\| (yes|no) \|$", out, re.MULTILINE)
+    assert len(rows) == 4 and all(float(r[2]) > 0 and r[3] == "yes" for r in rows), out

@@ -193,8 +193,10 @@ PLAIN_ROW = (7, -2147483648, 9223372036854775807, 18446744073709551615, None, 20
              "2000-01-01 00:00:00.125", "2020-06-01 12:30:45.000001", "a 'b' ~", "", "Zz09 !#$%&()*+,-./:;<=>?@[]^_`{|}")
 # One value at a time that isn't its JSON's text, each in a column whose kind the twin writes.
 NOT_AS_TEXT = [("d_zero", 42), ("d_year", 0), ("d_date", "0000-00-00"), ("d_date", "2021-02-29"),
-               ("d_datetime", "2020-00-10 12:00:00"), ("d_char", 'say "hi"'), ("d_varchar", "back\\slash"),
-               ("d_varchar", "tab\there"), ("d_varchar", "é"), ("d_latin", "\x7f"), ("d_varchar", "😀")]
+               ("d_datetime", "2020-00-10 12:00:00")]
+# Text to escape, which the twin writes itself on a UTF-8 connection.
+ESCAPED = [("d_char", 'say "hi"'), ("d_varchar", "back\\slash"), ("d_varchar", "tab\there\r\n\b\f"),
+           ("d_varchar", "\x00\x01\x1f\x7f"), ("d_varchar", "é€\u2028"), ("d_latin", "ÿ\x80"), ("d_varchar", "😀x😀")]
 
 
 @pytest.fixture(scope="module")
@@ -249,19 +251,72 @@ def test_read_page_writes_text_of_every_direct_kind_and_hands_anything_else_to_r
         assert compiled[3], "the compiled twin wrote this page itself"
         assert pure[:3] == compiled[:3] == reference
     names = [column for column, _, _ in DIRECT]
-    for column, value in NOT_AS_TEXT:
+    for column, value in NOT_AS_TEXT + ESCAPED:
         row = list(PLAIN_ROW)
         row[names.index(column)] = value
         admin.cursor().execute("SET SESSION sql_mode = ''")
         _fill(admin, name, [PLAIN_ROW, tuple(row)])
         pure, compiled, reference = _pages(conn, readers, sql, 0, 0, 2)
-        assert not compiled[3], f"{column}={value!r} goes to rowjson"
+        assert compiled[3] == ((column, value) in ESCAPED), f"{column}={value!r}"
         assert pure[:3] == compiled[:3] == reference
-        # The value past the page (the look for has_more) is never written: the page still is, unless it is
-        # text read() must decode (it may fail to, and then the page must fail as read() does).
+        # The value past the page (the look for has_more) is never written: the page still is.
         pure, compiled, reference = _pages(conn, readers, sql, 0, 2, 1)
-        assert compiled[3] == (not column.startswith(("d_char", "d_varchar", "d_latin")))
-        assert pure[:3] == compiled[:3] == reference
+        assert compiled[3] and pure[:3] == compiled[:3] == reference
+
+
+RAW_TEXT = [b"\xc3\xa9", b"\xf0\x9f\x98\x80", b"\xef\xbf\xbf", b"\xf4\x8f\xbf\xbf", b"\xe0\xa0\x80", b"a\x00b",
+            b"\xc0\x80", b"\xc1\xbf", b"\xe0\x9f\xbf", b"\xed\xa0\x80", b"\xed\xbf\xbf", b"\xf0\x8f\xbf\xbf",
+            b"\xf4\x90\x80\x80", b"\xf5\x80\x80\x80", b"\xe2\x82", b"\xe2\x82\x41", b"\x80", b"\xff", b"ok\xc3"]
+
+
+@pytest.mark.parametrize("raw", RAW_TEXT)
+def test_read_page_reads_text_bytes_as_pythons_strict_utf8_decoder(database, readers, raw):
+    # character_set_results NULL: a latin1 column's bytes come as they are, so any byte sequence reaches the reader
+    # as text of the UTF-8 connection: well-formed UTF-8 is written escaped; overlong forms, surrogates, code points
+    # past U+10FFFF and cut sequences fail as Python's decoder fails (read() raises; so must the page).
+    from qag._speedups import rowjson
+    admin, name = database
+    admin.cursor().execute(f"INSERT INTO `{name}`.t (id, c_latin) VALUES (1003, x'{raw.hex()}') "
+                           "ON DUPLICATE KEY UPDATE c_latin = VALUES(c_latin)")   # the bytes as they are
+    c = _connect(name)
+    try:
+        c.query(b"SET character_set_results = NULL")
+        outcomes, written = [], []
+        for reader in readers:
+            def page():
+                c.query(b"SELECT id, c_latin FROM t WHERE id = 1003")
+                columns, rows, json, fetched = reader(c).read_page(0, 0, 1)
+                written.append(json is not None)
+                return json if json is not None else rowjson.encode_json(columns, rows)
+            outcomes.append(repr(call_outcome(page)))
+        assert outcomes[0] == outcomes[1]
+        assert ("UnicodeDecodeError" in outcomes[0]) != _decodes(raw)
+        # Each well-formed one the compiled twin wrote itself; none of the others made a page.
+        assert written == ([False, True] if _decodes(raw) else [])
+    finally:
+        c.close()
+        admin.cursor().execute(f"DELETE FROM `{name}`.t WHERE id = 1003")
+
+
+def _decodes(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("names", ["latin1", "koi8r"])
+def test_read_page_on_a_connection_that_is_not_utf8(database, readers, names):
+    # Text is decoded by another codec there: only plain ASCII is written; the rest goes to rowjson.
+    c = _connect(database[1])
+    try:
+        c.set_character_set(names)
+        for sql, written in ((b"SELECT 'plain' AS t, 1 AS n", True), (b"SELECT 'caf\xe9' AS t, 1 AS n", False)):
+            pure, compiled, reference = _pages(c, readers, sql, 0, 0, 1)
+            assert compiled[3] == written and pure[:3] == compiled[:3] == reference
+    finally:
+        c.close()
 
 
 def test_read_page_fails_as_read_does_when_the_row_past_the_page_does_not_decode(database, readers):
