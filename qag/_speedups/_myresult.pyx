@@ -801,7 +801,8 @@ cdef int _put_u4(_Out *out, uint32_t code) except -1:
 cdef int _put_utf8_text(_Out *out, const char *text, Py_ssize_t length) except -1:
     """UTF-8 text written in quotes as rowjson writes its str (json.dumps, ensure_ascii): printable ASCII but '"'
     and '\\' as it is, \\b \\f \\n \\r \\t \\" \\\\ by name, any other character as \\uXXXX (lowercase; past
-    U+FFFF as its surrogate pair). 0 when the bytes aren't UTF-8 Python's strict decoder reads (read() raises)."""
+    U+FFFF as its surrogate pair). 0 when the bytes aren't UTF-8 Python's strict decoder reads (read() raises),
+    part of the text written: the caller drops the page."""
     cdef Py_ssize_t i = 0, start
     cdef int n
     cdef uint32_t code
