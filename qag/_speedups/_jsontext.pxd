@@ -1,11 +1,11 @@
 # cython: language_level=3
-"""When a database's text of a value is already the JSON rowjson would write for it: shared by the compiled drivers
-that write a page's JSON themselves (_pgpipe, _myresult); inline, so each has its own copy of the code.
+"""A database's text of a value as the JSON rowjson would write for it: shared by the compiled drivers that write a
+page's JSON themselves (_pgpipe, _myresult); inline, so each has its own copy of the code.
 
-These rules only say when the text is what rowjson writes, never how to escape: a value they refuse makes the
-driver hand its rows to rowjson instead."""
+The tests say when the text is what rowjson writes (plain text, canonical ints) and escape UTF-8 text as rowjson
+escapes the str it decodes to; a value they refuse makes the driver hand its rows to rowjson instead."""
 
-from libc.stdint cimport uint64_t
+from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcpy
 
 
@@ -60,3 +60,121 @@ cdef inline list json_keys(list unique_names):
             return None
         keys.append((b"," if i else b"") + b'"' + encoded + b'":')
     return keys
+
+
+# Python's strict UTF-8 decoder's well-formed sequences (RFC 3629: no overlong forms, no surrogates, nothing past
+# U+10FFFF): the second byte's range by the first byte; the rest are 80-BF.
+cdef inline int utf8_length(const unsigned char *t, Py_ssize_t left, uint32_t *code) noexcept:
+    """The length of the well-formed UTF-8 sequence at `t` (its code point in `code`), 0 when it isn't one."""
+    cdef unsigned char c = t[0]
+    cdef unsigned char low = 0x80, high = 0xBF
+    cdef int n, k
+    if c < 0x80:
+        code[0] = c
+        return 1
+    if 0xC2 <= c <= 0xDF:
+        n, code[0] = 2, c & 0x1F
+    elif 0xE0 <= c <= 0xEF:
+        n, code[0] = 3, c & 0x0F
+        if c == 0xE0:
+            low = 0xA0
+        elif c == 0xED:
+            high = 0x9F
+    elif 0xF0 <= c <= 0xF4:
+        n, code[0] = 4, c & 0x07
+        if c == 0xF0:
+            low = 0x90
+        elif c == 0xF4:
+            high = 0x8F
+    else:
+        return 0
+    if left < n or not low <= t[1] <= high:
+        return 0
+    for k in range(1, n):
+        if k > 1 and not 0x80 <= t[k] <= 0xBF:
+            return 0
+        code[0] = (code[0] << 6) | (t[k] & 0x3F)
+    return n
+
+
+cdef inline Py_ssize_t escaped_size(const char *text, Py_ssize_t length) noexcept:
+    """The size of the JSON string, quotes included, rowjson writes for the str these UTF-8 bytes decode to
+    (json.dumps, ensure_ascii: printable ASCII but '"' and '\\' as it is; \\b \\f \\n \\r \\t \\" \\\\ by name; any other
+    character as \\uXXXX, past U+FFFF as its surrogate pair); -1 when Python's strict decoder refuses them."""
+    cdef Py_ssize_t i = 0, size = 2
+    cdef int n
+    cdef uint32_t code
+    cdef unsigned char c
+    while i < length:
+        c = <unsigned char>text[i]
+        if 0x20 <= c <= 0x7E:
+            size += 2 if c == 0x22 or c == 0x5C else 1
+            i += 1
+            continue
+        n = utf8_length(<const unsigned char *>text + i, length - i, &code)
+        if n == 0:
+            return -1
+        i += n
+        if code == 0x08 or code == 0x09 or code == 0x0A or code == 0x0C or code == 0x0D:
+            size += 2
+        else:
+            size += 12 if code > 0xFFFF else 6
+    return size
+
+
+cdef inline char *_u4(char *o, uint32_t code) noexcept:
+    cdef const char *hex_digits = b"0123456789abcdef"
+    o[0] = b'\\'
+    o[1] = b'u'
+    o[2] = hex_digits[(code >> 12) & 15]
+    o[3] = hex_digits[(code >> 8) & 15]
+    o[4] = hex_digits[(code >> 4) & 15]
+    o[5] = hex_digits[code & 15]
+    return o + 6
+
+
+cdef inline char *write_escaped(char *o, const char *text, Py_ssize_t length) noexcept:
+    """The JSON string of escaped_size written at `o` (bytes escaped_size accepted, room for its size); the end."""
+    cdef Py_ssize_t i = 0, start
+    cdef uint32_t code
+    cdef unsigned char c
+    o[0] = b'"'
+    o += 1
+    while i < length:
+        start = i
+        while i < length:
+            c = <unsigned char>text[i]
+            if c < 0x20 or c > 0x7E or c == 0x22 or c == 0x5C:
+                break
+            i += 1
+        if i > start:
+            memcpy(o, text + start, i - start)
+            o += i - start
+        if i == length:
+            break
+        i += utf8_length(<const unsigned char *>text + i, length - i, &code)
+        o[0] = b'\\'
+        if code == 0x22:
+            o[1] = b'"'
+        elif code == 0x5C:
+            o[1] = b'\\'
+        elif code == 0x08:
+            o[1] = b'b'
+        elif code == 0x0C:
+            o[1] = b'f'
+        elif code == 0x0A:
+            o[1] = b'n'
+        elif code == 0x0D:
+            o[1] = b'r'
+        elif code == 0x09:
+            o[1] = b't'
+        elif code > 0xFFFF:
+            code -= 0x10000
+            o = _u4(_u4(o, 0xD800 | (code >> 10)), 0xDC00 | (code & 0x3FF))
+            continue
+        else:
+            o = _u4(o, code)
+            continue
+        o += 2
+    o[0] = b'"'
+    return o + 1

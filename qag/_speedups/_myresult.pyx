@@ -38,10 +38,9 @@ from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_Decode, PyUnicode_FromStringAndSize
 from libc.limits cimport INT_MAX
 from libc.math cimport isfinite
-from libc.stdint cimport uint32_t
 from libc.string cimport memcmp, memcpy, strcmp, strlen, strncmp
 
-from qag._speedups._jsontext cimport canonical_int, json_keys, plain_text
+from qag._speedups._jsontext cimport canonical_int, escaped_size, json_keys, plain_text, write_escaped
 
 from qag._speedups._lonewait cimport (POLLIN, POLLPRI, poll, pollfd, qag_lone_wait_begin, qag_lone_wait_end, slept,
                                        spin_first)
@@ -521,7 +520,7 @@ cdef class Reader:
                     # decode: text that isn't plain goes to read(), which raises what it raises for it.
                     for i in range(n):
                         if (kinds[i] == J_TEXT and row[i] != NULL and not plain_text(row[i], lengths[i])
-                                and not (utf8 and _utf8_valid(row[i], lengths[i]))):
+                                and not (utf8 and escaped_size(row[i], lengths[i]) >= 0)):
                             return None
                     continue
                 if fetched > 1:
@@ -543,7 +542,7 @@ cdef class Reader:
                             _put(&out, b'"', 1)
                             _put(&out, text, length)
                             _put(&out, b'"', 1)
-                        elif not (utf8 and _put_utf8_text(&out, text, length)):
+                        elif not (utf8 and _put_text(&out, text, length)):
                             return None
                     elif kinds[i] == J_DECIMAL:
                         if not _put_decimal(&out, text, length):
@@ -722,7 +721,7 @@ cdef struct _Out:
     Py_ssize_t cap
 
 
-cdef int _put(_Out *out, const char *text, Py_ssize_t length) except -1:
+cdef int _room(_Out *out, Py_ssize_t length) except -1:
     cdef Py_ssize_t cap
     cdef char *grown
     if out.size + length > out.cap:
@@ -731,119 +730,24 @@ cdef int _put(_Out *out, const char *text, Py_ssize_t length) except -1:
         if grown == NULL:
             raise MemoryError()
         out.data, out.cap = grown, cap
+    return 0
+
+
+cdef int _put(_Out *out, const char *text, Py_ssize_t length) except -1:
+    _room(out, length)
     memcpy(out.data + out.size, text, length)
     out.size += length
     return 0
 
 
-# Python's strict UTF-8 decoder's well-formed sequences (RFC 3629: no overlong forms, no surrogates, nothing past
-# U+10FFFF): the second byte's range by the first byte; the rest are 80-BF.
-cdef inline int _utf8_length(const unsigned char *t, Py_ssize_t left, uint32_t *code) noexcept:
-    """The length of the well-formed UTF-8 sequence at `t` (its code point in `code`), 0 when it isn't one."""
-    cdef unsigned char c = t[0]
-    cdef unsigned char low = 0x80, high = 0xBF
-    cdef int n, k
-    if c < 0x80:
-        code[0] = c
-        return 1
-    if 0xC2 <= c <= 0xDF:
-        n, code[0] = 2, c & 0x1F
-    elif 0xE0 <= c <= 0xEF:
-        n, code[0] = 3, c & 0x0F
-        if c == 0xE0:
-            low = 0xA0
-        elif c == 0xED:
-            high = 0x9F
-    elif 0xF0 <= c <= 0xF4:
-        n, code[0] = 4, c & 0x07
-        if c == 0xF0:
-            low = 0x90
-        elif c == 0xF4:
-            high = 0x8F
-    else:
+cdef int _put_text(_Out *out, const char *text, Py_ssize_t length) except -1:
+    """UTF-8 text as rowjson writes the str it decodes to (_jsontext.escaped_size); 0 when Python's strict decoder
+    refuses it (read() raises)."""
+    cdef Py_ssize_t size = escaped_size(text, length)
+    if size < 0:
         return 0
-    if left < n or not low <= t[1] <= high:
-        return 0
-    for k in range(1, n):
-        if k > 1 and not 0x80 <= t[k] <= 0xBF:
-            return 0
-        code[0] = (code[0] << 6) | (t[k] & 0x3F)
-    return n
-
-
-cdef bint _utf8_valid(const char *text, Py_ssize_t length) noexcept:
-    """Whether Python's strict UTF-8 decoder reads these bytes without an error."""
-    cdef Py_ssize_t i = 0
-    cdef int n
-    cdef uint32_t code
-    while i < length:
-        n = _utf8_length(<const unsigned char *>text + i, length - i, &code)
-        if n == 0:
-            return False
-        i += n
-    return True
-
-
-cdef char *_HEX_DIGITS = b"0123456789abcdef"
-
-
-cdef int _put_u4(_Out *out, uint32_t code) except -1:
-    cdef char u[6]
-    u[0] = b'\\'
-    u[1] = b'u'
-    u[2] = _HEX_DIGITS[(code >> 12) & 15]
-    u[3] = _HEX_DIGITS[(code >> 8) & 15]
-    u[4] = _HEX_DIGITS[(code >> 4) & 15]
-    u[5] = _HEX_DIGITS[code & 15]
-    return _put(out, u, 6)
-
-
-cdef int _put_utf8_text(_Out *out, const char *text, Py_ssize_t length) except -1:
-    """UTF-8 text written in quotes as rowjson writes its str (json.dumps, ensure_ascii): printable ASCII but '"'
-    and '\\' as it is, \\b \\f \\n \\r \\t \\" \\\\ by name, any other character as \\uXXXX (lowercase; past
-    U+FFFF as its surrogate pair). 0 when the bytes aren't UTF-8 Python's strict decoder reads (read() raises),
-    part of the text written: the caller drops the page."""
-    cdef Py_ssize_t i = 0, start
-    cdef int n
-    cdef uint32_t code
-    cdef unsigned char c
-    _put(out, b'"', 1)
-    while i < length:
-        start = i
-        while i < length:
-            c = <unsigned char>text[i]
-            if c < 0x20 or c > 0x7E or c == 0x22 or c == 0x5C:
-                break
-            i += 1
-        if i > start:
-            _put(out, text + start, i - start)
-        if i == length:
-            break
-        n = _utf8_length(<const unsigned char *>text + i, length - i, &code)
-        if n == 0:
-            return 0
-        i += n
-        if code == 0x22:
-            _put(out, b'\\"', 2)
-        elif code == 0x5C:
-            _put(out, b'\\\\', 2)
-        elif code == 0x08:
-            _put(out, b'\\b', 2)
-        elif code == 0x0C:
-            _put(out, b'\\f', 2)
-        elif code == 0x0A:
-            _put(out, b'\\n', 2)
-        elif code == 0x0D:
-            _put(out, b'\\r', 2)
-        elif code == 0x09:
-            _put(out, b'\\t', 2)
-        elif code > 0xFFFF:
-            code -= 0x10000
-            _put_u4(out, 0xD800 | (code >> 10))
-            _put_u4(out, 0xDC00 | (code & 0x3FF))
-        else:
-            _put_u4(out, code)
-    _put(out, b'"', 1)
+    _room(out, size)
+    out.size = write_escaped(out.data + out.size, text, length) - out.data
     return 1
 
 

@@ -37,7 +37,7 @@ from libc.errno cimport errno, EINTR
 from libc.math cimport ceil
 from libc.stdint cimport uint64_t, uintptr_t
 
-from qag._speedups._jsontext cimport canonical_int, json_keys, plain_text
+from qag._speedups._jsontext cimport canonical_int, escaped_size, json_keys, plain_text, write_escaped
 from qag._speedups._lonewait cimport (POLLIN, POLLOUT, POLLPRI, monotonic as _monotonic, poll, pollfd, qag_lone_wait_begin,
                                      qag_lone_wait_end, slept, spin_first)
 
@@ -358,9 +358,9 @@ cdef object _int_of(const char *text, int length):
 
 
 # --- Pipe.json: a page's JSON written from libpq's text values ---------------------------------------------------
-# Only values whose JSON is their text as it is (or a fixed word) are written here; for any other value `json`
-# returns None and the caller makes the rows and has rowjson encode them. So these rules only say when the text
-# is what rowjson would write, never how to escape.
+# Only values whose JSON is their text as it is, a fixed word, or their UTF-8 text escaped as rowjson escapes a str
+# (_jsontext) are written here; for any other value `json` returns None and the caller makes the rows and has
+# rowjson encode them.
 
 cdef dict _KEYS = {}           # column names (a tuple) → their JSON keys, or None: a saved query's names repeat
 cdef Py_ssize_t _KEYS_MAX = 512
@@ -779,13 +779,15 @@ cdef class Pipe:
 
     def json(self, result, tx, Py_ssize_t start, Py_ssize_t end, names):
         """The bytes rowjson.encode_json(names, self.rows(result, tx, start, end)) makes, written from libpq's text
-        values without making the rows; None when some value's JSON is not its text (see _jsontext's plain_text and
-        canonical_int), a column is not of a direct kind, or the range is empty."""
+        values without making the rows (text escaped as rowjson escapes it: _jsontext); None when some value's JSON
+        is not its text (an int that isn't canonical_int, text that isn't UTF-8), a column is not of a direct kind,
+        or the range is empty."""
         cdef const void *ptr = <const void *><uintptr_t>result.pgresult_ptr
         cdef _Libpq lib = self._lib
         cdef int columns = lib.nfields(ptr), c, r, length
         cdef int kinds[_MAX_DIRECT_COLUMNS]
         cdef const char *text
+        cdef Py_ssize_t escaped
         if not 0 <= start < end <= lib.ntuples(ptr) or not 0 < columns <= _MAX_DIRECT_COLUMNS:
             return None
         keys = _plain_keys(names)
@@ -819,9 +821,14 @@ cdef class Pipe:
                                 return None
                             size += length
                         elif kinds[c] == _UTF8_TEXT:
-                            if not plain_text(text, length):
-                                return None
-                            size += length + 2
+                            if plain_text(text, length):
+                                size += length + 2
+                            else:                       # written escaped: its length kept negative (~length)
+                                escaped = escaped_size(text, length)
+                                if escaped < 0:
+                                    return None
+                                size += escaped
+                                length = ~length
                         else:
                             length = 4 if text[0] == b't' else 5     # as rows() reads a boolean: 't' or not
                             size += length
@@ -849,6 +856,8 @@ cdef class Pipe:
                     elif kinds[c] == _INT:
                         memcpy(o, texts[i], lengths[i])
                         o += lengths[i]
+                    elif kinds[c] == _UTF8_TEXT and lengths[i] < 0:
+                        o = write_escaped(o, texts[i], ~lengths[i])
                     elif kinds[c] == _UTF8_TEXT:
                         o[0] = b'"'
                         memcpy(o + 1, texts[i], lengths[i])

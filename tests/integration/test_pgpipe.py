@@ -636,9 +636,22 @@ def test_json_writes_rowjsons_bytes_for_plain_values(twin_pair, connect):
 @pytest.mark.parametrize("sql", [
     b"SELECT 'a \"quote\"'::text AS t, 1::int4 AS i",               # text JSON escapes
     b"SELECT 'back\\slash'::text AS t",
-    b"SELECT E'line\\nbreak'::text AS t",
-    b"SELECT E'del\\x7f'::text AS t",
-    "SELECT 'café'::text AS t".encode(),                             # non-ASCII: \u escapes
+    b"SELECT E'line\\nbreak\\ttab\\rreturn\\bback\\fform'::text AS t",
+    b"SELECT E'del\\x7f and \\x01'::text AS t",
+    "SELECT 'café €, 😀'::text AS t, NULL::text AS u, ''::text AS e".encode(),   # non-ASCII: \u escapes, pairs
+])
+def test_json_writes_text_escaped_as_rowjson_escapes_it(twin_pair, connect, sql):
+    for got, expected in _json_of_each(twin_pair, connect, sql)["_pgpipe"]:
+        assert got is not None and got == expected
+
+
+def test_json_writes_every_direct_column_with_its_text_to_escape(twin_pair, connect):
+    answers = _json_of_each(twin_pair, connect, DIRECT_COLUMNS, ranges=[(0, 6), (2, 3), (5, 6)])
+    for got, expected in answers["_pgpipe"]:
+        assert got is not None and got == expected
+
+
+@pytest.mark.parametrize("sql", [
     "SELECT 1::int4 AS \"é\"".encode(),                             # a column name that isn't plain
     b"SELECT 1::int4 AS \"a\"\"b\"",
     b"SELECT 1.5::numeric AS n, 1::int4 AS i",                       # a column of another kind
@@ -677,7 +690,6 @@ def test_json_any_values_and_names_match_rowjson(twin_pair, connect, kept, names
     sql = " UNION ALL ".join(selects).encode()
     answers = _json_of_each(twin_pair, connect, sql, params, ranges=[(0, len(values)), (len(values) - 1, len(values))],
                             kept=kept)
-    plain = all(0x20 <= ord(ch) < 0x7f and ch not in '"\\' for text in [*names, *(v[1] or "" for v in values)]
-                for ch in text)
+    plain_names = all(0x20 <= ord(ch) < 0x7f and ch not in '"\\' for name in names for ch in name)
     for got, expected in answers["_pgpipe"]:
-        assert got == expected if plain else got in (None, expected)
+        assert got == expected if plain_names else got in (None, expected)   # any text is written, escaped
