@@ -516,8 +516,8 @@ cdef class Reader:
                 fetched += 1
                 lengths = _LIB.fetch_lengths(res)
                 if fetched > json_rows:
-                    # Counted only (the look past the page, has_more), but its text must be text read() could
-                    # decode: text that isn't plain goes to read(), which raises what it raises for it.
+                    # Counted only (the look past the page, has_more), but its text must be text read() can decode:
+                    # text that doesn't goes to read(), which raises what it raises for it.
                     for i in range(n):
                         if (kinds[i] == J_TEXT and row[i] != NULL and not plain_text(row[i], lengths[i])
                                 and not (utf8 and escaped_size(row[i], lengths[i]) >= 0)):
@@ -823,16 +823,14 @@ cdef int _put_decimal(_Out *out, const char *text, unsigned long length) except 
             if first == length:
                 first = i
             last = i
-    cdef long decpt          # where the point goes, counted in digits from the first significant one
-    cdef long significant
-    if first == length:
-        significant = 0
-    else:
-        decpt = <long>point - <long>first if first < point else -(<long>first - <long>point - 1)
-        significant = <long>last - <long>first + 1 - (1 if first < point < last else 0)
-    if first == length:
-        _put(out, b"-0.0" if text[0] == b'-' else b"0.0", 4 if text[0] == b'-' else 3)
+    if first == length:         # zero: 0.0, with its sign
+        if text[0] == b'-':
+            _put(out, b"-", 1)
+        _put(out, b"0.0", 3)
         return 1
+    # Where the point goes, counted in digits from the first significant one; how many significant digits.
+    cdef long decpt = <long>point - <long>first if first < point else -(<long>first - <long>point - 1)
+    cdef long significant = <long>last - <long>first + 1 - (1 if first < point < last else 0)
     if significant <= 15 and -4 < decpt <= 16:
         if text[0] == b'-':
             _put(out, b"-", 1)
@@ -841,7 +839,7 @@ cdef int _put_decimal(_Out *out, const char *text, unsigned long length) except 
             for i in range(<unsigned long>(-decpt)):
                 _put(out, b"0", 1)
             _put(out, text + first, last - first + 1)   # all after the point: no point among them
-        elif first < point:
+        else:
             # The digits before the point, the point, then those after up to the last significant one (or ".0").
             _put(out, text + first, point - first)
             if last > point:

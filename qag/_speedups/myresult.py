@@ -13,9 +13,9 @@ CALL's) so the connection is ready again. Failures are mysqlclient's exceptions 
 `reader.read_page(skip, count, json_rows)` reads the same way and returns (columns, rows, json, fetched): in the
 compiled twin, when every column's values are ints, text (any well-formed UTF-8 on a UTF-8 connection, escaped as
 rowjson escapes it; plain ASCII on another), decimals, dates or datetimes whose text is what rowjson writes for
-their values, json is the bytes `rowjson.encode_json(columns, rows[:json_rows])` would
-make, written from the reply's text without making the rows (rows is None, fetched counts the rows read);
-otherwise, and always in this twin, json is None and rows are read()'s.
+their values, json is the bytes `rowjson.encode_json(columns, rows[:json_rows])` would make, written from the
+reply's text without making the rows (rows is None, fetched counts the rows read); otherwise, and always in this
+twin, json is None and rows are read()'s.
 
 This twin is mysqlclient's own calls: `store_result()`, `describe()` (a 7-tuple per column, of which only the
 name is used), `data_seek`, `fetch_row`. The compiled twin calls the same client library functions itself and
