@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     import MySQLdb
 
     from qag import _speedups
-    from qag.backends.mysql import _conversions, connect_args
+    from qag.backends.mysql import conversions, connect_args
 
     try:
         reader_class = _speedups.twin("myresult", "compiled").Reader
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         admin.cursor().execute(f"CREATE TABLE `{database}`.page ({_COLUMNS})")
         fields = {"host": args.host, "port": args.port, "user": args.user, "password": args.password,
                   "database": database}
-        conn = MySQLdb.connect(**connect_args(fields, True), conv=_conversions())
+        conn = MySQLdb.connect(**connect_args(fields, True), conv=conversions())
         reader = reader_class(conn)
         print("| text | rows | rows + rowjson CPU µs/page | read_page CPU µs/page | ratio | written by read_page |")
         print("|---|---|---|---|---|---|")

@@ -155,7 +155,7 @@ def _bit(value: bytes) -> int:
     return int.from_bytes(value, "big")
 
 
-def _conversions() -> dict:
+def conversions() -> dict:
     """mysqlclient's value conversions, with DATETIME, TIMESTAMP and DATE text read by the selected mysqltime
     twin: the values of mysqlclient's own parsers, without their Python cost per value; BIT values as integers.
     Both myresult twins convert by this map (the compiled one calls a BIT converter with the value's bytes, as
@@ -423,7 +423,7 @@ class MysqlBackend(Backend):
     def _open(self, fields: dict, read_only: bool, deadline: float | None = None) -> _Link:
         timeout = CONNECT_TIMEOUT if deadline is None else _left(deadline)
         try:
-            conn = MySQLdb.connect(**connect_args(fields, read_only, timeout), conv=_conversions())
+            conn = MySQLdb.connect(**connect_args(fields, read_only, timeout), conv=conversions())
         except _DRIVER_ERRORS as exc:
             # Whatever refused it (unreachable, login or database refused): qag could not connect. The client
             # library's text may describe its options: shown as opening_detail cleans it.

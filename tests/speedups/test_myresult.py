@@ -29,7 +29,7 @@ from tests.speedups.conftest import call_outcome, compiled_or_skip, other_thread
 MySQLdb = pytest.importorskip("MySQLdb")
 from MySQLdb.constants import FIELD_TYPE, FLAG  # noqa: E402
 
-from qag.backends.mysql import _conversions, connect_args, mapped  # noqa: E402
+from qag.backends.mysql import conversions, connect_args, mapped  # noqa: E402
 
 # (column, definition, values): every column is nullable, so each strategy also draws NULL.
 _TEXT = st.text(max_size=20)
@@ -109,7 +109,7 @@ def _connect(database: str):
     """A connection opened as qag opens one (its connect arguments and converter map)."""
     fields = {"host": MYSQL["host"], "port": MYSQL["port"], "user": MYSQL["user"], "password": MYSQL["password"],
               "database": database}
-    return MySQLdb.connect(**connect_args(fields, True), conv=_conversions())
+    return MySQLdb.connect(**connect_args(fields, True), conv=conversions())
 
 
 @pytest.fixture(scope="module")
