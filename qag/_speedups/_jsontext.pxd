@@ -97,10 +97,44 @@ cdef inline int utf8_length(const unsigned char *t, Py_ssize_t left, uint32_t *c
     return n
 
 
+cdef inline char short_escape(uint32_t code) noexcept:
+    """The letter json.dumps (ensure_ascii) writes after a backslash for this code point ('"', '\\', b, t, n, f, r),
+    0 for any other."""
+    cdef const char *control = b"\0\0\0\0\0\0\0\0btn\0fr"      # U+0008 to U+000D, U+000B excepted
+    if code < 14:
+        return control[code]
+    return <char>code if code == 0x22 or code == 0x5C else 0
+
+
+cdef inline char *_u4(char *o, uint32_t code) noexcept:
+    cdef const char *hex_digits = b"0123456789abcdef"
+    o[0] = b'\\'
+    o[1] = b'u'
+    o[2] = hex_digits[(code >> 12) & 15]
+    o[3] = hex_digits[(code >> 8) & 15]
+    o[4] = hex_digits[(code >> 4) & 15]
+    o[5] = hex_digits[code & 15]
+    return o + 6
+
+
+cdef inline char *escape(char *o, uint32_t code) noexcept:
+    """A code point written at `o` as json.dumps (ensure_ascii) escapes it: by name (short_escape), else as \\uXXXX
+    (lowercase; past U+FFFF as its surrogate pair); the end."""
+    cdef char letter = short_escape(code)
+    if letter:
+        o[0] = b'\\'
+        o[1] = letter
+        return o + 2
+    if code < 0x10000:
+        return _u4(o, code)
+    code -= 0x10000
+    return _u4(_u4(o, 0xD800 | (code >> 10)), 0xDC00 | (code & 0x3FF))
+
+
 cdef inline Py_ssize_t escaped_size(const char *text, Py_ssize_t length) noexcept:
     """The size of the JSON string, quotes included, rowjson writes for the str these UTF-8 bytes decode to
-    (json.dumps, ensure_ascii: printable ASCII but '"' and '\\' as it is; \\b \\f \\n \\r \\t \\" \\\\ by name; any other
-    character as \\uXXXX, past U+FFFF as its surrogate pair); -1 when Python's strict decoder refuses them."""
+    (json.dumps, ensure_ascii: printable ASCII but '"' and '\\' as it is, the rest by `escape`); -1 when Python's
+    strict decoder refuses them."""
     cdef Py_ssize_t i = 0, size = 2
     cdef int n
     cdef uint32_t code
@@ -115,26 +149,13 @@ cdef inline Py_ssize_t escaped_size(const char *text, Py_ssize_t length) noexcep
         if n == 0:
             return -1
         i += n
-        if code == 0x08 or code == 0x09 or code == 0x0A or code == 0x0C or code == 0x0D:
-            size += 2
-        else:
-            size += 12 if code > 0xFFFF else 6
+        size += 2 if short_escape(code) else 12 if code > 0xFFFF else 6
     return size
 
 
-cdef inline char *_u4(char *o, uint32_t code) noexcept:
-    cdef const char *hex_digits = b"0123456789abcdef"
-    o[0] = b'\\'
-    o[1] = b'u'
-    o[2] = hex_digits[(code >> 12) & 15]
-    o[3] = hex_digits[(code >> 8) & 15]
-    o[4] = hex_digits[(code >> 4) & 15]
-    o[5] = hex_digits[code & 15]
-    return o + 6
-
-
 cdef inline char *write_escaped(char *o, const char *text, Py_ssize_t length) noexcept:
-    """The JSON string of escaped_size written at `o` (bytes escaped_size accepted, room for its size); the end."""
+    """The JSON string of escaped_size written at `o`; the end. Only for bytes escaped_size accepted (on others
+    utf8_length reads no sequence and this wouldn't end), into room for the size it gave."""
     cdef Py_ssize_t i = 0, start
     cdef uint32_t code
     cdef unsigned char c
@@ -153,28 +174,6 @@ cdef inline char *write_escaped(char *o, const char *text, Py_ssize_t length) no
         if i == length:
             break
         i += utf8_length(<const unsigned char *>text + i, length - i, &code)
-        o[0] = b'\\'
-        if code == 0x22:
-            o[1] = b'"'
-        elif code == 0x5C:
-            o[1] = b'\\'
-        elif code == 0x08:
-            o[1] = b'b'
-        elif code == 0x0C:
-            o[1] = b'f'
-        elif code == 0x0A:
-            o[1] = b'n'
-        elif code == 0x0D:
-            o[1] = b'r'
-        elif code == 0x09:
-            o[1] = b't'
-        elif code > 0xFFFF:
-            code -= 0x10000
-            o = _u4(_u4(o, 0xD800 | (code >> 10)), 0xDC00 | (code & 0x3FF))
-            continue
-        else:
-            o = _u4(o, code)
-            continue
-        o += 2
+        o = escape(o, code)
     o[0] = b'"'
     return o + 1

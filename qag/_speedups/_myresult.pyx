@@ -428,23 +428,7 @@ cdef class Reader:
         if not self.direct or type(skip) is not int or type(count) is not int or not (
                 0 <= skip <= INT_MAX and 0 <= count <= INT_MAX):
             return self.pure.read(skip, count)
-        cdef void *mysql = self.mysql
-        cdef void *res
-        with nogil:
-            res = _LIB.store_result(mysql)
-        if res == NULL:
-            if _LIB.error_code(mysql):
-                raise _failure(mysql)
-            columns, rows = [], []
-        else:
-            try:
-                columns, rows = self._rows(mysql, res, skip, count)
-            finally:
-                _LIB.free_result(res)
-        if _LIB.more_results(mysql):
-            conn = self.conn
-            while conn.next_result() == 0:
-                conn.discard_result()
+        columns, rows, _ = self._stored(skip, count, 0)
         return columns, rows
 
     def read_page(self, skip, count, json_rows):
@@ -455,6 +439,14 @@ cdef class Reader:
                 0 <= skip <= INT_MAX and 0 <= count <= INT_MAX and 0 < json_rows <= INT_MAX):
             columns, rows = self.read(skip, count)
             return columns, rows, None, len(rows)
+        columns, rows, page = self._stored(skip, count, json_rows)
+        if page is None:
+            return columns, rows, None, len(rows)
+        return columns, None, page[0], page[1]
+
+    cdef tuple _stored(self, int skip, int count, int json_rows):
+        """(column names, rows, None), or with `json_rows` (column names, None, (json, fetched)) when _json writes
+        the page: the reply stored, read, freed, and any further result sets (a CALL's) read after it."""
         cdef void *mysql = self.mysql
         cdef void *res
         cdef object page = None
@@ -466,11 +458,13 @@ cdef class Reader:
             columns, rows = [], []
         else:
             try:
-                self._plan(mysql, _LIB.fetch_fields(res), _LIB.num_fields(res))
-                if self.plan_json is not None:
-                    page = self._json(mysql, res, skip, count, json_rows)
+                if json_rows:
+                    self._plan(mysql, _LIB.fetch_fields(res), _LIB.num_fields(res))
+                    if self.plan_json is not None:
+                        page = self._json(mysql, res, skip, count, json_rows)
+                        if page is None:
+                            _LIB.data_seek(res, 0)     # _json read some rows: _rows starts over
                 if page is None:
-                    _LIB.data_seek(res, 0)
                     columns, rows = self._rows(mysql, res, skip, count)
                 else:
                     columns, rows = self.plan_columns[:], None
@@ -480,9 +474,7 @@ cdef class Reader:
             conn = self.conn
             while conn.next_result() == 0:
                 conn.discard_result()
-        if page is None:
-            return columns, rows, None, len(rows)
-        return columns, None, page[0], page[1]
+        return columns, rows, page
 
     cdef object _json(self, void *mysql, void *res, int skip, int count, int json_rows):
         """(the JSON bytes rowjson.encode_json(columns, rows[:json_rows]) makes, the number of rows fetched) for the

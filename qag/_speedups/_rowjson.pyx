@@ -24,6 +24,8 @@ from libc.math cimport NAN, isfinite
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy, strlen
 
+from qag._speedups._jsontext cimport escape
+
 import json
 import math
 from datetime import date, datetime, time
@@ -99,19 +101,12 @@ cdef object _datetime = datetime
 cdef tuple _date_time = (date, time)
 cdef tuple _BINARY = (bytes, bytearray, memoryview)
 cdef tuple _CONTAINERS = (dict, list)
-cdef const char* _HEX = b"0123456789abcdef"
 
 # 1 for the code units json.dumps(ensure_ascii=True) writes as they are: printable ASCII but " and \.
 cdef uint8_t _JSON_PLAIN[256]
 for _i in range(256):
     _JSON_PLAIN[_i] = 1 if (0x20 <= _i <= 0x7E and _i != 0x22 and _i != 0x5C) else 0
 del _i
-
-# The letter after the backslash for the characters json.dumps escapes short, else 0.
-cdef char _SHORT_ESCAPE[128]
-for _c, _letter in zip(b'"\\\n\r\t\b\f', b'"\\nrtbf'):
-    _SHORT_ESCAPE[_c] = _letter
-del _c, _letter
 
 
 cdef struct Buf:
@@ -276,27 +271,6 @@ cdef int _put_double(Buf* b, double d) except -1:
     return 0
 
 
-cdef inline char* _u4(char* o, uint32_t c) noexcept:
-    o[0] = b'\\'
-    o[1] = b'u'
-    o[2] = _HEX[(c >> 12) & 15]
-    o[3] = _HEX[(c >> 8) & 15]
-    o[4] = _HEX[(c >> 4) & 15]
-    o[5] = _HEX[c & 15]
-    return o + 6
-
-
-cdef inline char* _escape(char* o, uint32_t c) noexcept:
-    if c < 128 and _SHORT_ESCAPE[c]:
-        o[0] = b'\\'
-        o[1] = _SHORT_ESCAPE[c]
-        return o + 2
-    if c < 0x10000:
-        return _u4(o, c)
-    c -= 0x10000
-    return _u4(_u4(o, 0xD800 | (c >> 10)), 0xDC00 | (c & 0x3FF))
-
-
 cdef uint64_t _ONES = 0x0101010101010101ULL
 cdef uint64_t _HIGH = 0x8080808080808080ULL
 
@@ -349,7 +323,7 @@ cdef int _put_json_str(Buf* b, object s) except -1:
                 o[0] = <char>c
                 o += 1
             else:
-                o = _escape(o, c)
+                o = escape(o, c)
             i += 1
     else:
         d2 = <const uint16_t*>data
@@ -360,7 +334,7 @@ cdef int _put_json_str(Buf* b, object s) except -1:
                 o[0] = <char>c
                 o += 1
             else:
-                o = _escape(o, c)
+                o = escape(o, c)
     o[0] = b'"'
     o += 1
     b.size = o - b.data

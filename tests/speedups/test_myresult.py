@@ -11,6 +11,7 @@ reply can fail with while it is read (a server error mid-reply, a connection cut
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import secrets
@@ -110,6 +111,23 @@ def _connect(database: str):
     fields = {"host": MYSQL["host"], "port": MYSQL["port"], "user": MYSQL["user"], "password": MYSQL["password"],
               "database": database}
     return MySQLdb.connect(**connect_args(fields, True), conv=conversions())
+
+
+@contextlib.contextmanager
+def _latin_bytes_as_they_are(database, values: dict[int, str]):
+    """Rows of t's latin1 column (id -> its SQL value), and a connection with character_set_results NULL, so the
+    server sends their bytes as they are (no conversion to the connection's utf8); rows and connection gone after."""
+    admin, name = database
+    admin.cursor().execute(f"INSERT INTO `{name}`.t (id, c_latin) VALUES "
+                           + ", ".join(f"({i}, {value})" for i, value in values.items())
+                           + " ON DUPLICATE KEY UPDATE c_latin = VALUES(c_latin)")
+    c = _connect(name)
+    try:
+        c.query(b"SET character_set_results = NULL")
+        yield c
+    finally:
+        c.close()
+        admin.cursor().execute(f"DELETE FROM `{name}`.t WHERE id IN ({', '.join(map(str, values))})")
 
 
 @pytest.fixture(scope="module")
@@ -275,12 +293,7 @@ def test_read_page_reads_text_bytes_as_pythons_strict_utf8_decoder(database, rea
     # as text of the UTF-8 connection: well-formed UTF-8 is written escaped; overlong forms, surrogates, code points
     # past U+10FFFF and cut sequences fail as Python's decoder fails (read() raises; so must the page).
     from qag._speedups import rowjson
-    admin, name = database
-    admin.cursor().execute(f"INSERT INTO `{name}`.t (id, c_latin) VALUES (1003, x'{raw.hex()}') "
-                           "ON DUPLICATE KEY UPDATE c_latin = VALUES(c_latin)")   # the bytes as they are
-    c = _connect(name)
-    try:
-        c.query(b"SET character_set_results = NULL")
+    with _latin_bytes_as_they_are(database, {1003: f"x'{raw.hex()}'"}) as c:
         outcomes, written = [], []
         for reader in readers:
             def page():
@@ -293,9 +306,6 @@ def test_read_page_reads_text_bytes_as_pythons_strict_utf8_decoder(database, rea
         assert ("UnicodeDecodeError" in outcomes[0]) != _decodes(raw)
         # Each well-formed one the compiled twin wrote itself; none of the others made a page.
         assert written == ([False, True] if _decodes(raw) else [])
-    finally:
-        c.close()
-        admin.cursor().execute(f"DELETE FROM `{name}`.t WHERE id = 1003")
 
 
 def _decodes(raw: bytes) -> bool:
@@ -322,12 +332,7 @@ def test_read_page_on_a_connection_that_is_not_utf8(database, readers, names):
 def test_read_page_fails_as_read_does_when_the_row_past_the_page_does_not_decode(database, readers):
     # character_set_results NULL: the server sends latin1 bytes as they are, which utf8 can't decode; the row
     # after the page is read for has_more, so both twins' pages fail as read() does.
-    admin, name = database
-    admin.cursor().execute(f"INSERT INTO `{name}`.t (id, c_latin) VALUES (1001, 'abc'), (1002, 'é') "
-                           "ON DUPLICATE KEY UPDATE id = id")
-    c = _connect(name)
-    try:
-        c.query(b"SET character_set_results = NULL")
+    with _latin_bytes_as_they_are(database, {1001: "'abc'", 1002: "'é'"}) as c:
         outcomes = []
         for reader in readers:
             def read():
@@ -335,9 +340,6 @@ def test_read_page_fails_as_read_does_when_the_row_past_the_page_does_not_decode
                 return reader(c).read_page(0, 2, 1)
             outcomes.append(repr(call_outcome(read)))
         assert outcomes[0] == outcomes[1] and "UnicodeDecodeError" in outcomes[0]
-    finally:
-        c.close()
-        admin.cursor().execute(f"DELETE FROM `{name}`.t WHERE id IN (1001, 1002)")
 
 
 DECIMALS = ["0", "-0", "0.00", "-0.00", "12.50", "-12.50", "100.00", "0.0001", "0.00001", "-0.5", "10.05", "123",
@@ -408,18 +410,10 @@ def test_expressions_in_each_connection_charset(database, readers, names):
 
 
 def test_raw_text_that_does_not_decode(database, readers):
-    # character_set_results NULL: the server sends latin1 bytes as they are, which utf8 can't decode.
-    admin, name = database
-    admin.cursor().execute(f"INSERT INTO `{name}`.t (id, c_latin) VALUES (1000, 'é') "
-                           "ON DUPLICATE KEY UPDATE c_latin = 'é'")
-    c = _connect(name)
-    try:
-        c.query(b"SET character_set_results = NULL")
+    # The latin1 bytes as they are, which utf8 can't decode.
+    with _latin_bytes_as_they_are(database, {1000: "'é'"}) as c:
         pure, compiled = _each(c, readers, b"SELECT c_latin FROM t WHERE id = 1000", 0, 0)
         assert compiled == pure and "UnicodeDecodeError" in pure
-    finally:
-        c.close()
-        admin.cursor().execute(f"DELETE FROM `{name}`.t WHERE id = 1000")
 
 
 def test_a_converter_entry_resolved_per_column(database, readers):
