@@ -1,6 +1,7 @@
 # cython: language_level=3
-"""A database's text of a value as the JSON rowjson would write for it: shared by the compiled drivers that write a
-page's JSON themselves (_pgpipe, _myresult); inline, so each has its own copy of the code.
+"""A database's text of a value as the JSON rowjson would write for it, and JSON's escapes: shared by the compiled
+drivers that write a page's JSON themselves (_pgpipe, _myresult) and by _rowjson (escape); inline, so each has its
+own copy of the code.
 
 The tests say when the text is what rowjson writes (plain text, canonical ints) and escape UTF-8 text as rowjson
 escapes the str it decodes to; a value they refuse makes the driver hand its rows to rowjson instead."""
